@@ -1,0 +1,124 @@
+"""Compile ONE specialization in its own process: ``python -m tileship._worker JOB.json``.
+
+Run by ``build`` under a timeout, so a crash or a hang here never takes the build down.
+Writes the artifact files into ``job["out"]`` and a JSON result on the last stdout line.
+Every subprocess TileLang starts (nvcc, the host C++ compiler) is recorded with its full
+command line, so a failure can be reproduced by hand.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+COMMANDS: list[list[str]] = []
+_orig_popen_init = subprocess.Popen.__init__
+
+
+def _recording_popen_init(self: Any, args: Any, *a: Any, **kw: Any) -> None:
+    COMMANDS.append([str(x) for x in args] if isinstance(args, (list, tuple)) else [str(args)])
+    _orig_popen_init(self, args, *a, **kw)
+
+
+class _SeededNames:
+    """Deterministic temp-file names: compilers embed the source file name in the objects,
+    so random names would make two builds of the same inputs differ byte-wise."""
+
+    characters = "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+    def __init__(self, seed: str) -> None:
+        self.rng = random.Random(seed)
+
+    def __iter__(self) -> _SeededNames:
+        return self
+
+    def __next__(self) -> str:
+        return "".join(self.rng.choice(self.characters) for _ in range(8))
+
+
+def main(job_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(job["cache_dir"])
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    os.environ["TILELANG_CACHE_DIR"] = str(cache)
+    tmp = cache / "tmp"
+    tmp.mkdir()
+    tempfile.tempdir = str(tmp)
+    tempfile._name_sequence = _SeededNames(job["spec_id"])  # type: ignore[attr-defined]
+    subprocess.Popen.__init__ = _recording_popen_init  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {"spec_id": job["spec_id"], "ok": False}
+    try:
+        import tilelang
+        import tilelang.language as T
+        from tilelang import tvm
+
+        from tileship.spec import Operator, Specialization, Target
+
+        if job.get("sys_path"):
+            sys.path.insert(0, job["sys_path"])
+        mod = importlib.import_module(job["module"])
+        op = next(v for v in vars(mod).values() if isinstance(v, Operator) and v.name == job["op"])
+        spec = Specialization.from_json(job["spec"])
+        kwargs: dict[str, Any] = dict(op.config)
+        kwargs[op.dtype_param] = spec.dtype
+        for d, v in spec.dims:
+            kwargs[op.params.get(d, d)] = T.dynamic(d.lower()) if isinstance(v, tuple) else v
+        func = op.factory(**kwargs)
+        if hasattr(func, "get_tir"):  # a lazy @tilelang.jit factory
+            func = func.get_tir()
+        (out / "func.json").write_text(tvm.ir.save_json(func))
+        kernel = tilelang.compile(func, out_idx=op.out_idx, target=Target(spec.target).tilelang(),
+                                  pass_configs=dict(op.pass_configs) or None)
+        entries = glob.glob(str(cache / "*" / "*" / "kernels" / "*"))
+        if len(entries) != 1:
+            raise RuntimeError(f"expected one TileLang cache entry, found {len(entries)}")
+        lib_name = None
+        for f in sorted(Path(entries[0]).iterdir()):
+            if f.name == "manifest.json":
+                continue
+            shutil.copyfile(f, out / f.name)
+            if f.suffix == ".so":
+                lib_name = f.name
+        for cubin in glob.glob(str(cache / "*" / "cuda-binaries" / "*" / "kernel.cubin")):
+            shutil.copyfile(cubin, out / "kernel.cubin")
+        if lib_name is None:
+            raise RuntimeError("TileLang produced no shared library")
+        artifact = {
+            "spec": spec.to_json(),
+            "execution_backend": kernel.execution_backend,
+            "library": lib_name,
+            "out_idx": op.out_idx,
+            "target": spec.target,
+            "pass_configs": dict(sorted(op.pass_configs.items())),
+            "tilelang": tilelang.__version__,
+        }
+        (out / "artifact.json").write_text(json.dumps(artifact, indent=2, sort_keys=True) + "\n")
+        result.update(ok=True, backend=kernel.execution_backend)
+    except BaseException as exc:  # report everything; the parent decides
+        result.update(error=f"{type(exc).__name__}: {exc}".splitlines()[0][:2000], traceback=traceback.format_exc())
+    finally:
+        result["seconds"] = round(time.perf_counter() - t0, 3)
+        result["commands"] = COMMANDS
+        shutil.rmtree(cache, ignore_errors=True)
+    sys.stdout.flush()
+    print("\n" + json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))

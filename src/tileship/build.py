@@ -1,0 +1,196 @@
+"""Ahead-of-time build: every (operator x shape x target) compiled into a release bundle.
+
+No GPU needed. Each specialization compiles in its own process (``tileship._worker``)
+under a timeout, in parallel, so one crash or hang never takes the build down; failures are
+values (``SpecResult``) recorded with the compiler commands and the full log in
+``build-log.json``, never mixed with anything measured at serve time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from . import bundle
+from .errors import BuildError
+from .lock import capture_environment, dump_lock, kernel_revision, make_lock
+from .project import Project, source_digest
+from .spec import Operator, Specialization, describe, expand
+
+LOG_LIMIT = 256 * 1024
+
+
+@dataclass(frozen=True)
+class SpecResult:
+    spec: Specialization
+    ok: bool
+    seconds: float
+    error: str | None = None
+    log: str = ""
+    commands: tuple[tuple[str, ...], ...] = ()
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    release_id: str
+    path: Path
+    results: tuple[SpecResult, ...]
+    seconds: float
+    key_id: str | None = None
+
+    @property
+    def built(self) -> list[str]:
+        return [r.spec.id for r in self.results if r.ok]
+
+    @property
+    def failed(self) -> list[SpecResult]:
+        return [r for r in self.results if not r.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+@dataclass
+class BuildOptions:
+    jobs: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
+    timeout_s: float = 300.0
+    image_digest: str | None = None
+    sign_key: Path | None = None
+    on_progress: Callable[[SpecResult], None] | None = None
+
+
+def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: float, sys_path: str | None = None) -> SpecResult:
+    """Compile ``spec`` in a child process into ``out``. Never raises for a compile failure."""
+    out.mkdir(parents=True, exist_ok=True)
+    # A fixed work path per specialization: the same inputs produce byte-identical
+    # artifacts (paths leak into objects); a file lock serializes concurrent builds.
+    work = Path(tempfile.gettempdir()) / "tileship-build" / hashlib.sha256(spec.id.encode()).hexdigest()[:16]
+    work.parent.mkdir(parents=True, exist_ok=True)
+    job = {"spec_id": spec.id, "module": op.factory.__module__, "op": op.name, "spec": spec.to_json(),
+           "out": str(out), "cache_dir": str(work / "cache"), "sys_path": sys_path}
+    t0 = time.perf_counter()
+    with FileLock(str(work) + ".lock"):
+        job_file = work.with_suffix(".job.json")
+        job_file.write_text(json.dumps(job))
+        proc = subprocess.Popen([sys.executable, "-m", "tileship._worker", str(job_file)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, env=_child_env())
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            shutil.rmtree(out, ignore_errors=True)
+            return SpecResult(spec, False, time.perf_counter() - t0, error=f"timed out after {timeout_s:g} s (killed)",
+                              log=_tail(output), timed_out=True)
+        finally:
+            job_file.unlink(missing_ok=True)
+    seconds = time.perf_counter() - t0
+    result: dict[str, Any] = {}
+    lines = output.rstrip().splitlines()
+    if lines:
+        try:
+            result = json.loads(lines[-1])
+            output = "\n".join(lines[:-1])
+        except json.JSONDecodeError:
+            result = {}
+    commands = tuple(tuple(c) for c in result.get("commands", ()))
+    if proc.returncode == 0 and result.get("ok"):
+        return SpecResult(spec, True, seconds, log=_tail(output), commands=commands)
+    shutil.rmtree(out, ignore_errors=True)
+    if not result:
+        error = f"compiler process died with exit status {proc.returncode}" + (f" (signal {-proc.returncode})" if proc.returncode < 0 else "")
+    else:
+        error = result.get("error", "unknown error")
+    log = _tail(output + ("\n" + result["traceback"] if result.get("traceback") else ""))
+    return SpecResult(spec, False, seconds, error=error, log=log, commands=commands)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else src
+    return env
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= LOG_LIMIT else "[... truncated ...]\n" + text[-LOG_LIMIT:]
+
+
+def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options: BuildOptions | None = None) -> BuildResult:
+    """Lock the environment and compile every specialization into ``out_root/<release id>``.
+
+    Atomic: the release directory appears complete or not at all. Raises BuildError only
+    when nothing could be built at all (no specializations, unwritable output).
+    """
+    opts = options or BuildOptions()
+    t0 = time.perf_counter()
+    specs = [(ops[s.op], s) for op in ops.values() for s in expand(op, project.targets)]
+    if not specs:
+        raise BuildError(f"no specialization to build for targets {list(project.targets)}",
+                         hint="check the project's targets against each operator's targets")
+    out_root.mkdir(parents=True, exist_ok=True)
+    staging = out_root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        env = capture_environment()
+        descs = {name: {**describe(op), "module": op.factory.__module__} for name, op in ops.items()}
+        lock = make_lock(env=env, revision=kernel_revision(project.root), sources=source_digest(ops), operators=descs,
+                         targets=list(project.targets), model={"name": project.model, "version": project.model_version},
+                         image_digest=opts.image_digest)
+        (staging / "tileship.lock").write_text(dump_lock(lock))
+        results: list[SpecResult] = []
+        sys_path = str(project.root) if project.root else None
+        with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+            futs = {pool.submit(compile_one, op, s, staging / "specs" / s.id, timeout_s=opts.timeout_s, sys_path=sys_path): s for op, s in specs}
+            for fut in as_completed(futs):
+                r = fut.result()
+                results.append(r)
+                if opts.on_progress:
+                    opts.on_progress(r)
+        results.sort(key=lambda r: r.spec.id)
+        release = {
+            "schema": 1,
+            "model": {"name": project.model, "version": project.model_version},
+            "kernel_revision": lock["kernel_revision"],
+            "policy": project.policy(),
+            "targets": sorted(project.targets),
+            "operators": descs,
+            "specializations": {r.spec.id: {"spec": r.spec.to_json(), "status": "built" if r.ok else "failed",
+                                            **({"error": r.error} if not r.ok else {})} for r in results},
+        }
+        bundle.write_json_atomic(staging / "release.json", release)
+        bundle.write_json_atomic(staging / "build-log.json", {
+            "seconds": round(time.perf_counter() - t0, 3), "jobs": opts.jobs, "timeout_s": opts.timeout_s,
+            "specializations": {r.spec.id: {"ok": r.ok, "seconds": round(r.seconds, 3), "timed_out": r.timed_out, "error": r.error,
+                                            "commands": [" ".join(c) for c in r.commands], "log": r.log} for r in results}})
+        manifest = bundle.write_manifest(staging)
+        final = out_root / manifest["release_id"]
+        if final.exists():
+            trash = out_root / f".trash-{uuid.uuid4().hex[:8]}"
+            os.replace(final, trash)
+            os.replace(staging, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    key_id = bundle.sign(final, opts.sign_key) if opts.sign_key else None
+    return BuildResult(manifest["release_id"], final, tuple(results), time.perf_counter() - t0, key_id)

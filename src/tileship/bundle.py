@@ -1,0 +1,227 @@
+"""Release bundles: a directory whose every file is listed, hashed and optionally signed.
+
+Layout::
+
+    manifest.json        {"schema", "release_id", "files": {posix path: "sha256:<hex>"}}
+    manifest.sig         optional: {"key_id", "signature"} ed25519 over manifest.json's bytes
+    tileship.lock        the lock (YAML)
+    release.json         model, policy, operators, specializations and their build status
+    build-log.json       per specialization: seconds, compiler commands, logs (not in the id)
+    specs/<spec id>/     func.json, the compiled library, params.json, device/host sources
+    evidence/            verification evidence (hashed, not part of the release id)
+
+The release id is the sha256 of the identity files (everything except the build log and
+evidence), so building twice from the same inputs gives the same id.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .errors import BundleError, BundleIntegrityError, SignatureError
+from .lock import sha256_file
+
+MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
+#: files hashed in the manifest but left out of the release id
+NON_IDENTITY_PREFIXES = ("build-log.json", "evidence/")
+
+
+def _files(root: Path) -> list[str]:
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() or p.is_symlink():
+            rel = p.relative_to(root).as_posix()
+            if rel not in (MANIFEST, SIGNATURE):
+                out.append(rel)
+    return out
+
+
+def release_id_of(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(files):
+        if not path.startswith(NON_IDENTITY_PREFIXES):
+            h.update(f"{path}\0{files[path]}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(root: Path) -> dict[str, Any]:
+    """Hash every file under ``root`` and write the manifest (atomically). Returns it.
+
+    Re-writing the manifest invalidates an existing signature, which is removed.
+    """
+    files = {rel: sha256_file(root / rel) for rel in _files(root)}
+    manifest = {"schema": 1, "release_id": release_id_of(files), "files": files}
+    write_json_atomic(root / MANIFEST, manifest)
+    (root / SIGNATURE).unlink(missing_ok=True)
+    return manifest
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    path = root / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BundleIntegrityError(f"{path}: manifest missing: not a tileship release", path=str(path)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleIntegrityError(f"{path}: manifest is not valid JSON ({exc})", path=str(path)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or "release_id" not in data:
+        raise BundleIntegrityError(f"{path}: manifest lacks files/release_id", path=str(path))
+    return data
+
+
+def check_integrity(root: Path) -> dict[str, Any]:
+    """Verify every file against the manifest. Returns the manifest.
+
+    Raises BundleIntegrityError naming the file: hash mismatch, missing, not listed, or
+    a manifest whose release id does not match its own file list (edited manifest).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise BundleError(f"{root}: no such release directory", path=str(root))
+    manifest = read_manifest(root)
+    listed: dict[str, str] = manifest["files"]
+    for rel in listed:
+        if rel.startswith("/") or ".." in Path(rel).parts:
+            raise BundleIntegrityError(f"{root / MANIFEST}: unsafe path {rel!r} in manifest", path=str(root / MANIFEST))
+    if release_id_of(listed) != manifest["release_id"]:
+        raise BundleIntegrityError(f"{root / MANIFEST}: release id does not match the listed files (manifest edited)", path=str(root / MANIFEST))
+    present = set(_files(root))
+    for rel in sorted(set(listed) - present):
+        raise BundleIntegrityError(f"{root / rel}: listed in the manifest but missing", path=str(root / rel))
+    for rel in sorted(present - set(listed)):
+        raise BundleIntegrityError(f"{root / rel}: present but not listed in the manifest (extra file)", path=str(root / rel))
+    for rel in sorted(listed):
+        p = root / rel
+        if p.is_symlink():
+            raise BundleIntegrityError(f"{p}: symlinks are not allowed in a release", path=str(p))
+        if sha256_file(p) != listed[rel]:
+            raise BundleIntegrityError(f"{p}: sha256 does not match the manifest (tampered or corrupted)", path=str(p))
+    return manifest
+
+
+# -- signing -------------------------------------------------------------------
+
+def generate_key(private_path: Path) -> Path:
+    """Write a new ed25519 private key (PEM, 0600) and its public key beside it (.pub). Returns the .pub path."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    pub = private_path.with_suffix(private_path.suffix + ".pub")
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return pub
+
+
+def _key_id(pub: Ed25519PublicKey) -> str:
+    raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    try:
+        key = serialization.load_pem_public_key(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise SignatureError(f"{path}: not a PEM public key ({exc})", path=str(path)) from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise SignatureError(f"{path}: not an ed25519 key", path=str(path))
+    return key
+
+
+def sign(root: Path, private_key_path: Path) -> str:
+    """Sign ``root``'s manifest. Returns the key id. Integrity is checked first."""
+    check_integrity(root)
+    try:
+        key = serialization.load_pem_private_key(Path(private_key_path).read_bytes(), password=None)
+    except (OSError, ValueError) as exc:
+        raise SignatureError(f"{private_key_path}: not a PEM private key ({exc})", path=str(private_key_path)) from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SignatureError(f"{private_key_path}: not an ed25519 key", path=str(private_key_path))
+    sig = key.sign((root / MANIFEST).read_bytes())
+    kid = _key_id(key.public_key())
+    write_json_atomic(root / SIGNATURE, {"key_id": kid, "signature": base64.b64encode(sig).decode()})
+    return kid
+
+
+def verify_signature(root: Path, trusted: Iterable[Ed25519PublicKey]) -> str:
+    """Check the signature against the trusted keys. Returns the signing key id."""
+    path = root / SIGNATURE
+    try:
+        data = json.loads(path.read_text())
+        sig = base64.b64decode(data["signature"], validate=True)
+    except FileNotFoundError:
+        raise SignatureError(f"{path}: release is not signed but a trusted key is required", path=str(path)) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SignatureError(f"{path}: malformed signature file ({exc})", path=str(path)) from None
+    body = (root / MANIFEST).read_bytes()
+    for key in trusted:
+        try:
+            key.verify(sig, body)
+        except InvalidSignature:
+            continue
+        return _key_id(key)
+    raise SignatureError(f"{path}: signature does not verify with any trusted key (key id {data.get('key_id')})", path=str(path),
+                         hint="sign with a trusted key (`tileship sign`) or add its public key to the trusted set")
+
+
+# -- packing -------------------------------------------------------------------
+
+def pack(root: Path, archive: Path) -> Path:
+    """Write one reproducible .tar.gz of the release (sorted, zeroed owners and times)."""
+    manifest = check_integrity(root)
+    names = [MANIFEST, *([SIGNATURE] if (root / SIGNATURE).exists() else []), *sorted(manifest["files"])]
+    tmp = archive.with_name(archive.name + ".tmp")
+    import gzip
+
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for name in names:
+            info = tar.gettarinfo(str(root / name), arcname=f"{manifest['release_id']}/{name}")
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            info.mode = 0o644
+            with open(root / name, "rb") as f:
+                tar.addfile(info, f)
+    os.replace(tmp, archive)
+    return archive
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    """Extract a packed release under ``dest``; integrity is checked before it is returned."""
+    with tarfile.open(archive, "r:gz") as tar:
+        tops = {Path(m.name).parts[0] for m in tar.getmembers()}
+        if len(tops) != 1:
+            raise BundleError(f"{archive}: expected one release directory, found {sorted(tops)}", path=str(archive))
+        tar.extractall(dest, filter="data")
+    root = dest / tops.pop()
+    check_integrity(root)
+    return root
+
+
+def copy_release(src: Path, dest: Path) -> None:
+    """Copy a release directory to ``dest`` atomically (rename of a complete copy)."""
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    os.replace(tmp, dest)

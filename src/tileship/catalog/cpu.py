@@ -1,0 +1,78 @@
+"""Kernels for TileLang's ``"c"`` target: real TileLang code that runs on a CPU-only machine."""
+
+from typing import Any
+
+import tilelang.language as T
+
+from tileship.spec import DynamicRange, Operator, TensorArg
+
+EPS = 1e-6
+
+
+def vector_add(N: Any, dtype: str = "float32", block: int = 256) -> Any:
+    """C = A + B; ``N`` may be ``T.dynamic``."""
+
+    @T.prim_func
+    def main(A: T.Tensor((N,), dtype), B: T.Tensor((N,), dtype), C: T.Tensor((N,), dtype)):
+        with T.Kernel(T.ceildiv(N, block)) as bx:
+            for i in T.Parallel(block):
+                if bx * block + i < N:
+                    C[bx * block + i] = A[bx * block + i] + B[bx * block + i]
+
+    return main
+
+
+def rms_norm_cpu(M: Any, N: int, dtype: str = "float32", eps: float = EPS) -> Any:
+    """Row-wise RMSNorm with weight; one row per grid step, fp32 accumulation."""
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), dtype), W: T.Tensor((N,), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(M) as row:
+            acc = T.alloc_local((1,), "float32")
+            acc[0] = 0.0
+            for j in T.serial(N):
+                acc[0] += T.cast(X[row, j], "float32") * T.cast(X[row, j], "float32")
+            acc[0] = T.rsqrt(acc[0] / N + eps)
+            for j in T.Parallel(N):
+                Y[row, j] = T.cast(T.cast(X[row, j], "float32") * acc[0] * T.cast(W[j], "float32"), dtype)
+
+    return main
+
+
+def add_reference(a: Any, b: Any) -> Any:
+    import torch
+
+    return torch.add(a, b)
+
+
+def rms_norm_cpu_reference(x: Any, w: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS)
+
+
+add = Operator(
+    name="add",
+    factory=vector_add,
+    reference=add_reference,
+    inputs=(TensorArg("A", ("N",)), TensorArg("B", ("N",))),
+    outputs=(TensorArg("C", ("N",)),),
+    dtypes=("float32",),
+    targets=("c",),
+    config={"block": 256},
+    ranges=(DynamicRange("N", 1, 1 << 24),),
+    shapes=({"N": 4096},),
+)
+
+rmsnorm_cpu = Operator(
+    name="rmsnorm_cpu",
+    factory=rms_norm_cpu,
+    reference=rms_norm_cpu_reference,
+    inputs=(TensorArg("X", ("M", "N")), TensorArg("W", ("N",))),
+    outputs=(TensorArg("Y", ("M", "N")),),
+    dtypes=("float32",),
+    targets=("c",),
+    config={"eps": EPS},
+    ranges=(DynamicRange("M", 1, 4096, {"N": 1024}),),
+    shapes=({"M": 64, "N": 256},),
+)

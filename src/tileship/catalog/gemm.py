@@ -1,0 +1,56 @@
+"""GEMM C = A @ B on Hopper (wgmma through T.gemm), fp16/bf16 in, fp32 accumulate."""
+
+from typing import Any
+
+import tilelang.language as T
+
+from tileship.spec import DynamicRange, Operator, TensorArg, Tolerance
+
+
+def matmul(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 128, block_N: int = 256,
+           block_K: int = 64, num_stages: int = 3, threads: int = 256) -> Any:
+    """A tiled, software-pipelined GEMM. ``M`` may be ``T.dynamic``."""
+    accum = "float32"
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            a_tile = T.alloc_shared((block_M, block_K), dtype)
+            b_tile = T.alloc_shared((block_K, block_N), dtype)
+            acc = T.alloc_fragment((block_M, block_N), accum)
+            c_tile = T.alloc_shared((block_M, block_N), dtype)
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                T.copy(A[by * block_M, k * block_K], a_tile)
+                T.copy(B[k * block_K, bx * block_N], b_tile)
+                T.gemm(a_tile, b_tile, acc)
+            T.copy(acc, c_tile)
+            T.copy(c_tile, C[by * block_M, bx * block_N])
+
+    return main
+
+
+def gemm_reference(a: Any, b: Any) -> Any:
+    """The PyTorch path: cuBLAS (or the CPU BLAS) in the input dtype."""
+    import torch
+
+    return torch.matmul(a, b)
+
+
+gemm = Operator(
+    name="gemm",
+    factory=matmul,
+    reference=gemm_reference,
+    inputs=(TensorArg("A", ("M", "K")), TensorArg("B", ("K", "N"))),
+    outputs=(TensorArg("C", ("M", "N")),),
+    dtypes=("float16", "bfloat16"),
+    targets=("cuda-sm90a",),
+    config={"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3, "threads": 256},
+    ranges=(
+        DynamicRange("M", 1, 8192, {"N": 4096, "K": 4096}),
+        DynamicRange("M", 1, 8192, {"N": 11008, "K": 4096}),
+        DynamicRange("M", 1, 8192, {"N": 4096, "K": 11008}),
+    ),
+    shapes=({"M": 4096, "N": 4096, "K": 4096}, {"M": 8192, "N": 8192, "K": 8192}),
+    tolerances={"float16": Tolerance(atol=2e-2, rtol=2e-2), "bfloat16": Tolerance(atol=6e-2, rtol=6e-2)},
+)

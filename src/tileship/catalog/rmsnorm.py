@@ -1,0 +1,56 @@
+"""RMSNorm with a weight, one row per thread block, fp32 statistics."""
+
+from typing import Any
+
+import tilelang.language as T
+
+from tileship.spec import DynamicRange, Operator, TensorArg
+
+EPS = 1e-6
+
+
+def rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps: float = EPS) -> Any:
+    """y = x * rsqrt(mean(x^2) + eps) * w, row-wise. ``M`` may be ``T.dynamic``."""
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), dtype), W: T.Tensor((N,), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(M, threads=threads) as row:
+            x_tile = T.alloc_shared((1, N), dtype)
+            w_tile = T.alloc_shared((N,), dtype)
+            xf = T.alloc_fragment((1, N), "float32")
+            sq = T.alloc_fragment((1, N), "float32")
+            ss = T.alloc_fragment((1,), "float32")
+            T.copy(X[row, 0], x_tile)
+            T.copy(W, w_tile)
+            T.copy(x_tile, xf)
+            for i, j in T.Parallel(1, N):
+                sq[i, j] = xf[i, j] * xf[i, j]
+            T.reduce_sum(sq, ss, dim=1)
+            for i in T.Parallel(1):
+                ss[i] = T.rsqrt(ss[i] / N + eps)
+            for i, j in T.Parallel(1, N):
+                x_tile[i, j] = T.cast(xf[i, j] * ss[i] * T.cast(w_tile[j], "float32"), dtype)
+            T.copy(x_tile, Y[row, 0])
+
+    return main
+
+
+def rms_norm_reference(x: Any, w: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS)
+
+
+rmsnorm = Operator(
+    name="rmsnorm",
+    factory=rms_norm,
+    reference=rms_norm_reference,
+    inputs=(TensorArg("X", ("M", "N")), TensorArg("W", ("N",))),
+    outputs=(TensorArg("Y", ("M", "N")),),
+    dtypes=("float16", "bfloat16"),
+    targets=("cuda-sm90a",),
+    config={"threads": 128, "eps": EPS},
+    ranges=(DynamicRange("M", 1, 65536, {"N": 4096}),),
+    shapes=({"M": 4096, "N": 4096},),
+    pass_configs={"tl.disable_tma_lower": True},
+)

@@ -1,0 +1,45 @@
+"""Environment variables, read in one place into typed values.
+
+Precedence everywhere: command-line flag > environment variable > project file > default.
+
+    TILESHIP_HOME           where registries and work files live (default: ./.tileship)
+    TILESHIP_TRUSTED_KEYS   os.pathsep-separated ed25519 public keys (PEM); when set, loading
+                            requires a signature by one of them
+    TILESHIP_ALLOW_UNVERIFIED  "1" to run unverified kernels on a GPU (default off)
+    TILELANG_CACHE_DIR      TileLang needs a writable cache dir to import; when unset
+                            tileship points it at a private temp dir (a release never reads it)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def home() -> Path:
+    return Path(os.environ.get("TILESHIP_HOME", ".tileship")).resolve()
+
+
+def trusted_key_paths() -> list[Path]:
+    raw = os.environ.get("TILESHIP_TRUSTED_KEYS", "")
+    return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def allow_unverified() -> bool | None:
+    raw = os.environ.get("TILESHIP_ALLOW_UNVERIFIED")
+    return None if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def ensure_tilelang_cache_dir() -> str:
+    """Give TileLang a writable cache dir before it is imported; return it.
+
+    A release never loads from it (artifacts come from the bundle), but ``import tilelang``
+    fails without one, e.g. on a read-only image.
+    """
+    current = os.environ.get("TILELANG_CACHE_DIR")
+    if current and os.access(current, os.W_OK):
+        return current
+    path = tempfile.mkdtemp(prefix="tileship-tlcache-")
+    os.environ["TILELANG_CACHE_DIR"] = path
+    return path

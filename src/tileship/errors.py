@@ -1,0 +1,121 @@
+"""Every error tileship raises on purpose.
+
+    TileshipError                      base; carries ``hint`` (how to fix it)
+    ├── DeclarationError               an operator declaration or project file is wrong (names the field)
+    ├── LockError                      a lock file is missing, unreadable or malformed
+    │   └── LockMismatch               strict policy: blocking drift between lock and environment
+    ├── BuildError                     the build as a whole could not run
+    ├── BundleError                    a release bundle is malformed
+    │   ├── BundleIntegrityError       a file's hash, a missing/extra file, an edited manifest (names the file)
+    │   └── SignatureError             the signature is missing, malformed or does not verify
+    ├── ArtifactLoadError              a compiled artifact could not be loaded into this process
+    ├── CompileForbidden               something tried to compile while a release was serving
+    ├── CallError                      a call no path can serve (wrong arity, rank, mixed devices; names the argument)
+    ├── VerificationError              verification could not run (not: a kernel that failed it)
+    └── RegistryError                  registry operations (unknown release, refused activation)
+
+Expected outcomes are values, not exceptions: a dispatch decision, a drift report, a build
+result, a verification verdict. Exceptions from TileLang/TVM are translated in one place
+(``translate``) so callers only ever see this tree.
+"""
+
+from __future__ import annotations
+
+
+class TileshipError(Exception):
+    """Base of every tileship error. ``hint`` says how to fix it."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class DeclarationError(TileshipError):
+    """An operator declaration or the project file is invalid; ``field`` names what."""
+
+    def __init__(self, message: str, *, operator: str | None = None, field: str | None = None, hint: str | None = None) -> None:
+        where = ".".join(p for p in (operator, field) if p)
+        super().__init__(f"{where}: {message}" if where else message, hint=hint)
+        self.operator = operator
+        self.field = field
+
+
+class LockError(TileshipError):
+    """A lock file is missing, unreadable or malformed."""
+
+
+class LockMismatch(LockError):
+    """Blocking drift under the strict policy. ``report`` is the DriftReport."""
+
+    def __init__(self, message: str, *, report: object, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.report = report
+
+
+class BuildError(TileshipError):
+    """The build could not run at all (not: one specialization failing, which is a value)."""
+
+
+class BundleError(TileshipError):
+    """A release bundle is malformed."""
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+
+
+class BundleIntegrityError(BundleError):
+    """A file does not match the manifest, is missing, or is not listed. ``path`` names it."""
+
+
+class SignatureError(BundleError):
+    """The manifest signature is missing, malformed, or made by an untrusted key."""
+
+
+class ArtifactLoadError(TileshipError):
+    """A compiled specialization could not be loaded. ``spec_id`` names it."""
+
+    def __init__(self, message: str, *, spec_id: str, hint: str | None = None) -> None:
+        super().__init__(f"{spec_id}: {message}", hint=hint)
+        self.spec_id = spec_id
+
+
+class CompileForbidden(TileshipError):
+    """A TileLang compile was attempted while no-JIT was in force."""
+
+
+class CallError(TileshipError):
+    """Arguments that no path can serve. ``operator`` and ``argument`` name what was wrong."""
+
+    def __init__(self, message: str, *, operator: str, argument: str | None = None, hint: str | None = None) -> None:
+        where = f"{operator}({argument})" if argument else operator
+        super().__init__(f"{where}: {message}", hint=hint)
+        self.operator = operator
+        self.argument = argument
+
+
+class VerificationError(TileshipError):
+    """Verification could not run (no device, release unreadable)."""
+
+
+class RegistryError(TileshipError):
+    """A registry operation was refused (unknown release, failed checks, torn state)."""
+
+
+def translate(exc: BaseException, *, spec_id: str) -> TileshipError:
+    """Map a TileLang/TVM/CUDA exception to the tileship error a caller should see."""
+    if isinstance(exc, TileshipError):
+        return exc
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if "no kernel image" in text or "CUDA_ERROR" in text or "cudaError" in text:
+        hint = "the artifact was built for another GPU arch or the driver is too old; run `tileship check`"
+    elif isinstance(exc, OSError):
+        hint = "the shared library could not be opened; its native dependencies may be missing"
+    else:
+        hint = "run `tileship diagnose` to collect the sources, logs and environment"
+    return ArtifactLoadError(first, spec_id=spec_id, hint=hint)

@@ -1,0 +1,162 @@
+"""Load a release into this process without compiling anything.
+
+Order: integrity (every file's sha256, the signature when keys are trusted) -> lock vs
+running environment -> import the references -> load each specialization for this device
+from the bundle alone (never TileLang's cache dir, never nvcc, never a writable bundle)
+-> routing from verification evidence. The no-JIT guard is installed first, so any path
+that would compile raises instead (and is counted).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from . import bundle, env, evidence
+from .errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
+from .lock import capture_environment, compare, lock_digest, read_lock
+from .runtime import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
+from .spec import Specialization, Target
+
+
+def load_artifact(spec_dir: Path, spec_id: str) -> Any:
+    """dlopen one specialization from its bundle directory; returns TileLang's kernel object."""
+    from tilelang import tvm
+    from tilelang.engine.param import load_kernel_params
+    from tilelang.jit.adapter.base import CachedTextSource
+    from tilelang.jit.kernel import JITKernel
+
+    try:
+        art = json.loads((spec_dir / "artifact.json").read_text())
+        func = tvm.ir.load_json((spec_dir / "func.json").read_text())
+        params = load_kernel_params((spec_dir / "params.json").read_text())
+        return JITKernel.from_database(
+            func=func,
+            host_kernel_source=CachedTextSource(path=str(spec_dir / "host_kernel.cu")),
+            device_kernel_source=CachedTextSource(path=str(spec_dir / "device_kernel.cu")),
+            kernel_lib_path=str(spec_dir / art["library"]),
+            params=params,
+            target=Target(art["target"]).tilelang(),
+            target_host=None,
+            out_idx=art["out_idx"],
+            execution_backend=art["execution_backend"],
+            pass_configs=art.get("pass_configs") or None,
+        )
+    except Exception as exc:
+        raise translate(exc, spec_id=spec_id) from exc
+
+
+def _device_state() -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"cuda": cuda, "capability": torch.cuda.get_device_capability(0) if cuda else None}
+
+
+def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_policy: str | None = None,
+         allow_unverified: bool | None = None, routing: str | None = None, forbid_compile: bool = True,
+         disabled: Iterable[str] = ()) -> Release:
+    """Load the release at ``path``. Never compiles.
+
+    Raises BundleIntegrityError / SignatureError (names the file) before anything is loaded;
+    LockMismatch on blocking drift when the drift policy is ``strict``. Every other problem
+    (drift under ``fallback``, an artifact that fails to load, a device not covered) is a
+    value: the affected specializations serve the reference and say why.
+    """
+    root = Path(path)
+    t0 = time.perf_counter()
+    manifest = bundle.check_integrity(root)
+    keys = list(trusted_keys) if trusted_keys is not None else env.trusted_key_paths()
+    if keys:
+        bundle.verify_signature(root, [bundle.load_public_key(k) for k in keys])
+    rel = json.loads((root / "release.json").read_text())
+    lock = read_lock(root / "tileship.lock")
+    policy = dict(rel.get("policy", {}))
+    drift_policy = drift_policy or policy.get("drift", "fallback")
+    routing = routing or policy.get("routing", "pinned")
+    if allow_unverified is None:
+        allow_unverified = env.allow_unverified()
+    if allow_unverified is None:
+        allow_unverified = bool(policy.get("allow_unverified", False))
+    report = compare(lock, capture_environment())
+    if report.blocking and drift_policy == "strict":
+        raise LockMismatch("blocking drift against the release lock: " + report.reason, report=report,
+                           hint="run `tileship check` for details; rebuild for this environment or use drift=fallback")
+    env.ensure_tilelang_cache_dir()
+    if forbid_compile:
+        from . import nojit
+
+        nojit.install()
+    device = _device_state()
+    ev = evidence.read(root)
+    notes: list[str] = []
+    if report.blocking:
+        notes.append(f"blocking drift ({report.reason}): every operator serves the reference")
+    disabled = set(disabled)
+    load_seconds: dict[str, float] = {}
+    load_errors: dict[str, str] = {}
+    ops: dict[str, OpRunner] = {}
+    for name, desc in sorted(rel["operators"].items()):
+        reference = _import_reference(desc, name)
+        entries: list[Entry] = []
+        for sid, info in sorted(rel["specializations"].items()):
+            spec = Specialization.from_json(info["spec"])
+            if spec.op != name:
+                continue
+            target = Target(spec.target)
+            reason = None
+            if info["status"] != "built":
+                reason = "build_failed"
+            elif report.blocking:
+                reason = "drift"
+            elif sid in disabled:
+                reason = "disabled_by_policy"
+            elif target.device_type == "cuda" and (not device["cuda"] or tuple(device["capability"]) != target.compute_capability):
+                reason = "device_not_covered"
+            kernel = None
+            if reason is None:
+                t = time.perf_counter()
+                try:
+                    kernel = load_artifact(root / "specs" / sid, sid)
+                except ArtifactLoadError as exc:
+                    load_errors[sid] = str(exc)
+                    reason = "load_failed"
+                load_seconds[sid] = time.perf_counter() - t
+            if reason is None:
+                reason = evidence.route(ev, sid, target=target, routing=routing, allow_unverified=allow_unverified,
+                                        lock_digest=lock_digest(lock))
+            if reason is None:
+                entries.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid)))
+            else:
+                entries.append(Entry(spec, None, Decision(REFERENCE, reason, sid)))
+        shape = OpShape(name, tuple((n, tuple(d)) for n, d in desc["inputs"]), len(desc["outputs"]))
+        device_reasons = {"cuda": "device_not_covered", "cpu": "device_not_covered"}
+        ops[name] = OpRunner(shape, reference, entries, device_reasons=device_reasons)
+    if ev is None and device["cuda"] and not allow_unverified:
+        notes.append("release has no verification evidence: CUDA specializations serve the reference (allow_unverified is off)")
+    release = Release(release_id=manifest["release_id"], path=root, kernel_revision=rel["kernel_revision"], model=rel["model"],
+                      lock=lock, lock_digest=lock_digest(lock), drift=report, ops=ops, load_seconds=load_seconds,
+                      load_errors=load_errors, notes=notes, declarations=rel["operators"], evidence=ev)
+    release.load_seconds["__total__"] = time.perf_counter() - t0
+    return release
+
+
+def _import_reference(desc: dict[str, Any], name: str) -> Any:
+    module, _, qual = desc["reference"].rpartition(".")
+    try:
+        mod = importlib.import_module(module)
+        obj: Any = mod
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except (ImportError, AttributeError) as exc:
+        raise ArtifactLoadError(f"cannot import the reference {desc['reference']}: {exc}", spec_id=name,
+                                hint=f"the operator module must be importable (sys.path: {sys.path[:3]}...)") from exc
+
+
+__all__ = ["load", "load_artifact", "BundleIntegrityError"]

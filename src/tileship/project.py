@@ -1,0 +1,163 @@
+"""The project file: which operator modules, which targets, which model they serve.
+
+Read from ``tileship.toml`` (top level) or ``[tool.tileship]`` in ``pyproject.toml``.
+With neither, the built-in catalog project is used (``builtin_project``).
+
+    model = "demo-llm"
+    model_version = "1"
+    operators = ["tileship.catalog.gemm", "mypkg.kernels.norm"]
+    targets = ["cuda-sm90a", "c"]
+    routing = "pinned"        # or "evidence"     (how verified evidence picks a path)
+    drift = "fallback"        # or "strict"       (blocking drift: serve the reference, or refuse)
+    allow_unverified = false  # run kernels on a GPU without verification evidence
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import DeclarationError
+from .spec import Operator, Specialization, Target, expand
+
+ROUTINGS = ("pinned", "evidence")
+DRIFT_POLICIES = ("fallback", "strict")
+_KEYS = {"model", "model_version", "operators", "targets", "routing", "drift", "allow_unverified"}
+
+
+@dataclass(frozen=True)
+class Project:
+    model: str
+    model_version: str
+    operator_modules: tuple[str, ...]
+    targets: tuple[str, ...]
+    routing: str = "pinned"
+    drift: str = "fallback"
+    allow_unverified: bool = False
+    root: Path | None = None
+
+    def policy(self) -> dict[str, Any]:
+        return {"routing": self.routing, "drift": self.drift, "allow_unverified": self.allow_unverified}
+
+
+def builtin_project() -> Project:
+    """The demo's embedded default: the built-in catalog for sm_90a and the CPU target."""
+    return Project(
+        model="tileship-demo",
+        model_version="1",
+        operator_modules=("tileship.catalog.gemm", "tileship.catalog.rmsnorm", "tileship.catalog.attention", "tileship.catalog.cpu"),
+        targets=("cuda-sm90a", "c"),
+    )
+
+
+def parse_project(data: Mapping[str, Any], *, root: Path | None = None, source: str = "project") -> Project:
+    """Validate a project table; raise DeclarationError naming the bad key."""
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise DeclarationError(f"unknown keys {sorted(unknown)} (known: {sorted(_KEYS)})", field=source)
+
+    def need(key: str, kind: type) -> Any:
+        if key not in data:
+            raise DeclarationError("is required", field=f"{source}.{key}")
+        if not isinstance(data[key], kind):
+            raise DeclarationError(f"must be {kind.__name__}", field=f"{source}.{key}")
+        return data[key]
+
+    model = need("model", str)
+    mods = need("operators", list)
+    if not mods or not all(isinstance(m, str) for m in mods):
+        raise DeclarationError("must be a non-empty list of module names", field=f"{source}.operators")
+    targets = data.get("targets", ["cuda-sm90a", "c"])
+    for t in targets:
+        try:
+            Target(t)
+        except DeclarationError as exc:
+            raise DeclarationError(exc.message, field=f"{source}.targets", hint=exc.hint) from None
+    routing = data.get("routing", "pinned")
+    if routing not in ROUTINGS:
+        raise DeclarationError(f"must be one of {ROUTINGS}, got {routing!r}", field=f"{source}.routing")
+    drift = data.get("drift", "fallback")
+    if drift not in DRIFT_POLICIES:
+        raise DeclarationError(f"must be one of {DRIFT_POLICIES}, got {drift!r}", field=f"{source}.drift")
+    return Project(model=model, model_version=str(data.get("model_version", "1")), operator_modules=tuple(mods),
+                   targets=tuple(targets), routing=routing, drift=drift,
+                   allow_unverified=bool(data.get("allow_unverified", False)), root=root)
+
+
+def find_project(start: Path | None = None) -> Project:
+    """The project of ``start`` (default: cwd): tileship.toml, else [tool.tileship], else builtin."""
+    here = (start or Path.cwd()).resolve()
+    if here.is_file():
+        return _read(here)
+    for d in (here, *here.parents):
+        if (d / "tileship.toml").is_file():
+            return _read(d / "tileship.toml")
+        py = d / "pyproject.toml"
+        if py.is_file():
+            with py.open("rb") as f:
+                tool = tomllib.load(f).get("tool", {})
+            if "tileship" in tool:
+                return parse_project(tool["tileship"], root=d, source="[tool.tileship]")
+    return builtin_project()
+
+
+def _read(path: Path) -> Project:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise DeclarationError(f"{path}: not valid TOML: {exc}") from None
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("tileship", {})
+    return parse_project(data, root=path.parent, source=path.name)
+
+
+def load_operators(project: Project) -> dict[str, Operator]:
+    """Import the project's operator modules; collect every module-level ``Operator``.
+
+    Raises DeclarationError on an import failure, a duplicate name, or a bad declaration.
+    """
+    if project.root is not None and str(project.root) not in sys.path:
+        sys.path.insert(0, str(project.root))
+    ops: dict[str, Operator] = {}
+    for mod_name in project.operator_modules:
+        try:
+            mod = importlib.import_module(mod_name)
+        except Exception as exc:  # an import error in user code is a declaration problem
+            raise DeclarationError(f"cannot import {mod_name}: {type(exc).__name__}: {exc}", field="operators") from exc
+        found = [v for v in vars(mod).values() if isinstance(v, Operator)]
+        if not found:
+            raise DeclarationError(f"module {mod_name} declares no Operator", field="operators")
+        for op in found:
+            op.check()
+            if op.name in ops and ops[op.name] is not op:
+                raise DeclarationError(f"operator name declared twice (second in {mod_name})", operator=op.name, field="name")
+            ops[op.name] = op
+    return dict(sorted(ops.items()))
+
+
+def operator_module(op: Operator) -> str:
+    return op.factory.__module__
+
+
+def specializations(project: Project, ops: Mapping[str, Operator]) -> list[Specialization]:
+    return [s for op in ops.values() for s in expand(op, project.targets)]
+
+
+def source_digest(ops: Mapping[str, Operator]) -> dict[str, str]:
+    """sha256 of each operator's source file(s) (factory and reference modules)."""
+    out: dict[str, str] = {}
+    for name, op in ops.items():
+        h = hashlib.sha256()
+        files = sorted({inspect.getsourcefile(op.factory) or "", inspect.getsourcefile(op.reference) or ""} - {""})
+        for fn in files:
+            h.update(Path(fn).read_bytes())
+        out[name] = "sha256:" + h.hexdigest()
+    return out

@@ -1,0 +1,242 @@
+"""Dispatch: each call goes to the compiled kernel or to the PyTorch reference, and says why.
+
+``OpRunner.__call__`` derives a key from the arguments (device, dtypes, shapes) and finds
+the specialization with one dictionary lookup; the first call of a new key resolves it
+(exact static shape, else the ``T.dynamic`` range check) and memoizes the result. It never
+compiles: a key no kernel covers goes to the reference, every time, with its reason.
+
+Reasons (``Decision.reason``):
+    kernel               the compiled kernel ran
+    undeclared_shape     no specialization covers these shapes
+    undeclared_dtype     no specialization covers this dtype (or inputs disagree on dtype)
+    device_not_covered   no specialization was built/loaded for this device (type or arch)
+    non_contiguous       the kernel needs contiguous inputs
+    drift                blocking environment drift against the lock
+    build_failed         the specialization failed to compile at build time
+    load_failed          its artifact failed to load or warm up here
+    unverified           on a GPU without verification evidence (and unverified not allowed)
+    verification_failed  evidence says the kernel was wrong on this device
+    slower_than_reference  evidence says the reference is faster for this shape
+    disabled_by_policy   an operator switched this specialization (or the release) off
+    circuit_open         the kernel raised or returned non-finite values at serve time
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import CallError
+from .spec import Specialization
+
+KERNEL = "kernel"
+REFERENCE = "reference"
+MEMO_LIMIT = 8192
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which path served a call and why; ``spec_id`` names the specialization when one matched."""
+
+    path: str
+    reason: str
+    spec_id: str | None = None
+
+
+@dataclass
+class Entry:
+    """One specialization as the dispatcher sees it. Mutable only through ``OpRunner.disable``."""
+
+    spec: Specialization | None
+    kernel: Callable[..., Any] | None
+    decision: Decision
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class OpShape:
+    """What the dispatcher needs of a declaration (no callables beyond the reference)."""
+
+    name: str
+    inputs: tuple[tuple[str, tuple[str, ...]], ...]
+    n_outputs: int
+
+
+class OpRunner:
+    """Callable operator of a loaded release. Thread-safe."""
+
+    def __init__(self, shape: OpShape, reference: Callable[..., Any], entries: list[Entry], *,
+                 device_reasons: Mapping[str, str] | None = None) -> None:
+        self.name = shape.name
+        self.shape = shape
+        self.reference = reference
+        self.entries = entries
+        self._n = len(shape.inputs)
+        self._ranks = tuple(len(d) for _, d in shape.inputs)
+        self._exact: dict[tuple[Any, ...], Entry] = {}
+        self._dynamic: list[tuple[Entry, str, Any, str, int, int, dict[str, int]]] = []
+        self._dtypes: set[Any] = set()
+        # device type -> reason when no kernel serves that device at all
+        self._device_reasons = dict(device_reasons or {})
+        self._memo: dict[tuple[Any, ...], Entry] = {}
+        self._lock = threading.Lock()
+        self.counters: dict[tuple[str, str], int] = {}
+        import torch
+
+        for e in entries:
+            s = e.spec
+            assert s is not None
+            dt = getattr(torch, s.dtype)
+            self._dtypes.add(dt)
+            dev = "cpu" if s.target == "c" else "cuda"
+            dims = s.dim_map()
+            dyn = s.dynamic_dim
+            if dyn is None:
+                key = (dev, *([dt] * self._n), *(tuple(dims[d] for d in ds) for _, ds in shape.inputs))
+                self._exact[key] = e
+            else:
+                lo, hi = dims[dyn]  # type: ignore[misc]
+                fixed = {d: v for d, v in dims.items() if d != dyn}
+                self._dynamic.append((e, dev, dt, dyn, lo, hi, fixed))  # type: ignore[arg-type]
+        self._ref_decisions: dict[str, Decision] = {}
+
+    # -- hot path ----------------------------------------------------------------
+    def __call__(self, *args: Any) -> Any:
+        return self.call(*args)[0]
+
+    def call(self, *args: Any) -> tuple[Any, Decision]:
+        """Run the operator; return (output, decision). Raises CallError for unservable args."""
+        if len(args) != self._n:
+            raise CallError(f"expected {self._n} tensors ({', '.join(n for n, _ in self.shape.inputs)}), got {len(args)}", operator=self.name)
+        try:
+            key = (args[0].device.type, *[a.dtype for a in args], *[a.shape for a in args])
+        except AttributeError:
+            bad = next(i for i, a in enumerate(args) if not hasattr(a, "shape") or not hasattr(a, "device"))
+            raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name, argument=self.shape.inputs[bad][0]) from None
+        entry = self._memo.get(key)
+        if entry is None:
+            entry = self._resolve(key, args)
+        kernel = entry.kernel
+        if kernel is not None:
+            dev = args[0].device
+            for a in args:
+                if not a.is_contiguous():
+                    return self._reference(args, "non_contiguous", entry)
+                if a.device != dev:
+                    self._check_devices(args)
+            try:
+                out = kernel(*args)
+            except Exception as exc:  # the circuit breaker: this specialization goes to the reference
+                self.disable(entry, "circuit_open", f"kernel raised {type(exc).__name__}: {exc}")
+                return self._reference(args, "circuit_open", entry)
+            with self._lock:
+                c = (KERNEL, KERNEL)
+                self.counters[c] = self.counters.get(c, 0) + 1
+            return out, entry.decision
+        return self._reference(args, entry.decision.reason, entry)
+
+    def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry) -> tuple[Any, Decision]:
+        out = self.reference(*args)
+        with self._lock:
+            c = (REFERENCE, reason)
+            self.counters[c] = self.counters.get(c, 0) + 1
+        d = entry.decision if entry.decision.path == REFERENCE and entry.decision.reason == reason else Decision(REFERENCE, reason, entry.decision.spec_id)
+        return out, d
+
+    # -- slow path (first call of a key) -------------------------------------------
+    def _check_devices(self, args: tuple[Any, ...]) -> None:
+        dev = args[0].device
+        for (name, _), a in zip(self.shape.inputs, args, strict=True):
+            if a.device != dev:
+                raise CallError(f"is on {a.device} but {self.shape.inputs[0][0]} is on {dev}", operator=self.name, argument=name,
+                                hint="move all inputs to one device")
+
+    def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Entry:
+        self._check_devices(args)
+        for (name, dims), a, rank in zip(self.shape.inputs, args, self._ranks, strict=True):
+            if a.dim() != rank:
+                raise CallError(f"has rank {a.dim()} (shape {tuple(a.shape)}), declared ({', '.join(dims)})", operator=self.name, argument=name)
+        bound: dict[str, int] = {}
+        for (name, dims), a in zip(self.shape.inputs, args, strict=True):
+            for d, size in zip(dims, a.shape, strict=True):
+                if bound.setdefault(d, int(size)) != int(size):
+                    raise CallError(f"dim {d}={int(size)} disagrees with {d}={bound[d]} of an earlier input", operator=self.name, argument=name)
+        entry = self._match(key, args, bound)
+        if len(self._memo) < MEMO_LIMIT:
+            self._memo[key] = entry
+        return entry
+
+    def _match(self, key: tuple[Any, ...], args: tuple[Any, ...], bound: dict[str, int]) -> Entry:
+        exact = self._exact.get(key)
+        if exact is not None:
+            return exact
+        dev = args[0].device.type
+        dts = {a.dtype for a in args}
+        for e, edev, dt, dyn, lo, hi, fixed in self._dynamic:
+            if edev == dev and dts == {dt} and lo <= bound[dyn] <= hi and all(bound[d] == v for d, v in fixed.items()):
+                return e
+        devices = {("cpu" if e.spec.target == "c" else "cuda") for e in self.entries if e.spec}  # type: ignore[union-attr]
+        if dev not in devices:
+            return Entry(None, None, Decision(REFERENCE, self._device_reasons.get(dev, "device_not_covered")))
+        if len(dts) != 1 or not (dts & self._dtypes):
+            return Entry(None, None, Decision(REFERENCE, "undeclared_dtype"))
+        return Entry(None, None, Decision(REFERENCE, "undeclared_shape"))
+
+    # -- control -------------------------------------------------------------------
+    def disable(self, entry: Entry, reason: str, detail: str = "") -> None:
+        """Send a specialization to the reference from now on (all memoized keys share the entry)."""
+        with self._lock:
+            entry.kernel = None
+            entry.decision = Decision(REFERENCE, reason, entry.decision.spec_id)
+            entry.detail = detail
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {f"{p}:{r}": n for (p, r), n in sorted(self.counters.items())}
+
+
+@dataclass
+class Release:
+    """A loaded release: operators by name plus everything /ready and metrics report."""
+
+    release_id: str
+    path: Any
+    kernel_revision: str
+    model: Mapping[str, str]
+    lock: Mapping[str, Any]
+    lock_digest: str
+    drift: Any
+    ops: dict[str, OpRunner]
+    load_seconds: dict[str, float] = field(default_factory=dict)
+    load_errors: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    declarations: Mapping[str, Any] = field(default_factory=dict)
+    evidence: Mapping[str, Any] | None = None
+
+    def op(self, name: str) -> OpRunner:
+        try:
+            return self.ops[name]
+        except KeyError:
+            raise CallError(f"unknown operator (this release has: {', '.join(sorted(self.ops))})", operator=name) from None
+
+    def decisions(self) -> dict[str, dict[str, str]]:
+        """Per operator, per specialization: the path it will take and why."""
+        return {name: {e.spec.id: f"{e.decision.path}:{e.decision.reason}" for e in r.entries if e.spec} for name, r in self.ops.items()}
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return {name: r.snapshot() for name, r in self.ops.items()}
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "release_id": self.release_id,
+            "kernel_revision": self.kernel_revision,
+            "model": dict(self.model),
+            "lock_digest": self.lock_digest,
+            "drift": self.drift.to_json(),
+            "kernels": sum(1 for r in self.ops.values() for e in r.entries if e.kernel is not None),
+            "reference_only": all(e.kernel is None for r in self.ops.values() for e in r.entries),
+            "load_errors": dict(self.load_errors),
+            "notes": list(self.notes),
+        }

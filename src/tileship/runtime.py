@@ -23,14 +23,17 @@ Reasons (``Decision.reason``):
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from .errors import CallError
 from .spec import Specialization
 
+_KEY = attrgetter("device", "dtype", "shape")
 KERNEL = "kernel"
 REFERENCE = "reference"
 MEMO_LIMIT = 8192
@@ -53,6 +56,10 @@ class Entry:
     kernel: Callable[..., Any] | None
     decision: Decision
     detail: str = ""
+    calls: itertools.count = field(default_factory=itertools.count)
+
+    def kernel_calls(self) -> int:
+        return int(repr(self.calls)[6:-1])  # itertools.count's repr is its next value
 
 
 @dataclass(frozen=True)
@@ -111,31 +118,26 @@ class OpRunner:
         if len(args) != self._n:
             raise CallError(f"expected {self._n} tensors ({', '.join(n for n, _ in self.shape.inputs)}), got {len(args)}", operator=self.name)
         try:
-            key = (args[0].device.type, *[a.dtype for a in args], *[a.shape for a in args])
+            key = tuple(map(_KEY, args))  # ((device, dtype, shape), ...) per input
         except AttributeError:
-            bad = next(i for i, a in enumerate(args) if not hasattr(a, "shape") or not hasattr(a, "device"))
+            bad = next(i for i, a in enumerate(args) if not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
             raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name, argument=self.shape.inputs[bad][0]) from None
         entry = self._memo.get(key)
         if entry is None:
             entry = self._resolve(key, args)
         kernel = entry.kernel
-        if kernel is not None:
-            dev = args[0].device
-            for a in args:
-                if not a.is_contiguous():
-                    return self._reference(args, "non_contiguous", entry)
-                if a.device != dev:
-                    self._check_devices(args)
-            try:
-                out = kernel(*args)
-            except Exception as exc:  # the circuit breaker: this specialization goes to the reference
-                self.disable(entry, "circuit_open", f"kernel raised {type(exc).__name__}: {exc}")
-                return self._reference(args, "circuit_open", entry)
-            with self._lock:
-                c = (KERNEL, KERNEL)
-                self.counters[c] = self.counters.get(c, 0) + 1
-            return out, entry.decision
-        return self._reference(args, entry.decision.reason, entry)
+        if kernel is None:
+            return self._reference(args, entry.decision.reason, entry)
+        for a in args:
+            if not a.is_contiguous():
+                return self._reference(args, "non_contiguous", entry)
+        try:
+            out = kernel(*args)
+        except Exception as exc:  # the circuit breaker: this specialization goes to the reference
+            self.disable(entry, "circuit_open", f"kernel raised {type(exc).__name__}: {exc}")
+            return self._reference(args, "circuit_open", entry)
+        next(entry.calls)  # itertools.count: atomic under the GIL, no lock on the hot path
+        return out, entry.decision
 
     def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry) -> tuple[Any, Decision]:
         out = self.reference(*args)
@@ -169,7 +171,7 @@ class OpRunner:
         return entry
 
     def _match(self, key: tuple[Any, ...], args: tuple[Any, ...], bound: dict[str, int]) -> Entry:
-        exact = self._exact.get(key)
+        exact = self._exact.get((args[0].device.type, *(a.dtype for a in args), *(tuple(a.shape) for a in args)))
         if exact is not None:
             return exact
         dev = args[0].device.type
@@ -193,8 +195,13 @@ class OpRunner:
             entry.detail = detail
 
     def snapshot(self) -> dict[str, int]:
+        """Calls so far by ``path:reason``."""
         with self._lock:
-            return {f"{p}:{r}": n for (p, r), n in sorted(self.counters.items())}
+            counts = dict(self.counters)
+        n = sum(e.kernel_calls() for e in self.entries)
+        if n:
+            counts[(KERNEL, KERNEL)] = n
+        return {f"{p}:{r}": v for (p, r), v in sorted(counts.items())}
 
 
 @dataclass

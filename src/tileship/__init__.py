@@ -1,0 +1,64 @@
+"""tileship: ship TileLang kernels to production with a pinned toolchain, ahead-of-time
+builds, a verified PyTorch fallback and releases you can roll back.
+
+Data flow: spec -> lock -> build -> bundle -> (verify) -> registry -> runtime -> serve.
+Heavy imports (torch, tilelang) happen lazily, inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    ArtifactLoadError,
+    BuildError,
+    BundleError,
+    BundleIntegrityError,
+    CallError,
+    CompileForbidden,
+    DeclarationError,
+    LockError,
+    LockMismatch,
+    RegistryError,
+    SignatureError,
+    TileshipError,
+    VerificationError,
+)
+from .runtime import Decision, OpRunner, Release
+from .spec import DynamicRange, Operator, Specialization, TensorArg, Tolerance
+
+__version__ = "0.1.0"
+
+
+def load(path: Any, **kwargs: Any) -> Release:
+    """Load a release without compiling; see ``tileship.loader.load``."""
+    from .loader import load as _load
+
+    return _load(path, **kwargs)
+
+
+__all__ = [
+    "ArtifactLoadError",
+    "BuildError",
+    "BundleError",
+    "BundleIntegrityError",
+    "CallError",
+    "CompileForbidden",
+    "DeclarationError",
+    "Decision",
+    "DynamicRange",
+    "LockError",
+    "LockMismatch",
+    "OpRunner",
+    "Operator",
+    "RegistryError",
+    "Release",
+    "SignatureError",
+    "Specialization",
+    "TensorArg",
+    "TileshipError",
+    "Tolerance",
+    "VerificationError",
+    "__version__",
+    "load",
+]

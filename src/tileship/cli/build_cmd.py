@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from ._common import console, default_out, handle_errors, resolve_project
+
+
+def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float, sign: Path | None, image_digest: str | None) -> object:
+    """Build with a progress bar and print the summary. Returns the BuildResult."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from ..build import BuildOptions, build
+    from ..project import load_operators, specializations
+
+    proj = resolve_project(project)
+    ops = load_operators(proj)
+    total = len(specializations(proj, ops))
+    with Progress(TextColumn("[bold]building[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("", total=total)
+
+        def tick(r: object) -> None:
+            progress.update(task, advance=1, description=f"{r.spec.id} {'ok' if r.ok else 'FAILED'}")  # type: ignore[attr-defined]
+
+        result = build(proj, ops, out or default_out(), BuildOptions(jobs=jobs, timeout_s=timeout, sign_key=sign, image_digest=image_digest, on_progress=tick))
+    table = Table(title=f"release {result.release_id}")
+    for col in ("specialization", "status", "seconds", "error"):
+        table.add_column(col)
+    for r in result.results:
+        table.add_row(r.spec.id, "[green]built[/]" if r.ok else "[red]failed[/]", f"{r.seconds:.1f}", (r.error or "")[:90])
+    console.print(table)
+    console.print(f"{len(result.built)} built, {len(result.failed)} failed in {result.seconds:.1f} s -> {result.path}"
+                  + (f" (signed by {result.key_id})" if result.key_id else ""))
+    return result
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("build")
+    @handle_errors
+    def build_cmd(
+        project: Path | None = typer.Option(None, help="project file (default: search from cwd, else the built-in catalog)"),
+        out: Path | None = typer.Option(None, "--out", "-o", help="releases are written to OUT/<release id> (default .tileship/builds)"),
+        jobs: int = typer.Option(os.cpu_count() or 1, "--jobs", "-j", help="parallel compiles"),
+        timeout: float = typer.Option(300.0, help="seconds before one specialization's compile is killed"),
+        sign: Path | None = typer.Option(None, help="ed25519 private key (PEM) to sign the manifest with"),
+        image_digest: str | None = typer.Option(None, help="container image digest to pin, sha256:<hex>"),
+    ) -> None:
+        """Compile every (operator x shape x target) ahead of time into a release bundle.
+
+        Exit 0: all built. Exit 2: some failed (the release holds the rest; failures are in
+        build-log.json with compiler commands and logs). Exit 1: nothing could be built.
+        """
+        result = run_build(project, out, jobs, timeout, sign, image_digest)
+        if not result.built:  # type: ignore[attr-defined]
+            raise typer.Exit(1)
+        if result.failed:  # type: ignore[attr-defined]
+            raise typer.Exit(2)
+
+    @app.command("pack")
+    @handle_errors
+    def pack(release: Path, output: Path | None = typer.Option(None, "--output", "-o")) -> None:
+        """Pack a release directory into one reproducible .tar.gz (integrity checked first)."""
+        from ..bundle import pack as do_pack
+
+        dest = output or Path(f"{release.name}.tileship.tar.gz")
+        do_pack(release, dest)
+        console.print(f"[green]packed[/] {release} -> {dest}")

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._common import console, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("check")
+    @handle_errors
+    def check(lock: Path = typer.Argument(Path("tileship.lock"), help="a lock file, or a release directory")) -> None:
+        """Compare the running environment with a lock. Exit 1 on blocking drift, 0 otherwise.
+
+        Blocking: TileLang version, its native-lib hashes, apache-tvm-ffi, platform, GPU arch
+        (the compiled artifacts depend on them). Informational: Python, torch, nvcc, z3, C++
+        compiler, driver, GPU name/SM count (not inside the artifacts; they change references,
+        rebuilds or speed evidence).
+        """
+        from ..lock import RULES, capture_environment, compare, read_lock
+
+        path = lock / "tileship.lock" if lock.is_dir() else lock
+        report = compare(read_lock(path), capture_environment())
+        if not report.differences:
+            console.print(f"[green]no drift[/]: the running environment matches {path}")
+            return
+        for d in report.differences:
+            style = "bold red" if d.blocking else "yellow"
+            console.print(f"[{style}]{'BLOCKING' if d.blocking else 'info'}[/] {d.field}: locked {d.locked!r} -> running {d.current!r}\n    {d.consequence}")
+        blocking = sorted(f for f, (b, _) in RULES.items() if b)
+        console.print(f"[dim]blocking fields: {', '.join(blocking)}[/]")
+        if report.blocking:
+            console.print("[bold red]blocking drift[/]: compiled artifacts are not trusted here; serving will use the reference")
+            raise typer.Exit(1)
+        console.print("[green]only informational drift[/]: artifacts remain trusted")

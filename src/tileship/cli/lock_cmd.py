@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._common import console, handle_errors, resolve_project
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("lock")
+    @handle_errors
+    def lock(
+        project: Path | None = typer.Option(None, help="tileship.toml / pyproject.toml (default: search from cwd, else the built-in catalog)"),
+        out: Path = typer.Option(Path("tileship.lock"), "--out", "-o", help="where to write the lock"),
+        image_digest: str | None = typer.Option(None, help="container image digest, sha256:<hex>"),
+    ) -> None:
+        """Write the lock: toolchain, native-lib hashes, device, kernel revision, shapes, fallbacks."""
+        from ..lock import capture_environment, dump_lock, kernel_revision, make_lock, write_lock
+        from ..project import load_operators, source_digest
+        from ..spec import describe
+
+        proj = resolve_project(project)
+        ops = load_operators(proj)
+        descs = {n: {**describe(o), "module": o.factory.__module__} for n, o in ops.items()}
+        lk = make_lock(env=capture_environment(), revision=kernel_revision(proj.root), sources=source_digest(ops), operators=descs,
+                       targets=list(proj.targets), model={"name": proj.model, "version": proj.model_version}, image_digest=image_digest)
+        write_lock(lk, out)
+        console.print(dump_lock({k: lk[k] for k in ("kernel_revision", "framework", "device_arch", "image_digest")}).rstrip())
+        console.print(f"[green]wrote[/] {out} ({len(ops)} operators)")

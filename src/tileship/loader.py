@@ -60,11 +60,13 @@ def _device_state() -> dict[str, Any]:
 
 def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_policy: str | None = None,
          allow_unverified: bool | None = None, routing: str | None = None, forbid_compile: bool = True,
-         disabled: Iterable[str] = ()) -> Release:
+         disabled: Iterable[str] = (), reference_only: bool = False) -> Release:
     """Load the release at ``path``. Never compiles.
 
     Raises BundleIntegrityError / SignatureError (names the file) before anything is loaded;
-    LockMismatch on blocking drift when the drift policy is ``strict``. Every other problem
+    LockMismatch on blocking drift when the drift policy is ``strict``. ``reference_only``
+    loads nothing native: every specialization serves the reference (``disabled_by_policy``),
+    the last line of defence. Every other problem
     (drift under ``fallback``, an artifact that fails to load, a device not covered) is a
     value: the affected specializations serve the reference and say why.
     """
@@ -95,6 +97,8 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     device = _device_state()
     ev = evidence.read(root)
     notes: list[str] = []
+    if reference_only:
+        notes.append("reference-only: every operator serves the PyTorch reference by policy")
     if report.blocking:
         notes.append(f"blocking drift ({report.reason}): every operator serves the reference")
     disabled = set(disabled)
@@ -114,7 +118,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                 reason = "build_failed"
             elif report.blocking:
                 reason = "drift"
-            elif sid in disabled:
+            elif reference_only or sid in disabled:
                 reason = "disabled_by_policy"
             elif target.device_type == "cuda" and (not device["cuda"] or tuple(device["capability"]) != target.compute_capability):
                 reason = "device_not_covered"

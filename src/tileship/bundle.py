@@ -194,7 +194,7 @@ def pack(root: Path, archive: Path) -> Path:
     tmp = archive.with_name(archive.name + ".tmp")
     import gzip
 
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for name in names:
             info = tar.gettarinfo(str(root / name), arcname=f"{manifest['release_id']}/{name}")
             info.uid = info.gid = 0

@@ -133,16 +133,17 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                 load_seconds[sid] = time.perf_counter() - t
             if reason is None:
                 reason = evidence.route(ev, sid, target=target, routing=routing, allow_unverified=allow_unverified,
-                                        lock_digest=lock_digest(lock))
+                                        lock_digest=lock_digest(lock), release_id=manifest["release_id"])
             if reason is None:
-                entries.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid)))
+                rule = evidence.size_rule(ev, sid, routing=routing, lock_digest=lock_digest(lock), release_id=manifest["release_id"])
+                entries.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid), detail=rule.summary if rule else "", choose=rule))
             else:
                 entries.append(Entry(spec, None, Decision(REFERENCE, reason, sid)))
         shape = OpShape(name, tuple((n, tuple(d)) for n, d in desc["inputs"]), len(desc["outputs"]))
         device_reasons = {"cuda": "device_not_covered", "cpu": "device_not_covered"}
         ops[name] = OpRunner(shape, reference, entries, device_reasons=device_reasons)
-    if ev is None and device["cuda"] and not allow_unverified:
-        notes.append("release has no verification evidence: CUDA specializations serve the reference (allow_unverified is off)")
+    notes.extend(evidence.notes(ev, lock_digest=lock_digest(lock), allow_unverified=allow_unverified, cuda=device["cuda"],
+                                release_id=manifest["release_id"]))
     release = Release(release_id=manifest["release_id"], path=root, kernel_revision=rel["kernel_revision"], model=rel["model"],
                       lock=lock, lock_digest=lock_digest(lock), drift=report, ops=ops, load_seconds=load_seconds,
                       load_errors=load_errors, notes=notes, declarations=rel["operators"], evidence=ev)

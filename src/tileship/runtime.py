@@ -24,6 +24,7 @@ Reasons (``Decision.reason``):
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,23 @@ _KEY = attrgetter("device", "dtype", "shape")
 KERNEL = "kernel"
 REFERENCE = "reference"
 MEMO_LIMIT = 8192
+_log = logging.getLogger("tileship.runtime")
+_fault_call = threading.local()
+
+
+def fault_args() -> tuple[Any, ...] | None:
+    """The arguments of the call whose fault is being reported, inside an ``on_fault`` hook
+    (which runs synchronously in the failing call's thread); None anywhere else."""
+    return getattr(_fault_call, "args", None)
+
+
+def _all_finite(out: Any) -> bool:
+    import torch
+
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,10 @@ class Entry:
     decision: Decision
     detail: str = ""
     calls: itertools.count = field(default_factory=itertools.count)
+    #: optional per-size rule (evidence routing of a T.dynamic range): ``choose(bound_dims)``
+    #: returns a reference reason for sizes the kernel should not serve, else None. Called on
+    #: the slow path only (first call of a key, then memoized), never per call.
+    choose: Callable[[Mapping[str, int]], str | None] | None = None
 
     def kernel_calls(self) -> int:
         return int(repr(self.calls)[6:-1])  # itertools.count's repr is its next value
@@ -72,10 +94,20 @@ class OpShape:
 
 
 class OpRunner:
-    """Callable operator of a loaded release. Thread-safe."""
+    """Callable operator of a loaded release. Thread-safe.
+
+    Circuit breaker: a kernel that raises is disabled (``circuit_open``) and the reference
+    answers. With ``check_finite`` on, a kernel output holding NaN/Inf is recomputed by the
+    reference; when the reference's is finite, the specialization is disabled the same way
+    and the reference's answer returned (the wrong one never is). Off by default: the check
+    costs a device sync per call; when off the call path is unchanged. ``on_fault(entry,
+    reason, detail)`` is called (synchronously, exceptions logged and swallowed) each time a
+    specialization is disabled that way; ``fault_args()`` gives the failing call's arguments.
+    """
 
     def __init__(self, shape: OpShape, reference: Callable[..., Any], entries: list[Entry], *,
-                 device_reasons: Mapping[str, str] | None = None) -> None:
+                 device_reasons: Mapping[str, str] | None = None, check_finite: bool = False,
+                 on_fault: Callable[[Entry, str, str], Any] | None = None) -> None:
         self.name = shape.name
         self.shape = shape
         self.reference = reference
@@ -108,6 +140,21 @@ class OpRunner:
                 fixed = {d: v for d, v in dims.items() if d != dyn}
                 self._dynamic.append((e, dev, dt, dyn, lo, hi, fixed))  # type: ignore[arg-type]
         self._ref_decisions: dict[str, Decision] = {}
+        self.on_fault = on_fault
+        self.faults: dict[str, int] = {}  # kernel_raised / non_finite -> times a specialization was disabled
+        self.check_finite = check_finite
+
+    @property
+    def check_finite(self) -> bool:
+        return "call" in self.__dict__
+
+    @check_finite.setter
+    def check_finite(self, on: bool) -> None:
+        # An instance attribute shadows the method: with the check off, calls pay nothing for it.
+        if on:
+            self.call = self._call_checked  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("call", None)
 
     # -- hot path ----------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
@@ -134,10 +181,40 @@ class OpRunner:
         try:
             out = kernel(*args)
         except Exception as exc:  # the circuit breaker: this specialization goes to the reference
-            self.disable(entry, "circuit_open", f"kernel raised {type(exc).__name__}: {exc}")
+            self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry)
         next(entry.calls)  # itertools.count: atomic under the GIL, no lock on the hot path
         return out, entry.decision
+
+    def _call_checked(self, *args: Any) -> tuple[Any, Decision]:
+        out, d = OpRunner.call(self, *args)
+        if d.path != KERNEL or _all_finite(out):
+            return out, d
+        ref = self.reference(*args)
+        if not _all_finite(ref):
+            return out, d  # the inputs make both paths non-finite: nothing to blame the kernel for
+        entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
+        self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
+        with self._lock:
+            c = (REFERENCE, "circuit_open")
+            self.counters[c] = self.counters.get(c, 0) + 1
+        return ref, Decision(REFERENCE, "circuit_open", d.spec_id)
+
+    def _trip(self, entry: Entry, kind: str, detail: str, args: tuple[Any, ...]) -> None:
+        self.disable(entry, "circuit_open", detail)
+        with self._lock:
+            self.faults[kind] = self.faults.get(kind, 0) + 1
+        _log.warning("circuit open: %s now serves the reference (%s)", entry.decision.spec_id, detail)
+        hook = self.on_fault
+        if hook is None:
+            return
+        _fault_call.args = args
+        try:
+            hook(entry, "circuit_open", detail)
+        except Exception:
+            _log.exception("on_fault hook failed for %s", entry.decision.spec_id)
+        finally:
+            _fault_call.args = None
 
     def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry) -> tuple[Any, Decision]:
         out = self.reference(*args)
@@ -166,6 +243,10 @@ class OpRunner:
                 if bound.setdefault(d, int(size)) != int(size):
                     raise CallError(f"dim {d}={int(size)} disagrees with {d}={bound[d]} of an earlier input", operator=self.name, argument=name)
         entry = self._match(key, args, bound)
+        if entry.choose is not None and entry.kernel is not None:
+            why = entry.choose(bound)
+            if why is not None:
+                entry = Entry(entry.spec, None, Decision(REFERENCE, why, entry.decision.spec_id), detail=entry.detail)
         if len(self._memo) < MEMO_LIMIT:
             self._memo[key] = entry
         return entry

@@ -1,0 +1,93 @@
+"""``tileship releases | publish | activate | rollback``: the release registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from ._common import console, handle_errors
+
+if TYPE_CHECKING:
+    from ..registry import Active, Registry
+
+REGISTRY_HELP = "registry directory (default: $TILESHIP_HOME/registry, i.e. ./.tileship/registry)"
+
+
+def _registry(path: Path | None) -> Registry:
+    from ..registry import Registry
+
+    return Registry(path)
+
+
+def _say_active(a: Active) -> None:
+    mode = " [yellow](reference only: every operator on its PyTorch reference)[/]" if a.reference_only else ""
+    prev = f"; rollback would return to {a.previous}" if a.previous else ""
+    console.print(f"[green]active[/]: {a.release_id}{mode}{prev}")
+    console.print("[dim]a server following this registry switches on `POST /v2/repository/reload`[/]")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("releases")
+    @handle_errors
+    def releases(registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP)) -> None:
+        """List published releases: verification status, integrity, and which one is active."""
+        from rich.table import Table
+
+        reg = _registry(registry)
+        rows = reg.releases()
+        if not rows:
+            console.print(f"no releases in {reg.root} (publish one: `tileship publish BUNDLE`)")
+            return
+        table = Table(title=f"releases in {reg.root}")
+        for col in ("", "release", "model", "kernel rev", "verification", "integrity"):
+            table.add_column(col)
+        for r in rows:
+            mark = ("[bold green]* ref-only[/]" if r.reference_only else "[bold green]*[/]") if r.active else ""
+            ver = {"passed": "[green]passed[/]", "failed": "[red]FAILED[/]", "unreadable": "[red]unreadable[/]"}.get(r.verification, "[yellow]unverified[/]")
+            table.add_row(mark, r.release_id, r.model, r.kernel_revision, ver, "[green]ok[/]" if r.integrity_ok else f"[red]BROKEN[/] {r.integrity_error}")
+        console.print(table)
+
+    @app.command("publish")
+    @handle_errors
+    def publish(
+        bundle: Path = typer.Argument(..., help="a release directory (from `tileship build`) or a `tileship pack` archive"),
+        registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
+        replace: bool = typer.Option(False, help="overwrite a published copy of the same id whose evidence or build log differs"),
+    ) -> None:
+        """Copy a release into the registry (integrity checked; atomic). Does not activate it."""
+        reg = _registry(registry)
+        rid = reg.publish(bundle, replace=replace)
+        console.print(f"[green]published[/] {rid} -> {reg.path_of(rid)}")
+
+    @app.command("activate")
+    @handle_errors
+    def activate(
+        release_id: str | None = typer.Argument(None, help="release id (or a unique prefix); with --reference, default: the active one"),
+        reference: bool = typer.Option(False, "--reference", help="serve every operator through its PyTorch reference only"),
+        force: bool = typer.Option(False, "--force", help="activate even if integrity or verification checks fail"),
+        registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
+    ) -> None:
+        """Make a release active (atomic; concurrent activations are serialized).
+
+        Refused, naming why, when the release fails its integrity check or its verification
+        evidence records a failure; --force overrides.
+        """
+        reg = _registry(registry)
+        if reference:
+            active = reg.activate_reference(release_id)
+        elif release_id is None:
+            raise typer.BadParameter("give a release id (or --reference)")
+        else:
+            active = reg.activate(release_id, force=force)
+        _say_active(active)
+
+    @app.command("rollback")
+    @handle_errors
+    def rollback(
+        force: bool = typer.Option(False, "--force", help="roll back even if the earlier release now fails its checks"),
+        registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
+    ) -> None:
+        """Return to the previously active release (repeat to go further back)."""
+        _say_active(_registry(registry).rollback(force=force))

@@ -1,0 +1,386 @@
+"""Diagnostics bundles: everything needed to understand one failure, in one directory + .tar.gz.
+
+``capture(release, ...)`` writes ``<out_dir>/<id>/`` and ``<out_dir>/<id>.tar.gz`` and returns
+``DiagnosticsRef(id, path, archive)``; the id is what a server's error response carries.
+Contents (each file present when its source is; ``summary.json`` says what was not)::
+
+    summary.json             id, time, reason, release id, specializations, exception, call, notes
+    traceback.txt            the exception's traceback
+    call.json                shapes / dtypes / devices / strides of the failing call
+    call_data.pt             its tensors (only with include_data=True: they may hold user data)
+    runtime.json             a loaded release's status, decisions, counters, load errors, faults
+    environment/lock.yaml    the release's lock
+    environment/current.yaml the environment running now (tileship.lock.capture_environment)
+    environment/side_by_side.txt  every locked field next to its running value, drift marked
+    nvidia-smi.txt           ``nvidia-smi -q`` (or why it is absent)
+    specs/<spec id>/         device_kernel.cu, host_kernel.cu, artifact.json, build.json
+                             (compiler commands + log), sass.txt / ptx.txt from kernel.cubin
+                             (cuobjdump / nvdisasm; absent tools are recorded in summary.json)
+
+``capture`` never raises for a section it cannot write (it runs on failure paths, where
+masking the original error would be worse); it never touches the CUDA context, so it works
+after a sticky CUDA error. Hooks: ``watch(release)`` subscribes to the runtime's circuit
+breaker; ``check_release(release)`` after a load (artifact load failures, drift).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import env
+
+TOOL_TIMEOUT_S = 30.0
+_log = logging.getLogger("tileship.diagnostics")
+
+
+@dataclass(frozen=True)
+class DiagnosticsRef:
+    """One written bundle: ``id`` (``diag-<UTC time>-<hex>``), its directory and its archive."""
+
+    id: str
+    path: Path
+    archive: Path
+
+
+def default_dir() -> Path:
+    """``$TILESHIP_HOME/diagnostics``."""
+    return env.home() / "diagnostics"
+
+
+def new_id() -> str:
+    return time.strftime("diag-%Y%m%dT%H%M%SZ-", time.gmtime()) + secrets.token_hex(3)
+
+
+def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseException | None = None, call: Sequence[Any] | None = None,
+            out_dir: Path | str | None = None, reason: str | None = None, detail: str | None = None, include_data: bool = False,
+            diag_id: str | None = None, _call_data: Sequence[Any] | None = None) -> DiagnosticsRef:
+    """Write a diagnostics bundle and return its reference.
+
+    ``release``: a loaded ``runtime.Release``, a release directory, or None. ``spec_id``: the
+    specialization concerned; when None, the ones in trouble (build failed, load failed,
+    circuit open), else all of them. ``exc``: the exception (default: the one being handled,
+    if any). ``call``: the failing call's tensors (metadata only unless ``include_data``).
+    Raises OSError only when ``out_dir`` cannot be created.
+    """
+    did = diag_id or new_id()
+    base = Path(out_dir) if out_dir is not None else default_dir()
+    root = base / did
+    root.mkdir(parents=True, exist_ok=False)
+    if exc is None:
+        exc = sys.exc_info()[1]
+    notes: list[str] = []
+    summary: dict[str, Any] = {"id": did, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
+                               "detail": detail, "pid": os.getpid(), "argv": sys.argv, "notes": notes}
+
+    def section(name: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as e:  # one broken section must not cost the others
+            notes.append(f"{name}: could not be written: {type(e).__name__}: {e}")
+            return None
+
+    rel_root, loaded = _release_root(release)
+    summary["release_path"] = str(rel_root) if rel_root else None
+    summary["release_id"] = getattr(loaded, "release_id", None) or section("release_id", lambda: _manifest_id(rel_root))
+    rel_json = section("release.json", lambda: json.loads((rel_root / "release.json").read_text())) if rel_root else None
+    specs = [spec_id] if spec_id else _troubled_specs(rel_json, loaded)
+    summary["spec_ids"] = specs
+    if exc is not None:
+        summary["exception"] = {"type": type(exc).__name__, "message": str(exc)}
+        section("traceback", lambda: (root / "traceback.txt").write_text("".join(traceback.format_exception(exc))))
+    if call is not None:
+        summary["call"] = section("call", lambda: describe_call(call, loaded, specs))
+        if include_data:
+            section("call_data", lambda: _save_data(_call_data if _call_data is not None else call, root / "call_data.pt"))
+    summary["data_included"] = bool(call is not None and include_data and (root / "call_data.pt").exists())
+    if loaded is not None:
+        section("runtime", lambda: _write_json(root / "runtime.json", _runtime_view(loaded)))
+    section("environment", lambda: _environment(root / "environment", rel_root, loaded))
+    tools = {t: shutil.which(t) for t in ("nvidia-smi", "cuobjdump", "nvdisasm")}
+    summary["tools"] = tools
+    section("nvidia-smi", lambda: (root / "nvidia-smi.txt").write_text(
+        _run([tools["nvidia-smi"], "-q"]) if tools["nvidia-smi"] else "nvidia-smi is not on PATH: no GPU driver tools on this machine\n"))
+    if rel_root is not None:
+        build_log = section("build-log.json", lambda: json.loads((rel_root / "build-log.json").read_text())) or {}
+        for sid in specs:
+            section(f"specs/{sid}", lambda sid=sid: _spec(root / "specs" / sid, rel_root, sid, rel_json, build_log, loaded, tools, notes))
+    summary["files"] = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) + ["summary.json"]
+    _write_json(root / "summary.json", summary)
+    archive = base / f"{did}.tar.gz"
+    section("archive", lambda: _tar(root, archive))
+    return DiagnosticsRef(did, root, archive)
+
+
+def check_release(release: Any, *, out_dir: Path | str | None = None) -> DiagnosticsRef | None:
+    """After a load: a bundle when artifacts failed to load or the lock drifted (blocking), else None."""
+    reasons = []
+    if release.load_errors:
+        reasons.append("load_failed")
+    if release.drift.blocking:
+        reasons.append("drift")
+    if not reasons:
+        return None
+    detail = "; ".join([*(f"{s}: {e}" for s, e in sorted(release.load_errors.items())), *(["drift: " + release.drift.reason] if release.drift.blocking else [])])
+    ref = capture(release, out_dir=out_dir, reason="+".join(reasons), detail=detail, exc=None)
+    _log.warning("release %s: %s; diagnostics %s at %s", release.release_id, "+".join(reasons), ref.id, ref.path)
+    return ref
+
+
+def capture_build(release_dir: Path | str, *, out_dir: Path | str | None = None) -> DiagnosticsRef | None:
+    """After a build: one bundle for the specializations that failed to compile, else None."""
+    rel = json.loads((Path(release_dir) / "release.json").read_text())
+    failed = sorted(s for s, i in rel["specializations"].items() if i.get("status") != "built")
+    if not failed:
+        return None
+    return capture(Path(release_dir), out_dir=out_dir, reason="build_failed", exc=None,
+                   detail=f"{len(failed)} specializations failed to compile: {', '.join(failed)}")
+
+
+class FaultRecorder:
+    """An ``OpRunner.on_fault`` hook that writes a bundle per tripped specialization.
+
+    The call's metadata (and data, if opted in) is taken synchronously; the bundle is written
+    on a background thread so the request the reference is answering is not held up.
+    ``refs`` maps specialization id -> the latest DiagnosticsRef; ``wait()`` joins writers.
+    """
+
+    def __init__(self, release: Any, *, out_dir: Path | str | None = None, include_data: bool = False,
+                 also: Callable[[Any, str, str, DiagnosticsRef], Any] | None = None) -> None:
+        self.release = release
+        self.out_dir = out_dir
+        self.include_data = include_data
+        self.also = also
+        self.refs: dict[str, DiagnosticsRef] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, entry: Any, reason: str, detail: str) -> None:
+        from .runtime import fault_args
+
+        sid = entry.decision.spec_id
+        args = fault_args()
+        call = data = None
+        if args is not None:
+            call = describe_call(args, self.release, [sid])
+            data = [_clone(a) for a in args] if self.include_data else None
+        exc = sys.exc_info()[1]
+        base = Path(self.out_dir) if self.out_dir is not None else default_dir()
+        did = new_id()
+        ref = DiagnosticsRef(did, base / did, base / f"{did}.tar.gz")
+        with self._lock:
+            self.refs[sid] = ref
+        _log.warning("circuit open on %s (%s): diagnostics %s", sid, detail, did)
+        t = threading.Thread(target=self._write, args=(sid, reason, detail, exc, call, data, did), name=f"diagnostics-{did}", daemon=True)
+        with self._lock:
+            self._threads.append(t)
+        t.start()
+        if self.also is not None:
+            self.also(entry, reason, detail, ref)
+
+    def _write(self, sid: str, reason: str, detail: str, exc: BaseException | None, call: Any, data: Any, did: str) -> None:
+        try:
+            capture(self.release, spec_id=sid, exc=exc, call=call, out_dir=self.out_dir, reason=reason, detail=detail,
+                    include_data=self.include_data, diag_id=did, _call_data=data)
+        except Exception:
+            _log.exception("could not write diagnostics %s", did)
+
+    def wait(self, timeout: float | None = None) -> None:
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout)
+
+
+def watch(release: Any, *, check_finite: bool = True, out_dir: Path | str | None = None, include_data: bool = False,
+          also: Callable[[Any, str, str, DiagnosticsRef], Any] | None = None) -> FaultRecorder:
+    """Arm the circuit breaker of every operator of ``release``: non-finite checks (when
+    ``check_finite``) and a diagnostics bundle per tripped specialization. Returns the recorder."""
+    recorder = FaultRecorder(release, out_dir=out_dir, include_data=include_data, also=also)
+    for runner in release.ops.values():
+        runner.check_finite = check_finite
+        runner.on_fault = recorder
+    return recorder
+
+
+def describe_call(args: Iterable[Any], release: Any = None, specs: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Metadata of a call's tensors (never their values); names them when the operator is known."""
+    names: list[str] = []
+    if release is not None and specs and hasattr(release, "ops"):
+        op = specs[0].split(".", 1)[0]
+        if op in release.ops:
+            names = [n for n, _ in release.ops[op].shape.inputs]
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, dict):  # already described
+            out.append(a)
+            continue
+        d: dict[str, Any] = {"index": i, "name": names[i] if i < len(names) else None, "type": type(a).__name__}
+        for attr in ("shape", "dtype", "device"):
+            if hasattr(a, attr):
+                v = getattr(a, attr)
+                d[attr] = list(v) if attr == "shape" else str(v)
+        if hasattr(a, "stride") and callable(a.stride):
+            d["stride"] = list(a.stride())
+            d["contiguous"] = bool(a.is_contiguous())
+        out.append(d)
+    return out
+
+
+# -- sections ------------------------------------------------------------------------
+
+def _release_root(release: Any) -> tuple[Path | None, Any]:
+    if release is None:
+        return None, None
+    if isinstance(release, (str, os.PathLike)):
+        return Path(release), None
+    return (Path(release.path) if getattr(release, "path", None) else None), release
+
+
+def _manifest_id(root: Path | None) -> str | None:
+    if root is None:
+        return None
+    return str(json.loads((root / "manifest.json").read_text())["release_id"])
+
+
+def _troubled_specs(rel_json: dict[str, Any] | None, loaded: Any) -> list[str]:
+    all_specs = sorted((rel_json or {}).get("specializations", {}))
+    bad = {s for s, i in (rel_json or {}).get("specializations", {}).items() if i.get("status") != "built"}
+    if loaded is not None:
+        bad |= set(loaded.load_errors)
+        bad |= {e.decision.spec_id for r in loaded.ops.values() for e in r.entries
+                if e.decision.reason in ("circuit_open", "load_failed") and e.decision.spec_id}
+    return sorted(bad) or all_specs
+
+
+def _runtime_view(release: Any) -> dict[str, Any]:
+    return {
+        "status": release.status(),
+        "decisions": release.decisions(),
+        "counters": release.counters(),
+        "load_seconds": {k: round(v, 6) for k, v in release.load_seconds.items()},
+        "details": {e.decision.spec_id: e.detail for r in release.ops.values() for e in r.entries if e.detail},
+        "faults": {name: dict(getattr(r, "faults", {})) for name, r in release.ops.items()},
+    }
+
+
+def _environment(dest: Path, rel_root: Path | None, loaded: Any) -> None:
+    from .lock import capture_environment, compare, dump_lock, read_lock
+
+    dest.mkdir(parents=True, exist_ok=True)
+    current = capture_environment()
+    (dest / "current.yaml").write_text(dump_lock(current))
+    lock = dict(loaded.lock) if loaded is not None else (read_lock(rel_root / "tileship.lock") if rel_root else None)
+    if lock is None:
+        (dest / "side_by_side.txt").write_text("no release lock to compare with\n")
+        return
+    (dest / "lock.yaml").write_text(dump_lock(lock))
+    report = compare(lock, current)
+    locked = _flatten({"framework": lock.get("framework"), "backend": lock.get("backend"), "gpu": (lock.get("device_arch") or {}).get("gpu")})
+    running = _flatten({"framework": current.get("framework"), "backend": current.get("backend"), "gpu": current.get("gpu")})
+    width = max((len(k) for k in {**locked, **running}), default=10)
+    lines = [f"{'field':<{width}}  {'locked':<44}  running", "-" * (width + 60)]
+    for k in sorted(set(locked) | set(running)):
+        a, b = locked.get(k), running.get(k)
+        mark = "" if a == b else "   <-- differs"
+        lines.append(f"{k:<{width}}  {_short(a):<44}  {_short(b)}{mark}")
+    lines += ["", f"blocking drift: {report.blocking} ({report.reason})", *(d.line() for d in report.differences)]
+    (dest / "side_by_side.txt").write_text("\n".join(lines) + "\n")
+
+
+def _spec(dest: Path, rel_root: Path, sid: str, rel_json: dict[str, Any] | None, build_log: dict[str, Any], loaded: Any,
+          tools: dict[str, str | None], notes: list[str]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    src = rel_root / "specs" / sid
+    for name in ("device_kernel.cu", "host_kernel.cu", "artifact.json", "params.json"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dest / name)
+    info = (rel_json or {}).get("specializations", {}).get(sid)
+    log = build_log.get("specializations", {}).get(sid)
+    build = {"release_status": info, "build": log}
+    if loaded is not None:
+        build["load_error"] = loaded.load_errors.get(sid)
+        for r in loaded.ops.values():
+            for e in r.entries:
+                if e.decision.spec_id == sid:
+                    build["decision"] = f"{e.decision.path}:{e.decision.reason}"
+                    build["detail"] = e.detail
+    _write_json(dest / "build.json", build)
+    if info is None and log is None:
+        notes.append(f"{sid}: not a specialization of this release")
+    cubin = src / "kernel.cubin"
+    if not cubin.is_file():
+        notes.append(f"{sid}: no kernel.cubin in the release (CPU target or not built): no SASS/PTX")
+        return
+    if tools.get("cuobjdump"):
+        (dest / "sass.txt").write_text(_run([tools["cuobjdump"], "-sass", str(cubin)]))
+        (dest / "ptx.txt").write_text(_run([tools["cuobjdump"], "-ptx", str(cubin)]))
+    elif tools.get("nvdisasm"):
+        (dest / "sass.txt").write_text(_run([tools["nvdisasm"], str(cubin)]))
+        notes.append(f"{sid}: cuobjdump absent: SASS from nvdisasm, no PTX")
+    else:
+        notes.append(f"{sid}: neither cuobjdump nor nvdisasm on PATH: no SASS/PTX (kernel.cubin is in the release)")
+
+
+def _run(cmd: list[Any]) -> str:
+    try:
+        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"$ {' '.join(map(str, cmd))}\n(timed out after {TOOL_TIMEOUT_S:g} s)\n"
+    except OSError as exc:
+        return f"$ {' '.join(map(str, cmd))}\n(could not run: {exc})\n"
+    return f"$ {' '.join(map(str, cmd))}\n(exit status {p.returncode})\n{p.stdout}{p.stderr}"
+
+
+def _clone(a: Any) -> Any:
+    try:
+        return a.detach().to("cpu", copy=True)
+    except Exception as exc:  # e.g. a poisoned CUDA context: keep the metadata
+        d = describe_call([a])[0]
+        d["data_error"] = f"{type(exc).__name__}: {exc}"
+        return d
+
+
+def _save_data(call: Sequence[Any], path: Path) -> None:
+    import torch
+
+    tensors = [a if isinstance(a, dict) else _clone(a) for a in call]
+    torch.save([t for t in tensors if not isinstance(t, dict)], path)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 44 else s[:41] + "..."
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _tar(root: Path, archive: Path) -> None:
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(root, arcname=root.name)
+    os.replace(tmp, archive)

@@ -1,0 +1,17 @@
+"""``tileship serve``: the operators of a release over the Open Inference Protocol (KServe v2 REST).
+
+    protocol   parse / check / encode requests (JSON and the binary tensor data extension)
+    holder     the live release; load + check + warm off to the side, then swap (hot swap)
+    app        the ASGI app: routes, admission control, worker thread, errors, metrics, logs
+    server     uvicorn in the foreground (``run``) or on a background thread (``BackgroundServer``)
+    jsonlog    one JSON object per log line
+
+docs/serving.md describes the routes, the error table and the policies.
+"""
+
+from __future__ import annotations
+
+from .app import ServeConfig, create_app
+from .server import EXIT_FATAL, BackgroundServer, run
+
+__all__ = ["EXIT_FATAL", "BackgroundServer", "ServeConfig", "create_app", "run"]

@@ -1,0 +1,529 @@
+"""The ASGI app: KServe v2 routes, admission control, the inference worker, hot swap.
+
+Request path: admission (at most ``max_inflight`` admitted, else 503) -> body read (size
+limit -> 413, ``body_timeout_s`` -> 408) -> parse + check against the declaration (400)
+-> the operator call on a worker thread (``worker_threads``, default 1: kernel calls are
+serialized; on CUDA the stream is synchronized before outputs are copied back) with a
+deadline (``request_timeout_s`` -> 504) -> response naming the release, kernel revision,
+path and reason. Errors are JSON ``{"error": message}``; a 500 means a bug in tileship or
+in an operator's reference, and carries a request id and, when one was written, a
+diagnostics id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import re
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from ..errors import CallError
+from ..metrics import ServeMetrics
+from ..runtime import REFERENCE, Decision, Release
+from . import protocol
+from .holder import Loader, ReleaseHolder, Served, Target, release_id_at
+from .jsonlog import JsonLog
+from .protocol import BadRequest
+
+#: messages of CUDA errors that poison the context for good (every later CUDA call fails)
+STICKY_CUDA_ERRORS = ("illegal memory access", "illegal address", "unspecified launch failure", "device-side assert",
+                      "misaligned address", "illegal instruction", "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED",
+                      "cudaErrorIllegalAddress", "cudaErrorLaunchFailure", "an illegal memory access")
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How a server runs. ``source``: a release directory or a registry directory."""
+
+    source: Path
+    max_body_bytes: int = 64 << 20
+    max_inflight: int = 64
+    worker_threads: int = 1
+    request_timeout_s: float = 30.0
+    body_timeout_s: float = 30.0
+    strict_shapes: bool = False
+    drift_policy: str | None = None
+    allow_unverified: bool | None = None
+    trusted_keys: tuple[Path, ...] | None = None
+    reference_only: bool = False
+    check_finite: bool = True
+    warmup_limit: int = 256
+    diagnostics_dir: Path | None = None
+    handle_sighup: bool = False
+    #: test hook: (release path, reference_only) -> Release; default tileship.loader.load
+    loader: Loader | None = None
+    log_stream: TextIO | None = None
+
+
+def is_sticky_cuda_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return any(s in text for s in STICKY_CUDA_ERRORS)
+
+
+class _Fatal(Exception):
+    pass
+
+
+class Service:
+    """State shared by the routes: the holder, metrics, log, worker pool, admission count."""
+
+    def __init__(self, config: ServeConfig, on_fatal: Callable[[str], Any] | None = None) -> None:
+        from .. import nojit
+
+        self.config = config
+        self.log = JsonLog(config.log_stream)
+        self.metrics = ServeMetrics(nojit.attempts)
+        self.holder = ReleaseHolder(config.source, config.loader or self._default_loader, force_reference=config.reference_only,
+                                    warmup_limit=config.warmup_limit, after_load=self._after_load)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, config.worker_threads), thread_name_prefix="tileship-infer")
+        self.inflight = 0
+        self.on_fatal = on_fatal
+        self._reload_lock = asyncio.Lock()
+        self._loaded = asyncio.Event()
+
+    # -- loading -------------------------------------------------------------------------
+    def _default_loader(self, path: Path, reference_only: bool) -> Release:
+        from ..loader import load
+
+        c = self.config
+        return load(path, trusted_keys=c.trusted_keys, drift_policy=c.drift_policy, allow_unverified=c.allow_unverified,
+                    reference_only=reference_only)
+
+    def _after_load(self, release: Release) -> str | None:
+        """Arm the circuit breaker (non-finite checks, diagnostics per trip) and write a
+        diagnostics bundle for load failures or drift; returns its id. Without the
+        diagnostics module the breaker still works, just without bundles."""
+        for runner in release.ops.values():
+            if hasattr(type(runner), "check_finite"):
+                runner.check_finite = self.config.check_finite  # type: ignore[attr-defined]
+        try:
+            from .. import diagnostics
+        except ImportError:
+            return None
+        diagnostics.watch(release, check_finite=self.config.check_finite, out_dir=self.config.diagnostics_dir,
+                          also=lambda entry, reason, detail, ref: self._circuit_open(release, entry, detail, ref.id))
+        ref = diagnostics.check_release(release, out_dir=self.config.diagnostics_dir)
+        return ref.id if ref is not None else None
+
+    def _circuit_open(self, release: Release, entry: Any, detail: str, diag_id: str | None) -> None:
+        op = entry.spec.op if entry.spec is not None else "?"
+        self.metrics.circuit_open.labels(op, release.release_id).inc()
+        self.log.event("circuit_open", "warning", model=op, version=release.release_id, spec=entry.decision.spec_id,
+                       detail=detail, diagnostics_id=diag_id)
+
+    async def initial_load(self) -> None:
+        try:
+            await self._load_and_swap(trigger="startup", accept_warm_failures=True)
+        finally:
+            self._loaded.set()
+
+    async def reload(self, trigger: str) -> tuple[int, dict[str, Any]]:
+        """Re-read the source; swap only a release that loaded and warmed cleanly. One at a time."""
+        await self._loaded.wait()
+        return await self._load_and_swap(trigger=trigger, accept_warm_failures=self.holder.current is None)
+
+    async def _load_and_swap(self, *, trigger: str, accept_warm_failures: bool) -> tuple[int, dict[str, Any]]:
+        async with self._reload_lock:
+            h = self.holder
+            cur = h.current
+            try:
+                target: Target = await asyncio.to_thread(h.resolve)
+            except Exception as exc:
+                return self._failed(str(h.source), "resolve", exc, trigger)
+            rid = release_id_at(target.path)
+            if cur is not None and rid == cur.release_id and target.reference_only == cur.target.reference_only:
+                self.metrics.reloads.labels("unchanged").inc()
+                self.log.event("reload", trigger=trigger, result="unchanged", release=rid)
+                return 200, {"result": "unchanged", "release": rid, "reference_only": target.reference_only}
+            self.log.event("load_start", trigger=trigger, source=str(target.path), release=rid, reference_only=target.reference_only)
+            try:
+                served = await asyncio.to_thread(h.prepare, target)
+            except Exception as exc:
+                return self._failed(str(target.path), "load", exc, trigger)
+            for sid in served.warm.failures:
+                self.metrics.warmup_failures.labels(sid.split(".", 1)[0]).inc()
+            if served.warm.failures and not accept_warm_failures:
+                detail = "; ".join(f"{s}: {e}" for s, e in sorted(served.warm.failures.items()))
+                return self._failed(str(target.path), "warmup", f"warm-up failed for {len(served.warm.failures)} specializations: {detail}",
+                                    trigger, stage_metric="warmup")
+            old = h.swap(served)
+            m = self.metrics
+            m.load_seconds.set(served.load_seconds)
+            m.warmup_seconds.set(served.warm.seconds)
+            rel = served.release
+            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, served.device_label)
+            ready, body = h.readiness()
+            m.ready.set(1 if ready else 0)
+            self.log.event("swap" if old is not None else "ready", trigger=trigger, release=rel.release_id, previous=old.release_id if old else None,
+                           kernel_revision=rel.kernel_revision, load_s=round(served.load_seconds, 4), warmup_s=round(served.warm.seconds, 4),
+                           warmup_calls=served.warm.calls, warmup_failures=served.warm.failures, reason=body["reason"],
+                           notes=list(rel.notes), diagnostics_id=served.diagnostics_id)
+            m.reloads.labels("swapped").inc()
+            return 200, {"result": "swapped", "release": rel.release_id, "previous": old.release_id if old else None,
+                         "reference_only": served.target.reference_only, "load_seconds": served.load_seconds,
+                         "warmup_seconds": served.warm.seconds, "warmup_failures": served.warm.failures}
+
+    def _failed(self, source: str, stage: str, error: BaseException | str, trigger: str, stage_metric: str = "load") -> tuple[int, dict[str, Any]]:
+        fail = self.holder.fail(source, stage, error)
+        self.metrics.load_failures.labels(stage_metric).inc()
+        self.metrics.reloads.labels("failed").inc()
+        self.metrics.ready.set(1 if self.holder.readiness()[0] else 0)
+        cur = self.holder.current
+        tb = traceback.format_exception(error) if isinstance(error, BaseException) and not hasattr(error, "hint") else None
+        self.log.event("load_failed", "error", trigger=trigger, source=source, stage=stage, error=fail["error"], hint=fail["hint"],
+                       serving=cur.release_id if cur else None, traceback="".join(tb) if tb else None)
+        return 409, {"result": "failed", "error": fail["error"], "stage": stage, "hint": fail["hint"],
+                     "serving": cur.release_id if cur else None}
+
+    def poison(self, reason: str) -> None:
+        if self.holder.fatal is not None:
+            return
+        self.holder.poison(reason)
+        self.metrics.ready.set(0)
+        self.log.event("fatal", "critical", reason=reason, action="exiting so the supervisor restarts the process")
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
+
+    # -- inference ---------------------------------------------------------------------------
+    async def infer(self, request: Request) -> Any:
+        t0 = time.perf_counter()
+        rid = request.scope["tileship.request_id"]
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
+        served = self.holder.current
+        labels = ["_unknown", "", "none"]
+        kserve_id = None
+        try:
+            if served is None or self.holder.fatal is not None:
+                raise BadRequest(503, f"not ready: {self.holder.readiness()[1]['reason']}")
+            request.scope["tileship.served"] = served
+            rel = served.release
+            runner = rel.ops.get(name)
+            if runner is None:
+                raise BadRequest(404, f"unknown model {name!r}: this release serves {', '.join(sorted(rel.ops))}")
+            labels[:2] = [name, rel.release_id]
+            if version is not None and version != rel.release_id:
+                raise BadRequest(404, f"unknown version {version!r} of model {name}: serving version {rel.release_id}")
+            if self.inflight >= self.config.max_inflight:
+                self.metrics.rejected.labels("overloaded").inc()
+                raise BadRequest(503, f"overloaded: {self.inflight} requests in flight (limit {self.config.max_inflight}); retry later")
+            self.inflight += 1
+            self.metrics.inflight.inc()
+            try:
+                data = await self._read_body(request)
+                req = protocol.parse_infer(data, request.headers.get(protocol.HEADER_LENGTH))
+                kserve_id = req.id
+                decl = rel.declarations[name]
+                plan = protocol.plan_call(req, name, decl)
+                if not plan.declared and self.config.strict_shapes:
+                    dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
+                    raise BadRequest(400, f"shape outside the declared set: {dims} (declared: {protocol.declared_shapes_text(decl)}); "
+                                          "this server runs with --strict-shapes")
+                fut = self.pool.submit(self._execute, served, name, plan, req.id)
+                try:
+                    encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
+                except TimeoutError:
+                    self.metrics.rejected.labels("timeout").inc()
+                    raise BadRequest(504, f"timeout: the inference did not finish within {self.config.request_timeout_s:g} s") from None
+            finally:
+                self.inflight -= 1
+                self.metrics.inflight.dec()
+        except BadRequest as exc:
+            return self._error(exc.status, exc.message, rid, labels, t0, kserve_id)
+        except _Fatal as exc:
+            return self._error(503, f"device failure: {exc}; this process is exiting so its supervisor restarts it", rid, labels, t0, kserve_id)
+        except Exception as exc:  # a bug: answer 500 with ids, never crash the server
+            diag = self._capture(served, exc)
+            self.log.event("error", "error", request_id=rid, model=labels[0], error=f"{type(exc).__name__}: {exc}",
+                           traceback="".join(traceback.format_exception(exc)), diagnostics_id=diag)
+            msg = f"internal error ({type(exc).__name__}: {exc}); request id {rid}" + (f"; diagnostics {diag}" if diag else "")
+            return self._error(500, msg, rid, labels, t0, kserve_id, diagnostics_id=diag)
+        labels[2] = decision.path
+        status = 200
+        elapsed = time.perf_counter() - t0
+        m = self.metrics
+        m.requests.labels(labels[0], labels[1], decision.path, "200").inc()
+        m.latency.labels(labels[0], labels[1], decision.path).observe(elapsed)
+        if decision.path == REFERENCE:
+            m.fallbacks.labels(labels[0], labels[1], decision.reason).inc()
+        headers = self._release_headers(served, decision, rid)
+        if encoded.header_length is not None:
+            headers.append((b"inference-header-content-length", str(encoded.header_length).encode()))
+            media = b"application/octet-stream"
+        else:
+            media = b"application/json"
+        self.log.event("infer", request_id=rid, id=kserve_id, model=name, version=labels[1], status=status, path=decision.path,
+                       reason=decision.reason, spec=decision.spec_id, ms=round(elapsed * 1e3, 3), bytes_out=encoded.size)
+        return _PartsResponse(status, encoded.parts, media, headers)
+
+    def _execute(self, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:
+        """On a worker thread: tensors -> call -> sync -> CPU -> encoded response."""
+        rel = served.release
+        runner = rel.ops[name]
+        device = served.devices[name]
+        tensors = [protocol.to_tensor(inp, device) for inp in plan.inputs]
+        try:
+            out, decision = runner.call(*tensors)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            if device != "cpu":
+                import torch
+
+                torch.cuda.current_stream().synchronize()
+            host = [o.detach().cpu() for o in outs]
+        except CallError as exc:
+            raise BadRequest(400, exc.message) from None
+        except Exception as exc:
+            if is_sticky_cuda_error(exc):
+                diag = self._capture(served, exc, tensors)
+                self.poison(f"{type(exc).__name__}: {str(exc).splitlines()[0]}" + (f" (diagnostics {diag})" if diag else ""))
+                raise _Fatal(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+            raise
+        out_names = [n for n, _ in rel.declarations[name]["outputs"]]
+        params = {"tileship_release": rel.release_id, "tileship_kernel_revision": rel.kernel_revision,
+                  "tileship_path": decision.path, "tileship_reason": decision.reason}
+        if decision.spec_id:
+            params["tileship_spec"] = decision.spec_id
+        outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
+        return protocol.encode_response(model=name, version=rel.release_id, request_id=kserve_id, parameters=params, outputs=outputs), decision
+
+    def _capture(self, served: Served | None, exc: BaseException, call: Any = None) -> str | None:
+        try:
+            from .. import diagnostics
+
+            return diagnostics.capture(served.release if served else None, exc=exc, call=call, out_dir=self.config.diagnostics_dir,
+                                       reason="serve_error", detail=f"{type(exc).__name__}: {exc}").id
+        except Exception:  # diagnostics must never mask the original error
+            return None
+
+    async def _read_body(self, request: Request) -> bytearray:
+        limit = self.config.max_body_bytes
+        cl = request.headers.get("content-length")
+        size = None
+        if cl is not None:
+            try:
+                size = int(cl)
+            except ValueError:
+                raise BadRequest(400, f"Content-Length is not an integer: {cl!r}") from None
+            if size > limit:
+                self.metrics.rejected.labels("body_too_large").inc()
+                raise BadRequest(413, f"request body is {size} bytes; the limit is {limit} bytes (--max-body-mib)")
+        buf = bytearray(size) if size is not None else bytearray()
+        pos = 0
+        try:
+            async with asyncio.timeout(self.config.body_timeout_s):
+                async for chunk in request.stream():
+                    n = len(chunk)
+                    if size is None:
+                        if pos + n > limit:
+                            self.metrics.rejected.labels("body_too_large").inc()
+                            raise BadRequest(413, f"request body exceeds the limit of {limit} bytes (--max-body-mib)")
+                        buf += chunk
+                    else:
+                        buf[pos:pos + n] = chunk
+                    pos += n
+        except TimeoutError:
+            self.metrics.rejected.labels("body_timeout").inc()
+            raise BadRequest(408, f"timeout: the request body did not arrive within {self.config.body_timeout_s:g} s "
+                                  f"({pos} of {size if size is not None else '?'} bytes received)") from None
+        except ClientDisconnect:
+            raise BadRequest(400, f"the client disconnected after {pos} bytes of the body") from None
+        if size is not None and pos != size:
+            raise BadRequest(400, f"the body has {pos} bytes but Content-Length says {size}")
+        return buf
+
+    def _error(self, status: int, message: str, rid: str, labels: list[str], t0: float, kserve_id: str | None,
+               diagnostics_id: str | None = None) -> Response:
+        self.metrics.requests.labels(labels[0], labels[1], labels[2], str(status)).inc()
+        self.metrics.latency.labels(labels[0], labels[1], labels[2]).observe(time.perf_counter() - t0)
+        self.log.event("infer", "warning" if status < 500 else "error", request_id=rid, id=kserve_id, model=labels[0], version=labels[1],
+                       status=status, path="none", error=message, ms=round((time.perf_counter() - t0) * 1e3, 3))
+        body: dict[str, Any] = {"error": message}
+        if diagnostics_id:
+            body["diagnostics_id"] = diagnostics_id
+        headers = {"retry-after": "1"} if status == 503 else None
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    def _release_headers(self, served: Served, decision: Decision, rid: str) -> list[tuple[bytes, bytes]]:
+        rel = served.release
+        h = [(b"x-tileship-release", rel.release_id.encode()), (b"x-tileship-kernel-revision", rel.kernel_revision.encode()),
+             (b"x-tileship-path", decision.path.encode()), (b"x-tileship-reason", decision.reason.encode())]
+        if decision.spec_id:
+            h.append((b"x-tileship-spec", decision.spec_id.encode()))
+        return h
+
+
+class _PartsResponse:
+    """A response whose body is sent as its parts (JSON header, then tensor bytes) without
+    joining them into one buffer first."""
+
+    def __init__(self, status: int, parts: list[Any], media_type: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status
+        self.parts = parts
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        self.headers = [(b"content-type", media_type), (b"content-length", str(size).encode()), *headers]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
+        last = len(self.parts) - 1
+        for i, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+
+
+class _RequestIds:
+    """ASGI middleware: a request id for every request (the client's ``x-request-id`` when it
+    is printable ASCII up to 128 chars), echoed back, plus the release headers on responses
+    that did not set them (health, metadata, errors)."""
+
+    def __init__(self, app: Any, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = None
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                text = v.decode("latin-1")
+                rid = text if _REQUEST_ID.match(text) else None
+                break
+        rid = rid or uuid.uuid4().hex
+        scope["tileship.request_id"] = rid
+        rid_b = rid.encode()
+
+        async def send_with_ids(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                headers.append((b"x-request-id", rid_b))
+                if not any(k == b"x-tileship-release" for k, _ in headers):
+                    served = scope.get("tileship.served") or self.service.holder.current
+                    headers.append((b"x-tileship-release", served.release_id.encode() if served else b"none"))
+                    headers.append((b"x-tileship-kernel-revision", served.release.kernel_revision.encode() if served else b"none"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_ids)
+
+
+def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = None) -> Any:
+    """The ASGI app. Loading starts when the app starts (lifespan) and runs in the
+    background: liveness answers at once, readiness once the release is loaded and warm."""
+    service = Service(config, on_fatal=on_fatal)
+
+    def served_or(status: int) -> Served:
+        cur = service.holder.current
+        if cur is None:
+            raise HTTPException(status, f"not ready: {service.holder.readiness()[1]['reason']}")
+        return cur
+
+    def model(request: Request) -> tuple[Served, str]:
+        cur = served_or(503)
+        name = request.path_params["name"]
+        if name not in cur.release.ops:
+            raise HTTPException(404, f"unknown model {name!r}: this release serves {', '.join(sorted(cur.release.ops))}")
+        version = request.path_params.get("version")
+        if version is not None and version != cur.release_id:
+            raise HTTPException(404, f"unknown version {version!r} of model {name}: serving version {cur.release_id}")
+        request.scope["tileship.served"] = cur
+        return cur, name
+
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready(request: Request) -> Response:
+        ok, body = service.holder.readiness()
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse({"name": "tileship", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]})
+
+    async def model_metadata(request: Request) -> Response:
+        cur, name = model(request)
+        decl = cur.release.declarations[name]
+        return JSONResponse({
+            "name": name, "versions": [cur.release_id], "platform": "tileship",
+            "inputs": protocol.tensor_metadata(decl, "inputs"), "outputs": protocol.tensor_metadata(decl, "outputs"),
+            "parameters": {"datatypes": [protocol.KSERVE[d] for d in decl["dtypes"]], "device": cur.devices[name],
+                           "declared_shapes": protocol.declared_shapes_text(decl), "kernel_revision": cur.release.kernel_revision,
+                           "strict_shapes": config.strict_shapes},
+        })
+
+    async def model_ready(request: Request) -> Response:
+        cur, name = model(request)
+        ok, body = service.holder.readiness()
+        return JSONResponse({"name": name, "version": cur.release_id, "ready": ok, "reason": body["reason"]}, status_code=200 if ok else 503)
+
+    async def index(request: Request) -> Response:
+        return JSONResponse(service.holder.index())
+
+    async def reload(request: Request) -> Response:
+        status, body = await service.reload(trigger="http")
+        return JSONResponse(body, status_code=status)
+
+    async def metrics(request: Request) -> Response:
+        return Response(service.metrics.render(), media_type=service.metrics.content_type)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        detail = exc.detail
+        if detail in ("Not Found", "Method Not Allowed"):
+            detail = f"{detail}: {request.method} {request.url.path} (docs/serving.md lists the routes)"
+        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        task = asyncio.create_task(service.initial_load())
+        loop = asyncio.get_running_loop()
+        hup = config.handle_sighup and threading.current_thread() is threading.main_thread()
+        if hup:
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(service.reload(trigger="SIGHUP")))
+        service.log.event("start", source=str(config.source), max_inflight=config.max_inflight, max_body_bytes=config.max_body_bytes,
+                          strict_shapes=config.strict_shapes, worker_threads=config.worker_threads)
+        try:
+            yield
+        finally:
+            if hup:
+                loop.remove_signal_handler(signal.SIGHUP)
+            if not task.done():
+                task.cancel()
+            service.pool.shutdown(wait=False, cancel_futures=True)
+            service.log.event("stop")
+
+    routes = [
+        Route("/v2/health/live", live, methods=["GET"]),
+        Route("/v2/health/ready", ready, methods=["GET"]),
+        Route("/v2", server_metadata, methods=["GET"]),
+        Route("/v2/models/{name}", model_metadata, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}", model_metadata, methods=["GET"]),
+        Route("/v2/models/{name}/ready", model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}/ready", model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/infer", service.infer, methods=["POST"]),
+        Route("/v2/models/{name}/versions/{version}/infer", service.infer, methods=["POST"]),
+        Route("/v2/repository/index", index, methods=["POST", "GET"]),
+        Route("/v2/repository/reload", reload, methods=["POST"]),
+        Route("/v2/repository/models/{name}/load", reload, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    app.state.service = service
+    wrapped = _RequestIds(app, service)
+    wrapped.state = app.state  # type: ignore[attr-defined]
+    return wrapped

@@ -1,0 +1,297 @@
+"""The live release of a server, and how a new one replaces it (hot swap).
+
+A source is a release directory (reload re-reads it: point a symlink elsewhere, or rebuild
+in place) or a registry directory (reload follows ``Registry(root).active()``). ``prepare``
+loads, checks and warms a release off to the side; only then does ``ReleaseHolder`` swap
+it in, with one attribute assignment. A request takes ``holder.current`` once when it
+starts and finishes on that release, so in-flight requests complete on the old one while
+new requests go to the new one. A release that fails to load or warm never replaces the
+one serving; the failure is kept (``last_failure``) for readiness, the repository index,
+logs and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import RegistryError, TileshipError
+from ..runtime import Release
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a source points at now: a release directory, maybe in reference-only mode."""
+
+    path: Path
+    reference_only: bool
+
+
+def resolve(source: Path, *, force_reference: bool = False) -> Target:
+    """The release ``source`` names now. Raises RegistryError naming what is missing."""
+    source = Path(source)
+    if (source / "manifest.json").is_file():
+        return Target(source, force_reference)
+    if not source.is_dir():
+        raise RegistryError(f"{source}: no such release or registry directory")
+    from ..registry import Registry  # a registry directory: follow its active pointer
+
+    active = Registry(source).active()
+    if active.path is None:
+        raise RegistryError(f"registry {source} has no active release", hint="run `tileship activate ID` (or `tileship activate --reference ID`)")
+    return Target(Path(active.path), bool(active.reference_only) or force_reference)
+
+
+def release_id_at(path: Path) -> str | None:
+    """The release id its manifest claims (unchecked), or None when unreadable."""
+    try:
+        return str(json.loads((path / "manifest.json").read_text())["release_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass
+class WarmReport:
+    """What warm-up did: ``calls`` real calls; ``failures`` spec id -> why it now serves the reference."""
+
+    seconds: float = 0.0
+    calls: int = 0
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Served:
+    """A release that is loaded, checked and warmed: what requests run on."""
+
+    release: Release
+    target: Target
+    devices: dict[str, str]   # operator -> torch device its requests run on
+    device_label: str
+    warm: WarmReport
+    load_seconds: float
+    loaded_at: float = field(default_factory=time.time)
+    diagnostics_id: str | None = None
+
+    @property
+    def release_id(self) -> str:
+        return self.release.release_id
+
+
+def serving_devices(release: Release) -> tuple[dict[str, str], str]:
+    """Per operator: "cuda" when a GPU is present and the operator has CUDA specializations,
+    else "cpu"; plus a label for the info metric."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    devices = {name: "cuda" if cuda and any(e.spec is not None and e.spec.target != "c" for e in r.entries) else "cpu"
+               for name, r in release.ops.items()}
+    if cuda:
+        p = torch.cuda.get_device_properties(0)
+        return devices, f"cuda:{p.name} (sm_{p.major}{p.minor})"
+    return devices, "cpu"
+
+
+def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed: int = 0) -> WarmReport:
+    """One real call per loaded kernel specialization, compared with the reference.
+
+    The sample shape is the largest of ``tileship.inputs.sample_points(spec, limit=limit)``
+    (the static shape itself for static specializations). A kernel that raises, returns
+    non-finite values or disagrees with the reference beyond the declared tolerance is
+    switched to the reference (reason ``load_failed``) and listed in ``failures``. An
+    operator with no kernel on this device gets one reference call instead (cuBLAS and
+    friends initialise lazily). Never compiles.
+    """
+    import torch
+
+    from ..inputs import make_inputs, sample_points
+
+    t0 = time.perf_counter()
+    report = WarmReport()
+    for name, runner in release.ops.items():
+        device = devices[name]
+        tol = release.declarations[name].get("tolerances", {})
+        kernels = [e for e in runner.entries if e.kernel is not None and e.spec is not None]
+        for entry in kernels:
+            spec = entry.spec
+            assert spec is not None
+            dims = sample_points(spec, limit=limit)[-1]
+            args = make_inputs(runner.shape.inputs, dims, spec.dtype, device, seed)
+            problem = None
+            try:
+                out = entry.kernel(*args)  # type: ignore[misc]
+                outs = out if isinstance(out, (tuple, list)) else (out,)
+                refs = runner.reference(*args)
+                refs = refs if isinstance(refs, (tuple, list)) else (refs,)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t = tol.get(spec.dtype, {"atol": 0.0, "rtol": 0.0})
+                for o, r in zip(outs, refs, strict=True):
+                    problem = problem or _disagreement(o, r, t["atol"], t["rtol"])
+            except Exception as exc:
+                problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            report.calls += 1
+            if problem is not None:
+                runner.disable(entry, "load_failed", f"warm-up call at {dims}: {problem}")
+                report.failures[spec.id] = problem
+        if not kernels and runner.entries:
+            spec, dims = min(((e.spec, sample_points(e.spec, limit=limit)[0]) for e in runner.entries if e.spec is not None),
+                             key=lambda sd: _elements(runner.shape.inputs, sd[1]))
+            assert spec is not None
+            runner.reference(*make_inputs(runner.shape.inputs, dims, spec.dtype, device, seed))
+            report.calls += 1
+    if any(d == "cuda" for d in devices.values()):
+        torch.cuda.synchronize()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _elements(inputs: Any, dims: dict[str, int]) -> int:
+    n = 0
+    for _, ds in inputs:
+        k = 1
+        for d in ds:
+            k *= dims[d]
+        n += k
+    return n
+
+
+def _disagreement(out: Any, ref: Any, atol: float, rtol: float) -> str | None:
+    import torch
+
+    if tuple(out.shape) != tuple(ref.shape):
+        return f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    o, r = out.double(), ref.double()
+    finite = torch.isfinite(r)
+    if not bool(torch.isfinite(o)[finite].all()):
+        return "non-finite output where the reference is finite"
+    err = (o - r).abs()
+    bad = (err > atol + rtol * r.abs()) & finite
+    n = int(bad.sum())
+    if n:
+        return f"{n} of {bad.numel()} elements differ from the reference (max |err| {float(err[finite].max()):.3g}, atol {atol}, rtol {rtol})"
+    return None
+
+
+Loader = Callable[[Path, bool], Release]
+
+
+class ReleaseHolder:
+    """The served release plus the state readiness reports. Swaps are one assignment.
+
+    ``prepare`` and ``swap`` are called by the app (prepare on a worker thread, swap on the
+    event loop, one reload at a time); readers just read ``current``.
+    """
+
+    def __init__(self, source: Path, loader: Loader, *, force_reference: bool = False, warmup_limit: int = 256,
+                 after_load: Callable[[Release], str | None] | None = None) -> None:
+        self.source = Path(source)
+        self._load = loader
+        self.force_reference = force_reference
+        self.warmup_limit = warmup_limit
+        self.after_load = after_load
+        self.current: Served | None = None
+        self.state = "loading"          # loading | ready | failed | fatal
+        self.last_failure: dict[str, Any] | None = None
+        self.fatal: str | None = None
+
+    def resolve(self) -> Target:
+        return resolve(self.source, force_reference=self.force_reference)
+
+    def prepare(self, target: Target) -> Served:
+        """Load ``target`` (integrity, lock, no-JIT dlopen) and warm it, off to the side.
+
+        Raises what the loader raises (TileshipError for a bad bundle, strict drift, a
+        reference that does not import). Warm-up failures are values (``Served.warm``).
+        """
+        t0 = time.perf_counter()
+        release = self._load(target.path, target.reference_only)
+        load_s = time.perf_counter() - t0
+        diag = self.after_load(release) if self.after_load else None
+        devices, label = serving_devices(release)
+        warm = warm_up(release, devices, limit=self.warmup_limit)
+        return Served(release, target, devices, label, warm, load_s, diagnostics_id=diag)
+
+    def swap(self, served: Served) -> Served | None:
+        old, self.current = self.current, served
+        self.last_failure = None
+        if self.fatal is None:
+            self.state = "ready"
+        return old
+
+    def fail(self, target: str, stage: str, error: BaseException | str) -> dict[str, Any]:
+        """Record a failed load/warm-up; the current release (if any) keeps serving."""
+        if isinstance(error, TileshipError):
+            msg, hint = error.message, error.hint
+        elif isinstance(error, BaseException):
+            msg, hint = f"{type(error).__name__}: {error}", None
+        else:
+            msg, hint = error, None
+        self.last_failure = {"source": target, "release_id": release_id_at(Path(target)), "stage": stage, "error": msg,
+                             "hint": hint, "at": round(time.time(), 3)}
+        if self.current is None and self.fatal is None:
+            self.state = "failed"
+        return self.last_failure
+
+    def poison(self, reason: str) -> None:
+        """A sticky device error: this process must not answer again (readiness false for good)."""
+        self.fatal = reason
+        self.state = "fatal"
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """(ready, body) for /v2/health/ready."""
+        body: dict[str, Any] = {"live": True, "state": self.state, "source": str(self.source)}
+        cur = self.current
+        if cur is not None:
+            rel = cur.release
+            body.update(release=rel.release_id, kernel_revision=rel.kernel_revision, device=cur.device_label,
+                        reference_only=cur.target.reference_only, notes=list(rel.notes))
+            if cur.warm.failures:
+                body["warmup_failures"] = dict(cur.warm.failures)
+        if self.last_failure is not None:
+            body["last_failure"] = dict(self.last_failure)
+        if self.fatal is not None:
+            body.update(ready=False, reason=f"the device context is poisoned ({self.fatal}); this process exits so its supervisor restarts it")
+            return False, body
+        if cur is None:
+            if self.state == "failed" and self.last_failure:
+                body.update(ready=False, reason=f"no release is serving: loading {self.last_failure['source']} failed at "
+                                                f"{self.last_failure['stage']}: {self.last_failure['error']}")
+            else:
+                body.update(ready=False, reason=f"loading and warming the release from {self.source}")
+            return False, body
+        rel = cur.release
+        if cur.target.reference_only:
+            reason = "ready: reference-only by policy: every operator serves the PyTorch reference"
+        elif rel.drift.blocking:
+            reason = f"ready: blocking drift ({rel.drift.reason}); the drift policy allows reference serving, so every operator serves the PyTorch reference"
+        else:
+            kernels = sum(1 for r in rel.ops.values() for e in r.entries if e.kernel is not None)
+            reason = f"ready: {kernels} kernel specializations loaded and warmed"
+        body.update(ready=True, reason=reason)
+        return True, body
+
+    def index(self) -> list[dict[str, Any]]:
+        """The repository index: one row per (model, version) with state and reason."""
+        rows: list[dict[str, Any]] = []
+        cur = self.current
+        fail = self.last_failure
+        if cur is not None:
+            ready, body = self.readiness()
+            for name, runner in sorted(cur.release.ops.items()):
+                decisions = sorted({f"{e.decision.path}:{e.decision.reason}" for e in runner.entries})
+                reason = body["reason"] if not ready else f"serving ({', '.join(decisions) or 'reference'})"
+                if fail is not None:
+                    reason += f"; last reload from {fail['source']} failed at {fail['stage']}: {fail['error']}"
+                rows.append({"name": name, "version": cur.release_id, "state": "READY" if ready else "UNAVAILABLE", "reason": reason})
+        if fail is not None and fail.get("release_id") and (cur is None or fail["release_id"] != cur.release_id):
+            rows.append({"name": "*", "version": fail["release_id"], "state": "UNAVAILABLE",
+                         "reason": f"failed at {fail['stage']}: {fail['error']}"})
+        if cur is None and fail is None:
+            rows.append({"name": "*", "version": "", "state": "LOADING" if self.fatal is None else "UNAVAILABLE",
+                         "reason": self.readiness()[1]["reason"]})
+        return rows
+

@@ -1,0 +1,52 @@
+"""Structured logs: one JSON object per line, one line per event.
+
+Every line has ``ts`` (unix seconds), ``level`` and ``event``; request lines add
+``request_id`` (the client's ``x-request-id`` when it sent one). uvicorn's own messages go
+through ``UvicornJsonFormatter`` so the whole stream parses line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+
+class JsonLog:
+    """Thread-safe writer of JSON lines to ``stream`` (default: stderr)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def event(self, event: str, level: str = "info", **fields: Any) -> None:
+        record = {"ts": round(time.time(), 6), "level": level, "event": event, **fields}
+        line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
+        stream = self._stream or sys.stderr
+        with self._lock:
+            stream.write(line)
+            stream.flush()
+
+
+class UvicornJsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": "uvicorn", "message": record.getMessage()}
+        if record.exc_info:
+            out["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(out, separators=(",", ":"))
+
+
+def uvicorn_log_config(level: str = "warning") -> dict[str, Any]:
+    """uvicorn's logging as JSON lines on stderr; its access log is off (requests log themselves)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.UvicornJsonFormatter"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "loggers": {"uvicorn": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
+                    "uvicorn.error": {"level": level.upper()},
+                    "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False}},
+    }

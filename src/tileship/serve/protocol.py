@@ -1,0 +1,357 @@
+"""Open Inference Protocol (KServe v2) REST: parse requests, check them against a declaration,
+encode responses. Pure functions over bytes and the release's operator declarations; no HTTP
+framework and no event loop here.
+
+Binary tensor data extension: when the ``Inference-Header-Content-Length`` header is present,
+the body is that many bytes of JSON followed by the inputs' raw bytes, in the order of the
+inputs that carry ``parameters.binary_data_size``. BF16 travels only as raw bytes in
+practice (clients refuse it in JSON); this server accepts JSON numbers for it too.
+
+Every problem raises ``BadRequest(status, message)``; the message names the input, the
+field and what was expected, and is what the client sees.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: KServe datatype -> torch dtype name (the declaration's spelling)
+DATATYPES: Mapping[str, str] = {
+    "BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
+    "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
+}
+KSERVE: Mapping[str, str] = {v: k for k, v in DATATYPES.items()}
+ITEMSIZE: Mapping[str, int] = {"BOOL": 1, "UINT8": 1, "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "FP16": 2, "BF16": 2, "FP32": 4, "FP64": 8}
+HEADER_LENGTH = "inference-header-content-length"
+
+
+class BadRequest(Exception):
+    """A request this server will not run; ``status`` is the HTTP status (4xx, or 503/504)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class InputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: Any = None            # JSON data (possibly nested lists)
+    raw: memoryview | None = None  # binary extension: this input's bytes inside the body
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    inputs: list[InputTensor]
+    outputs: list[tuple[str, bool | None]]  # requested (name, binary); binary None -> request default
+    binary_output: bool
+
+
+@dataclass
+class CallPlan:
+    """A request checked against a declaration: inputs in declaration order, ready to run."""
+
+    inputs: list[InputTensor]
+    dtype: str                   # torch dtype name
+    dims: dict[str, int]
+    declared: bool               # the shape lies in the declared set
+    outputs: list[tuple[str, bool]]  # (name, binary) in response order
+
+
+# -- parsing -----------------------------------------------------------------------
+
+def parse_infer(body: bytearray, header_length: str | None) -> InferRequest:
+    """Split the body into the JSON header and binary tensor data; validate the header's shape."""
+    n = len(body)
+    if header_length is not None:
+        try:
+            hl = int(header_length)
+        except ValueError:
+            raise BadRequest(400, f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
+        if hl < 0 or hl > n:
+            raise BadRequest(400, f"Inference-Header-Content-Length is {hl} but the body has {n} bytes")
+    else:
+        hl = n
+    try:
+        head = json.loads(bytes(body[:hl]) if hl != n else body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(400, f"malformed JSON in the inference request: {exc}") from None
+    if not isinstance(head, dict):
+        raise BadRequest(400, f"the inference request must be a JSON object, got {type(head).__name__}")
+    params = _object(head.get("parameters", {}), "parameters")
+    if "shared_memory_region" in params:
+        raise BadRequest(400, "the shared-memory extension is not supported: send tensor data in the request")
+    binary_output = _bool(params.get("binary_data_output", False), "parameters.binary_data_output")
+    raw_inputs = head.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest(400, "'inputs' must be a non-empty list of tensors")
+    blob = memoryview(body)[hl:]
+    offset = 0
+    inputs: list[InputTensor] = []
+    for i, t in enumerate(raw_inputs):
+        inp, size = _parse_input(t, i)
+        if size is not None:
+            if header_length is None:
+                raise BadRequest(400, f"input {inp.name}: binary_data_size is set but the request has no Inference-Header-Content-Length header")
+            if offset + size > len(blob):
+                raise BadRequest(400, f"byte size mismatch: input {inp.name} needs bytes {offset}..{offset + size} of the binary data, "
+                                      f"but the body carries {len(blob)} bytes after the {hl}-byte JSON header")
+            inp.raw = blob[offset:offset + size]
+            offset += size
+        inputs.append(inp)
+    if offset != len(blob):
+        raise BadRequest(400, f"byte size mismatch: the inputs declare {offset} bytes of binary data but the body carries {len(blob)} after the JSON header")
+    outputs: list[tuple[str, bool | None]] = []
+    raw_outputs = head.get("outputs", [])
+    if not isinstance(raw_outputs, list):
+        raise BadRequest(400, "'outputs' must be a list")
+    for j, o in enumerate(raw_outputs):
+        o = _object(o, f"outputs[{j}]")
+        name = o.get("name")
+        if not isinstance(name, str):
+            raise BadRequest(400, f"outputs[{j}].name must be a string")
+        op = _object(o.get("parameters", {}), f"outputs[{j}].parameters")
+        if "classification" in op:
+            raise BadRequest(400, f"output {name}: the classification extension is not supported")
+        if "shared_memory_region" in op:
+            raise BadRequest(400, f"output {name}: the shared-memory extension is not supported")
+        outputs.append((name, _bool(op["binary_data"], f"outputs[{j}].parameters.binary_data") if "binary_data" in op else None))
+    rid = head.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise BadRequest(400, "'id' must be a string")
+    return InferRequest(rid, inputs, outputs, binary_output)
+
+
+def _object(v: Any, where: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise BadRequest(400, f"{where} must be a JSON object, got {type(v).__name__}")
+    return v
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise BadRequest(400, f"{where} must be true or false, got {v!r}")
+    return v
+
+
+def _parse_input(t: Any, i: int) -> tuple[InputTensor, int | None]:
+    t = _object(t, f"inputs[{i}]")
+    name = t.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(400, f"inputs[{i}].name must be a non-empty string")
+    dt = t.get("datatype")
+    if not isinstance(dt, str):
+        raise BadRequest(400, f"input {name}: 'datatype' must be a string such as \"FP32\"")
+    if dt not in DATATYPES:
+        raise BadRequest(400, f"input {name}: unsupported datatype {dt!r} (supported: {', '.join(DATATYPES)})")
+    shape = t.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise BadRequest(400, f"input {name}: 'shape' must be a list of integers, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise BadRequest(400, f"input {name}: shape {shape} has a negative dimension")
+    params = _object(t.get("parameters", {}), f"input {name}: parameters")
+    if "shared_memory_region" in params:
+        raise BadRequest(400, f"input {name}: the shared-memory extension is not supported")
+    inp = InputTensor(name, dt, tuple(shape))
+    count = math.prod(shape)
+    if "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise BadRequest(400, f"input {name}: binary_data_size must be a non-negative integer, got {size!r}")
+        if "data" in t:
+            raise BadRequest(400, f"input {name}: has both 'data' and binary_data_size; send one")
+        want = count * ITEMSIZE[dt]
+        if size != want:
+            raise BadRequest(400, f"byte size mismatch: input {name} has binary_data_size {size} but shape {shape} x {dt} needs {want} bytes")
+        return inp, size
+    if "data" not in t:
+        raise BadRequest(400, f"input {name}: no 'data' and no binary_data_size parameter")
+    inp.data = _flatten(t["data"], name)
+    if len(inp.data) != count:
+        raise BadRequest(400, f"byte size mismatch: input {name} has shape {shape} ({count} elements) but 'data' holds {len(inp.data)}")
+    return inp, None
+
+
+def _flatten(data: Any, name: str) -> list[Any]:
+    if not isinstance(data, list):
+        raise BadRequest(400, f"input {name}: 'data' must be a list, got {type(data).__name__}")
+    if not any(isinstance(x, list) for x in data):
+        return data
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                stack.append(iter(x))
+                break
+            out.append(x)
+        else:
+            stack.pop()
+    return out
+
+
+# -- checking against the declaration ----------------------------------------------
+
+def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPlan:
+    """Order the inputs as declared and check names, datatypes, ranks and dims.
+
+    ``CallPlan.declared`` says whether the shape is in the declared set; what to do when it
+    is not (reference or 400) is the caller's policy.
+    """
+    declared_inputs: list[tuple[str, list[str]]] = [(n, list(d)) for n, d in decl["inputs"]]
+    names = [n for n, _ in declared_inputs]
+    by_name: dict[str, InputTensor] = {}
+    for inp in req.inputs:
+        if inp.name in by_name:
+            raise BadRequest(400, f"input {inp.name} is given twice")
+        if inp.name not in names:
+            raise BadRequest(400, f"unknown input {inp.name!r}: model {model} takes {', '.join(names)}")
+        by_name[inp.name] = inp
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise BadRequest(400, f"missing input {', '.join(missing)}: model {model} takes {', '.join(names)}")
+    ordered = [by_name[n] for n in names]
+    accepted = [KSERVE[d] for d in decl["dtypes"]]
+    for inp in ordered:
+        if DATATYPES[inp.datatype] not in decl["dtypes"]:
+            raise BadRequest(400, f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} accepts {', '.join(accepted)}")
+    kinds = {inp.datatype for inp in ordered}
+    if len(kinds) != 1:
+        raise BadRequest(400, f"wrong datatype: inputs disagree ({', '.join(f'{i.name}={i.datatype}' for i in ordered)}); send one datatype")
+    dims: dict[str, int] = {}
+    where: dict[str, str] = {}
+    for inp, (name, ds) in zip(ordered, declared_inputs, strict=True):
+        if len(inp.shape) != len(ds):
+            raise BadRequest(400, f"wrong rank: input {name} has shape {list(inp.shape)} (rank {len(inp.shape)}); "
+                                  f"model {model} declares {name} as ({', '.join(ds)}) (rank {len(ds)})")
+        for d, size in zip(ds, inp.shape, strict=True):
+            if size == 0:
+                raise BadRequest(400, f"shape outside the declared set: input {name} has {d}=0; every declared dim is at least 1")
+            if dims.setdefault(d, size) != size:
+                raise BadRequest(400, f"wrong shape: dim {d} is {dims[d]} in input {where[d]} but {size} in input {name}")
+            where.setdefault(d, name)
+    out_names = [n for n, _ in decl["outputs"]]
+    if req.outputs:
+        outputs = []
+        for name, binary in req.outputs:
+            if name not in out_names:
+                raise BadRequest(400, f"unknown output {name!r}: model {model} produces {', '.join(out_names)}")
+            outputs.append((name, req.binary_output if binary is None else binary))
+    else:
+        outputs = [(n, req.binary_output) for n in out_names]
+    return CallPlan(ordered, DATATYPES[ordered[0].datatype], dims, in_declared_set(decl, dims), outputs)
+
+
+def in_declared_set(decl: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
+    """True when ``dims`` match a declared static shape or lie in a declared dynamic range."""
+    for s in decl.get("shapes", ()):
+        if all(dims.get(d) == v for d, v in s.items()):
+            return True
+    for r in decl.get("ranges", ()):
+        v = dims.get(r["dim"])
+        if v is not None and r["min"] <= v <= r["max"] and all(dims.get(d) == x for d, x in r["fixed"].items()):
+            return True
+    return False
+
+
+def declared_shapes_text(decl: Mapping[str, Any]) -> str:
+    parts = [",".join(f"{d}={v}" for d, v in s.items()) for s in decl.get("shapes", ())]
+    for r in decl.get("ranges", ()):
+        fixed = "".join(f",{d}={v}" for d, v in r["fixed"].items())
+        parts.append(f"{r['dim']}={r['min']}..{r['max']}{fixed}")
+    return "; ".join(parts)
+
+
+# -- tensors -------------------------------------------------------------------------
+
+def to_tensor(inp: InputTensor, device: str) -> Any:
+    """The input as a torch tensor on ``device``. Binary inputs are views of the request body
+    (no copy) on the CPU; misaligned ones are copied so kernels see aligned memory."""
+    import torch
+
+    dt = getattr(torch, DATATYPES[inp.datatype])
+    if inp.raw is not None:
+        t = torch.frombuffer(inp.raw, dtype=dt) if len(inp.raw) else torch.empty(0, dtype=dt)
+        if t.data_ptr() % 16:
+            t = t.clone()
+        t = t.reshape(inp.shape)
+    else:
+        try:
+            t = torch.tensor(inp.data, dtype=dt).reshape(inp.shape)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            raise BadRequest(400, f"wrong dtype: input {inp.name}: 'data' does not hold {inp.datatype} values ({str(exc).splitlines()[0]})") from None
+    return t.to(device) if device != "cpu" else t
+
+
+@dataclass
+class Encoded:
+    """A response body: JSON header then raw parts; ``header_length`` is None when JSON only."""
+
+    parts: list[Any]
+    header_length: int | None
+
+    @property
+    def size(self) -> int:
+        return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
+
+
+def encode_response(*, model: str, version: str, request_id: str | None, parameters: Mapping[str, Any],
+                    outputs: Sequence[tuple[str, Any, bool]]) -> Encoded:
+    """Encode ``(name, cpu tensor, binary)`` outputs as an inference response."""
+    import torch
+
+    head_outputs: list[dict[str, Any]] = []
+    raw: list[memoryview] = []
+    for name, t, binary in outputs:
+        dt = KSERVE.get(str(t.dtype).removeprefix("torch."))
+        if dt is None:
+            raise TypeError(f"output {name} has dtype {t.dtype}, which the protocol cannot carry")
+        entry: dict[str, Any] = {"name": name, "datatype": dt, "shape": list(t.shape)}
+        if binary:
+            arr = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).contiguous().numpy()
+            mv = memoryview(arr).cast("B")
+            entry["parameters"] = {"binary_data_size": mv.nbytes}
+            raw.append(mv)
+        else:
+            entry["data"] = t.reshape(-1).tolist()
+        head_outputs.append(entry)
+    head: dict[str, Any] = {"model_name": model, "model_version": version}
+    if request_id is not None:
+        head["id"] = request_id
+    head["parameters"] = dict(parameters)
+    head["outputs"] = head_outputs
+    text = json.dumps(head, separators=(",", ":")).encode()
+    return Encoded([text, *raw], len(text) if raw else None)
+
+
+# -- metadata ------------------------------------------------------------------------
+
+def tensor_metadata(decl: Mapping[str, Any], which: str) -> list[dict[str, Any]]:
+    """Inputs or outputs as KServe metadata: a dim fixed across every declared shape and
+    range keeps its size, every other dim is -1. ``datatype`` is the first declared dtype;
+    the model's ``parameters.datatypes`` lists all of them."""
+    fixed: dict[str, int | None] = {}
+
+    def see(d: str, v: int | None) -> None:
+        if d not in fixed:
+            fixed[d] = v
+        elif fixed[d] != v:
+            fixed[d] = None
+
+    for s in decl.get("shapes", ()):
+        for d, v in s.items():
+            see(d, v)
+    for r in decl.get("ranges", ()):
+        see(r["dim"], None)
+        for d, v in r["fixed"].items():
+            see(d, v)
+    dt = KSERVE[decl["dtypes"][0]]
+    return [{"name": n, "datatype": dt, "shape": [fixed.get(d) or -1 for d in ds]} for n, ds in decl[which]]

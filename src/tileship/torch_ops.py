@@ -1,0 +1,162 @@
+"""A loaded release's operators as ``torch.library`` custom ops, for eager, ``torch.compile``
+and CUDA graphs.
+
+``register(release)`` defines one custom op per operator, ``torch.ops.tileship_<release
+id>.<operator>``, whose implementation is ``OpRunner.call``: the same dispatch, fallback
+and counters as calling the release directly. Its fake (meta) implementation computes the
+output from the declaration (each output dim is the size of the input dim of that name,
+dtype and device of the first input), so ``torch.compile(..., fullgraph=True)`` traces
+through without running anything and without guarding on sizes: shapes the release does
+not cover are a runtime decision of the dispatcher, not a recompilation.
+
+Registering the same release id again (a second ``load`` in the process) rebinds the
+existing ops to the newly loaded release; another release gets its own namespace, so two
+releases can serve side by side.
+
+CUDA graphs: the implementation does no host synchronisation, and allocates outputs only
+through torch's caching allocator (TileLang allocates ``out_idx`` outputs with
+``torch.empty``; the reference is torch). Under graph replay the Python dispatcher does not
+run: the path chosen at capture is replayed, and counters count captures, not replays.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import CallError
+from .runtime import OpRunner, Release
+
+PREFIX = "tileship_"
+
+_lock = threading.Lock()
+#: "namespace::op" -> the runner that currently serves it (rebound on re-registration)
+_runners: dict[str, OpRunner] = {}
+#: namespace -> the TorchOps of the release registered under it
+_registered: dict[str, TorchOps] = {}
+
+
+@dataclass(frozen=True)
+class TorchOps:
+    """The custom ops of one release: ``ops.gemm(a, b)`` or ``ops["gemm"]`` (an ``OpOverload``)."""
+
+    release_id: str
+    kernel_revision: str
+    namespace: str
+    ops: Mapping[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # copy/pickle probe dunders before ``ops`` exists
+            raise AttributeError(name)
+        try:
+            return self.ops[name]
+        except KeyError:
+            raise AttributeError(f"release {self.release_id} has no operator {name!r} (it has: {', '.join(sorted(self.ops))})") from None
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self.ops[name]
+        except KeyError:
+            raise CallError(f"unknown operator (release {self.release_id} has: {', '.join(sorted(self.ops))})", operator=name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ops)
+
+    def runner(self, name: str) -> OpRunner:
+        """The OpRunner serving ``name`` now (the latest registered load of this release)."""
+        return _runners[f"{self.namespace}::{name}"]
+
+
+def namespace_of(release_id: str) -> str:
+    """``tileship_<release id>``; raises ValueError for an id that is not a torch identifier."""
+    ns = PREFIX + release_id
+    if not ns.isidentifier():
+        raise ValueError(f"release id {release_id!r} cannot name a torch.library namespace")
+    return ns
+
+
+def register(release: Release) -> TorchOps:
+    """Register (or rebind) every operator of ``release`` as a custom op. Thread-safe, idempotent.
+
+    Returns the TorchOps; ``torch.ops.tileship_<release id>.<name>`` names the same ops.
+    """
+    ns = namespace_of(release.release_id)
+    with _lock:
+        for name, runner in release.ops.items():
+            _runners[f"{ns}::{name}"] = runner
+        known = _registered.get(ns)
+        if known is not None and set(known.ops) == set(release.ops):
+            return known
+        ops = dict(known.ops) if known is not None else {}
+        for name in sorted(release.ops):
+            if name not in ops:
+                decl = release.declarations[name]
+                ops[name] = _define(ns, name, decl["inputs"], decl["outputs"])
+        torch_ops = TorchOps(release.release_id, release.kernel_revision, ns, ops)
+        _registered[ns] = torch_ops
+        return torch_ops
+
+
+def registered(release_id: str) -> TorchOps | None:
+    """The ops registered for ``release_id`` in this process, or None."""
+    return _registered.get(namespace_of(release_id))
+
+
+def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequence[Sequence[Any]]) -> Any:
+    qual = f"{ns}::{name}"
+    in_decl = tuple((str(n), tuple(str(d) for d in dims)) for n, dims in inputs)
+    out_dims = tuple(tuple(str(d) for d in dims) for _, dims in outputs)
+    args = ", ".join(f"Tensor {n}" for n, _ in in_decl)
+    ret = "Tensor" if len(out_dims) == 1 else "(" + ", ".join("Tensor" for _ in out_dims) + ")"
+    op = torch.library.custom_op(qual, _implementation(qual, len(out_dims)), mutates_args=(), schema=f"({args}) -> {ret}")
+    op.register_fake(_fake(name, in_decl, out_dims))
+    return getattr(getattr(torch.ops, ns), name).default
+
+
+def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
+    def run(*args: torch.Tensor) -> Any:
+        out, _ = _runners[qual].call(*args)
+        if n_outputs == 1:
+            # compiled graphs assume the fake's contiguous layout; a reference (SDPA's flash
+            # path, for one) may return another layout
+            return out if out.is_contiguous() else out.contiguous()
+        return tuple(o if o.is_contiguous() else o.contiguous() for o in out)
+
+    return run
+
+
+def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...]], ...], outputs: tuple[tuple[str, ...], ...]) -> Callable[..., Any]:
+    def fake(*args: torch.Tensor) -> Any:
+        sizes: dict[str, Any] = {}
+        for (arg, dims), a in zip(inputs, args, strict=True):
+            if a.dim() != len(dims):
+                raise CallError(f"has rank {a.dim()} (shape {tuple(a.shape)}), declared ({', '.join(dims)})", operator=name, argument=arg)
+            for d, size in zip(dims, a.shape, strict=True):
+                if d not in sizes:
+                    sizes[d] = size
+                elif isinstance(size, int) and isinstance(sizes[d], int):
+                    if size != sizes[d]:
+                        raise CallError(f"dim {d}={size} disagrees with {d}={sizes[d]} of an earlier input", operator=name, argument=arg)
+                else:  # symbolic: the dispatcher raises for disagreeing dims, so the tracer may assume they agree
+                    torch._check(size == sizes[d], lambda d=d, arg=arg: f"{name}({arg}): dim {d} disagrees with an earlier input")
+        outs = tuple(args[0].new_empty(tuple(sizes[d] for d in dims)) for dims in outputs)
+        return outs[0] if len(outs) == 1 else outs
+
+    return fake
+
+
+def mark_dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
+    """Mark ``dims`` of ``t`` dynamic for ``torch.compile`` with no specialization on 0 or 1
+    (a decode step has M=1), so one graph serves every size. Returns ``t``."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    for d in dims:
+        mark_unbacked(t, d)
+    return t
+
+
+__all__ = ["PREFIX", "TorchOps", "mark_dynamic", "namespace_of", "register", "registered"]

@@ -1,0 +1,123 @@
+"""Ahead-of-time builds: isolation of failures and hangs, reproducible ids, signatures, packing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tileship import bundle
+from tileship.build import BuildOptions, build
+from tileship.errors import BundleIntegrityError, SignatureError
+from tileship.project import Project, load_operators
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def broken_build(tmp_path_factory):
+    proj = Project(model="broken", model_version="1", operator_modules=("broken_ops",), targets=("c",), root=TESTS)
+    ops = load_operators(proj)
+    out = tmp_path_factory.mktemp("broken")
+    return build(proj, ops, out, BuildOptions(jobs=4, timeout_s=40))
+
+
+def test_failures_are_isolated_and_recorded(broken_build):
+    by_op = {r.spec.op: r for r in broken_build.results}
+    assert by_op["good"].ok, by_op["good"].error
+    assert not by_op["boom"].ok and "deliberate failure" in by_op["boom"].error
+    assert not by_op["crash"].ok and "signal 11" in by_op["crash"].error
+    assert not by_op["hang"].ok and by_op["hang"].timed_out and "timed out after 40 s" in by_op["hang"].error
+    rel = json.loads((broken_build.path / "release.json").read_text())
+    status = {v["spec"]["op"]: v["status"] for v in rel["specializations"].values()}
+    assert status == {"good": "built", "boom": "failed", "crash": "failed", "hang": "failed"}
+    log = json.loads((broken_build.path / "build-log.json").read_text())["specializations"]
+    good_id = by_op["good"].spec.id
+    assert any("g++" in c or "c++" in c for c in log[good_id]["commands"]), log[good_id]["commands"]
+    assert "Traceback" in log[by_op["boom"].spec.id]["log"]
+    # only the good specialization has artifacts
+    assert sorted(p.name for p in (broken_build.path / "specs").iterdir()) == [good_id]
+    bundle.check_integrity(broken_build.path)
+
+
+def test_failed_specialization_serves_reference(broken_build):
+    import torch
+
+    from tileship.loader import load
+
+    rel = load(broken_build.path)
+    x = torch.randn(100)
+    out, d = rel.op("good").call(x)
+    assert d.path == "kernel" and torch.equal(out, x)
+    out, d = rel.op("boom").call(x)
+    assert (d.path, d.reason) == ("reference", "build_failed") and torch.equal(out, x)
+
+
+def test_rebuild_gives_same_release_id_and_hashes(cpu_release_build, cpu_project, tmp_path):
+    again = build(cpu_project, load_operators(cpu_project), tmp_path, BuildOptions(jobs=2))
+    assert again.release_id == cpu_release_build.release_id
+    a = bundle.read_manifest(cpu_release_build.path)["files"]
+    b = bundle.read_manifest(again.path)["files"]
+    differing = sorted(k for k in a if a[k] != b.get(k))
+    assert differing == ["build-log.json"], differing  # only timings differ, and they are not in the id
+
+
+def test_signature_accept_and_reject(cpu_release, tmp_path):
+    key = tmp_path / "release.key"
+    pub = bundle.generate_key(key)
+    kid = bundle.sign(cpu_release, key)
+    assert bundle.verify_signature(cpu_release, [bundle.load_public_key(pub)]) == kid
+    other_pub = bundle.generate_key(tmp_path / "other.key")
+    with pytest.raises(SignatureError, match="does not verify"):
+        bundle.verify_signature(cpu_release, [bundle.load_public_key(other_pub)])
+    # an edited manifest no longer matches the signature (and fails integrity too)
+    m = json.loads((cpu_release / "manifest.json").read_text())
+    m["files"]["release.json"] = "sha256:" + "0" * 64
+    (cpu_release / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(SignatureError):
+        bundle.verify_signature(cpu_release, [bundle.load_public_key(pub)])
+
+
+def test_unsigned_release_refused_when_key_required(cpu_release, tmp_path):
+    from tileship.loader import load
+
+    pub = bundle.generate_key(tmp_path / "k")
+    with pytest.raises(SignatureError, match="not signed"):
+        load(cpu_release, trusted_keys=[pub])
+
+
+def test_pack_is_reproducible_and_unpacks_intact(cpu_release_build, tmp_path):
+    a = bundle.pack(cpu_release_build.path, tmp_path / "a.tar.gz")
+    b = bundle.pack(cpu_release_build.path, tmp_path / "b.tar.gz")
+    assert a.read_bytes() == b.read_bytes()
+    root = bundle.unpack(a, tmp_path / "unpacked")
+    assert root.name == cpu_release_build.release_id
+
+
+def test_build_cli_exit_status_and_summary(tmp_path):
+    from typer.testing import CliRunner
+
+    from tileship.cli import app
+
+    proj = tmp_path / "tileship.toml"
+    shutil.copy(TESTS / "broken_ops.py", tmp_path / "broken_ops_cli.py")
+    proj.write_text('model = "m"\noperators = ["broken_ops_cli"]\ntargets = ["c"]\n')
+    # keep only fast failures: drop the hang by editing the copy
+    src = (tmp_path / "broken_ops_cli.py").read_text().replace('hang = _op("hang", "hang")\n', "")
+    (tmp_path / "broken_ops_cli.py").write_text(src)
+    res = CliRunner().invoke(app, ["build", "--project", str(proj), "--out", str(tmp_path / "out"), "-j", "2"])
+    assert res.exit_code == 2, res.output
+    assert "1 built, 2 failed" in res.output
+
+
+def test_tampered_pack_refused(cpu_release_build, tmp_path):
+    root = tmp_path / "r"
+    shutil.copytree(cpu_release_build.path, root)
+    lib = next(root.glob("specs/*/kernel_lib.so"))
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    with pytest.raises(BundleIntegrityError, match="kernel_lib.so"):
+        bundle.pack(root, tmp_path / "x.tar.gz")

@@ -275,3 +275,67 @@ def test_cli_publish_activate_rollback(tmp_path: Path) -> None:
     code, out = run("activate", a, *reg)
     assert code == 1 and "refusing to activate" in out and "release.json" in out
     assert Registry(tmp_path / "reg").active().release_id == b
+
+
+# -- the rollback drill against a real `tileship serve` subprocess (CPU "c" releases) ----------------
+
+def variant(src: Path, where: Path, **release_changes: object) -> Path:
+    """A copy of a release with release.json edited (a different release id)."""
+    import shutil
+
+    dest = where / f"variant-{len(list(where.glob('variant-*')))}"
+    shutil.copytree(src, dest)
+    rel = json.loads((dest / "release.json").read_text())
+    rel["model"]["version"] = str(release_changes.pop("version", "2"))
+    for op, ref in release_changes.items():
+        rel["operators"][op]["reference"] = ref
+    (dest / "release.json").write_text(json.dumps(rel, indent=2, sort_keys=True) + "\n")
+    bundle.write_manifest(dest)
+    return dest
+
+
+def drill_registry(cpu_release_build: object, tmp_path: Path, old_src: Path) -> tuple[Registry, str, str]:
+    reg = Registry(tmp_path / "reg")
+    new = reg.publish(cpu_release_build.path)  # type: ignore[attr-defined]
+    old = reg.publish(old_src)
+    reg.activate(old)
+    reg.activate(new)
+    return reg, new, old
+
+
+def test_drill_switches_under_load_without_a_failed_request(cpu_release_build: object, tmp_path: Path) -> None:
+    from tileship.drill import DrillOptions, run_drill
+
+    reg, new, old = drill_registry(cpu_release_build, tmp_path, variant(cpu_release_build.path, tmp_path))  # type: ignore[attr-defined]
+    report = run_drill(DrillOptions(registry=reg.root, out_dir=tmp_path / "report", phase_seconds=1.0, concurrency=2, per_op=2,
+                                    startup_timeout_s=300))
+    assert report["passed"], (tmp_path / "report" / "drill.txt").read_text()
+    assert report["totals"]["requests"] > 20 and report["totals"]["failed"] == report["totals"]["dropped"] == report["totals"]["mismatched"] == 0
+    phases = {w["name"]: w for w in report["windows"] if "expected" in w}
+    assert list(phases) == ["N", "N-1", "reference", "N (restored)"]
+    assert all(k.startswith(f"{new}:") for k in phases["N"]["served_by"]) and all(k.startswith(f"{new}:") for k in phases["N (restored)"]["served_by"])
+    assert all(k.startswith(f"{old}:") for k in phases["N-1"]["served_by"])
+    assert set(phases["reference"]["served_by"]) == {f"{old}:reference:disabled_by_policy"}
+    switches = [w["switch"] for w in report["windows"] if "switch" in w]
+    assert [s["result"] for s in switches] == ["swapped"] * 3 and all(s["reload_s"] > 0 for s in switches)
+    assert report["compile_attempts"] == 0
+    text = (tmp_path / "report" / "drill.txt").read_text()
+    assert text.startswith("tileship rollback drill: PASSED") and "switch N -> N-1" in text
+    assert reg.active() == Active(new, reg.releases_dir / new, False, reg.active().previous)
+
+
+def test_drill_reports_a_release_that_fails_to_load_and_the_old_one_keeps_serving(cpu_release_build: object, tmp_path: Path) -> None:
+    from tileship.drill import DrillOptions, run_drill
+
+    broken = variant(cpu_release_build.path, tmp_path, add="tileship.catalog.cpu.no_such_reference")  # type: ignore[attr-defined]
+    reg, new, old = drill_registry(cpu_release_build, tmp_path, broken)
+    report = run_drill(DrillOptions(registry=reg.root, out_dir=tmp_path / "report", phase_seconds=1.0, concurrency=2, per_op=1,
+                                    ops=("rmsnorm_cpu",), startup_timeout_s=300))
+    assert not report["passed"] and not report["switches_ok"]
+    t = report["totals"]
+    assert t["failed"] == t["dropped"] == t["mismatched"] == 0, "a failed load must not fail requests"
+    phase = next(w for w in report["windows"] if w["name"] == "N-1")
+    assert phase["stale"] == phase["requests"] > 0 and all(k.startswith(f"{new}:") for k in phase["served_by"])
+    first = next(w["switch"] for w in report["windows"] if "switch" in w)
+    assert first["status"] == 409 and first["result"] == "failed" and "no_such_reference" in first["error"]
+    assert "FAILED" in (tmp_path / "report" / "drill.txt").read_text().splitlines()[0]

@@ -82,6 +82,10 @@ def main(job_path: str) -> int:
         if hasattr(func, "get_tir"):  # a lazy @tilelang.jit factory
             func = func.get_tir()
         (out / "func.json").write_text(tvm.ir.save_json(func))
+        # The loader needs only the signature (params, buffer map, attrs); dropping the body
+        # makes loading ~10x cheaper and means a release never re-traces the kernel.
+        sig = tvm.tirx.PrimFunc(func.params, tvm.tirx.Evaluate(0), func.ret_type, func.buffer_map, func.attrs)
+        (out / "signature.json").write_text(tvm.ir.save_json(sig))
         kernel = tilelang.compile(func, out_idx=op.out_idx, target=Target(spec.target).tilelang(),
                                   pass_configs=dict(op.pass_configs) or None)
         entries = glob.glob(str(cache / "*" / "*" / "kernels" / "*"))

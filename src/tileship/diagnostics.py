@@ -104,6 +104,7 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
         section("traceback", lambda: (root / "traceback.txt").write_text("".join(traceback.format_exception(exc))))
     if call is not None:
         summary["call"] = section("call", lambda: describe_call(call, loaded, specs))
+        section("call.json", lambda: _write_json(root / "call.json", summary["call"]))
         if include_data:
             section("call_data", lambda: _save_data(_call_data if _call_data is not None else call, root / "call_data.pt"))
     summary["data_included"] = bool(call is not None and include_data and (root / "call_data.pt").exists())

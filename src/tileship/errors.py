@@ -11,6 +11,7 @@
     ├── ArtifactLoadError              a compiled artifact could not be loaded into this process
     ├── CompileForbidden               something tried to compile while a release was serving
     ├── CallError                      a call no path can serve (wrong arity, rank, mixed devices; names the argument)
+    ├── KernelMismatch                 a model checkpoint names other kernels (release id, kernel revision) than the model runs
     ├── VerificationError              verification could not run (not: a kernel that failed it)
     └── RegistryError                  registry operations (unknown release, refused activation)
 
@@ -96,6 +97,16 @@ class CallError(TileshipError):
         super().__init__(f"{where}: {message}", hint=hint)
         self.operator = operator
         self.argument = argument
+
+
+class KernelMismatch(TileshipError):
+    """A checkpoint's kernel stamp differs from the model's. ``expected``: the model's stamp
+    (None: it runs no tileship kernels); ``found``: the checkpoint's."""
+
+    def __init__(self, message: str, *, expected: object, found: object, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.expected = expected
+        self.found = found
 
 
 class VerificationError(TileshipError):

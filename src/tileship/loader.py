@@ -33,7 +33,7 @@ def load_artifact(spec_dir: Path, spec_id: str) -> Any:
 
     try:
         art = json.loads((spec_dir / "artifact.json").read_text())
-        func = tvm.ir.load_json((spec_dir / "func.json").read_text())
+        func = tvm.ir.load_json((spec_dir / "signature.json").read_text())
         params = load_kernel_params((spec_dir / "params.json").read_text())
         return JITKernel.from_database(
             func=func,

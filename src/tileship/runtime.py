@@ -75,6 +75,8 @@ class Entry:
     decision: Decision
     detail: str = ""
     calls: itertools.count = field(default_factory=itertools.count)
+    #: the loaded TileLang kernel object (sources, params) when one was loaded
+    artifact: Any = None
     #: optional per-size rule (evidence routing of a T.dynamic range): ``choose(bound_dims)``
     #: returns a reference reason for sizes the kernel should not serve, else None. Called on
     #: the slow path only (first call of a key, then memoized), never per call.
@@ -158,7 +160,25 @@ class OpRunner:
 
     # -- hot path ----------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
-        return self.call(*args)[0]
+        """The output only. The common case (a memoized key served by a kernel) is inlined
+        here: one tuple of (device, dtype, shape), one dict lookup, contiguity, the launch."""
+        try:
+            entry = self._memo[tuple(map(_KEY, args))]
+        except (KeyError, AttributeError, TypeError):  # first call of this key, or bad arguments
+            return self.call(*args)[0]
+        kernel = entry.kernel
+        if kernel is None:
+            return self.call(*args)[0]
+        for a in args:
+            if not a.is_contiguous():
+                return self._reference(args, "non_contiguous", entry)[0]
+        try:
+            out = kernel(*args)
+        except Exception as exc:
+            self.disable(entry, "circuit_open", f"kernel raised {type(exc).__name__}: {exc}")
+            return self._reference(args, "circuit_open", entry)[0]
+        next(entry.calls)
+        return out
 
     def call(self, *args: Any) -> tuple[Any, Decision]:
         """Run the operator; return (output, decision). Raises CallError for unservable args."""

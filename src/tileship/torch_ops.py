@@ -119,7 +119,11 @@ def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequen
 
 def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
     def run(*args: torch.Tensor) -> Any:
-        out, _ = _runners[qual].call(*args)
+        runner = _runners[qual]
+        if getattr(runner, "check_finite", False) and args[0].is_cuda and torch.cuda.is_current_stream_capturing():
+            raise CallError("check_finite is on: its NaN check synchronizes with the host, which a CUDA graph capture cannot do",
+                            operator=runner.name, hint="turn check_finite off for the runners of a model you capture")
+        out, _ = runner.call(*args)
         if n_outputs == 1:
             # compiled graphs assume the fake's contiguous layout; a reference (SDPA's flash
             # path, for one) may return another layout

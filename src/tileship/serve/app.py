@@ -228,6 +228,7 @@ class Service:
             self.metrics.inflight.inc()
             try:
                 data = await self._read_body(request)
+                t_body = time.perf_counter()
                 req = protocol.parse_infer(data, request.headers.get(protocol.HEADER_LENGTH))
                 kserve_id = req.id
                 decl = rel.declarations[name]
@@ -239,6 +240,7 @@ class Service:
                 fut = self.pool.submit(self._execute, served, name, plan, req.id)
                 try:
                     encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
+                    t_run = time.perf_counter()
                 except TimeoutError:
                     self.metrics.rejected.labels("timeout").inc()
                     raise BadRequest(504, f"timeout: the inference did not finish within {self.config.request_timeout_s:g} s") from None
@@ -270,7 +272,8 @@ class Service:
         else:
             media = b"application/json"
         self.log.event("infer", request_id=rid, id=kserve_id, model=name, version=labels[1], status=status, path=decision.path,
-                       reason=decision.reason, spec=decision.spec_id, ms=round(elapsed * 1e3, 3), bytes_out=encoded.size)
+                       reason=decision.reason, spec=decision.spec_id, ms=round(elapsed * 1e3, 3),
+                       body_ms=round((t_body - t0) * 1e3, 3), run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=len(data), bytes_out=encoded.size)
         return _PartsResponse(status, encoded.parts, media, headers)
 
     def _execute(self, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:

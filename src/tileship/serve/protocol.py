@@ -273,16 +273,15 @@ def declared_shapes_text(decl: Mapping[str, Any]) -> str:
 # -- tensors -------------------------------------------------------------------------
 
 def to_tensor(inp: InputTensor, device: str) -> Any:
-    """The input as a torch tensor on ``device``. Binary inputs are views of the request body
-    (no copy) on the CPU; misaligned ones are copied so kernels see aligned memory."""
+    """The input as a torch tensor on ``device``. A binary input is a view of the request body
+    (no copy) until it is copied to the device, or, on the CPU, copied when misaligned."""
     import torch
 
     dt = getattr(torch, DATATYPES[inp.datatype])
     if inp.raw is not None:
-        t = torch.frombuffer(inp.raw, dtype=dt) if len(inp.raw) else torch.empty(0, dtype=dt)
-        if t.data_ptr() % 16:
-            t = t.clone()
-        t = t.reshape(inp.shape)
+        t = torch.frombuffer(inp.raw, dtype=dt).reshape(inp.shape)
+        if device == "cpu" and t.data_ptr() % 16:
+            t = t.clone()  # the JSON header's length leaves the data anywhere; CPU kernels get aligned memory
     else:
         try:
             t = torch.tensor(inp.data, dtype=dt).reshape(inp.shape)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 import socket
 import threading
 import time
@@ -44,7 +45,14 @@ def run(config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8000, log_l
 
     app = create_app(dataclasses.replace(config, handle_sighup=True), on_fatal=on_fatal)
     server = holder["server"] = _uvicorn(app, host, port, log_level, graceful_s)
-    server.run()
+    # uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, against the handlers
+    # in place before it started: make those no-ops so a requested stop exits 0, not by the signal.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if fatal:
         return EXIT_FATAL
     return 0 if server.started else 1

@@ -1,0 +1,13 @@
+# The two commands of the README. Both set everything up on a fresh machine.
+.PHONY: demo test setup
+
+setup:
+	bash scripts/setup.sh
+
+# lock -> build (CUDA sm_90a with nvcc, and the CPU target) -> load with no JIT -> call vs reference
+demo: setup
+	.venv/bin/tileship demo --out .tileship/demo
+
+# the test suite (CPU; GPU tests are marked `gpu` and run on the GPU test host)
+test: setup
+	.venv/bin/python -m pytest -q

@@ -1,0 +1,399 @@
+"""Bounded load on `tileship serve` over loopback, next to the same calls in-process.
+
+The server runs as a child process (`tileship serve`, its own GIL); the load comes from this
+process over raw keep-alive HTTP/1.1 sockets (asyncio), so client overhead stays small and
+no HTTP library is needed on the GPU host. Phases, one after the other:
+
+1. in-process: ``call``: the operator on tensors already on the device, synchronized;
+   ``full``: what the server does around it without HTTP: parse the same request bytes
+   (tileship.serve.protocol), tensors to the device, call, synchronize, copy back, encode.
+2. HTTP, one client, sequential: p50/p99, and the p50 overhead over both in-process numbers.
+3. HTTP, ``--clients`` concurrent clients for ``--duration`` s, at most ``--max-requests``:
+   throughput, p50/p99, errors (any non-200), compared with the in-process throughput.
+Then /metrics: compile attempts (must be 0) and the paths that served.
+
+    # CPU (builds the CPU catalog when no --release is given)
+    python benchmarks/serve_load.py --op add --dims N=4096 --out benchmarks/results/serve_load_cpu.json
+    # GPU host: a 4096x4096x4096 fp16 GEMM with binary tensors
+    python3 benchmarks/serve_load.py --release REL --op gemm --dims M=4096,N=4096,K=4096 --dtype float16 \
+        --max-body-mib 256 --allow-unverified --out out/serve_load_gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))] if s else float("nan")
+
+
+def summary_us(xs: list[float]) -> dict[str, Any]:
+    return {"n": len(xs), "p50_us": round(pct(xs, 50) * 1e6, 1), "p99_us": round(pct(xs, 99) * 1e6, 1),
+            "mean_us": round(statistics.fmean(xs) * 1e6, 1) if xs else None}
+
+
+# -- the request -----------------------------------------------------------------------------
+
+def make_request(release: Any, op: str, dims: dict[str, int], dtype: str, binary: bool) -> tuple[bytes, dict[str, str], list[Any]]:
+    """(body, extra headers, the CPU tensors it carries)."""
+    import torch
+
+    from tileship.inputs import make_inputs
+    from tileship.serve.protocol import KSERVE
+
+    runner = release.ops[op]
+    tensors = make_inputs(runner.shape.inputs, dims, dtype, "cpu", seed=0)
+    dt = KSERVE[dtype]
+    out_name = release.declarations[op]["outputs"][0][0]
+    inputs, blobs = [], []
+    for (name, _), t in zip(runner.shape.inputs, tensors):
+        entry: dict[str, Any] = {"name": name, "shape": list(t.shape), "datatype": dt}
+        if binary:
+            raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).contiguous().numpy().tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = t.reshape(-1).tolist()
+        inputs.append(entry)
+    head = json.dumps({"inputs": inputs, "outputs": [{"name": out_name, "parameters": {"binary_data": binary}}]}).encode()
+    headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
+    if binary:
+        headers["Inference-Header-Content-Length"] = str(len(head))
+    return head + b"".join(blobs), headers, tensors
+
+
+# -- in-process --------------------------------------------------------------------------------
+
+def in_process(release: Any, op: str, body: bytes, headers: dict[str, str], tensors: list[Any], device: str, n: int) -> dict[str, Any]:
+    import torch
+
+    from tileship.serve import protocol
+
+    runner = release.ops[op]
+    decl = release.declarations[op]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    dev_args = [t.to(device) for t in tensors]
+    for _ in range(3):
+        runner.call(*dev_args)
+    sync()
+    call_t = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out, decision = runner.call(*dev_args)
+        sync()
+        call_t.append(time.perf_counter() - t0)
+    full_t = []
+    hl = headers.get("Inference-Header-Content-Length")
+    for i in range(n + 3):
+        t0 = time.perf_counter()
+        req = protocol.parse_infer(bytearray(body), hl)
+        plan = protocol.plan_call(req, op, decl)
+        args = [protocol.to_tensor(x, device) for x in plan.inputs]
+        out, decision = runner.call(*args)
+        sync()
+        host = out.detach().cpu()
+        enc = protocol.encode_response(model=op, version=release.release_id, request_id=None, parameters={}, outputs=[(plan.outputs[0][0], host, plan.outputs[0][1])])
+        if i >= 3:
+            full_t.append(time.perf_counter() - t0)
+    return {"call": summary_us(call_t), "full": summary_us(full_t), "decision": f"{decision.path}:{decision.reason}",
+            "response_bytes": enc.size, "output": host}
+
+
+# -- HTTP client ---------------------------------------------------------------------------------
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection; ``post`` returns (status, headers, body)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+            self.writer.transport.set_write_buffer_limits(high=1 << 22)
+        assert self.reader is not None
+        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}", f"Content-Length: {len(body)}"] + [f"{k}: {v}" for k, v in headers.items()]
+        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+        self.writer.write(body)
+        await self.writer.drain()
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("server closed the connection")
+        status = int(status_line.split()[1])
+        hdrs: dict[str, str] = {}
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        data = await self.reader.readexactly(int(hdrs.get("content-length", "0")))
+        if hdrs.get("connection", "").lower() == "close":
+            self.close()
+        return status, hdrs, data
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def http_phase(host: str, port: int, path: str, body: bytes, headers: dict[str, str], clients: int, duration: float,
+                     max_requests: int) -> dict[str, Any]:
+    lat: list[float] = []
+    codes: dict[str, int] = {}
+    paths: dict[str, int] = {}
+    releases: set[str] = set()
+    issued = 0
+    t_end = time.perf_counter() + duration
+
+    async def worker() -> None:
+        nonlocal issued
+        conn = Conn(host, port)
+        try:
+            while time.perf_counter() < t_end and issued < max_requests:
+                issued += 1
+                t0 = time.perf_counter()
+                try:
+                    status, hdrs, _ = await conn.post(path, body, headers)
+                except (OSError, ConnectionError, asyncio.IncompleteReadError) as exc:
+                    codes[type(exc).__name__] = codes.get(type(exc).__name__, 0) + 1
+                    conn.close()
+                    continue
+                lat.append(time.perf_counter() - t0)
+                codes[str(status)] = codes.get(str(status), 0) + 1
+                key = f"{hdrs.get('x-tileship-path')}:{hdrs.get('x-tileship-reason')}"
+                paths[key] = paths.get(key, 0) + 1
+                releases.add(hdrs.get("x-tileship-release", "?"))
+        finally:
+            conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    errors = sum(v for k, v in codes.items() if k != "200")
+    return {"clients": clients, "duration_s": round(wall, 3), "requests": len(lat) + sum(v for k, v in codes.items() if not k.isdigit()),
+            "errors": errors, "codes": codes, "paths": paths, "releases": sorted(releases),
+            "throughput_rps": round(codes.get("200", 0) / wall, 2), **summary_us(lat)}
+
+
+# -- orchestration -------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_cpu_release(out: Path) -> Path:
+    import dataclasses
+
+    from tileship.build import BuildOptions, build
+    from tileship.project import builtin_project, load_operators
+
+    proj = dataclasses.replace(builtin_project(), targets=("c",), operator_modules=("tileship.catalog.cpu",))
+    return Path(build(proj, load_operators(proj), out, BuildOptions(jobs=os.cpu_count() or 1)).path)
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/v2/health/ready", timeout=5) as r:
+                return json.loads(r.read())  # type: ignore[no-any-return]
+        except (urllib.error.URLError, ConnectionError, OSError):
+            time.sleep(0.1)
+    raise SystemExit(f"the server was not ready within {timeout} s")
+
+
+def scrape(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return r.read().decode()  # type: ignore[no-any-return]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--release", type=Path, help="release directory (default: build the CPU catalog into a temp dir)")
+    ap.add_argument("--op", default="add")
+    ap.add_argument("--dims", default="N=4096", help="comma-separated dim=size, e.g. M=4096,N=4096,K=4096")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--json", action="store_true", help="JSON tensors instead of the binary extension")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--max-requests", type=int, default=20000)
+    ap.add_argument("--seq", type=int, default=300, help="sequential HTTP requests and in-process calls")
+    ap.add_argument("--max-body-mib", type=float, default=64.0)
+    ap.add_argument("--threads", type=int, default=1, help="server worker threads")
+    ap.add_argument("--allow-unverified", action="store_true", help="run GPU kernels without verification evidence")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "src"))
+    os.environ.setdefault("TILELANG_CACHE_DIR", tempfile.mkdtemp(prefix="serve-load-tl-"))
+    dims = {k: int(v) for k, v in (p.split("=") for p in a.dims.split(","))}
+    binary = not a.json
+
+    import torch
+
+    from tileship.loader import load
+
+    release_dir = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-load-rel-")))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(release_dir), "--port", str(port),
+           "--max-body-mib", str(a.max_body_mib), "--max-inflight", str(max(64, a.clients * 2)), "--threads", str(a.threads)]
+    if a.allow_unverified:
+        cmd.append("--allow-unverified")
+    log_path = Path(tempfile.mkdtemp(prefix="serve-load-log-")) / "server.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    t_start = time.perf_counter()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    try:
+        ready = wait_ready(url, proc, 600)
+        ready_s = time.perf_counter() - t_start
+        release = load(release_dir, allow_unverified=True if a.allow_unverified else None)
+        device = "cuda" if torch.cuda.is_available() and any(e.spec.target != "c" for e in release.ops[a.op].entries) else "cpu"
+        body, headers, tensors = make_request(release, a.op, dims, a.dtype, binary)
+        inproc = in_process(release, a.op, body, headers, tensors, device, a.seq)
+        ref_out = inproc.pop("output")
+        path = f"/v2/models/{a.op}/infer"
+
+        async def run_http() -> tuple[dict[str, Any], dict[str, Any], float]:
+            conn = Conn("127.0.0.1", port)
+            status, hdrs, data = await conn.post(path, body, headers)
+            diff = _max_diff(status, hdrs, data, ref_out)
+            conn.close()
+            await http_phase("127.0.0.1", port, path, body, headers, 1, 60.0, 5)  # warm the connection path
+            seq = await http_phase("127.0.0.1", port, path, body, headers, 1, 600.0, a.seq)
+            loaded = await http_phase("127.0.0.1", port, path, body, headers, a.clients, a.duration, a.max_requests)
+            return seq, loaded, diff
+
+        seq, loaded, diff = asyncio.run(run_http())
+        metrics = scrape(url)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    compiles = _metric(metrics, "tileship_serve_compile_attempts")
+    inproc_rps = 1e6 / inproc["full"]["mean_us"] if inproc["full"]["mean_us"] else None
+    result = {
+        "benchmark": "serve_load",
+        "config": {"op": a.op, "dims": dims, "dtype": a.dtype, "tensors": "binary" if binary else "json", "clients": a.clients,
+                   "duration_s": a.duration, "max_requests": a.max_requests, "seq": a.seq, "server_threads": a.threads,
+                   "request_bytes": len(body), "response_bytes": inproc["response_bytes"]},
+        "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(), "device": device,
+                        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "platform": platform.platform()},
+        "release_id": release.release_id,
+        "server_ready_s": round(ready_s, 2),
+        "ready": {k: ready.get(k) for k in ("ready", "reason", "device")},
+        "in_process": inproc,
+        "http_sequential": seq,
+        "http_load": loaded,
+        "overhead_p50_us": {"vs_in_process_full": round(seq["p50_us"] - inproc["full"]["p50_us"], 1),
+                            "vs_in_process_call": round(seq["p50_us"] - inproc["call"]["p50_us"], 1)},
+        "throughput_ratio_http_over_in_process": round(loaded["throughput_rps"] / inproc_rps, 3) if inproc_rps else None,
+        "in_process_rps": round(inproc_rps, 2) if inproc_rps else None,
+        "max_abs_diff_http_vs_in_process": diff,
+        "compile_attempts": compiles,
+        "server_side_p50_ms": _server_side(log_path),
+        "server_log": str(log_path),
+    }
+    tol = release.declarations[a.op]["tolerances"][a.dtype]
+    ok = loaded["errors"] == 0 and seq["errors"] == 0 and compiles == 0 and diff <= tol["atol"] + tol["rtol"] * float(ref_out.double().abs().max())
+    result["ok"] = ok
+    _print(result)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return 0 if ok else 1
+
+
+def _max_diff(status: int, hdrs: dict[str, str], data: bytes, ref: Any) -> float:
+    import torch
+
+    from tileship.serve.protocol import DATATYPES
+
+    if status != 200:
+        raise SystemExit(f"the first request failed: {status} {data[:500]!r}")
+    hl = hdrs.get("inference-header-content-length")
+    head = json.loads(data[: int(hl)] if hl else data)
+    out = head["outputs"][0]
+    dt = getattr(torch, DATATYPES[out["datatype"]])
+    if hl:
+        got = torch.frombuffer(bytearray(data[int(hl):]), dtype=dt).reshape(out["shape"])
+    else:
+        got = torch.tensor(out["data"], dtype=dt).reshape(out["shape"])
+    return float((got.double() - ref.double()).abs().max())
+
+
+def _server_side(log_path: Path) -> dict[str, Any]:
+    """Medians over the server's own `infer` log lines: receiving the body, running (worker
+    thread: tensors, call, sync, copy back, encode), and receive-to-response."""
+    rows = []
+    for line in log_path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "infer" and rec.get("status") == 200:
+            rows.append(rec)
+    out: dict[str, Any] = {"n": len(rows)}
+    for key in ("body_ms", "run_ms", "ms"):
+        vals = [r[key] for r in rows if key in r]
+        out[key] = round(statistics.median(vals), 3) if vals else None
+    return out
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def _print(r: dict[str, Any]) -> None:
+    c, ip, sq, ld = r["config"], r["in_process"], r["http_sequential"], r["http_load"]
+    print(f"serve_load: {c['op']} {c['dims']} {c['dtype']} {c['tensors']} tensors; request {c['request_bytes']} B, response {c['response_bytes']} B; "
+          f"device {r['environment']['device']}; release {r['release_id']}; server ready in {r['server_ready_s']} s ({r['ready']['reason']})")
+    print(f"  in-process call only        p50 {ip['call']['p50_us']:>10.1f} us  p99 {ip['call']['p99_us']:>10.1f} us  ({ip['decision']})")
+    print(f"  in-process parse+call+encode p50 {ip['full']['p50_us']:>10.1f} us  p99 {ip['full']['p99_us']:>10.1f} us  -> {r['in_process_rps']} calls/s")
+    print(f"  HTTP 1 client               p50 {sq['p50_us']:>10.1f} us  p99 {sq['p99_us']:>10.1f} us  errors {sq['errors']}  "
+          f"overhead p50 {r['overhead_p50_us']['vs_in_process_full']:.1f} us over parse+call+encode, {r['overhead_p50_us']['vs_in_process_call']:.1f} us over the call")
+    print(f"  HTTP {ld['clients']} clients {ld['duration_s']} s: {ld['requests']} requests, {ld['throughput_rps']} req/s, p50 {ld['p50_us']:.1f} us, "
+          f"p99 {ld['p99_us']:.1f} us, errors {ld['errors']} {ld['codes']}, paths {ld['paths']}")
+    print(f"  server side, medians: body received {r['server_side_p50_ms']['body_ms']} ms, run {r['server_side_p50_ms']['run_ms']} ms, "
+          f"receive-to-response {r['server_side_p50_ms']['ms']} ms over {r['server_side_p50_ms']['n']} requests")
+    print(f"  throughput HTTP / in-process: {r['throughput_ratio_http_over_in_process']}; compile attempts: {r['compile_attempts']}; "
+          f"max |HTTP - in-process|: {r['max_abs_diff_http_vs_in_process']}; ok: {r['ok']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,538 @@
+"""Rollback drill: switch a serving process N -> N-1 -> reference -> N under load, and prove
+no request failed, was dropped or answered wrongly.
+
+``run_drill(DrillOptions(registry=...))`` starts ``tileship serve REGISTRY`` as a subprocess
+(or uses ``url``), keeps a bounded closed-loop load on it (``concurrency`` clients, KServe v2
+binary tensors over httpx), and switches through the registry plus ``POST
+/v2/repository/reload``. Every answer is compared with the operator's reference computed
+locally (float64, on the GPU when there is one) within the declared tolerance. Each response
+names the release and path that served it; a request sent after a switch completed must be
+served by the new state (``stale`` otherwise). Writes ``drill.json`` and ``drill.txt``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import TileshipError
+from .registry import Registry
+
+KSERVE = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32", "float64": "FP64", "int8": "INT8", "int32": "INT32"}
+HEADER_LENGTH = "inference-header-content-length"
+
+
+class DrillError(TileshipError):
+    """The drill could not run (server did not start, a switch was refused). Not: a failed drill, which is a report."""
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    registry: Path
+    new: str | None = None            # N: default the active release
+    old: str | None = None            # N-1: default the release rollback would return to
+    out_dir: Path = Path("drill-report")
+    url: str | None = None            # a running server that follows ``registry``; default: start one
+    port: int = 0                     # for the started server; 0: a free one
+    server_args: tuple[str, ...] = ()
+    phase_seconds: float = 5.0
+    concurrency: int = 4
+    ops: tuple[str, ...] = ()         # default: every operator both releases have
+    per_op: int = 4                   # request shapes per operator
+    dynamic_limit: int = 256          # largest size tried for a T.dynamic dim
+    max_request_bytes: int = 48 << 20
+    request_timeout_s: float = 60.0
+    startup_timeout_s: float = 600.0
+    seed: int = 0
+
+
+@dataclass
+class Sample:
+    op: str
+    spec_id: str
+    dims: dict[str, int]
+    dtype: str
+    body: bytes
+    header_length: int
+    outputs: list[str]
+    expected: list[Any]
+    tol: tuple[float, float]
+    nbytes: int
+
+
+@dataclass
+class Record:
+    t0: float
+    t1: float
+    op: str
+    status: int | None          # None: no response (dropped)
+    ok: bool
+    release: str | None = None
+    path: str | None = None
+    reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Window:
+    name: str
+    start: float
+    end: float = 0.0
+    expect_release: str | None = None
+    expect_reference: bool = False
+    switch: dict[str, Any] = field(default_factory=dict)
+
+
+def run_drill(opts: DrillOptions) -> dict[str, Any]:
+    """Run the drill; return the report (also written to ``opts.out_dir``). Raises DrillError
+    when it cannot run at all; a drill that ran but saw failures returns ``passed: False``."""
+    import httpx
+
+    reg = Registry(opts.registry)
+    start_state = reg.active()
+    new = reg.resolve(opts.new) if opts.new else start_state.release_id
+    old = reg.resolve(opts.old) if opts.old else start_state.previous
+    if new is None or old is None or new == old:
+        raise DrillError(f"the drill needs two different releases N and N-1 (got N={new}, N-1={old})",
+                         hint="pass --new and --old, or activate N-1 then N so the registry's history names both")
+    out = Path(opts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    samples, skipped = build_samples(reg, new, old, opts)
+    if not samples:
+        raise DrillError(f"no request shape of releases {new}/{old} fits --max-request-bytes {opts.max_request_bytes}", hint="raise it")
+    if reg.active().release_id != new or reg.active().reference_only:
+        reg.activate(new)
+    proc = None
+    url = opts.url
+    log_path = out / "server.log"
+    try:
+        if url is None:
+            port = opts.port or _free_port()
+            url = f"http://127.0.0.1:{port}"
+            proc = _start_server(opts, port, log_path)
+        ready_body = _wait_ready(url, proc, log_path, opts.startup_timeout_s)
+        with httpx.Client(base_url=url, timeout=opts.request_timeout_s) as admin:
+            if opts.url is not None:
+                _reload(admin)  # an external server may lag the registry
+            records: list[Record] = []
+            stop = threading.Event()
+            threads = [threading.Thread(target=_client, args=(url, samples, i, stop, records, opts), daemon=True, name=f"drill-{i}")
+                       for i in range(opts.concurrency)]
+            windows = [Window("N", time.perf_counter(), expect_release=new)]
+            for t in threads:
+                t.start()
+            plan = [("switch N -> N-1", "N-1", lambda: reg.activate(old), old, False),
+                    ("switch N-1 -> reference", "reference", lambda: reg.activate_reference(old), old, True),
+                    ("switch reference -> N", "N (restored)", lambda: reg.activate(new), new, False)]
+            for switch_name, phase_name, act, rid, ref_only in plan:
+                time.sleep(opts.phase_seconds)
+                t_sw = time.perf_counter()
+                windows[-1].end = t_sw
+                sw = Window(switch_name, t_sw)
+                act()
+                t_reg = time.perf_counter()
+                status, body = _reload(admin)
+                t_done = time.perf_counter()
+                sw.end = t_done
+                sw.switch = {"registry_s": t_reg - t_sw, "reload_s": t_done - t_reg, "total_s": t_done - t_sw, "status": status,
+                             "result": body.get("result"), "to_release": rid, "reference_only": ref_only,
+                             "load_seconds": body.get("load_seconds"), "warmup_seconds": body.get("warmup_seconds"),
+                             "error": body.get("error")}
+                windows.append(sw)
+                windows.append(Window(phase_name, t_done, expect_release=rid, expect_reference=ref_only))
+            time.sleep(opts.phase_seconds)
+            windows[-1].end = time.perf_counter()
+            stop.set()
+            for t in threads:
+                t.join(opts.request_timeout_s + 5)
+            metrics = _get_text(admin, "/metrics")
+            index = _get_json(admin, "/v2/repository/index", post=True)
+        (out / "metrics.txt").write_text(metrics or "")
+        report = summarize(records, windows, samples, skipped, new=new, old=old, url=url, ready=ready_body, opts=opts)
+        report["repository_index"] = index
+        report["compile_attempts"] = _metric_value(metrics, "tileship_serve_compile_attempts")
+    finally:
+        if proc is not None:
+            _stop_server(proc)
+        if start_state.release_id is not None:
+            cur = reg.active()
+            if (cur.release_id, cur.reference_only) != (start_state.release_id, start_state.reference_only):
+                if start_state.reference_only:
+                    reg.activate_reference(start_state.release_id)
+                else:
+                    reg.activate(start_state.release_id, force=True)
+    (out / "drill.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+    (out / "drill.txt").write_text(render_text(report))
+    return report
+
+
+# -- requests ------------------------------------------------------------------------------
+
+def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tuple[list[Sample], list[str]]:
+    """Pre-encoded requests with their expected answers, for operators both releases serve."""
+    import torch
+
+    from .inputs import make_inputs, sample_points
+    from .spec import Specialization
+
+    rel_new = json.loads((reg.path_of(new) / "release.json").read_text())
+    rel_old = json.loads((reg.path_of(old) / "release.json").read_text())
+    ops = [o for o in sorted(rel_new["operators"]) if o in rel_old["operators"] and (not opts.ops or o in opts.ops)]
+    unknown = sorted(set(opts.ops) - set(ops))
+    if unknown:
+        raise DrillError(f"operators {unknown} are not served by both {new} and {old} (common: {sorted(set(rel_new['operators']) & set(rel_old['operators']))})")
+    ref_device = "cuda" if torch.cuda.is_available() else "cpu"
+    samples: list[Sample] = []
+    skipped: list[str] = []
+    for k, name in enumerate(ops):
+        desc = rel_new["operators"][name]
+        inputs = [(n, tuple(d)) for n, d in desc["inputs"]]
+        ref_fn = _import(desc["reference"])
+        specs = [Specialization.from_json(i["spec"]) for _, i in sorted(rel_new["specializations"].items()) if i["spec"]["op"] == name]
+        candidates = []
+        for spec in specs:
+            for dims in sample_points(spec, limit=opts.dynamic_limit):
+                nbytes = _request_bytes(inputs, dims, spec.dtype)
+                if nbytes <= opts.max_request_bytes:
+                    candidates.append((nbytes, spec, dims))
+                else:
+                    skipped.append(f"{spec.id} at {dims}: {nbytes / 2**20:.0f} MiB request > {opts.max_request_bytes / 2**20:.0f} MiB")
+        candidates.sort(key=lambda c: c[0])
+        chosen = _spread(candidates, opts.per_op)
+        for j, (nbytes, spec, dims) in enumerate(chosen):
+            args = make_inputs(inputs, dims, spec.dtype, "cpu", opts.seed + 100 * k + j)
+            with torch.no_grad():
+                ref = ref_fn(*[a.to(ref_device, torch.float64) for a in args])
+            refs = [r.cpu() for r in (ref if isinstance(ref, (tuple, list)) else (ref,))]
+            tol = desc["tolerances"][spec.dtype]
+            body, hl = encode_request(inputs, args, [n for n, _ in desc["outputs"]])
+            samples.append(Sample(name, spec.id, dims, spec.dtype, body, hl, [n for n, _ in desc["outputs"]], refs,
+                                  (float(tol["atol"]), float(tol["rtol"])), nbytes))
+    return samples, skipped
+
+
+def _spread(cands: list[Any], n: int) -> list[Any]:
+    if len(cands) <= n:
+        return cands
+    step = (len(cands) - 1) / max(1, n - 1)
+    return [cands[round(i * step)] for i in range(n)]
+
+
+def _request_bytes(inputs: list[tuple[str, tuple[str, ...]]], dims: dict[str, int], dtype: str) -> int:
+    size = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int32": 4}[dtype]
+    total = 0
+    for _, ds in inputs:
+        n = 1
+        for d in ds:
+            n *= dims[d]
+        total += n * size
+    return total
+
+
+def _import(qualname: str) -> Any:
+    module, _, attr = qualname.rpartition(".")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def encode_request(inputs: list[tuple[str, tuple[str, ...]]], args: list[Any], outputs: list[str]) -> tuple[bytes, int]:
+    """A KServe v2 request with every tensor as raw bytes (binary data extension)."""
+    import torch
+
+    head: dict[str, Any] = {"inputs": [], "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}
+    blobs = []
+    for (name, _), a in zip(inputs, args, strict=True):
+        raw = (a.view(torch.int16) if a.dtype == torch.bfloat16 else a).contiguous().numpy().tobytes()
+        head["inputs"].append({"name": name, "shape": list(a.shape), "datatype": KSERVE[str(a.dtype).removeprefix("torch.")],
+                               "parameters": {"binary_data_size": len(raw)}})
+        blobs.append(raw)
+    text = json.dumps(head, separators=(",", ":")).encode()
+    return text + b"".join(blobs), len(text)
+
+
+def decode_response(content: bytes, header_length: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(response JSON, output name -> CPU tensor) of a KServe v2 response (JSON or binary)."""
+    import torch
+
+    hl = int(header_length) if header_length is not None else len(content)
+    head = json.loads(content[:hl])
+    tensors: dict[str, Any] = {}
+    offset = hl
+    dtypes = {v: getattr(torch, k) for k, v in KSERVE.items()}
+    for o in head.get("outputs", []):
+        dt = dtypes[o["datatype"]]
+        size = (o.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            buf = bytearray(content[offset:offset + size])
+            offset += size
+            raw_dt = torch.int16 if dt == torch.bfloat16 else dt
+            t = torch.frombuffer(buf, dtype=raw_dt) if size else torch.empty(0, dtype=raw_dt)
+            t = t.view(torch.bfloat16) if dt == torch.bfloat16 else t
+        else:
+            t = torch.tensor(o["data"], dtype=dt)
+        tensors[o["name"]] = t.reshape(o["shape"])
+    return head, tensors
+
+
+def check_answer(sample: Sample, got: dict[str, Any]) -> str | None:
+    """None when every output matches the expected answer within tolerance, else why not."""
+    import torch
+
+    atol, rtol = sample.tol
+    for name, exp in zip(sample.outputs, sample.expected, strict=True):
+        t = got.get(name)
+        if t is None:
+            return f"output {name} missing"
+        if tuple(t.shape) != tuple(exp.shape):
+            return f"output {name} has shape {tuple(t.shape)}, expected {tuple(exp.shape)}"
+        o = t.double()
+        if not bool(torch.isfinite(o).all()):
+            return f"output {name} holds NaN/Inf"
+        err = (o - exp).abs()
+        bad = int((err > atol + rtol * exp.abs()).sum())
+        if bad:
+            return f"output {name}: {bad} of {err.numel()} elements off (max |err| {float(err.max()):.3g}, atol {atol}, rtol {rtol})"
+    return None
+
+
+def _client(url: str, samples: list[Sample], idx: int, stop: threading.Event, records: list[Record], opts: DrillOptions) -> None:
+    import httpx
+
+    i = idx
+    with httpx.Client(base_url=url, timeout=opts.request_timeout_s) as client:
+        while not stop.is_set():
+            s = samples[i % len(samples)]
+            i += opts.concurrency
+            headers = {HEADER_LENGTH: str(s.header_length), "content-type": "application/octet-stream"}
+            t0 = time.perf_counter()
+            try:
+                r = client.post(f"/v2/models/{s.op}/infer", content=s.body, headers=headers)
+            except httpx.HTTPError as exc:
+                records.append(Record(t0, time.perf_counter(), s.op, None, False, error=f"{type(exc).__name__}: {exc}"))
+                continue
+            t1 = time.perf_counter()
+            if r.status_code != 200:
+                records.append(Record(t0, t1, s.op, r.status_code, False, error=r.text[:300]))
+                continue
+            try:
+                head, outs = decode_response(r.content, r.headers.get(HEADER_LENGTH))
+                problem = check_answer(s, outs)
+            except Exception as exc:  # an undecodable answer is a wrong answer
+                head, problem = {}, f"undecodable response: {type(exc).__name__}: {exc}"
+            p = head.get("parameters") or {}
+            records.append(Record(t0, t1, s.op, 200, problem is None, release=p.get("tileship_release") or r.headers.get("x-tileship-release"),
+                                  path=p.get("tileship_path") or r.headers.get("x-tileship-path"),
+                                  reason=p.get("tileship_reason") or r.headers.get("x-tileship-reason"),
+                                  error=None if problem is None else f"{s.spec_id} {s.dims}: {problem}"))
+
+
+# -- report ----------------------------------------------------------------------------------
+
+def summarize(records: list[Record], windows: list[Window], samples: list[Sample], skipped: list[str], *, new: str, old: str,
+              url: str, ready: dict[str, Any], opts: DrillOptions) -> dict[str, Any]:
+    """Per window (phase or switch): requests by outcome, latency percentiles, what served them."""
+    rows = []
+    first_new: dict[str, float | None] = {}
+    for k, w in enumerate(windows):
+        rs = [r for r in records if w.start <= r.t0 < w.end]
+        lat = sorted((r.t1 - r.t0) * 1e3 for r in rs if r.status is not None)
+        served: dict[str, int] = {}
+        for r in rs:
+            if r.status == 200:
+                key = f"{r.release}:{r.path}:{r.reason}"
+                served[key] = served.get(key, 0) + 1
+        row: dict[str, Any] = {
+            "name": w.name, "seconds": round(w.end - w.start, 3), "requests": len(rs),
+            "ok": sum(r.ok for r in rs),
+            "failed": sum(1 for r in rs if r.status is not None and r.status != 200),
+            "dropped": sum(1 for r in rs if r.status is None),
+            "mismatched": sum(1 for r in rs if r.status == 200 and not r.ok),
+            "latency_ms": _percentiles(lat), "throughput_rps": round(len(rs) / max(w.end - w.start, 1e-9), 1),
+            "served_by": dict(sorted(served.items())),
+            "errors": sorted({r.error for r in rs if r.error})[:10],
+        }
+        if w.expect_release is not None:
+            row["expected"] = {"release": w.expect_release, "reference_only": w.expect_reference}
+            row["stale"] = sum(1 for r in rs if r.status == 200 and not _as_expected(r, w))
+        if w.switch:
+            row["switch"] = w.switch
+            nxt = windows[k + 1]
+            hit = [r.t1 for r in records if r.t1 >= w.start and r.status == 200 and _as_expected(r, nxt)]
+            first_new[w.name] = round(min(hit) - w.start, 4) if hit else None
+            row["switch"]["first_answer_from_new_state_s"] = first_new[w.name]
+        rows.append(row)
+    totals = {k: sum(r[k] for r in rows) for k in ("requests", "ok", "failed", "dropped", "mismatched")}
+    totals["stale"] = sum(r.get("stale", 0) for r in rows)
+    switches_ok = all(r["switch"]["status"] == 200 and r["switch"]["result"] == "swapped" for r in rows if "switch" in r)
+    phases_loaded = all(r["requests"] > 0 for r in rows if "expected" in r)
+    passed = (totals["failed"] == totals["dropped"] == totals["mismatched"] == totals["stale"] == 0) and switches_ok and phases_loaded
+    return {
+        "passed": passed, "release_new": new, "release_old": old, "server": url, "server_ready": ready,
+        "totals": totals, "switches_ok": switches_ok, "every_phase_had_load": phases_loaded, "windows": rows,
+        "requests": [{"op": s.op, "spec_id": s.spec_id, "dims": s.dims, "dtype": s.dtype, "bytes": s.nbytes} for s in samples],
+        "skipped_shapes": skipped, "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": {"python": sys.version.split()[0], "pid": os.getpid()},
+    }
+
+
+def _as_expected(r: Record, w: Window) -> bool:
+    if r.release != w.expect_release:
+        return False
+    return r.path == "reference" if w.expect_reference else True
+
+
+def _percentiles(lat: list[float]) -> dict[str, float | None]:
+    if not lat:
+        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+
+    def q(p: float) -> float:
+        return round(lat[min(len(lat) - 1, int(p * (len(lat) - 1) + 0.5))], 3)
+
+    return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(lat[-1], 3), "mean": round(sum(lat) / len(lat), 3)}
+
+
+def render_text(report: dict[str, Any]) -> str:
+    t = report["totals"]
+    lines = [
+        f"tileship rollback drill: {'PASSED' if report['passed'] else 'FAILED'}   ({report['created']})",
+        f"server {report['server']}  device: {report['server_ready'].get('device', '?')}",
+        f"N = {report['release_new']}   N-1 = {report['release_old']}",
+        f"requests {t['requests']}: ok {t['ok']}, failed {t['failed']}, dropped {t['dropped']}, wrong answers {t['mismatched']}, "
+        f"served by the wrong state {t['stale']}   (compile attempts at serve time: {report.get('compile_attempts')})",
+        "",
+        f"{'window':<26}{'s':>7}{'req':>7}{'req/s':>8}{'fail':>6}{'drop':>6}{'wrong':>6}{'stale':>6}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}",
+    ]
+    for w in report["windows"]:
+        lat = w["latency_ms"]
+
+        def f(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
+        lines.append(f"{w['name']:<26}{w['seconds']:>7.2f}{w['requests']:>7}{w['throughput_rps']:>8.1f}{w['failed']:>6}{w['dropped']:>6}"
+                     f"{w['mismatched']:>6}{w.get('stale', '-'):>6}{f(lat['p50']):>9}{f(lat['p99']):>9}{f(lat['max']):>9}")
+    lines += ["", "switches:"]
+    for w in report["windows"]:
+        if "switch" in w:
+            s = w["switch"]
+            first = s.get("first_answer_from_new_state_s")
+            lines.append(f"  {w['name']:<26} reload {s['status']} {s['result']}: registry {s['registry_s'] * 1e3:.1f} ms, reload {s['reload_s'] * 1e3:.0f} ms "
+                         f"(load {_ms(s.get('load_seconds'))}, warm-up {_ms(s.get('warmup_seconds'))}); first answer from the new state after "
+                         f"{'-' if first is None else f'{first * 1e3:.0f} ms'}" + (f"; error: {s['error']}" if s.get("error") else ""))
+    lines += ["", "served by (release:path:reason -> responses):"]
+    for w in report["windows"]:
+        if "expected" in w:
+            lines.append(f"  {w['name']}: " + ", ".join(f"{k} x{v}" for k, v in w["served_by"].items()))
+    lines += ["", f"request shapes ({len(report['requests'])}):"]
+    lines += [f"  {r['spec_id']} {r['dims']} ({r['bytes'] / 1024:.0f} KiB)" for r in report["requests"]]
+    if report["skipped_shapes"]:
+        lines += [f"skipped (too large for --max-request-bytes): {len(report['skipped_shapes'])}"]
+    errors = [e for w in report["windows"] for e in w["errors"]]
+    if errors:
+        lines += ["", "first errors:", *(f"  {e}" for e in errors[:10])]
+    return "\n".join(lines) + "\n"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.0f} ms"
+
+
+# -- server process ----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_server(opts: DrillOptions, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-c", "import sys; from tileship.cli import main; sys.argv[0] = 'tileship'; main()",
+           "serve", str(opts.registry), "--port", str(port), *opts.server_args]
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    log = open(log_path, "wb")  # noqa: SIM115 (closed with the process)
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes] | None, log_path: Path, timeout: float) -> dict[str, Any]:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise DrillError(f"the server exited with status {proc.returncode} before it was ready; its log:\n{_tail(log_path)}")
+        try:
+            r = httpx.get(f"{url}/v2/health/ready", timeout=5)
+            if r.status_code == 200:
+                return dict(r.json())
+            last = r.text[:300]
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.2)
+    raise DrillError(f"{url} was not ready within {timeout:g} s (last: {last}); server log:\n{_tail(log_path)}")
+
+
+def _stop_server(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _reload(client: Any) -> tuple[int, dict[str, Any]]:
+    r = client.post("/v2/repository/reload", timeout=None)
+    try:
+        body = r.json()
+    except ValueError:
+        body = {"error": r.text[:500]}
+    return r.status_code, body if isinstance(body, dict) else {"body": body}
+
+
+def _get_text(client: Any, path: str) -> str | None:
+    try:
+        return str(client.get(path).text)
+    except Exception:
+        return None
+
+
+def _get_json(client: Any, path: str, *, post: bool = False) -> Any:
+    try:
+        r = client.post(path) if post else client.get(path)
+        return r.json()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _metric_value(text: str | None, name: str) -> float | None:
+    for line in (text or "").splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            try:
+                return float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return "(no log)"

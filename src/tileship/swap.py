@@ -1,0 +1,423 @@
+"""Put a release's kernels into an existing ``nn.Module`` model, and make the model know it.
+
+``swap(model, release)`` replaces, in place:
+
+    nn.Linear                     -> KernelLinear     (gemm: A(M,K) @ B(K,N); y = x W^T + b)
+    RMSNorm (torch or llama's)    -> KernelRMSNorm    (rmsnorm: X(M,N), W(N))
+    llama.CausalSelfAttention     -> KernelAttention  (attention: causal, Q/K/V (B,H,S,D))
+
+where the release declares a specialization for the layer's fixed dims and dtype (the
+GEMM's N and K, the norm's N and eps, the attention's H and D). Everything else stays on
+its PyTorch path, and the returned ``SwapReport`` says which layers were replaced and why
+the others were not. A replaced layer still decides per call: sizes no specialization
+covers (a batch past the dynamic range, a sequence length not built) go to the reference
+through the dispatcher, with its reason and counters.
+
+The model carries the kernels it runs: ``model.tileship_kernels`` (a ``KernelStamp``) names
+the release id and kernel revision, and is saved in the ``state_dict`` as
+``tileship_kernels._extra_state``. Loading a checkpoint stamped with other kernels raises
+``KernelMismatch`` unless ``allow_kernel_mismatch=True``; an unstamped checkpoint (the
+plain PyTorch model's weights) loads into a swapped model as is: weights do not depend
+on kernels. State-dict keys of replaced layers are unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import DeclarationError, KernelMismatch
+from .runtime import Entry, Release
+from .torch_ops import TorchOps, register
+
+#: layer kind -> release operator serving it (override per call with ``names=``)
+DEFAULT_NAMES: Mapping[str, str] = {"linear": "gemm", "rmsnorm": "rmsnorm", "attention": "attention"}
+#: layer kind -> (input ranks, the signature a reader expects)
+_SIGNATURES: Mapping[str, tuple[tuple[int, ...], str]] = {
+    "linear": ((2, 2), "A(M, K), B(K, N) -> C(M, N)"),
+    "rmsnorm": ((2, 1), "X(M, N), W(N) -> Y(M, N)"),
+    "attention": ((4, 4, 4), "Q, K, V (B, H, S, D) -> O(B, H, S, D), causal"),
+}
+STAMP = "tileship_kernels"
+FILE_FORMAT = "tileship.model/1"
+
+
+# -- the replacement layers ---------------------------------------------------------
+class KernelLinear(nn.Module):
+    """``nn.Linear`` through the release's GEMM. Keeps ``weight``/``bias`` (same parameters,
+    same state-dict keys) plus ``weight_t``, a contiguous W^T made once (not saved; refreshed
+    on ``load_state_dict``; call ``refresh()`` after editing ``weight`` in place)."""
+
+    def __init__(self, linear: nn.Linear, op: Any) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.register_buffer("weight_t", linear.weight.detach().t().contiguous(), persistent=False)
+        self.op = op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.op(x.reshape(-1, self.in_features), self.weight_t).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        self.weight_t = self.weight.detach().t().contiguous()
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self.refresh()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, op={self.op}"
+
+
+class KernelRMSNorm(nn.Module):
+    """RMSNorm over the last dim through the release's rmsnorm (its eps was checked at swap)."""
+
+    def __init__(self, weight: nn.Parameter, eps: float, op: Any) -> None:
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+        self.op = op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x.reshape(-1, x.shape[-1]), self.weight).view(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, op={self.op}"
+
+
+class KernelAttention(nn.Module):
+    """Causal attention on (B, H, S, D) through the release's attention. Inputs are made
+    contiguous (the kernel's requirement; after rotary embeddings on a transposed view they
+    are not), so a non-contiguous call does not fall back for layout alone."""
+
+    def __init__(self, n_heads: int, head_dim: int, op: Any) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = head_dim
+        self.op = op
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.op(q.contiguous(), k.contiguous(), v.contiguous())
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, head_dim={self.head_dim}, op={self.op}"
+
+
+_KERNEL_TYPES = {KernelLinear: "linear", KernelRMSNorm: "rmsnorm", KernelAttention: "attention"}
+
+
+# -- the stamp ------------------------------------------------------------------------
+class KernelStamp(nn.Module):
+    """Which kernels a model runs. No parameters or buffers; its extra state is saved in the
+    model's state_dict and checked when one is loaded (``KernelMismatch`` on a difference,
+    unless ``allow_mismatch``)."""
+
+    def __init__(self, release_id: str, kernel_revision: str, operators: tuple[str, ...]) -> None:
+        super().__init__()
+        self.release_id = release_id
+        self.kernel_revision = kernel_revision
+        self.operators = operators
+        self.allow_mismatch = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"release_id": self.release_id, "kernel_revision": self.kernel_revision, "operators": list(self.operators)}
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return self.to_json()
+
+    def set_extra_state(self, state: Any) -> None:
+        check_stamp(self.to_json(), state, allow_mismatch=self.allow_mismatch)
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # Only the check: a checkpoint without a stamp (plain PyTorch weights) claims nothing
+        # about kernels, so a missing key is not an error even under strict loading.
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            self.set_extra_state(state_dict[key])
+
+    def extra_repr(self) -> str:
+        return f"release_id={self.release_id}, kernel_revision={self.kernel_revision}"
+
+
+def check_stamp(mine: Mapping[str, Any] | None, saved: Any, *, allow_mismatch: bool = False) -> None:
+    """Raise KernelMismatch when ``saved`` (a checkpoint's stamp) names other kernels than
+    ``mine`` (None: the model runs no tileship kernels). Returns None when they agree or
+    ``allow_mismatch``."""
+    if allow_mismatch or saved is None:
+        return
+    if not isinstance(saved, Mapping) or not {"release_id", "kernel_revision"} <= set(saved):
+        raise KernelMismatch(f"the checkpoint's kernel stamp is malformed: {saved!r}", expected=mine, found=None,
+                             hint="it should hold release_id and kernel_revision; re-save the checkpoint with tileship.swap.save")
+    if mine is None:
+        raise KernelMismatch(f"the checkpoint was saved from a model running release {saved['release_id']} "
+                             f"(kernel revision {saved['kernel_revision']}); this model runs no tileship kernels",
+                             expected=None, found=saved,
+                             hint=f"swap(model, release {saved['release_id']}) before loading, or pass allow_kernel_mismatch=True to load the weights anyway")
+    diffs = [f"{k} {saved[k]} (checkpoint) != {mine[k]} (model)" for k in ("release_id", "kernel_revision") if saved[k] != mine[k]]
+    if diffs:
+        raise KernelMismatch("the checkpoint names other kernels than the model runs: " + "; ".join(diffs), expected=mine, found=saved,
+                             hint="swap the model with the release the checkpoint names, or pass allow_kernel_mismatch=True")
+
+
+def kernel_stamp(model: nn.Module) -> KernelStamp | None:
+    """The model's stamp, or None when no release was swapped in (looks through torch.compile)."""
+    stamp = getattr(_unwrap(model), STAMP, None)
+    return stamp if isinstance(stamp, KernelStamp) else None
+
+
+# -- the report -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SwapRecord:
+    """One candidate layer. ``reason``: for a replaced layer, the specializations covering it
+    and what they serve now; for one left on PyTorch, why."""
+
+    module: str
+    kind: str
+    replaced: bool
+    operator: str | None
+    reason: str
+    specs: tuple[str, ...] = ()
+    serving: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"module": self.module, "kind": self.kind, "replaced": self.replaced, "operator": self.operator,
+                "reason": self.reason, "specs": list(self.specs), "serving": list(self.serving)}
+
+
+@dataclass(frozen=True)
+class SwapReport:
+    release_id: str
+    kernel_revision: str
+    records: tuple[SwapRecord, ...] = field(default_factory=tuple)
+
+    @property
+    def replaced(self) -> list[str]:
+        return [r.module for r in self.records if r.replaced]
+
+    @property
+    def kept(self) -> dict[str, str]:
+        """Layers left on PyTorch -> why."""
+        return {r.module: r.reason for r in self.records if not r.replaced}
+
+    def record(self, module: str) -> SwapRecord:
+        for r in self.records:
+            if r.module == module:
+                return r
+        raise KeyError(f"{module!r} is not a candidate layer of this model")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"release_id": self.release_id, "kernel_revision": self.kernel_revision,
+                "replaced": len(self.replaced), "kept": len(self.records) - len(self.replaced),
+                "layers": [r.to_json() for r in self.records]}
+
+    def __str__(self) -> str:
+        lines = [f"release {self.release_id} (kernel revision {self.kernel_revision}): "
+                 f"{len(self.replaced)} of {len(self.records)} candidate layers replaced"]
+        for r in self.records:
+            lines.append(f"  {'replaced' if r.replaced else 'kept    '}  {r.kind:9s} {r.module}: {r.reason}")
+        return "\n".join(lines)
+
+
+# -- swap -------------------------------------------------------------------------------
+def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None = None, dtype: torch.dtype | None = None,
+         rmsnorm_types: tuple[type, ...] | None = None, attention_types: tuple[type, ...] | None = None) -> SwapReport:
+    """Replace the layers of ``model`` the release covers (in place); return the report.
+
+    ``names`` maps a layer kind (linear, rmsnorm, attention) to the release operator serving it
+    (default ``DEFAULT_NAMES``); ``dtype`` is the dtype attention runs in (default: the
+    model's first floating parameter's). Only exact ``nn.Linear`` instances are replaced:
+    a subclass may behave differently and is reported as kept. Raises DeclarationError when
+    a named operator lacks the kind's signature, KernelMismatch when the model already runs
+    another release's kernels. Calling it again with the same release is a no-op.
+    """
+    from .models.llama import CausalSelfAttention, RMSNorm
+
+    root = _unwrap(model)
+    stamp = kernel_stamp(root)
+    if stamp is not None and stamp.release_id != release.release_id:
+        raise KernelMismatch(f"the model already runs kernels of release {stamp.release_id}", expected=stamp.to_json(),
+                             found={"release_id": release.release_id, "kernel_revision": release.kernel_revision},
+                             hint="swap a fresh copy of the PyTorch model")
+    chosen = {**DEFAULT_NAMES, **(names or {})}
+    unknown = set(chosen) - set(_SIGNATURES)
+    if unknown:
+        raise DeclarationError(f"unknown layer kinds {sorted(unknown)} (known: {sorted(_SIGNATURES)})", field="names")
+    norm_types = rmsnorm_types if rmsnorm_types is not None else (nn.RMSNorm, RMSNorm)
+    attn_types = attention_types if attention_types is not None else (CausalSelfAttention,)
+    ops = register(release)
+    for kind, op_name in chosen.items():
+        if op_name in release.ops:
+            _check_signature(release, kind, op_name)
+    if dtype is None:
+        dtype = next((p.dtype for p in root.parameters() if p.is_floating_point()), torch.float32)
+    records: list[SwapRecord] = []
+    used: set[str] = set(stamp.operators) if stamp is not None else set()
+    for path, module in list(root.named_modules()):
+        if not path or isinstance(module, KernelStamp):
+            continue
+        if type(module) in _KERNEL_TYPES:
+            kind = _KERNEL_TYPES[type(module)]
+            records.append(SwapRecord(path, kind, True, chosen[kind], "already swapped"))
+            continue
+        if isinstance(module, nn.Linear):
+            rec, new = _linear(path, module, release, ops, chosen["linear"])
+        elif isinstance(module, norm_types):
+            rec, new = _rmsnorm(path, module, release, ops, chosen["rmsnorm"])
+        elif isinstance(module, attn_types):
+            rec, new = _attention(path, module, release, ops, chosen["attention"], dtype)
+        else:
+            continue
+        records.append(rec)
+        if new is not None:
+            _set_submodule(root, path, new)
+            used.add(rec.operator or "")
+    if stamp is None:
+        stamp = KernelStamp(release.release_id, release.kernel_revision, ())
+        setattr(root, STAMP, stamp)
+    stamp.operators = tuple(sorted(used))
+    return SwapReport(release.release_id, release.kernel_revision, tuple(records))
+
+
+def _linear(path: str, m: nn.Linear, release: Release, ops: TorchOps, op_name: str) -> tuple[SwapRecord, nn.Module | None]:
+    if type(m) is not nn.Linear:
+        return SwapRecord(path, "linear", False, None, f"{type(m).__name__} subclasses nn.Linear and may behave differently"), None
+    return _cover(path, "linear", release, ops, op_name, m.weight.dtype, ((1, 0, m.in_features), (1, 1, m.out_features)),
+                  lambda op: KernelLinear(m, op))
+
+
+def _rmsnorm(path: str, m: nn.Module, release: Release, ops: TorchOps, op_name: str) -> tuple[SwapRecord, nn.Module | None]:
+    weight = getattr(m, "weight", None)
+    if not isinstance(weight, nn.Parameter) or weight.dim() != 1:
+        return SwapRecord(path, "rmsnorm", False, None, "no 1-D weight (elementwise_affine off, or normalizes over more than the last dim)"), None
+    eps = getattr(m, "eps", None)
+    if eps is None:  # nn.RMSNorm(eps=None) uses the dtype's machine epsilon
+        eps = torch.finfo(weight.dtype).eps
+    if op_name in release.ops:
+        want = release.declarations[op_name].get("config", {}).get("eps")
+        if want is None:
+            return SwapRecord(path, "rmsnorm", False, op_name, f"{op_name} declares no eps in its config: cannot tell it matches {eps:g}"), None
+        if float(want) != float(eps):
+            return SwapRecord(path, "rmsnorm", False, op_name, f"eps {eps:g} differs from the kernel's {float(want):g}"), None
+    return _cover(path, "rmsnorm", release, ops, op_name, weight.dtype, ((1, 0, weight.shape[0]),),
+                  lambda op: KernelRMSNorm(weight, float(eps), op))
+
+
+def _attention(path: str, m: nn.Module, release: Release, ops: TorchOps, op_name: str, dtype: torch.dtype) -> tuple[SwapRecord, nn.Module | None]:
+    h, d = getattr(m, "n_heads", None), getattr(m, "head_dim", None)
+    if not isinstance(h, int) or not isinstance(d, int):
+        return SwapRecord(path, "attention", False, None, "the module does not say its n_heads and head_dim"), None
+    return _cover(path, "attention", release, ops, op_name, dtype, ((0, 1, h), (0, 3, d)),
+                  lambda op: KernelAttention(h, d, op))
+
+
+def _cover(path: str, kind: str, release: Release, ops: TorchOps, op_name: str, dtype: torch.dtype,
+           where: tuple[tuple[int, int, int], ...], make: Any) -> tuple[SwapRecord, nn.Module | None]:
+    """``where``: the layer's fixed dims as (declared input index, dim position, size)."""
+    if op_name not in release.ops:
+        return SwapRecord(path, kind, False, None, f"the release has no {op_name!r} operator (it has: {', '.join(sorted(release.ops))})"), None
+    decl_inputs = release.declarations[op_name]["inputs"]
+    fixed = {decl_inputs[i][1][pos]: size for i, pos, size in where}
+    dt = str(dtype).removeprefix("torch.")
+    runner = release.ops[op_name]
+    same_dtype = [e for e in runner.entries if e.spec is not None and e.spec.dtype == dt]
+    matched = [e for e in same_dtype if all(_holds(e.spec.dim_map().get(d), v) for d, v in fixed.items())]  # type: ignore[union-attr]
+    want = ", ".join(f"{d}={v}" for d, v in fixed.items())
+    if not same_dtype:
+        have = sorted({e.spec.dtype for e in runner.entries if e.spec is not None})
+        return SwapRecord(path, kind, False, op_name, f"no {op_name} specialization in {dt} (the release has {', '.join(have) or 'none'})"), None
+    if not matched:
+        have = sorted({", ".join(f"{d}={_show(e.spec.dim_map()[d])}" for d in fixed) for e in same_dtype})  # type: ignore[union-attr]
+        return SwapRecord(path, kind, False, op_name, f"no {op_name} specialization for {want} in {dt} (the release has: {'; '.join(have)})"), None
+    specs = tuple(e.decision.spec_id or e.spec.id for e in matched)  # type: ignore[union-attr]  # the release's id (its directory)
+    serving = tuple(sorted({_serving(e) for e in matched}))
+    reason = f"{op_name} covers {want} in {dt} ({len(specs)} specialization{'s' if len(specs) > 1 else ''}; now serving {', '.join(serving)})"
+    return SwapRecord(path, kind, True, op_name, reason, specs, serving), make(ops[op_name])
+
+
+def _check_signature(release: Release, kind: str, op_name: str) -> None:
+    ranks, shown = _SIGNATURES[kind]
+    decl = release.declarations[op_name]
+    got = tuple(len(dims) for _, dims in decl["inputs"])
+    if got != ranks or len(decl["outputs"]) != 1:
+        sig = ", ".join(f"{n}({', '.join(d)})" for n, d in decl["inputs"])
+        raise DeclarationError(f"operator {op_name!r} is declared ({sig}) -> {len(decl['outputs'])} outputs; a {kind} layer needs {shown}",
+                               operator=op_name, field="names", hint=f"pass names={{'{kind}': '<operator with that signature>'}}")
+
+
+def _holds(declared: Any, size: int) -> bool:
+    if isinstance(declared, tuple):
+        return declared[0] <= size <= declared[1]
+    return declared == size
+
+
+def _show(v: Any) -> str:
+    return f"{v[0]}..{v[1]}" if isinstance(v, tuple) else str(v)
+
+
+def _serving(e: Entry) -> str:
+    return e.decision.path if e.decision.path == "kernel" else f"{e.decision.path}:{e.decision.reason}"
+
+
+def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, name, new)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
+
+
+# -- saving and loading -------------------------------------------------------------------
+def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], *, allow_kernel_mismatch: bool = False, strict: bool = True) -> Any:
+    """``model.load_state_dict`` with the kernel check, also for a model with no kernels
+    swapped in (a stamped checkpoint raises KernelMismatch there too, unless allowed)."""
+    root = _unwrap(model)
+    stamp = kernel_stamp(root)
+    key = f"{STAMP}._extra_state"
+    if stamp is None:
+        check_stamp(None, state_dict.get(key), allow_mismatch=allow_kernel_mismatch)
+        return root.load_state_dict({k: v for k, v in state_dict.items() if k != key}, strict=strict)
+    before = stamp.allow_mismatch
+    stamp.allow_mismatch = allow_kernel_mismatch
+    try:
+        return root.load_state_dict(state_dict, strict=strict)
+    finally:
+        stamp.allow_mismatch = before
+
+
+def save(model: nn.Module, path: Path | str) -> None:
+    """``torch.save`` of the state_dict under a header naming the kernels (None when the model
+    runs none). Read back with ``load``."""
+    stamp = kernel_stamp(model)
+    torch.save({"format": FILE_FORMAT, "kernels": stamp.to_json() if stamp else None, "state_dict": _unwrap(model).state_dict()}, str(path))
+
+
+def load(model: nn.Module, path: Path | str, *, allow_kernel_mismatch: bool = False, strict: bool = True) -> dict[str, Any] | None:
+    """Load a file written by ``save`` into ``model`` (weights-only unpickling, onto the CPU,
+    copied into the model's tensors wherever they live). Returns the file's kernel stamp.
+
+    Raises KernelMismatch when the file names other kernels than the model runs (unless
+    ``allow_kernel_mismatch``); ValueError when the file is not a tileship model file.
+    """
+    data = torch.load(str(path), map_location="cpu", weights_only=True)
+    if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
+        raise ValueError(f"{path}: not a tileship model file (format {data.get('format') if isinstance(data, dict) else type(data).__name__!r}, "
+                         f"expected {FILE_FORMAT!r}); for a bare state_dict use tileship.swap.load_state_dict")
+    stamp = kernel_stamp(model)
+    check_stamp(stamp.to_json() if stamp else None, data["kernels"], allow_mismatch=allow_kernel_mismatch)
+    load_state_dict(model, data["state_dict"], allow_kernel_mismatch=True, strict=strict)  # checked above
+    return data["kernels"]
+
+
+__all__ = ["DEFAULT_NAMES", "FILE_FORMAT", "KernelAttention", "KernelLinear", "KernelRMSNorm", "KernelStamp", "SwapRecord",
+           "SwapReport", "check_stamp", "kernel_stamp", "load", "load_state_dict", "save", "swap"]

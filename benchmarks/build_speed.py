@@ -1,0 +1,97 @@
+"""Build throughput, measured side by side in one run.
+
+- specializations built per minute with ``--jobs 1`` vs ``--jobs N`` (ratio);
+- time per specialization in the isolated build (child process, import included) vs
+  ``tilelang.compile`` in-process (import excluded) for the same kernels.
+
+    python benchmarks/build_speed.py [--targets c cuda-sm90a] [--jobs N] [--limit K] [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+INPROC = r'''
+import json, sys, time, importlib
+import tilelang, tilelang.language as T
+from tileship.spec import Operator, Specialization, Target
+jobs = json.loads(sys.argv[1]); out = {}
+for job in jobs:
+    mod = importlib.import_module(job["module"])
+    op = next(v for v in vars(mod).values() if isinstance(v, Operator) and v.name == job["op"])
+    spec = Specialization.from_json(job["spec"])
+    kw = dict(op.config); kw[op.dtype_param] = spec.dtype
+    for d, v in spec.dims:
+        kw[op.params.get(d, d)] = T.dynamic(d.lower()) if isinstance(v, tuple) else v
+    t = time.perf_counter()
+    tilelang.compile(op.factory(**kw), out_idx=op.out_idx, target=Target(spec.target).tilelang(), pass_configs=dict(op.pass_configs) or None)
+    out[job["spec_id"]] = time.perf_counter() - t
+print(json.dumps(out))
+'''
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--targets", nargs="+", default=["c", "cuda-sm90a"])
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--limit", type=int, default=8, help="specializations per build")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    from tileship.build import BuildOptions, build
+    from tileship.project import builtin_project, load_operators, specializations
+
+    proj = dataclasses.replace(builtin_project(), targets=tuple(args.targets))
+    ops = load_operators(proj)
+    specs = specializations(proj, ops)[: args.limit]
+    keep = {s.id for s in specs}
+    # restrict each operator to the chosen specializations by building a filtered project
+    chosen_ops = {n: o for n, o in ops.items() if any(s.op == n for s in specs)}
+    runs = {}
+    for jobs in (1, args.jobs):
+        out = Path(tempfile.mkdtemp(prefix=f"tileship-bench-j{jobs}-"))
+        t = time.perf_counter()
+        res = build(proj, chosen_ops, out, BuildOptions(jobs=jobs))
+        wall = time.perf_counter() - t
+        built = [r for r in res.results if r.ok]
+        runs[jobs] = {"wall_s": round(wall, 2), "built": len(built), "failed": len(res.failed),
+                      "per_minute": round(len(built) / wall * 60, 2),
+                      "per_spec_s": {r.spec.id: round(r.seconds, 3) for r in res.results}}
+    all_ids = list(runs[1]["per_spec_s"])
+    sample = [s for s in specializations(proj, chosen_ops) if s.id in all_ids][: args.limit]
+    jobs_json = [{"spec_id": s.id, "module": ops[s.op].factory.__module__, "op": s.op, "spec": s.to_json()} for s in sample]
+    env = dict(os.environ, TILELANG_CACHE_DIR=tempfile.mkdtemp(prefix="tl-bench-"))
+    child = subprocess.run([sys.executable, "-c", INPROC, json.dumps(jobs_json)], capture_output=True, text=True, env=env, timeout=3600)
+    inproc = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {}
+    rows = []
+    for sid in all_ids:
+        iso = runs[1]["per_spec_s"][sid]
+        rows.append({"spec_id": sid, "isolated_build_s": iso, "tilelang_compile_inprocess_s": round(inproc.get(sid, float("nan")), 3),
+                     "ratio": round(iso / inproc[sid], 2) if sid in inproc else None})
+    result = {"host": platform.node(), "cpus": os.cpu_count(), "targets": args.targets, "specializations": len(all_ids),
+              "serial": runs[1], "parallel": runs[args.jobs], "jobs": args.jobs,
+              "parallel_speedup": round(runs[args.jobs]["per_minute"] / runs[1]["per_minute"], 2), "per_spec": rows,
+              "median_isolation_overhead_s": round(statistics.median([r["isolated_build_s"] - r["tilelang_compile_inprocess_s"] for r in rows if r["ratio"]]), 3) if inproc else None}
+    print(f"{len(all_ids)} specializations on {os.cpu_count()} CPUs")
+    print(f"serial (-j1): {runs[1]['per_minute']:.1f}/min   parallel (-j{args.jobs}): {runs[args.jobs]['per_minute']:.1f}/min   "
+          f"ratio {result['parallel_speedup']:.2f}x")
+    print(f"{'specialization':55s} {'isolated s':>10s} {'in-process s':>12s} {'ratio':>6s}")
+    for r in rows:
+        print(f"{r['spec_id']:55s} {r['isolated_build_s']:10.2f} {r['tilelang_compile_inprocess_s']:12.2f} {r['ratio'] or float('nan'):6.2f}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -54,7 +54,7 @@ def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
     from tileship.inputs import make_inputs
 
     results = []
-    for name, runner in release.ops.items():
+    for _name, runner in release.ops.items():
         for entry in runner.entries:
             if entry.kernel is None:
                 continue

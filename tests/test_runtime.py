@@ -29,7 +29,7 @@ def _close(out, ref, what):
 def test_every_declared_shape_runs_the_kernel_and_matches(cpu_release_build):
     rel = load(cpu_release_build.path)
     calls = 0
-    for name, runner in rel.ops.items():
+    for _name, runner in rel.ops.items():
         for entry in runner.entries:
             for dims in sample_points(entry.spec, limit=1 << 16):
                 args = make_inputs(runner.shape.inputs, dims, entry.spec.dtype, "cpu", seed=calls)

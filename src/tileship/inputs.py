@@ -18,10 +18,8 @@ def sample_points(spec: Specialization, *, block: int = 128, limit: int | None =
     lo, hi = dims[dyn]  # type: ignore[misc]
     top = hi if limit is None else max(lo, min(hi, limit))
     cands = [lo, min(top, max(lo, block + 3)), min(top, max(lo, (lo + top) // 2)), top]
-    out = []
-    for v in dict.fromkeys(cands):
-        out.append({**{d: x for d, x in dims.items() if d != dyn}, dyn: v})  # type: ignore[misc]
-    return out
+    fixed: dict[str, int] = {d: x for d, x in dims.items() if d != dyn}  # type: ignore[misc]
+    return [{**fixed, dyn: v} for v in dict.fromkeys(cands)]
 
 
 def shapes_of(inputs: Sequence[tuple[str, Sequence[str]]], dims: dict[str, int]) -> list[tuple[int, ...]]:

@@ -205,7 +205,9 @@ class Operator:
         wanted = [self.params.get(d, d) for d in self.dims] + [self.dtype_param, *self.config]
         for name in wanted:
             if name not in sig.parameters and not accepts_kw:
-                raise DeclarationError(f"factory {getattr(self.factory, '__name__', '?')}() has no parameter {name!r}", operator=op, field="params" if name not in self.config else f"config.{name}")
+                fname = getattr(self.factory, "__name__", "?")
+                field_name = f"config.{name}" if name in self.config else "params"
+                raise DeclarationError(f"factory {fname}() has no parameter {name!r}", operator=op, field=field_name)
         for d, v in self.config.items():
             if not isinstance(v, (int, float, str, bool)):
                 raise DeclarationError(f"config values must be int/float/str/bool, got {type(v).__name__}", operator=op, field=f"config.{d}")

@@ -22,10 +22,10 @@ def register(app: typer.Typer) -> None:
 
         from rich.table import Table
 
-        from ..lock import dump_lock
-        from ..loader import load
-        from ..project import builtin_project
         from ..demo import exercise
+        from ..loader import load
+        from ..lock import dump_lock
+        from ..project import builtin_project
         from .build_cmd import run_build
 
         out.mkdir(parents=True, exist_ok=True)
@@ -56,7 +56,8 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             ok = r["ok"]
             bad += ok is False
-            table.add_row(r["spec_id"], r["dims"], r["path"], r["reason"], r["err"], "[green]ok[/]" if ok else ("[red]MISMATCH[/]" if ok is False else "[dim]-[/]"))
+            check = "[green]ok[/]" if ok else ("[red]MISMATCH[/]" if ok is False else "[dim]-[/]")
+            table.add_row(r["spec_id"], r["dims"], r["path"], r["reason"], r["err"], check)
         console.print(table)
         from .. import nojit
 

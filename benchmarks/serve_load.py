@@ -63,7 +63,7 @@ def make_request(release: Any, op: str, dims: dict[str, int], dtype: str, binary
     dt = KSERVE[dtype]
     out_name = release.declarations[op]["outputs"][0][0]
     inputs, blobs = [], []
-    for (name, _), t in zip(runner.shape.inputs, tensors):
+    for (name, _), t in zip(runner.shape.inputs, tensors, strict=True):
         entry: dict[str, Any] = {"name": name, "shape": list(t.shape), "datatype": dt}
         if binary:
             raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).contiguous().numpy().tobytes()
@@ -109,7 +109,8 @@ def in_process(release: Any, op: str, body: bytes, headers: dict[str, str], tens
         out, decision = runner.call(*args)
         sync()
         host = out.detach().cpu()
-        enc = protocol.encode_response(model=op, version=release.release_id, request_id=None, parameters={}, outputs=[(plan.outputs[0][0], host, plan.outputs[0][1])])
+        enc = protocol.encode_response(model=op, version=release.release_id, request_id=None, parameters={},
+                                       outputs=[(plan.outputs[0][0], host, plan.outputs[0][1])])
         if i >= 3:
             full_t.append(time.perf_counter() - t0)
     return {"call": summary_us(call_t), "full": summary_us(full_t), "decision": f"{decision.path}:{decision.reason}",
@@ -278,7 +279,7 @@ def main() -> int:
         ready = wait_ready(url, proc, 600)
         ready_s = time.perf_counter() - t_start
         release = load(release_dir, allow_unverified=True if a.allow_unverified else None)
-        device = "cuda" if torch.cuda.is_available() and any(e.spec.target != "c" for e in release.ops[a.op].entries) else "cpu"
+        device = "cuda" if torch.cuda.is_available() and any(e.spec is not None and e.spec.target != "c" for e in release.ops[a.op].entries) else "cpu"
         body, headers, tensors = make_request(release, a.op, dims, a.dtype, binary)
         inproc = in_process(release, a.op, body, headers, tensors, device, a.seq)
         ref_out = inproc.pop("output")
@@ -310,7 +311,8 @@ def main() -> int:
                    "duration_s": a.duration, "max_requests": a.max_requests, "seq": a.seq, "server_threads": a.threads,
                    "request_bytes": len(body), "response_bytes": inproc["response_bytes"]},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(), "device": device,
-                        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "platform": platform.platform()},
+                        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "platform": platform.platform(),
+                        "http_parser": _http_parser()},
         "release_id": release.release_id,
         "server_ready_s": round(ready_s, 2),
         "ready": {k: ready.get(k) for k in ("ready", "reason", "device")},
@@ -354,9 +356,18 @@ def _max_diff(status: int, hdrs: dict[str, str], data: bytes, ref: Any) -> float
     return float((got.double() - ref.double()).abs().max())
 
 
+def _http_parser() -> str:
+    """What uvicorn parses HTTP with here (it prefers httptools when importable)."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
 def _server_side(log_path: Path) -> dict[str, Any]:
-    """Medians over the server's own `infer` log lines: receiving the body, running (worker
-    thread: tensors, call, sync, copy back, encode), and receive-to-response."""
+    """Medians over the server's own `infer` log lines: receiving the body, running (queue
+    wait plus the worker: tensors, call, sync, copy back, encode), and receive-to-response."""
     rows = []
     for line in log_path.read_text().splitlines():
         try:
@@ -386,7 +397,8 @@ def _print(r: dict[str, Any]) -> None:
     print(f"  in-process call only        p50 {ip['call']['p50_us']:>10.1f} us  p99 {ip['call']['p99_us']:>10.1f} us  ({ip['decision']})")
     print(f"  in-process parse+call+encode p50 {ip['full']['p50_us']:>10.1f} us  p99 {ip['full']['p99_us']:>10.1f} us  -> {r['in_process_rps']} calls/s")
     print(f"  HTTP 1 client               p50 {sq['p50_us']:>10.1f} us  p99 {sq['p99_us']:>10.1f} us  errors {sq['errors']}  "
-          f"overhead p50 {r['overhead_p50_us']['vs_in_process_full']:.1f} us over parse+call+encode, {r['overhead_p50_us']['vs_in_process_call']:.1f} us over the call")
+          f"overhead p50 {r['overhead_p50_us']['vs_in_process_full']:.1f} us over parse+call+encode, "
+          f"{r['overhead_p50_us']['vs_in_process_call']:.1f} us over the call")
     print(f"  HTTP {ld['clients']} clients {ld['duration_s']} s: {ld['requests']} requests, {ld['throughput_rps']} req/s, p50 {ld['p50_us']:.1f} us, "
           f"p99 {ld['p99_us']:.1f} us, errors {ld['errors']} {ld['codes']}, paths {ld['paths']}")
     print(f"  server side, medians: body received {r['server_side_p50_ms']['body_ms']} ms, run {r['server_side_p50_ms']['run_ms']} ms, "

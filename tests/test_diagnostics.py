@@ -42,7 +42,8 @@ def test_bundle_contents_for_a_failing_call(cpu_release: Path, tmp_path: Path) -
     assert s["exception"] == {"type": "RuntimeError", "message": "CUDA error: an illegal memory access was encountered (simulated)"}
     assert "in failing_call" in (root / "traceback.txt").read_text()
     call = json.loads((root / "call.json").read_text())
-    assert [(c["shape"], c["dtype"], c["device"], c["contiguous"]) for c in call] == [([64, 256], "torch.float32", "cpu", True), ([256], "torch.float32", "cpu", True)]
+    assert [(c["shape"], c["dtype"], c["device"], c["contiguous"]) for c in call] == \
+        [([64, 256], "torch.float32", "cpu", True), ([256], "torch.float32", "cpu", True)]
     assert s["data_included"] is False and not (root / "call_data.pt").exists()
     for name in ("device_kernel.cu", "host_kernel.cu"):
         assert (root / "specs" / sid / name).read_bytes() == (cpu_release / "specs" / sid / name).read_bytes()
@@ -72,10 +73,10 @@ def test_tensor_data_only_when_opted_in(cpu_release: Path, tmp_path: Path) -> No
 
 
 def test_build_failure_bundle_has_the_compiler_log(tmp_path: Path) -> None:
+    import broken_ops
+
     from tileship.build import BuildOptions, build
     from tileship.project import Project
-
-    import broken_ops
 
     proj = Project(model="broken", model_version="1", operator_modules=("broken_ops",), targets=("c",), root=TESTS)
     result = build(proj, {"good": broken_ops.good, "boom": broken_ops.boom}, tmp_path / "out", BuildOptions(jobs=2))
@@ -175,3 +176,20 @@ def test_diagnose_command_records_a_release_that_will_not_load(cpu_release: Path
     [d] = [p for p in out.iterdir() if p.is_dir()]
     s = json.loads((d / "summary.json").read_text())
     assert s["reason"] == "load_refused" and s["exception"]["type"] == "BundleIntegrityError" and "release.json" in s["exception"]["message"]
+
+
+def test_build_command_writes_a_bundle_for_failed_specializations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tileship.cli import app
+
+    (tmp_path / "tileship.toml").write_text('model = "broken"\noperators = ["broken_ops"]\ntargets = ["c"]\n')
+    monkeypatch.setenv("TILESHIP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    r = CliRunner().invoke(app, ["build", "--project", str(tmp_path / "tileship.toml"), "--out", str(tmp_path / "out"), "-j", "2",
+                                 "--timeout", "20"], catch_exceptions=False)
+    assert r.exit_code == 2, r.output  # some built, some failed
+    [d] = [p for p in (tmp_path / "home" / "diagnostics").iterdir() if p.is_dir()]
+    assert f"diagnostics {d.name}" in r.output
+    s = json.loads((d / "summary.json").read_text())
+    assert s["reason"] == "build_failed" and sorted(x.split(".")[0] for x in s["spec_ids"]) == ["boom", "crash", "hang"]
+    hang = json.loads((d / "specs" / next(x for x in s["spec_ids"] if x.startswith("hang")) / "build.json").read_text())
+    assert "timed out" in hang["build"]["error"]

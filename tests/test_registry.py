@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tileship import bundle
-from tileship.errors import BundleIntegrityError, RegistryError
+from tileship.errors import BundleError, BundleIntegrityError, RegistryError
 from tileship.registry import HISTORY_LIMIT, POINTER, Active, Registry
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -67,6 +67,15 @@ def test_publish_of_a_packed_archive(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "reg")
     assert reg.publish(archive) == rid
     assert [p.name for p in (tmp_path / "reg").iterdir() if p.name.startswith(".unpack")] == []
+
+
+def test_publish_refuses_what_is_not_a_release(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(RegistryError, match=r"notes\.txt: not a release directory or a `tileship pack` archive"):
+        reg.publish(tmp_path / "notes.txt")
+    with pytest.raises(BundleError, match="no such release directory"):
+        reg.publish(tmp_path / "missing")
 
 
 def test_publish_refuses_a_tampered_bundle_naming_the_file(tmp_path: Path) -> None:

@@ -30,7 +30,6 @@ from tileship.lock import DriftReport, read_lock, write_lock
 from tileship.runtime import OpRunner, OpShape, Release
 from tileship.serve import EXIT_FATAL, BackgroundServer, ServeConfig, run
 
-
 # -- helpers ----------------------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -147,7 +146,7 @@ def test_tritonclient_round_trip_runs_the_kernel(server, cpu_release_build, mode
     tensors = [torch.randn([dims[d] for d in ds], generator=g) for _, ds in runner.shape.inputs]
     c = client(server)
     try:
-        res = infer(c, model, {n: t.numpy() for (n, _), t in zip(runner.shape.inputs, tensors)}, binary=binary,
+        res = infer(c, model, {n: t.numpy() for (n, _), t in zip(runner.shape.inputs, tensors, strict=True)}, binary=binary,
                     out=rel.declarations[model]["outputs"][0][0])
     finally:
         c.close()
@@ -237,16 +236,19 @@ MALFORMED = [
     ("malformed-json", "POST", "/v2/models/add/infer", {"content": b'{"inputs": [', "headers": {}}, 400, "malformed JSON"),
     ("json-not-object", "POST", "/v2/models/add/infer", {"content": b"[1, 2]", "headers": {}}, 400, "must be a JSON object"),
     ("no-inputs", "POST", "/v2/models/add/infer", _json([]), 400, "'inputs' must be a non-empty list"),
-    ("wrong-dtype", "POST", "/v2/models/add/infer", _json([_a([4], dt="FP64"), _a([4], dt="FP64", name="B")]), 400, "wrong datatype: input A is FP64; model add accepts FP32"),
+    ("wrong-dtype", "POST", "/v2/models/add/infer", _json([_a([4], dt="FP64"), _a([4], dt="FP64", name="B")]), 400,
+     "wrong datatype: input A is FP64; model add accepts FP32"),
     ("unknown-dtype", "POST", "/v2/models/add/infer", _json([_a([4], dt="FLOAT"), _GOOD_B]), 400, "unsupported datatype 'FLOAT'"),
     ("mixed-dtypes", "POST", "/v2/models/add/infer", _json([_a([4]), _a([4], dt="INT32", name="B", data=[1] * 4)]), 400, "wrong datatype: input B is INT32"),
-    ("wrong-rank", "POST", "/v2/models/add/infer", _json([_a([2, 2]), _GOOD_B]), 400, "wrong rank: input A has shape [2, 2] (rank 2); model add declares A as (N)"),
+    ("wrong-rank", "POST", "/v2/models/add/infer", _json([_a([2, 2]), _GOOD_B]), 400,
+     "wrong rank: input A has shape [2, 2] (rank 2); model add declares A as (N)"),
     ("dims-disagree", "POST", "/v2/models/add/infer", _json([_a([4]), _a([5], name="B")]), 400, "dim N is 4 in input A but 5 in input B"),
     ("zero-dim", "POST", "/v2/models/add/infer", _json([_a([0], data=[]), _a([0], data=[], name="B")]), 400, "N=0"),
     ("missing-input", "POST", "/v2/models/add/infer", _json([_a([4])]), 400, "missing input B: model add takes A, B"),
     ("unknown-input", "POST", "/v2/models/add/infer", _json([_a([4]), _GOOD_B, _a([4], name="Z")]), 400, "unknown input 'Z'"),
     ("duplicate-input", "POST", "/v2/models/add/infer", _json([_a([4]), _a([4])]), 400, "input A is given twice"),
-    ("json-count-mismatch", "POST", "/v2/models/add/infer", _json([_a([4], data=[1, 2, 3]), _GOOD_B]), 400, "byte size mismatch: input A has shape [4] (4 elements) but 'data' holds 3"),
+    ("json-count-mismatch", "POST", "/v2/models/add/infer", _json([_a([4], data=[1, 2, 3]), _GOOD_B]), 400,
+     "byte size mismatch: input A has shape [4] (4 elements) but 'data' holds 3"),
     ("json-not-numbers", "POST", "/v2/models/add/infer", _json([_a([2], data=["x", "y"]), _a([2], name="B")]), 400, "wrong dtype: input A"),
     ("negative-dim", "POST", "/v2/models/add/infer", _json([_a([-4], data=[]), _GOOD_B]), 400, "negative dimension"),
     ("unknown-output", "POST", "/v2/models/add/infer", _json([_a([4]), _GOOD_B], outputs=[{"name": "Q"}]), 400, "unknown output 'Q': model add produces C"),
@@ -258,7 +260,8 @@ MALFORMED = [
     ("binary-header-not-int", "POST", "/v2/models/add/infer", {"content": b"{}", "headers": {"inference-header-content-length": "ten"}}, 400,
      "must be an integer"),
     ("binary-short-body", "POST", "/v2/models/add/infer", _binary({"inputs": _BIN_IN}, b"\0" * 20), 400, "byte size mismatch: input B needs bytes 16..32"),
-    ("binary-extra-bytes", "POST", "/v2/models/add/infer", _binary({"inputs": _BIN_IN}, b"\0" * 40), 400, "declare 32 bytes of binary data but the body carries 40"),
+    ("binary-extra-bytes", "POST", "/v2/models/add/infer", _binary({"inputs": _BIN_IN}, b"\0" * 40), 400,
+     "declare 32 bytes of binary data but the body carries 40"),
     ("binary-without-header", "POST", "/v2/models/add/infer", {"content": json.dumps({"inputs": _BIN_IN}).encode(), "headers": {}}, 400,
      "no Inference-Header-Content-Length header"),
     ("body-over-limit", "POST", "/v2/models/add/infer", {"content": b"x" * ((1 << 20) + 1), "headers": {}}, 413, "the limit is 1048576 bytes"),
@@ -296,6 +299,14 @@ def test_metrics_report_requests_fallbacks_load_and_zero_compiles(server, cpu_re
     assert f'kernel_revision="{server.service.holder.current.release.kernel_revision}"' in text
     assert metric(text, "tileship_release_load_failures_total", stage="load") == 0
     assert httpx.get(server.url + "/metrics").headers["content-type"].startswith("text/plain")
+
+
+def test_docs_example_runs(server, capsys):
+    text = (Path(__file__).parents[1] / "docs" / "serving.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/serving.md", "exec"), {"URL": f"127.0.0.1:{server.port}"})
+    printed = capsys.readouterr().out.split()
+    assert printed[0] == server.service.holder.current.release_id and printed[2:] == ["kernel", "kernel"]
 
 
 def test_strict_shapes_refuse_undeclared_shapes(cpu_release_build, tmp_path):
@@ -403,10 +414,10 @@ def test_overload_is_503_and_a_slow_call_is_504(tmp_path):
         return x
 
     path, rel = fake_release(tmp_path, "slow", {"slow": slow})
-    cfg = fake_config(tmp_path, {"slow": rel}, path, max_inflight=2, request_timeout_s=1.0)
+    cfg = fake_config(tmp_path, {"slow": rel}, path, max_inflight=2, request_timeout_s=2.0)
     with serving(cfg) as srv:
         results: list[httpx.Response] = []
-        body = _json([{"name": "X", "shape": [1], "datatype": "FP32", "data": [0.4]}])
+        body = _json([{"name": "X", "shape": [1], "datatype": "FP32", "data": [0.6]}])
 
         def call() -> None:
             results.append(post(srv, "/v2/models/slow/infer", **body))
@@ -421,8 +432,8 @@ def test_overload_is_503_and_a_slow_call_is_504(tmp_path):
         assert codes == [200, 200, 503, 503, 503, 503], [r.text for r in results]
         busy = next(r for r in results if r.status_code == 503)
         assert "overloaded: 2 requests in flight (limit 2)" in busy.json()["error"] and busy.headers["retry-after"] == "1"
-        r = post(srv, "/v2/models/slow/infer", **_json([{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.5]}]))
-        assert r.status_code == 504 and "did not finish within 1 s" in r.json()["error"]
+        r = post(srv, "/v2/models/slow/infer", **_json([{"name": "X", "shape": [1], "datatype": "FP32", "data": [3.0]}]))
+        assert r.status_code == 504 and "did not finish within 2 s" in r.json()["error"]
         text = httpx.get(srv.url + "/metrics").text
         assert metric(text, "tileship_rejected_total", reason="overloaded") == 4 and metric(text, "tileship_rejected_total", reason="timeout") == 1
 
@@ -432,7 +443,13 @@ def test_slow_body_is_408(tmp_path):
     with serving(fake_config(tmp_path, {"f": rel}, path, body_timeout_s=0.5)) as srv:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
             s.sendall(b"POST /v2/models/twice/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inputs\":")
-            reply = s.recv(65536).decode()
+            reply = b""
+            while b"received)" not in reply:  # the status line and the body may come in separate segments
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        reply = reply.decode()
         assert reply.startswith("HTTP/1.1 408") and "did not arrive within 0.5 s (10 of 100 bytes received)" in reply
 
 
@@ -588,6 +605,35 @@ def test_a_release_whose_warm_up_fails_is_not_swapped_in(cpu_release_build, tmp_
         text = httpx.get(srv.url + "/metrics").text
         assert metric(text, "tileship_warmup_failures_total", model="add") == 1
         assert metric(text, "tileship_release_load_failures_total", stage="warmup") == 1
+
+
+def test_a_kernel_failing_at_serve_time_is_answered_by_the_reference_and_counted(cpu_release_build, tmp_path):
+    from tileship.loader import load
+
+    def load_flaky(path: Path, reference_only: bool) -> Release:
+        rel = load(path, reference_only=reference_only)
+        entry = next(e for e in rel.ops["add"].entries if e.spec.dynamic_dim)
+        real, calls = entry.kernel, []
+
+        def flaky(*args: Any) -> Any:  # fine for the warm-up call, then raises
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("deliberate kernel fault")
+            return real(*args)
+
+        entry.kernel = flaky
+        return rel
+
+    logs = io.StringIO()
+    with serving(ServeConfig(source=cpu_release_build.path, loader=load_flaky, diagnostics_dir=tmp_path / "d", log_stream=logs)) as srv:
+        r = post(srv, "/v2/models/add/infer", **_json([_a([5], data=[1, 2, 3, 4, 5]), _a([5], data=[1] * 5, name="B")]))
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2, 3, 4, 5, 6]
+        assert (r.headers["x-tileship-path"], r.headers["x-tileship-reason"]) == ("reference", "circuit_open")
+        text = httpx.get(srv.url + "/metrics").text
+        assert metric(text, "tileship_circuit_open_total", model="add") == 1
+        assert metric(text, "tileship_fallbacks_total", model="add", reason="circuit_open") == 1
+        line = next(x for x in log_lines(logs) if x["event"] == "circuit_open")
+        assert "deliberate kernel fault" in line["detail"] and line["spec"].startswith("add.float32.N1-")
 
 
 def test_serving_a_registry_follows_activation_and_reference_only(cpu_release_build, tmp_path):

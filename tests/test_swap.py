@@ -152,15 +152,18 @@ def test_report_says_what_was_replaced_and_why_not(release):
     assert type(model.layers[0].mlp.gate_proj) is torch.nn.Linear
     assert "8 of 12 candidate layers replaced" in str(report)
     assert report.to_json()["kept"] == 4
+    again = swap(model, release, names=NAMES)  # idempotent: nothing replaced twice
+    assert sorted(again.replaced) == sorted(report.replaced) and again.record("norm").reason == "already swapped"
 
 
 def test_layers_the_release_cannot_serve_are_kept(release):
-    from tileship.swap import swap
+    from tileship.swap import kernel_stamp, swap
 
     eps = swap(tiny(eps=1e-5), release, names=NAMES)
     assert eps.kept["norm"] == "eps 1e-05 differs from the kernel's 1e-06"
-    wide = swap(tiny().double(), release, names=NAMES)
-    assert wide.replaced == []
+    double = tiny().double()
+    wide = swap(double, release, names=NAMES)
+    assert wide.replaced == [] and kernel_stamp(double) is None  # runs no kernels, claims none
     assert wide.kept["layers.0.attn.q_proj"] == "no gemm specialization in float64 (the release has float32)"
     assert "no gemm specialization in float64" in wide.kept["layers.0.attn.q_proj"]
     assert wide.kept["layers.0.attn.core"].startswith("no attention specialization in float64")
@@ -260,7 +263,10 @@ def test_state_dict_carries_the_kernel_stamp(release, cpu_release_build, tmp_pat
 
     # another release's kernels: refused, with both ids in the message; the override loads
     other = tiny()
-    swap(other, tileship.load(cpu_release_build.path), names=NAMES)
+    cpu_catalog = tileship.load(cpu_release_build.path)
+    with pytest.raises(KernelMismatch, match=f"already runs kernels of release {release.release_id}"):
+        swap(model, cpu_catalog, names=NAMES)
+    swap(other, cpu_catalog, names=NAMES)
     with pytest.raises(KernelMismatch, match=f"release_id {release.release_id} \\(checkpoint\\) != {cpu_release_build.release_id} \\(model\\)"):
         load(other, path)
     with pytest.raises(KernelMismatch, match="release_id"):

@@ -188,3 +188,15 @@ def test_namespace_needs_an_identifier_id():
     assert namespace_of("0123abcd") == "tileship_0123abcd"
     with pytest.raises(ValueError, match="cannot name a torch.library namespace"):
         namespace_of("12-34")
+
+
+def test_docs_example_runs(cpu_release_build, capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "pytorch.md").read_text()
+    block = re.search(r"## Custom ops\n\n```python\n(.*?)```", text, re.S).group(1)
+    printed = re.search(r"^print\(.*\)\n# (.*)$", block, re.M).group(1)
+    torch._dynamo.reset()
+    exec(compile(block, "docs/pytorch.md", "exec"), {"release_path": cpu_release_build.path})
+    assert capsys.readouterr().out.strip() == printed

@@ -29,7 +29,7 @@ from filelock import FileLock
 from . import bundle
 from .errors import BuildError
 from .lock import capture_environment, dump_lock, kernel_revision, make_lock
-from .project import Project, source_digest
+from .project import Project, revision_root, source_digest
 from .spec import Operator, Specialization, describe, expand
 
 LOG_LIMIT = 256 * 1024
@@ -151,7 +151,7 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options
     try:
         env = capture_environment()
         descs = {name: {**describe(op), "module": op.factory.__module__} for name, op in ops.items()}
-        lock = make_lock(env=env, revision=kernel_revision(project.root), sources=source_digest(ops), operators=descs,
+        lock = make_lock(env=env, revision=kernel_revision(revision_root(project, ops)), sources=source_digest(ops), operators=descs,
                          targets=list(project.targets), model={"name": project.model, "version": project.model_version},
                          image_digest=opts.image_digest)
         (staging / "tileship.lock").write_text(dump_lock(lock))

@@ -118,7 +118,10 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
     if rel_root is not None:
         build_log = section("build-log.json", lambda: json.loads((rel_root / "build-log.json").read_text())) or {}
         for sid in specs:
-            section(f"specs/{sid}", lambda sid=sid: _spec(root / "specs" / sid, rel_root, sid, rel_json, build_log, loaded, tools, notes))
+            def one(sid: str = sid, rr: Path = rel_root) -> None:
+                _spec(root / "specs" / sid, rr, sid, rel_json, build_log, loaded, tools, notes)
+
+            section(f"specs/{sid}", one)
     summary["files"] = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) + ["summary.json"]
     _write_json(root / "summary.json", summary)
     archive = base / f"{did}.tar.gz"
@@ -135,7 +138,10 @@ def check_release(release: Any, *, out_dir: Path | str | None = None) -> Diagnos
         reasons.append("drift")
     if not reasons:
         return None
-    detail = "; ".join([*(f"{s}: {e}" for s, e in sorted(release.load_errors.items())), *(["drift: " + release.drift.reason] if release.drift.blocking else [])])
+    problems = [f"{s}: {e}" for s, e in sorted(release.load_errors.items())]
+    if release.drift.blocking:
+        problems.append("drift: " + release.drift.reason)
+    detail = "; ".join(problems)
     ref = capture(release, out_dir=out_dir, reason="+".join(reasons), detail=detail, exc=None)
     _log.warning("release %s: %s; diagnostics %s at %s", release.release_id, "+".join(reasons), ref.id, ref.path)
     return ref

@@ -189,7 +189,8 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
     ops = [o for o in sorted(rel_new["operators"]) if o in rel_old["operators"] and (not opts.ops or o in opts.ops)]
     unknown = sorted(set(opts.ops) - set(ops))
     if unknown:
-        raise DrillError(f"operators {unknown} are not served by both {new} and {old} (common: {sorted(set(rel_new['operators']) & set(rel_old['operators']))})")
+        common = sorted(set(rel_new["operators"]) & set(rel_old["operators"]))
+        raise DrillError(f"operators {unknown} are not served by both {new} and {old} (common: {common})")
     ref_device = "cuda" if torch.cuda.is_available() else "cpu"
     samples: list[Sample] = []
     skipped: list[str] = []

@@ -35,7 +35,7 @@ import json
 import math
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +105,13 @@ def current_device() -> dict[str, Any] | None:
             "driver": gpu.get("driver"), "cuda_runtime": torch.version.cuda, "torch": torch.__version__}
 
 
+_HOST: dict[str, Any] = {}
+
+
 def current_host() -> dict[str, Any]:
-    """This machine's CPU fingerprint (what CPU evidence must match)."""
+    """This machine's CPU fingerprint (what CPU evidence must match). Read once per process."""
+    if _HOST:
+        return dict(_HOST)
     import torch
 
     model = platform.processor() or ""
@@ -117,7 +122,8 @@ def current_host() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"machine": platform.machine(), "cpu_model": model, "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    _HOST.update(machine=platform.machine(), cpu_model=model, cpu_count=os.cpu_count(), torch=torch.__version__)
+    return dict(_HOST)
 
 
 def describe_device(fp: Mapping[str, Any] | None) -> str:
@@ -184,7 +190,7 @@ def compare_times(kernel_us: float, reference_us: float, noise_us: float) -> str
     return KERNEL_FASTER if kernel_us < reference_us else REFERENCE_FASTER
 
 
-def pinned_mark(points: list[Mapping[str, Any]], passed: bool) -> tuple[str, str]:
+def pinned_mark(points: Sequence[Mapping[str, Any]], passed: bool) -> tuple[str, str]:
     """(route, why) recorded at verification time for ``pinned`` routing."""
     if not passed:
         return "reference", "failed verification"

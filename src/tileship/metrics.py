@@ -45,12 +45,14 @@ class ServeMetrics:
         self.load_seconds = Gauge("tileship_release_load_seconds", "Seconds the last successful release load took (integrity, lock, dlopen)", registry=r)
         self.warmup_seconds = Gauge("tileship_release_warmup_seconds", "Seconds the last successful warm-up took (one call per specialization)", registry=r)
         self.load_failures = Counter("tileship_release_load_failures", "Release loads that failed, by stage", ("stage",), registry=r)
-        self.warmup_failures = Counter("tileship_warmup_failures", "Specializations whose warm-up call raised or disagreed with the reference", ("model",), registry=r)
+        self.warmup_failures = Counter("tileship_warmup_failures", "Specializations whose warm-up call raised or disagreed with the reference",
+                                       ("model",), registry=r)
         self.circuit_open = Counter("tileship_circuit_open", "Specializations switched to the reference at serve time (raised or non-finite)",
                                     ("model", "version"), registry=r)
         self.reloads = Counter("tileship_reloads", "Reload requests by result", ("result",), registry=r)
         self.ready = Gauge("tileship_ready", "1 when the server reports ready", registry=r)
-        self.compile_attempts = Gauge("tileship_serve_compile_attempts", "TileLang compile attempts since the no-JIT guard was installed (must be 0)", registry=r)
+        self.compile_attempts = Gauge("tileship_serve_compile_attempts", "TileLang compile attempts since the no-JIT guard was installed (must be 0)",
+                                      registry=r)
         self.compile_attempts.set_function(compile_attempts)
         self.info = Info("tileship_release", "The release being served", registry=r)
         self.info.info({"release_id": "none", "kernel_revision": "none", "lock_digest": "none", "device": "none"})

@@ -151,6 +151,18 @@ def specializations(project: Project, ops: Mapping[str, Operator]) -> list[Speci
     return [s for op in ops.values() for s in expand(op, project.targets)]
 
 
+def revision_root(project: Project, ops: Mapping[str, Operator]) -> Path | None:
+    """Where the kernel revision is read: the project's root, else the directory holding the
+    first operator's source (so the built-in catalog pins the commit of this repository)."""
+    if project.root is not None:
+        return project.root
+    for op in ops.values():
+        src = inspect.getsourcefile(op.factory)
+        if src:
+            return Path(src).parent
+    return None
+
+
 def source_digest(ops: Mapping[str, Operator]) -> dict[str, str]:
     """sha256 of each operator's source file(s) (factory and reference modules)."""
     out: dict[str, str] = {}

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import tarfile
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -181,7 +182,11 @@ class Registry:
         with self._locked():
             if src.is_file():
                 with tempfile.TemporaryDirectory(dir=self.root, prefix=".unpack-") as tmp:
-                    return self._publish_dir(bundle.unpack(src, Path(tmp)), replace)
+                    try:
+                        unpacked = bundle.unpack(src, Path(tmp))
+                    except (tarfile.TarError, OSError) as exc:
+                        raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive ({exc})") from None
+                    return self._publish_dir(unpacked, replace)
             return self._publish_dir(src, replace)
 
     def _publish_dir(self, src: Path, replace: bool) -> str:

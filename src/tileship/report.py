@@ -97,10 +97,10 @@ def plot_speedup(rows: Sequence[Mapping[str, Any]], path: Path, *, policy: str, 
         vals.append(s)
         lo.append(max(0.0, s - max(ref - noise, 1e-9) / (k + noise)))
         hi.append(max(0.0, (ref + noise) / max(k - noise, 1e-9) - s))
-    ax.bar(range(len(rows)), [v if v == v else 0 for v in vals], yerr=[lo, hi], color=[_bar_color(r, policy) for r in rows],
+    ax.bar(range(len(rows)), [0.0 if math.isnan(v) else v for v in vals], yerr=[lo, hi], color=[_bar_color(r, policy) for r in rows],
            ecolor="#333333", capsize=2, width=0.7)
     ax.axhline(1.0, color="#333333", lw=1, ls="--")
-    finite = [v for v in vals if v == v and v > 0]
+    finite = [v for v in vals if not math.isnan(v) and v > 0]
     if finite:
         ax.set_yscale("log")
         ax.set_ylim(min(min(finite) / 1.5, 0.5), max(max(finite) * 1.5, 2.0))
@@ -114,28 +114,43 @@ def plot_speedup(rows: Sequence[Mapping[str, Any]], path: Path, *, policy: str, 
     fig.savefig(path)
 
 
+def _failure_kind(row: Mapping[str, Any]) -> str | None:
+    """A short label for a failed shape whose error is not a number (drawn above the plot)."""
+    text = row.get("failure") or ""
+    if row["passed"] is not False:
+        return None
+    for needle, label in (("never written", "unwritten"), ("NaN/Inf", "NaN/Inf"), ("raised", "raised"), ("poisoned", "no poison")):
+        if needle in text:
+            return label
+    return None
+
+
 def plot_error(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str) -> None:
     """Worst element's |err| / (atol + rtol |ref|) per shape (<= 1 passes), kernel bars and
-    the reference's own (in the served dtype) as markers, log scale."""
+    the reference's own (in the served dtype) as markers, log scale. Shapes that failed with
+    NaN/Inf or unwritten elements get a full-height hatched bar and a label."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(min(30.0, max(7.0, 0.32 * len(rows) + 2.5)), 3.4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    floor = 1e-4
-    kern = [max(floor, r["point"].get("tol_ratio") or floor) if r["passed"] is not None else math.nan for r in rows]
+    floor, top = 1e-4, 10.0
+    kinds = [_failure_kind(r) for r in rows]
+    kern = [top if kind else (max(floor, r["point"].get("tol_ratio") or floor) if r["passed"] is not None else math.nan)
+            for r, kind in zip(rows, kinds, strict=True)]
     refs = [max(floor, r["point"].get("reference_tol_ratio") or floor) if r["passed"] is not None else math.nan for r in rows]
-    bad = [r["passed"] is False and r["point"].get("tol_ratio") is None for r in rows]  # NaN or unwritten: no ratio
-    ax.bar(range(len(rows)), [v if v == v else 0 for v in kern], color=[FAILED_COLOR if (r["passed"] is False) else "#4c78a8" for r in rows],
-           width=0.7, label="kernel")
+    top = max(top, *[v * 2 for v in kern if not math.isnan(v)])
+    bars = ax.bar(range(len(rows)), [0.0 if math.isnan(v) else v for v in kern], width=0.7, label="kernel",
+                  color=[FAILED_COLOR if r["passed"] is False else "#4c78a8" for r in rows])
+    for bar, kind in zip(bars, kinds, strict=True):
+        if kind:
+            bar.set_hatch("///")
+            ax.text(bar.get_x() + bar.get_width() / 2, 2e-3, kind, ha="center", va="bottom", fontsize=7, color="white", fontweight="bold", rotation=90)
     ax.scatter(range(len(rows)), refs, marker="_", s=160, color="#222222", zorder=3, label="reference (its dtype)")
-    for i, b in enumerate(bad):
-        if b:
-            ax.text(i, 1.5, "NaN/\nunwritten", ha="center", fontsize=6, color=FAILED_COLOR)
     ax.axhline(1.0, color=FAILED_COLOR, lw=1, ls="--", label="tolerance")
     ax.set_yscale("log")
-    ax.set_ylim(floor / 2, max(10.0, *[v * 2 for v in kern if v == v]))
+    ax.set_ylim(floor / 2, top)
     ax.set_ylabel("worst |err| / (atol + rtol|ref|)")
     ax.set_title(title, fontsize=10, pad=16)
     _group_axis(ax, rows)
@@ -169,11 +184,16 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
     """Write ``index.html`` and the PNGs into ``out``; return the page's path.
 
     Raises VerificationError when ``out`` lies inside the release (it would break the
-    release's integrity), BundleIntegrityError for a release that is not intact.
+    release's integrity) or matplotlib is missing, BundleIntegrityError for a release that
+    is not intact.
     """
+    import importlib.util
+
     from . import bundle
     from .lock import lock_digest, read_lock
 
+    if importlib.util.find_spec("matplotlib") is None:
+        raise VerificationError("the report needs matplotlib, which is not installed", hint="pip install 'matplotlib==3.11.2'")
     root = Path(path)
     manifest = bundle.check_integrity(root)
     rid = manifest["release_id"]
@@ -238,10 +258,13 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
         by_op.setdefault(spec.op, []).extend(rows_for(spec, ev_specs.get(sid), skipped=skipped.get(sid)))
     for op, rows in sorted(by_op.items()):
         parts.append(f"<h2 id='{html.escape(op)}'>{html.escape(op)}</h2>")
-        if any(r["passed"] is not None for r in rows):
+        if any(r["timing"] for r in rows):
             plot_speedup(rows, dest / f"{op}-speedup.png", policy=policy, title=f"{op}: speedup of the kernel over the reference, by shape")
-            plot_error(rows, dest / f"{op}-error.png", title=f"{op}: error by shape (share of the tolerance)")
             parts.append(f"<img src='{html.escape(op)}-speedup.png' alt='{html.escape(op)} speedup by shape'>")
+        elif any(r["passed"] is not None for r in rows):
+            parts.append("<p class='muted'>Not timed (verified with --no-timing, or every shape failed first).</p>")
+        if any(r["passed"] is not None for r in rows):
+            plot_error(rows, dest / f"{op}-error.png", title=f"{op}: error by shape (share of the tolerance)")
             parts.append(f"<img src='{html.escape(op)}-error.png' alt='{html.escape(op)} error by shape'>")
         parts.append(_op_table(rows, policy))
     parts.append("<p class='muted'>Speedup = reference median / kernel median per call, as served (the kernel allocates its output). "

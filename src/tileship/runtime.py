@@ -83,7 +83,11 @@ class Entry:
     choose: Callable[[Mapping[str, int]], str | None] | None = None
 
     def kernel_calls(self) -> int:
-        return int(repr(self.calls)[6:-1])  # itertools.count's repr is its next value
+        return _count_value(self.calls)
+
+
+def _count_value(c: itertools.count) -> int:
+    return int(repr(c)[6:-1])  # itertools.count's repr is "count(N)", N its next value
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,9 @@ class OpRunner:
         self._memo: dict[tuple[Any, ...], Entry] = {}
         self._lock = threading.Lock()
         self.counters: dict[tuple[str, str], int] = {}
+        # reference calls by reason; itertools.count is atomic under the GIL (no lock per call)
+        self._ref_counts: dict[str, itertools.count] = {}
+        self._checked = False
         import torch
 
         for e in entries:
@@ -153,6 +160,7 @@ class OpRunner:
     @check_finite.setter
     def check_finite(self, on: bool) -> None:
         # An instance attribute shadows the method: with the check off, calls pay nothing for it.
+        self._checked = bool(on)
         if on:
             self.call = self._call_checked  # type: ignore[method-assign]
         else:
@@ -166,9 +174,13 @@ class OpRunner:
             entry = self._memo[tuple(map(_KEY, args))]
         except (KeyError, AttributeError, TypeError):  # first call of this key, or bad arguments
             return self.call(*args)[0]
+        if self._checked:
+            return self.call(*args)[0]
         kernel = entry.kernel
         if kernel is None:
-            return self.call(*args)[0]
+            out = self.reference(*args)
+            next(self._ref_counter(entry.decision.reason))
+            return out
         for a in args:
             if not a.is_contiguous():
                 return self._reference(args, "non_contiguous", entry)[0]
@@ -236,11 +248,16 @@ class OpRunner:
         finally:
             _fault_call.args = None
 
+    def _ref_counter(self, reason: str) -> itertools.count:
+        c = self._ref_counts.get(reason)
+        if c is None:
+            with self._lock:
+                c = self._ref_counts.setdefault(reason, itertools.count())
+        return c
+
     def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry) -> tuple[Any, Decision]:
         out = self.reference(*args)
-        with self._lock:
-            c = (REFERENCE, reason)
-            self.counters[c] = self.counters.get(c, 0) + 1
+        next(self._ref_counter(reason))
         d = entry.decision if entry.decision.path == REFERENCE and entry.decision.reason == reason else Decision(REFERENCE, reason, entry.decision.spec_id)
         return out, d
 
@@ -299,6 +316,12 @@ class OpRunner:
         """Calls so far by ``path:reason``."""
         with self._lock:
             counts = dict(self.counters)
+            refs = dict(self._ref_counts)
+        for reason, c in refs.items():
+            n_ref = _count_value(c)
+            if n_ref:
+                key = (REFERENCE, reason)
+                counts[key] = counts.get(key, 0) + n_ref
         n = sum(e.kernel_calls() for e in self.entries)
         if n:
             counts[(KERNEL, KERNEL)] = n

@@ -247,12 +247,16 @@ class Specialization:
         return dict(self.dims)
 
     def to_json(self) -> dict[str, Any]:
+        """JSON form; dims are an ordered list of [name, size | [min, max]] (files sort keys,
+        and the dims' order is part of the id)."""
         return {"op": self.op, "dtype": self.dtype, "target": self.target,
-                "dims": {d: (list(v) if isinstance(v, tuple) else v) for d, v in self.dims}}
+                "dims": [[d, list(v) if isinstance(v, tuple) else v] for d, v in self.dims]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Specialization:
-        dims = tuple((d, tuple(v) if isinstance(v, list) else int(v)) for d, v in data["dims"].items())
+        raw = data["dims"]
+        pairs = raw.items() if isinstance(raw, Mapping) else raw
+        dims = tuple((d, tuple(v) if isinstance(v, list) else int(v)) for d, v in pairs)
         return cls(op=data["op"], dtype=data["dtype"], dims=dims, target=data["target"])  # type: ignore[arg-type]
 
 

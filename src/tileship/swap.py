@@ -220,8 +220,8 @@ class SwapReport:
                 "layers": [r.to_json() for r in self.records]}
 
     def __str__(self) -> str:
-        lines = [f"release {self.release_id} (kernel revision {self.kernel_revision}): "
-                 f"{len(self.replaced)} of {len(self.records)} candidate layers replaced"]
+        head = f"release {self.release_id} (kernel revision {self.kernel_revision}): {len(self.replaced)} of {len(self.records)} candidate layers replaced"
+        lines = [head]
         for r in self.records:
             lines.append(f"  {'replaced' if r.replaced else 'kept    '}  {r.kind:9s} {r.module}: {r.reason}")
         return "\n".join(lines)
@@ -235,7 +235,8 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
     ``names`` maps a layer kind (linear, rmsnorm, attention) to the release operator serving it
     (default ``DEFAULT_NAMES``); ``dtype`` is the dtype attention runs in (default: the
     model's first floating parameter's). Only exact ``nn.Linear`` instances are replaced:
-    a subclass may behave differently and is reported as kept. Raises DeclarationError when
+    a subclass may behave differently and is reported as kept. The model is stamped
+    (``model.tileship_kernels``) when at least one layer was replaced. Raises DeclarationError when
     a named operator lacks the kind's signature, KernelMismatch when the model already runs
     another release's kernels. Calling it again with the same release is a no-op.
     """
@@ -280,10 +281,11 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
         if new is not None:
             _set_submodule(root, path, new)
             used.add(rec.operator or "")
-    if stamp is None:
+    if used and stamp is None:  # a model with nothing replaced runs no kernels: no stamp
         stamp = KernelStamp(release.release_id, release.kernel_revision, ())
         setattr(root, STAMP, stamp)
-    stamp.operators = tuple(sorted(used))
+    if stamp is not None:
+        stamp.operators = tuple(sorted(used))
     return SwapReport(release.release_id, release.kernel_revision, tuple(records))
 
 
@@ -294,7 +296,7 @@ def _linear(path: str, m: nn.Linear, release: Release, ops: TorchOps, op_name: s
                   lambda op: KernelLinear(m, op))
 
 
-def _rmsnorm(path: str, m: nn.Module, release: Release, ops: TorchOps, op_name: str) -> tuple[SwapRecord, nn.Module | None]:
+def _rmsnorm(path: str, m: Any, release: Release, ops: TorchOps, op_name: str) -> tuple[SwapRecord, nn.Module | None]:
     weight = getattr(m, "weight", None)
     if not isinstance(weight, nn.Parameter) or weight.dim() != 1:
         return SwapRecord(path, "rmsnorm", False, None, "no 1-D weight (elementwise_affine off, or normalizes over more than the last dim)"), None
@@ -311,7 +313,7 @@ def _rmsnorm(path: str, m: nn.Module, release: Release, ops: TorchOps, op_name: 
                   lambda op: KernelRMSNorm(weight, float(eps), op))
 
 
-def _attention(path: str, m: nn.Module, release: Release, ops: TorchOps, op_name: str, dtype: torch.dtype) -> tuple[SwapRecord, nn.Module | None]:
+def _attention(path: str, m: Any, release: Release, ops: TorchOps, op_name: str, dtype: torch.dtype) -> tuple[SwapRecord, nn.Module | None]:
     h, d = getattr(m, "n_heads", None), getattr(m, "head_dim", None)
     if not isinstance(h, int) or not isinstance(d, int):
         return SwapRecord(path, "attention", False, None, "the module does not say its n_heads and head_dim"), None

@@ -379,7 +379,7 @@ def point_seed(base: int, spec_id: str, dims: Mapping[str, int]) -> int:
 def _quantile(xs: Sequence[float], q: float) -> float:
     s = sorted(xs)
     pos = (len(s) - 1) * q
-    lo = int(math.floor(pos))
+    lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
@@ -470,7 +470,8 @@ def rotation_sets(first: Sequence[Any], make: Callable[[int], Sequence[Any]], *,
 
 # -- the driver ------------------------------------------------------------------------
 
-def _block(config: Mapping[str, Any], dim: str | None) -> int:
+def dynamic_block(config: Mapping[str, Any], dim: str | None) -> int:
+    """The tile size along ``dim`` from an operator's config (``block_<dim>``, ``block``), else 128."""
     for key in (f"block_{dim}", "block", "block_M"):
         if isinstance(config.get(key), int):
             return int(config[key])
@@ -499,7 +500,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     ref_dtype = options.reference_dtype
     dt = getattr(torch, spec.dtype)
     points: list[PointResult] = []
-    for dims in verification_points(spec, block=_block(desc.get("config", {}), spec.dynamic_dim), grid=options.grid, limit=options.limit):
+    for dims in verification_points(spec, block=dynamic_block(desc.get("config", {}), spec.dynamic_dim), grid=options.grid, limit=options.limit):
         checks: list[tuple[int, Check]] = []
         ref_checks: list[Check] = []
         confirmed = True
@@ -512,7 +513,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
             first_args = first_args or args
             try:
                 outs, ok_poison = poisoned_call(kernel, args, out_specs)
-            except Exception as exc:  # a kernel that raises fails verification; the message is the evidence
+            except Exception as exc:  # noqa: BLE001 -- a kernel that raises fails verification; the message is the evidence
                 failure = f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
             confirmed = confirmed and ok_poison
@@ -537,8 +538,11 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
         timing = None
         if failure is None and options.timing and first_args is not None:
             out_bytes = sum(math.prod(s) for s, _ in out_specs) * torch.empty((), dtype=dt).element_size()
-            sets = rotation_sets(first_args, lambda i, d=dims: make_args(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d)),
-                                 device=device, out_bytes=out_bytes)
+
+            def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
+                return make_args(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d))
+
+            sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
             timing = time_pair(kernel, reference, sets, device=device, options=options)
             del sets
         point = PointResult(dims, tuple(checks), tuple(ref_checks), confirmed, failure, timing)

@@ -35,6 +35,15 @@ def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float,
     console.print(table)
     console.print(f"{len(result.built)} built, {len(result.failed)} failed in {result.seconds:.1f} s -> {result.path}"
                   + (f" (signed by {result.key_id})" if result.key_id else ""))
+    if result.failed:
+        from ..diagnostics import capture_build
+
+        try:
+            ref = capture_build(result.path)
+            if ref is not None:
+                console.print(f"[yellow]diagnostics {ref.id}[/]: compiler commands and logs of the failures -> {ref.archive}")
+        except OSError as exc:
+            console.print(f"[yellow]no diagnostics bundle[/]: {exc}")
     return result
 
 

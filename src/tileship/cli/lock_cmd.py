@@ -17,13 +17,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write the lock: toolchain, native-lib hashes, device, kernel revision, shapes, fallbacks."""
         from ..lock import capture_environment, dump_lock, kernel_revision, make_lock, write_lock
-        from ..project import load_operators, source_digest
+        from ..project import load_operators, revision_root, source_digest
         from ..spec import describe
 
         proj = resolve_project(project)
         ops = load_operators(proj)
         descs = {n: {**describe(o), "module": o.factory.__module__} for n, o in ops.items()}
-        lk = make_lock(env=capture_environment(), revision=kernel_revision(proj.root), sources=source_digest(ops), operators=descs,
+        lk = make_lock(env=capture_environment(), revision=kernel_revision(revision_root(proj, ops)), sources=source_digest(ops), operators=descs,
                        targets=list(proj.targets), model={"name": proj.model, "version": proj.model_version}, image_digest=image_digest)
         write_lock(lk, out)
         console.print(dump_lock({k: lk[k] for k in ("kernel_revision", "framework", "device_arch", "image_digest")}).rstrip())

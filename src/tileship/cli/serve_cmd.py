@@ -20,8 +20,10 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(30.0, help="seconds an admitted request may take to run (504 after)"),
         body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
         strict_shapes: bool = typer.Option(False, help="answer 400 for shapes outside the declared set instead of serving them by reference"),
-        drift_policy: str | None = typer.Option(None, help="fallback (serve the reference on blocking drift) or strict (refuse: not ready); default: the release's"),
-        allow_unverified: bool | None = typer.Option(None, "--allow-unverified/--no-allow-unverified", help="run GPU kernels that have no verification evidence"),
+        drift_policy: str | None = typer.Option(None, help="fallback (serve the reference on blocking drift) or strict (refuse: not ready); "
+                                                                   "default: the release's"),
+        allow_unverified: bool | None = typer.Option(None, "--allow-unverified/--no-allow-unverified",
+                                                        help="run GPU kernels that have no verification evidence"),
         reference_only: bool = typer.Option(False, help="serve every operator through its PyTorch reference (load no native code)"),
         check_finite: bool = typer.Option(True, help="recompute kernel outputs holding NaN/Inf on the reference and open the circuit"),
         trusted_key: list[Path] = typer.Option([], help="ed25519 public key(s); when given, the release must be signed by one"),

@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
             doc = result.evidence["specializations"][v.spec.id]
             last = v.points[-1] if v.points else None
             speed = f"{last.timing.kernel.median_us:.1f}/{last.timing.reference.median_us:.1f} us" if last and last.timing else "-"
-            ratios = [p.worst("tol_ratio") for p in v.points if p.worst("tol_ratio") is not None]
+            ratios = [r for p in v.points if (r := p.worst("tol_ratio")) is not None]
             table.add_row(v.spec.id, str(len(v.points)), "[green]passed[/]" if v.passed else "[red]FAILED[/]",
                           _fmt(max(ratios) if ratios else None, ".3f"), speed, doc["route"])
         console.print(table)

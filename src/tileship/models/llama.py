@@ -136,6 +136,9 @@ class DecoderLayer(nn.Module):
 class Llama(nn.Module):
     """``forward(ids: (batch, seq) int64) -> logits (batch, seq, vocab)``; seq <= max_seq."""
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.config = cfg

@@ -97,6 +97,7 @@ class Service:
         self.on_fatal = on_fatal
         self._reload_lock = asyncio.Lock()
         self._loaded = asyncio.Event()
+        self.background: set[asyncio.Task[Any]] = set()  # strong references: the loop keeps only weak ones
 
     # -- loading -------------------------------------------------------------------------
     def _default_loader(self, path: Path, reference_only: bool) -> Release:
@@ -137,6 +138,8 @@ class Service:
     async def reload(self, trigger: str) -> tuple[int, dict[str, Any]]:
         """Re-read the source; swap only a release that loaded and warmed cleanly. One at a time."""
         await self._loaded.wait()
+        if self.holder.fatal is not None:
+            return 503, {"result": "failed", "stage": "fatal", "error": f"the process is exiting after a device failure ({self.holder.fatal})"}
         return await self._load_and_swap(trigger=trigger, accept_warm_failures=self.holder.current is None)
 
     async def _load_and_swap(self, *, trigger: str, accept_warm_failures: bool) -> tuple[int, dict[str, Any]]:
@@ -497,7 +500,12 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         loop = asyncio.get_running_loop()
         hup = config.handle_sighup and threading.current_thread() is threading.main_thread()
         if hup:
-            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(service.reload(trigger="SIGHUP")))
+            def on_hup() -> None:
+                t = loop.create_task(service.reload(trigger="SIGHUP"))
+                service.background.add(t)
+                t.add_done_callback(service.background.discard)
+
+            loop.add_signal_handler(signal.SIGHUP, on_hup)
         service.log.event("start", source=str(config.source), max_inflight=config.max_inflight, max_body_bytes=config.max_body_bytes,
                           strict_shapes=config.strict_shapes, worker_threads=config.worker_threads)
         try:

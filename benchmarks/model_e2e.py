@@ -299,9 +299,10 @@ def _prepare(mode: str, label: str, model: Any, compiled: Any, x: Any, seq: int,
     if mode == "eager":
         return (lambda: model(x)), model(x), extra
     if mode == "eager+graph":
-        replay, out = capture(model, x.clone())
+        static_in = x.clone()  # the graph reads this buffer's address: it must outlive the graph
+        replay, out = capture(model, static_in)
         replay()
-        return replay, out.clone(), extra
+        return (lambda: (replay(), static_in)[0]), out.clone(), extra
     xin = x.clone()
     if seq == 1:
         mark_dynamic(xin, 0)  # one decode graph for every batch size, 1 included
@@ -327,7 +328,7 @@ def _prepare(mode: str, label: str, model: Any, compiled: Any, x: Any, seq: int,
         return step, step().clone(), extra
     replay, out = capture(compiled, xin)
     replay()
-    return replay, out.clone(), extra
+    return (lambda: (replay(), xin)[0]), out.clone(), extra  # keep the captured input alive
 
 
 if __name__ == "__main__":

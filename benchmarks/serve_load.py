@@ -312,7 +312,7 @@ def main() -> int:
                    "request_bytes": len(body), "response_bytes": inproc["response_bytes"]},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(), "device": device,
                         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "platform": platform.platform(),
-                        "http_parser": _http_parser()},
+                        "http_parser": _http_parser(), "load_average_1m": round(os.getloadavg()[0], 2)},
         "release_id": release.release_id,
         "server_ready_s": round(ready_s, 2),
         "ready": {k: ready.get(k) for k in ("ready", "reason", "device")},

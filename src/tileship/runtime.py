@@ -35,6 +35,30 @@ from .errors import CallError
 from .spec import Specialization
 
 _KEY = attrgetter("device", "dtype", "shape")
+
+
+def _key1(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    (a,) = args
+    return (a.device, a.dtype, a.shape)
+
+
+def _key2(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    a, b = args
+    return (a.device, a.dtype, a.shape, b.device, b.dtype, b.shape)
+
+
+def _key3(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    a, b, c = args
+    return (a.device, a.dtype, a.shape, b.device, b.dtype, b.shape, c.device, c.dtype, c.shape)
+
+
+def _key_any(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(map(_KEY, args))
+
+
+#: the memo key of a call: (device, dtype, shape) of every input, flat. Arity-specialized
+#: because this is most of the dispatcher's cost per call (one flat tuple, no inner tuples).
+_KEY_OF = {1: _key1, 2: _key2, 3: _key3}
 KERNEL = "kernel"
 REFERENCE = "reference"
 MEMO_LIMIT = 8192
@@ -119,6 +143,7 @@ class OpRunner:
         self.reference = reference
         self.entries = entries
         self._n = len(shape.inputs)
+        self._key_of = _KEY_OF.get(self._n, _key_any)
         self._ranks = tuple(len(d) for _, d in shape.inputs)
         self._exact: dict[tuple[Any, ...], Entry] = {}
         self._dynamic: list[tuple[Entry, str, Any, str, int, int, dict[str, int]]] = []
@@ -171,8 +196,8 @@ class OpRunner:
         """The output only. The common case (a memoized key served by a kernel) is inlined
         here: one tuple of (device, dtype, shape), one dict lookup, contiguity, the launch."""
         try:
-            entry = self._memo[tuple(map(_KEY, args))]
-        except (KeyError, AttributeError, TypeError):  # first call of this key, or bad arguments
+            entry = self._memo[self._key_of(args)]
+        except (KeyError, AttributeError, TypeError, ValueError):  # first call of this key, or bad arguments
             return self.call(*args)[0]
         if self._checked:
             return self.call(*args)[0]
@@ -197,7 +222,7 @@ class OpRunner:
         if len(args) != self._n:
             raise CallError(f"expected {self._n} tensors ({', '.join(n for n, _ in self.shape.inputs)}), got {len(args)}", operator=self.name)
         try:
-            key = tuple(map(_KEY, args))  # ((device, dtype, shape), ...) per input
+            key = self._key_of(args)  # (device, dtype, shape) of every input
         except AttributeError:
             bad = next(i for i, a in enumerate(args) if not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
             raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name, argument=self.shape.inputs[bad][0]) from None

@@ -4,6 +4,7 @@ import math
 from typing import Any
 
 import tilelang.language as T
+import torch
 
 from tileship.spec import Operator, TensorArg, Tolerance
 
@@ -68,8 +69,6 @@ def flash_attention(B: int, H: int, S: int, D: int, dtype: str = "float16", bloc
 
 def attention_reference(q: Any, k: Any, v: Any) -> Any:
     """PyTorch SDPA (flash/efficient kernels on GPU) with a causal mask."""
-    import torch
-
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 

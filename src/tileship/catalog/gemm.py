@@ -3,6 +3,7 @@
 from typing import Any
 
 import tilelang.language as T
+import torch
 
 from tileship.spec import DynamicRange, Operator, TensorArg, Tolerance
 
@@ -32,8 +33,6 @@ def matmul(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 128, b
 
 def gemm_reference(a: Any, b: Any) -> Any:
     """The PyTorch path: cuBLAS (or the CPU BLAS) in the input dtype."""
-    import torch
-
     return torch.matmul(a, b)
 
 

@@ -3,6 +3,7 @@
 from typing import Any
 
 import tilelang.language as T
+import torch
 
 from tileship.spec import DynamicRange, Operator, TensorArg
 
@@ -36,8 +37,6 @@ def rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps: fl
 
 
 def rms_norm_reference(x: Any, w: Any) -> Any:
-    import torch
-
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS)
 
 

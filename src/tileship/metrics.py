@@ -4,7 +4,7 @@ Request latency, load and warm-up are separate families so a slow load never sho
 request latency. ``tileship_serve_compile_attempts`` reads ``tileship.nojit.attempts()`` at
 scrape time and must stay 0: anything else means a call reached TileLang's JIT.
 
-    tileship_requests_total{model,version,path,code}     requests answered (path: kernel|reference|none)
+    tileship_requests_total{model,version,path,code}     requests answered (path: kernel|reference|mixed|none)
     tileship_request_seconds{model,version,path}         latency of answered inference requests
     tileship_fallbacks_total{model,version,reason}       calls served by the reference, by reason
     tileship_rejected_total{reason}                      requests refused before running (overloaded, timeout...)

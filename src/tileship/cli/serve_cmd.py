@@ -29,6 +29,8 @@ def register(app: typer.Typer) -> None:
         trusted_key: list[Path] = typer.Option([], help="ed25519 public key(s); when given, the release must be signed by one"),
         diagnostics_dir: Path | None = typer.Option(None, help="where diagnostics bundles go (default $TILESHIP_HOME/diagnostics)"),
         log_level: str = typer.Option("warning", help="uvicorn's own log level (tileship's events are always logged)"),
+        llama: str | None = typer.Option(None, help="also serve a random-weight Llama decoder swapped onto the release, as model `llama`: "
+                                                   "a preset (tiny, 7b-2layer) or a JSON file (docs/serving.md)"),
     ) -> None:
         """Serve a release over the Open Inference Protocol (KServe v2 REST; tritonclient works).
 
@@ -44,8 +46,13 @@ def register(app: typer.Typer) -> None:
             raise DeclarationError(f"--drift-policy must be fallback or strict, got {drift_policy!r}")
         if max_body_mib <= 0 or max_inflight < 1 or threads < 1 or timeout <= 0 or body_timeout <= 0:
             raise DeclarationError("--max-body-mib, --timeout and --body-timeout must be > 0; --max-inflight and --threads >= 1")
+        spec = None
+        if llama is not None:
+            from ..serve.model import parse_spec
+
+            spec = parse_spec(llama)
         config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight, worker_threads=threads,
                              request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes, drift_policy=drift_policy,
                              allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None, reference_only=reference_only,
-                             check_finite=check_finite, diagnostics_dir=diagnostics_dir)
+                             check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec)
         raise typer.Exit(run(config, host=host, port=port, log_level=log_level))

@@ -3,6 +3,7 @@
     protocol   parse / check / encode requests (JSON and the binary tensor data extension)
     holder     the live release; load + check + warm off to the side, then swap (hot swap)
     app        the ASGI app: routes, admission control, worker thread, errors, metrics, logs
+    model      a whole model (``--llama``) swapped onto each release the holder prepares
     server     uvicorn in the foreground (``run``) or on a background thread (``BackgroundServer``)
     jsonlog    one JSON object per log line
 

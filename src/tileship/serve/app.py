@@ -67,6 +67,8 @@ class ServeConfig:
     warmup_limit: int = 256
     diagnostics_dir: Path | None = None
     handle_sighup: bool = False
+    #: a whole model served next to the operators (``serve.model.LlamaSpec``; ``--llama``)
+    llama: Any = None
     #: test hook: (release path, reference_only) -> Release; default tileship.loader.load
     loader: Loader | None = None
     log_stream: TextIO | None = None
@@ -90,8 +92,13 @@ class Service:
         self.config = config
         self.log = JsonLog(config.log_stream)
         self.metrics = ServeMetrics(nojit.attempts)
+        bind = None
+        if config.llama is not None:
+            from .model import LlamaHost
+
+            bind = LlamaHost(config.llama).bind
         self.holder = ReleaseHolder(config.source, config.loader or self._default_loader, force_reference=config.reference_only,
-                                    warmup_limit=config.warmup_limit, after_load=self._after_load)
+                                    warmup_limit=config.warmup_limit, after_load=self._after_load, bind_models=bind)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, config.worker_threads), thread_name_prefix="tileship-infer")
         self.inflight = 0
         self.on_fatal = on_fatal
@@ -219,8 +226,9 @@ class Service:
             request.scope["tileship.served"] = served
             rel = served.release
             runner = rel.ops.get(name)
-            if runner is None:
-                raise BadRequest(404, f"unknown model {name!r}: this release serves {', '.join(sorted(rel.ops))}")
+            whole = served.models.get(name)
+            if runner is None and whole is None:
+                raise BadRequest(404, f"unknown model {name!r}: this release serves {', '.join(sorted([*rel.ops, *served.models]))}")
             labels[:2] = [name, rel.release_id]
             if version is not None and version != rel.release_id:
                 raise BadRequest(404, f"unknown version {version!r} of model {name}: serving version {rel.release_id}")
@@ -234,13 +242,16 @@ class Service:
                 t_body = time.perf_counter()
                 req = protocol.parse_infer(data, request.headers.get(protocol.HEADER_LENGTH))
                 kserve_id = req.id
-                decl = rel.declarations[name]
-                plan = protocol.plan_call(req, name, decl)
-                if not plan.declared and self.config.strict_shapes:
-                    dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
-                    raise BadRequest(400, f"shape outside the declared set: {dims} (declared: {protocol.declared_shapes_text(decl)}); "
-                                          "this server runs with --strict-shapes")
-                fut = self.pool.submit(self._execute, served, name, plan, req.id)
+                if whole is not None:
+                    fut = self.pool.submit(self._execute_model, served, whole, whole.plan(req), req.id)
+                else:
+                    decl = rel.declarations[name]
+                    plan = protocol.plan_call(req, name, decl)
+                    if not plan.declared and self.config.strict_shapes:
+                        dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
+                        raise BadRequest(400, f"shape outside the declared set: {dims} (declared: {protocol.declared_shapes_text(decl)}); "
+                                              "this server runs with --strict-shapes")
+                    fut = self.pool.submit(self._execute, served, name, plan, req.id)
                 try:
                     encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
                     t_run = time.perf_counter()
@@ -308,6 +319,32 @@ class Service:
             params["tileship_spec"] = decision.spec_id
         outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
         return protocol.encode_response(model=name, version=rel.release_id, request_id=kserve_id, parameters=params, outputs=outputs), decision
+
+    def _execute_model(self, served: Served, whole: Any, plan: tuple[protocol.InputTensor, bool], kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:
+        """On a worker thread: a whole model's forward (``serve.model``), errors handled as in ``_execute``."""
+        inp, binary = plan
+        try:
+            logits, decision, dispatch = whole.run(inp)
+            if whole.device != "cpu":
+                import torch
+
+                torch.cuda.current_stream().synchronize()
+            host = logits.detach().cpu()
+        except CallError as exc:
+            raise BadRequest(400, exc.message) from None
+        except Exception as exc:
+            if is_sticky_cuda_error(exc):
+                diag = self._capture(served, exc)
+                self.poison(f"{type(exc).__name__}: {str(exc).splitlines()[0]}" + (f" (diagnostics {diag})" if diag else ""))
+                raise _Fatal(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+            raise
+        rel = served.release
+        params = {"tileship_release": rel.release_id, "tileship_kernel_revision": rel.kernel_revision,
+                  "tileship_path": decision.path, "tileship_reason": decision.reason, **dispatch}
+        from .model import OUTPUT
+
+        return protocol.encode_response(model=whole.spec.name, version=rel.release_id, request_id=kserve_id, parameters=params,
+                                        outputs=[(OUTPUT, host, binary)]), decision
 
     def _capture(self, served: Served | None, exc: BaseException, call: Any = None) -> str | None:
         try:
@@ -443,8 +480,8 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
     def model(request: Request) -> tuple[Served, str]:
         cur = served_or(503)
         name = request.path_params["name"]
-        if name not in cur.release.ops:
-            raise HTTPException(404, f"unknown model {name!r}: this release serves {', '.join(sorted(cur.release.ops))}")
+        if name not in cur.release.ops and name not in cur.models:
+            raise HTTPException(404, f"unknown model {name!r}: this release serves {', '.join(sorted([*cur.release.ops, *cur.models]))}")
         version = request.path_params.get("version")
         if version is not None and version != cur.release_id:
             raise HTTPException(404, f"unknown version {version!r} of model {name}: serving version {cur.release_id}")
@@ -463,6 +500,8 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)
+        if name in cur.models:
+            return JSONResponse(cur.models[name].metadata())
         decl = cur.release.declarations[name]
         return JSONResponse({
             "name": name, "versions": [cur.release_id], "platform": "tileship",

@@ -75,6 +75,8 @@ class Served:
     load_seconds: float
     loaded_at: float = field(default_factory=time.time)
     diagnostics_id: str | None = None
+    #: whole models bound to this release (``serve.model``): name -> BoundModel
+    models: dict[str, Any] = field(default_factory=dict)
 
     @property
     def release_id(self) -> str:
@@ -187,12 +189,14 @@ class ReleaseHolder:
     """
 
     def __init__(self, source: Path, loader: Loader, *, force_reference: bool = False, warmup_limit: int = 256,
-                 after_load: Callable[[Release], str | None] | None = None) -> None:
+                 after_load: Callable[[Release], str | None] | None = None,
+                 bind_models: Callable[[Release, dict[str, str]], dict[str, Any]] | None = None) -> None:
         self.source = Path(source)
         self._load = loader
         self.force_reference = force_reference
         self.warmup_limit = warmup_limit
         self.after_load = after_load
+        self.bind_models = bind_models
         self.current: Served | None = None
         self.state = "loading"          # loading | ready | failed | fatal
         self.last_failure: dict[str, Any] | None = None
@@ -205,7 +209,9 @@ class ReleaseHolder:
         """Load ``target`` (integrity, lock, no-JIT dlopen) and warm it, off to the side.
 
         Raises what the loader raises (TileshipError for a bad bundle, strict drift, a
-        reference that does not import). Warm-up failures are values (``Served.warm``).
+        reference that does not import), and what ``bind_models`` raises (the whole models
+        are swapped onto the release here, before it can take traffic). Warm-up failures are
+        values (``Served.warm``).
         """
         t0 = time.perf_counter()
         release = self._load(target.path, target.reference_only)
@@ -213,7 +219,8 @@ class ReleaseHolder:
         diag = self.after_load(release) if self.after_load else None
         devices, label = serving_devices(release)
         warm = warm_up(release, devices, limit=self.warmup_limit)
-        return Served(release, target, devices, label, warm, load_s, diagnostics_id=diag)
+        models = self.bind_models(release, devices) if self.bind_models else {}
+        return Served(release, target, devices, label, warm, load_s, diagnostics_id=diag, models=models)
 
     def swap(self, served: Served) -> Served | None:
         old, self.current = self.current, served
@@ -287,6 +294,9 @@ class ReleaseHolder:
                 if fail is not None:
                     reason += f"; last reload from {fail['source']} failed at {fail['stage']}: {fail['error']}"
                 rows.append({"name": name, "version": cur.release_id, "state": "READY" if ready else "UNAVAILABLE", "reason": reason})
+            for name, bound in sorted(cur.models.items()):
+                rows.append({"name": name, "version": cur.release_id, "state": "READY" if ready else "UNAVAILABLE",
+                             "reason": f"serving ({bound.summary()})" if ready else body["reason"]})
         if fail is not None and fail.get("release_id") and (cur is None or fail["release_id"] != cur.release_id):
             rows.append({"name": "*", "version": fail["release_id"], "state": "UNAVAILABLE",
                          "reason": f"failed at {fail['stage']}: {fail['error']}"})

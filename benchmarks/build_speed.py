@@ -22,19 +22,16 @@ import time
 from pathlib import Path
 
 INPROC = r'''
-import json, sys, time, importlib
-import tilelang, tilelang.language as T
-from tileship.spec import Operator, Specialization, Target
+import json, sys, time
+import tilelang
+from tileship._worker import find_operator, trace
+from tileship.spec import Specialization, Target
 jobs = json.loads(sys.argv[1]); out = {}
 for job in jobs:
-    mod = importlib.import_module(job["module"])
-    op = next(v for v in vars(mod).values() if isinstance(v, Operator) and v.name == job["op"])
+    op = find_operator(job["module"], job["op"])
     spec = Specialization.from_json(job["spec"])
-    kw = dict(op.config); kw[op.dtype_param] = spec.dtype
-    for d, v in spec.dims:
-        kw[op.params.get(d, d)] = T.dynamic(d.lower()) if isinstance(v, tuple) else v
     t = time.perf_counter()
-    tilelang.compile(op.factory(**kw), out_idx=op.out_idx, target=Target(spec.target).tilelang(), pass_configs=dict(op.pass_configs) or None)
+    tilelang.compile(trace(op, spec), out_idx=op.out_idx, target=Target(spec.target).tilelang(), pass_configs=dict(op.pass_configs) or None)
     out[job["spec_id"]] = time.perf_counter() - t
 print(json.dumps(out))
 '''

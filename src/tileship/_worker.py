@@ -47,6 +47,28 @@ class _SeededNames:
         return "".join(self.rng.choice(self.characters) for _ in range(8))
 
 
+def find_operator(module: str, name: str) -> Any:
+    """The module-level ``Operator`` called ``name`` in ``module``."""
+    from tileship.spec import Operator
+
+    mod = importlib.import_module(module)
+    return next(v for v in vars(mod).values() if isinstance(v, Operator) and v.name == name)
+
+
+def trace(op: Any, spec: Any) -> Any:
+    """Call the operator's factory for ``spec`` (``T.dynamic`` for the dynamic dim): the PrimFunc."""
+    import tilelang.language as T
+
+    kwargs: dict[str, Any] = dict(op.config)
+    kwargs[op.dtype_param] = spec.dtype
+    for d, v in spec.dims:
+        kwargs[op.params.get(d, d)] = T.dynamic(d.lower()) if isinstance(v, tuple) else v
+    func = op.factory(**kwargs)
+    if hasattr(func, "get_tir"):  # a lazy @tilelang.jit factory
+        func = func.get_tir()
+    return func
+
+
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     out = Path(job["out"])
@@ -64,23 +86,15 @@ def main(job_path: str) -> int:
     result: dict[str, Any] = {"spec_id": job["spec_id"], "ok": False}
     try:
         import tilelang
-        import tilelang.language as T
         from tilelang import tvm
 
-        from tileship.spec import Operator, Specialization, Target
+        from tileship.spec import Specialization, Target
 
         if job.get("sys_path"):
             sys.path.insert(0, job["sys_path"])
-        mod = importlib.import_module(job["module"])
-        op = next(v for v in vars(mod).values() if isinstance(v, Operator) and v.name == job["op"])
+        op = find_operator(job["module"], job["op"])
         spec = Specialization.from_json(job["spec"])
-        kwargs: dict[str, Any] = dict(op.config)
-        kwargs[op.dtype_param] = spec.dtype
-        for d, v in spec.dims:
-            kwargs[op.params.get(d, d)] = T.dynamic(d.lower()) if isinstance(v, tuple) else v
-        func = op.factory(**kwargs)
-        if hasattr(func, "get_tir"):  # a lazy @tilelang.jit factory
-            func = func.get_tir()
+        func = trace(op, spec)
         (out / "func.json").write_text(tvm.ir.save_json(func))
         # The loader needs only the signature (params, buffer map, attrs); dropping the body
         # makes loading ~10x cheaper and means a release never re-traces the kernel.

@@ -152,7 +152,6 @@ class OpRunner:
         self._device_reasons = dict(device_reasons or {})
         self._memo: dict[tuple[Any, ...], Entry] = {}
         self._lock = threading.Lock()
-        self.counters: dict[tuple[str, str], int] = {}
         # reference calls by reason; itertools.count is atomic under the GIL (no lock per call)
         self._ref_counts: dict[str, itertools.count] = {}
         self._checked = False
@@ -173,7 +172,6 @@ class OpRunner:
                 lo, hi = dims[dyn]  # type: ignore[misc]
                 fixed = {d: v for d, v in dims.items() if d != dyn}
                 self._dynamic.append((e, dev, dt, dyn, lo, hi, fixed))  # type: ignore[arg-type]
-        self._ref_decisions: dict[str, Decision] = {}
         self.on_fault = on_fault
         self.faults: dict[str, int] = {}  # kernel_raised / non_finite -> times a specialization was disabled
         self.check_finite = check_finite
@@ -252,9 +250,7 @@ class OpRunner:
             return out, d  # the inputs make both paths non-finite: nothing to blame the kernel for
         entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
         self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
-        with self._lock:
-            c = (REFERENCE, "circuit_open")
-            self.counters[c] = self.counters.get(c, 0) + 1
+        next(self._ref_counter("circuit_open"))
         return ref, Decision(REFERENCE, "circuit_open", d.spec_id)
 
     def _trip(self, entry: Entry, kind: str, detail: str, args: tuple[Any, ...]) -> None:
@@ -340,13 +336,8 @@ class OpRunner:
     def snapshot(self) -> dict[str, int]:
         """Calls so far by ``path:reason``."""
         with self._lock:
-            counts = dict(self.counters)
             refs = dict(self._ref_counts)
-        for reason, c in refs.items():
-            n_ref = _count_value(c)
-            if n_ref:
-                key = (REFERENCE, reason)
-                counts[key] = counts.get(key, 0) + n_ref
+        counts = {(REFERENCE, reason): n for reason, c in refs.items() if (n := _count_value(c))}
         n = sum(e.kernel_calls() for e in self.entries)
         if n:
             counts[(KERNEL, KERNEL)] = n

@@ -223,27 +223,26 @@ def _num(v: Any) -> Any:
 
 # -- correctness ---------------------------------------------------------------------
 
-def fill_poison(t: Any) -> Any:
-    """Fill ``t`` in place with the poison bit pattern of its dtype. Returns ``t``."""
+def _poison_pattern(dtype: Any) -> tuple[Any, int]:
+    """(integer view dtype, poison bits as a signed value of that width) for a float dtype."""
     import torch
 
-    name = str(t.dtype).removeprefix("torch.")
-    view, bits = POISON_BITS[name]
+    view, bits = POISON_BITS[str(dtype).removeprefix("torch.")]
     width = torch.iinfo(getattr(torch, view)).bits
-    signed = bits - (1 << width) if bits >= 1 << (width - 1) else bits
-    t.view(getattr(torch, view)).fill_(signed)
+    return getattr(torch, view), bits - (1 << width) if bits >= 1 << (width - 1) else bits
+
+
+def fill_poison(t: Any) -> Any:
+    """Fill ``t`` in place with the poison bit pattern of its dtype. Returns ``t``."""
+    view, signed = _poison_pattern(t.dtype)
+    t.view(view).fill_(signed)
     return t
 
 
 def poison_mask(t: Any) -> Any:
     """Elements of ``t`` still bit-identical to the poison (never written)."""
-    import torch
-
-    name = str(t.dtype).removeprefix("torch.")
-    view, bits = POISON_BITS[name]
-    width = torch.iinfo(getattr(torch, view)).bits
-    signed = bits - (1 << width) if bits >= 1 << (width - 1) else bits
-    return t.contiguous().view(getattr(torch, view)) == signed
+    view, signed = _poison_pattern(t.dtype)
+    return t.contiguous().view(view) == signed
 
 
 def poisoned_call(kernel: Callable[..., Any], args: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[list[Any], bool]:

@@ -24,8 +24,8 @@ from pathlib import Path
 INPROC = r'''
 import json, sys, time
 import tilelang
-from tileship._worker import find_operator, trace
-from tileship.spec import Specialization, Target
+from tileship.build.worker import find_operator, trace
+from tileship.declare.spec import Specialization, Target
 jobs = json.loads(sys.argv[1]); out = {}
 for job in jobs:
     op = find_operator(job["module"], job["op"])
@@ -44,8 +44,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=8, help="specializations per build")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    from tileship.build import BuildOptions, build
-    from tileship.project import builtin_project, load_operators, specializations
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import builtin_project, load_operators, specializations
 
     proj = dataclasses.replace(builtin_project(), targets=tuple(args.targets))
     ops = load_operators(proj)

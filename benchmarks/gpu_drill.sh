@@ -29,7 +29,7 @@ if [ -z "$rel_old" ]; then
   "$PY" - "$rel_old" <<'EOF'
 import json, sys
 from pathlib import Path
-from tileship import bundle
+from tileship.release import bundle
 root = Path(sys.argv[1])
 rel = json.loads((root / "release.json").read_text())
 rel["model"]["version"] = str(rel["model"]["version"]) + "-previous"

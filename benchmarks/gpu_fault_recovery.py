@@ -65,9 +65,9 @@ def worker(release: str, n: int, device: str) -> int:
     import tilelang  # noqa: F401  (timed here so that load_s is the load alone)
 
     t2 = time.perf_counter()
-    from tileship import diagnostics
     from tileship.catalog.faults import POISON
-    from tileship.loader import load
+    from tileship.release import diagnostics
+    from tileship.runtime.loader import load
 
     t3 = time.perf_counter()
     rel = load(release)
@@ -207,8 +207,8 @@ def build_release(out: Path, device: str) -> Path:
     if not any((Path(p) / "nvcc").exists() for p in os.environ.get("PATH", "").split(os.pathsep)) and Path("/usr/local/cuda/bin/nvcc").exists():
         os.environ["PATH"] = "/usr/local/cuda/bin" + os.pathsep + os.environ.get("PATH", "")
     sys.path.insert(0, str(SRC))
-    from tileship.build import BuildOptions, build
-    from tileship.project import Project, load_operators
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import Project, load_operators
 
     targets = ("cuda-sm90a",) if device == "cuda" else ("c",)
     proj = Project(model="fault-drill", model_version="1", operator_modules=("tileship.catalog.faults",), targets=targets,

@@ -23,9 +23,9 @@ def main() -> int:
     import torch
 
     t_torch = time.perf_counter() - t0
-    from tileship import nojit
-    from tileship.demo import exercise
-    from tileship.loader import load
+    from tileship.runtime import nojit
+    from tileship.runtime.loader import load
+    from tileship.verify.demo import exercise
 
     t = time.perf_counter()
     release = load(args.release, allow_unverified=True)

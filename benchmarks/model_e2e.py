@@ -2,7 +2,7 @@
 
 Two copies of one random-weight model (hidden 4096, 32 heads of 128, intermediate 11008,
 vocab 32000, --layers decoder layers): the pure-PyTorch model, and the same weights with the
-release's kernels swapped in (``tileship.swap``: q/k/v/o and MLP projections -> gemm, the
+release's kernels swapped in (``tileship.torchops.swap``: q/k/v/o and MLP projections -> gemm, the
 norms -> rmsnorm, the attention core -> attention, where the release declares the shape).
 Each case runs in four modes, for both models:
 
@@ -143,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch._dynamo.utils import counters
 
     import tileship
-    from tileship import nojit
     from tileship.models import LlamaConfig, random_llama
-    from tileship.swap import swap
-    from tileship.torch_ops import register
+    from tileship.runtime import nojit
+    from tileship.torchops.custom_ops import register
+    from tileship.torchops.swap import swap
 
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -293,7 +293,7 @@ def _prepare(mode: str, label: str, model: Any, compiled: Any, x: Any, seq: int,
     """(a no-argument forward to time, its output, extra facts) for one model in one mode."""
     import torch
 
-    from tileship.torch_ops import mark_dynamic
+    from tileship.torchops.custom_ops import mark_dynamic
 
     extra: dict[str, Any] = {}
     if mode == "eager":

@@ -27,8 +27,8 @@ CHILD = r'''
 import json, sys, time
 import tilelang
 from tilelang.cache import kernel_cache
-from tileship._worker import find_operator, trace
-from tileship.spec import Specialization, Target
+from tileship.build.worker import find_operator, trace
+from tileship.declare.spec import Specialization, Target
 out = {}
 for job in json.loads(sys.argv[1]):
     op = find_operator(job["module"], job["op"])
@@ -46,7 +46,7 @@ print(json.dumps(out))
 def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
     import torch
 
-    from tileship.inputs import make_inputs
+    from tileship.declare.inputs import make_inputs
 
     results = []
     for _name, runner in release.ops.items():
@@ -99,7 +99,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from tileship.loader import load, load_artifact
+    from tileship.runtime.loader import load, load_artifact
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     t = time.perf_counter()

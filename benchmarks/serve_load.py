@@ -55,7 +55,7 @@ def make_request(release: Any, op: str, dims: dict[str, int], dtype: str, binary
     """(body, extra headers, the CPU tensors it carries)."""
     import torch
 
-    from tileship.inputs import make_inputs
+    from tileship.declare.inputs import make_inputs
     from tileship.serve.protocol import KSERVE
 
     runner = release.ops[op]
@@ -208,8 +208,8 @@ def free_port() -> int:
 def build_cpu_release(out: Path) -> Path:
     import dataclasses
 
-    from tileship.build import BuildOptions, build
-    from tileship.project import builtin_project, load_operators
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import builtin_project, load_operators
 
     proj = dataclasses.replace(builtin_project(), targets=("c",), operator_modules=("tileship.catalog.cpu",))
     return Path(build(proj, load_operators(proj), out, BuildOptions(jobs=os.cpu_count() or 1)).path)
@@ -261,7 +261,7 @@ def main() -> int:
 
     import torch
 
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     release_dir = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-load-rel-")))
     port = free_port()

@@ -5,7 +5,7 @@
 For each specialization this machine runs (CUDA on a GPU host, else "c") and each declared
 shape (a static shape; for a ``T.dynamic`` range the sizes verification recorded, or the
 verification points when there is no evidence), times three callables on the same rotating
-inputs with ``tileship.verify.measure`` (CUDA events / perf_counter, median of two runs):
+inputs with ``tileship.verify.verify.measure`` (CUDA events / perf_counter, median of two runs):
 
     served     release.op(name)(*inputs): the dispatcher, whichever path it picks
     kernel     the TileLang kernel object alone (loaded from the bundle, no dispatch)
@@ -30,7 +30,7 @@ TARGET = 1.05
 
 def _median_of_two(fn: Any, sets: list[Any], device: str, budget_ms: float) -> tuple[float, float]:
     """(median, repeat difference) over two measurement runs of ``fn``."""
-    from tileship.verify import measure
+    from tileship.verify.verify import measure
 
     a = measure(fn, sets, device=device, budget_ms=budget_ms)
     b = measure(fn, sets, device=device, budget_ms=budget_ms)
@@ -49,11 +49,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tileship import evidence, nojit
-    from tileship.inputs import shapes_of
-    from tileship.loader import load, load_artifact
-    from tileship.spec import Target
-    from tileship.verify import dynamic_block, make_args, rotation_sets, verification_points
+    from tileship.declare.inputs import make_inputs, shapes_of, verification_points
+    from tileship.declare.spec import Target
+    from tileship.release import evidence
+    from tileship.runtime import nojit
+    from tileship.runtime.loader import load, load_artifact
+    from tileship.verify.timing import rotation_sets
+    from tileship.verify.verify import dynamic_block
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     release = load(args.release, routing=args.routing)
@@ -81,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
             kernel = load_artifact(args.release / "specs" / spec.id, spec.id)
             kernel_ok = not recorded or bool(recorded.get("passed"))
             for dims in points:
-                first = make_args(runner.shape.inputs, dims, spec.dtype, device, seed=0)
+                first = make_inputs(runner.shape.inputs, dims, spec.dtype, device, seed=0)
                 out_bytes = sum(int(torch.Size(s).numel()) for s in shapes_of([(n, d) for n, d in desc["outputs"]], dims)) * first[0].element_size()
 
                 def fresh(i: int, d: dict[str, int] = dims, inputs: Any = runner.shape.inputs, dtype: str = spec.dtype) -> list[Any]:
-                    return make_args(inputs, d, dtype, device, seed=i)
+                    return make_inputs(inputs, d, dtype, device, seed=i)
 
                 sets = rotation_sets(first, fresh, device=device, out_bytes=out_bytes)
                 _, decision = runner.call(*first)

@@ -6,7 +6,7 @@ import time
 
 import tilelang.language as T
 
-from tileship.spec import DynamicRange, Operator, TensorArg
+from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
 
 def copy_kernel(N, dtype="float32", mode="ok"):

@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def cpu_project():
-    from tileship.project import builtin_project
+    from tileship.declare.project import builtin_project
 
     return dataclasses.replace(builtin_project(), targets=("c",), operator_modules=("tileship.catalog.cpu",))
 
@@ -35,8 +35,8 @@ def cpu_project():
 @pytest.fixture(scope="session")
 def cpu_release_build(tmp_path_factory: pytest.TempPathFactory, cpu_project):
     """A BuildResult of the built-in CPU catalog, built once per session (read-only: copy before editing)."""
-    from tileship.build import BuildOptions, build
-    from tileship.project import load_operators
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import load_operators
 
     out = tmp_path_factory.mktemp("releases")
     return build(cpu_project, load_operators(cpu_project), out, BuildOptions(jobs=2))

@@ -10,7 +10,7 @@ from typing import Any
 
 import tilelang.language as T
 
-from tileship.spec import DynamicRange, Operator, TensorArg
+from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
 BLOCK = 256
 WRONG_EVERY = 97

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tileship import bundle
-from tileship.build import BuildOptions, build
+from tileship.build.builder import BuildOptions, build
+from tileship.declare.project import Project, load_operators
 from tileship.errors import BundleIntegrityError, SignatureError
-from tileship.project import Project, load_operators
+from tileship.release import bundle
 
 TESTS = Path(__file__).parent
 
@@ -45,7 +45,7 @@ def test_failures_are_isolated_and_recorded(broken_build):
 def test_failed_specialization_serves_reference(broken_build):
     import torch
 
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     rel = load(broken_build.path)
     x = torch.randn(100)
@@ -81,7 +81,7 @@ def test_signature_accept_and_reject(cpu_release, tmp_path):
 
 
 def test_unsigned_release_refused_when_key_required(cpu_release, tmp_path):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     pub = bundle.generate_key(tmp_path / "k")
     with pytest.raises(SignatureError, match="not signed"):

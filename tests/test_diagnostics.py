@@ -13,8 +13,8 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from tileship import bundle, diagnostics
-from tileship.loader import load
+from tileship.release import bundle, diagnostics
+from tileship.runtime.loader import load
 
 TESTS = Path(__file__).resolve().parent
 
@@ -75,8 +75,8 @@ def test_tensor_data_only_when_opted_in(cpu_release: Path, tmp_path: Path) -> No
 def test_build_failure_bundle_has_the_compiler_log(tmp_path: Path) -> None:
     import broken_ops
 
-    from tileship.build import BuildOptions, build
-    from tileship.project import Project
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import Project
 
     proj = Project(model="broken", model_version="1", operator_modules=("broken_ops",), targets=("c",), root=TESTS)
     result = build(proj, {"good": broken_ops.good, "boom": broken_ops.boom}, tmp_path / "out", BuildOptions(jobs=2))

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tileship import diagnostics
-from tileship.runtime import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, fault_args
-from tileship.spec import Specialization
+from tileship.declare.spec import Specialization
+from tileship.release import diagnostics
+from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, fault_args
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = Specialization("double", "float32", (("N", (1, 1 << 20)),), "c")
@@ -123,8 +123,8 @@ def test_a_hook_that_raises_does_not_break_the_call() -> None:
 
 
 def test_watch_on_a_real_release_writes_diagnostics_for_a_nan_kernel(cpu_release: Path, tmp_path: Path) -> None:
-    from tileship.inputs import make_inputs, sample_points
-    from tileship.loader import load
+    from tileship.declare.inputs import make_inputs, sample_points
+    from tileship.runtime.loader import load
 
     release = load(cpu_release)
     op, entry = next((r, e) for r in release.ops.values() for e in r.entries if e.kernel is not None)
@@ -161,8 +161,8 @@ def test_watch_on_a_real_release_writes_diagnostics_for_a_nan_kernel(cpu_release
 
 @pytest.fixture(scope="module")
 def fault_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tileship.build import BuildOptions, build
-    from tileship.project import Project, load_operators
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import Project, load_operators
 
     proj = Project(model="faults", model_version="1", operator_modules=("tileship.catalog.faults",), targets=("c",))
     result = build(proj, load_operators(proj), tmp_path_factory.mktemp("faults"), BuildOptions(jobs=1))
@@ -172,7 +172,7 @@ def fault_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 FAULT_CHILD = textwrap.dedent("""
     import sys, torch
-    from tileship.loader import load
+    from tileship.runtime.loader import load
     from tileship.catalog.faults import POISON
     op = load(sys.argv[1]).op("fault_copy")
     x = torch.randn(1000)

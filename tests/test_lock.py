@@ -7,9 +7,9 @@ import copy
 import pytest
 from typer.testing import CliRunner
 
+from tileship.build.lock import capture_environment, compare, dump_lock, make_lock, read_lock, write_lock
 from tileship.cli import app
 from tileship.errors import LockError
-from tileship.lock import capture_environment, compare, dump_lock, make_lock, read_lock, write_lock
 
 OPS = {"add": {"dtypes": ["float32"], "targets": ["c"], "shapes": [{"N": 4}], "ranges": [], "config": {},
                "tolerances": {"float32": {"atol": 1e-4, "rtol": 1e-4}}, "reference": "m.ref"}}

@@ -23,8 +23,8 @@ from test_serve import assert_close, client, copy_release, point, post, serving
 from test_swap import swap_release_build  # noqa: F401  (the module-scoped release fixture)
 from tritonclient.utils import InferenceServerException
 
-from tileship import bundle
 from tileship.errors import DeclarationError
+from tileship.release import bundle
 from tileship.serve import ServeConfig
 from tileship.serve.model import LlamaSpec, parse_spec
 

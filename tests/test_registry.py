@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tileship import bundle
 from tileship.errors import BundleError, BundleIntegrityError, RegistryError
-from tileship.registry import HISTORY_LIMIT, POINTER, Active, Registry
+from tileship.release import bundle
+from tileship.release.registry import HISTORY_LIMIT, POINTER, Active, Registry
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 
@@ -176,7 +176,7 @@ def test_corrupt_pointer_is_reported(two: tuple[Registry, str, str]) -> None:
 # fsync is slowed (same semantics) so that kills also land between writing the temp file and renaming it
 KILL_CHILD = textwrap.dedent("""
     import os, sys, time
-    from tileship.registry import Registry
+    from tileship.release.registry import Registry
     _fsync = os.fsync
     os.fsync = lambda fd: (time.sleep(0.003), _fsync(fd))[1]
     reg, ids = Registry(sys.argv[1]), sys.argv[2:4]
@@ -234,7 +234,7 @@ def test_kill_9_at_random_instants_never_tears_the_pointer(two: tuple[Registry, 
 
 SERIAL_CHILD = textwrap.dedent("""
     import os, sys, time
-    from tileship.registry import Registry
+    from tileship.release.registry import Registry
     reg, go, ids = Registry(sys.argv[1]), sys.argv[2], sys.argv[3:5]
     while not os.path.exists(go):
         time.sleep(0.001)
@@ -313,7 +313,7 @@ def drill_registry(cpu_release_build: object, tmp_path: Path, old_src: Path) -> 
 
 
 def test_drill_switches_under_load_without_a_failed_request(cpu_release_build: object, tmp_path: Path) -> None:
-    from tileship.drill import DrillOptions, run_drill
+    from tileship.verify.drill import DrillOptions, run_drill
 
     reg, new, old = drill_registry(cpu_release_build, tmp_path, variant(cpu_release_build.path, tmp_path))  # type: ignore[attr-defined]
     report = run_drill(DrillOptions(registry=reg.root, out_dir=tmp_path / "report", phase_seconds=1.0, concurrency=2, per_op=2,
@@ -334,7 +334,7 @@ def test_drill_switches_under_load_without_a_failed_request(cpu_release_build: o
 
 
 def test_drill_reports_a_release_that_fails_to_load_and_the_old_one_keeps_serving(cpu_release_build: object, tmp_path: Path) -> None:
-    from tileship.drill import DrillOptions, run_drill
+    from tileship.verify.drill import DrillOptions, run_drill
 
     broken = variant(cpu_release_build.path, tmp_path, add="tileship.catalog.cpu.no_such_reference")  # type: ignore[attr-defined]
     reg, new, old = drill_registry(cpu_release_build, tmp_path, broken)

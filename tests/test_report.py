@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tileship import evidence
 from tileship.errors import VerificationError
-from tileship.report import KERNEL_COLOR, REFERENCE_COLOR, write_report
-from tileship.verify import VerifyOptions, verify
+from tileship.release import evidence
+from tileship.verify.report import KERNEL_COLOR, REFERENCE_COLOR, write_report
+from tileship.verify.verify import VerifyOptions, verify
 
 QUICK = VerifyOptions(seeds=(0, 1), limit=1024, grid=0, budget_ms=2.0, warmup_ms=1.0, min_repeats=3, max_repeats=5)
 
@@ -34,7 +34,7 @@ def page(verified, tmp_path_factory) -> Path:
 def test_report_has_plots_paths_device_and_lock(verified, page):
     from PIL import Image
 
-    from tileship.lock import lock_digest, read_lock
+    from tileship.build.lock import lock_digest, read_lock
 
     text = page.read_text()
     ev = evidence.read(verified)
@@ -77,13 +77,13 @@ def test_report_marks_failures_and_unverified_releases(cpu_release, tmp_path):
 
 
 def _digest(root: Path) -> str:
-    from tileship.lock import lock_digest, read_lock
+    from tileship.build.lock import lock_digest, read_lock
 
     return lock_digest(read_lock(root / "tileship.lock"))
 
 
 def test_report_refuses_to_write_inside_the_release(cpu_release):
-    from tileship import bundle
+    from tileship.release import bundle
 
     with pytest.raises(VerificationError, match="cannot go inside the release"):
         write_report(cpu_release, cpu_release / "report")

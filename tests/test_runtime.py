@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tileship import bundle
+from tileship.declare.inputs import make_inputs, sample_points
 from tileship.errors import BundleIntegrityError, CallError, LockMismatch
-from tileship.inputs import make_inputs, sample_points
-from tileship.loader import load
+from tileship.release import bundle
+from tileship.runtime.loader import load
 
 
 def _close(out, ref, what):
@@ -102,8 +102,8 @@ def test_tampered_release_is_refused_naming_the_file(cpu_release, tamper, named)
 
 
 def test_blocking_drift_serves_reference_and_strict_refuses(cpu_release_build, monkeypatch):
-    import tileship.loader as loader_mod
-    from tileship.lock import capture_environment
+    import tileship.runtime.loader as loader_mod
+    from tileship.build.lock import capture_environment
 
     env = copy.deepcopy(capture_environment())
     env["backend"]["tilelang_native_libs"]["libtilelang.so"] = "sha256:" + "f" * 64
@@ -120,8 +120,8 @@ def test_blocking_drift_serves_reference_and_strict_refuses(cpu_release_build, m
 
 
 def test_informational_drift_keeps_kernels(cpu_release_build, monkeypatch):
-    import tileship.loader as loader_mod
-    from tileship.lock import capture_environment
+    import tileship.runtime.loader as loader_mod
+    from tileship.build.lock import capture_environment
 
     env = copy.deepcopy(capture_environment())
     env["framework"]["python"] = "3.12.3"
@@ -144,9 +144,9 @@ NO_JIT = textwrap.dedent("""
     # nvcc is hidden; g++/c++/cc are shims that record any use and fail (TileLang's CPU launcher
     # asserts a C++ compiler is on PATH when it loads, but must never run it)
     assert shutil.which("nvcc") is None, os.environ["PATH"]
-    from tileship import nojit
-    from tileship.loader import load
-    from tileship.inputs import make_inputs, sample_points
+    from tileship.runtime import nojit
+    from tileship.runtime.loader import load
+    from tileship.declare.inputs import make_inputs, sample_points
     rel = load(sys.argv[1])
     paths = []
     for name, runner in rel.ops.items():

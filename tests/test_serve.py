@@ -25,9 +25,9 @@ import torch
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tileship import bundle
-from tileship.lock import DriftReport, read_lock, write_lock
-from tileship.runtime import OpRunner, OpShape, Release
+from tileship.build.lock import DriftReport, read_lock, write_lock
+from tileship.release import bundle
+from tileship.runtime.dispatch import OpRunner, OpShape, Release
 from tileship.serve import EXIT_FATAL, BackgroundServer, ServeConfig, run
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_strict_shapes_refuse_undeclared_shapes(cpu_release_build, tmp_path):
 
 
 def test_ready_only_after_load_and_one_warm_call_per_kernel(cpu_release_build, tmp_path):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     gate = threading.Event()
     calls: dict[str, int] = {}
@@ -582,7 +582,7 @@ def test_hot_swap_under_load_drops_nothing_and_a_bad_release_keeps_the_old(cpu_r
 
 
 def test_a_release_whose_warm_up_fails_is_not_swapped_in(cpu_release_build, tmp_path):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     a = copy_release(cpu_release_build.path, tmp_path / "a")
     b = copy_release(cpu_release_build.path, tmp_path / "b", version="2")
@@ -608,7 +608,7 @@ def test_a_release_whose_warm_up_fails_is_not_swapped_in(cpu_release_build, tmp_
 
 
 def test_a_kernel_failing_at_serve_time_is_answered_by_the_reference_and_counted(cpu_release_build, tmp_path):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     def load_flaky(path: Path, reference_only: bool) -> Release:
         rel = load(path, reference_only=reference_only)
@@ -637,7 +637,7 @@ def test_a_kernel_failing_at_serve_time_is_answered_by_the_reference_and_counted
 
 
 def test_serving_a_registry_follows_activation_and_reference_only(cpu_release_build, tmp_path):
-    from tileship.registry import Registry
+    from tileship.release.registry import Registry
 
     b = copy_release(cpu_release_build.path, tmp_path / "b", version="2")
     reg = Registry(tmp_path / "registry")

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from tileship.catalog.cpu import add, rmsnorm_cpu
+from tileship.declare.project import parse_project
+from tileship.declare.spec import DynamicRange, Target, TensorArg, expand
 from tileship.errors import DeclarationError
-from tileship.project import parse_project
-from tileship.spec import DynamicRange, Target, TensorArg, expand
 
 BAD = [
     ("unknown-dim-in-shape", dict(shapes=({"N": 4, "Q": 3},), ranges=()), "shapes[0].Q"),

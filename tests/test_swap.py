@@ -19,7 +19,7 @@ import tilelang.language as T
 import torch
 
 from tileship.catalog import cpu
-from tileship.spec import DynamicRange, Operator, TensorArg
+from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
 HIDDEN, HEADS, HEAD_DIM, SEQ = 1024, 8, 128, 16
 
@@ -95,8 +95,8 @@ NAMES = {"rmsnorm": "rmsnorm_cpu"}
 
 @pytest.fixture(scope="module")
 def swap_release_build(tmp_path_factory: pytest.TempPathFactory):
-    from tileship.build import BuildOptions, build
-    from tileship.project import Project
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import Project
 
     norm = dataclasses.replace(cpu.rmsnorm_cpu, shapes=())  # keep its dynamic M range at N=1024 only
     project = Project(model="swap-test", model_version="1", operator_modules=(), targets=("c",), root=Path(__file__).parent)
@@ -130,7 +130,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-3, rtol
 
 
 def test_report_says_what_was_replaced_and_why_not(release):
-    from tileship.swap import KernelAttention, KernelLinear, KernelRMSNorm, swap
+    from tileship.torchops.swap import KernelAttention, KernelLinear, KernelRMSNorm, swap
 
     model = tiny()
     report = swap(model, release, names=NAMES)
@@ -157,7 +157,7 @@ def test_report_says_what_was_replaced_and_why_not(release):
 
 
 def test_layers_the_release_cannot_serve_are_kept(release):
-    from tileship.swap import kernel_stamp, swap
+    from tileship.torchops.swap import kernel_stamp, swap
 
     eps = swap(tiny(eps=1e-5), release, names=NAMES)
     assert eps.kept["norm"] == "eps 1e-05 differs from the kernel's 1e-06"
@@ -173,14 +173,14 @@ def test_layers_the_release_cannot_serve_are_kept(release):
 
 def test_wrong_operator_for_a_kind_is_refused(release):
     from tileship.errors import DeclarationError
-    from tileship.swap import swap
+    from tileship.torchops.swap import swap
 
     with pytest.raises(DeclarationError, match=r"operator 'rmsnorm_cpu' is declared \(X\(M, N\), W\(N\)\).*a linear layer needs A\(M, K\), B\(K, N\)"):
         swap(tiny(), release, names={"linear": "rmsnorm_cpu"})
 
 
 def test_swapped_model_matches_and_falls_back_per_call(release):
-    from tileship.swap import swap
+    from tileship.torchops.swap import swap
 
     ref = tiny()
     model = tiny()
@@ -201,8 +201,8 @@ def test_swapped_model_matches_and_falls_back_per_call(release):
 def test_compiled_swapped_model_has_no_graph_break_nor_recompile(release):
     from torch._dynamo.utils import counters
 
-    from tileship.swap import swap
-    from tileship.torch_ops import mark_dynamic
+    from tileship.torchops.custom_ops import mark_dynamic
+    from tileship.torchops.swap import swap
 
     ref = tiny()
     model = tiny()
@@ -222,7 +222,7 @@ def test_compiled_swapped_model_has_no_graph_break_nor_recompile(release):
 def test_reference_model_compiles_fullgraph():
     from torch._dynamo.utils import counters
 
-    from tileship.torch_ops import mark_dynamic
+    from tileship.torchops.custom_ops import mark_dynamic
 
     model = tiny()
     torch._dynamo.reset()
@@ -238,7 +238,7 @@ def test_reference_model_compiles_fullgraph():
 def test_state_dict_carries_the_kernel_stamp(release, cpu_release_build, tmp_path):
     import tileship
     from tileship.errors import KernelMismatch
-    from tileship.swap import kernel_stamp, load, load_state_dict, save, swap
+    from tileship.torchops.swap import kernel_stamp, load, load_state_dict, save, swap
 
     model = tiny()
     swap(model, release, names=NAMES)

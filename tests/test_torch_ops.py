@@ -11,9 +11,9 @@ import torch
 from torch._dynamo.utils import counters
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tileship.declare.spec import Specialization
 from tileship.errors import CallError
-from tileship.runtime import KERNEL, Decision, Entry, OpRunner, OpShape, Release
-from tileship.spec import Specialization
+from tileship.runtime.dispatch import KERNEL, Decision, Entry, OpRunner, OpShape, Release
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def release(cpu_release_build):
 
 @pytest.fixture
 def ops(release):
-    from tileship.torch_ops import register
+    from tileship.torchops.custom_ops import register
 
     return register(release)
 
@@ -74,7 +74,7 @@ def test_dispatch_and_counters_are_the_runtimes(release, ops):
 
 
 def test_a_kernel_that_raises_opens_the_circuit_inside_the_op():
-    from tileship.torch_ops import register
+    from tileship.torchops.custom_ops import register
 
     def broken(x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("launch failed")
@@ -89,8 +89,8 @@ def test_a_kernel_that_raises_opens_the_circuit_inside_the_op():
 
 def test_reregistering_rebinds_and_a_second_release_gets_its_own_namespace(cpu_release_build, cpu_release):
     import tileship
-    from tileship import bundle
-    from tileship.torch_ops import register, registered
+    from tileship.release import bundle
+    from tileship.torchops.custom_ops import register, registered
 
     first = tileship.load(cpu_release_build.path)
     ops = register(first)
@@ -126,7 +126,7 @@ def test_opcheck(ops, name, args):
 
 
 def test_opcheck_with_a_reference_returning_another_layout():
-    from tileship.torch_ops import register
+    from tileship.torchops.custom_ops import register
 
     rel = fake_release(lambda x: (x * 2).t().contiguous().t(), release_id="f00d000000000003")  # column-major output
     op = register(rel).scale
@@ -152,7 +152,7 @@ def test_fake_tensors_follow_the_declaration(ops):
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compile_fullgraph_one_graph_across_declared_sizes(release, ops, backend):
-    from tileship.torch_ops import mark_dynamic
+    from tileship.torchops.custom_ops import mark_dynamic
 
     def block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         y = ops.rmsnorm_cpu(x, w)
@@ -183,7 +183,7 @@ def test_explain_reports_no_graph_break(ops):
 
 
 def test_namespace_needs_an_identifier_id():
-    from tileship.torch_ops import namespace_of
+    from tileship.torchops.custom_ops import namespace_of
 
     assert namespace_of("0123abcd") == "tileship_0123abcd"
     with pytest.raises(ValueError, match="cannot name a torch.library namespace"):

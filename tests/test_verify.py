@@ -12,16 +12,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tileship import evidence, nojit
+from tileship.declare.spec import Specialization, Target, Tolerance
 from tileship.errors import BundleIntegrityError
-from tileship.spec import Specialization, Target, Tolerance
-from tileship.verify import (
+from tileship.release import evidence
+from tileship.runtime import nojit
+from tileship.verify.verify import (
     CPU_CACHE_BYTES,
     MAX_INPUT_SETS,
     VerifyOptions,
     check_output,
     fill_poison,
-    make_args,
+    make_inputs,
     poisoned_call,
     rotation_sets,
     time_pair,
@@ -56,8 +57,8 @@ def verified_copy(verified_catalog, tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
     """The deliberately wrong kernels of tests/faulty_ops.py, built for "c" and verified."""
-    from tileship.build import BuildOptions, build
-    from tileship.project import Project, load_operators
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import Project, load_operators
 
     project = Project(model="faulty", model_version="1", operator_modules=("faulty_ops",), targets=("c",), root=TESTS)
     result = build(project, load_operators(project), tmp_path_factory.mktemp("faulty"), BuildOptions(jobs=2))
@@ -179,9 +180,9 @@ def test_verification_points_cover_edges_and_sizes_in_between():
 
 def test_inputs_are_fresh_random_never_zero():
     ins = [("A", ("M", "K")), ("B", ("K",))]
-    a = make_args(ins, {"M": 8, "K": 16}, "float16", "cpu", seed=3)
-    b = make_args(ins, {"M": 8, "K": 16}, "float16", "cpu", seed=3)
-    c = make_args(ins, {"M": 8, "K": 16}, "float16", "cpu", seed=4)
+    a = make_inputs(ins, {"M": 8, "K": 16}, "float16", "cpu", seed=3)
+    b = make_inputs(ins, {"M": 8, "K": 16}, "float16", "cpu", seed=3)
+    c = make_inputs(ins, {"M": 8, "K": 16}, "float16", "cpu", seed=4)
     assert a[0].shape == (8, 16) and a[1].shape == (16,) and a[0].dtype == torch.float16
     assert torch.equal(a[0], b[0]) and not torch.equal(a[0], c[0])
     assert (a[0] != 0).float().mean() > 0.95
@@ -255,7 +256,7 @@ def test_nan_output_fails(faulty):
 
 
 def test_failed_kernels_serve_the_reference_after_verification(faulty):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     rel = load(faulty.path)
     d = rel.decisions()
@@ -273,8 +274,8 @@ def test_failed_kernels_serve_the_reference_after_verification(faulty):
 # -- evidence stored with the release -------------------------------------------------
 
 def test_evidence_is_stored_without_changing_the_release_id(verified_catalog, cpu_release_build):
-    from tileship import bundle
-    from tileship.lock import lock_digest, read_lock
+    from tileship.build.lock import lock_digest, read_lock
+    from tileship.release import bundle
 
     root = verified_catalog.path
     assert verified_catalog.ok, [v.failure for v in verified_catalog.failed]
@@ -296,7 +297,7 @@ def test_evidence_is_stored_without_changing_the_release_id(verified_catalog, cp
 
 
 def test_tampered_evidence_is_refused_by_load(verified_copy):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     p = verified_copy / evidence.EVIDENCE
     doc = json.loads(p.read_text())
@@ -323,7 +324,7 @@ def _entry(dyn: str | None, points: list[tuple[dict, str]], *, passed: bool = Tr
 
 
 def _write_synthetic(root: Path, specs: dict, *, device=None, lock=None) -> None:
-    from tileship.lock import lock_digest, read_lock
+    from tileship.build.lock import lock_digest, read_lock
 
     release_id = json.loads((root / "manifest.json").read_text())["release_id"]
     evidence.write(root, {"schema": 1, "release_id": release_id, "created": "2026-11-29T00:00:00Z",
@@ -341,7 +342,7 @@ SYNTHETIC = {
 
 
 def test_routing_pinned_keeps_the_verify_time_marks(cpu_release):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     _write_synthetic(cpu_release, SYNTHETIC)
     rel = load(cpu_release, routing="pinned")
@@ -355,7 +356,7 @@ def test_routing_pinned_keeps_the_verify_time_marks(cpu_release):
 
 
 def test_routing_by_evidence_chooses_per_size_on_the_slow_path_only(cpu_release):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     _write_synthetic(cpu_release, SYNTHETIC)
     before = nojit.attempts()
@@ -380,7 +381,7 @@ def test_routing_by_evidence_chooses_per_size_on_the_slow_path_only(cpu_release)
 
 
 def test_evidence_from_another_lock_is_ignored(cpu_release):
-    from tileship.loader import load
+    from tileship.runtime.loader import load
 
     _write_synthetic(cpu_release, SYNTHETIC, lock="sha256:" + "0" * 64)
     rel = load(cpu_release, routing="pinned")
@@ -417,7 +418,7 @@ def test_cuda_routing_needs_evidence_from_this_gpu(monkeypatch, here, ev, allow,
 
 
 def test_status_says_an_unverified_release_serves_the_reference_on_a_gpu(monkeypatch, cpu_release):
-    from tileship import loader
+    from tileship.runtime import loader
 
     monkeypatch.setattr(loader, "_device_state", lambda: {"cuda": True, "capability": (9, 0)})
     monkeypatch.setattr(evidence, "current_device", lambda: H200)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import (
+from tileship.declare.spec import DynamicRange, Operator, Specialization, TensorArg, Tolerance
+from tileship.errors import (
     ArtifactLoadError,
     BuildError,
     BundleError,
@@ -24,15 +25,14 @@ from .errors import (
     TileshipError,
     VerificationError,
 )
-from .runtime import Decision, OpRunner, Release
-from .spec import DynamicRange, Operator, Specialization, TensorArg, Tolerance
+from tileship.runtime.dispatch import Decision, OpRunner, Release
 
 __version__ = "0.1.0"
 
 
 def load(path: Any, **kwargs: Any) -> Release:
-    """Load a release without compiling; see ``tileship.loader.load``."""
-    from .loader import load as _load
+    """Load a release without compiling; see ``tileship.runtime.loader.load``."""
+    from tileship.runtime.loader import load as _load
 
     return _load(path, **kwargs)
 

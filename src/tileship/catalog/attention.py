@@ -6,7 +6,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tileship.spec import Operator, TensorArg, Tolerance
+from tileship.declare.spec import Operator, TensorArg, Tolerance
 
 
 def flash_attention(B: int, H: int, S: int, D: int, dtype: str = "float16", block_M: int = 128,

@@ -12,7 +12,7 @@ from typing import Any
 
 import tilelang.language as T
 
-from tileship.spec import DynamicRange, Operator, TensorArg
+from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
 POISON = -12345.0
 OFFSET = 1 << 30

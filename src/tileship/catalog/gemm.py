@@ -5,7 +5,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tileship.spec import DynamicRange, Operator, TensorArg, Tolerance
+from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
 
 
 def matmul(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 128, block_N: int = 256,

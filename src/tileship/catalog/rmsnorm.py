@@ -5,7 +5,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tileship.spec import DynamicRange, Operator, TensorArg
+from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
 EPS = 1e-6
 

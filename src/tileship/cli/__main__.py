@@ -1,5 +1,5 @@
 """``python -m tileship.cli``: the ``tileship`` command without the console script installed."""
 
-from . import main
+from tileship.cli import main
 
 main()

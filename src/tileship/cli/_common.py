@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from ..errors import TileshipError
+from tileship.errors import TileshipError
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -34,12 +34,12 @@ def handle_errors(fn: F) -> F:
 
 
 def resolve_project(project: Path | None) -> Any:
-    from ..project import find_project
+    from tileship.declare.project import find_project
 
     return find_project(project)
 
 
 def default_out() -> Path:
-    from .. import env
+    from tileship import env
 
     return env.home() / "builds"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import console, default_out, handle_errors, resolve_project
+from tileship.cli._common import console, default_out, handle_errors, resolve_project
 
 
 def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float, sign: Path | None, image_digest: str | None) -> object:
@@ -13,8 +13,8 @@ def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from ..build import BuildOptions, build
-    from ..project import load_operators, specializations
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import load_operators, specializations
 
     proj = resolve_project(project)
     ops = load_operators(proj)
@@ -36,7 +36,7 @@ def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float,
     console.print(f"{len(result.built)} built, {len(result.failed)} failed in {result.seconds:.1f} s -> {result.path}"
                   + (f" (signed by {result.key_id})" if result.key_id else ""))
     if result.failed:
-        from ..diagnostics import capture_build
+        from tileship.release.diagnostics import capture_build
 
         try:
             ref = capture_build(result.path)
@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def pack(release: Path, output: Path | None = typer.Option(None, "--output", "-o")) -> None:
         """Pack a release directory into one reproducible .tar.gz (integrity checked first)."""
-        from ..bundle import pack as do_pack
+        from tileship.release.bundle import pack as do_pack
 
         dest = output or Path(f"{release.name}.tileship.tar.gz")
         do_pack(release, dest)

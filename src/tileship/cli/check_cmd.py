@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import console, handle_errors
+from tileship.cli._common import console, handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         compiler, driver, GPU name/SM count (not inside the artifacts; they change references,
         rebuilds or speed evidence).
         """
-        from ..lock import RULES, capture_environment, compare, read_lock
+        from tileship.build.lock import RULES, capture_environment, compare, read_lock
 
         path = lock / "tileship.lock" if lock.is_dir() else lock
         report = compare(read_lock(path), capture_environment())

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import console, handle_errors
+from tileship.cli._common import console, handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -22,11 +22,11 @@ def register(app: typer.Typer) -> None:
 
         from rich.table import Table
 
-        from ..demo import exercise
-        from ..loader import load
-        from ..lock import dump_lock
-        from ..project import builtin_project
-        from .build_cmd import run_build
+        from tileship.build.lock import dump_lock
+        from tileship.cli.build_cmd import run_build
+        from tileship.declare.project import builtin_project
+        from tileship.runtime.loader import load
+        from tileship.verify.demo import exercise
 
         out.mkdir(parents=True, exist_ok=True)
         proj = builtin_project()
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
             check = "[green]ok[/]" if ok else ("[red]MISMATCH[/]" if ok is False else "[dim]-[/]")
             table.add_row(r["spec_id"], r["dims"], r["path"], r["reason"], r["err"], check)
         console.print(table)
-        from .. import nojit
+        from tileship.runtime import nojit
 
         console.print(f"compile attempts while serving: {nojit.attempts()}; counters: {release.counters()}")
         if bad:

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import typer
 
-from ._common import console, err_console, handle_errors
-from .registry_cmd import REGISTRY_HELP
+from tileship.cli._common import console, err_console, handle_errors
+from tileship.cli.registry_cmd import REGISTRY_HELP
 
 
 def _release_dir(release: str | None, registry: Path | None) -> Path:
-    from ..errors import RegistryError
-    from ..registry import Registry
+    from tileship.errors import RegistryError
+    from tileship.release.registry import Registry
 
     if release is not None and Path(release).is_dir():
         return Path(release)
@@ -38,15 +38,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a diagnostics bundle: kernel sources, SASS/PTX, compiler commands and logs, the
         lock next to this environment, nvidia-smi -q, and (with --load) what loading does here."""
-        from .. import diagnostics
-        from ..errors import TileshipError
+        from tileship.errors import TileshipError
+        from tileship.release import diagnostics
 
         path = _release_dir(release, registry)
         target: object = path
         failure: BaseException | None = None
         reason = "on_demand"
         if load:
-            from ..loader import load as do_load
+            from tileship.runtime.loader import load as do_load
 
             try:
                 target = do_load(path)
@@ -76,8 +76,8 @@ def register(app: typer.Typer) -> None:
         """Rehearse a rollback under load: N -> N-1 -> reference -> N through the registry and
         POST /v2/repository/reload; every answer checked against the reference. Exit 0 only
         when no request failed, was dropped, answered wrongly or came from the wrong release."""
-        from ..drill import DrillOptions, run_drill
-        from ..registry import default_root
+        from tileship.release.registry import default_root
+        from tileship.verify.drill import DrillOptions, run_drill
 
         if phase_seconds <= 0 or concurrency < 1 or per_op < 1 or max_request_mib <= 0:
             raise typer.BadParameter("--phase-seconds and --max-request-mib must be > 0; --concurrency and --per-op >= 1")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import console, handle_errors, resolve_project
+from tileship.cli._common import console, handle_errors, resolve_project
 
 
 def register(app: typer.Typer) -> None:
@@ -16,9 +16,9 @@ def register(app: typer.Typer) -> None:
         image_digest: str | None = typer.Option(None, help="container image digest, sha256:<hex>"),
     ) -> None:
         """Write the lock: toolchain, native-lib hashes, device, kernel revision, shapes, fallbacks."""
-        from ..lock import capture_environment, dump_lock, kernel_revision, make_lock, write_lock
-        from ..project import load_operators, revision_root, source_digest
-        from ..spec import describe
+        from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock, write_lock
+        from tileship.declare.project import load_operators, revision_root, source_digest
+        from tileship.declare.spec import describe
 
         proj = resolve_project(project)
         ops = load_operators(proj)

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ._common import console, handle_errors
+from tileship.cli._common import console, handle_errors
 
 if TYPE_CHECKING:
-    from ..registry import Active, Registry
+    from tileship.release.registry import Active, Registry
 
 REGISTRY_HELP = "registry directory (default: $TILESHIP_HOME/registry, i.e. ./.tileship/registry)"
 
 
 def _registry(path: Path | None) -> Registry:
-    from ..registry import Registry
+    from tileship.release.registry import Registry
 
     return Registry(path)
 

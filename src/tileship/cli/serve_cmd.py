@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import handle_errors
+from tileship.cli._common import handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -39,8 +39,8 @@ def register(app: typer.Typer) -> None:
         Exit 0 on SIGINT/SIGTERM; 3 after a sticky device error (restart the process); 1 if it
         could not listen.
         """
-        from ..errors import DeclarationError
-        from ..serve import ServeConfig, run
+        from tileship.errors import DeclarationError
+        from tileship.serve import ServeConfig, run
 
         if drift_policy not in (None, "fallback", "strict"):
             raise DeclarationError(f"--drift-policy must be fallback or strict, got {drift_policy!r}")
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
             raise DeclarationError("--max-body-mib, --timeout and --body-timeout must be > 0; --max-inflight and --threads >= 1")
         spec = None
         if llama is not None:
-            from ..serve.model import parse_spec
+            from tileship.serve.model import parse_spec
 
             spec = parse_spec(llama)
         config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight, worker_threads=threads,

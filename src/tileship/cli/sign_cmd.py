@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import console, handle_errors
+from tileship.cli._common import console, handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def keygen(path: Path = typer.Argument(..., help="private key path; the public key is written to PATH.pub")) -> None:
         """Create an ed25519 signing key pair."""
-        from ..bundle import generate_key
+        from tileship.release.bundle import generate_key
 
         pub = generate_key(path)
         console.print(f"[green]wrote[/] {path} (private, 0600) and {pub}")
@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def sign(release: Path, key: Path = typer.Option(..., help="ed25519 private key (PEM)")) -> None:
         """Sign a release's manifest (after checking every file's hash)."""
-        from ..bundle import sign as do_sign
+        from tileship.release.bundle import sign as do_sign
 
         kid = do_sign(release, key)
         console.print(f"[green]signed[/] {release} with {kid}")
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def inspect(release: Path, trusted_key: list[Path] = typer.Option([], help="require a signature by one of these public keys")) -> None:
         """Check a release's integrity (and signature) without loading it."""
-        from ..bundle import check_integrity, load_public_key, verify_signature
+        from tileship.release.bundle import check_integrity, load_public_key, verify_signature
 
         manifest = check_integrity(release)
         console.print(f"[green]intact[/]: release {manifest['release_id']}, {len(manifest['files'])} files")

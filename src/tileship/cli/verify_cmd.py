@@ -4,12 +4,12 @@ from pathlib import Path
 
 import typer
 
-from ._common import console, handle_errors
+from tileship.cli._common import console, handle_errors
 
 
 def parse_tolerances(values: list[str]) -> dict[str, dict[str, object]]:
     """``OP:DTYPE=ATOL,RTOL`` entries -> {op: {dtype: Tolerance}}; BadParameter names the bad entry."""
-    from ..spec import DTYPES, Tolerance
+    from tileship.declare.spec import DTYPES, Tolerance
 
     out: dict[str, dict[str, object]] = {}
     for raw in values:
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
 
         from rich.table import Table
 
-        from ..verify import VerifyOptions, verify
+        from tileship.verify.verify import VerifyOptions, verify
 
         if reference_dtype not in ("float64", "float32"):
             raise typer.BadParameter(f"{reference_dtype!r}: use float64 or float32", param_hint="--reference-dtype")
@@ -124,7 +124,7 @@ def register(app: typer.Typer) -> None:
         """Write an HTML page with PNG plots from a release's verification evidence: per operator,
         speedup vs reference and error by shape, the path each shape takes and why, the device
         fingerprint and the lock summary."""
-        from ..report import write_report
+        from tileship.verify.report import write_report
 
         index = write_report(release, out)
         console.print(f"[green]wrote[/] {index}")

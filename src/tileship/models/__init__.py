@@ -1,5 +1,5 @@
 """Reference models in plain PyTorch, for end-to-end tests and benchmarks of released kernels."""
 
-from .llama import CausalSelfAttention, Llama, LlamaConfig, RMSNorm, random_llama
+from tileship.models.llama import CausalSelfAttention, Llama, LlamaConfig, RMSNorm, random_llama
 
 __all__ = ["CausalSelfAttention", "Llama", "LlamaConfig", "RMSNorm", "random_llama"]

@@ -7,7 +7,7 @@ one-token forward, see docs/pytorch.md). Weights are random with a realistic sca
 (std 1/sqrt(fan_in)), so activations stay O(1) through the layers and numerical
 comparisons mean something.
 
-Each piece ``tileship.swap`` can replace is its own module: ``nn.Linear`` projections,
+Each piece ``tileship.torchops.swap`` can replace is its own module: ``nn.Linear`` projections,
 ``RMSNorm`` (which calls ``torch.nn.functional.rms_norm``, the catalog's reference), and
 ``CausalSelfAttention`` (the SDPA core on (B, H, S, D), the catalog attention's contract).
 """

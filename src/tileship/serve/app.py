@@ -32,14 +32,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import __version__
-from ..errors import CallError
-from ..metrics import ServeMetrics
-from ..runtime import REFERENCE, Decision, Release
-from . import protocol
-from .holder import Loader, ReleaseHolder, Served, Target, release_id_at
-from .jsonlog import JsonLog
-from .protocol import BadRequest
+from tileship import __version__
+from tileship.errors import CallError
+from tileship.runtime.dispatch import REFERENCE, Decision, Release
+from tileship.serve import protocol
+from tileship.serve.holder import Loader, ReleaseHolder, Served, Target, release_id_at
+from tileship.serve.jsonlog import JsonLog
+from tileship.serve.metrics import ServeMetrics
+from tileship.serve.protocol import BadRequest
 
 #: messages of CUDA errors that poison the context for good (every later CUDA call fails)
 STICKY_CUDA_ERRORS = ("illegal memory access", "illegal address", "unspecified launch failure", "device-side assert",
@@ -69,7 +69,7 @@ class ServeConfig:
     handle_sighup: bool = False
     #: a whole model served next to the operators (``serve.model.LlamaSpec``; ``--llama``)
     llama: Any = None
-    #: test hook: (release path, reference_only) -> Release; default tileship.loader.load
+    #: test hook: (release path, reference_only) -> Release; default tileship.runtime.loader.load
     loader: Loader | None = None
     log_stream: TextIO | None = None
 
@@ -87,14 +87,14 @@ class Service:
     """State shared by the routes: the holder, metrics, log, worker pool, admission count."""
 
     def __init__(self, config: ServeConfig, on_fatal: Callable[[str], Any] | None = None) -> None:
-        from .. import nojit
+        from tileship.runtime import nojit
 
         self.config = config
         self.log = JsonLog(config.log_stream)
         self.metrics = ServeMetrics(nojit.attempts)
         bind = None
         if config.llama is not None:
-            from .model import LlamaHost
+            from tileship.serve.model import LlamaHost
 
             bind = LlamaHost(config.llama).bind
         self.holder = ReleaseHolder(config.source, config.loader or self._default_loader, force_reference=config.reference_only,
@@ -108,7 +108,7 @@ class Service:
 
     # -- loading -------------------------------------------------------------------------
     def _default_loader(self, path: Path, reference_only: bool) -> Release:
-        from ..loader import load
+        from tileship.runtime.loader import load
 
         c = self.config
         return load(path, trusted_keys=c.trusted_keys, drift_policy=c.drift_policy, allow_unverified=c.allow_unverified,
@@ -122,7 +122,7 @@ class Service:
             if hasattr(type(runner), "check_finite"):
                 runner.check_finite = self.config.check_finite  # type: ignore[attr-defined]
         try:
-            from .. import diagnostics
+            from tileship.release import diagnostics
         except ImportError:
             return None
         diagnostics.watch(release, check_finite=self.config.check_finite, out_dir=self.config.diagnostics_dir,
@@ -341,14 +341,14 @@ class Service:
         rel = served.release
         params = {"tileship_release": rel.release_id, "tileship_kernel_revision": rel.kernel_revision,
                   "tileship_path": decision.path, "tileship_reason": decision.reason, **dispatch}
-        from .model import OUTPUT
+        from tileship.serve.model import OUTPUT
 
         return protocol.encode_response(model=whole.spec.name, version=rel.release_id, request_id=kserve_id, parameters=params,
                                         outputs=[(OUTPUT, host, binary)]), decision
 
     def _capture(self, served: Served | None, exc: BaseException, call: Any = None) -> str | None:
         try:
-            from .. import diagnostics
+            from tileship.release import diagnostics
 
             return diagnostics.capture(served.release if served else None, exc=exc, call=call, out_dir=self.config.diagnostics_dir,
                                        reason="serve_error", detail=f"{type(exc).__name__}: {exc}").id

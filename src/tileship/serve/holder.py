@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import RegistryError, TileshipError
-from ..runtime import Release
+from tileship.errors import RegistryError, TileshipError
+from tileship.runtime.dispatch import Release
+from tileship.verify.compare import disagreement
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def resolve(source: Path, *, force_reference: bool = False) -> Target:
         return Target(source, force_reference)
     if not source.is_dir():
         raise RegistryError(f"{source}: no such release or registry directory")
-    from ..registry import Registry  # a registry directory: follow its active pointer
+    from tileship.release.registry import Registry  # a registry directory: follow its active pointer
 
     active = Registry(source).active()
     if active.path is None:
@@ -100,7 +101,7 @@ def serving_devices(release: Release) -> tuple[dict[str, str], str]:
 def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed: int = 0) -> WarmReport:
     """One real call per loaded kernel specialization, compared with the reference.
 
-    The sample shape is the largest of ``tileship.inputs.sample_points(spec, limit=limit)``
+    The sample shape is the largest of ``tileship.declare.inputs.sample_points(spec, limit=limit)``
     (the static shape itself for static specializations). A kernel that raises, returns
     non-finite values or disagrees with the reference beyond the declared tolerance is
     switched to the reference (reason ``load_failed``) and listed in ``failures``. An
@@ -109,7 +110,7 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
     """
     import torch
 
-    from ..inputs import make_inputs, sample_points
+    from tileship.declare.inputs import make_inputs, sample_points
 
     t0 = time.perf_counter()
     report = WarmReport()
@@ -132,7 +133,7 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
                     torch.cuda.synchronize()
                 t = tol.get(spec.dtype, {"atol": 0.0, "rtol": 0.0})
                 for o, r in zip(outs, refs, strict=True):
-                    problem = problem or _disagreement(o, r, t["atol"], t["rtol"])
+                    problem = problem or disagreement(o, r, t["atol"], t["rtol"])
             except Exception as exc:
                 problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             report.calls += 1
@@ -159,23 +160,6 @@ def _elements(inputs: Any, dims: dict[str, int]) -> int:
             k *= dims[d]
         n += k
     return n
-
-
-def _disagreement(out: Any, ref: Any, atol: float, rtol: float) -> str | None:
-    import torch
-
-    if tuple(out.shape) != tuple(ref.shape):
-        return f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-    o, r = out.double(), ref.double()
-    finite = torch.isfinite(r)
-    if not bool(torch.isfinite(o)[finite].all()):
-        return "non-finite output where the reference is finite"
-    err = (o - r).abs()
-    bad = (err > atol + rtol * r.abs()) & finite
-    n = int(bad.sum())
-    if n:
-        return f"{n} of {bad.numel()} elements differ from the reference (max |err| {float(err[finite].max()):.3g}, atol {atol}, rtol {rtol})"
-    return None
 
 
 Loader = Callable[[Path, bool], Release]

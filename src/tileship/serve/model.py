@@ -2,7 +2,7 @@
 
 The random-weight Llama decoder of ``tileship.models`` (seeded: a client rebuilds the same
 weights with ``random_llama(config, dtype=..., seed=...)``), swapped onto the live release
-with ``tileship.swap.swap``, is one more model of the server (default name ``llama``):
+with ``tileship.torchops.swap.swap``, is one more model of the server (default name ``llama``):
 
     input   input_ids  INT64  [-1, -1]          (batch, seq); 0 <= id < vocab, seq <= max_seq
     output  logits     model dtype  [-1, -1, vocab]
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DeclarationError
-from ..runtime import KERNEL, REFERENCE, Decision, Release
-from . import protocol
-from .protocol import BadRequest
+from tileship.errors import DeclarationError
+from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Release
+from tileship.serve import protocol
+from tileship.serve.protocol import BadRequest
 
 INPUT, OUTPUT = "input_ids", "logits"
 #: preset -> LlamaConfig fields, dtype and seed. ``tiny`` runs on a laptop CPU (hidden 1024
@@ -62,7 +62,7 @@ class LlamaSpec:
     names: tuple[tuple[str, str], ...] = ()
 
     def config(self) -> Any:
-        from ..models import LlamaConfig
+        from tileship.models import LlamaConfig
 
         return LlamaConfig(vocab_size=self.vocab, hidden=self.hidden, n_layers=self.layers, n_heads=self.heads,
                            intermediate=self.intermediate, max_seq=self.max_seq, eps=self.eps)
@@ -253,7 +253,7 @@ class LlamaHost:
         self._lock = threading.Lock()
 
     def template(self, device: str) -> Any:
-        from ..models import random_llama
+        from tileship.models import random_llama
 
         with self._lock:
             if self._template is None or str(self._template.rope_cos.device.type) != device:
@@ -266,7 +266,7 @@ class LlamaHost:
         """A fresh copy of the model swapped onto ``release`` (device: CUDA when any operator
         serves there). Raises what ``swap`` raises (DeclarationError for an operator with the
         wrong signature) and out-of-memory errors: the release then does not take traffic."""
-        from ..swap import KernelAttention, KernelLinear, KernelRMSNorm, swap
+        from tileship.torchops.swap import KernelAttention, KernelLinear, KernelRMSNorm, swap
 
         device = "cuda" if "cuda" in devices.values() else "cpu"
         model = copy.deepcopy(self.template(device))

@@ -17,8 +17,8 @@ import threading
 import time
 from typing import Any
 
-from .app import ServeConfig, Service, create_app
-from .jsonlog import uvicorn_log_config
+from tileship.serve.app import ServeConfig, Service, create_app
+from tileship.serve.jsonlog import uvicorn_log_config
 
 EXIT_FATAL = 3
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from .errors import LockError
+from tileship.errors import LockError
 
 LOCK_SCHEMA = 1
 NATIVE_LIBS = ("libtilelang.so", "libtvm_runtime.so", "libtvm_compiler.so")

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import evidence as ev_mod
-from .errors import VerificationError
-from .spec import Specialization, Target
+from tileship.declare.spec import Specialization, Target
+from tileship.errors import VerificationError
+from tileship.release import evidence as ev_mod
 
 KERNEL_COLOR = "#1b9e77"
 REFERENCE_COLOR = "#d95f02"
@@ -189,8 +189,8 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
     """
     import importlib.util
 
-    from . import bundle
-    from .lock import lock_digest, read_lock
+    from tileship.build.lock import lock_digest, read_lock
+    from tileship.release import bundle
 
     if importlib.util.find_spec("matplotlib") is None:
         raise VerificationError("the report needs matplotlib, which is not installed", hint="pip install 'matplotlib==3.11.2'")

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import TileshipError
-from .registry import Registry
+from tileship.errors import TileshipError
+from tileship.release.registry import Registry
 
 KSERVE = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32", "float64": "FP64", "int8": "INT8", "int32": "INT32"}
 HEADER_LENGTH = "inference-header-content-length"
@@ -181,8 +181,8 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
     """Pre-encoded requests with their expected answers, for operators both releases serve."""
     import torch
 
-    from .inputs import make_inputs, sample_points
-    from .spec import Specialization
+    from tileship.declare.inputs import make_inputs, sample_points
+    from tileship.declare.spec import Specialization
 
     rel_new = json.loads((reg.path_of(new) / "release.json").read_text())
     rel_old = json.loads((reg.path_of(old) / "release.json").read_text())

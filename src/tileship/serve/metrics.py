@@ -1,7 +1,7 @@
 """Prometheus metrics of a serving process, in a registry of their own (never the global one).
 
 Request latency, load and warm-up are separate families so a slow load never shows up as
-request latency. ``tileship_serve_compile_attempts`` reads ``tileship.nojit.attempts()`` at
+request latency. ``tileship_serve_compile_attempts`` reads ``tileship.runtime.nojit.attempts()`` at
 scrape time and must stay 0: anything else means a call reached TileLang's JIT.
 
     tileship_requests_total{model,version,path,code}     requests answered (path: kernel|reference|mixed|none)

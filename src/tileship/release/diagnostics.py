@@ -10,7 +10,7 @@ Contents (each file present when its source is; ``summary.json`` says what was n
     call_data.pt             its tensors (only with include_data=True: they may hold user data)
     runtime.json             a loaded release's status, decisions, counters, load errors, faults
     environment/lock.yaml    the release's lock
-    environment/current.yaml the environment running now (tileship.lock.capture_environment)
+    environment/current.yaml the environment running now (tileship.build.lock.capture_environment)
     environment/side_by_side.txt  every locked field next to its running value, drift marked
     nvidia-smi.txt           ``nvidia-smi -q`` (or why it is absent)
     specs/<spec id>/         device_kernel.cu, host_kernel.cu, artifact.json, build.json
@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import env
+from tileship import env
 
 TOOL_TIMEOUT_S = 30.0
-_log = logging.getLogger("tileship.diagnostics")
+_log = logging.getLogger("tileship.release.diagnostics")
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class FaultRecorder:
         self._lock = threading.Lock()
 
     def __call__(self, entry: Any, reason: str, detail: str) -> None:
-        from .runtime import fault_args
+        from tileship.runtime.dispatch import fault_args
 
         sid = entry.decision.spec_id
         args = fault_args()
@@ -285,7 +285,7 @@ def _runtime_view(release: Any) -> dict[str, Any]:
 
 
 def _environment(dest: Path, rel_root: Path | None, loaded: Any) -> None:
-    from .lock import capture_environment, compare, dump_lock, read_lock
+    from tileship.build.lock import capture_environment, compare, dump_lock, read_lock
 
     dest.mkdir(parents=True, exist_ok=True)
     current = capture_environment()

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from .errors import CallError
-from .spec import Specialization
+from tileship.declare.spec import Specialization
+from tileship.errors import CallError
 
 _KEY = attrgetter("device", "dtype", "shape")
 
@@ -62,7 +62,7 @@ _KEY_OF = {1: _key1, 2: _key2, 3: _key3}
 KERNEL = "kernel"
 REFERENCE = "reference"
 MEMO_LIMIT = 8192
-_log = logging.getLogger("tileship.runtime")
+_log = logging.getLogger("tileship.runtime.dispatch")
 _fault_call = threading.local()
 
 

@@ -30,8 +30,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from . import bundle, env
-from .errors import BundleError, RegistryError
+from tileship import env
+from tileship.errors import BundleError, RegistryError
+from tileship.release import bundle
 
 POINTER = "active.json"
 POINTER_SCHEMA = 1

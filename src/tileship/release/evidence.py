@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import BundleIntegrityError
-from .spec import Target
+from tileship.declare.spec import Target
+from tileship.errors import BundleIntegrityError
 
 EVIDENCE = "evidence/verification.json"
 SCHEMA = 1
@@ -76,7 +76,7 @@ def write(root: Path, data: Mapping[str, Any]) -> dict[str, Any]:
     does not survive (the manifest changed): re-sign afterwards. Raises BundleIntegrityError
     when the release was not intact before writing.
     """
-    from . import bundle
+    from tileship.release import bundle
 
     root = Path(root)
     before = bundle.check_integrity(root)["release_id"]
@@ -96,7 +96,7 @@ def current_device() -> dict[str, Any] | None:
 
     if not torch.cuda.is_available():
         return None
-    from .lock import capture_environment
+    from tileship.build.lock import capture_environment
 
     p = torch.cuda.get_device_properties(0)
     gpu = capture_environment().get("gpu") or {}

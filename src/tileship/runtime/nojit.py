@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .errors import CompileForbidden
+from tileship.errors import CompileForbidden
 
 _lock = threading.Lock()
 _attempts = 0

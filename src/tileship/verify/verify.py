@@ -17,7 +17,7 @@ For every specialization this machine can run (CUDA ones on a GPU, ``"c"`` ones 
   between the two repeats of the same measurement is the noise band: a kernel/reference
   difference within it is "no difference".
 
-``verify`` writes ``evidence/verification.json`` (see ``tileship.evidence``) and re-hashes
+``verify`` writes ``evidence/verification.json`` (see ``tileship.release.evidence``) and re-hashes
 the release; the release id does not change. The evidence is replaced as a whole. Never
 compiles: artifacts are loaded from the bundle with the no-JIT guard installed.
 
@@ -33,28 +33,18 @@ unless ``strict_poison`` is off. This swaps a global: run verification in one th
 from __future__ import annotations
 
 import math
-import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import evidence as ev_mod
-from .errors import ArtifactLoadError, VerificationError
-from .inputs import sample_points
-from .spec import Specialization, Target, Tolerance
-
-#: NaN payloads nothing computes (canonical NaNs are 0x7FC00000 / 0xFFC00000 and friends)
-POISON_BITS = {"float32": ("int32", 0x7FC0DEAD), "float16": ("int16", 0x7E6D), "bfloat16": ("int16", 0x7FED),
-               "float64": ("int64", 0x7FF80000DEADBEEF), "int32": ("int32", 0x5A5A5A5A), "int8": ("int8", 0x5A)}
-#: the repeat-to-repeat band never goes under this share of the faster median
-NOISE_FLOOR = 0.01
-#: H200 L2 is 50 MB; inputs smaller than twice the cache are rotated across several sets
-CUDA_CACHE_BYTES = 50 * 1024 * 1024
-CPU_CACHE_BYTES = 32 * 1024 * 1024
-MAX_INPUT_SETS = 16
+from tileship.declare.inputs import make_inputs, point_seed, verification_points
+from tileship.declare.spec import Specialization, Target, Tolerance
+from tileship.errors import ArtifactLoadError, VerificationError
+from tileship.release import evidence as ev_mod
+from tileship.verify.compare import Check, check_output, poisoned_call
+from tileship.verify.timing import NOISE_FLOOR, Timing, _num, _stats, measure, rotation_sets
 
 
 @dataclass(frozen=True)
@@ -82,64 +72,6 @@ class VerifyOptions:
 
 
 # -- results (values, not exceptions) ------------------------------------------------
-
-@dataclass(frozen=True)
-class Check:
-    """One output of one run compared with the float64 reference."""
-
-    numel: int
-    unwritten: int
-    nonfinite: int
-    mismatches: int
-    max_abs_err: float | None
-    rel_l2_err: float | None
-    #: worst element's |err| / (atol + rtol |ref|): <= 1 passes
-    tol_ratio: float | None
-    failure: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        return self.failure is None
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: _num(v) for k, v in self.__dict__.items()}
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Per-call time of one timing run, microseconds."""
-
-    median_us: float
-    p10_us: float
-    p90_us: float
-    iqr_us: float
-    repeats: int
-    inner: int
-    sets: int
-    samples: tuple[float, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"median_us": _num(self.median_us), "p10_us": _num(self.p10_us), "p90_us": _num(self.p90_us),
-                "iqr_us": _num(self.iqr_us), "repeats": self.repeats, "calls_per_sample": self.inner, "input_sets": self.sets}
-
-
-@dataclass(frozen=True)
-class Timing:
-    kernel: Stats
-    reference: Stats
-    #: |median of run 1 - median of run 2| of the same path, the larger of the two paths
-    noise_us: float
-    verdict: str
-    repeat_medians_us: Mapping[str, tuple[float, float]]
-
-    @property
-    def speedup(self) -> float:
-        return self.reference.median_us / self.kernel.median_us if self.kernel.median_us > 0 else math.inf
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kernel": self.kernel.to_json(), "reference": self.reference.to_json(), "noise_us": _num(self.noise_us),
-                "verdict": self.verdict, "speedup": _num(self.speedup),
-                "repeat_medians_us": {k: [_num(a), _num(b)] for k, (a, b) in self.repeat_medians_us.items()}}
 
 
 @dataclass(frozen=True)
@@ -214,229 +146,13 @@ class VerifyResult:
         return bool(self.verdicts) and not self.failed
 
 
-def _num(v: Any) -> Any:
-    """JSON has no NaN/Inf: those become None (the failure text says what happened)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
 # -- correctness ---------------------------------------------------------------------
-
-def _poison_pattern(dtype: Any) -> tuple[Any, int]:
-    """(integer view dtype, poison bits as a signed value of that width) for a float dtype."""
-    import torch
-
-    view, bits = POISON_BITS[str(dtype).removeprefix("torch.")]
-    width = torch.iinfo(getattr(torch, view)).bits
-    return getattr(torch, view), bits - (1 << width) if bits >= 1 << (width - 1) else bits
-
-
-def fill_poison(t: Any) -> Any:
-    """Fill ``t`` in place with the poison bit pattern of its dtype. Returns ``t``."""
-    view, signed = _poison_pattern(t.dtype)
-    t.view(view).fill_(signed)
-    return t
-
-
-def poison_mask(t: Any) -> Any:
-    """Elements of ``t`` still bit-identical to the poison (never written)."""
-    view, signed = _poison_pattern(t.dtype)
-    return t.contiguous().view(view) == signed
-
-
-def poisoned_call(kernel: Callable[..., Any], args: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[list[Any], bool]:
-    """Run ``kernel(*args)`` with every output it allocates pre-filled with the poison.
-
-    ``outputs``: (shape, torch dtype) of each output, for the CUDA allocator. Returns the
-    outputs and whether each was confirmed to be a poisoned block. Raises what the kernel
-    raises; on CUDA synchronizes, so a launch error surfaces here.
-    """
-    import torch
-
-    device = args[0].device
-    made: list[Any] = []
-    real_empty = torch.empty
-
-    def poisoned_empty(*size: Any, **kw: Any) -> Any:
-        t = real_empty(*size, **kw)
-        if str(t.dtype).removeprefix("torch.") in POISON_BITS and t.numel():
-            fill_poison(t)
-            made.append(t)
-        return t
-
-    handed_back: set[int] = set()
-    if device.type == "cuda":
-        # Same requests, freed in reverse: the allocator state is as before, so the kernel's
-        # identical requests get these very blocks back (contents survive a free).
-        blocks = [fill_poison(real_empty(shape, dtype=dt, device=device)) for shape, dt in outputs]
-        handed_back = {b.data_ptr() for b in blocks}
-        while blocks:
-            del blocks[-1]
-    torch.empty = poisoned_empty
-    try:
-        result = kernel(*args)
-    finally:
-        torch.empty = real_empty
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    outs = list(result) if isinstance(result, (list, tuple)) else [result]
-    ours = {t.data_ptr() for t in made} | handed_back
-    return outs, all(o.data_ptr() in ours for o in outs)
-
-
-def check_output(out: Any, ref: Any, *, atol: float, rtol: float) -> Check:
-    """Compare ``out`` with the high-precision ``ref`` element by element."""
-    import torch
-
-    numel = int(ref.numel())
-    if tuple(out.shape) != tuple(ref.shape):
-        return Check(int(out.numel()), 0, 0, 0, None, None, None, failure=f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
-    unwritten = poison_mask(out) if str(out.dtype).removeprefix("torch.") in POISON_BITS else torch.zeros(out.shape, dtype=torch.bool, device=out.device)
-    o = out.to(torch.float64)
-    r = ref.to(device=out.device, dtype=torch.float64)
-    ref_bad = int((~torch.isfinite(r)).sum())
-    nonfinite = ~torch.isfinite(o) & ~unwritten
-    err = (o - r).abs()
-    bound = atol + rtol * r.abs()
-    finite = torch.isfinite(o) & torch.isfinite(r)
-    ok = err <= bound  # False for NaN
-    mismatches = finite & ~ok
-    n_unw, n_nf, n_mis = int(unwritten.sum()), int(nonfinite.sum()), int(mismatches.sum())
-    max_abs = float(err[finite].max()) if bool(finite.any()) else None
-    rnorm = float(torch.linalg.vector_norm(r[finite])) if bool(finite.any()) else 0.0
-    rel_l2 = float(torch.linalg.vector_norm(o[finite] - r[finite])) / rnorm if rnorm > 0 else None
-    ratio_t = torch.where(bound > 0, err / bound.clamp_min(1e-300), torch.where(err > 0, math.inf, 0.0))
-    tol_ratio = float(ratio_t[finite].max()) if bool(finite.any()) else None
-
-    def first(mask: Any) -> int:
-        return int(mask.reshape(-1).nonzero()[0, 0])
-
-    failure = None
-    if ref_bad:
-        failure = f"the reference produced {ref_bad} non-finite values: the inputs are outside the operator's domain"
-    elif n_unw:
-        failure = f"{n_unw} of {numel} elements never written (still hold the NaN poison), first at flat index {first(unwritten)}"
-    elif n_nf:
-        failure = f"{n_nf} of {numel} elements are NaN/Inf, first at flat index {first(nonfinite)}"
-    elif n_mis:
-        i = first(mismatches)
-        failure = (f"{n_mis} of {numel} elements beyond atol={atol:g} + rtol={rtol:g}*|ref|, first at flat index {i} "
-                   f"(got {o.reshape(-1)[i].item():.6g}, want {r.reshape(-1)[i].item():.6g}); max |err| {max_abs:.3g}")
-    return Check(numel, n_unw, n_nf, n_mis, max_abs, rel_l2, tol_ratio, failure)
 
 
 # -- inputs and shapes -----------------------------------------------------------------
 
-def verification_points(spec: Specialization, *, block: int = 128, grid: int = 4, limit: int | None = None) -> list[dict[str, int]]:
-    """Shapes to verify ``spec`` at: the edges of ``tileship.inputs.sample_points`` (1, a size
-    not a multiple of ``block``, the middle, the maximum), plus powers of ``grid`` in between."""
-    dims = spec.dim_map()
-    dyn = spec.dynamic_dim
-    edges = sample_points(spec, block=block, limit=limit)
-    if dyn is None:
-        return [{d: int(dims[d]) for d, _ in spec.dims}]  # type: ignore[arg-type]
-    lo, hi = dims[dyn]  # type: ignore[misc]
-    top = hi if limit is None else max(lo, min(hi, limit))
-    sizes = {p[dyn] for p in edges}
-    if grid >= 2:
-        v = 1
-        while v <= top:
-            if v >= lo:
-                sizes.add(v)
-            v *= grid
-    return [{d: (s if d == dyn else int(dims[d])) for d, _ in spec.dims} for s in sorted(sizes)]  # type: ignore[arg-type]
-
-
-def make_args(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, int], dtype: str, device: str, seed: int) -> list[Any]:
-    """Fresh standard-normal inputs (integers in [-8, 8) for int dtypes); drawn on the device itself."""
-    import torch
-
-    if device == "cpu":
-        from .inputs import make_inputs
-
-        return make_inputs(inputs, dict(dims), dtype, device, seed)
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = getattr(torch, dtype)
-    out = []
-    for _, ds in inputs:
-        shape = tuple(dims[d] for d in ds)
-        if dt.is_floating_point:
-            out.append(torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dt))
-        else:
-            out.append(torch.randint(-8, 8, shape, generator=g, device=device, dtype=torch.int32).to(dt))
-    return out
-
-
-def point_seed(base: int, spec_id: str, dims: Mapping[str, int]) -> int:
-    """Distinct, reproducible data for every (seed, specialization, shape)."""
-    return base * 1_000_003 + zlib.crc32(f"{spec_id}|{sorted(dims.items())}".encode()) % 1_000_003
-
 
 # -- timing ----------------------------------------------------------------------------
-
-def _quantile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    pos = (len(s) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def _stats(samples: Sequence[float], repeats: int, inner: int, sets: int) -> Stats:
-    return Stats(_quantile(samples, 0.5), _quantile(samples, 0.1), _quantile(samples, 0.9),
-                 _quantile(samples, 0.75) - _quantile(samples, 0.25), repeats, inner, sets, tuple(samples))
-
-
-def measure(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device: str, warmup_ms: float = 25.0,
-            budget_ms: float = 100.0, min_repeats: int = 5, max_repeats: int = 50) -> Stats:
-    """Per-call time of ``fn`` over rotating ``arg_sets``: warm-up, then ``repeats`` samples of
-    ``inner`` back-to-back calls each (CUDA events on CUDA, perf_counter on CPU)."""
-    import torch
-
-    cuda = device == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    n = len(arg_sets)
-    calls, chunk = 0, 1
-    sync()
-    t0 = time.perf_counter()
-    while True:  # warm-up in doubling chunks; also estimates one call's cost
-        for _ in range(chunk):
-            fn(*arg_sets[calls % n])
-            calls += 1
-        sync()
-        elapsed = (time.perf_counter() - t0) * 1e3
-        if elapsed >= warmup_ms and calls >= 3:
-            break
-        chunk = min(chunk * 2, 1024)
-    est_ms = max(elapsed / calls, 1e-4)
-    inner = max(1, min(10_000, math.ceil((0.2 if cuda else 1.0) / est_ms)))
-    repeats = max(min_repeats, min(max_repeats, int(budget_ms / (inner * est_ms))))
-    samples: list[float] = []
-    k = 0
-    if cuda:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        for r in range(repeats):
-            starts[r].record()
-            for _ in range(inner):
-                fn(*arg_sets[k % n])
-                k += 1
-            ends[r].record()
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) * 1e3 / inner for s, e in zip(starts, ends, strict=True)]
-    else:
-        for _ in range(repeats):
-            t = time.perf_counter()
-            for _ in range(inner):
-                fn(*arg_sets[k % n])
-                k += 1
-            samples.append((time.perf_counter() - t) * 1e6 / inner)
-    return _stats(samples, repeats, inner, n)
 
 
 def time_pair(kernel: Callable[..., Any], reference: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device: str,
@@ -453,18 +169,6 @@ def time_pair(kernel: Callable[..., Any], reference: Callable[..., Any], arg_set
     noise = max(abs(k1.median_us - k2.median_us), abs(r1.median_us - r2.median_us), NOISE_FLOOR * min(k.median_us, r.median_us))
     return Timing(k, r, noise, ev_mod.compare_times(k.median_us, r.median_us, noise),
                   {"kernel": (k1.median_us, k2.median_us), "reference": (r1.median_us, r2.median_us)})
-
-
-def rotation_sets(first: Sequence[Any], make: Callable[[int], Sequence[Any]], *, device: str, out_bytes: int) -> list[Sequence[Any]]:
-    """``first`` plus enough fresh input sets that one pass over them overflows the cache."""
-    cache = CUDA_CACHE_BYTES if device == "cuda" else CPU_CACHE_BYTES
-    if device == "cuda":
-        import torch
-
-        cache = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or cache
-    per_set = sum(int(a.numel()) * a.element_size() for a in first) + out_bytes
-    n = 1 if per_set >= 2 * cache else min(MAX_INPUT_SETS, math.ceil(2 * cache / max(per_set, 1)))
-    return [first, *(make(i) for i in range(1, n))]
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -508,7 +212,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
         out_specs = [(tuple(dims[d] for d in ds), dt) for _, ds in outputs]
         for base in options.seeds:
             seed = point_seed(base, spec.id, dims)
-            args = make_args(inputs, dims, spec.dtype, device, seed)
+            args = make_inputs(inputs, dims, spec.dtype, device, seed)
             first_args = first_args or args
             try:
                 outs, ok_poison = poisoned_call(kernel, args, out_specs)
@@ -539,7 +243,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
             out_bytes = sum(math.prod(s) for s, _ in out_specs) * torch.empty((), dtype=dt).element_size()
 
             def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
-                return make_args(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d))
+                return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d))
 
             sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
             timing = time_pair(kernel, reference, sets, device=device, options=options)
@@ -554,7 +258,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
 
 
 def _default_tol(dtype: str) -> tuple[float, float]:
-    from .spec import DEFAULT_TOLERANCES
+    from tileship.declare.spec import DEFAULT_TOLERANCES
 
     return DEFAULT_TOLERANCES[dtype]
 
@@ -571,9 +275,11 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
 
     import torch
 
-    from . import bundle, env, nojit
-    from .loader import _import_reference, load_artifact
-    from .lock import capture_environment, compare, lock_digest, read_lock
+    from tileship import env
+    from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
+    from tileship.release import bundle
+    from tileship.runtime import nojit
+    from tileship.runtime.loader import _import_reference, load_artifact
 
     root = Path(path)
     manifest = bundle.check_integrity(root)

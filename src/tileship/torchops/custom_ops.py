@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from .errors import CallError
-from .runtime import OpRunner, Release
+from tileship.errors import CallError
+from tileship.runtime.dispatch import OpRunner, Release
 
 PREFIX = "tileship_"
 

@@ -1,6 +1,6 @@
 """Ahead-of-time build: every (operator x shape x target) compiled into a release bundle.
 
-No GPU needed. Each specialization compiles in its own process (``tileship._worker``)
+No GPU needed. Each specialization compiles in its own process (``tileship.build.worker``)
 under a timeout, in parallel, so one crash or hang never takes the build down; failures are
 values (``SpecResult``) recorded with the compiler commands and the full log in
 ``build-log.json``, never mixed with anything measured at serve time.
@@ -26,11 +26,11 @@ from typing import Any
 
 from filelock import FileLock
 
-from . import bundle
-from .errors import BuildError
-from .lock import capture_environment, dump_lock, kernel_revision, make_lock
-from .project import Project, revision_root, source_digest
-from .spec import Operator, Specialization, describe, expand
+from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock
+from tileship.declare.project import Project, revision_root, source_digest
+from tileship.declare.spec import Operator, Specialization, describe, expand
+from tileship.errors import BuildError
+from tileship.release import bundle
 
 LOG_LIMIT = 256 * 1024
 
@@ -89,7 +89,7 @@ def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: flo
     with FileLock(str(work) + ".lock"):
         job_file = work.with_suffix(".job.json")
         job_file.write_text(json.dumps(job))
-        proc = subprocess.Popen([sys.executable, "-m", "tileship._worker", str(job_file)], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "tileship.build.worker", str(job_file)], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True, env=_child_env())
         try:
             output, _ = proc.communicate(timeout=timeout_s)

@@ -30,8 +30,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import BundleError, BundleIntegrityError, SignatureError
-from .lock import sha256_file
+from tileship.build.lock import sha256_file
+from tileship.errors import BundleError, BundleIntegrityError, SignatureError
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"

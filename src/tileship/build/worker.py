@@ -1,4 +1,4 @@
-"""Compile ONE specialization in its own process: ``python -m tileship._worker JOB.json``.
+"""Compile ONE specialization in its own process: ``python -m tileship.build.worker JOB.json``.
 
 Run by ``build`` under a timeout, so a crash or a hang here never takes the build down.
 Writes the artifact files into ``job["out"]`` and a JSON result on the last stdout line.
@@ -49,7 +49,7 @@ class _SeededNames:
 
 def find_operator(module: str, name: str) -> Any:
     """The module-level ``Operator`` called ``name`` in ``module``."""
-    from tileship.spec import Operator
+    from tileship.declare.spec import Operator
 
     mod = importlib.import_module(module)
     return next(v for v in vars(mod).values() if isinstance(v, Operator) and v.name == name)
@@ -88,7 +88,7 @@ def main(job_path: str) -> int:
         import tilelang
         from tilelang import tvm
 
-        from tileship.spec import Specialization, Target
+        from tileship.declare.spec import Specialization, Target
 
         if job.get("sys_path"):
             sys.path.insert(0, job["sys_path"])

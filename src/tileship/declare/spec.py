@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DeclarationError
+from tileship.errors import DeclarationError
 
 #: dtype names accepted in declarations (TileLang spelling == torch attribute name).
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int32")

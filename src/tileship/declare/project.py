@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import DeclarationError
-from .spec import Operator, Specialization, Target, expand
+from tileship.declare.spec import Operator, Specialization, Target, expand
+from tileship.errors import DeclarationError
 
 ROUTINGS = ("pinned", "evidence")
 DRIFT_POLICIES = ("fallback", "strict")

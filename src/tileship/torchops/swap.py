@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import DeclarationError, KernelMismatch
-from .runtime import Entry, Release
-from .torch_ops import TorchOps, register
+from tileship.errors import DeclarationError, KernelMismatch
+from tileship.runtime.dispatch import Entry, Release
+from tileship.torchops.custom_ops import TorchOps, register
 
 #: layer kind -> release operator serving it (override per call with ``names=``)
 DEFAULT_NAMES: Mapping[str, str] = {"linear": "gemm", "rmsnorm": "rmsnorm", "attention": "attention"}
@@ -156,7 +156,7 @@ def check_stamp(mine: Mapping[str, Any] | None, saved: Any, *, allow_mismatch: b
         return
     if not isinstance(saved, Mapping) or not {"release_id", "kernel_revision"} <= set(saved):
         raise KernelMismatch(f"the checkpoint's kernel stamp is malformed: {saved!r}", expected=mine, found=None,
-                             hint="it should hold release_id and kernel_revision; re-save the checkpoint with tileship.swap.save")
+                             hint="it should hold release_id and kernel_revision; re-save the checkpoint with tileship.torchops.swap.save")
     if mine is None:
         raise KernelMismatch(f"the checkpoint was saved from a model running release {saved['release_id']} "
                              f"(kernel revision {saved['kernel_revision']}); this model runs no tileship kernels",
@@ -240,7 +240,7 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
     a named operator lacks the kind's signature, KernelMismatch when the model already runs
     another release's kernels. Calling it again with the same release is a no-op.
     """
-    from .models.llama import CausalSelfAttention, RMSNorm
+    from tileship.models.llama import CausalSelfAttention, RMSNorm
 
     root = _unwrap(model)
     stamp = kernel_stamp(root)
@@ -414,7 +414,7 @@ def load(model: nn.Module, path: Path | str, *, allow_kernel_mismatch: bool = Fa
     data = torch.load(str(path), map_location="cpu", weights_only=True)
     if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
         raise ValueError(f"{path}: not a tileship model file (format {data.get('format') if isinstance(data, dict) else type(data).__name__!r}, "
-                         f"expected {FILE_FORMAT!r}); for a bare state_dict use tileship.swap.load_state_dict")
+                         f"expected {FILE_FORMAT!r}); for a bare state_dict use tileship.torchops.swap.load_state_dict")
     stamp = kernel_stamp(model)
     check_stamp(stamp.to_json() if stamp else None, data["kernels"], allow_mismatch=allow_kernel_mismatch)
     load_state_dict(model, data["state_dict"], allow_kernel_mismatch=True, strict=strict)  # checked above

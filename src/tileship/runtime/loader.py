@@ -17,11 +17,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import bundle, env, evidence
-from .errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
-from .lock import capture_environment, compare, lock_digest, read_lock
-from .runtime import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
-from .spec import Specialization, Target
+from tileship import env
+from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
+from tileship.declare.spec import Specialization, Target
+from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
+from tileship.release import bundle, evidence
+from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
 
 
 def load_artifact(spec_dir: Path, spec_id: str) -> Any:
@@ -91,7 +92,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                            hint="run `tileship check` for details; rebuild for this environment or use drift=fallback")
     env.ensure_tilelang_cache_dir()
     if forbid_compile:
-        from . import nojit
+        from tileship.runtime import nojit
 
         nojit.install()
     device = _device_state()

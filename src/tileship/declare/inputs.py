@@ -1,0 +1,65 @@
+"""Inputs derived from a declaration: which shapes to exercise a specialization at, and random
+tensors for them. The one home of shape sampling and input generation (demo, verify, serve, drill)."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tileship.declare.spec import Specialization
+
+
+def sample_points(spec: Specialization, *, block: int = 128, grid: int = 0, limit: int | None = None) -> list[dict[str, int]]:
+    """Concrete dims to call ``spec`` with, in declaration order. Static: the shape. Dynamic: 1 (min),
+    a size not a multiple of ``block``, a middle size and the maximum (capped at ``limit`` when
+    given), plus, when ``grid >= 2``, every power of ``grid`` in between."""
+    dims = spec.dim_map()
+    dyn = spec.dynamic_dim
+    if dyn is None:
+        return [{d: int(dims[d]) for d, _ in spec.dims}]  # type: ignore[arg-type]
+    lo, hi = dims[dyn]  # type: ignore[misc]
+    top = hi if limit is None else max(lo, min(hi, limit))
+    sizes = [lo, min(top, max(lo, block + 3)), min(top, max(lo, (lo + top) // 2)), top]
+    if grid >= 2:
+        v = 1
+        while v <= top:
+            if v >= lo:
+                sizes.append(v)
+            v *= grid
+        sizes = sorted(set(sizes))
+    return [{d: (s if d == dyn else int(dims[d])) for d, _ in spec.dims} for s in dict.fromkeys(sizes)]  # type: ignore[arg-type]
+
+
+def verification_points(spec: Specialization, *, block: int = 128, grid: int = 4, limit: int | None = None) -> list[dict[str, int]]:
+    """``sample_points`` with a geometric grid (default 4) between the edges, sorted: what verify measures."""
+    dyn = spec.dynamic_dim
+    points = sample_points(spec, block=block, grid=grid, limit=limit)
+    return sorted(points, key=lambda p: p[dyn]) if dyn else points
+
+
+def shapes_of(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, int]) -> list[tuple[int, ...]]:
+    """The concrete shape of each declared tensor at ``dims``."""
+    return [tuple(dims[d] for d in ds) for _, ds in inputs]
+
+
+def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, int], dtype: str, device: str,
+                seed: int) -> list[Any]:
+    """Fresh standard-normal tensors (never zeros; integers in [-8, 8) for int dtypes), one per declared
+    input, drawn on ``device`` itself from a generator seeded with ``seed`` (reproducible per device)."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    dt = getattr(torch, dtype)
+    out = []
+    for shape in shapes_of(inputs, dims):
+        if dt.is_floating_point:
+            out.append(torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dt))
+        else:
+            out.append(torch.randint(-8, 8, shape, generator=g, device=device, dtype=torch.int32).to(dt))
+    return out
+
+
+def point_seed(base: int, spec_id: str, dims: Mapping[str, int]) -> int:
+    """Distinct, reproducible data for every (seed, specialization, shape)."""
+    return base * 1_000_003 + zlib.crc32(f"{spec_id}|{sorted(dims.items())}".encode()) % 1_000_003

@@ -1,0 +1,158 @@
+"""Output vs reference: NaN poisoning of outputs and the element-wise atol/rtol check, in one place."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tileship.verify.timing import _num
+
+#: NaN payloads nothing computes (canonical NaNs are 0x7FC00000 / 0xFFC00000 and friends)
+POISON_BITS = {"float32": ("int32", 0x7FC0DEAD), "float16": ("int16", 0x7E6D), "bfloat16": ("int16", 0x7FED),
+               "float64": ("int64", 0x7FF80000DEADBEEF), "int32": ("int32", 0x5A5A5A5A), "int8": ("int8", 0x5A)}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One output of one run compared with the float64 reference."""
+
+    numel: int
+    unwritten: int
+    nonfinite: int
+    mismatches: int
+    max_abs_err: float | None
+    rel_l2_err: float | None
+    #: worst element's |err| / (atol + rtol |ref|): <= 1 passes
+    tol_ratio: float | None
+    failure: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: _num(v) for k, v in self.__dict__.items()}
+
+
+def _poison_pattern(dtype: Any) -> tuple[Any, int]:
+    """(integer view dtype, poison bits as a signed value of that width) for a float dtype."""
+    import torch
+
+    view, bits = POISON_BITS[str(dtype).removeprefix("torch.")]
+    width = torch.iinfo(getattr(torch, view)).bits
+    return getattr(torch, view), bits - (1 << width) if bits >= 1 << (width - 1) else bits
+
+
+def fill_poison(t: Any) -> Any:
+    """Fill ``t`` in place with the poison bit pattern of its dtype. Returns ``t``."""
+    view, signed = _poison_pattern(t.dtype)
+    t.view(view).fill_(signed)
+    return t
+
+
+def poison_mask(t: Any) -> Any:
+    """Elements of ``t`` still bit-identical to the poison (never written)."""
+    view, signed = _poison_pattern(t.dtype)
+    return t.contiguous().view(view) == signed
+
+
+def poisoned_call(kernel: Callable[..., Any], args: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[list[Any], bool]:
+    """Run ``kernel(*args)`` with every output it allocates pre-filled with the poison.
+
+    ``outputs``: (shape, torch dtype) of each output, for the CUDA allocator. Returns the
+    outputs and whether each was confirmed to be a poisoned block. Raises what the kernel
+    raises; on CUDA synchronizes, so a launch error surfaces here.
+    """
+    import torch
+
+    device = args[0].device
+    made: list[Any] = []
+    real_empty = torch.empty
+
+    def poisoned_empty(*size: Any, **kw: Any) -> Any:
+        t = real_empty(*size, **kw)
+        if str(t.dtype).removeprefix("torch.") in POISON_BITS and t.numel():
+            fill_poison(t)
+            made.append(t)
+        return t
+
+    handed_back: set[int] = set()
+    if device.type == "cuda":
+        # Same requests, freed in reverse: the allocator state is as before, so the kernel's
+        # identical requests get these very blocks back (contents survive a free).
+        blocks = [fill_poison(real_empty(shape, dtype=dt, device=device)) for shape, dt in outputs]
+        handed_back = {b.data_ptr() for b in blocks}
+        while blocks:
+            del blocks[-1]
+    torch.empty = poisoned_empty
+    try:
+        result = kernel(*args)
+    finally:
+        torch.empty = real_empty
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    outs = list(result) if isinstance(result, (list, tuple)) else [result]
+    ours = {t.data_ptr() for t in made} | handed_back
+    return outs, all(o.data_ptr() in ours for o in outs)
+
+
+def check_output(out: Any, ref: Any, *, atol: float, rtol: float) -> Check:
+    """Compare ``out`` with the high-precision ``ref`` element by element."""
+    import torch
+
+    numel = int(ref.numel())
+    if tuple(out.shape) != tuple(ref.shape):
+        return Check(int(out.numel()), 0, 0, 0, None, None, None, failure=f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
+    unwritten = poison_mask(out) if str(out.dtype).removeprefix("torch.") in POISON_BITS else torch.zeros(out.shape, dtype=torch.bool, device=out.device)
+    o = out.to(torch.float64)
+    r = ref.to(device=out.device, dtype=torch.float64)
+    ref_bad = int((~torch.isfinite(r)).sum())
+    nonfinite = ~torch.isfinite(o) & ~unwritten
+    err = (o - r).abs()
+    bound = atol + rtol * r.abs()
+    finite = torch.isfinite(o) & torch.isfinite(r)
+    ok = err <= bound  # False for NaN
+    mismatches = finite & ~ok
+    n_unw, n_nf, n_mis = int(unwritten.sum()), int(nonfinite.sum()), int(mismatches.sum())
+    max_abs = float(err[finite].max()) if bool(finite.any()) else None
+    rnorm = float(torch.linalg.vector_norm(r[finite])) if bool(finite.any()) else 0.0
+    rel_l2 = float(torch.linalg.vector_norm(o[finite] - r[finite])) / rnorm if rnorm > 0 else None
+    ratio_t = torch.where(bound > 0, err / bound.clamp_min(1e-300), torch.where(err > 0, math.inf, 0.0))
+    tol_ratio = float(ratio_t[finite].max()) if bool(finite.any()) else None
+
+    def first(mask: Any) -> int:
+        return int(mask.reshape(-1).nonzero()[0, 0])
+
+    failure = None
+    if ref_bad:
+        failure = f"the reference produced {ref_bad} non-finite values: the inputs are outside the operator's domain"
+    elif n_unw:
+        failure = f"{n_unw} of {numel} elements never written (still hold the NaN poison), first at flat index {first(unwritten)}"
+    elif n_nf:
+        failure = f"{n_nf} of {numel} elements are NaN/Inf, first at flat index {first(nonfinite)}"
+    elif n_mis:
+        i = first(mismatches)
+        failure = (f"{n_mis} of {numel} elements beyond atol={atol:g} + rtol={rtol:g}*|ref|, first at flat index {i} "
+                   f"(got {o.reshape(-1)[i].item():.6g}, want {r.reshape(-1)[i].item():.6g}); max |err| {max_abs:.3g}")
+    return Check(numel, n_unw, n_nf, n_mis, max_abs, rel_l2, tol_ratio, failure)
+
+
+def disagreement(out: Any, ref: Any, atol: float, rtol: float) -> str | None:
+    """The quick check (serve warm-up, demo): None when ``out`` is within atol + rtol*|ref| wherever the
+    reference is finite and finite there, else what is wrong in one line. ``check_output`` is the full one."""
+    import torch
+
+    if tuple(out.shape) != tuple(ref.shape):
+        return f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    o, r = out.double(), ref.double()
+    finite = torch.isfinite(r)
+    if not bool(torch.isfinite(o)[finite].all()):
+        return "non-finite output where the reference is finite"
+    err = (o - r).abs()
+    bad = (err > atol + rtol * r.abs()) & finite
+    n = int(bad.sum())
+    if n:
+        return f"{n} of {bad.numel()} elements differ from the reference (max |err| {float(err[finite].max()):.3g}, atol {atol}, rtol {rtol})"
+    return None

@@ -39,8 +39,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
-STICKY = ("illegal memory access", "illegal address", "an illegal instruction", "misaligned address", "unspecified launch failure",
-          "CUDA_ERROR_ILLEGAL_ADDRESS", "cudaErrorIllegalAddress")
 GOAL_BEYOND_IMPORT_S = 3.0
 
 
@@ -67,6 +65,7 @@ def worker(release: str, n: int, device: str) -> int:
     t2 = time.perf_counter()
     from tileship.catalog.faults import POISON
     from tileship.release import diagnostics
+    from tileship.runtime.device_faults import is_sticky_text
     from tileship.runtime.loader import load
 
     t3 = time.perf_counter()
@@ -121,7 +120,7 @@ def worker(release: str, n: int, device: str) -> int:
         except Exception as exc:  # report it; the parent decides
             last_exc = exc
             text = f"{type(exc).__name__}: {exc}".strip()
-            send({"id": rid, "ok": False, "ready": False, "error": text.splitlines()[0][:500], "sticky": any(s in text for s in STICKY),
+            send({"id": rid, "ok": False, "ready": False, "error": text.splitlines()[0][:500], "sticky": is_sticky_text(text),
                   "s": time.perf_counter() - t})
     return 0
 

@@ -12,7 +12,8 @@ docs/serving.md describes the routes, the error table and the policies.
 
 from __future__ import annotations
 
-from tileship.serve.app import ServeConfig, create_app
+from tileship.serve.config import ServeConfig
+from tileship.serve.routes import create_app
 from tileship.serve.server import EXIT_FATAL, BackgroundServer, run
 
 __all__ = ["EXIT_FATAL", "BackgroundServer", "ServeConfig", "create_app", "run"]

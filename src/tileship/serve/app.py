@@ -1,4 +1,4 @@
-"""The ASGI app: KServe v2 routes, admission control, the inference worker, hot swap.
+"""The serving state (``Service``): admission control, the inference worker, hot swap, errors.
 
 Request path: admission (at most ``max_inflight`` admitted, else 503) -> body read (size
 limit -> 413, ``body_timeout_s`` -> 408) -> parse + check against the declaration (400)
@@ -14,69 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import re
-import signal
-import threading
 import time
 import traceback
-import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from tileship import __version__
 from tileship.errors import CallError
+from tileship.runtime.device_faults import is_sticky_cuda_error
 from tileship.runtime.dispatch import REFERENCE, Decision, Release
 from tileship.serve import protocol
-from tileship.serve.holder import Loader, ReleaseHolder, Served, Target, release_id_at
+from tileship.serve.config import ServeConfig
+from tileship.serve.holder import ReleaseHolder, Served, Target, release_id_at
 from tileship.serve.jsonlog import JsonLog
 from tileship.serve.metrics import ServeMetrics
+from tileship.serve.middleware import PartsResponse
 from tileship.serve.protocol import BadRequest
-
-#: messages of CUDA errors that poison the context for good (every later CUDA call fails)
-STICKY_CUDA_ERRORS = ("illegal memory access", "illegal address", "unspecified launch failure", "device-side assert",
-                      "misaligned address", "illegal instruction", "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED",
-                      "cudaErrorIllegalAddress", "cudaErrorLaunchFailure", "an illegal memory access")
-_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """How a server runs. ``source``: a release directory or a registry directory."""
-
-    source: Path
-    max_body_bytes: int = 64 << 20
-    max_inflight: int = 64
-    worker_threads: int = 1
-    request_timeout_s: float = 30.0
-    body_timeout_s: float = 30.0
-    strict_shapes: bool = False
-    drift_policy: str | None = None
-    allow_unverified: bool | None = None
-    trusted_keys: tuple[Path, ...] | None = None
-    reference_only: bool = False
-    check_finite: bool = True
-    warmup_limit: int = 256
-    diagnostics_dir: Path | None = None
-    handle_sighup: bool = False
-    #: a whole model served next to the operators (``serve.model.LlamaSpec``; ``--llama``)
-    llama: Any = None
-    #: test hook: (release path, reference_only) -> Release; default tileship.runtime.loader.load
-    loader: Loader | None = None
-    log_stream: TextIO | None = None
-
-
-def is_sticky_cuda_error(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__}: {exc}"
-    return any(s in text for s in STICKY_CUDA_ERRORS)
 
 
 class _Fatal(Exception):
@@ -288,7 +244,7 @@ class Service:
         self.log.event("infer", request_id=rid, id=kserve_id, model=name, version=labels[1], status=status, path=decision.path,
                        reason=decision.reason, spec=decision.spec_id, ms=round(elapsed * 1e3, 3),
                        body_ms=round((t_body - t0) * 1e3, 3), run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=len(data), bytes_out=encoded.size)
-        return _PartsResponse(status, encoded.parts, media, headers)
+        return PartsResponse(status, encoded.parts, media, headers)
 
     def _execute(self, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:
         """On a worker thread: tensors -> call -> sync -> CPU -> encoded response."""
@@ -412,168 +368,3 @@ class Service:
         return h
 
 
-class _PartsResponse:
-    """A response whose body is sent as its parts (JSON header, then tensor bytes) without
-    joining them into one buffer first."""
-
-    def __init__(self, status: int, parts: list[Any], media_type: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status_code = status
-        self.parts = parts
-        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-        self.headers = [(b"content-type", media_type), (b"content-length", str(size).encode()), *headers]
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
-        last = len(self.parts) - 1
-        for i, part in enumerate(self.parts):
-            await send({"type": "http.response.body", "body": part, "more_body": i < last})
-
-
-class _RequestIds:
-    """ASGI middleware: a request id for every request (the client's ``x-request-id`` when it
-    is printable ASCII up to 128 chars), echoed back, plus the release headers on responses
-    that did not set them (health, metadata, errors)."""
-
-    def __init__(self, app: Any, service: Service) -> None:
-        self.app = app
-        self.service = service
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        rid = None
-        for k, v in scope["headers"]:
-            if k == b"x-request-id":
-                text = v.decode("latin-1")
-                rid = text if _REQUEST_ID.match(text) else None
-                break
-        rid = rid or uuid.uuid4().hex
-        scope["tileship.request_id"] = rid
-        rid_b = rid.encode()
-
-        async def send_with_ids(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", ()))
-                headers.append((b"x-request-id", rid_b))
-                if not any(k == b"x-tileship-release" for k, _ in headers):
-                    served = scope.get("tileship.served") or self.service.holder.current
-                    headers.append((b"x-tileship-release", served.release_id.encode() if served else b"none"))
-                    headers.append((b"x-tileship-kernel-revision", served.release.kernel_revision.encode() if served else b"none"))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_ids)
-
-
-def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = None) -> Any:
-    """The ASGI app. Loading starts when the app starts (lifespan) and runs in the
-    background: liveness answers at once, readiness once the release is loaded and warm."""
-    service = Service(config, on_fatal=on_fatal)
-
-    def served_or(status: int) -> Served:
-        cur = service.holder.current
-        if cur is None:
-            raise HTTPException(status, f"not ready: {service.holder.readiness()[1]['reason']}")
-        return cur
-
-    def model(request: Request) -> tuple[Served, str]:
-        cur = served_or(503)
-        name = request.path_params["name"]
-        if name not in cur.release.ops and name not in cur.models:
-            raise HTTPException(404, f"unknown model {name!r}: this release serves {', '.join(sorted([*cur.release.ops, *cur.models]))}")
-        version = request.path_params.get("version")
-        if version is not None and version != cur.release_id:
-            raise HTTPException(404, f"unknown version {version!r} of model {name}: serving version {cur.release_id}")
-        request.scope["tileship.served"] = cur
-        return cur, name
-
-    async def live(request: Request) -> Response:
-        return JSONResponse({"live": True})
-
-    async def ready(request: Request) -> Response:
-        ok, body = service.holder.readiness()
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    async def server_metadata(request: Request) -> Response:
-        return JSONResponse({"name": "tileship", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]})
-
-    async def model_metadata(request: Request) -> Response:
-        cur, name = model(request)
-        if name in cur.models:
-            return JSONResponse(cur.models[name].metadata())
-        decl = cur.release.declarations[name]
-        return JSONResponse({
-            "name": name, "versions": [cur.release_id], "platform": "tileship",
-            "inputs": protocol.tensor_metadata(decl, "inputs"), "outputs": protocol.tensor_metadata(decl, "outputs"),
-            "parameters": {"datatypes": [protocol.KSERVE[d] for d in decl["dtypes"]], "device": cur.devices[name],
-                           "declared_shapes": protocol.declared_shapes_text(decl), "kernel_revision": cur.release.kernel_revision,
-                           "strict_shapes": config.strict_shapes},
-        })
-
-    async def model_ready(request: Request) -> Response:
-        cur, name = model(request)
-        ok, body = service.holder.readiness()
-        return JSONResponse({"name": name, "version": cur.release_id, "ready": ok, "reason": body["reason"]}, status_code=200 if ok else 503)
-
-    async def index(request: Request) -> Response:
-        return JSONResponse(service.holder.index())
-
-    async def reload(request: Request) -> Response:
-        status, body = await service.reload(trigger="http")
-        return JSONResponse(body, status_code=status)
-
-    async def metrics(request: Request) -> Response:
-        return Response(service.metrics.render(), media_type=service.metrics.content_type)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        detail = exc.detail
-        if detail in ("Not Found", "Method Not Allowed"):
-            detail = f"{detail}: {request.method} {request.url.path} (docs/serving.md lists the routes)"
-        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        task = asyncio.create_task(service.initial_load())
-        loop = asyncio.get_running_loop()
-        hup = config.handle_sighup and threading.current_thread() is threading.main_thread()
-        if hup:
-            def on_hup() -> None:
-                t = loop.create_task(service.reload(trigger="SIGHUP"))
-                service.background.add(t)
-                t.add_done_callback(service.background.discard)
-
-            loop.add_signal_handler(signal.SIGHUP, on_hup)
-        service.log.event("start", source=str(config.source), max_inflight=config.max_inflight, max_body_bytes=config.max_body_bytes,
-                          strict_shapes=config.strict_shapes, worker_threads=config.worker_threads)
-        try:
-            yield
-        finally:
-            if hup:
-                loop.remove_signal_handler(signal.SIGHUP)
-            if not task.done():
-                task.cancel()
-            service.pool.shutdown(wait=False, cancel_futures=True)
-            service.log.event("stop")
-
-    routes = [
-        Route("/v2/health/live", live, methods=["GET"]),
-        Route("/v2/health/ready", ready, methods=["GET"]),
-        Route("/v2", server_metadata, methods=["GET"]),
-        Route("/v2/models/{name}", model_metadata, methods=["GET"]),
-        Route("/v2/models/{name}/versions/{version}", model_metadata, methods=["GET"]),
-        Route("/v2/models/{name}/ready", model_ready, methods=["GET"]),
-        Route("/v2/models/{name}/versions/{version}/ready", model_ready, methods=["GET"]),
-        Route("/v2/models/{name}/infer", service.infer, methods=["POST"]),
-        Route("/v2/models/{name}/versions/{version}/infer", service.infer, methods=["POST"]),
-        Route("/v2/repository/index", index, methods=["POST", "GET"]),
-        Route("/v2/repository/reload", reload, methods=["POST"]),
-        Route("/v2/repository/models/{name}/load", reload, methods=["POST"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
-    app.state.service = service
-    wrapped = _RequestIds(app, service)
-    wrapped.state = app.state  # type: ignore[attr-defined]
-    return wrapped

@@ -17,8 +17,10 @@ import threading
 import time
 from typing import Any
 
-from tileship.serve.app import ServeConfig, Service, create_app
+from tileship.serve.app import Service
+from tileship.serve.config import ServeConfig
 from tileship.serve.jsonlog import uvicorn_log_config
+from tileship.serve.routes import create_app
 
 EXIT_FATAL = 3
 

@@ -1,0 +1,66 @@
+"""ASGI plumbing of the server: request ids on every request and responses streamed from their parts."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tileship.serve.app import Service
+
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+class PartsResponse:
+    """A response whose body is sent as its parts (JSON header, then tensor bytes) without
+    joining them into one buffer first."""
+
+    def __init__(self, status: int, parts: list[Any], media_type: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status
+        self.parts = parts
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        self.headers = [(b"content-type", media_type), (b"content-length", str(size).encode()), *headers]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
+        last = len(self.parts) - 1
+        for i, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+
+
+class RequestIds:
+    """ASGI middleware: a request id for every request (the client's ``x-request-id`` when it
+    is printable ASCII up to 128 chars), echoed back, plus the release headers on responses
+    that did not set them (health, metadata, errors)."""
+
+    def __init__(self, app: Any, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = None
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                text = v.decode("latin-1")
+                rid = text if _REQUEST_ID.match(text) else None
+                break
+        rid = rid or uuid.uuid4().hex
+        scope["tileship.request_id"] = rid
+        rid_b = rid.encode()
+
+        async def send_with_ids(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                headers.append((b"x-request-id", rid_b))
+                if not any(k == b"x-tileship-release" for k, _ in headers):
+                    served = scope.get("tileship.served") or self.service.holder.current
+                    headers.append((b"x-tileship-release", served.release_id.encode() if served else b"none"))
+                    headers.append((b"x-tileship-kernel-revision", served.release.kernel_revision.encode() if served else b"none"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_ids)

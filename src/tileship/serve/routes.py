@@ -1,0 +1,136 @@
+"""The ASGI app (create_app): the KServe v2 routes over a Service, lifespan, middleware."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tileship import __version__
+from tileship.serve import protocol
+from tileship.serve.app import Service
+from tileship.serve.config import ServeConfig
+from tileship.serve.holder import Served
+from tileship.serve.middleware import RequestIds
+
+
+def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = None) -> Any:
+    """The ASGI app. Loading starts when the app starts (lifespan) and runs in the
+    background: liveness answers at once, readiness once the release is loaded and warm."""
+    service = Service(config, on_fatal=on_fatal)
+
+    def served_or(status: int) -> Served:
+        cur = service.holder.current
+        if cur is None:
+            raise HTTPException(status, f"not ready: {service.holder.readiness()[1]['reason']}")
+        return cur
+
+    def model(request: Request) -> tuple[Served, str]:
+        cur = served_or(503)
+        name = request.path_params["name"]
+        if name not in cur.release.ops and name not in cur.models:
+            raise HTTPException(404, f"unknown model {name!r}: this release serves {', '.join(sorted([*cur.release.ops, *cur.models]))}")
+        version = request.path_params.get("version")
+        if version is not None and version != cur.release_id:
+            raise HTTPException(404, f"unknown version {version!r} of model {name}: serving version {cur.release_id}")
+        request.scope["tileship.served"] = cur
+        return cur, name
+
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready(request: Request) -> Response:
+        ok, body = service.holder.readiness()
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse({"name": "tileship", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]})
+
+    async def model_metadata(request: Request) -> Response:
+        cur, name = model(request)
+        if name in cur.models:
+            return JSONResponse(cur.models[name].metadata())
+        decl = cur.release.declarations[name]
+        return JSONResponse({
+            "name": name, "versions": [cur.release_id], "platform": "tileship",
+            "inputs": protocol.tensor_metadata(decl, "inputs"), "outputs": protocol.tensor_metadata(decl, "outputs"),
+            "parameters": {"datatypes": [protocol.KSERVE[d] for d in decl["dtypes"]], "device": cur.devices[name],
+                           "declared_shapes": protocol.declared_shapes_text(decl), "kernel_revision": cur.release.kernel_revision,
+                           "strict_shapes": config.strict_shapes},
+        })
+
+    async def model_ready(request: Request) -> Response:
+        cur, name = model(request)
+        ok, body = service.holder.readiness()
+        return JSONResponse({"name": name, "version": cur.release_id, "ready": ok, "reason": body["reason"]}, status_code=200 if ok else 503)
+
+    async def index(request: Request) -> Response:
+        return JSONResponse(service.holder.index())
+
+    async def reload(request: Request) -> Response:
+        status, body = await service.reload(trigger="http")
+        return JSONResponse(body, status_code=status)
+
+    async def metrics(request: Request) -> Response:
+        return Response(service.metrics.render(), media_type=service.metrics.content_type)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        detail = exc.detail
+        if detail in ("Not Found", "Method Not Allowed"):
+            detail = f"{detail}: {request.method} {request.url.path} (docs/serving.md lists the routes)"
+        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        task = asyncio.create_task(service.initial_load())
+        loop = asyncio.get_running_loop()
+        hup = config.handle_sighup and threading.current_thread() is threading.main_thread()
+        if hup:
+            def on_hup() -> None:
+                t = loop.create_task(service.reload(trigger="SIGHUP"))
+                service.background.add(t)
+                t.add_done_callback(service.background.discard)
+
+            loop.add_signal_handler(signal.SIGHUP, on_hup)
+        service.log.event("start", source=str(config.source), max_inflight=config.max_inflight, max_body_bytes=config.max_body_bytes,
+                          strict_shapes=config.strict_shapes, worker_threads=config.worker_threads)
+        try:
+            yield
+        finally:
+            if hup:
+                loop.remove_signal_handler(signal.SIGHUP)
+            if not task.done():
+                task.cancel()
+            service.pool.shutdown(wait=False, cancel_futures=True)
+            service.log.event("stop")
+
+    routes = [
+        Route("/v2/health/live", live, methods=["GET"]),
+        Route("/v2/health/ready", ready, methods=["GET"]),
+        Route("/v2", server_metadata, methods=["GET"]),
+        Route("/v2/models/{name}", model_metadata, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}", model_metadata, methods=["GET"]),
+        Route("/v2/models/{name}/ready", model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}/ready", model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/infer", service.infer, methods=["POST"]),
+        Route("/v2/models/{name}/versions/{version}/infer", service.infer, methods=["POST"]),
+        Route("/v2/repository/index", index, methods=["POST", "GET"]),
+        Route("/v2/repository/reload", reload, methods=["POST"]),
+        Route("/v2/repository/models/{name}/load", reload, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    app.state.service = service
+    wrapped = RequestIds(app, service)
+    wrapped.state = app.state  # type: ignore[attr-defined]
+    return wrapped

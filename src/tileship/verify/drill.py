@@ -20,15 +20,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tileship.errors import TileshipError
 from tileship.release.registry import Registry
-
-KSERVE = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32", "float64": "FP64", "int8": "INT8", "int32": "INT32"}
-HEADER_LENGTH = "inference-header-content-length"
+from tileship.verify.drill_client import Record, Sample, encode_request, run_client
+from tileship.verify.drill_report import render_text, summarize
 
 
 class DrillError(TileshipError):
@@ -53,33 +52,6 @@ class DrillOptions:
     request_timeout_s: float = 60.0
     startup_timeout_s: float = 600.0
     seed: int = 0
-
-
-@dataclass
-class Sample:
-    op: str
-    spec_id: str
-    dims: dict[str, int]
-    dtype: str
-    body: bytes
-    header_length: int
-    outputs: list[str]
-    expected: list[Any]
-    tol: tuple[float, float]
-    nbytes: int
-
-
-@dataclass
-class Record:
-    t0: float
-    t1: float
-    op: str
-    status: int | None          # None: no response (dropped)
-    ok: bool
-    release: str | None = None
-    path: str | None = None
-    reason: str | None = None
-    error: str | None = None
 
 
 @dataclass
@@ -125,7 +97,7 @@ def run_drill(opts: DrillOptions) -> dict[str, Any]:
                 _reload(admin)  # an external server may lag the registry
             records: list[Record] = []
             stop = threading.Event()
-            threads = [threading.Thread(target=_client, args=(url, samples, i, stop, records, opts), daemon=True, name=f"drill-{i}")
+            threads = [threading.Thread(target=run_client, args=(url, samples, i, stop, records, opts), daemon=True, name=f"drill-{i}")
                        for i in range(opts.concurrency)]
             windows = [Window("N", time.perf_counter(), expect_release=new)]
             for t in threads:
@@ -247,205 +219,7 @@ def _import(qualname: str) -> Any:
     return obj
 
 
-def encode_request(inputs: list[tuple[str, tuple[str, ...]]], args: list[Any], outputs: list[str]) -> tuple[bytes, int]:
-    """A KServe v2 request with every tensor as raw bytes (binary data extension)."""
-    import torch
-
-    head: dict[str, Any] = {"inputs": [], "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}
-    blobs = []
-    for (name, _), a in zip(inputs, args, strict=True):
-        raw = (a.view(torch.int16) if a.dtype == torch.bfloat16 else a).contiguous().numpy().tobytes()
-        head["inputs"].append({"name": name, "shape": list(a.shape), "datatype": KSERVE[str(a.dtype).removeprefix("torch.")],
-                               "parameters": {"binary_data_size": len(raw)}})
-        blobs.append(raw)
-    text = json.dumps(head, separators=(",", ":")).encode()
-    return text + b"".join(blobs), len(text)
-
-
-def decode_response(content: bytes, header_length: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(response JSON, output name -> CPU tensor) of a KServe v2 response (JSON or binary)."""
-    import torch
-
-    hl = int(header_length) if header_length is not None else len(content)
-    head = json.loads(content[:hl])
-    tensors: dict[str, Any] = {}
-    offset = hl
-    dtypes = {v: getattr(torch, k) for k, v in KSERVE.items()}
-    for o in head.get("outputs", []):
-        dt = dtypes[o["datatype"]]
-        size = (o.get("parameters") or {}).get("binary_data_size")
-        if size is not None:
-            buf = bytearray(content[offset:offset + size])
-            offset += size
-            raw_dt = torch.int16 if dt == torch.bfloat16 else dt
-            t = torch.frombuffer(buf, dtype=raw_dt) if size else torch.empty(0, dtype=raw_dt)
-            t = t.view(torch.bfloat16) if dt == torch.bfloat16 else t
-        else:
-            t = torch.tensor(o["data"], dtype=dt)
-        tensors[o["name"]] = t.reshape(o["shape"])
-    return head, tensors
-
-
-def check_answer(sample: Sample, got: dict[str, Any]) -> str | None:
-    """None when every output matches the expected answer within tolerance, else why not."""
-    import torch
-
-    atol, rtol = sample.tol
-    for name, exp in zip(sample.outputs, sample.expected, strict=True):
-        t = got.get(name)
-        if t is None:
-            return f"output {name} missing"
-        if tuple(t.shape) != tuple(exp.shape):
-            return f"output {name} has shape {tuple(t.shape)}, expected {tuple(exp.shape)}"
-        o = t.double()
-        if not bool(torch.isfinite(o).all()):
-            return f"output {name} holds NaN/Inf"
-        err = (o - exp).abs()
-        bad = int((err > atol + rtol * exp.abs()).sum())
-        if bad:
-            return f"output {name}: {bad} of {err.numel()} elements off (max |err| {float(err.max()):.3g}, atol {atol}, rtol {rtol})"
-    return None
-
-
-def _client(url: str, samples: list[Sample], idx: int, stop: threading.Event, records: list[Record], opts: DrillOptions) -> None:
-    import httpx
-
-    i = idx
-    with httpx.Client(base_url=url, timeout=opts.request_timeout_s) as client:
-        while not stop.is_set():
-            s = samples[i % len(samples)]
-            i += opts.concurrency
-            headers = {HEADER_LENGTH: str(s.header_length), "content-type": "application/octet-stream"}
-            t0 = time.perf_counter()
-            try:
-                r = client.post(f"/v2/models/{s.op}/infer", content=s.body, headers=headers)
-            except httpx.HTTPError as exc:
-                records.append(Record(t0, time.perf_counter(), s.op, None, False, error=f"{type(exc).__name__}: {exc}"))
-                continue
-            t1 = time.perf_counter()
-            if r.status_code != 200:
-                records.append(Record(t0, t1, s.op, r.status_code, False, error=r.text[:300]))
-                continue
-            try:
-                head, outs = decode_response(r.content, r.headers.get(HEADER_LENGTH))
-                problem = check_answer(s, outs)
-            except Exception as exc:  # an undecodable answer is a wrong answer
-                head, problem = {}, f"undecodable response: {type(exc).__name__}: {exc}"
-            p = head.get("parameters") or {}
-            records.append(Record(t0, t1, s.op, 200, problem is None, release=p.get("tileship_release") or r.headers.get("x-tileship-release"),
-                                  path=p.get("tileship_path") or r.headers.get("x-tileship-path"),
-                                  reason=p.get("tileship_reason") or r.headers.get("x-tileship-reason"),
-                                  error=None if problem is None else f"{s.spec_id} {s.dims}: {problem}"))
-
-
 # -- report ----------------------------------------------------------------------------------
-
-def summarize(records: list[Record], windows: list[Window], samples: list[Sample], skipped: list[str], *, new: str, old: str,
-              url: str, ready: dict[str, Any], opts: DrillOptions) -> dict[str, Any]:
-    """Per window (phase or switch): requests by outcome, latency percentiles, what served them."""
-    rows = []
-    first_new: dict[str, float | None] = {}
-    for k, w in enumerate(windows):
-        rs = [r for r in records if w.start <= r.t0 < w.end]
-        lat = sorted((r.t1 - r.t0) * 1e3 for r in rs if r.status is not None)
-        served: dict[str, int] = {}
-        for r in rs:
-            if r.status == 200:
-                key = f"{r.release}:{r.path}:{r.reason}"
-                served[key] = served.get(key, 0) + 1
-        row: dict[str, Any] = {
-            "name": w.name, "seconds": round(w.end - w.start, 3), "requests": len(rs),
-            "ok": sum(r.ok for r in rs),
-            "failed": sum(1 for r in rs if r.status is not None and r.status != 200),
-            "dropped": sum(1 for r in rs if r.status is None),
-            "mismatched": sum(1 for r in rs if r.status == 200 and not r.ok),
-            "latency_ms": _percentiles(lat), "throughput_rps": round(len(rs) / max(w.end - w.start, 1e-9), 1),
-            "served_by": dict(sorted(served.items())),
-            "errors": sorted({r.error for r in rs if r.error})[:10],
-        }
-        if w.expect_release is not None:
-            row["expected"] = {"release": w.expect_release, "reference_only": w.expect_reference}
-            row["stale"] = sum(1 for r in rs if r.status == 200 and not _as_expected(r, w))
-        if w.switch:
-            row["switch"] = w.switch
-            nxt = windows[k + 1]
-            hit = [r.t1 for r in records if r.t1 >= w.start and r.status == 200 and _as_expected(r, nxt)]
-            first_new[w.name] = round(min(hit) - w.start, 4) if hit else None
-            row["switch"]["first_answer_from_new_state_s"] = first_new[w.name]
-        rows.append(row)
-    totals = {k: sum(r[k] for r in rows) for k in ("requests", "ok", "failed", "dropped", "mismatched")}
-    totals["stale"] = sum(r.get("stale", 0) for r in rows)
-    switches_ok = all(r["switch"]["status"] == 200 and r["switch"]["result"] == "swapped" for r in rows if "switch" in r)
-    phases_loaded = all(r["requests"] > 0 for r in rows if "expected" in r)
-    passed = (totals["failed"] == totals["dropped"] == totals["mismatched"] == totals["stale"] == 0) and switches_ok and phases_loaded
-    return {
-        "passed": passed, "release_new": new, "release_old": old, "server": url, "server_ready": ready,
-        "totals": totals, "switches_ok": switches_ok, "every_phase_had_load": phases_loaded, "windows": rows,
-        "requests": [{"op": s.op, "spec_id": s.spec_id, "dims": s.dims, "dtype": s.dtype, "bytes": s.nbytes} for s in samples],
-        "skipped_shapes": skipped, "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": {"python": sys.version.split()[0], "pid": os.getpid()},
-    }
-
-
-def _as_expected(r: Record, w: Window) -> bool:
-    if r.release != w.expect_release:
-        return False
-    return r.path == "reference" if w.expect_reference else True
-
-
-def _percentiles(lat: list[float]) -> dict[str, float | None]:
-    if not lat:
-        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
-
-    def q(p: float) -> float:
-        return round(lat[min(len(lat) - 1, int(p * (len(lat) - 1) + 0.5))], 3)
-
-    return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(lat[-1], 3), "mean": round(sum(lat) / len(lat), 3)}
-
-
-def render_text(report: dict[str, Any]) -> str:
-    t = report["totals"]
-    lines = [
-        f"tileship rollback drill: {'PASSED' if report['passed'] else 'FAILED'}   ({report['created']})",
-        f"server {report['server']}  device: {report['server_ready'].get('device', '?')}",
-        f"N = {report['release_new']}   N-1 = {report['release_old']}",
-        f"requests {t['requests']}: ok {t['ok']}, failed {t['failed']}, dropped {t['dropped']}, wrong answers {t['mismatched']}, "
-        f"served by the wrong state {t['stale']}   (compile attempts at serve time: {report.get('compile_attempts')})",
-        "",
-        f"{'window':<26}{'s':>7}{'req':>7}{'req/s':>8}{'fail':>6}{'drop':>6}{'wrong':>6}{'stale':>6}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}",
-    ]
-    for w in report["windows"]:
-        lat = w["latency_ms"]
-
-        def f(v: float | None) -> str:
-            return "-" if v is None else f"{v:.2f}"
-
-        lines.append(f"{w['name']:<26}{w['seconds']:>7.2f}{w['requests']:>7}{w['throughput_rps']:>8.1f}{w['failed']:>6}{w['dropped']:>6}"
-                     f"{w['mismatched']:>6}{w.get('stale', '-'):>6}{f(lat['p50']):>9}{f(lat['p99']):>9}{f(lat['max']):>9}")
-    lines += ["", "switches:"]
-    for w in report["windows"]:
-        if "switch" in w:
-            s = w["switch"]
-            first = s.get("first_answer_from_new_state_s")
-            lines.append(f"  {w['name']:<26} reload {s['status']} {s['result']}: registry {s['registry_s'] * 1e3:.1f} ms, reload {s['reload_s'] * 1e3:.0f} ms "
-                         f"(load {_ms(s.get('load_seconds'))}, warm-up {_ms(s.get('warmup_seconds'))}); first answer from the new state after "
-                         f"{'-' if first is None else f'{first * 1e3:.0f} ms'}" + (f"; error: {s['error']}" if s.get("error") else ""))
-    lines += ["", "served by (release:path:reason -> responses):"]
-    for w in report["windows"]:
-        if "expected" in w:
-            lines.append(f"  {w['name']}: " + ", ".join(f"{k} x{v}" for k, v in w["served_by"].items()))
-    lines += ["", f"request shapes ({len(report['requests'])}):"]
-    lines += [f"  {r['spec_id']} {r['dims']} ({r['bytes'] / 1024:.0f} KiB)" for r in report["requests"]]
-    if report["skipped_shapes"]:
-        lines += [f"skipped (too large for --max-request-bytes): {len(report['skipped_shapes'])}"]
-    errors = [e for w in report["windows"] for e in w["errors"]]
-    if errors:
-        lines += ["", "first errors:", *(f"  {e}" for e in errors[:10])]
-    return "\n".join(lines) + "\n"
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:.0f} ms"
 
 
 # -- server process ----------------------------------------------------------------------------

@@ -12,24 +12,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tileship.declare.inputs import make_inputs, verification_points
 from tileship.declare.spec import Specialization, Target, Tolerance
 from tileship.errors import BundleIntegrityError
 from tileship.release import evidence
 from tileship.runtime import nojit
-from tileship.verify.verify import (
-    CPU_CACHE_BYTES,
-    MAX_INPUT_SETS,
-    VerifyOptions,
-    check_output,
-    fill_poison,
-    make_inputs,
-    poisoned_call,
-    rotation_sets,
-    time_pair,
-    verification_points,
-    verify,
-    verify_spec,
-)
+from tileship.verify.compare import check_output, fill_poison, poisoned_call
+from tileship.verify.timing import CPU_CACHE_BYTES, MAX_INPUT_SETS, rotation_sets
+from tileship.verify.verify import VerifyOptions, time_pair, verify, verify_spec
 
 TESTS = Path(__file__).parent
 QUICK = VerifyOptions(seeds=(0, 1), limit=1024, grid=0, budget_ms=2.0, warmup_ms=1.0, min_repeats=3, max_repeats=5)

@@ -23,7 +23,7 @@ logits against the eager PyTorch model in the same dtype (tolerance per dtype) a
 against the float32 model (for scale). Also: the swap report, what each case dispatched, a
 host-sync check (one tileship forward under torch.cuda.set_sync_debug_mode("error")).
 
-    PYTHONPATH=/tmp/site:$PWD/src python3 benchmarks/model_e2e.py --release DIR --out model_e2e.json
+    PYTHONPATH=/tmp/site:$PWD/src:$PWD python3 benchmarks/model_e2e.py --release DIR --out model_e2e.json   # $PWD: examples/llama
 
 Exit status 0 when every output is within tolerance and nothing failed; 1 otherwise.
 """
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch._dynamo.utils import counters
 
     import tileship
-    from tileship.models import LlamaConfig, random_llama
+    from examples.llama import LlamaConfig, random_llama
     from tileship.runtime import nojit
     from tileship.torchops.custom_ops import register
     from tileship.torchops.swap import swap

@@ -11,7 +11,7 @@
 set -u
 rel=$1; out=$2
 mkdir -p /tmp/site "$out" && tar -C /tmp/site -xJf .gpu/site.tar.xz
-export PYTHONPATH=/tmp/site:$PWD/src TILELANG_CACHE_DIR=/tmp/tlcache
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD TILELANG_CACHE_DIR=/tmp/tlcache  # $PWD: examples/llama
 PY=$(command -v python3)
 port=8731
 PATH=/usr/bin:/bin "$PY" -m tileship.cli serve "$rel" --port "$port" --llama 7b-2layer --allow-unverified \
@@ -29,8 +29,8 @@ import httpx
 import numpy as np
 import torch
 
-from tileship.models import random_llama
-from tileship.serve.model import parse_spec
+from examples.llama import random_llama
+from examples.llama.serve import parse_spec
 
 port, out, server_pid = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 url = f"http://127.0.0.1:{port}"

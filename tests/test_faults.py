@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from tileship.release import diagnostics
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, fault_args
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"  # fault_kernel.py, the fault-injection operator module (not in the wheel)
 SPEC = Specialization("double", "float32", (("N", (1, 1 << 20)),), "c")
 
 
@@ -164,7 +166,7 @@ def fault_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tileship.build.builder import BuildOptions, build
     from tileship.declare.project import Project, load_operators
 
-    proj = Project(model="faults", model_version="1", operator_modules=("tileship.catalog.faults",), targets=("c",))
+    proj = Project(model="faults", model_version="1", operator_modules=("fault_kernel",), targets=("c",), root=BENCH)
     result = build(proj, load_operators(proj), tmp_path_factory.mktemp("faults"), BuildOptions(jobs=1))
     assert result.ok, result.failed
     return result.path
@@ -173,7 +175,7 @@ def fault_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 FAULT_CHILD = textwrap.dedent("""
     import sys, torch
     from tileship.runtime.loader import load
-    from tileship.catalog.faults import POISON
+    from fault_kernel import POISON
     op = load(sys.argv[1]).op("fault_copy")
     x = torch.randn(1000)
     y, d = op.call(x)
@@ -188,7 +190,7 @@ def test_fault_kernel_copies_normally_and_writes_out_of_bounds_when_poisoned(fau
     src = json.loads((next((fault_release / "specs").iterdir()) / "artifact.json").read_text())
     assert src["pass_configs"] == {"tl.disable_safe_memory_legalize": True}
     proc = subprocess.run([sys.executable, "-c", FAULT_CHILD, str(fault_release)], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(BENCH)])})
     assert "normal kernel True" in proc.stdout, proc.stdout + proc.stderr
     assert "poisoned call returned" not in proc.stdout
     assert proc.returncode == -11, f"expected death by SIGSEGV (an out-of-bounds write), got {proc.returncode}: {proc.stderr[-2000:]}"

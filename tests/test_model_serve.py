@@ -23,10 +23,11 @@ from test_serve import assert_close, client, copy_release, point, post, serving
 from test_swap import swap_release_build  # noqa: F401  (the module-scoped release fixture)
 from tritonclient.utils import InferenceServerException
 
+from examples.llama import random_llama
+from examples.llama.serve import LlamaSpec, parse_spec
 from tileship.errors import DeclarationError
 from tileship.release import bundle
 from tileship.serve import ServeConfig
-from tileship.serve.model import LlamaSpec, parse_spec
 
 SEED = 3
 
@@ -39,8 +40,6 @@ def spec_file(tmp: Path, **extra: Any) -> Path:
 
 def local_model(spec: LlamaSpec) -> Any:
     """What a client rebuilds from the served metadata: the plain-PyTorch model."""
-    from tileship.models import random_llama
-
     return random_llama(spec.config(), dtype=getattr(torch, spec.dtype), seed=spec.seed)
 
 

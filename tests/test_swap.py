@@ -113,7 +113,7 @@ def release(swap_release_build):
 
 
 def tiny(**overrides: Any) -> Any:
-    from tileship.models import LlamaConfig, random_llama
+    from examples.llama import LlamaConfig, random_llama
 
     cfg = LlamaConfig(vocab_size=64, hidden=HIDDEN, n_layers=1, n_heads=HEADS, intermediate=1536, max_seq=64, **overrides)
     return random_llama(cfg, seed=1)

@@ -30,7 +30,8 @@ def register(app: typer.Typer) -> None:
         diagnostics_dir: Path | None = typer.Option(None, help="where diagnostics bundles go (default $TILESHIP_HOME/diagnostics)"),
         log_level: str = typer.Option("warning", help="uvicorn's own log level (tileship's events are always logged)"),
         llama: str | None = typer.Option(None, help="also serve a random-weight Llama decoder swapped onto the release, as model `llama`: "
-                                                   "a preset (tiny, 7b-2layer) or a JSON file (docs/serving.md)"),
+                                                   "a preset (tiny, 7b-2layer) or a JSON file (docs/serving.md); needs the repository's "
+                                                   "examples/llama (not installed by pip)"),
     ) -> None:
         """Serve a release over the Open Inference Protocol (KServe v2 REST; tritonclient works).
 
@@ -48,9 +49,9 @@ def register(app: typer.Typer) -> None:
             raise DeclarationError("--max-body-mib, --timeout and --body-timeout must be > 0; --max-inflight and --threads >= 1")
         spec = None
         if llama is not None:
-            from tileship.serve.model import parse_spec
+            from tileship.extras import llama_example
 
-            spec = parse_spec(llama)
+            spec = llama_example().parse_spec(llama)
         config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight, worker_threads=threads,
                              request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes, drift_policy=drift_policy,
                              allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None, reference_only=reference_only,

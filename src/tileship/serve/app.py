@@ -50,9 +50,9 @@ class Service:
         self.metrics = ServeMetrics(nojit.attempts)
         bind = None
         if config.llama is not None:
-            from tileship.serve.model import LlamaHost
+            from tileship.extras import llama_example
 
-            bind = LlamaHost(config.llama).bind
+            bind = llama_example().LlamaHost(config.llama).bind
         self.holder = ReleaseHolder(config.source, config.loader or self._default_loader, force_reference=config.reference_only,
                                     warmup_limit=config.warmup_limit, after_load=self._after_load, bind_models=bind)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, config.worker_threads), thread_name_prefix="tileship-infer")
@@ -277,7 +277,7 @@ class Service:
         return protocol.encode_response(model=name, version=rel.release_id, request_id=kserve_id, parameters=params, outputs=outputs), decision
 
     def _execute_model(self, served: Served, whole: Any, plan: tuple[protocol.InputTensor, bool], kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:
-        """On a worker thread: a whole model's forward (``serve.model``), errors handled as in ``_execute``."""
+        """On a worker thread: a whole model's forward (``examples/llama/serve.py``), errors handled as in ``_execute``."""
         inp, binary = plan
         try:
             logits, decision, dispatch = whole.run(inp)
@@ -297,10 +297,8 @@ class Service:
         rel = served.release
         params = {"tileship_release": rel.release_id, "tileship_kernel_revision": rel.kernel_revision,
                   "tileship_path": decision.path, "tileship_reason": decision.reason, **dispatch}
-        from tileship.serve.model import OUTPUT
-
         return protocol.encode_response(model=whole.spec.name, version=rel.release_id, request_id=kserve_id, parameters=params,
-                                        outputs=[(OUTPUT, host, binary)]), decision
+                                        outputs=[(whole.output, host, binary)]), decision
 
     def _capture(self, served: Served | None, exc: BaseException, call: Any = None) -> str | None:
         try:

@@ -28,7 +28,7 @@ class ServeConfig:
     warmup_limit: int = 256
     diagnostics_dir: Path | None = None
     handle_sighup: bool = False
-    #: a whole model served next to the operators (``serve.model.LlamaSpec``; ``--llama``)
+    #: a whole model served next to the operators (``examples.llama.serve.LlamaSpec``; ``--llama``)
     llama: Any = None
     #: test hook: (release path, reference_only) -> Release; default tileship.runtime.loader.load
     loader: Loader | None = None

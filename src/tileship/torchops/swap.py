@@ -240,7 +240,7 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
     a named operator lacks the kind's signature, KernelMismatch when the model already runs
     another release's kernels. Calling it again with the same release is a no-op.
     """
-    from tileship.models.llama import CausalSelfAttention, RMSNorm
+    from tileship.torchops.layers import CausalSelfAttention, RMSNorm
 
     root = _unwrap(model)
     stamp = kernel_stamp(root)

@@ -26,7 +26,7 @@ from typing import Any
 
 from tileship.errors import TileshipError
 from tileship.release.registry import Registry
-from tileship.verify.drill_client import Record, Sample, encode_request, run_client
+from tileship.verify.drill_load import Record, Sample, encode_request, run_client
 from tileship.verify.drill_report import render_text, summarize
 
 

@@ -9,10 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tileship.verify.drill_client import Record, Sample
-
 if TYPE_CHECKING:
     from tileship.verify.drill import DrillOptions, Window
+    from tileship.verify.drill_load import Record, Sample
 
 
 def summarize(records: list[Record], windows: list[Window], samples: list[Sample], skipped: list[str], *, new: str, old: str,

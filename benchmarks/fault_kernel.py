@@ -1,5 +1,7 @@
-"""Fault injection (not part of the built-in project): a copy kernel with a deliberate
-out-of-bounds write, for rehearsing a sticky CUDA error (``benchmarks/gpu_fault_recovery.py``).
+"""Fault injection (a benchmark fixture, not in the wheel): a copy kernel with a deliberate
+out-of-bounds write, for rehearsing a sticky CUDA error (``benchmarks/gpu_fault_recovery.py``;
+``tests/test_faults.py``). An operator module named ``fault_kernel``: put ``benchmarks/`` on
+``sys.path`` (``Project(root=...)`` does it for a build) to build or load it.
 
 ``fault_copy(X)`` returns a copy of ``X``, except when ``X[0] == POISON``: then every thread
 writes ``OFFSET`` elements past the end of ``Y`` instead (about 4 GiB beyond the buffer),

@@ -1,4 +1,8 @@
-"""The drill's load generator: KServe v2 requests from worker threads, each answer checked and recorded."""
+"""The drill's load generator: KServe v2 requests from worker threads, each answer checked and recorded.
+
+Test and benchmark tooling, outside the wheel: ``tileship drill`` (``tileship.verify.drill``)
+imports it from the source checkout as ``benchmarks.drill_client`` (``tileship.extras``).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A whole model served next to the operators: ``tileship serve RELEASE --llama CONFIG``.
 
-The random-weight Llama decoder of ``tileship.models`` (seeded: a client rebuilds the same
+The random-weight Llama decoder of ``examples.llama.model`` (seeded: a client rebuilds the same
 weights with ``random_llama(config, dtype=..., seed=...)``), swapped onto the live release
 with ``tileship.torchops.swap.swap``, is one more model of the server (default name ``llama``):
 
@@ -16,6 +16,10 @@ is never bound to a release other than the one it is served with: both travel in
 Each request reports what its layers dispatched: every swapped layer calls its operator's
 ``OpRunner.call`` directly (not the torch custom op), and the decision is recorded per
 request (thread-local), so counts are exact with several worker threads.
+
+Not part of the wheel: ``tileship serve`` imports this module through ``tileship.extras`` only
+when ``--llama`` is given. What the server uses: ``parse_spec``, ``LlamaHost(spec).bind``, and
+the ``BoundModel`` it returns (``plan``, ``run``, ``metadata``, ``device``, ``spec.name``, ``output``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tileship.errors import DeclarationError
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Release
@@ -62,7 +66,7 @@ class LlamaSpec:
     names: tuple[tuple[str, str], ...] = ()
 
     def config(self) -> Any:
-        from tileship.models import LlamaConfig
+        from examples.llama.model import LlamaConfig
 
         return LlamaConfig(vocab_size=self.vocab, hidden=self.hidden, n_layers=self.layers, n_heads=self.heads,
                            intermediate=self.intermediate, max_seq=self.max_seq, eps=self.eps)
@@ -152,6 +156,8 @@ class BoundModel:
     device: str
     swap_report: Any
     recorder: _Recorder = field(default_factory=_Recorder)
+    #: the name of the one output, ``logits``
+    output: ClassVar[str] = OUTPUT
 
     @property
     def kept(self) -> dict[str, str]:
@@ -253,7 +259,7 @@ class LlamaHost:
         self._lock = threading.Lock()
 
     def template(self, device: str) -> Any:
-        from tileship.models import random_llama
+        from examples.llama.model import random_llama
 
         with self._lock:
             if self._template is None or str(self._template.rope_cos.device.type) != device:

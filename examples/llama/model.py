@@ -9,7 +9,8 @@ comparisons mean something.
 
 Each piece ``tileship.torchops.swap`` can replace is its own module: ``nn.Linear`` projections,
 ``RMSNorm`` (which calls ``torch.nn.functional.rms_norm``, the catalog's reference), and
-``CausalSelfAttention`` (the SDPA core on (B, H, S, D), the catalog attention's contract).
+``CausalSelfAttention`` (the SDPA core on (B, H, S, D), the catalog attention's contract); the
+last two come from ``tileship.torchops.layers``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from tileship.torchops.layers import CausalSelfAttention, RMSNorm
 
 
 @dataclass(frozen=True)
@@ -47,30 +50,6 @@ class LlamaConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.n_heads
-
-
-class RMSNorm(nn.Module):
-    """y = x * rsqrt(mean(x^2) + eps) * weight over the last dim (``F.rms_norm``)."""
-
-    def __init__(self, hidden: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-class CausalSelfAttention(nn.Module):
-    """softmax(q k^T / sqrt(D) + causal mask) v on (batch, heads, seq, head_dim) tensors."""
-
-    def __init__(self, n_heads: int, head_dim: int) -> None:
-        super().__init__()
-        self.n_heads = n_heads
-        self.head_dim = head_dim
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,7 +46,6 @@ print(json.dumps(out))
 def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
     import torch
 
-    from tileship.declare.inputs import make_inputs
 
     results = []
     for _name, runner in release.ops.items():
@@ -57,7 +56,7 @@ def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
             dims = {d: (v[0] if isinstance(v, tuple) else v) for d, v in spec.dims}  # smallest size: host cost dominates
             if spec.dynamic_dim is None and any(v > 4096 for v in dims.values()):
                 continue
-            args = make_inputs(runner.shape.inputs, dims, spec.dtype, device, 0)
+            args = runner.sample_inputs(dims, spec.dtype, device, 0)
             kernel = entry.artifact if entry.artifact is not None else entry.kernel  # TileLang's JITKernel, as a user calls it
             out, d = runner.call(*args)
             if d.path != "kernel":

@@ -55,16 +55,14 @@ def make_request(release: Any, op: str, dims: dict[str, int], dtype: str, binary
     """(body, extra headers, the CPU tensors it carries)."""
     import torch
 
-    from tileship.declare.inputs import make_inputs
     from tileship.serve.protocol import KSERVE
 
     runner = release.ops[op]
-    tensors = make_inputs(runner.shape.inputs, dims, dtype, "cpu", seed=0)
-    dt = KSERVE[dtype]
+    tensors = runner.sample_inputs(dims, dtype, "cpu", 0)
     out_name = release.declarations[op]["outputs"][0][0]
     inputs, blobs = [], []
     for (name, _), t in zip(runner.shape.inputs, tensors, strict=True):
-        entry: dict[str, Any] = {"name": name, "shape": list(t.shape), "datatype": dt}
+        entry: dict[str, Any] = {"name": name, "shape": list(t.shape), "datatype": KSERVE[str(t.dtype).removeprefix("torch.")]}
         if binary:
             raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).contiguous().numpy().tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}

@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tileship.declare.inputs import make_inputs, shapes_of, verification_points
-    from tileship.declare.spec import Target
+    from tileship.declare.inputs import shapes_of, verification_points
+    from tileship.declare.spec import Target, tensor_dtypes
     from tileship.release import evidence
     from tileship.runtime import nojit
     from tileship.runtime.loader import load, load_artifact
@@ -83,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
             kernel = load_artifact(args.release / "specs" / spec.id, spec.id)
             kernel_ok = not recorded or bool(recorded.get("passed"))
             for dims in points:
-                first = make_inputs(runner.shape.inputs, dims, spec.dtype, device, seed=0)
-                out_bytes = sum(int(torch.Size(s).numel()) for s in shapes_of([(n, d) for n, d in desc["outputs"]], dims)) * first[0].element_size()
+                first = runner.sample_inputs(dims, spec.dtype, device, 0)
+                out_shapes = shapes_of([(n, d) for n, d, *_ in desc["outputs"]], dims)
+                out_bytes = sum(int(torch.Size(s).numel()) * torch.empty((), dtype=getattr(torch, dt)).element_size()
+                                for s, dt in zip(out_shapes, tensor_dtypes(desc, "outputs", spec.dtype), strict=True))
 
-                def fresh(i: int, d: dict[str, int] = dims, inputs: Any = runner.shape.inputs, dtype: str = spec.dtype) -> list[Any]:
-                    return make_inputs(inputs, d, dtype, device, seed=i)
+                def fresh(i: int, d: dict[str, int] = dims, r: Any = runner, dtype: str = spec.dtype) -> list[Any]:
+                    return r.sample_inputs(d, dtype, device, i)
 
                 sets = rotation_sets(first, fresh, device=device, out_bytes=out_bytes)
                 _, decision = runner.call(*first)

@@ -153,11 +153,23 @@ def make_lock(*, env: Mapping[str, Any], revision: str, sources: Mapping[str, st
         "framework": dict(env["framework"]),
         "backend": dict(env["backend"]),
         "device_arch": {"targets": sorted(targets), "gpu": env.get("gpu")},
-        "shapes": {name: {"dtypes": d["dtypes"], "targets": d["targets"], "shapes": d["shapes"], "ranges": d["ranges"],
-                          "config": d["config"], "tolerances": d["tolerances"]} for name, d in operators.items()},
+        "shapes": {name: _shapes_entry(d) for name, d in operators.items()},
         "fallback": {name: f"tested-reference: {d['reference']}" for name, d in operators.items()},
         "image_digest": image_digest,
     }
+
+
+def _shapes_entry(d: Mapping[str, Any]) -> dict[str, Any]:
+    """An operator's accepted set; per-tensor dtypes and per-output tolerances only where declared
+    (an operator with one dtype throughout locks exactly as before)."""
+    out = {"dtypes": d["dtypes"], "targets": d["targets"], "shapes": d["shapes"], "ranges": d["ranges"],
+           "config": d["config"], "tolerances": d["tolerances"]}
+    literal = {n: dt for n, dt in (d.get("tensor_dtypes") or {}).items() if dt != "same"}
+    if literal:
+        out["tensor_dtypes"] = literal
+    if d.get("output_tolerances"):
+        out["output_tolerances"] = d["output_tolerances"]
+    return out
 
 
 def dump_lock(lock: Mapping[str, Any]) -> str:

@@ -4,9 +4,10 @@ tensors for them. The one home of shape sampling and input generation (demo, ver
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tileship.declare.dims import SAME, resolve_dtype, shape_at
 from tileship.declare.spec import Specialization
 
 
@@ -39,22 +40,45 @@ def verification_points(spec: Specialization, *, block: int = 128, grid: int = 4
 
 
 def shapes_of(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, int]) -> list[tuple[int, ...]]:
-    """The concrete shape of each declared tensor at ``dims``."""
-    return [tuple(dims[d] for d in ds) for _, ds in inputs]
+    """The concrete shape of each declared tensor at base ``dims`` (derived dims computed)."""
+    return [shape_at(ds, dims) for _, ds in inputs]
 
 
 def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, int], dtype: str, device: str,
-                seed: int) -> list[Any]:
-    """Fresh standard-normal tensors (never zeros; integers in [-8, 8) for int dtypes), one per declared
-    input, drawn on ``device`` itself from a generator seeded with ``seed`` (reproducible per device)."""
+                seed: int, *, dtypes: Sequence[str] | None = None, sample: Callable[..., Any] | None = None) -> list[Any]:
+    """One input per declared tensor at base ``dims``, reproducible per (device, seed).
+
+    ``dtypes``: each input's dtype expression ("same" or a literal; default all "same").
+    ``sample``: the operator's ``sample(dims, dtype, device)`` hook, called under a forked RNG
+    seeded with ``seed``; its tensors are checked against the declared shapes and dtypes.
+    Without it, drawn on ``device`` from a generator seeded with ``seed``: floats standard normal
+    (never zeros), ints in [-8, 8), uint8 and bool random 0/1.
+    """
     import torch
 
+    exprs = list(dtypes) if dtypes is not None else [SAME] * len(inputs)
+    names = [resolve_dtype(e, dtype) for e in exprs]
+    shapes = shapes_of(inputs, dims)
+    if sample is not None:
+        devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            got = sample(dict(dims), dtype, device)
+        got = list(got) if isinstance(got, (tuple, list)) else [got]
+        if len(got) != len(inputs):
+            raise ValueError(f"sample() returned {len(got)} tensors, the operator declares {len(inputs)} inputs")
+        for (n, _), t, shape, dt in zip(inputs, got, shapes, names, strict=True):
+            if tuple(t.shape) != shape or t.dtype != getattr(torch, dt):
+                raise ValueError(f"sample() returned {n} as {t.dtype} {tuple(t.shape)}; declared {dt} {shape}")
+        return got
     g = torch.Generator(device=device).manual_seed(seed)
-    dt = getattr(torch, dtype)
     out = []
-    for shape in shapes_of(inputs, dims):
+    for shape, name in zip(shapes, names, strict=True):
+        dt = getattr(torch, name)
         if dt.is_floating_point:
             out.append(torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dt))
+        elif name in ("bool", "uint8"):
+            out.append(torch.randint(0, 2, shape, generator=g, device=device, dtype=torch.int32).to(dt))
         else:
             out.append(torch.randint(-8, 8, shape, generator=g, device=device, dtype=torch.int32).to(dt))
     return out

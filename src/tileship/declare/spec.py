@@ -8,6 +8,10 @@ values without either.
 
 Call convention: ``op(*inputs) -> output`` (or a tuple when several outputs). The factory's
 prim_func takes ``inputs + outputs`` in declaration order, so ``out_idx`` is the tail.
+
+Each tensor has its own dtype (``"same"``: the operator dtype of the specialization, or a
+literal such as ``"int32"``) and its dims may be derived from a base dim (``"K/8"``); see
+``tileship.declare.dims``. Only base dims are factory parameters and specialization dims.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tileship.declare.dims import SAME, DimExpr, shape_at
 from tileship.errors import DeclarationError
 
 #: dtype names accepted in declarations (TileLang spelling == torch attribute name).
-DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int32")
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 #: defaults when an operator gives no tolerance for a dtype (compared to a float32/float64 reference).
 DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = {
@@ -30,7 +36,11 @@ DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = {
     "float32": (1e-4, 1e-4),
     "float64": (1e-8, 1e-8),
     "int8": (0.0, 0.0),
+    "int16": (0.0, 0.0),
     "int32": (0.0, 0.0),
+    "int64": (0.0, 0.0),
+    "uint8": (0.0, 0.0),
+    "bool": (0.0, 0.0),
 }
 
 _TARGET_RE = re.compile(r"^(c|cuda-sm(\d+)(a?))$")
@@ -75,10 +85,19 @@ class Target:
 
 @dataclass(frozen=True)
 class TensorArg:
-    """One tensor argument: its name and the dim names of its shape, e.g. ``TensorArg("A", ("M", "K"))``."""
+    """One tensor argument: its name, its dims and its dtype.
+
+    ``TensorArg("A", ("M", "K"))`` has the operator's dtype; ``TensorArg("qweight", ("N", "K/8"),
+    dtype="int32")`` packs eight int4 values per int32 along a ``K`` that the factory receives.
+    """
 
     name: str
     dims: tuple[str, ...]
+    #: "same" (the operator dtype of the specialization) or a literal dtype name (DTYPES)
+    dtype: str = SAME
+
+    def dtype_for(self, op_dtype: str) -> str:
+        return op_dtype if self.dtype == SAME else self.dtype
 
 
 @dataclass(frozen=True)
@@ -97,9 +116,20 @@ class Tolerance:
     rtol: float
 
 
-@dataclass(frozen=True)
+#: ``sample(dims, dtype, device) -> tuple of input tensors``: valid inputs for the base ``dims``
+Sampler = Callable[[dict[str, int], str, Any], tuple[Any, ...]]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Operator:
-    """A declared operator. Validate with ``check()`` (done by ``expand``)."""
+    """A declared operator. Validate with ``check()`` (done by ``expand``).
+
+    ``tolerances`` maps an operator dtype to its Tolerance and, optionally, an output name to a
+    Tolerance that overrides it for that output (e.g. a float32 ``mean`` beside a bf16 ``y``).
+    ``sample`` produces valid inputs for verify/demo/benchmarks when random ones are not
+    (lengths within bounds, packed weights); without it floats are standard normal, ints small
+    random ints and bool/uint8 random 0/1.
+    """
 
     name: str
     factory: Callable[..., Any]
@@ -117,14 +147,20 @@ class Operator:
     params: Mapping[str, str] = field(default_factory=dict)
     #: TileLang pass configs the kernel is compiled with (part of the specialization's identity)
     pass_configs: Mapping[str, Any] = field(default_factory=dict)
+    #: optional input generator (see the class docstring)
+    sample: Sampler | None = None
 
     # -- derived -------------------------------------------------------------
     @property
     def dims(self) -> tuple[str, ...]:
+        """The base dims, in order of first appearance (derived dims contribute their base)."""
         seen: dict[str, None] = {}
         for arg in self.inputs + self.outputs:
             for d in arg.dims:
-                seen.setdefault(d)
+                try:
+                    seen.setdefault(DimExpr.parse(d).base)
+                except ValueError:
+                    seen.setdefault(d)
         return tuple(seen)
 
     @property
@@ -132,11 +168,47 @@ class Operator:
         n = len(self.inputs)
         return list(range(n, n + len(self.outputs)))
 
-    def tolerance(self, dtype: str) -> Tolerance:
+    def tolerance(self, dtype: str, output: str | None = None) -> Tolerance:
+        """The tolerance of ``output`` (when given and overridden by name), else of ``dtype``."""
+        if output is not None and output in self.tolerances and output not in DTYPES:
+            return self.tolerances[output]
         if dtype in self.tolerances:
             return self.tolerances[dtype]
         atol, rtol = DEFAULT_TOLERANCES[dtype]
         return Tolerance(atol, rtol)
+
+    def _check_tensors(self, op: str) -> None:
+        in_dims: set[str] = set()
+        for group, args in (("inputs", self.inputs), ("outputs", self.outputs)):
+            for a in args:
+                if not isinstance(a, TensorArg):
+                    raise DeclarationError(f"must be a TensorArg, got {type(a).__name__}", operator=op, field=group)
+                f = f"{group}.{a.name}"
+                if isinstance(a.dims, str):
+                    raise DeclarationError(f"dims must be a tuple of names, got the string {a.dims!r}", operator=op, field=f"{f}.dims",
+                                           hint=f'write dims=("{a.dims}",) (note the comma)')
+                if a.dtype != SAME and a.dtype not in DTYPES:
+                    raise DeclarationError(f"unknown dtype {a.dtype!r} (known: same, {', '.join(DTYPES)})", operator=op, field=f"{f}.dtype",
+                                           hint='write "same" for the operator dtype, or one of the names listed')
+                for d in a.dims:
+                    try:
+                        e = DimExpr.parse(d)
+                    except ValueError as exc:
+                        raise DeclarationError(str(exc), operator=op, field=f"{f}.dims",
+                                               hint='write a dim name ("K") or <dim>/<int>, <dim>//<int>, <dim>*<int> ("K/8")') from None
+                    if group == "inputs":
+                        in_dims.add(e.base)
+                    elif e.base not in in_dims:
+                        raise DeclarationError(f"output {a.name} uses dim {e.base!r} that no input determines", operator=op, field=f)
+
+    def _check_exact(self, op: str, sizes: Mapping[str, int], where: str) -> None:
+        for a in self.inputs + self.outputs:
+            try:
+                shape_at([d for d in a.dims if DimExpr.parse(d).base in sizes], sizes)
+            except ValueError as exc:
+                base = str(exc).split("=", 1)[0]
+                raise DeclarationError(f"{exc} of {a.name}: that shape is not one the declaration covers", operator=op,
+                                       field=f"{where}.{base}", hint=f"use a {base} that divides") from None
 
     def check(self) -> None:
         """Raise DeclarationError naming the first bad field; return None when valid."""
@@ -154,11 +226,7 @@ class Operator:
         names = [a.name for a in self.inputs + self.outputs]
         if len(set(names)) != len(names):
             raise DeclarationError(f"duplicate tensor names {names}", operator=op, field="inputs")
-        in_dims = {d for a in self.inputs for d in a.dims}
-        for a in self.outputs:
-            for d in a.dims:
-                if d not in in_dims:
-                    raise DeclarationError(f"output {a.name} uses dim {d!r} that no input determines", operator=op, field=f"outputs.{a.name}")
+        self._check_tensors(op)
         if not self.dtypes:
             raise DeclarationError("no dtypes declared", operator=op, field="dtypes")
         for dt in self.dtypes:
@@ -183,6 +251,7 @@ class Operator:
             missing = dims - set(shape)
             if missing:
                 raise DeclarationError(f"missing dims {sorted(missing)}", operator=op, field=f"shapes[{i}]")
+            self._check_exact(op, shape, f"shapes[{i}]")
         for i, r in enumerate(self.ranges):
             f = f"ranges[{i}]"
             if r.dim not in dims:
@@ -197,6 +266,25 @@ class Operator:
             missing = dims - set(r.fixed) - {r.dim}
             if missing:
                 raise DeclarationError(f"fixed is missing dims {sorted(missing)}", operator=op, field=f"{f}.fixed")
+            self._check_exact(op, r.fixed, f"{f}.fixed")
+            for a in self.inputs + self.outputs:
+                for d in a.dims:
+                    e = DimExpr.parse(d)
+                    if e.base == r.dim and e.op in ("/", "//") and r.min != r.max:
+                        raise DeclarationError(
+                            f"{r.dim} is T.dynamic in [{r.min}, {r.max}] but {a.name} declares {d}: not every {r.dim} there divides by {e.k}",
+                            operator=op, field=f"{f}.dim",
+                            hint=f"declare static shapes=[...] for {r.dim}, or make the dynamic dim one that is not divided")
+        for key, tol in self.tolerances.items():
+            if key not in DTYPES and key not in {a.name for a in self.outputs}:
+                raise DeclarationError(f"{key!r} is neither a dtype nor an output name (outputs: {', '.join(a.name for a in self.outputs)})",
+                                       operator=op, field=f"tolerances.{key}",
+                                       hint='key by operator dtype ("float16") or by output name ("mean")')
+            if not isinstance(tol, Tolerance):
+                raise DeclarationError(f"must be a Tolerance(atol, rtol), got {type(tol).__name__}", operator=op, field=f"tolerances.{key}")
+        if self.sample is not None and not callable(self.sample):
+            raise DeclarationError("sample is not callable", operator=op, field="sample",
+                                   hint="pass sample=fn(dims, dtype, device) returning one tensor per input")
         try:
             sig = inspect.signature(self.factory)
         except (TypeError, ValueError):
@@ -287,7 +375,29 @@ def describe(op: Operator) -> dict[str, Any]:
         "config": dict(sorted(op.config.items())),
         "pass_configs": dict(sorted(op.pass_configs.items())),
         "tolerances": {dt: {"atol": op.tolerance(dt).atol, "rtol": op.tolerance(dt).rtol} for dt in op.dtypes},
+        "output_tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in sorted(op.tolerances.items()) if k not in DTYPES},
+        "tensor_dtypes": {a.name: a.dtype for a in op.inputs + op.outputs},
         "factory": f"{getattr(op.factory, '__module__', '?')}.{getattr(op.factory, '__qualname__', '?')}",
-        "reference": f"{getattr(op.reference, '__module__', '?')}.{getattr(op.reference, '__qualname__', '?')}",
+        "reference": _qualified(op.reference),
+        "sample": _qualified(op.sample) if op.sample is not None else None,
         "fallback": "tested-reference",
     }
+
+
+def _qualified(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+def tensor_dtypes(desc: Mapping[str, Any], which: str, op_dtype: str) -> list[str]:
+    """The dtype name of each input (``which="inputs"``) or output of a described operator in a
+    specialization of ``op_dtype`` (a release without ``tensor_dtypes`` has one dtype throughout)."""
+    exprs = desc.get("tensor_dtypes") or {}
+    return [op_dtype if exprs.get(n, SAME) == SAME else exprs[n] for n, *_ in desc[which]]
+
+
+def tensor_tolerance(desc: Mapping[str, Any], output: str, op_dtype: str) -> Tolerance:
+    """The described tolerance of ``output``: its per-output override, else the operator dtype's."""
+    t = (desc.get("output_tolerances") or {}).get(output) or (desc.get("tolerances") or {}).get(op_dtype)
+    if t is None:
+        return Tolerance(*DEFAULT_TOLERANCES[op_dtype])
+    return Tolerance(float(t["atol"]), float(t["rtol"]))

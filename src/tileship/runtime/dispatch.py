@@ -7,8 +7,10 @@ compiles: a key no kernel covers goes to the reference, every time, with its rea
 
 Reasons (``Decision.reason``):
     kernel               the compiled kernel ran
-    undeclared_shape     no specialization covers these shapes
-    undeclared_dtype     no specialization covers this dtype (or inputs disagree on dtype)
+    undeclared_shape     no specialization covers these shapes (or a derived dim such as K/8
+                         does not match its base)
+    undeclared_dtype     no specialization covers these dtypes (each input's own, e.g. an int32
+                         length that arrives as int64; or "same"-dtype inputs that disagree)
     device_not_covered   no specialization was built/loaded for this device (type or arch)
     non_contiguous       the kernel needs contiguous inputs
     drift                blocking environment drift against the lock
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from tileship.declare.dims import SAME, bind, resolve_dtype, shape_at
 from tileship.declare.spec import Specialization
 from tileship.errors import CallError
 
@@ -121,6 +124,13 @@ class OpShape:
     name: str
     inputs: tuple[tuple[str, tuple[str, ...]], ...]
     n_outputs: int
+    #: each input's dtype expression ("same" or a literal); empty: all "same"
+    dtypes: tuple[str, ...] = ()
+
+    def input_dtypes(self, op_dtype: str) -> list[str]:
+        """Each input's dtype name in a specialization of ``op_dtype``."""
+        exprs = self.dtypes or (SAME,) * len(self.inputs)
+        return [resolve_dtype(e, op_dtype) for e in exprs]
 
 
 class OpRunner:
@@ -146,8 +156,10 @@ class OpRunner:
         self._key_of = _KEY_OF.get(self._n, _key_any)
         self._ranks = tuple(len(d) for _, d in shape.inputs)
         self._exact: dict[tuple[Any, ...], Entry] = {}
-        self._dynamic: list[tuple[Entry, str, Any, str, int, int, dict[str, int]]] = []
-        self._dtypes: set[Any] = set()
+        self._dynamic: list[tuple[Entry, str, tuple[Any, ...], str, int, int, dict[str, int]]] = []
+        self._dtypes: set[tuple[Any, ...]] = set()
+        #: the operator's ``sample(dims, dtype, device)`` hook when it declares one (demo, warm-up)
+        self.sample: Callable[..., Any] | None = None
         # device type -> reason when no kernel serves that device at all
         self._device_reasons = dict(device_reasons or {})
         self._memo: dict[tuple[Any, ...], Entry] = {}
@@ -160,13 +172,13 @@ class OpRunner:
         for e in entries:
             s = e.spec
             assert s is not None
-            dt = getattr(torch, s.dtype)
+            dt = tuple(getattr(torch, n) for n in shape.input_dtypes(s.dtype))
             self._dtypes.add(dt)
             dev = "cpu" if s.target == "c" else "cuda"
             dims = s.dim_map()
             dyn = s.dynamic_dim
             if dyn is None:
-                key = (dev, *([dt] * self._n), *(tuple(dims[d] for d in ds) for _, ds in shape.inputs))
+                key = (dev, *dt, *(shape_at(ds, dims) for _, ds in shape.inputs))  # type: ignore[arg-type]
                 self._exact[key] = e
             else:
                 lo, hi = dims[dyn]  # type: ignore[misc]
@@ -292,15 +304,14 @@ class OpRunner:
 
     def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Entry:
         self._check_devices(args)
-        for (name, dims), a, rank in zip(self.shape.inputs, args, self._ranks, strict=True):
-            if a.dim() != rank:
-                raise CallError(f"has rank {a.dim()} (shape {tuple(a.shape)}), declared ({', '.join(dims)})", operator=self.name, argument=name)
-        bound: dict[str, int] = {}
-        for (name, dims), a in zip(self.shape.inputs, args, strict=True):
-            for d, size in zip(dims, a.shape, strict=True):
-                if bound.setdefault(d, int(size)) != int(size):
-                    raise CallError(f"dim {d}={int(size)} disagrees with {d}={bound[d]} of an earlier input", operator=self.name, argument=name)
-        entry = self._match(key, args, bound)
+        b = bind(self.shape.inputs, [tuple(a.shape) for a in args])
+        if b.problem in ("rank", "disagree"):
+            raise CallError(b.message, operator=self.name, argument=b.argument)
+        if b.problem == "derived":  # e.g. qweight's K/8 does not match x's K: not a declared shape
+            entry = Entry(None, None, Decision(REFERENCE, "undeclared_shape"), detail=f"{b.argument}: {b.message}")
+        else:
+            entry = self._match(key, args, b.dims)
+        bound = b.dims
         if entry.choose is not None and entry.kernel is not None:
             why = entry.choose(bound)
             if why is not None:
@@ -314,16 +325,24 @@ class OpRunner:
         if exact is not None:
             return exact
         dev = args[0].device.type
-        dts = {a.dtype for a in args}
+        dts = tuple(a.dtype for a in args)
         for e, edev, dt, dyn, lo, hi, fixed in self._dynamic:
-            if edev == dev and dts == {dt} and lo <= bound[dyn] <= hi and all(bound[d] == v for d, v in fixed.items()):
+            if edev == dev and dts == dt and lo <= bound[dyn] <= hi and all(bound[d] == v for d, v in fixed.items()):
                 return e
         devices = {("cpu" if e.spec.target == "c" else "cuda") for e in self.entries if e.spec}  # type: ignore[union-attr]
         if dev not in devices:
             return Entry(None, None, Decision(REFERENCE, self._device_reasons.get(dev, "device_not_covered")))
-        if len(dts) != 1 or not (dts & self._dtypes):
+        if dts not in self._dtypes:
             return Entry(None, None, Decision(REFERENCE, "undeclared_dtype"))
         return Entry(None, None, Decision(REFERENCE, "undeclared_shape"))
+
+    # -- inputs --------------------------------------------------------------------
+    def sample_inputs(self, dims: Mapping[str, int], dtype: str, device: str, seed: int) -> list[Any]:
+        """Valid inputs at base ``dims`` for a specialization of ``dtype``: each with its declared
+        dtype, from the operator's ``sample`` hook when it has one (demo, warm-up, benchmarks)."""
+        from tileship.declare.inputs import make_inputs
+
+        return make_inputs(self.shape.inputs, dims, dtype, device, seed, dtypes=self.shape.dtypes or None, sample=self.sample)
 
     # -- control -------------------------------------------------------------------
     def disable(self, entry: Entry, reason: str, detail: str = "") -> None:

@@ -140,9 +140,9 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                 entries.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid), detail=rule.summary if rule else "", choose=rule))
             else:
                 entries.append(Entry(spec, None, Decision(REFERENCE, reason, sid)))
-        shape = OpShape(name, tuple((n, tuple(d)) for n, d in desc["inputs"]), len(desc["outputs"]))
         device_reasons = {"cuda": "device_not_covered", "cpu": "device_not_covered"}
-        ops[name] = OpRunner(shape, reference, entries, device_reasons=device_reasons)
+        ops[name] = OpRunner(op_shape(desc, name), reference, entries, device_reasons=device_reasons)
+        ops[name].sample = import_sample(desc, name)
     notes.extend(evidence.notes(ev, lock_digest=lock_digest(lock), allow_unverified=allow_unverified, cuda=device["cuda"],
                                 release_id=manifest["release_id"]))
     release = Release(release_id=manifest["release_id"], path=root, kernel_revision=rel["kernel_revision"], model=rel["model"],
@@ -152,8 +152,24 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     return release
 
 
+def op_shape(desc: dict[str, Any], name: str) -> OpShape:
+    """What the dispatcher needs of a described operator."""
+    exprs = desc.get("tensor_dtypes") or {}
+    inputs = tuple((n, tuple(d)) for n, d, *_ in desc["inputs"])
+    return OpShape(name, inputs, len(desc["outputs"]), tuple(exprs.get(n, "same") for n, _ in inputs))
+
+
+def import_sample(desc: dict[str, Any], name: str) -> Any:
+    """The operator's ``sample`` hook, or None when it declares none."""
+    return _import_callable(desc["sample"], name, "sample hook") if desc.get("sample") else None
+
+
 def _import_reference(desc: dict[str, Any], name: str) -> Any:
-    module, _, qual = desc["reference"].rpartition(".")
+    return _import_callable(desc["reference"], name, "reference")
+
+
+def _import_callable(path: str, name: str, what: str) -> Any:
+    module, _, qual = path.rpartition(".")
     try:
         mod = importlib.import_module(module)
         obj: Any = mod
@@ -161,7 +177,7 @@ def _import_reference(desc: dict[str, Any], name: str) -> Any:
             obj = getattr(obj, part)
         return obj
     except (ImportError, AttributeError) as exc:
-        raise ArtifactLoadError(f"cannot import the reference {desc['reference']}: {exc}", spec_id=name,
+        raise ArtifactLoadError(f"cannot import the {what} {path}: {exc}", spec_id=name,
                                 hint=f"the operator module must be importable (sys.path: {sys.path[:3]}...)") from exc
 
 

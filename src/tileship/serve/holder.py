@@ -13,6 +13,7 @@ logs and metrics.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,7 +111,8 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
     """
     import torch
 
-    from tileship.declare.inputs import make_inputs, sample_points
+    from tileship.declare.inputs import sample_points
+    from tileship.declare.spec import Tolerance, tensor_tolerance
 
     t0 = time.perf_counter()
     report = WarmReport()
@@ -122,7 +124,7 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
             spec = entry.spec
             assert spec is not None
             dims = sample_points(spec, limit=limit)[-1]
-            args = make_inputs(runner.shape.inputs, dims, spec.dtype, device, seed)
+            args = runner.sample_inputs(dims, spec.dtype, device, seed)
             problem = None
             try:
                 out = entry.kernel(*args)  # type: ignore[misc]
@@ -131,9 +133,9 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
                 refs = refs if isinstance(refs, (tuple, list)) else (refs,)
                 if device == "cuda":
                     torch.cuda.synchronize()
-                t = tol.get(spec.dtype, {"atol": 0.0, "rtol": 0.0})
-                for o, r in zip(outs, refs, strict=True):
-                    problem = problem or disagreement(o, r, t["atol"], t["rtol"])
+                for (o_name, *_), o, r in zip(release.declarations[name]["outputs"], outs, refs, strict=True):
+                    t = tensor_tolerance(release.declarations[name], o_name, spec.dtype) if tol else Tolerance(0.0, 0.0)
+                    problem = problem or disagreement(o, r, t.atol, t.rtol)
             except Exception as exc:
                 problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             report.calls += 1
@@ -144,7 +146,7 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
             spec, dims = min(((e.spec, sample_points(e.spec, limit=limit)[0]) for e in runner.entries if e.spec is not None),
                              key=lambda sd: _elements(runner.shape.inputs, sd[1]))
             assert spec is not None
-            runner.reference(*make_inputs(runner.shape.inputs, dims, spec.dtype, device, seed))
+            runner.reference(*runner.sample_inputs(dims, spec.dtype, device, seed))
             report.calls += 1
     if any(d == "cuda" for d in devices.values()):
         torch.cuda.synchronize()
@@ -153,13 +155,9 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
 
 
 def _elements(inputs: Any, dims: dict[str, int]) -> int:
-    n = 0
-    for _, ds in inputs:
-        k = 1
-        for d in ds:
-            k *= dims[d]
-        n += k
-    return n
+    from tileship.declare.inputs import shapes_of
+
+    return sum(math.prod(s) for s in shapes_of(inputs, dims))
 
 
 Loader = Callable[[Path, bool], Release]

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tileship.declare.dims import SAME, DimExpr, bind, resolve_dtype
+
 #: KServe datatype -> torch dtype name (the declaration's spelling)
 DATATYPES: Mapping[str, str] = {
     "BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
@@ -206,7 +208,7 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
     ``CallPlan.declared`` says whether the shape is in the declared set; what to do when it
     is not (reference or 400) is the caller's policy.
     """
-    declared_inputs: list[tuple[str, list[str]]] = [(n, list(d)) for n, d in decl["inputs"]]
+    declared_inputs: list[tuple[str, list[str]]] = [(n, list(d)) for n, d, *_ in decl["inputs"]]
     names = [n for n, _ in declared_inputs]
     by_name: dict[str, InputTensor] = {}
     for inp in req.inputs:
@@ -219,26 +221,38 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
     if missing:
         raise BadRequest(400, f"missing input {', '.join(missing)}: model {model} takes {', '.join(names)}")
     ordered = [by_name[n] for n in names]
+    exprs = decl.get("tensor_dtypes") or {}
     accepted = [KSERVE[d] for d in decl["dtypes"]]
+    same = [inp for inp in ordered if exprs.get(inp.name, SAME) == SAME]
     for inp in ordered:
-        if DATATYPES[inp.datatype] not in decl["dtypes"]:
+        want = exprs.get(inp.name, SAME)
+        if want != SAME and DATATYPES[inp.datatype] != want:
+            raise BadRequest(400, f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} declares it {KSERVE[want]}")
+        if want == SAME and DATATYPES[inp.datatype] not in decl["dtypes"]:
             raise BadRequest(400, f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} accepts {', '.join(accepted)}")
-    kinds = {inp.datatype for inp in ordered}
-    if len(kinds) != 1:
-        raise BadRequest(400, f"wrong datatype: inputs disagree ({', '.join(f'{i.name}={i.datatype}' for i in ordered)}); send one datatype")
-    dims: dict[str, int] = {}
-    where: dict[str, str] = {}
+    kinds = {inp.datatype for inp in same}
+    if len(kinds) > 1:
+        raise BadRequest(400, f"wrong datatype: inputs disagree ({', '.join(f'{i.name}={i.datatype}' for i in same)}); send one datatype")
+    b = bind(declared_inputs, [inp.shape for inp in ordered])
+    if b.problem == "rank":
+        ds = dict(declared_inputs)[b.argument]  # type: ignore[index]
+        shape = list(by_name[b.argument].shape)  # type: ignore[index]
+        raise BadRequest(400, f"wrong rank: input {b.argument} has shape {shape} (rank {len(shape)}); "
+                              f"model {model} declares {b.argument} as ({', '.join(ds)}) (rank {len(ds)})")
+    seen: dict[str, tuple[int, str]] = {}
     for inp, (name, ds) in zip(ordered, declared_inputs, strict=True):
-        if len(inp.shape) != len(ds):
-            raise BadRequest(400, f"wrong rank: input {name} has shape {list(inp.shape)} (rank {len(inp.shape)}); "
-                                  f"model {model} declares {name} as ({', '.join(ds)}) (rank {len(ds)})")
         for d, size in zip(ds, inp.shape, strict=True):
             if size == 0:
                 raise BadRequest(400, f"shape outside the declared set: input {name} has {d}=0; every declared dim is at least 1")
-            if dims.setdefault(d, size) != size:
-                raise BadRequest(400, f"wrong shape: dim {d} is {dims[d]} in input {where[d]} but {size} in input {name}")
-            where.setdefault(d, name)
-    out_names = [n for n, _ in decl["outputs"]]
+            if DimExpr.parse(d).derived:
+                continue
+            first, where = seen.setdefault(d, (size, name))
+            if first != size:
+                raise BadRequest(400, f"wrong shape: dim {d} is {first} in input {where} but {size} in input {name}")
+    if b.problem == "derived":
+        raise BadRequest(400, f"wrong shape: input {b.argument}: {b.message}")
+    dims = b.dims
+    out_names = [n for n, *_ in decl["outputs"]]
     if req.outputs:
         outputs = []
         for name, binary in req.outputs:
@@ -247,7 +261,7 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
             outputs.append((name, req.binary_output if binary is None else binary))
     else:
         outputs = [(n, req.binary_output) for n in out_names]
-    return CallPlan(ordered, DATATYPES[ordered[0].datatype], dims, in_declared_set(decl, dims), outputs)
+    return CallPlan(ordered, DATATYPES[same[0].datatype] if same else decl["dtypes"][0], dims, in_declared_set(decl, dims), outputs)
 
 
 def in_declared_set(decl: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
@@ -335,8 +349,9 @@ def encode_response(*, model: str, version: str, request_id: str | None, paramet
 
 def tensor_metadata(decl: Mapping[str, Any], which: str) -> list[dict[str, Any]]:
     """Inputs or outputs as KServe metadata: a dim fixed across every declared shape and
-    range keeps its size, every other dim is -1. ``datatype`` is the first declared dtype;
-    the model's ``parameters.datatypes`` lists all of them."""
+    range keeps its size (a derived dim such as ``K/8`` its computed size), every other dim is -1.
+    ``datatype`` is the tensor's own: a literal declared dtype, else (``"same"``) the first
+    operator dtype; the model's ``parameters.datatypes`` lists all operator dtypes."""
     fixed: dict[str, int | None] = {}
 
     def see(d: str, v: int | None) -> None:
@@ -352,5 +367,12 @@ def tensor_metadata(decl: Mapping[str, Any], which: str) -> list[dict[str, Any]]
         see(r["dim"], None)
         for d, v in r["fixed"].items():
             see(d, v)
-    dt = KSERVE[decl["dtypes"][0]]
-    return [{"name": n, "datatype": dt, "shape": [fixed.get(d) or -1 for d in ds]} for n, ds in decl[which]]
+    exprs = decl.get("tensor_dtypes") or {}
+
+    def size(d: str) -> int:
+        e = DimExpr.parse(d)
+        v = fixed.get(e.base)
+        return e.apply(v) if v and e.exact(v) else -1
+
+    return [{"name": n, "datatype": KSERVE[resolve_dtype(exprs.get(n, SAME), decl["dtypes"][0])], "shape": [size(d) for d in ds]}
+            for n, ds, *_ in decl[which]]

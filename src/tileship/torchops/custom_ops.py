@@ -4,8 +4,9 @@ and CUDA graphs.
 ``register(release)`` defines one custom op per operator, ``torch.ops.tileship_<release
 id>.<operator>``, whose implementation is ``OpRunner.call``: the same dispatch, fallback
 and counters as calling the release directly. Its fake (meta) implementation computes the
-output from the declaration (each output dim is the size of the input dim of that name,
-dtype and device of the first input), so ``torch.compile(..., fullgraph=True)`` traces
+output from the declaration (each output dim from the input dims it derives from, e.g. ``K/8``;
+its declared dtype, or for a ``"same"`` output the dtype of the first ``"same"`` input; the
+device of the first input), so ``torch.compile(..., fullgraph=True)`` traces
 through without running anything and without guarding on sizes: shapes the release does
 not cover are a runtime decision of the dispatcher, not a recompilation.
 
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 
+from tileship.declare.dims import SAME, DimExpr
 from tileship.errors import CallError
 from tileship.runtime.dispatch import OpRunner, Release
 
@@ -95,7 +97,9 @@ def register(release: Release) -> TorchOps:
         for name in sorted(release.ops):
             if name not in ops:
                 decl = release.declarations[name]
-                ops[name] = _define(ns, name, decl["inputs"], decl["outputs"])
+                exprs = decl.get("tensor_dtypes") or {}
+                ops[name] = _define(ns, name, decl["inputs"], decl["outputs"],
+                                    {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]})
         torch_ops = TorchOps(release.release_id, release.kernel_revision, ns, ops)
         _registered[ns] = torch_ops
         return torch_ops
@@ -106,14 +110,17 @@ def registered(release_id: str) -> TorchOps | None:
     return _registered.get(namespace_of(release_id))
 
 
-def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequence[Sequence[Any]]) -> Any:
+def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequence[Sequence[Any]],
+            dtypes: Mapping[str, str] | None = None) -> Any:
     qual = f"{ns}::{name}"
-    in_decl = tuple((str(n), tuple(str(d) for d in dims)) for n, dims in inputs)
-    out_dims = tuple(tuple(str(d) for d in dims) for _, dims in outputs)
-    args = ", ".join(f"Tensor {n}" for n, _ in in_decl)
+    dtypes = dtypes or {}
+    in_decl = tuple((str(n), tuple(str(d) for d in dims), dtypes.get(str(n), SAME)) for n, dims, *_ in inputs)
+    out_dims = tuple(tuple(str(d) for d in dims) for _, dims, *_ in outputs)
+    out_dtypes = tuple(dtypes.get(str(n), SAME) for n, *_ in outputs)
+    args = ", ".join(f"Tensor {n}" for n, _, _ in in_decl)
     ret = "Tensor" if len(out_dims) == 1 else "(" + ", ".join("Tensor" for _ in out_dims) + ")"
     op = torch.library.custom_op(qual, _implementation(qual, len(out_dims)), mutates_args=(), schema=f"({args}) -> {ret}")
-    op.register_fake(_fake(name, in_decl, out_dims))
+    op.register_fake(_fake(name, in_decl, out_dims, out_dtypes))
     return getattr(getattr(torch.ops, ns), name).default
 
 
@@ -133,21 +140,31 @@ def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
     return run
 
 
-def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...]], ...], outputs: tuple[tuple[str, ...], ...]) -> Callable[..., Any]:
+def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outputs: tuple[tuple[str, ...], ...],
+          out_dtypes: tuple[str, ...] = ()) -> Callable[..., Any]:
     def fake(*args: torch.Tensor) -> Any:
         sizes: dict[str, Any] = {}
-        for (arg, dims), a in zip(inputs, args, strict=True):
+        derived: list[tuple[str, DimExpr, Any]] = []
+        for (arg, dims, _), a in zip(inputs, args, strict=True):
             if a.dim() != len(dims):
                 raise CallError(f"has rank {a.dim()} (shape {tuple(a.shape)}), declared ({', '.join(dims)})", operator=name, argument=arg)
             for d, size in zip(dims, a.shape, strict=True):
-                if d not in sizes:
+                e = DimExpr.parse(d)
+                if e.derived:
+                    derived.append((arg, e, size))
+                elif d not in sizes:
                     sizes[d] = size
                 elif isinstance(size, int) and isinstance(sizes[d], int):
                     if size != sizes[d]:
                         raise CallError(f"dim {d}={size} disagrees with {d}={sizes[d]} of an earlier input", operator=name, argument=arg)
                 else:  # symbolic: the dispatcher raises for disagreeing dims, so the tracer may assume they agree
                     torch._check(size == sizes[d], lambda d=d, arg=arg: f"{name}({arg}): dim {d} disagrees with an earlier input")
-        outs = tuple(args[0].new_empty(tuple(sizes[d] for d in dims)) for dims in outputs)
+        for _arg, e, size in derived:  # a derived dim whose base no input gives plainly (the dispatcher checks the rest)
+            sizes.setdefault(e.base, e.inverse(size))
+        same = next((a.dtype for (_, _, dt), a in zip(inputs, args, strict=True) if dt == SAME), args[0].dtype)
+        outs = tuple(args[0].new_empty(tuple(DimExpr.parse(d).apply(sizes[DimExpr.parse(d).base]) for d in dims),
+                                       dtype=same if dt == SAME else getattr(torch, dt))
+                     for dims, dt in zip(outputs, out_dtypes or (SAME,) * len(outputs), strict=True))
         return outs[0] if len(outs) == 1 else outs
 
     return fake

@@ -348,9 +348,9 @@ def _cover(path: str, kind: str, release: Release, ops: TorchOps, op_name: str, 
 def _check_signature(release: Release, kind: str, op_name: str) -> None:
     ranks, shown = _SIGNATURES[kind]
     decl = release.declarations[op_name]
-    got = tuple(len(dims) for _, dims in decl["inputs"])
+    got = tuple(len(dims) for _, dims, *_ in decl["inputs"])
     if got != ranks or len(decl["outputs"]) != 1:
-        sig = ", ".join(f"{n}({', '.join(d)})" for n, d in decl["inputs"])
+        sig = ", ".join(f"{n}({', '.join(d)})" for n, d, *_ in decl["inputs"])
         raise DeclarationError(f"operator {op_name!r} is declared ({sig}) -> {len(decl['outputs'])} outputs; a {kind} layer needs {shown}",
                                operator=op_name, field="names", hint=f"pass names={{'{kind}': '<operator with that signature>'}}")
 

@@ -9,9 +9,12 @@ from typing import Any
 
 from tileship.verify.timing import _num
 
-#: NaN payloads nothing computes (canonical NaNs are 0x7FC00000 / 0xFFC00000 and friends)
+#: the poison of each dtype, as (integer view, bits): for floats NaN payloads nothing computes
+#: (canonical NaNs are 0x7FC00000 / 0xFFC00000 and friends), for ints and bool a sentinel byte
+#: pattern (0x5A...; a bool holding 0x5A is neither True nor False as a kernel writes them)
 POISON_BITS = {"float32": ("int32", 0x7FC0DEAD), "float16": ("int16", 0x7E6D), "bfloat16": ("int16", 0x7FED),
-               "float64": ("int64", 0x7FF80000DEADBEEF), "int32": ("int32", 0x5A5A5A5A), "int8": ("int8", 0x5A)}
+               "float64": ("int64", 0x7FF80000DEADBEEF), "int64": ("int64", 0x5A5A5A5A5A5A5A5A), "int32": ("int32", 0x5A5A5A5A),
+               "int16": ("int16", 0x5A5A), "int8": ("int8", 0x5A), "uint8": ("uint8", 0x5A), "bool": ("uint8", 0x5A)}
 
 
 @dataclass(frozen=True)
@@ -37,12 +40,12 @@ class Check:
 
 
 def _poison_pattern(dtype: Any) -> tuple[Any, int]:
-    """(integer view dtype, poison bits as a signed value of that width) for a float dtype."""
+    """(integer view dtype, poison bits as a value of that dtype) for any declared dtype."""
     import torch
 
     view, bits = POISON_BITS[str(dtype).removeprefix("torch.")]
-    width = torch.iinfo(getattr(torch, view)).bits
-    return getattr(torch, view), bits - (1 << width) if bits >= 1 << (width - 1) else bits
+    info = torch.iinfo(getattr(torch, view))
+    return getattr(torch, view), bits - (1 << info.bits) if bits > info.max else bits
 
 
 def fill_poison(t: Any) -> Any:

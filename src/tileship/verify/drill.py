@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import socket
 import subprocess
@@ -154,7 +155,7 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
     import torch
 
     from tileship.declare.inputs import make_inputs, sample_points
-    from tileship.declare.spec import Specialization
+    from tileship.declare.spec import Specialization, tensor_dtypes
 
     rel_new = json.loads((reg.path_of(new) / "release.json").read_text())
     rel_old = json.loads((reg.path_of(old) / "release.json").read_text())
@@ -168,13 +169,14 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
     skipped: list[str] = []
     for k, name in enumerate(ops):
         desc = rel_new["operators"][name]
-        inputs = [(n, tuple(d)) for n, d in desc["inputs"]]
+        inputs = [(n, tuple(d)) for n, d, *_ in desc["inputs"]]
+        sample_fn = _import(desc["sample"]) if desc.get("sample") else None
         ref_fn = _import(desc["reference"])
         specs = [Specialization.from_json(i["spec"]) for _, i in sorted(rel_new["specializations"].items()) if i["spec"]["op"] == name]
         candidates = []
         for spec in specs:
             for dims in sample_points(spec, limit=opts.dynamic_limit):
-                nbytes = _request_bytes(inputs, dims, spec.dtype)
+                nbytes = _request_bytes(inputs, dims, tensor_dtypes(desc, "inputs", spec.dtype))
                 if nbytes <= opts.max_request_bytes:
                     candidates.append((nbytes, spec, dims))
                 else:
@@ -182,13 +184,14 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
         candidates.sort(key=lambda c: c[0])
         chosen = _spread(candidates, opts.per_op)
         for j, (nbytes, spec, dims) in enumerate(chosen):
-            args = make_inputs(inputs, dims, spec.dtype, "cpu", opts.seed + 100 * k + j)
+            args = make_inputs(inputs, dims, spec.dtype, "cpu", opts.seed + 100 * k + j,
+                               dtypes=tensor_dtypes(desc, "inputs", spec.dtype), sample=sample_fn)
             with torch.no_grad():
-                ref = ref_fn(*[a.to(ref_device, torch.float64) for a in args])
+                ref = ref_fn(*[a.to(ref_device, torch.float64) if a.is_floating_point() else a.to(ref_device) for a in args])
             refs = [r.cpu() for r in (ref if isinstance(ref, (tuple, list)) else (ref,))]
             tol = desc["tolerances"][spec.dtype]
-            body, hl = encode_request(inputs, args, [n for n, _ in desc["outputs"]])
-            samples.append(Sample(name, spec.id, dims, spec.dtype, body, hl, [n for n, _ in desc["outputs"]], refs,
+            body, hl = encode_request(inputs, args, [n for n, *_ in desc["outputs"]])
+            samples.append(Sample(name, spec.id, dims, spec.dtype, body, hl, [n for n, *_ in desc["outputs"]], refs,
                                   (float(tol["atol"]), float(tol["rtol"])), nbytes))
     return samples, skipped
 
@@ -200,15 +203,11 @@ def _spread(cands: list[Any], n: int) -> list[Any]:
     return [cands[round(i * step)] for i in range(n)]
 
 
-def _request_bytes(inputs: list[tuple[str, tuple[str, ...]]], dims: dict[str, int], dtype: str) -> int:
-    size = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "int32": 4}[dtype]
-    total = 0
-    for _, ds in inputs:
-        n = 1
-        for d in ds:
-            n *= dims[d]
-        total += n * size
-    return total
+def _request_bytes(inputs: list[tuple[str, tuple[str, ...]]], dims: dict[str, int], dtypes: list[str]) -> int:
+    from tileship.declare.inputs import shapes_of
+    from tileship.serve.protocol import ITEMSIZE, KSERVE
+
+    return sum(math.prod(s) * ITEMSIZE[KSERVE[dt]] for s, dt in zip(shapes_of(inputs, dims), dtypes, strict=True))
 
 
 def _import(qualname: str) -> Any:

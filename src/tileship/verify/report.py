@@ -258,6 +258,8 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
         by_op.setdefault(spec.op, []).extend(rows_for(spec, ev_specs.get(sid), skipped=skipped.get(sid)))
     for op, rows in sorted(by_op.items()):
         parts.append(f"<h2 id='{html.escape(op)}'>{html.escape(op)}</h2>")
+        if op in rel.get("operators", {}):
+            parts.append(f"<p class='muted'>{html.escape(signature(rel['operators'][op]))}</p>")
         if any(r["timing"] for r in rows):
             plot_speedup(rows, dest / f"{op}-speedup.png", policy=policy, title=f"{op}: speedup of the kernel over the reference, by shape")
             parts.append(f"<img src='{html.escape(op)}-speedup.png' alt='{html.escape(op)} speedup by shape'>")
@@ -277,6 +279,19 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
     index = dest / "index.html"
     index.write_text(page)
     return index
+
+
+def signature(desc: Mapping[str, Any]) -> str:
+    """``A: same (N), Q: int32 (N/8) -> C: same (N), Z: int32 (N/8) [same = float32 | float64]``:
+    each tensor with its own dtype and dims, as declared."""
+    exprs = desc.get("tensor_dtypes") or {}
+
+    def one(n: str, ds: Sequence[str]) -> str:
+        return f"{n}: {exprs.get(n, 'same')} ({', '.join(ds)})"
+
+    ins = ", ".join(one(n, ds) for n, ds, *_ in desc["inputs"])
+    outs = ", ".join(one(n, ds) for n, ds, *_ in desc["outputs"])
+    return f"{ins} -> {outs} [same = {' | '.join(desc.get('dtypes', []))}]"
 
 
 def _op_table(rows: Sequence[Mapping[str, Any]], policy: str) -> str:

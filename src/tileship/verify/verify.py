@@ -32,6 +32,7 @@ unless ``strict_poison`` is off. This swaps a global: run verification in one th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,8 +40,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tileship.declare.dims import shape_at
 from tileship.declare.inputs import make_inputs, point_seed, verification_points
-from tileship.declare.spec import Specialization, Target, Tolerance
+from tileship.declare.spec import Specialization, Target, Tolerance, tensor_dtypes, tensor_tolerance
 from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import evidence as ev_mod
 from tileship.verify.compare import Check, check_output, poisoned_call
@@ -181,27 +183,34 @@ def dynamic_block(config: Mapping[str, Any], dim: str | None) -> int:
     return 128
 
 
-def _reference_in(reference: Callable[..., Any], args: Sequence[Any], dtype: str) -> list[Any]:
+def _reference_in(reference: Callable[..., Any], args: Sequence[Any], dtype: str | None) -> list[Any]:
+    """The reference on ``args`` with every float input cast to ``dtype`` (None: as declared)."""
     import torch
 
-    up = [a.to(getattr(torch, dtype)) if a.dtype.is_floating_point else a for a in args]
+    up = [a.to(getattr(torch, dtype)) if dtype is not None and a.dtype.is_floating_point else a for a in args]
     out = reference(*up)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any], desc: Mapping[str, Any], *,
-                options: VerifyOptions = VerifyOptions(), tolerance: Tolerance | None = None) -> SpecVerdict:
-    """Check (and time) one loaded specialization at its verification points."""
+                options: VerifyOptions = VerifyOptions(), tolerance: Tolerance | None = None,
+                sample: Callable[..., Any] | None = None) -> SpecVerdict:
+    """Check (and time) one loaded specialization at its verification points.
+
+    Each output is poisoned, compared and sized with its own dtype; its tolerance is, in order:
+    ``tolerance``, the ``options`` override for the operator dtype, the declared per-output
+    override, the declared one of the operator dtype. ``sample`` (the operator's hook) makes the inputs."""
     import torch
 
     device = Target(spec.target).device_type
-    inputs = [(n, tuple(ds)) for n, ds in desc["inputs"]]
-    outputs = [(n, tuple(ds)) for n, ds in desc["outputs"]]
-    declared = desc.get("tolerances", {}).get(spec.dtype)
+    inputs = [(n, tuple(ds)) for n, ds, *_ in desc["inputs"]]
+    outputs = [(n, tuple(ds)) for n, ds, *_ in desc["outputs"]]
+    in_dtypes = tensor_dtypes(desc, "inputs", spec.dtype)
+    out_dtypes = [getattr(torch, n) for n in tensor_dtypes(desc, "outputs", spec.dtype)]
     override = options.tolerances.get(spec.op, {}).get(spec.dtype)
-    tol = tolerance or override or (Tolerance(declared["atol"], declared["rtol"]) if declared else Tolerance(*_default_tol(spec.dtype)))
+    tol = tolerance or override or tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"}, "", spec.dtype)
+    out_tols = [tolerance or override or tensor_tolerance(desc, n, spec.dtype) for n, _ in outputs]
     ref_dtype = options.reference_dtype
-    dt = getattr(torch, spec.dtype)
     points: list[PointResult] = []
     for dims in verification_points(spec, block=dynamic_block(desc.get("config", {}), spec.dynamic_dim), grid=options.grid, limit=options.limit):
         checks: list[tuple[int, Check]] = []
@@ -209,10 +218,10 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
         confirmed = True
         failure = None
         first_args: list[Any] | None = None
-        out_specs = [(tuple(dims[d] for d in ds), dt) for _, ds in outputs]
+        out_specs = [(shape_at(ds, dims), odt) for (_, ds), odt in zip(outputs, out_dtypes, strict=True)]
         for base in options.seeds:
             seed = point_seed(base, spec.id, dims)
-            args = make_inputs(inputs, dims, spec.dtype, device, seed)
+            args = make_inputs(inputs, dims, spec.dtype, device, seed, dtypes=in_dtypes, sample=sample)
             first_args = first_args or args
             try:
                 outs, ok_poison = poisoned_call(kernel, args, out_specs)
@@ -227,11 +236,17 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                     raise
                 ref_dtype = "float32"  # e.g. no float64 implementation on this device
                 refs = _reference_in(reference, args, ref_dtype)
-            native = _reference_in(reference, args, spec.dtype)
+            native = _reference_in(reference, args, None)
+            if len(outs) != len(outputs) or len(refs) != len(outputs):
+                failure = f"the kernel returned {len(outs)} and the reference {len(refs)} outputs; {len(outputs)} are declared"
+                break
             for i, (o, r, n) in enumerate(zip(outs, refs, native, strict=True)):
-                c = check_output(o, r, atol=tol.atol, rtol=tol.rtol)
+                t = out_tols[i]
+                c = check_output(o, r, atol=t.atol, rtol=t.rtol)
+                if c.failure is None and o.dtype != out_dtypes[i]:
+                    c = dataclasses.replace(c, failure=f"dtype {str(o.dtype).removeprefix('torch.')}, declared {str(out_dtypes[i]).removeprefix('torch.')}")
                 checks.append((seed, c))
-                ref_checks.append(check_output(n, r, atol=tol.atol, rtol=tol.rtol))
+                ref_checks.append(check_output(n, r, atol=t.atol, rtol=t.rtol))
                 if c.failure and failure is None:
                     failure = (f"output {outputs[i][0]}: " if len(outs) > 1 else "") + c.failure + f" (seed {seed})"
             del outs, refs, native
@@ -240,10 +255,10 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                        "so unwritten elements would go unseen; use --no-strict-poison to accept")
         timing = None
         if failure is None and options.timing and first_args is not None:
-            out_bytes = sum(math.prod(s) for s, _ in out_specs) * torch.empty((), dtype=dt).element_size()
+            out_bytes = sum(math.prod(s) * torch.empty((), dtype=odt).element_size() for s, odt in out_specs)
 
             def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
-                return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d))
+                return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d), dtypes=in_dtypes, sample=sample)
 
             sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
             timing = time_pair(kernel, reference, sets, device=device, options=options)
@@ -255,12 +270,6 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     bad = next((p for p in points if not p.passed), None)
     failure = None if bad is None else f"at {','.join(f'{k}={v}' for k, v in bad.dims.items())}: {bad.failure}"
     return SpecVerdict(spec, device, tol, override is not None, ref_dtype, tuple(points), failure)
-
-
-def _default_tol(dtype: str) -> tuple[float, float]:
-    from tileship.declare.spec import DEFAULT_TOLERANCES
-
-    return DEFAULT_TOLERANCES[dtype]
 
 
 def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write: bool = True) -> VerifyResult:
@@ -279,7 +288,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
     from tileship.release import bundle
     from tileship.runtime import nojit
-    from tileship.runtime.loader import _import_reference, load_artifact
+    from tileship.runtime.loader import _import_reference, import_sample, load_artifact
 
     root = Path(path)
     manifest = bundle.check_integrity(root)
@@ -298,6 +307,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     verdicts: list[SpecVerdict] = []
     skipped: dict[str, str] = {}
     references: dict[str, Any] = {}
+    samples: dict[str, Any] = {}
     for sid, info in sorted(rel["specializations"].items()):
         spec = Specialization.from_json(info["spec"])
         target = Target(spec.target)
@@ -323,10 +333,12 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
         try:
             kernel = load_artifact(root / "specs" / sid, sid)
         except ArtifactLoadError as exc:
-            tol = Tolerance(**{k: desc["tolerances"][spec.dtype][k] for k in ("atol", "rtol")})
+            tol = tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"}, "", spec.dtype)
             verdicts.append(SpecVerdict(spec, target.device_type, tol, False, options.reference_dtype, (), f"artifact failed to load: {exc}"))
             continue
-        verdicts.append(verify_spec(spec, kernel, references[spec.op], desc, options=options))
+        if spec.op not in samples:
+            samples[spec.op] = import_sample(desc, spec.op)
+        verdicts.append(verify_spec(spec, kernel, references[spec.op], desc, options=options, sample=samples[spec.op]))
         del kernel
     if not verdicts:
         raise VerificationError(f"nothing to verify on this machine ({len(skipped)} specializations skipped: "

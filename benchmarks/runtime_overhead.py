@@ -27,14 +27,15 @@ CHILD = r'''
 import json, sys, time
 import tilelang
 from tilelang.cache import kernel_cache
-from tileship.build.worker import find_operator, trace
+from tileship.build.worker import find_operator
+from tileship.declare.factory import trace
 from tileship.declare.spec import Specialization, Target
 out = {}
 for job in json.loads(sys.argv[1]):
     op = find_operator(job["module"], job["op"])
     spec = Specialization.from_json(job["spec"])
     def trace_and_compile():  # tracing is part of TileLang's JIT path, even on a cache hit
-        return tilelang.compile(trace(op, spec), out_idx=op.out_idx, target=Target(spec.target).tilelang(), pass_configs=dict(op.pass_configs) or None)
+        return tilelang.compile(trace(op, spec), out_idx=op.out_idx, target=Target(spec.target).tilelang(), pass_configs=op.compile_pass_configs() or None)
     t = time.perf_counter(); trace_and_compile(); cold = time.perf_counter() - t
     kernel_cache.KernelCache()._memory_cache.clear()
     t = time.perf_counter(); trace_and_compile(); warm = time.perf_counter() - t

@@ -83,7 +83,7 @@ def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: flo
     # artifacts (paths leak into objects); a file lock serializes concurrent builds.
     work = Path(tempfile.gettempdir()) / "tileship-build" / hashlib.sha256(spec.id.encode()).hexdigest()[:16]
     work.parent.mkdir(parents=True, exist_ok=True)
-    job = {"spec_id": spec.id, "module": op.factory.__module__, "op": op.name, "spec": spec.to_json(),
+    job = {"spec_id": spec.id, "module": op.module, "op": op.name, "spec": spec.to_json(),
            "out": str(out), "cache_dir": str(work / "cache"), "sys_path": sys_path}
     t0 = time.perf_counter()
     with FileLock(str(work) + ".lock"):
@@ -150,7 +150,7 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options
     staging.mkdir()
     try:
         env = capture_environment()
-        descs = {name: {**describe(op), "module": op.factory.__module__} for name, op in ops.items()}
+        descs = {name: describe(op) for name, op in ops.items()}
         lock = make_lock(env=env, revision=kernel_revision(revision_root(project, ops)), sources=source_digest(ops), operators=descs,
                          targets=list(project.targets), model={"name": project.model, "version": project.model_version},
                          image_digest=opts.image_digest)

@@ -48,25 +48,19 @@ class _SeededNames:
 
 
 def find_operator(module: str, name: str) -> Any:
-    """The module-level ``Operator`` called ``name`` in ``module``."""
+    """The module-level ``Operator`` called ``name`` in ``module`` (the declaring module), with its
+    outputs read from the kernel when the declaration omits them. Raises BuildError naming both."""
+    from tileship.declare.outputs import infer_outputs
     from tileship.declare.spec import Operator
+    from tileship.errors import BuildError
 
     mod = importlib.import_module(module)
-    return next(v for v in vars(mod).values() if isinstance(v, Operator) and v.name == name)
-
-
-def trace(op: Any, spec: Any) -> Any:
-    """Call the operator's factory for ``spec`` (``T.dynamic`` for the dynamic dim): the PrimFunc."""
-    import tilelang.language as T
-
-    kwargs: dict[str, Any] = dict(op.config)
-    kwargs[op.dtype_param] = spec.dtype
-    for d, v in spec.dims:
-        kwargs[op.params.get(d, d)] = T.dynamic(d.lower()) if isinstance(v, tuple) else v
-    func = op.factory(**kwargs)
-    if hasattr(func, "get_tir"):  # a lazy @tilelang.jit factory
-        func = func.get_tir()
-    return func
+    found = [v for v in vars(mod).values() if isinstance(v, Operator)]
+    op = next((v for v in found if v.name == name), None)
+    if op is None:
+        raise BuildError(f"module {module} declares no Operator named {name!r} (it declares: {', '.join(sorted(v.name for v in found)) or 'none'})",
+                         hint="declare the Operator at module level in a module the project lists")
+    return op if op.outputs else infer_outputs(op)
 
 
 def main(job_path: str) -> int:
@@ -88,20 +82,23 @@ def main(job_path: str) -> int:
         import tilelang
         from tilelang import tvm
 
+        from tileship.declare.factory import reconcile_out_idx, resolve, trace
         from tileship.declare.spec import Specialization, Target
 
         if job.get("sys_path"):
             sys.path.insert(0, job["sys_path"])
         op = find_operator(job["module"], job["op"])
         spec = Specialization.from_json(job["spec"])
+        info = resolve(op.factory, operator=op.name)
         func = trace(op, spec)
+        out_idx, positions = reconcile_out_idx(op, info, func)
         (out / "func.json").write_text(tvm.ir.save_json(func))
         # The loader needs only the signature (params, buffer map, attrs); dropping the body
         # makes loading ~10x cheaper and means a release never re-traces the kernel.
         sig = tvm.tirx.PrimFunc(func.params, tvm.tirx.Evaluate(0), func.ret_type, func.buffer_map, func.attrs)
         (out / "signature.json").write_text(tvm.ir.save_json(sig))
-        kernel = tilelang.compile(func, out_idx=op.out_idx, target=Target(spec.target).tilelang(),
-                                  pass_configs=dict(op.pass_configs) or None)
+        pass_configs = op.compile_pass_configs()
+        kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(), pass_configs=pass_configs or None)
         entries = glob.glob(str(cache / "*" / "*" / "kernels" / "*"))
         if len(entries) != 1:
             raise RuntimeError(f"expected one TileLang cache entry, found {len(entries)}")
@@ -120,9 +117,10 @@ def main(job_path: str) -> int:
             "spec": spec.to_json(),
             "execution_backend": kernel.execution_backend,
             "library": lib_name,
-            "out_idx": op.out_idx,
+            "out_idx": positions,
             "target": spec.target,
-            "pass_configs": dict(sorted(op.pass_configs.items())),
+            "pass_configs": dict(sorted(pass_configs.items())),
+            "factory": info.to_json(),
             "tilelang": tilelang.__version__,
         }
         (out / "artifact.json").write_text(json.dumps(artifact, indent=2, sort_keys=True) + "\n")

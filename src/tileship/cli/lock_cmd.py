@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
         proj = resolve_project(project)
         ops = load_operators(proj)
-        descs = {n: {**describe(o), "module": o.factory.__module__} for n, o in ops.items()}
+        descs = {n: describe(o) for n, o in ops.items()}
         lk = make_lock(env=capture_environment(), revision=kernel_revision(revision_root(proj, ops)), sources=source_digest(ops), operators=descs,
                        targets=list(proj.targets), model={"name": proj.model, "version": proj.model_version}, image_digest=image_digest)
         write_lock(lk, out)

@@ -14,6 +14,7 @@ With neither, the built-in catalog project is used (``builtin_project``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tileship.declare.factory import resolve
+from tileship.declare.outputs import infer_outputs
 from tileship.declare.spec import Operator, Specialization, Target, expand
 from tileship.errors import DeclarationError
 
@@ -136,15 +139,20 @@ def load_operators(project: Project) -> dict[str, Operator]:
         if not found:
             raise DeclarationError(f"module {mod_name} declares no Operator", field="operators")
         for op in found:
+            if op.module != mod_name:  # re-exported: build workers look it up where it was found
+                op = dataclasses.replace(op, module=mod_name)
             op.check()
-            if op.name in ops and ops[op.name] is not op:
+            if not op.outputs:
+                op = infer_outputs(op)
+            if op.name in ops and ops[op.name] != op:
                 raise DeclarationError(f"operator name declared twice (second in {mod_name})", operator=op.name, field="name")
             ops[op.name] = op
     return dict(sorted(ops.items()))
 
 
 def operator_module(op: Operator) -> str:
-    return op.factory.__module__
+    """The module declaring ``op`` (where build workers look it up), never the factory's."""
+    return op.module or op.factory.__module__
 
 
 def specializations(project: Project, ops: Mapping[str, Operator]) -> list[Specialization]:
@@ -157,8 +165,7 @@ def revision_root(project: Project, ops: Mapping[str, Operator]) -> Path | None:
     if project.root is not None:
         return project.root
     for op in ops.values():
-        src = inspect.getsourcefile(op.factory)
-        if src:
+        for src in resolve(op.factory, operator=op.name).source_files:
             return Path(src).parent
     return None
 
@@ -168,8 +175,15 @@ def source_digest(ops: Mapping[str, Operator]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, op in ops.items():
         h = hashlib.sha256()
-        files = sorted({inspect.getsourcefile(op.factory) or "", inspect.getsourcefile(op.reference) or ""} - {""})
+        files = sorted({*resolve(op.factory, operator=name).source_files, _source_file(op.reference) or ""} - {""})
         for fn in files:
             h.update(Path(fn).read_bytes())
         out[name] = "sha256:" + h.hexdigest()
     return out
+
+
+def _source_file(fn: object) -> str | None:
+    try:
+        return inspect.getsourcefile(inspect.unwrap(fn))  # type: ignore[arg-type]
+    except (TypeError, OSError):
+        return None

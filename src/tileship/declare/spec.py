@@ -16,8 +16,8 @@ literal such as ``"int32"``) and its dims may be derived from a base dim (``"K/8
 
 from __future__ import annotations
 
-import inspect
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,20 +135,44 @@ class Operator:
     factory: Callable[..., Any]
     reference: Callable[..., Any]
     inputs: tuple[TensorArg, ...]
-    outputs: tuple[TensorArg, ...]
     dtypes: tuple[str, ...]
     targets: tuple[str, ...]
+    #: the trailing prim_func parameters; omit for kernels that allocate outputs with ``T.empty``
+    #: (then they are read from the traced kernel: ``tileship.declare.outputs``)
+    outputs: tuple[TensorArg, ...] = ()
     shapes: tuple[Mapping[str, int], ...] = ()
     ranges: tuple[DynamicRange, ...] = ()
     config: Mapping[str, Any] = field(default_factory=dict)
     tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
     dtype_param: str = "dtype"
-    #: dim name -> factory keyword (default: the dim name itself)
-    params: Mapping[str, str] = field(default_factory=dict)
+    #: declared name (a dim, or "dtype") -> factory keyword (default: the name itself);
+    #: ``{"dtype": None}`` passes no dtype (a factory that hard-codes its dtypes)
+    params: Mapping[str, str | None] = field(default_factory=dict)
     #: TileLang pass configs the kernel is compiled with (part of the specialization's identity)
     pass_configs: Mapping[str, Any] = field(default_factory=dict)
     #: optional input generator (see the class docstring)
     sample: Sampler | None = None
+    #: the module declaring this operator, where build workers look it up (default: the module
+    #: the ``Operator(...)`` call runs in; ``load_operators`` sets the one it found it in)
+    module: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.module is None:
+            caller = sys._getframe(2).f_globals.get("__name__")  # 0: here, 1: __init__, 2: the declaring module
+            object.__setattr__(self, "module", caller)
+
+    def compile_pass_configs(self) -> dict[str, Any]:
+        """The pass configs the kernel is compiled with: the ``@tilelang.jit(pass_configs=...)`` of the
+        factory, overridden key by key by ``Operator.pass_configs`` (``describe`` lists the overrides)."""
+        from tileship.declare.factory import resolve
+
+        return {**resolve(self.factory, operator=self.name).decorator_pass_configs, **self.pass_configs}
+
+    def factory_param(self, name: str) -> str | None:
+        """The factory keyword receiving the declared ``name`` (a dim or "dtype"); None: not passed."""
+        if name in self.params:
+            return self.params[name]
+        return self.dtype_param if name == "dtype" else name
 
     # -- derived -------------------------------------------------------------
     @property
@@ -215,14 +239,13 @@ class Operator:
         op = self.name or "<unnamed>"
         if not self.name or not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", self.name):
             raise DeclarationError("must be an identifier", operator=op, field="name")
-        if not callable(self.factory):
-            raise DeclarationError("factory is not callable", operator=op, field="factory")
+        from tileship.declare.factory import resolve
+
+        resolve(self.factory, operator=op)  # raises for anything that is not a kernel factory
         if self.reference is None or not callable(self.reference):
             raise DeclarationError("a PyTorch reference is required", operator=op, field="reference", hint="pass reference=fn computing the same result")
         if not self.inputs:
             raise DeclarationError("at least one input tensor is required", operator=op, field="inputs")
-        if not self.outputs:
-            raise DeclarationError("at least one output tensor is required", operator=op, field="outputs")
         names = [a.name for a in self.inputs + self.outputs]
         if len(set(names)) != len(names):
             raise DeclarationError(f"duplicate tensor names {names}", operator=op, field="inputs")
@@ -285,20 +308,50 @@ class Operator:
         if self.sample is not None and not callable(self.sample):
             raise DeclarationError("sample is not callable", operator=op, field="sample",
                                    hint="pass sample=fn(dims, dtype, device) returning one tensor per input")
-        try:
-            sig = inspect.signature(self.factory)
-        except (TypeError, ValueError):
-            return
-        accepts_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-        wanted = [self.params.get(d, d) for d in self.dims] + [self.dtype_param, *self.config]
-        for name in wanted:
-            if name not in sig.parameters and not accepts_kw:
-                fname = getattr(self.factory, "__name__", "?")
-                field_name = f"config.{name}" if name in self.config else "params"
-                raise DeclarationError(f"factory {fname}() has no parameter {name!r}", operator=op, field=field_name)
+        self._check_factory(op)
+
+    def _check_factory(self, op: str) -> None:
+        from tileship.declare.factory import resolve
+
+        info = resolve(self.factory, operator=op)
         for d, v in self.config.items():
             if not isinstance(v, (int, float, str, bool)):
                 raise DeclarationError(f"config values must be int/float/str/bool, got {type(v).__name__}", operator=op, field=f"config.{d}")
+        for key, target in self.params.items():
+            if key != "dtype" and key not in self.dims:
+                raise DeclarationError(f"{key!r} is not a declared dim (dims: {', '.join(self.dims)}) nor \"dtype\"", operator=op,
+                                       field=f"params.{key}", hint="map a declared dim or \"dtype\" to the factory's parameter name")
+            if target is None and key != "dtype":
+                raise DeclarationError(f"dim {key} must be passed to the factory", operator=op, field=f"params.{key}",
+                                       hint=f'map it to the factory parameter that takes it, e.g. params={{"{key}": "{key.lower()}"}}')
+            if target is not None and not isinstance(target, str):
+                raise DeclarationError(f"must be a parameter name or None, got {type(target).__name__}", operator=op, field=f"params.{key}")
+        if self.factory_param("dtype") is None and len(self.dtypes) > 1:
+            raise DeclarationError(f"passes no dtype to the factory, but dtypes lists {len(self.dtypes)}: every build would be the same kernel",
+                                   operator=op, field="params.dtype", hint=f"declare dtypes=(\"{self.dtypes[0]}\",) or map dtype to a parameter")
+        sig = info.signature
+        if sig is None:
+            return
+        accepts_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        fname = info.qualname.rpartition(".")[2]
+        wanted = [(f"params.{d}" if d in self.params else "params", self.factory_param(d)) for d in self.dims]
+        wanted.append(("params.dtype" if "dtype" in self.params else "dtype_param", self.factory_param("dtype")))
+        wanted += [(f"config.{k}", k) for k in self.config]
+        for field_name, name in wanted:
+            if name is not None and name not in sig.parameters and not accepts_kw:
+                known = ", ".join(sig.parameters)
+                hint = ('map it: params={"dtype": "<the dtype parameter>"}, or params={"dtype": None} when the factory hard-codes it'
+                        if field_name in ("dtype_param", "params.dtype") else
+                        f"rename it with params={{...: \"<parameter>\"}} (the factory takes: {known})")
+                raise DeclarationError(f"factory {fname}() ({info.form}) has no parameter {name!r} (it takes: {known})", operator=op,
+                                       field=field_name, hint=hint)
+        required = [p.name for p in sig.parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        given = {n for _, n in wanted if n is not None}
+        missing = [n for n in required if n not in given]
+        if missing:
+            raise DeclarationError(f"factory {fname}() requires {missing} that the declaration never passes", operator=op, field="config",
+                                   hint="add them to config={...} or map a dim to them with params=")
 
 
 @dataclass(frozen=True)
@@ -364,7 +417,11 @@ def expand(op: Operator, targets: tuple[str, ...] | None = None) -> list[Special
 
 
 def describe(op: Operator) -> dict[str, Any]:
-    """A JSON-able description of the declaration (for the lock; no callables)."""
+    """A JSON-able description of the declaration (for the lock and release.json; no callables).
+    Raises DeclarationError only."""
+    from tileship.declare.factory import resolve
+
+    info = resolve(op.factory, operator=op.name)
     return {
         "inputs": [[a.name, list(a.dims)] for a in op.inputs],
         "outputs": [[a.name, list(a.dims)] for a in op.outputs],
@@ -373,11 +430,15 @@ def describe(op: Operator) -> dict[str, Any]:
         "shapes": [dict(sorted(s.items())) for s in op.shapes],
         "ranges": [{"dim": r.dim, "min": r.min, "max": r.max, "fixed": dict(sorted(r.fixed.items()))} for r in op.ranges],
         "config": dict(sorted(op.config.items())),
-        "pass_configs": dict(sorted(op.pass_configs.items())),
+        "pass_configs": dict(sorted(op.compile_pass_configs().items())),
+        "pass_configs_overridden": sorted(k for k in op.pass_configs if k in info.decorator_pass_configs
+                                          and info.decorator_pass_configs[k] != op.pass_configs[k]),
         "tolerances": {dt: {"atol": op.tolerance(dt).atol, "rtol": op.tolerance(dt).rtol} for dt in op.dtypes},
         "output_tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in sorted(op.tolerances.items()) if k not in DTYPES},
         "tensor_dtypes": {a.name: a.dtype for a in op.inputs + op.outputs},
-        "factory": f"{getattr(op.factory, '__module__', '?')}.{getattr(op.factory, '__qualname__', '?')}",
+        "factory": info.qualname,
+        "factory_info": info.to_json(),
+        "module": op.module,
         "reference": _qualified(op.reference),
         "sample": _qualified(op.sample) if op.sample is not None else None,
         "fallback": "tested-reference",

@@ -1,0 +1,73 @@
+"""Outputs as the kernel declares them: for a factory whose kernel allocates its outputs with
+``T.empty`` (TileLang's ``tilelang_out_idx``), ``outputs=`` may be omitted and is read here from
+one trace of the factory (no compile): each output's name, dims (in terms of the declared
+base dims, derived ones such as ``K/8`` included) and dtype (``"same"`` when it is the operator
+dtype). Imports TileLang (the operator module already has)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tileship.declare.spec import Operator, Specialization, TensorArg, expand
+from tileship.errors import DeclarationError, TileshipError
+
+
+def infer_outputs(op: Operator) -> Operator:
+    """``op`` with ``outputs`` filled from its traced kernel. Raises DeclarationError (field
+    ``outputs``) when the kernel has no ``T.empty`` outputs or a size cannot be told apart."""
+    from tileship.declare.factory import kernel_out_idx, trace
+
+    specs = expand(op)
+    spec = next((s for s in specs if s.dynamic_dim is None), specs[0])
+    try:
+        func = trace(op, spec)
+    except TileshipError:
+        raise
+    except Exception as exc:  # the user's factory failed: say so as a declaration problem
+        raise DeclarationError(f"tracing the factory at {spec.shape_key} to read its T.empty outputs failed: {type(exc).__name__}: {exc}",
+                               operator=op.name, field="outputs", hint="declare outputs=(TensorArg(...), ...) explicitly") from exc
+    idx = kernel_out_idx(func)
+    if not idx:
+        raise DeclarationError("is omitted but the kernel allocates no outputs with T.empty", operator=op.name, field="outputs",
+                               hint="declare outputs=(TensorArg(name, dims), ...) for the kernel's trailing parameters")
+    if idx != list(range(len(op.inputs), len(func.params))):
+        raise DeclarationError(f"the kernel's T.empty outputs are parameters {idx} of {len(func.params)}, not the {len(func.params) - len(op.inputs)} "
+                               f"after the {len(op.inputs)} declared inputs", operator=op.name, field="inputs",
+                               hint="declare exactly the kernel's tensor parameters as inputs, in order")
+    outs = tuple(_output(op, spec, func.buffer_map[func.params[i]]) for i in idx)
+    return dataclasses.replace(op, outputs=outs)
+
+
+def _output(op: Operator, spec: Specialization, buf: Any) -> TensorArg:
+    dims = spec.dim_map()
+    name = str(buf.name).removesuffix("_handle")
+    dims_out = tuple(_dim(op, dims, s, name, k) for k, s in enumerate(buf.shape))
+    dtype = str(buf.dtype)
+    return TensorArg(name, dims_out, "same" if dtype == spec.dtype else dtype)
+
+
+def _dim(op: Operator, dims: dict[str, Any], size: Any, out: str, k: int) -> str:
+    from tilelang import tvm
+
+    if isinstance(size, tvm.tirx.Var):  # the T.dynamic dim
+        want = str(size.name)
+        for d, v in dims.items():
+            if isinstance(v, tuple) and d.lower() == want:
+                return d
+    value = getattr(size, "value", None)
+    if isinstance(value, int):
+        static = {d: v for d, v in dims.items() if not isinstance(v, tuple)}
+        hits = [d for d, v in static.items() if v == value]
+        if len(hits) == 1:
+            return hits[0]
+        for factor in (2, 4, 8, 16, 32, 64, 128, 256):
+            hits += [f"{d}/{factor}" for d, v in static.items() if v % factor == 0 and v // factor == value]
+            hits += [f"{d}*{factor}" for d, v in static.items() if v * factor == value]
+        if len(hits) == 1:
+            return hits[0]
+        why = f"could be any of {', '.join(hits)}" if hits else "matches no declared dim"
+    else:
+        why = f"is the expression {size}"
+    raise DeclarationError(f"the size of dim {k} of the kernel's T.empty output {out} ({size}) {why}", operator=op.name, field="outputs",
+                           hint=f"declare outputs=(TensorArg(\"{out}\", (...)),) with its dims")

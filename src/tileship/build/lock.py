@@ -155,6 +155,8 @@ def make_lock(*, env: Mapping[str, Any], revision: str, sources: Mapping[str, st
         "device_arch": {"targets": sorted(targets), "gpu": env.get("gpu")},
         "shapes": {name: _shapes_entry(d) for name, d in operators.items()},
         "fallback": {name: f"tested-reference: {d['reference']}" for name, d in operators.items()},
+        #: third-party modules each operator's reference (and its local imports) needs at serve time
+        "reference_imports": {name: dict(d.get("reference_imports") or {}) for name, d in operators.items()},
         "image_digest": image_digest,
     }
 

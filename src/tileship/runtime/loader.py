@@ -106,6 +106,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     load_seconds: dict[str, float] = {}
     load_errors: dict[str, str] = {}
     ops: dict[str, OpRunner] = {}
+    use_sources(root)
     for name, desc in sorted(rel["operators"].items()):
         reference = _import_reference(desc, name)
         entries: list[Entry] = []
@@ -164,11 +165,24 @@ def import_sample(desc: dict[str, Any], name: str) -> Any:
     return _import_callable(desc["sample"], name, "sample hook") if desc.get("sample") else None
 
 
+def use_sources(root: Path) -> Path | None:
+    """Put the release's shipped operator sources (``<release>/sources``) first on ``sys.path``,
+    so references import from the release itself; None when the release ships none."""
+    src = root / "sources"
+    if not src.is_dir():
+        return None
+    if str(src) not in sys.path:
+        sys.path.insert(0, str(src))
+    return src
+
+
 def _import_reference(desc: dict[str, Any], name: str) -> Any:
-    return _import_callable(desc["reference"], name, "reference")
+    return _import_callable(desc["reference"], name, "reference", desc)
 
 
-def _import_callable(path: str, name: str, what: str) -> Any:
+def _import_callable(path: str, name: str, what: str, desc: dict[str, Any] | None = None) -> Any:
+    """Import ``module.qualname``. Raises ArtifactLoadError naming a missing module (and, for a
+    third-party one, the version the build had) and where it was looked for; nothing else escapes."""
     module, _, qual = path.rpartition(".")
     try:
         mod = importlib.import_module(module)
@@ -176,8 +190,20 @@ def _import_callable(path: str, name: str, what: str) -> Any:
         for part in qual.split("."):
             obj = getattr(obj, part)
         return obj
-    except (ImportError, AttributeError) as exc:
-        raise ArtifactLoadError(f"cannot import the {what} {path}: {exc}", spec_id=name,
+    except ModuleNotFoundError as exc:
+        missing = exc.name or "?"
+        looked = [p for p in sys.path if p.endswith("/sources")] + [p for p in sys.path if not p.endswith("/sources")][:4]
+        locked = ((desc or {}).get("reference_imports") or {}).get(missing.partition(".")[0])
+        if missing.partition(".")[0] == module.partition(".")[0]:
+            why = f"module {missing} is neither shipped in the release nor on this host"
+            hint = "build with the project root set (tileship.toml next to the operator modules) so the release ships them"
+        else:
+            why = f"third-party module {missing!r} is not installed on this host"
+            hint = f"pip install {locked}" if locked else f"install the package providing {missing}"
+        raise ArtifactLoadError(f"cannot import the {what} {path}: {why} (looked in {', '.join(looked)})", spec_id=name,
+                                hint=hint) from exc
+    except Exception as exc:  # anything the user's module raises at import: a load failure naming it
+        raise ArtifactLoadError(f"cannot import the {what} {path}: {type(exc).__name__}: {exc}", spec_id=name,
                                 hint=f"the operator module must be importable (sys.path: {sys.path[:3]}...)") from exc
 
 

@@ -288,7 +288,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
     from tileship.release import bundle
     from tileship.runtime import nojit
-    from tileship.runtime.loader import _import_reference, import_sample, load_artifact
+    from tileship.runtime.loader import _import_reference, import_sample, load_artifact, use_sources
 
     root = Path(path)
     manifest = bundle.check_integrity(root)
@@ -303,6 +303,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
         raise VerificationError(f"tolerance override for unknown operator(s) {unknown} (release has: {', '.join(sorted(rel['operators']))})")
     env.ensure_tilelang_cache_dir()
     nojit.install()
+    use_sources(root)
     cuda = torch.cuda.is_available()
     verdicts: list[SpecVerdict] = []
     skipped: dict[str, str] = {}

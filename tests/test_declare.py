@@ -208,3 +208,28 @@ def test_report_shows_each_tensor_dtype(typed_release):
 
     desc = json.loads((typed_release / "release.json").read_text())["operators"]["qadd"]
     assert signature(desc) == "A: same (N), Q: int32 (N/8) -> C: same (N), Z: int32 (N/8) [same = float32 | float64]"
+
+
+def test_a_sample_hook_or_reference_that_raises_is_a_verdict_not_a_crash(typed_release, typed_ops):
+    import json
+
+    from tileship.declare.spec import Specialization
+    from tileship.runtime.loader import load_artifact
+    from tileship.verify.verify import VerifyOptions, verify_spec
+
+    rel = json.loads((typed_release / "release.json").read_text())
+    sid = "qadd.float32.N64.c"
+    spec = Specialization.from_json(rel["specializations"][sid]["spec"])
+    kernel = load_artifact(typed_release / "specs" / sid, sid)
+    opts = VerifyOptions(timing=False, seeds=(0,))
+
+    def bad_sample(dims, dtype, device):
+        raise ZeroDivisionError("no lengths")
+
+    def bad_reference(a, q):
+        raise ValueError("shape trouble")
+
+    v = verify_spec(spec, kernel, typed_ops.qadd_reference, rel["operators"]["qadd"], options=opts, sample=bad_sample)
+    assert not v.passed and "making inputs failed: ZeroDivisionError: no lengths" in v.failure
+    v = verify_spec(spec, kernel, bad_reference, rel["operators"]["qadd"], options=opts, sample=typed_ops.qadd_sample)
+    assert not v.passed and "reference raised ValueError: shape trouble" in v.failure

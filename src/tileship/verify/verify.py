@@ -221,7 +221,11 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
         out_specs = [(shape_at(ds, dims), odt) for (_, ds), odt in zip(outputs, out_dtypes, strict=True)]
         for base in options.seeds:
             seed = point_seed(base, spec.id, dims)
-            args = make_inputs(inputs, dims, spec.dtype, device, seed, dtypes=in_dtypes, sample=sample)
+            try:
+                args = make_inputs(inputs, dims, spec.dtype, device, seed, dtypes=in_dtypes, sample=sample)
+            except Exception as exc:  # noqa: BLE001 -- the operator's sample hook failed: a verdict, not a crash
+                failure = f"making inputs failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                break
             first_args = first_args or args
             try:
                 outs, ok_poison = poisoned_call(kernel, args, out_specs)
@@ -230,13 +234,17 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 break
             confirmed = confirmed and ok_poison
             try:
-                refs = _reference_in(reference, args, ref_dtype)
-            except (RuntimeError, NotImplementedError, TypeError):
-                if ref_dtype == "float32":
-                    raise
-                ref_dtype = "float32"  # e.g. no float64 implementation on this device
-                refs = _reference_in(reference, args, ref_dtype)
-            native = _reference_in(reference, args, None)
+                try:
+                    refs = _reference_in(reference, args, ref_dtype)
+                except (RuntimeError, NotImplementedError, TypeError):
+                    if ref_dtype == "float32":
+                        raise
+                    ref_dtype = "float32"  # e.g. no float64 implementation on this device
+                    refs = _reference_in(reference, args, ref_dtype)
+                native = _reference_in(reference, args, None)
+            except Exception as exc:  # noqa: BLE001 -- a reference that raises cannot vouch for the kernel
+                failure = f"reference raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                break
             if len(outs) != len(outputs) or len(refs) != len(outputs):
                 failure = f"the kernel returned {len(outs)} and the reference {len(refs)} outputs; {len(outputs)} are declared"
                 break

@@ -103,7 +103,7 @@ def in_process(release: Any, op: str, body: bytes, headers: dict[str, str], tens
         t0 = time.perf_counter()
         req = protocol.parse_infer(bytearray(body), hl)
         plan = protocol.plan_call(req, op, decl)
-        args = [protocol.to_tensor(x, device) for x in plan.inputs]
+        args = plan.arguments(device)
         out, decision = runner.call(*args)
         sync()
         host = out.detach().cpu()

@@ -140,7 +140,7 @@ def test_verify_sizes_poison_and_tolerance_per_output(typed_release):
 
     res = verify(typed_release, VerifyOptions(timing=False, seeds=(0,)), write=False)
     assert res.ok, [(v.spec.id, v.failure) for v in res.verdicts]
-    assert {v.spec.op for v in res.verdicts} == {"qadd", "masked_rows"}
+    assert {v.spec.op for v in res.verdicts} == {"qadd", "masked_rows", "scaled_add"}
     assert all(p.poison_confirmed for v in res.verdicts for p in v.points)
 
 
@@ -233,3 +233,63 @@ def test_a_sample_hook_or_reference_that_raises_is_a_verdict_not_a_crash(typed_r
     assert not v.passed and "making inputs failed: ZeroDivisionError: no lengths" in v.failure
     v = verify_spec(spec, kernel, bad_reference, rel["operators"]["qadd"], options=opts, sample=typed_ops.qadd_sample)
     assert not v.passed and "reference raised ValueError: shape trouble" in v.failure
+
+
+# -- scalar arguments --------------------------------------------------------------------
+
+def test_scalar_args_are_passed_by_value_and_never_keyed_by_value(typed_release):
+    from tileship.errors import CallError
+    from tileship.runtime.loader import load
+
+    op = load(typed_release).op("scaled_add")
+    a = torch.randn(128)
+    out, d = op.call(a, 0.5, 3)
+    assert (d.path, d.spec_id) == ("kernel", "scaled_add.float32.N128.c") and torch.allclose(out, a * 0.5 + 3)
+    out, d = op.call(a, 2.0, -1)  # another value, the same specialization and memo entry
+    assert d.path == "kernel" and torch.allclose(out, a * 2 - 1) and len(op._memo) == 1
+    _, d = op.call(torch.randn(100), 2.0, 1)
+    assert (d.path, d.reason) == ("reference", "undeclared_shape")
+    with pytest.raises(CallError, match=r"scaled_add\(s\): is a ScalarArg: pass a Python number, got Tensor"):
+        op.call(a, torch.tensor(0.5), 1)
+
+
+def test_scalar_args_verify_trace_and_serve(typed_release):
+    from tileship.runtime.loader import load
+    from tileship.serve import BackgroundServer, ServeConfig
+    from tileship.torchops.custom_ops import register
+    from tileship.verify.verify import VerifyOptions, verify
+
+    res = verify(typed_release, VerifyOptions(timing=False, seeds=(0,), only=("scaled_add",)), write=False)
+    assert res.ok, [(v.spec.id, v.failure) for v in res.verdicts]
+    ops = register(load(typed_release))
+    a = torch.randn(128)
+    assert torch.allclose(ops.scaled_add(a, 0.25, 2), a * 0.25 + 2)
+    fn = torch.compile(lambda x: ops.scaled_add(x, 0.25, 2), fullgraph=True, backend="eager")
+    assert torch.allclose(fn(a), a * 0.25 + 2)
+    srv = BackgroundServer(ServeConfig(source=typed_release)).start()
+    try:
+        assert srv.wait_ready(), srv.service.holder.readiness()[1]
+        base = f"http://127.0.0.1:{srv.port}/v2/models/scaled_add"
+        meta = httpx.get(base).json()
+        assert meta["inputs"][1:] == [{"name": "s", "datatype": "FP32", "shape": []}, {"name": "n", "datatype": "INT32", "shape": []}]
+        body = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [128], "data": [1.0] * 128},
+                           {"name": "s", "datatype": "FP32", "shape": [1], "data": [0.5]},
+                           {"name": "n", "datatype": "INT32", "shape": [1], "data": [2]}]}
+        r = httpx.post(f"{base}/infer", json=body)
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"][:2] == [2.5, 2.5], r.text
+        body["inputs"][1]["shape"] = [2]
+        body["inputs"][1]["data"] = [0.5, 0.5]
+        r = httpx.post(f"{base}/infer", json=body)
+        assert r.status_code == 400 and "input s is a scalar; send shape [1]" in r.text
+    finally:
+        srv.stop()
+
+
+def test_scalar_output_is_refused_with_the_fix(typed_ops):
+    from tileship.declare.spec import ScalarArg
+
+    op = dataclasses.replace(typed_ops.scaled_add, outputs=(ScalarArg("B"),))
+    with pytest.raises(DeclarationError) as info:
+        op.check()
+    assert info.value.field == "outputs.B" and "a kernel writes tensors, not scalars" in str(info.value)
+    assert 'TensorArg("B", ("M",))' in str(info.value)

@@ -3,7 +3,7 @@
 import tilelang.language as T
 import torch
 
-from tileship.declare.spec import Operator, TensorArg, Tolerance
+from tileship.declare.spec import Operator, ScalarArg, TensorArg, Tolerance
 
 
 def qadd_kernel(N, dtype="float32"):
@@ -76,4 +76,33 @@ masked_rows = Operator(
     targets=("c",),
     shapes=({"M": 8, "N": 32},),
     tolerances={"float64": Tolerance(1e-9, 1e-9), "mean": Tolerance(1e-5, 1e-5)},
+)
+
+
+def scaled_add_kernel(N, dtype="float32"):
+    """B = A * s + n with s, n passed by value."""
+
+    @T.prim_func
+    def main(A: T.Tensor((N,), dtype), s: T.float32, n: T.int32, B: T.Tensor((N,), dtype)):
+        with T.Kernel(T.ceildiv(N, 64)) as bx:
+            for i in T.Parallel(64):
+                if bx * 64 + i < N:
+                    B[bx * 64 + i] = A[bx * 64 + i] * s + T.cast(n, dtype)
+
+    return main
+
+
+def scaled_add_reference(a, s, n):
+    return a * s + n
+
+
+scaled_add = Operator(
+    name="scaled_add",
+    factory=scaled_add_kernel,
+    reference=scaled_add_reference,
+    inputs=(TensorArg("A", ("N",)), ScalarArg("s", dtype="float32"), ScalarArg("n", dtype="int32")),
+    outputs=(TensorArg("B", ("N",)),),
+    dtypes=("float32",),
+    targets=("c",),
+    shapes=({"N": 128},),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tileship.declare.spec import DynamicRange, Operator, Specialization, TensorArg, Tolerance
+from tileship.declare.spec import DynamicRange, Operator, ScalarArg, Specialization, TensorArg, Tolerance
 from tileship.errors import (
     ArtifactLoadError,
     BuildError,
@@ -53,6 +53,7 @@ __all__ = [
     "Operator",
     "RegistryError",
     "Release",
+    "ScalarArg",
     "SignatureError",
     "Specialization",
     "TensorArg",

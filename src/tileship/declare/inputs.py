@@ -45,12 +45,15 @@ def shapes_of(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, in
 
 
 def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, int], dtype: str, device: str,
-                seed: int, *, dtypes: Sequence[str] | None = None, sample: Callable[..., Any] | None = None) -> list[Any]:
+                seed: int, *, dtypes: Sequence[str] | None = None, sample: Callable[..., Any] | None = None,
+                scalars: Sequence[int] = ()) -> list[Any]:
     """One input per declared tensor at base ``dims``, reproducible per (device, seed).
 
     ``dtypes``: each input's dtype expression ("same" or a literal; default all "same").
     ``sample``: the operator's ``sample(dims, dtype, device)`` hook, called under a forked RNG
     seeded with ``seed``; its tensors are checked against the declared shapes and dtypes.
+    ``scalars``: positions of ``ScalarArg`` inputs: Python numbers (floats in [0.5, 1.5), ints
+    in [1, 8], bools True) unless the hook gives them.
     Without it, drawn on ``device`` from a generator seeded with ``seed``: floats standard normal
     (never zeros), ints in [-8, 8), uint8 and bool random 0/1.
     """
@@ -67,15 +70,22 @@ def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, 
         got = list(got) if isinstance(got, (tuple, list)) else [got]
         if len(got) != len(inputs):
             raise ValueError(f"sample() returned {len(got)} tensors, the operator declares {len(inputs)} inputs")
-        for (n, _), t, shape, dt in zip(inputs, got, shapes, names, strict=True):
-            if tuple(t.shape) != shape or t.dtype != getattr(torch, dt):
-                raise ValueError(f"sample() returned {n} as {t.dtype} {tuple(t.shape)}; declared {dt} {shape}")
+        for i, ((n, _), t, shape, dt) in enumerate(zip(inputs, got, shapes, names, strict=True)):
+            if i in scalars:
+                if torch.is_tensor(t):
+                    raise ValueError(f"sample() returned {n} as a tensor; it is a ScalarArg: return a Python number")
+                continue
+            if not torch.is_tensor(t) or tuple(t.shape) != shape or t.dtype != getattr(torch, dt):
+                raise ValueError(f"sample() returned {n} as {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}; declared {dt} {shape}")
         return got
     g = torch.Generator(device=device).manual_seed(seed)
     out = []
-    for shape, name in zip(shapes, names, strict=True):
+    for i, (shape, name) in enumerate(zip(shapes, names, strict=True)):
         dt = getattr(torch, name)
-        if dt.is_floating_point:
+        if i in scalars:
+            r = float(torch.rand((), generator=g, device=device))
+            out.append(True if name == "bool" else (r + 0.5 if dt.is_floating_point else 1 + int(r * 8)))
+        elif dt.is_floating_point:
             out.append(torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dt))
         elif name in ("bool", "uint8"):
             out.append(torch.randint(0, 2, shape, generator=g, device=device, dtype=torch.int32).to(dt))

@@ -101,6 +101,24 @@ class TensorArg:
 
 
 @dataclass(frozen=True)
+class ScalarArg:
+    """A non-tensor input the kernel takes by value (a softmax scale, a length), e.g.
+    ``ScalarArg("scale", dtype="float32")``: passed as a Python number, never part of the
+    dispatch key (one specialization serves every value)."""
+
+    name: str
+    #: a literal scalar dtype (float32, int32, bool, ...) or "same"
+    dtype: str = "float32"
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return ()
+
+    def dtype_for(self, op_dtype: str) -> str:
+        return op_dtype if self.dtype == SAME else self.dtype
+
+
+@dataclass(frozen=True)
 class DynamicRange:
     """One ``T.dynamic`` kernel serving ``dim`` in ``[min, max]`` with the other dims fixed."""
 
@@ -134,7 +152,7 @@ class Operator:
     name: str
     factory: Callable[..., Any]
     reference: Callable[..., Any]
-    inputs: tuple[TensorArg, ...]
+    inputs: tuple[TensorArg | ScalarArg, ...]
     dtypes: tuple[str, ...]
     targets: tuple[str, ...]
     #: the trailing prim_func parameters; omit for kernels that allocate outputs with ``T.empty``
@@ -205,8 +223,11 @@ class Operator:
         in_dims: set[str] = set()
         for group, args in (("inputs", self.inputs), ("outputs", self.outputs)):
             for a in args:
-                if not isinstance(a, TensorArg):
-                    raise DeclarationError(f"must be a TensorArg, got {type(a).__name__}", operator=op, field=group)
+                if isinstance(a, ScalarArg) and group == "outputs":
+                    raise DeclarationError(f"{a.name} is a ScalarArg: a kernel writes tensors, not scalars", operator=op, field=f"outputs.{a.name}",
+                                           hint=f'declare it as a tensor with a declared dim, e.g. TensorArg("{a.name}", ("M",))')
+                if not isinstance(a, (TensorArg, ScalarArg)):
+                    raise DeclarationError(f"must be a TensorArg or ScalarArg, got {type(a).__name__}", operator=op, field=group)
                 f = f"{group}.{a.name}"
                 if isinstance(a.dims, str):
                     raise DeclarationError(f"dims must be a tuple of names, got the string {a.dims!r}", operator=op, field=f"{f}.dims",
@@ -246,6 +267,8 @@ class Operator:
             raise DeclarationError("a PyTorch reference is required", operator=op, field="reference", hint="pass reference=fn computing the same result")
         if not self.inputs:
             raise DeclarationError("at least one input tensor is required", operator=op, field="inputs")
+        if not any(isinstance(a, TensorArg) for a in self.inputs):
+            raise DeclarationError("at least one input must be a tensor (it names the device)", operator=op, field="inputs")
         names = [a.name for a in self.inputs + self.outputs]
         if len(set(names)) != len(names):
             raise DeclarationError(f"duplicate tensor names {names}", operator=op, field="inputs")
@@ -436,6 +459,7 @@ def describe(op: Operator) -> dict[str, Any]:
         "tolerances": {dt: {"atol": op.tolerance(dt).atol, "rtol": op.tolerance(dt).rtol} for dt in op.dtypes},
         "output_tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in sorted(op.tolerances.items()) if k not in DTYPES},
         "tensor_dtypes": {a.name: a.dtype for a in op.inputs + op.outputs},
+        "scalars": [a.name for a in op.inputs if isinstance(a, ScalarArg)],
         "factory": info.qualname,
         "factory_info": info.to_json(),
         "module": op.module,

@@ -30,7 +30,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from tileship.declare.dims import SAME, bind, resolve_dtype, shape_at
@@ -126,6 +126,8 @@ class OpShape:
     n_outputs: int
     #: each input's dtype expression ("same" or a literal); empty: all "same"
     dtypes: tuple[str, ...] = ()
+    #: positions of ScalarArg inputs (Python numbers, not part of the dispatch key's shapes)
+    scalars: tuple[int, ...] = ()
 
     def input_dtypes(self, op_dtype: str) -> list[str]:
         """Each input's dtype name in a specialization of ``op_dtype``."""
@@ -154,7 +156,15 @@ class OpRunner:
         self.entries = entries
         self._n = len(shape.inputs)
         self._key_of = _KEY_OF.get(self._n, _key_any)
-        self._ranks = tuple(len(d) for _, d in shape.inputs)
+        self._scalars = tuple(shape.scalars)
+        tpos = tuple(i for i in range(self._n) if i not in self._scalars)
+        self._tdecl = tuple(shape.inputs[i] for i in tpos)
+        self._tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]] = lambda args: args
+        if self._scalars:  # scalars add their Python type to the key, never their value
+            pick = itemgetter(*tpos)
+            self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
+            scal = self._scalars
+            self._key_of = lambda args: (*_key_any(self._tensors(args)), *(type(args[i]) for i in scal))
         self._exact: dict[tuple[Any, ...], Entry] = {}
         self._dynamic: list[tuple[Entry, str, tuple[Any, ...], str, int, int, dict[str, int]]] = []
         self._dtypes: set[tuple[Any, ...]] = set()
@@ -172,13 +182,14 @@ class OpRunner:
         for e in entries:
             s = e.spec
             assert s is not None
-            dt = tuple(getattr(torch, n) for n in shape.input_dtypes(s.dtype))
+            names = shape.input_dtypes(s.dtype)
+            dt = tuple(getattr(torch, names[i]) for i in tpos)
             self._dtypes.add(dt)
             dev = "cpu" if s.target == "c" else "cuda"
             dims = s.dim_map()
             dyn = s.dynamic_dim
             if dyn is None:
-                key = (dev, *dt, *(shape_at(ds, dims) for _, ds in shape.inputs))  # type: ignore[arg-type]
+                key = (dev, *dt, *(shape_at(ds, dims) for _, ds in self._tdecl))  # type: ignore[arg-type]
                 self._exact[key] = e
             else:
                 lo, hi = dims[dyn]  # type: ignore[misc]
@@ -216,7 +227,7 @@ class OpRunner:
             out = self.reference(*args)
             next(self._ref_counter(entry.decision.reason))
             return out
-        for a in args:
+        for a in self._tensors(args):
             if not a.is_contiguous():
                 return self._reference(args, "non_contiguous", entry)[0]
         try:
@@ -230,11 +241,12 @@ class OpRunner:
     def call(self, *args: Any) -> tuple[Any, Decision]:
         """Run the operator; return (output, decision). Raises CallError for unservable args."""
         if len(args) != self._n:
-            raise CallError(f"expected {self._n} tensors ({', '.join(n for n, _ in self.shape.inputs)}), got {len(args)}", operator=self.name)
+            kind = "arguments" if self._scalars else "tensors"
+            raise CallError(f"expected {self._n} {kind} ({', '.join(n for n, _ in self.shape.inputs)}), got {len(args)}", operator=self.name)
         try:
             key = self._key_of(args)  # (device, dtype, shape) of every input
         except AttributeError:
-            bad = next(i for i, a in enumerate(args) if not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
+            bad = next(i for i, a in enumerate(args) if i not in self._scalars and not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
             raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name, argument=self.shape.inputs[bad][0]) from None
         entry = self._memo.get(key)
         if entry is None:
@@ -242,7 +254,7 @@ class OpRunner:
         kernel = entry.kernel
         if kernel is None:
             return self._reference(args, entry.decision.reason, entry)
-        for a in args:
+        for a in self._tensors(args):
             if not a.is_contiguous():
                 return self._reference(args, "non_contiguous", entry)
         try:
@@ -297,14 +309,19 @@ class OpRunner:
     # -- slow path (first call of a key) -------------------------------------------
     def _check_devices(self, args: tuple[Any, ...]) -> None:
         dev = args[0].device
-        for (name, _), a in zip(self.shape.inputs, args, strict=True):
+        for (name, _), a in zip(self._tdecl, args, strict=True):
             if a.device != dev:
-                raise CallError(f"is on {a.device} but {self.shape.inputs[0][0]} is on {dev}", operator=self.name, argument=name,
+                raise CallError(f"is on {a.device} but {self._tdecl[0][0]} is on {dev}", operator=self.name, argument=name,
                                 hint="move all inputs to one device")
 
     def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Entry:
+        for i in self._scalars:
+            if not isinstance(args[i], (int, float, bool)):
+                raise CallError(f"is a ScalarArg: pass a Python number, got {type(args[i]).__name__}", operator=self.name,
+                                argument=self.shape.inputs[i][0], hint="pass float(x) / int(x), or x.item() for a one-element tensor")
+        args = self._tensors(args)
         self._check_devices(args)
-        b = bind(self.shape.inputs, [tuple(a.shape) for a in args])
+        b = bind(self._tdecl, [tuple(a.shape) for a in args])
         if b.problem in ("rank", "disagree"):
             raise CallError(b.message, operator=self.name, argument=b.argument)
         if b.problem == "derived":  # e.g. qweight's K/8 does not match x's K: not a declared shape
@@ -342,7 +359,8 @@ class OpRunner:
         dtype, from the operator's ``sample`` hook when it has one (demo, warm-up, benchmarks)."""
         from tileship.declare.inputs import make_inputs
 
-        return make_inputs(self.shape.inputs, dims, dtype, device, seed, dtypes=self.shape.dtypes or None, sample=self.sample)
+        return make_inputs(self.shape.inputs, dims, dtype, device, seed, dtypes=self.shape.dtypes or None, sample=self.sample,
+                           scalars=self.shape.scalars)
 
     # -- control -------------------------------------------------------------------
     def disable(self, entry: Entry, reason: str, detail: str = "") -> None:

@@ -157,7 +157,9 @@ def op_shape(desc: dict[str, Any], name: str) -> OpShape:
     """What the dispatcher needs of a described operator."""
     exprs = desc.get("tensor_dtypes") or {}
     inputs = tuple((n, tuple(d)) for n, d, *_ in desc["inputs"])
-    return OpShape(name, inputs, len(desc["outputs"]), tuple(exprs.get(n, "same") for n, _ in inputs))
+    scalars = set(desc.get("scalars") or ())
+    return OpShape(name, inputs, len(desc["outputs"]), tuple(exprs.get(n, "same") for n, _ in inputs),
+                   tuple(i for i, (n, _) in enumerate(inputs) if n in scalars))
 
 
 def import_sample(desc: dict[str, Any], name: str) -> Any:

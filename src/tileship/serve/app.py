@@ -251,7 +251,7 @@ class Service:
         rel = served.release
         runner = rel.ops[name]
         device = served.devices[name]
-        tensors = [protocol.to_tensor(inp, device) for inp in plan.inputs]
+        tensors = plan.arguments(device)
         try:
             out, decision = runner.call(*tensors)
             outs = out if isinstance(out, (tuple, list)) else (out,)

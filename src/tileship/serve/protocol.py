@@ -66,6 +66,12 @@ class CallPlan:
     dims: dict[str, int]
     declared: bool               # the shape lies in the declared set
     outputs: list[tuple[str, bool]]  # (name, binary) in response order
+    #: positions of ScalarArg inputs (sent as one-element tensors, passed as Python numbers)
+    scalars: tuple[int, ...] = ()
+
+    def arguments(self, device: str) -> list[Any]:
+        """The call's arguments: tensors on ``device``, scalars as Python numbers."""
+        return [to_tensor(inp, "cpu").item() if i in self.scalars else to_tensor(inp, device) for i, inp in enumerate(self.inputs)]
 
 
 # -- parsing -----------------------------------------------------------------------
@@ -233,14 +239,19 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
     kinds = {inp.datatype for inp in same}
     if len(kinds) > 1:
         raise BadRequest(400, f"wrong datatype: inputs disagree ({', '.join(f'{i.name}={i.datatype}' for i in same)}); send one datatype")
-    b = bind(declared_inputs, [inp.shape for inp in ordered])
+    scalar_names = set(decl.get("scalars") or ())
+    for inp in ordered:
+        if inp.name in scalar_names and list(inp.shape) not in ([], [1]):
+            raise BadRequest(400, f"wrong shape: input {inp.name} is a scalar; send shape [1] (or []), got {list(inp.shape)}")
+    tensors = [(inp, d) for inp, d in zip(ordered, declared_inputs, strict=True) if inp.name not in scalar_names]
+    b = bind([d for _, d in tensors], [inp.shape for inp, _ in tensors])
     if b.problem == "rank":
         ds = dict(declared_inputs)[b.argument]  # type: ignore[index]
         shape = list(by_name[b.argument].shape)  # type: ignore[index]
         raise BadRequest(400, f"wrong rank: input {b.argument} has shape {shape} (rank {len(shape)}); "
                               f"model {model} declares {b.argument} as ({', '.join(ds)}) (rank {len(ds)})")
     seen: dict[str, tuple[int, str]] = {}
-    for inp, (name, ds) in zip(ordered, declared_inputs, strict=True):
+    for inp, (name, ds) in tensors:
         for d, size in zip(ds, inp.shape, strict=True):
             if size == 0:
                 raise BadRequest(400, f"shape outside the declared set: input {name} has {d}=0; every declared dim is at least 1")
@@ -261,7 +272,8 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
             outputs.append((name, req.binary_output if binary is None else binary))
     else:
         outputs = [(n, req.binary_output) for n in out_names]
-    return CallPlan(ordered, DATATYPES[same[0].datatype] if same else decl["dtypes"][0], dims, in_declared_set(decl, dims), outputs)
+    return CallPlan(ordered, DATATYPES[same[0].datatype] if same else decl["dtypes"][0], dims, in_declared_set(decl, dims), outputs,
+                    tuple(i for i, inp in enumerate(ordered) if inp.name in scalar_names))
 
 
 def in_declared_set(decl: Mapping[str, Any], dims: Mapping[str, int]) -> bool:

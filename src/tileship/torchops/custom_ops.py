@@ -99,7 +99,7 @@ def register(release: Release) -> TorchOps:
                 decl = release.declarations[name]
                 exprs = decl.get("tensor_dtypes") or {}
                 ops[name] = _define(ns, name, decl["inputs"], decl["outputs"],
-                                    {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]})
+                                    {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]}, decl.get("scalars") or ())
         torch_ops = TorchOps(release.release_id, release.kernel_revision, ns, ops)
         _registered[ns] = torch_ops
         return torch_ops
@@ -111,23 +111,32 @@ def registered(release_id: str) -> TorchOps | None:
 
 
 def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequence[Sequence[Any]],
-            dtypes: Mapping[str, str] | None = None) -> Any:
+            dtypes: Mapping[str, str] | None = None, scalars: Sequence[str] = ()) -> Any:
     qual = f"{ns}::{name}"
     dtypes = dtypes or {}
     in_decl = tuple((str(n), tuple(str(d) for d in dims), dtypes.get(str(n), SAME)) for n, dims, *_ in inputs)
     out_dims = tuple(tuple(str(d) for d in dims) for _, dims, *_ in outputs)
     out_dtypes = tuple(dtypes.get(str(n), SAME) for n, *_ in outputs)
-    args = ", ".join(f"Tensor {n}" for n, _, _ in in_decl)
+    args = ", ".join(f"{_schema_type(dt) if n in scalars else 'Tensor'} {n}" for n, _, dt in in_decl)
+    in_decl = tuple((n, ds, dt) for n, ds, dt in in_decl if n not in scalars)
+    pick = [i for i, (n, *_) in enumerate(inputs) if n not in scalars]
     ret = "Tensor" if len(out_dims) == 1 else "(" + ", ".join("Tensor" for _ in out_dims) + ")"
     op = torch.library.custom_op(qual, _implementation(qual, len(out_dims)), mutates_args=(), schema=f"({args}) -> {ret}")
-    op.register_fake(_fake(name, in_decl, out_dims, out_dtypes))
+    fake = _fake(name, in_decl, out_dims, out_dtypes)
+    op.register_fake(fake if not scalars else lambda *a: fake(*(a[i] for i in pick)))
     return getattr(getattr(torch.ops, ns), name).default
+
+
+def _schema_type(dtype: str) -> str:
+    """The torch schema type of a ScalarArg of ``dtype``."""
+    return "bool" if dtype == "bool" else ("float" if dtype.startswith(("float", "bfloat")) or dtype == SAME else "int")
 
 
 def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
     def run(*args: torch.Tensor) -> Any:
         runner = _runners[qual]
-        if getattr(runner, "check_finite", False) and args[0].is_cuda and torch.cuda.is_current_stream_capturing():
+        first = next(a for a in args if isinstance(a, torch.Tensor))
+        if getattr(runner, "check_finite", False) and first.is_cuda and torch.cuda.is_current_stream_capturing():
             raise CallError("check_finite is on: its NaN check synchronizes with the host, which a CUDA graph capture cannot do",
                             operator=runner.name, hint="turn check_finite off for the runners of a model you capture")
         out, _ = runner.call(*args)

@@ -70,7 +70,7 @@ def poisoned_call(kernel: Callable[..., Any], args: Sequence[Any], outputs: Sequ
     """
     import torch
 
-    device = args[0].device
+    device = next(a for a in args if torch.is_tensor(a)).device
     made: list[Any] = []
     real_empty = torch.empty
 

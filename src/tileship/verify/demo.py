@@ -32,7 +32,7 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
                 args = runner.sample_inputs(dims, spec.dtype, device, seed)
                 out, d = runner.call(*args)
                 outs = out if isinstance(out, (tuple, list)) else (out,)
-                ref = runner.reference(*[a.double() if a.is_floating_point() else a for a in args])
+                ref = runner.reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args])
                 refs = ref if isinstance(ref, (tuple, list)) else (ref,)
                 ok, worst = True, 0.0
                 for (o_name, *_), o, r in zip(decl["outputs"], outs, refs, strict=True):

@@ -130,7 +130,7 @@ def rotation_sets(first: Sequence[Any], make: Callable[[int], Sequence[Any]], *,
         import torch
 
         cache = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or cache
-    per_set = sum(int(a.numel()) * a.element_size() for a in first) + out_bytes
+    per_set = sum(int(a.numel()) * a.element_size() for a in first if hasattr(a, "numel")) + out_bytes
     n = 1 if per_set >= 2 * cache else min(MAX_INPUT_SETS, math.ceil(2 * cache / max(per_set, 1)))
     return [first, *(make(i) for i in range(1, n))]
 

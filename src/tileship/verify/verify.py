@@ -187,7 +187,7 @@ def _reference_in(reference: Callable[..., Any], args: Sequence[Any], dtype: str
     """The reference on ``args`` with every float input cast to ``dtype`` (None: as declared)."""
     import torch
 
-    up = [a.to(getattr(torch, dtype)) if dtype is not None and a.dtype.is_floating_point else a for a in args]
+    up = [a.to(getattr(torch, dtype)) if dtype is not None and torch.is_tensor(a) and a.dtype.is_floating_point else a for a in args]
     out = reference(*up)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
@@ -206,6 +206,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     inputs = [(n, tuple(ds)) for n, ds, *_ in desc["inputs"]]
     outputs = [(n, tuple(ds)) for n, ds, *_ in desc["outputs"]]
     in_dtypes = tensor_dtypes(desc, "inputs", spec.dtype)
+    scalars = [i for i, (n, _) in enumerate(inputs) if n in set(desc.get("scalars") or ())]
     out_dtypes = [getattr(torch, n) for n in tensor_dtypes(desc, "outputs", spec.dtype)]
     override = options.tolerances.get(spec.op, {}).get(spec.dtype)
     tol = tolerance or override or tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"}, "", spec.dtype)
@@ -222,7 +223,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
         for base in options.seeds:
             seed = point_seed(base, spec.id, dims)
             try:
-                args = make_inputs(inputs, dims, spec.dtype, device, seed, dtypes=in_dtypes, sample=sample)
+                args = make_inputs(inputs, dims, spec.dtype, device, seed, dtypes=in_dtypes, sample=sample, scalars=scalars)
             except Exception as exc:  # noqa: BLE001 -- the operator's sample hook failed: a verdict, not a crash
                 failure = f"making inputs failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
@@ -266,7 +267,8 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
             out_bytes = sum(math.prod(s) * torch.empty((), dtype=odt).element_size() for s, odt in out_specs)
 
             def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
-                return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d), dtypes=in_dtypes, sample=sample)
+                return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d), dtypes=in_dtypes, sample=sample,
+                                   scalars=scalars)
 
             sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
             timing = time_pair(kernel, reference, sets, device=device, options=options)

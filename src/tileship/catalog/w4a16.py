@@ -1,0 +1,103 @@
+"""Weight-only int4 linear (W4A16) for the Llama-3-8B projections: declaration, packing, reference.
+
+``y[M, N] = x[M, K] @ W^T`` with ``W`` stored as int4 (symmetric, zero point 8), eight per
+int32 word, and one fp16/bf16 scale per 128 weights of a row (``quantize``). The kernel the
+build compiles depends on the shape: a GEMV for decode batches (static M <= 4; 8 at K=4096), the
+tensor-core GEMM for larger static M (split-K) and for the ``T.dynamic`` M range (prefill).
+
+The reference dequantizes and calls ``torch.matmul`` (cuBLAS). The best int4 path PyTorch
+itself has on CUDA, ``torch.ops.aten._weight_int4pack_mm`` (bf16 only), is timed beside both
+by ``benchmarks/w4a16_bench.py``.
+"""
+
+from typing import Any
+
+import torch
+
+from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemv
+from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
+
+#: (name, N, K) of the linear layers of one Llama-3-8B decoder layer, and its LM head
+LLAMA3_8B = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
+             ("down", 4096, 14336), ("lm_head", 128256, 4096))
+#: the decode batches compiled as static specializations
+DECODE_M = (1, 4, 8, 16, 32)
+#: nibble j of each int32 word holds element PERM[j] of its 8 (one LOP3 decodes a pair in order)
+PERM = (0, 2, 4, 6, 1, 3, 5, 7)
+_INV = tuple(PERM.index(e) for e in range(8))
+
+
+def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
+    """The kernel for one shape: GEMV for small static M, tensor cores otherwise (``M`` may be dynamic)."""
+    # measured on the H200 (benchmarks/results/h200/dev): the GEMV wins up to M=4, and at M=8 for K=4096;
+    # at M=8 with K=14336 its per-lane activation reads cost more than the tensor-core path
+    if isinstance(M, int) and (M <= 4 or (M <= 8 and K <= 4096)):
+        return w4a16_gemv(M, N, K, dtype, rows=2, n_warps=4, nw=2)
+    if isinstance(M, int):
+        split = 4 if K % (GROUP * 4) == 0 else 1
+        return w4a16_gemm(M, N, K, dtype, block_M=16 if M <= 16 else 32, block_N=128, split_k=split)
+    return w4a16_gemm(M, N, K, dtype, block_M=64, block_N=128, split_k=1)
+
+
+def quantize(weight: Any, group_size: int = GROUP) -> tuple[Any, Any]:
+    """An ``nn.Linear`` weight [N, K] -> (qweight int32 [N, K/8], scales [N, K/128] in its dtype).
+
+    Symmetric per group: ``scale = absmax / 7``, ``q = round(w / scale) + 8`` clamped to 0..15.
+    Raises ValueError when K is not a multiple of the group size.
+    """
+    if group_size != GROUP:
+        raise ValueError(f"the kernels use groups of {GROUP} weights, not {group_size}")
+    n, k = weight.shape
+    if k % GROUP:
+        raise ValueError(f"K={k} is not a multiple of the group size {GROUP}")
+    w = weight.detach().float().reshape(n, k // GROUP, GROUP)
+    scale = w.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 7.0
+    q = (torch.clamp(torch.round(w / scale), -8, 7) + 8).to(torch.int64).reshape(n, k // 8, 8)
+    q = q[:, :, list(PERM)]
+    shifts = torch.arange(8, dtype=torch.int64, device=weight.device) * 4
+    packed = (q << shifts).sum(dim=-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return packed.contiguous(), scale.reshape(n, k // GROUP).to(weight.dtype).contiguous()
+
+
+def dequantize(qweight: Any, scales: Any) -> Any:
+    """The weight [N, K] that ``(qweight, scales)`` stand for, in the scales' dtype."""
+    n = qweight.shape[0]
+    shifts = torch.arange(8, dtype=torch.int32, device=qweight.device) * 4
+    nibbles = (qweight.unsqueeze(-1) >> shifts) & 0xF  # [N, K/8, 8] in nibble order
+    q = nibbles[:, :, list(_INV)].reshape(n, -1).to(torch.float32) - 8.0
+    s = scales.to(torch.float32).repeat_interleave(GROUP, dim=1)
+    return (q * s).to(scales.dtype)
+
+
+def w4a16_reference(x: Any, qweight: Any, scales: Any) -> Any:
+    """The PyTorch path: dequantize, then ``torch.matmul`` (cuBLAS on CUDA) in x's dtype."""
+    return torch.matmul(x, dequantize(qweight, scales).to(x.dtype).t())
+
+
+def w4a16_sample(dims: dict[str, int], dtype: str, device: Any) -> tuple[Any, Any, Any]:
+    """Valid inputs: activations ~ N(0, 1), any int32 bit pattern, scales ~ U(0.5, 1.5) / (8 sqrt(K))
+
+    so that outputs are O(1) whatever K is (tolerances are absolute + relative)."""
+    m, n, k = dims["M"], dims["N"], dims["K"]
+    dt = getattr(torch, dtype)
+    x = torch.randn(m, k, device=device).to(dt)
+    qweight = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, device=device)
+    scales = ((torch.rand(n, k // GROUP, device=device) + 0.5) / (8.0 * k**0.5)).to(dt)
+    return x, qweight, scales
+
+
+w4a16 = Operator(
+    name="w4a16_linear",
+    factory=w4a16_linear,
+    reference=w4a16_reference,
+    inputs=(TensorArg("x", ("M", "K")), TensorArg("qweight", ("N", "K/8"), dtype="int32"),
+            TensorArg("scales", ("N", "K/128"))),
+    outputs=(TensorArg("y", ("M", "N")),),
+    dtypes=("float16", "bfloat16"),
+    targets=("cuda-sm90a",),
+    shapes=tuple({"M": m, "N": n, "K": k} for _, n, k in LLAMA3_8B for m in DECODE_M),
+    ranges=tuple(DynamicRange("M", 1, 8192, {"N": n, "K": k}) for _, n, k in LLAMA3_8B),
+    tolerances={"float16": Tolerance(atol=1e-2, rtol=1e-2), "bfloat16": Tolerance(atol=4e-2, rtol=4e-2)},
+    sample=w4a16_sample,
+)

@@ -1,0 +1,118 @@
+"""The decode operators of the catalog: int4 packing, references, declarations, and the "c"-target
+twins that run through build -> load -> call here (the CUDA kernels themselves run on the GPU host)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tileship
+from tileship.catalog import cpu, gqa_decode, w4a16
+from tileship.declare.spec import expand
+
+
+@pytest.mark.parametrize("n,k", [(64, 256), (32, 4096), (8, 14336)], ids=lambda v: str(v))
+def test_quantize_round_trip(n: int, k: int) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(n, k) * 0.02
+    qweight, scales = w4a16.quantize(weight)
+    assert qweight.dtype == torch.int32 and qweight.shape == (n, k // 8)
+    assert scales.shape == (n, k // 128) and scales.dtype == weight.dtype
+    back = w4a16.dequantize(qweight, scales)
+    # symmetric int4: every weight within half a quantization step of the original
+    step = scales.float().repeat_interleave(128, dim=1)
+    err = (back.float() - weight.float()).abs()
+    assert bool((err <= step / 2 + 1e-7).all()), f"max error {float((err - step / 2).max()):.3g} over half a step"
+    # packing is exact: quantizing the dequantized weight gives the same words
+    assert torch.equal(w4a16.quantize(back)[0], qweight)
+
+
+def test_packing_nibble_order() -> None:
+    """Element e of each group of 8 sits in nibble PERM.index(e) (one LOP3 decodes a pair in order)."""
+    weight = torch.zeros(1, 128)
+    values = [-7.0, -5.0, -3.0, -1.0, 0.0, 2.0, 4.0, 7.0]  # absmax 7 -> scale 1, q = w + 8 exactly
+    weight[0, :8] = torch.tensor(values)
+    qweight, scales = w4a16.quantize(weight)
+    assert float(scales[0, 0]) == 1.0
+    word = int(qweight[0, 0]) & 0xFFFFFFFF
+    assert [(word >> (4 * w4a16.PERM.index(e))) & 0xF for e in range(8)] == [int(v) + 8 for v in values]
+    assert w4a16.dequantize(qweight, scales)[0, :8].tolist() == values
+
+
+def test_quantize_rejects_a_k_that_is_not_whole_groups() -> None:
+    with pytest.raises(ValueError, match="not a multiple of the group size 128"):
+        w4a16.quantize(torch.randn(4, 200))
+
+
+def test_w4a16_reference_is_dequantize_then_matmul() -> None:
+    torch.manual_seed(1)
+    x, qweight, scales = w4a16.w4a16_sample({"M": 3, "N": 16, "K": 256}, "float32", "cpu")
+    expected = x.double() @ w4a16.dequantize(qweight, scales.double()).t()
+    assert torch.allclose(w4a16.w4a16_reference(x, qweight, scales).double(), expected, atol=1e-5)
+    assert 0.05 < float(expected.std()) < 5, "the sample keeps outputs O(1) so the tolerances mean something"
+
+
+def test_gqa_reference_ignores_positions_past_each_length() -> None:
+    torch.manual_seed(2)
+    q, k, v, _ = gqa_decode.gqa_decode_sample({"B": 2, "S": 32, "HQ": 4, "HKV": 2, "D": 8}, "float32", "cpu")
+    lengths = torch.tensor([5, 32], dtype=torch.int32)
+    out = gqa_decode.gqa_decode_reference(q, k, v, lengths)
+    k2, v2 = k.clone(), v.clone()
+    k2[0, 5:] = 1e3
+    v2[0, 5:] = -1e3
+    assert torch.allclose(gqa_decode.gqa_decode_reference(q, k2, v2, lengths), out)
+    # the per-sequence slice computed directly
+    manual = torch.nn.functional.scaled_dot_product_attention(
+        q[0:1].unsqueeze(2), k[0:1, :5].transpose(1, 2), v[0:1, :5].transpose(1, 2), enable_gqa=True).squeeze(2)
+    assert torch.allclose(out[0:1], manual, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", [w4a16.w4a16, gqa_decode.gqa], ids=lambda o: o.name)
+def test_cuda_declarations_expand(op) -> None:
+    specs = expand(op)
+    assert specs and all(s.target == "cuda-sm90a" for s in specs)
+    assert {s.dtype for s in specs} == {"float16", "bfloat16"}
+
+
+def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
+    pytest.importorskip("tilelang")
+    import tilelang.language as T
+
+    src = {m: str(w4a16.w4a16_linear(m, 4096, 14336).script()) for m in (1, 8)}
+    assert "ts_w4_gemv_step" in src[1] and "T.gemm" not in src[1]
+    assert "ts_w4_dq8" in src[8]  # M=8 at K=14336: the tensor-core GEMM (measured faster there)
+    assert "ts_w4_dq8" in str(w4a16.w4a16_linear(T.dynamic("M"), 4096, 4096).script())
+
+
+def test_cpu_twins_run_their_kernels(cpu_release_build) -> None:
+    release = tileship.load(cpu_release_build.path)
+    torch.manual_seed(3)
+    weight = torch.randn(64, 256)
+    qweight, scales = w4a16.quantize(weight)
+    x = torch.randn(1, 256)
+    y, decision = release.op("w4a16_cpu").call(x, qweight, scales)
+    assert decision.path == "kernel", decision
+    assert torch.allclose(y, w4a16.w4a16_reference(x, qweight, scales), atol=1e-4)
+    # an int64 weight is not the declared int32: the reference serves it and says why
+    _, decision = release.op("w4a16_cpu").call(x, qweight.long(), scales)
+    assert (decision.path, decision.reason) == ("reference", "undeclared_dtype")
+
+    q = torch.randn(2, 4, 16)
+    k = torch.randn(2, 64, 2, 16)
+    v = torch.randn(2, 64, 2, 16)
+    k[0, 7:] = float("nan")  # the kernel never reads past a length
+    v[0, 7:] = float("nan")
+    lengths = torch.tensor([7, 64], dtype=torch.int32)
+    o, decision = release.op("gqa_decode_cpu").call(q, k, v, lengths)
+    assert decision.path == "kernel", decision
+    assert not bool(torch.isnan(o).any())
+    k[0, 7:] = 0.0
+    v[0, 7:] = 0.0
+    assert torch.allclose(o, gqa_decode.gqa_decode_reference(q, k, v, lengths), atol=1e-5)
+
+
+def test_cpu_twins_share_the_cuda_contract() -> None:
+    assert cpu.w4a16_cpu_op.reference is w4a16.w4a16_reference
+    assert [a.dtype for a in cpu.w4a16_cpu_op.inputs] == [a.dtype for a in w4a16.w4a16.inputs]
+    assert cpu.gqa_decode_cpu_op.reference is gqa_decode.gqa_decode_reference
+    assert [a.dims for a in cpu.gqa_decode_cpu_op.inputs] == [a.dims for a in gqa_decode.gqa.inputs]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tileship
-from tileship.catalog import cpu, gqa_decode, w4a16
+from tileship.catalog import cpu_decode, gqa_decode, w4a16
 from tileship.declare.spec import expand
 
 
@@ -84,8 +84,21 @@ def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
     assert "ts_w4_dq8" in str(w4a16.w4a16_linear(T.dynamic("M"), 4096, 4096).script())
 
 
-def test_cpu_twins_run_their_kernels(cpu_release_build) -> None:
-    release = tileship.load(cpu_release_build.path)
+@pytest.fixture(scope="module")
+def twins_release(tmp_path_factory):
+    """The "c"-target twins built into a release of their own (real TileLang compiles)."""
+    import dataclasses
+
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import builtin_project, load_operators
+
+    project = dataclasses.replace(builtin_project(), targets=("c",), operator_modules=("tileship.catalog.cpu_decode",))
+    return build(project, load_operators(project), tmp_path_factory.mktemp("twins"), BuildOptions(jobs=2))
+
+
+def test_cpu_twins_run_their_kernels(twins_release) -> None:
+    assert not twins_release.failed
+    release = tileship.load(twins_release.path)
     torch.manual_seed(3)
     weight = torch.randn(64, 256)
     qweight, scales = w4a16.quantize(weight)
@@ -112,7 +125,7 @@ def test_cpu_twins_run_their_kernels(cpu_release_build) -> None:
 
 
 def test_cpu_twins_share_the_cuda_contract() -> None:
-    assert cpu.w4a16_cpu_op.reference is w4a16.w4a16_reference
-    assert [a.dtype for a in cpu.w4a16_cpu_op.inputs] == [a.dtype for a in w4a16.w4a16.inputs]
-    assert cpu.gqa_decode_cpu_op.reference is gqa_decode.gqa_decode_reference
-    assert [a.dims for a in cpu.gqa_decode_cpu_op.inputs] == [a.dims for a in gqa_decode.gqa.inputs]
+    assert cpu_decode.w4a16_cpu_op.reference is w4a16.w4a16_reference
+    assert [a.dtype for a in cpu_decode.w4a16_cpu_op.inputs] == [a.dtype for a in w4a16.w4a16.inputs]
+    assert cpu_decode.gqa_decode_cpu_op.reference is gqa_decode.gqa_decode_reference
+    assert [a.dims for a in cpu_decode.gqa_decode_cpu_op.inputs] == [a.dims for a in gqa_decode.gqa.inputs]

@@ -5,9 +5,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tileship.catalog.gqa_decode import gqa_decode_reference, gqa_decode_sample
-from tileship.catalog.w4a16 import w4a16_reference, w4a16_sample
-from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
+from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
 EPS = 1e-6
 
@@ -38,55 +36,6 @@ def rms_norm_cpu(M: Any, N: int, dtype: str = "float32", eps: float = EPS) -> An
             acc[0] = T.rsqrt(acc[0] / N + eps)
             for j in T.Parallel(N):
                 Y[row, j] = T.cast(T.cast(X[row, j], "float32") * acc[0] * T.cast(W[j], "float32"), dtype)
-
-    return main
-
-
-def w4a16_cpu(M: Any, N: int, K: int, dtype: str = "float32") -> Any:
-    """The CUDA catalog's W4A16 linear, one output per grid step: same packing, same reference."""
-
-    @T.prim_func
-    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"), S: T.Tensor((N, K // 128), dtype),
-             C: T.Tensor((M, N), dtype)):
-        with T.Kernel(M, N) as (m, n):
-            acc = T.alloc_local((1,), "float32")
-            acc[0] = 0.0
-            for k in T.serial(K):
-                # element k % 8 of its word sits in nibble (k % 8) // 2 + 4 * (k % 2)
-                q = ((B[n, k // 8] >> (4 * ((k % 8) // 2 + 4 * (k % 2)))) & 15) - 8
-                acc[0] += T.cast(A[m, k], "float32") * T.cast(q, "float32") * T.cast(S[n, k // 128], "float32")
-            C[m, n] = T.cast(acc[0], dtype)
-
-    return main
-
-
-def gqa_decode_cpu(B: int, S: int, HQ: int, HKV: int, D: int, dtype: str = "float32") -> Any:
-    """The CUDA catalog's GQA decode (same contract and reference), online softmax per (b, h)."""
-    group = HQ // HKV
-    scale = D**-0.5
-
-    @T.prim_func
-    def main(Q: T.Tensor((B, HQ, D), dtype), K: T.Tensor((B, S, HKV, D), dtype), V: T.Tensor((B, S, HKV, D), dtype),
-             lengths: T.Tensor((B,), "int32"), O: T.Tensor((B, HQ, D), dtype)):
-        with T.Kernel(B, HQ) as (b, h):
-            st = T.alloc_local((4,), "float32")  # running max, denominator, score, correction
-            acc = T.alloc_local((D,), "float32")
-            st[0] = -T.infinity("float32")
-            st[1] = 0.0
-            for d in T.serial(D):
-                acc[d] = 0.0
-            for s in T.serial(T.min(lengths[b], S)):
-                st[2] = 0.0
-                for d in T.serial(D):
-                    st[2] += T.cast(Q[b, h, d], "float32") * T.cast(K[b, s, h // group, d], "float32")
-                st[2] = st[2] * scale
-                st[3] = T.exp(st[0] - T.max(st[0], st[2]))
-                st[0] = T.max(st[0], st[2])
-                st[1] = st[1] * st[3] + T.exp(st[2] - st[0])
-                for d in T.serial(D):
-                    acc[d] = acc[d] * st[3] + T.exp(st[2] - st[0]) * T.cast(V[b, s, h // group, d], "float32")
-            for d in T.serial(D):
-                O[b, h, d] = T.cast(acc[d] / st[1], dtype)
 
     return main
 
@@ -123,32 +72,4 @@ rmsnorm_cpu = Operator(
     config={"eps": EPS},
     ranges=(DynamicRange("M", 1, 4096, {"N": 1024}),),
     shapes=({"M": 64, "N": 256},),
-)
-
-w4a16_cpu_op = Operator(
-    name="w4a16_cpu",
-    factory=w4a16_cpu,
-    reference=w4a16_reference,
-    inputs=(TensorArg("x", ("M", "K")), TensorArg("qweight", ("N", "K/8"), dtype="int32"),
-            TensorArg("scales", ("N", "K/128"))),
-    outputs=(TensorArg("y", ("M", "N")),),
-    dtypes=("float32",),
-    targets=("c",),
-    shapes=({"M": 1, "N": 64, "K": 256}, {"M": 4, "N": 32, "K": 512}),
-    tolerances={"float32": Tolerance(atol=1e-4, rtol=1e-4)},
-    sample=w4a16_sample,
-)
-
-gqa_decode_cpu_op = Operator(
-    name="gqa_decode_cpu",
-    factory=gqa_decode_cpu,
-    reference=gqa_decode_reference,
-    inputs=(TensorArg("q", ("B", "HQ", "D")), TensorArg("k_cache", ("B", "S", "HKV", "D")),
-            TensorArg("v_cache", ("B", "S", "HKV", "D")), TensorArg("lengths", ("B",), dtype="int32")),
-    outputs=(TensorArg("o", ("B", "HQ", "D")),),
-    dtypes=("float32",),
-    targets=("c",),
-    shapes=({"B": 2, "S": 64, "HQ": 4, "HKV": 2, "D": 16},),
-    tolerances={"float32": Tolerance(atol=1e-4, rtol=1e-4)},
-    sample=gqa_decode_sample,
 )

@@ -230,3 +230,25 @@ def test_load_does_not_use_tilelang_cache_dir(cpu_release_build, tmp_path, monke
     after = set(os.listdir(os.environ["TILELANG_CACHE_DIR"])) if os.path.isdir(os.environ["TILELANG_CACHE_DIR"]) else set()
     kernels = [p for p in Path(os.environ["TILELANG_CACHE_DIR"]).rglob("kernel_lib.so")]
     assert after == before or not kernels, kernels
+
+
+def test_counter_counts_adds_across_threads_and_reads_do_not_count() -> None:
+    import threading
+
+    from tileship.runtime.counter import Counter
+
+    c = Counter()
+    assert c.value() == 0 and c.value() == 0
+
+    def bump() -> None:
+        for _ in range(10_000):
+            c.add()
+            if _ % 1000 == 0:
+                c.value()
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert c.value() == 40_000 and repr(c) == "Counter(40000)"

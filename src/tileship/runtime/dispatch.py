@@ -25,7 +25,6 @@ Reasons (``Decision.reason``):
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -36,6 +35,7 @@ from typing import Any
 from tileship.declare.dims import SAME, bind, resolve_dtype, shape_at
 from tileship.declare.spec import Specialization
 from tileship.errors import CallError
+from tileship.runtime.counter import Counter
 
 _KEY = attrgetter("device", "dtype", "shape")
 
@@ -101,7 +101,8 @@ class Entry:
     kernel: Callable[..., Any] | None
     decision: Decision
     detail: str = ""
-    calls: itertools.count = field(default_factory=itertools.count)
+    #: kernel calls served by this specialization
+    calls: Counter = field(default_factory=Counter)
     #: the loaded TileLang kernel object (sources, params) when one was loaded
     artifact: Any = None
     #: optional per-size rule (evidence routing of a T.dynamic range): ``choose(bound_dims)``
@@ -110,11 +111,7 @@ class Entry:
     choose: Callable[[Mapping[str, int]], str | None] | None = None
 
     def kernel_calls(self) -> int:
-        return _count_value(self.calls)
-
-
-def _count_value(c: itertools.count) -> int:
-    return int(repr(c)[6:-1])  # itertools.count's repr is "count(N)", N its next value
+        return self.calls.value()
 
 
 @dataclass(frozen=True)
@@ -174,9 +171,8 @@ class OpRunner:
         self._device_reasons = dict(device_reasons or {})
         self._memo: dict[tuple[Any, ...], Entry] = {}
         self._lock = threading.Lock()
-        # reference calls by reason; itertools.count is atomic under the GIL (no lock per call)
-        self._ref_counts: dict[str, itertools.count] = {}
-        self._checked = False
+        # reference calls by reason (Counter: no lock per call)
+        self._ref_counts: dict[str, Counter] = {}
         import torch
 
         for e in entries:
@@ -197,20 +193,8 @@ class OpRunner:
                 self._dynamic.append((e, dev, dt, dyn, lo, hi, fixed))  # type: ignore[arg-type]
         self.on_fault = on_fault
         self.faults: dict[str, int] = {}  # kernel_raised / non_finite -> times a specialization was disabled
+        #: recompute non-finite kernel outputs on the reference and open the circuit (see class doc)
         self.check_finite = check_finite
-
-    @property
-    def check_finite(self) -> bool:
-        return "call" in self.__dict__
-
-    @check_finite.setter
-    def check_finite(self, on: bool) -> None:
-        # An instance attribute shadows the method: with the check off, calls pay nothing for it.
-        self._checked = bool(on)
-        if on:
-            self.call = self._call_checked  # type: ignore[method-assign]
-        else:
-            self.__dict__.pop("call", None)
 
     # -- hot path ----------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
@@ -220,12 +204,12 @@ class OpRunner:
             entry = self._memo[self._key_of(args)]
         except (KeyError, AttributeError, TypeError, ValueError):  # first call of this key, or bad arguments
             return self.call(*args)[0]
-        if self._checked:
-            return self.call(*args)[0]
+        if self.check_finite:
+            return self._call_checked(args)[0]
         kernel = entry.kernel
         if kernel is None:
             out = self.reference(*args)
-            next(self._ref_counter(entry.decision.reason))
+            self._ref_counter(entry.decision.reason).add()
             return out
         for a in self._tensors(args):
             if not a.is_contiguous():
@@ -235,11 +219,18 @@ class OpRunner:
         except Exception as exc:
             self.disable(entry, "circuit_open", f"kernel raised {type(exc).__name__}: {exc}")
             return self._reference(args, "circuit_open", entry)[0]
-        next(entry.calls)
+        entry.calls.add()
         return out
 
     def call(self, *args: Any) -> tuple[Any, Decision]:
-        """Run the operator; return (output, decision). Raises CallError for unservable args."""
+        """Run the operator; return (output, decision). Raises CallError for unservable args.
+        With ``check_finite`` on, a non-finite kernel output is checked against the reference."""
+        if self.check_finite:
+            return self._call_checked(args)
+        return self._call_plain(args)
+
+    def _call_plain(self, args: tuple[Any, ...]) -> tuple[Any, Decision]:
+        """``call`` without the non-finite check."""
         if len(args) != self._n:
             kind = "arguments" if self._scalars else "tensors"
             raise CallError(f"expected {self._n} {kind} ({', '.join(n for n, _ in self.shape.inputs)}), got {len(args)}", operator=self.name)
@@ -262,11 +253,12 @@ class OpRunner:
         except Exception as exc:  # the circuit breaker: this specialization goes to the reference
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry)
-        next(entry.calls)  # itertools.count: atomic under the GIL, no lock on the hot path
+        entry.calls.add()  # Counter: atomic under the GIL, no lock on the hot path
         return out, entry.decision
 
-    def _call_checked(self, *args: Any) -> tuple[Any, Decision]:
-        out, d = OpRunner.call(self, *args)
+    def _call_checked(self, args: tuple[Any, ...]) -> tuple[Any, Decision]:
+        """``call`` with the non-finite check (``check_finite`` on)."""
+        out, d = self._call_plain(args)
         if d.path != KERNEL or _all_finite(out):
             return out, d
         ref = self.reference(*args)
@@ -274,7 +266,7 @@ class OpRunner:
             return out, d  # the inputs make both paths non-finite: nothing to blame the kernel for
         entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
         self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
-        next(self._ref_counter("circuit_open"))
+        self._ref_counter("circuit_open").add()
         return ref, Decision(REFERENCE, "circuit_open", d.spec_id)
 
     def _trip(self, entry: Entry, kind: str, detail: str, args: tuple[Any, ...]) -> None:
@@ -293,16 +285,16 @@ class OpRunner:
         finally:
             _fault_call.args = None
 
-    def _ref_counter(self, reason: str) -> itertools.count:
+    def _ref_counter(self, reason: str) -> Counter:
         c = self._ref_counts.get(reason)
         if c is None:
             with self._lock:
-                c = self._ref_counts.setdefault(reason, itertools.count())
+                c = self._ref_counts.setdefault(reason, Counter())
         return c
 
     def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry) -> tuple[Any, Decision]:
         out = self.reference(*args)
-        next(self._ref_counter(reason))
+        self._ref_counter(reason).add()
         d = entry.decision if entry.decision.path == REFERENCE and entry.decision.reason == reason else Decision(REFERENCE, reason, entry.decision.spec_id)
         return out, d
 
@@ -374,7 +366,7 @@ class OpRunner:
         """Calls so far by ``path:reason``."""
         with self._lock:
             refs = dict(self._ref_counts)
-        counts = {(REFERENCE, reason): n for reason, c in refs.items() if (n := _count_value(c))}
+        counts = {(REFERENCE, reason): n for reason, c in refs.items() if (n := c.value())}
         n = sum(e.kernel_calls() for e in self.entries)
         if n:
             counts[(KERNEL, KERNEL)] = n

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_cuda_error
-from tileship.runtime.dispatch import REFERENCE, Decision, Release
+from tileship.runtime.dispatch import REFERENCE, Decision, OpRunner, Release
 from tileship.serve import protocol
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import ReleaseHolder, Served, Target, release_id_at
@@ -75,8 +75,8 @@ class Service:
         diagnostics bundle for load failures or drift; returns its id. Without the
         diagnostics module the breaker still works, just without bundles."""
         for runner in release.ops.values():
-            if hasattr(type(runner), "check_finite"):
-                runner.check_finite = self.config.check_finite  # type: ignore[attr-defined]
+            if isinstance(runner, OpRunner):
+                runner.check_finite = self.config.check_finite
         try:
             from tileship.release import diagnostics
         except ImportError:

@@ -23,116 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tileship.declare.dims import SAME, DimExpr, shape_at
+from tileship.declare.parts import DEFAULT_TOLERANCES, DTYPES, FLOAT_DTYPES, DynamicRange, ScalarArg, Target, TensorArg, Tolerance  # noqa: F401 (re-exported)  # noqa: F401 (re-exported)
+from tileship.declare.specialization import Specialization, tensor_dtypes, tensor_tolerance  # noqa: F401 (re-exported)
 from tileship.errors import DeclarationError
-
-#: dtype names accepted in declarations (TileLang spelling == torch attribute name).
-DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-#: defaults when an operator gives no tolerance for a dtype (compared to a float32/float64 reference).
-DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = {
-    "float16": (1e-2, 1e-2),
-    "bfloat16": (3e-2, 3e-2),
-    "float32": (1e-4, 1e-4),
-    "float64": (1e-8, 1e-8),
-    "int8": (0.0, 0.0),
-    "int16": (0.0, 0.0),
-    "int32": (0.0, 0.0),
-    "int64": (0.0, 0.0),
-    "uint8": (0.0, 0.0),
-    "bool": (0.0, 0.0),
-}
-
-_TARGET_RE = re.compile(r"^(c|cuda-sm(\d+)(a?))$")
-
-
-@dataclass(frozen=True)
-class Target:
-    """A compile target by name: ``"c"`` (CPU) or ``"cuda-sm90a"`` style."""
-
-    name: str
-
-    def __post_init__(self) -> None:
-        if not _TARGET_RE.match(self.name):
-            raise DeclarationError(f"unknown target {self.name!r}", field="targets", hint='use "c" or "cuda-sm<NN>[a]", e.g. "cuda-sm90a"')
-
-    @property
-    def device_type(self) -> str:
-        """The torch device type whose tensors this target serves."""
-        return "cpu" if self.name == "c" else "cuda"
-
-    @property
-    def arch(self) -> str | None:
-        """``sm_90a`` for ``cuda-sm90a``; None for CPU."""
-        m = _TARGET_RE.match(self.name)
-        assert m is not None
-        return None if m.group(1) == "c" else f"sm_{m.group(2)}{m.group(3)}"
-
-    @property
-    def compute_capability(self) -> tuple[int, int] | None:
-        """(9, 0) for sm_90a; None for CPU."""
-        m = _TARGET_RE.match(self.name)
-        assert m is not None
-        if m.group(1) == "c":
-            return None
-        digits = m.group(2)
-        return int(digits[:-1]), int(digits[-1])
-
-    def tilelang(self) -> Any:
-        """The target as TileLang wants it: a dict for CUDA (never the string form)."""
-        return "c" if self.name == "c" else {"kind": "cuda", "arch": self.arch}
-
-
-@dataclass(frozen=True)
-class TensorArg:
-    """One tensor argument: its name, its dims and its dtype.
-
-    ``TensorArg("A", ("M", "K"))`` has the operator's dtype; ``TensorArg("qweight", ("N", "K/8"),
-    dtype="int32")`` packs eight int4 values per int32 along a ``K`` that the factory receives.
-    """
-
-    name: str
-    dims: tuple[str, ...]
-    #: "same" (the operator dtype of the specialization) or a literal dtype name (DTYPES)
-    dtype: str = SAME
-
-    def dtype_for(self, op_dtype: str) -> str:
-        return op_dtype if self.dtype == SAME else self.dtype
-
-
-@dataclass(frozen=True)
-class ScalarArg:
-    """A non-tensor input the kernel takes by value (a softmax scale, a length), e.g.
-    ``ScalarArg("scale", dtype="float32")``: passed as a Python number, never part of the
-    dispatch key (one specialization serves every value)."""
-
-    name: str
-    #: a literal scalar dtype (float32, int32, bool, ...) or "same"
-    dtype: str = "float32"
-
-    @property
-    def dims(self) -> tuple[str, ...]:
-        return ()
-
-    def dtype_for(self, op_dtype: str) -> str:
-        return op_dtype if self.dtype == SAME else self.dtype
-
-
-@dataclass(frozen=True)
-class DynamicRange:
-    """One ``T.dynamic`` kernel serving ``dim`` in ``[min, max]`` with the other dims fixed."""
-
-    dim: str
-    min: int
-    max: int
-    fixed: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-
 
 #: ``sample(dims, dtype, device) -> tuple of input tensors``: valid inputs for the base ``dims``
 Sampler = Callable[[dict[str, int], str, Any], tuple[Any, ...]]
@@ -377,53 +270,6 @@ class Operator:
                                    hint="add them to config={...} or map a dim to them with params=")
 
 
-@dataclass(frozen=True)
-class Specialization:
-    """One thing the build compiles: operator x dtype x shape (or dynamic range) x target.
-
-    ``dims`` maps each dim to an int, or to ``(min, max)`` for the one ``T.dynamic`` dim.
-    """
-
-    op: str
-    dtype: str
-    dims: tuple[tuple[str, int | tuple[int, int]], ...]
-    target: str
-
-    @property
-    def dynamic_dim(self) -> str | None:
-        for d, v in self.dims:
-            if isinstance(v, tuple):
-                return d
-        return None
-
-    @property
-    def shape_key(self) -> str:
-        parts = []
-        for d, v in self.dims:
-            parts.append(f"{d}{v[0]}-{v[1]}" if isinstance(v, tuple) else f"{d}{v}")
-        return "_".join(parts)
-
-    @property
-    def id(self) -> str:
-        return f"{self.op}.{self.dtype}.{self.shape_key}.{self.target}"
-
-    def dim_map(self) -> dict[str, int | tuple[int, int]]:
-        return dict(self.dims)
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON form; dims are an ordered list of [name, size | [min, max]] (files sort keys,
-        and the dims' order is part of the id)."""
-        return {"op": self.op, "dtype": self.dtype, "target": self.target,
-                "dims": [[d, list(v) if isinstance(v, tuple) else v] for d, v in self.dims]}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Specialization:
-        raw = data["dims"]
-        pairs = raw.items() if isinstance(raw, Mapping) else raw
-        dims = tuple((d, tuple(v) if isinstance(v, list) else int(v)) for d, v in pairs)
-        return cls(op=data["op"], dtype=data["dtype"], dims=dims, target=data["target"])  # type: ignore[arg-type]
-
-
 def expand(op: Operator, targets: tuple[str, ...] | None = None) -> list[Specialization]:
     """All specializations of ``op`` (for ``targets`` when given, intersected with the op's)."""
     op.check()
@@ -473,16 +319,3 @@ def _qualified(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
 
 
-def tensor_dtypes(desc: Mapping[str, Any], which: str, op_dtype: str) -> list[str]:
-    """The dtype name of each input (``which="inputs"``) or output of a described operator in a
-    specialization of ``op_dtype`` (a release without ``tensor_dtypes`` has one dtype throughout)."""
-    exprs = desc.get("tensor_dtypes") or {}
-    return [op_dtype if exprs.get(n, SAME) == SAME else exprs[n] for n, *_ in desc[which]]
-
-
-def tensor_tolerance(desc: Mapping[str, Any], output: str, op_dtype: str) -> Tolerance:
-    """The described tolerance of ``output``: its per-output override, else the operator dtype's."""
-    t = (desc.get("output_tolerances") or {}).get(output) or (desc.get("tolerances") or {}).get(op_dtype)
-    if t is None:
-        return Tolerance(*DEFAULT_TOLERANCES[op_dtype])
-    return Tolerance(float(t["atol"]), float(t["rtol"]))

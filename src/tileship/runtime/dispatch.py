@@ -28,14 +28,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from tileship.declare.dims import SAME, bind, resolve_dtype, shape_at
-from tileship.declare.spec import Specialization
+from tileship.declare.dims import bind, shape_at
 from tileship.errors import CallError
 from tileship.runtime.counter import Counter
+from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
+from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
 
 _KEY = attrgetter("device", "dtype", "shape")
 
@@ -62,8 +62,6 @@ def _key_any(args: tuple[Any, ...]) -> tuple[Any, ...]:
 #: the memo key of a call: (device, dtype, shape) of every input, flat. Arity-specialized
 #: because this is most of the dispatcher's cost per call (one flat tuple, no inner tuples).
 _KEY_OF = {1: _key1, 2: _key2, 3: _key3}
-KERNEL = "kernel"
-REFERENCE = "reference"
 MEMO_LIMIT = 8192
 _log = logging.getLogger("tileship.runtime.dispatch")
 _fault_call = threading.local()
@@ -82,54 +80,6 @@ def _all_finite(out: Any) -> bool:
         if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
             return False
     return True
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Which path served a call and why; ``spec_id`` names the specialization when one matched."""
-
-    path: str
-    reason: str
-    spec_id: str | None = None
-
-
-@dataclass
-class Entry:
-    """One specialization as the dispatcher sees it. Mutable only through ``OpRunner.disable``."""
-
-    spec: Specialization | None
-    kernel: Callable[..., Any] | None
-    decision: Decision
-    detail: str = ""
-    #: kernel calls served by this specialization
-    calls: Counter = field(default_factory=Counter)
-    #: the loaded TileLang kernel object (sources, params) when one was loaded
-    artifact: Any = None
-    #: optional per-size rule (evidence routing of a T.dynamic range): ``choose(bound_dims)``
-    #: returns a reference reason for sizes the kernel should not serve, else None. Called on
-    #: the slow path only (first call of a key, then memoized), never per call.
-    choose: Callable[[Mapping[str, int]], str | None] | None = None
-
-    def kernel_calls(self) -> int:
-        return self.calls.value()
-
-
-@dataclass(frozen=True)
-class OpShape:
-    """What the dispatcher needs of a declaration (no callables beyond the reference)."""
-
-    name: str
-    inputs: tuple[tuple[str, tuple[str, ...]], ...]
-    n_outputs: int
-    #: each input's dtype expression ("same" or a literal); empty: all "same"
-    dtypes: tuple[str, ...] = ()
-    #: positions of ScalarArg inputs (Python numbers, not part of the dispatch key's shapes)
-    scalars: tuple[int, ...] = ()
-
-    def input_dtypes(self, op_dtype: str) -> list[str]:
-        """Each input's dtype name in a specialization of ``op_dtype``."""
-        exprs = self.dtypes or (SAME,) * len(self.inputs)
-        return [resolve_dtype(e, op_dtype) for e in exprs]
 
 
 class OpRunner:
@@ -372,47 +322,3 @@ class OpRunner:
             counts[(KERNEL, KERNEL)] = n
         return {f"{p}:{r}": v for (p, r), v in sorted(counts.items())}
 
-
-@dataclass
-class Release:
-    """A loaded release: operators by name plus everything /ready and metrics report."""
-
-    release_id: str
-    path: Any
-    kernel_revision: str
-    model: Mapping[str, str]
-    lock: Mapping[str, Any]
-    lock_digest: str
-    drift: Any
-    ops: dict[str, OpRunner]
-    load_seconds: dict[str, float] = field(default_factory=dict)
-    load_errors: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    declarations: Mapping[str, Any] = field(default_factory=dict)
-    evidence: Mapping[str, Any] | None = None
-
-    def op(self, name: str) -> OpRunner:
-        try:
-            return self.ops[name]
-        except KeyError:
-            raise CallError(f"unknown operator (this release has: {', '.join(sorted(self.ops))})", operator=name) from None
-
-    def decisions(self) -> dict[str, dict[str, str]]:
-        """Per operator, per specialization: the path it will take and why."""
-        return {name: {e.spec.id: f"{e.decision.path}:{e.decision.reason}" for e in r.entries if e.spec} for name, r in self.ops.items()}
-
-    def counters(self) -> dict[str, dict[str, int]]:
-        return {name: r.snapshot() for name, r in self.ops.items()}
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "release_id": self.release_id,
-            "kernel_revision": self.kernel_revision,
-            "model": dict(self.model),
-            "lock_digest": self.lock_digest,
-            "drift": self.drift.to_json(),
-            "kernels": sum(1 for r in self.ops.values() for e in r.entries if e.kernel is not None),
-            "reference_only": all(e.kernel is None for r in self.ops.values() for e in r.entries),
-            "load_errors": dict(self.load_errors),
-            "notes": list(self.notes),
-        }

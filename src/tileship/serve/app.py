@@ -20,13 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_cuda_error
 from tileship.runtime.dispatch import REFERENCE, Decision, OpRunner, Release
 from tileship.serve import protocol
+from tileship.serve.body import read_body
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import ReleaseHolder, Served, Target, release_id_at
 from tileship.serve.jsonlog import JsonLog
@@ -194,7 +195,8 @@ class Service:
             self.inflight += 1
             self.metrics.inflight.inc()
             try:
-                data = await self._read_body(request)
+                data = await read_body(request, limit=self.config.max_body_bytes, timeout_s=self.config.body_timeout_s,
+                                       rejected=self.metrics.rejected)
                 t_body = time.perf_counter()
                 req = protocol.parse_infer(data, request.headers.get(protocol.HEADER_LENGTH))
                 kserve_id = req.id
@@ -308,42 +310,6 @@ class Service:
                                        reason="serve_error", detail=f"{type(exc).__name__}: {exc}").id
         except Exception:  # diagnostics must never mask the original error
             return None
-
-    async def _read_body(self, request: Request) -> bytearray:
-        limit = self.config.max_body_bytes
-        cl = request.headers.get("content-length")
-        size = None
-        if cl is not None:
-            try:
-                size = int(cl)
-            except ValueError:
-                raise BadRequest(400, f"Content-Length is not an integer: {cl!r}") from None
-            if size > limit:
-                self.metrics.rejected.labels("body_too_large").inc()
-                raise BadRequest(413, f"request body is {size} bytes; the limit is {limit} bytes (--max-body-mib)")
-        buf = bytearray(size) if size is not None else bytearray()
-        pos = 0
-        try:
-            async with asyncio.timeout(self.config.body_timeout_s):
-                async for chunk in request.stream():
-                    n = len(chunk)
-                    if size is None:
-                        if pos + n > limit:
-                            self.metrics.rejected.labels("body_too_large").inc()
-                            raise BadRequest(413, f"request body exceeds the limit of {limit} bytes (--max-body-mib)")
-                        buf += chunk
-                    else:
-                        buf[pos:pos + n] = chunk
-                    pos += n
-        except TimeoutError:
-            self.metrics.rejected.labels("body_timeout").inc()
-            raise BadRequest(408, f"timeout: the request body did not arrive within {self.config.body_timeout_s:g} s "
-                                  f"({pos} of {size if size is not None else '?'} bytes received)") from None
-        except ClientDisconnect:
-            raise BadRequest(400, f"the client disconnected after {pos} bytes of the body") from None
-        if size is not None and pos != size:
-            raise BadRequest(400, f"the body has {pos} bytes but Content-Length says {size}")
-        return buf
 
     def _error(self, status: int, message: str, rid: str, labels: list[str], t0: float, kserve_id: str | None,
                diagnostics_id: str | None = None) -> Response:

@@ -15,19 +15,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tileship.declare.dims import SAME, DimExpr, bind, resolve_dtype
+from tileship.declare.dims import SAME, DimExpr, bind
+from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE, Encoded, encode_response, tensor_metadata  # noqa: F401 (re-exported)
 
-#: KServe datatype -> torch dtype name (the declaration's spelling)
-DATATYPES: Mapping[str, str] = {
-    "BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-    "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
-}
-KSERVE: Mapping[str, str] = {v: k for k, v in DATATYPES.items()}
-ITEMSIZE: Mapping[str, int] = {"BOOL": 1, "UINT8": 1, "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "FP16": 2, "BF16": 2, "FP32": 4, "FP64": 8}
 HEADER_LENGTH = "inference-header-content-length"
 
 
@@ -315,76 +309,3 @@ def to_tensor(inp: InputTensor, device: str) -> Any:
             raise BadRequest(400, f"wrong dtype: input {inp.name}: 'data' does not hold {inp.datatype} values ({str(exc).splitlines()[0]})") from None
     return t.to(device) if device != "cpu" else t
 
-
-@dataclass
-class Encoded:
-    """A response body: JSON header then raw parts; ``header_length`` is None when JSON only."""
-
-    parts: list[Any]
-    header_length: int | None
-
-    @property
-    def size(self) -> int:
-        return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
-
-
-def encode_response(*, model: str, version: str, request_id: str | None, parameters: Mapping[str, Any],
-                    outputs: Sequence[tuple[str, Any, bool]]) -> Encoded:
-    """Encode ``(name, cpu tensor, binary)`` outputs as an inference response."""
-    import torch
-
-    head_outputs: list[dict[str, Any]] = []
-    raw: list[memoryview] = []
-    for name, t, binary in outputs:
-        dt = KSERVE.get(str(t.dtype).removeprefix("torch."))
-        if dt is None:
-            raise TypeError(f"output {name} has dtype {t.dtype}, which the protocol cannot carry")
-        entry: dict[str, Any] = {"name": name, "datatype": dt, "shape": list(t.shape)}
-        if binary:
-            arr = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).contiguous().numpy()
-            mv = memoryview(arr).cast("B")
-            entry["parameters"] = {"binary_data_size": mv.nbytes}
-            raw.append(mv)
-        else:
-            entry["data"] = t.reshape(-1).tolist()
-        head_outputs.append(entry)
-    head: dict[str, Any] = {"model_name": model, "model_version": version}
-    if request_id is not None:
-        head["id"] = request_id
-    head["parameters"] = dict(parameters)
-    head["outputs"] = head_outputs
-    text = json.dumps(head, separators=(",", ":")).encode()
-    return Encoded([text, *raw], len(text) if raw else None)
-
-
-# -- metadata ------------------------------------------------------------------------
-
-def tensor_metadata(decl: Mapping[str, Any], which: str) -> list[dict[str, Any]]:
-    """Inputs or outputs as KServe metadata: a dim fixed across every declared shape and
-    range keeps its size (a derived dim such as ``K/8`` its computed size), every other dim is -1.
-    ``datatype`` is the tensor's own: a literal declared dtype, else (``"same"``) the first
-    operator dtype; the model's ``parameters.datatypes`` lists all operator dtypes."""
-    fixed: dict[str, int | None] = {}
-
-    def see(d: str, v: int | None) -> None:
-        if d not in fixed:
-            fixed[d] = v
-        elif fixed[d] != v:
-            fixed[d] = None
-
-    for s in decl.get("shapes", ()):
-        for d, v in s.items():
-            see(d, v)
-    for r in decl.get("ranges", ()):
-        see(r["dim"], None)
-        for d, v in r["fixed"].items():
-            see(d, v)
-    exprs = decl.get("tensor_dtypes") or {}
-
-    def size(d: str) -> int:
-        e = DimExpr.parse(d)
-        v = fixed.get(e.base)
-        return e.apply(v) if v and e.exact(v) else -1
-
-    return [{"name": n, "datatype": KSERVE[resolve_dtype(exprs.get(n, SAME), decl["dtypes"][0])], "shape": [size(d) for d in ds]}
-            for n, ds, *_ in decl[which]]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from torch import nn
 from tileship.errors import DeclarationError, KernelMismatch
 from tileship.runtime.dispatch import Entry, Release
 from tileship.torchops.custom_ops import TorchOps, register
+from tileship.torchops.stamp import FILE_FORMAT, STAMP, KernelStamp, _unwrap, check_stamp, kernel_stamp, load, load_state_dict, save
 
 #: layer kind -> release operator serving it (override per call with ``names=``)
 DEFAULT_NAMES: Mapping[str, str] = {"linear": "gemm", "rmsnorm": "rmsnorm", "attention": "attention"}
@@ -43,8 +43,6 @@ _SIGNATURES: Mapping[str, tuple[tuple[int, ...], str]] = {
     "rmsnorm": ((2, 1), "X(M, N), W(N) -> Y(M, N)"),
     "attention": ((4, 4, 4), "Q, K, V (B, H, S, D) -> O(B, H, S, D), causal"),
 }
-STAMP = "tileship_kernels"
-FILE_FORMAT = "tileship.model/1"
 
 
 # -- the replacement layers ---------------------------------------------------------
@@ -113,65 +111,6 @@ class KernelAttention(nn.Module):
 
 
 _KERNEL_TYPES = {KernelLinear: "linear", KernelRMSNorm: "rmsnorm", KernelAttention: "attention"}
-
-
-# -- the stamp ------------------------------------------------------------------------
-class KernelStamp(nn.Module):
-    """Which kernels a model runs. No parameters or buffers; its extra state is saved in the
-    model's state_dict and checked when one is loaded (``KernelMismatch`` on a difference,
-    unless ``allow_mismatch``)."""
-
-    def __init__(self, release_id: str, kernel_revision: str, operators: tuple[str, ...]) -> None:
-        super().__init__()
-        self.release_id = release_id
-        self.kernel_revision = kernel_revision
-        self.operators = operators
-        self.allow_mismatch = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"release_id": self.release_id, "kernel_revision": self.kernel_revision, "operators": list(self.operators)}
-
-    def get_extra_state(self) -> dict[str, Any]:
-        return self.to_json()
-
-    def set_extra_state(self, state: Any) -> None:
-        check_stamp(self.to_json(), state, allow_mismatch=self.allow_mismatch)
-
-    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        # Only the check: a checkpoint without a stamp (plain PyTorch weights) claims nothing
-        # about kernels, so a missing key is not an error even under strict loading.
-        key = prefix + "_extra_state"
-        if key in state_dict:
-            self.set_extra_state(state_dict[key])
-
-    def extra_repr(self) -> str:
-        return f"release_id={self.release_id}, kernel_revision={self.kernel_revision}"
-
-
-def check_stamp(mine: Mapping[str, Any] | None, saved: Any, *, allow_mismatch: bool = False) -> None:
-    """Raise KernelMismatch when ``saved`` (a checkpoint's stamp) names other kernels than
-    ``mine`` (None: the model runs no tileship kernels). Returns None when they agree or
-    ``allow_mismatch``."""
-    if allow_mismatch or saved is None:
-        return
-    if not isinstance(saved, Mapping) or not {"release_id", "kernel_revision"} <= set(saved):
-        raise KernelMismatch(f"the checkpoint's kernel stamp is malformed: {saved!r}", expected=mine, found=None,
-                             hint="it should hold release_id and kernel_revision; re-save the checkpoint with tileship.torchops.swap.save")
-    if mine is None:
-        raise KernelMismatch(f"the checkpoint was saved from a model running release {saved['release_id']} "
-                             f"(kernel revision {saved['kernel_revision']}); this model runs no tileship kernels",
-                             expected=None, found=saved,
-                             hint=f"swap(model, release {saved['release_id']}) before loading, or pass allow_kernel_mismatch=True to load the weights anyway")
-    diffs = [f"{k} {saved[k]} (checkpoint) != {mine[k]} (model)" for k in ("release_id", "kernel_revision") if saved[k] != mine[k]]
-    if diffs:
-        raise KernelMismatch("the checkpoint names other kernels than the model runs: " + "; ".join(diffs), expected=mine, found=saved,
-                             hint="swap the model with the release the checkpoint names, or pass allow_kernel_mismatch=True")
-
-
-def kernel_stamp(model: nn.Module) -> KernelStamp | None:
-    """The model's stamp, or None when no release was swapped in (looks through torch.compile)."""
-    stamp = getattr(_unwrap(model), STAMP, None)
-    return stamp if isinstance(stamp, KernelStamp) else None
 
 
 # -- the report -----------------------------------------------------------------------
@@ -373,52 +312,6 @@ def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
     parent_path, _, name = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
     setattr(parent, name, new)
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
-
-
-# -- saving and loading -------------------------------------------------------------------
-def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], *, allow_kernel_mismatch: bool = False, strict: bool = True) -> Any:
-    """``model.load_state_dict`` with the kernel check, also for a model with no kernels
-    swapped in (a stamped checkpoint raises KernelMismatch there too, unless allowed)."""
-    root = _unwrap(model)
-    stamp = kernel_stamp(root)
-    key = f"{STAMP}._extra_state"
-    if stamp is None:
-        check_stamp(None, state_dict.get(key), allow_mismatch=allow_kernel_mismatch)
-        return root.load_state_dict({k: v for k, v in state_dict.items() if k != key}, strict=strict)
-    before = stamp.allow_mismatch
-    stamp.allow_mismatch = allow_kernel_mismatch
-    try:
-        return root.load_state_dict(state_dict, strict=strict)
-    finally:
-        stamp.allow_mismatch = before
-
-
-def save(model: nn.Module, path: Path | str) -> None:
-    """``torch.save`` of the state_dict under a header naming the kernels (None when the model
-    runs none). Read back with ``load``."""
-    stamp = kernel_stamp(model)
-    torch.save({"format": FILE_FORMAT, "kernels": stamp.to_json() if stamp else None, "state_dict": _unwrap(model).state_dict()}, str(path))
-
-
-def load(model: nn.Module, path: Path | str, *, allow_kernel_mismatch: bool = False, strict: bool = True) -> dict[str, Any] | None:
-    """Load a file written by ``save`` into ``model`` (weights-only unpickling, onto the CPU,
-    copied into the model's tensors wherever they live). Returns the file's kernel stamp.
-
-    Raises KernelMismatch when the file names other kernels than the model runs (unless
-    ``allow_kernel_mismatch``); ValueError when the file is not a tileship model file.
-    """
-    data = torch.load(str(path), map_location="cpu", weights_only=True)
-    if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
-        raise ValueError(f"{path}: not a tileship model file (format {data.get('format') if isinstance(data, dict) else type(data).__name__!r}, "
-                         f"expected {FILE_FORMAT!r}); for a bare state_dict use tileship.torchops.swap.load_state_dict")
-    stamp = kernel_stamp(model)
-    check_stamp(stamp.to_json() if stamp else None, data["kernels"], allow_mismatch=allow_kernel_mismatch)
-    load_state_dict(model, data["state_dict"], allow_kernel_mismatch=True, strict=strict)  # checked above
-    return data["kernels"]
 
 
 __all__ = ["DEFAULT_NAMES", "FILE_FORMAT", "KernelAttention", "KernelLinear", "KernelRMSNorm", "KernelStamp", "SwapRecord",

@@ -1,0 +1,77 @@
+"""Specialization: one compiled unit (operator x dtype x shape x target), and reading described tensors.
+
+A specialization is what the build compiles and the runtime dispatches to; it is a plain
+value (JSON round-trip, stable id). The helpers read a described operator (describe)
+without the declaration: each tensor's dtype and each output's tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tileship.declare.dims import SAME
+from tileship.declare.parts import DEFAULT_TOLERANCES, Tolerance
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """One thing the build compiles: operator x dtype x shape (or dynamic range) x target.
+
+    ``dims`` maps each dim to an int, or to ``(min, max)`` for the one ``T.dynamic`` dim.
+    """
+
+    op: str
+    dtype: str
+    dims: tuple[tuple[str, int | tuple[int, int]], ...]
+    target: str
+
+    @property
+    def dynamic_dim(self) -> str | None:
+        for d, v in self.dims:
+            if isinstance(v, tuple):
+                return d
+        return None
+
+    @property
+    def shape_key(self) -> str:
+        parts = []
+        for d, v in self.dims:
+            parts.append(f"{d}{v[0]}-{v[1]}" if isinstance(v, tuple) else f"{d}{v}")
+        return "_".join(parts)
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}.{self.dtype}.{self.shape_key}.{self.target}"
+
+    def dim_map(self) -> dict[str, int | tuple[int, int]]:
+        return dict(self.dims)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form; dims are an ordered list of [name, size | [min, max]] (files sort keys,
+        and the dims' order is part of the id)."""
+        return {"op": self.op, "dtype": self.dtype, "target": self.target,
+                "dims": [[d, list(v) if isinstance(v, tuple) else v] for d, v in self.dims]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Specialization:
+        raw = data["dims"]
+        pairs = raw.items() if isinstance(raw, Mapping) else raw
+        dims = tuple((d, tuple(v) if isinstance(v, list) else int(v)) for d, v in pairs)
+        return cls(op=data["op"], dtype=data["dtype"], dims=dims, target=data["target"])  # type: ignore[arg-type]
+
+
+def tensor_dtypes(desc: Mapping[str, Any], which: str, op_dtype: str) -> list[str]:
+    """The dtype name of each input (``which="inputs"``) or output of a described operator in a
+    specialization of ``op_dtype`` (a release without ``tensor_dtypes`` has one dtype throughout)."""
+    exprs = desc.get("tensor_dtypes") or {}
+    return [op_dtype if exprs.get(n, SAME) == SAME else exprs[n] for n, *_ in desc[which]]
+
+
+def tensor_tolerance(desc: Mapping[str, Any], output: str, op_dtype: str) -> Tolerance:
+    """The described tolerance of ``output``: its per-output override, else the operator dtype's."""
+    t = (desc.get("output_tolerances") or {}).get(output) or (desc.get("tolerances") or {}).get(op_dtype)
+    if t is None:
+        return Tolerance(*DEFAULT_TOLERANCES[op_dtype])
+    return Tolerance(float(t["atol"]), float(t["rtol"]))

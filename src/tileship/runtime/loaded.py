@@ -1,0 +1,58 @@
+"""Release: a loaded release as the runtime holds it (its operators, and what /ready and metrics report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tileship.errors import CallError
+
+if TYPE_CHECKING:
+    from tileship.runtime.dispatch import OpRunner
+
+
+@dataclass
+class Release:
+    """A loaded release: operators by name plus everything /ready and metrics report."""
+
+    release_id: str
+    path: Any
+    kernel_revision: str
+    model: Mapping[str, str]
+    lock: Mapping[str, Any]
+    lock_digest: str
+    drift: Any
+    ops: dict[str, OpRunner]
+    load_seconds: dict[str, float] = field(default_factory=dict)
+    load_errors: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    declarations: Mapping[str, Any] = field(default_factory=dict)
+    evidence: Mapping[str, Any] | None = None
+
+    def op(self, name: str) -> OpRunner:
+        try:
+            return self.ops[name]
+        except KeyError:
+            raise CallError(f"unknown operator (this release has: {', '.join(sorted(self.ops))})", operator=name) from None
+
+    def decisions(self) -> dict[str, dict[str, str]]:
+        """Per operator, per specialization: the path it will take and why."""
+        return {name: {e.spec.id: f"{e.decision.path}:{e.decision.reason}" for e in r.entries if e.spec} for name, r in self.ops.items()}
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return {name: r.snapshot() for name, r in self.ops.items()}
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "release_id": self.release_id,
+            "kernel_revision": self.kernel_revision,
+            "model": dict(self.model),
+            "lock_digest": self.lock_digest,
+            "drift": self.drift.to_json(),
+            "kernels": sum(1 for r in self.ops.values() for e in r.entries if e.kernel is not None),
+            "reference_only": all(e.kernel is None for r in self.ops.values() for e in r.entries),
+            "load_errors": dict(self.load_errors),
+            "notes": list(self.notes),
+        }

@@ -1,0 +1,48 @@
+"""Request bodies: read one whole, under a size limit and a deadline (the server's body reader)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from tileship.serve.protocol import BadRequest
+
+
+async def read_body(request: Request, *, limit: int, timeout_s: float, rejected: Any) -> bytearray:
+    """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; BadRequest (413, 408,
+    400) otherwise, each rejection counted on ``rejected.labels(reason)``."""
+    cl = request.headers.get("content-length")
+    size = None
+    if cl is not None:
+        try:
+            size = int(cl)
+        except ValueError:
+            raise BadRequest(400, f"Content-Length is not an integer: {cl!r}") from None
+        if size > limit:
+            rejected.labels("body_too_large").inc()
+            raise BadRequest(413, f"request body is {size} bytes; the limit is {limit} bytes (--max-body-mib)")
+    buf = bytearray(size) if size is not None else bytearray()
+    pos = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                n = len(chunk)
+                if size is None:
+                    if pos + n > limit:
+                        rejected.labels("body_too_large").inc()
+                        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes (--max-body-mib)")
+                    buf += chunk
+                else:
+                    buf[pos:pos + n] = chunk
+                pos += n
+    except TimeoutError:
+        rejected.labels("body_timeout").inc()
+        raise BadRequest(408, f"timeout: the request body did not arrive within {timeout_s:g} s "
+                              f"({pos} of {size if size is not None else '?'} bytes received)") from None
+    except ClientDisconnect:
+        raise BadRequest(400, f"the client disconnected after {pos} bytes of the body") from None
+    if size is not None and pos != size:
+        raise BadRequest(400, f"the body has {pos} bytes but Content-Length says {size}")
+    return buf

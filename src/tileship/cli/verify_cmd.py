@@ -31,100 +31,103 @@ def _fmt(v: float | None, spec: str = ".2e") -> str:
     return "-" if v is None else format(v, spec)
 
 
+@handle_errors
+def verify_cmd(
+    release: Path = typer.Argument(..., help="release directory"),
+    seeds: str = typer.Option("0,1,2", help="comma-separated base seeds; each shape gets fresh inputs per seed"),
+    limit: int | None = typer.Option(None, help="cap on T.dynamic sizes (default: up to the declared maximum)"),
+    grid: int = typer.Option(4, help="ratio between verified T.dynamic sizes besides the edges; 0: edge sizes only"),
+    timing: bool = typer.Option(True, help="time kernel vs reference (needed for routing by speed)"),
+    budget_ms: float = typer.Option(100.0, help="measured milliseconds per timing run (each path is timed twice)"),
+    warmup_ms: float = typer.Option(25.0),
+    max_repeats: int = typer.Option(50, help="most timing samples per run"),
+    reference_dtype: str = typer.Option("float64", help="precision of the reference the kernel is compared with: float64 or float32"),
+    tolerance: list[str] = typer.Option([], help="override a declared tolerance: OP:DTYPE=ATOL,RTOL (repeatable)"),
+    device: str = typer.Option("all", help="verify cuda, cpu or all specializations this machine can run"),
+    only: list[str] = typer.Option([], help="operator name or specialization id (repeatable; default all)"),
+    strict_poison: bool = typer.Option(True, help="fail a run whose outputs could not be confirmed poisoned"),
+    json_out: Path | None = typer.Option(None, help="also write the evidence JSON here"),
+) -> None:
+    """Verify a release on this machine's GPU (and CPU): correctness at every declared shape
+    against a float64 reference with NaN-poisoned outputs, kernel vs reference timing, and a
+    device fingerprint, stored as evidence/verification.json in the release (the release id
+    does not change; a signature is removed: re-sign).
+
+    Exit 0: every verified specialization passed. Exit 2: some failed (evidence written, they
+    will serve the reference). Exit 1: verification could not run.
+    """
+    import json
+
+    from rich.table import Table
+
+    from tileship.verify.verify import VerifyOptions, verify
+
+    if reference_dtype not in ("float64", "float32"):
+        raise typer.BadParameter(f"{reference_dtype!r}: use float64 or float32", param_hint="--reference-dtype")
+    if device not in ("all", "cuda", "cpu"):
+        raise typer.BadParameter(f"{device!r}: use cuda, cpu or all", param_hint="--device")
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{seeds!r}: expected comma-separated integers", param_hint="--seeds") from None
+    if not seed_list:
+        raise typer.BadParameter("at least one seed is needed", param_hint="--seeds")
+    signed = (release / "manifest.sig").exists()
+
+    def progress(spec_id: str, point: object) -> None:
+        p = point  # PointResult
+        t = p.timing  # type: ignore[attr-defined]
+        dims = ",".join(f"{k}={v}" for k, v in p.dims.items())  # type: ignore[attr-defined]
+        speed = f"kernel {t.kernel.median_us:.1f} us vs reference {t.reference.median_us:.1f} us ({t.verdict})" if t else ""
+        state = "[green]ok[/]" if p.passed else "[red]FAIL[/]"  # type: ignore[attr-defined]
+        console.print(f"  {spec_id} @ {dims}: {state} {speed}")
+
+    opts = VerifyOptions(seeds=seed_list, limit=limit, grid=grid, timing=timing, budget_ms=budget_ms, warmup_ms=warmup_ms,
+                         max_repeats=max(max_repeats, 5), reference_dtype=reference_dtype, tolerances=parse_tolerances(tolerance),  # type: ignore[arg-type]
+                         devices=("cuda", "cpu") if device == "all" else (device,), only=tuple(only), strict_poison=strict_poison,
+                         on_point=progress)
+    result = verify(release, opts)
+    table = Table(title=f"release {result.release_id}: verification")
+    for col in ("specialization", "shapes", "result", "worst |err|/tol", "kernel/ref at largest", "pinned route"):
+        table.add_column(col)
+    for v in result.verdicts:
+        doc = result.evidence["specializations"][v.spec.id]
+        last = v.points[-1] if v.points else None
+        speed = f"{last.timing.kernel.median_us:.1f}/{last.timing.reference.median_us:.1f} us" if last and last.timing else "-"
+        ratios = [r for p in v.points if (r := p.worst("tol_ratio")) is not None]
+        table.add_row(v.spec.id, str(len(v.points)), "[green]passed[/]" if v.passed else "[red]FAILED[/]",
+                      _fmt(max(ratios) if ratios else None, ".3f"), speed, doc["route"])
+    console.print(table)
+    for v in result.failed:
+        console.print(f"[red]failed[/] {v.spec.id}: {v.failure}")
+    for sid, why in sorted(result.skipped.items()):
+        console.print(f"[dim]skipped {sid}: {why}[/]")
+    dev = result.evidence.get("device") or {}
+    console.print(f"device: {dev.get('name', 'no GPU')} cc {dev.get('compute_capability', '-')}, {dev.get('sm_count', '-')} SMs, "
+                  f"driver {dev.get('driver', '-')}, CUDA {dev.get('cuda_runtime', '-')}, torch {result.evidence['host']['torch']}")
+    console.print(f"evidence written to {release / 'evidence' / 'verification.json'} (release id {result.release_id} unchanged)")
+    if signed:
+        console.print("[yellow]the release signature was removed (the manifest changed): re-sign it with `tileship sign`[/]")
+    if json_out:
+        json_out.write_text(json.dumps(result.evidence, indent=2, sort_keys=True) + "\n")
+    if result.failed:
+        raise typer.Exit(2)
+
+
+@handle_errors
+def report_cmd(
+    release: Path = typer.Argument(..., help="release directory (verified or not)"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="output folder (default ./tileship-report-<release id>)"),
+) -> None:
+    """Write an HTML page with PNG plots from a release's verification evidence: per operator,
+    speedup vs reference and error by shape, the path each shape takes and why, the device
+    fingerprint and the lock summary."""
+    from tileship.verify.report import write_report
+
+    index = write_report(release, out)
+    console.print(f"[green]wrote[/] {index}")
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("verify")
-    @handle_errors
-    def verify_cmd(
-        release: Path = typer.Argument(..., help="release directory"),
-        seeds: str = typer.Option("0,1,2", help="comma-separated base seeds; each shape gets fresh inputs per seed"),
-        limit: int | None = typer.Option(None, help="cap on T.dynamic sizes (default: up to the declared maximum)"),
-        grid: int = typer.Option(4, help="ratio between verified T.dynamic sizes besides the edges; 0: edge sizes only"),
-        timing: bool = typer.Option(True, help="time kernel vs reference (needed for routing by speed)"),
-        budget_ms: float = typer.Option(100.0, help="measured milliseconds per timing run (each path is timed twice)"),
-        warmup_ms: float = typer.Option(25.0),
-        max_repeats: int = typer.Option(50, help="most timing samples per run"),
-        reference_dtype: str = typer.Option("float64", help="precision of the reference the kernel is compared with: float64 or float32"),
-        tolerance: list[str] = typer.Option([], help="override a declared tolerance: OP:DTYPE=ATOL,RTOL (repeatable)"),
-        device: str = typer.Option("all", help="verify cuda, cpu or all specializations this machine can run"),
-        only: list[str] = typer.Option([], help="operator name or specialization id (repeatable; default all)"),
-        strict_poison: bool = typer.Option(True, help="fail a run whose outputs could not be confirmed poisoned"),
-        json_out: Path | None = typer.Option(None, help="also write the evidence JSON here"),
-    ) -> None:
-        """Verify a release on this machine's GPU (and CPU): correctness at every declared shape
-        against a float64 reference with NaN-poisoned outputs, kernel vs reference timing, and a
-        device fingerprint, stored as evidence/verification.json in the release (the release id
-        does not change; a signature is removed: re-sign).
-
-        Exit 0: every verified specialization passed. Exit 2: some failed (evidence written, they
-        will serve the reference). Exit 1: verification could not run.
-        """
-        import json
-
-        from rich.table import Table
-
-        from tileship.verify.verify import VerifyOptions, verify
-
-        if reference_dtype not in ("float64", "float32"):
-            raise typer.BadParameter(f"{reference_dtype!r}: use float64 or float32", param_hint="--reference-dtype")
-        if device not in ("all", "cuda", "cpu"):
-            raise typer.BadParameter(f"{device!r}: use cuda, cpu or all", param_hint="--device")
-        try:
-            seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-        except ValueError:
-            raise typer.BadParameter(f"{seeds!r}: expected comma-separated integers", param_hint="--seeds") from None
-        if not seed_list:
-            raise typer.BadParameter("at least one seed is needed", param_hint="--seeds")
-        signed = (release / "manifest.sig").exists()
-
-        def progress(spec_id: str, point: object) -> None:
-            p = point  # PointResult
-            t = p.timing  # type: ignore[attr-defined]
-            dims = ",".join(f"{k}={v}" for k, v in p.dims.items())  # type: ignore[attr-defined]
-            speed = f"kernel {t.kernel.median_us:.1f} us vs reference {t.reference.median_us:.1f} us ({t.verdict})" if t else ""
-            state = "[green]ok[/]" if p.passed else "[red]FAIL[/]"  # type: ignore[attr-defined]
-            console.print(f"  {spec_id} @ {dims}: {state} {speed}")
-
-        opts = VerifyOptions(seeds=seed_list, limit=limit, grid=grid, timing=timing, budget_ms=budget_ms, warmup_ms=warmup_ms,
-                             max_repeats=max(max_repeats, 5), reference_dtype=reference_dtype, tolerances=parse_tolerances(tolerance),  # type: ignore[arg-type]
-                             devices=("cuda", "cpu") if device == "all" else (device,), only=tuple(only), strict_poison=strict_poison,
-                             on_point=progress)
-        result = verify(release, opts)
-        table = Table(title=f"release {result.release_id}: verification")
-        for col in ("specialization", "shapes", "result", "worst |err|/tol", "kernel/ref at largest", "pinned route"):
-            table.add_column(col)
-        for v in result.verdicts:
-            doc = result.evidence["specializations"][v.spec.id]
-            last = v.points[-1] if v.points else None
-            speed = f"{last.timing.kernel.median_us:.1f}/{last.timing.reference.median_us:.1f} us" if last and last.timing else "-"
-            ratios = [r for p in v.points if (r := p.worst("tol_ratio")) is not None]
-            table.add_row(v.spec.id, str(len(v.points)), "[green]passed[/]" if v.passed else "[red]FAILED[/]",
-                          _fmt(max(ratios) if ratios else None, ".3f"), speed, doc["route"])
-        console.print(table)
-        for v in result.failed:
-            console.print(f"[red]failed[/] {v.spec.id}: {v.failure}")
-        for sid, why in sorted(result.skipped.items()):
-            console.print(f"[dim]skipped {sid}: {why}[/]")
-        dev = result.evidence.get("device") or {}
-        console.print(f"device: {dev.get('name', 'no GPU')} cc {dev.get('compute_capability', '-')}, {dev.get('sm_count', '-')} SMs, "
-                      f"driver {dev.get('driver', '-')}, CUDA {dev.get('cuda_runtime', '-')}, torch {result.evidence['host']['torch']}")
-        console.print(f"evidence written to {release / 'evidence' / 'verification.json'} (release id {result.release_id} unchanged)")
-        if signed:
-            console.print("[yellow]the release signature was removed (the manifest changed): re-sign it with `tileship sign`[/]")
-        if json_out:
-            json_out.write_text(json.dumps(result.evidence, indent=2, sort_keys=True) + "\n")
-        if result.failed:
-            raise typer.Exit(2)
-
-    @app.command("report")
-    @handle_errors
-    def report_cmd(
-        release: Path = typer.Argument(..., help="release directory (verified or not)"),
-        out: Path | None = typer.Option(None, "--out", "-o", help="output folder (default ./tileship-report-<release id>)"),
-    ) -> None:
-        """Write an HTML page with PNG plots from a release's verification evidence: per operator,
-        speedup vs reference and error by shape, the path each shape takes and why, the device
-        fingerprint and the lock summary."""
-        from tileship.verify.report import write_report
-
-        index = write_report(release, out)
-        console.print(f"[green]wrote[/] {index}")
+    app.command("verify")(verify_cmd)
+    app.command("report")(report_cmd)

@@ -141,7 +141,8 @@ class Llama(nn.Module):
 
 
 @torch.no_grad()
-def random_llama(cfg: LlamaConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0) -> Llama:
+def random_llama(cfg: LlamaConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 seed: int = 0) -> Llama:
     """A model with seeded random weights: linears N(0, 1/fan_in), embeddings N(0, 1), norm
     weights 1 + N(0, 0.1) (not all ones, so a kernel ignoring the weight is caught).
 

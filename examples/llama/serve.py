@@ -42,8 +42,10 @@ INPUT, OUTPUT = "input_ids", "logits"
 #: matches the CPU catalog's rmsnorm_cpu); ``7b-2layer`` is Llama-2-7B's sizes with 2 layers,
 #: the shapes the CUDA catalog declares.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"vocab": 64, "hidden": 1024, "heads": 8, "intermediate": 1536, "layers": 1, "max_seq": 64, "dtype": "float32", "seed": 0},
-    "7b-2layer": {"vocab": 32000, "hidden": 4096, "heads": 32, "intermediate": 11008, "layers": 2, "max_seq": 4096, "dtype": "float16", "seed": 0},
+    "tiny": {"vocab": 64, "hidden": 1024, "heads": 8, "intermediate": 1536, "layers": 1, "max_seq": 64,
+             "dtype": "float32", "seed": 0},
+    "7b-2layer": {"vocab": 32000, "hidden": 4096, "heads": 32, "intermediate": 11008, "layers": 2, "max_seq": 4096,
+                  "dtype": "float16", "seed": 0},
 }
 _KEYS = {"vocab", "hidden", "heads", "intermediate", "layers", "max_seq", "eps", "dtype", "seed", "name", "names"}
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -72,8 +74,10 @@ class LlamaSpec:
                            intermediate=self.intermediate, max_seq=self.max_seq, eps=self.eps)
 
     def to_json(self) -> dict[str, Any]:
-        return {"vocab": self.vocab, "hidden": self.hidden, "heads": self.heads, "intermediate": self.intermediate, "layers": self.layers,
-                "max_seq": self.max_seq, "eps": self.eps, "dtype": self.dtype, "seed": self.seed, "names": dict(self.names)}
+        return {"vocab": self.vocab, "hidden": self.hidden, "heads": self.heads, "intermediate": self.intermediate,
+                "layers": self.layers,
+                "max_seq": self.max_seq, "eps": self.eps, "dtype": self.dtype, "seed": self.seed,
+                "names": dict(self.names)}
 
 
 def parse_spec(text: str) -> LlamaSpec:
@@ -109,10 +113,12 @@ def _spec(raw: dict[str, Any], where: str) -> LlamaSpec:
         if k in raw and (not isinstance(raw[k], int) or isinstance(raw[k], bool)):
             raise DeclarationError(f"{where}: {k} must be an integer, got {raw[k]!r}", field="--llama")
     if raw.get("dtype", "float32") not in _DTYPES:
-        raise DeclarationError(f"{where}: dtype must be one of {', '.join(_DTYPES)}, got {raw['dtype']!r}", field="--llama")
+        raise DeclarationError(f"{where}: dtype must be one of {', '.join(_DTYPES)}, got {raw['dtype']!r}",
+                               field="--llama")
     names = raw.pop("names", {}) or {}
     if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
-        raise DeclarationError(f"{where}: names must map a layer kind to an operator name, e.g. {{\"rmsnorm\": \"rmsnorm_cpu\"}}", field="--llama")
+        raise DeclarationError(f"{where}: names must map a layer kind to an operator name, e.g. {{\"rmsnorm\": "
+                               f"\"rmsnorm_cpu\"}}", field="--llama")
     name = raw.get("name", "llama")
     if not isinstance(name, str) or not name or "/" in name:
         raise DeclarationError(f"{where}: name must be a non-empty string without '/', got {name!r}", field="--llama")
@@ -164,7 +170,8 @@ class BoundModel:
         return dict(self.swap_report.kept)
 
     def summary(self) -> str:
-        return f"{len(self.swap_report.replaced)} of {len(self.swap_report.records)} candidate layers on release kernels"
+        r = self.swap_report
+        return f"{len(r.replaced)} of {len(r.records)} candidate layers on release kernels"
 
     def metadata(self) -> dict[str, Any]:
         """KServe model metadata; ``parameters.config`` is what a client needs to rebuild the weights."""
@@ -173,9 +180,12 @@ class BoundModel:
             "name": self.spec.name, "versions": [self.release_id], "platform": "tileship-llama",
             "inputs": [{"name": INPUT, "datatype": "INT64", "shape": [-1, -1]}],
             "outputs": [{"name": OUTPUT, "datatype": dt, "shape": [-1, -1, self.spec.vocab]}],
-            "parameters": {"device": self.device, "kernel_revision": self.kernel_revision, "config": json.dumps(self.spec.to_json()),
-                           "swap": self.summary(), "layers": json.dumps({r.module: ("kernel " + (r.operator or "")) if r.replaced else
-                                                                         f"pytorch: {r.reason}" for r in self.swap_report.records}),
+            "parameters": {"device": self.device, "kernel_revision": self.kernel_revision,
+                           "config": json.dumps(self.spec.to_json()),
+                           "swap": self.summary(),
+                           "layers": json.dumps({r.module: ("kernel " + (r.operator or "")) if r.replaced else
+                                                                         f"pytorch: {r.reason}"
+                                                                         for r in self.swap_report.records}),
                            "strict_shapes": False},
         }
 
@@ -185,16 +195,23 @@ class BoundModel:
         m = self.spec.name
         names = [i.name for i in req.inputs]
         if names != [INPUT]:
-            raise BadRequest(400, f"model {m} takes one input, {INPUT} (INT64, shape [batch, seq]); got {', '.join(names)}")
+            raise BadRequest(400,
+                             f"model {m} takes one input, {INPUT} (INT64, shape [batch, seq]); got {', '.join(names)}")
         inp = req.inputs[0]
         if inp.datatype != "INT64":
             raise BadRequest(400, f"wrong datatype: input {INPUT} is {inp.datatype}; model {m} accepts INT64 token ids")
         if len(inp.shape) != 2:
-            raise BadRequest(400, f"wrong rank: input {INPUT} has shape {list(inp.shape)} (rank {len(inp.shape)}); model {m} takes [batch, seq] (rank 2)")
+            raise BadRequest(400,
+                             f"wrong rank: input {INPUT} has shape {list(inp.shape)} (rank {len(inp.shape)}); model "
+                             f"{m} takes [batch, seq] (rank 2)")
         if 0 in inp.shape:
-            raise BadRequest(400, f"wrong shape: input {INPUT} has shape {list(inp.shape)}; batch and seq must be at least 1")
+            raise BadRequest(400,
+                             f"wrong shape: input {INPUT} has shape {list(inp.shape)}; batch and seq must be at least "
+                             "1")
         if inp.shape[1] > self.spec.max_seq:
-            raise BadRequest(400, f"wrong shape: input {INPUT} has seq {inp.shape[1]}; model {m} takes at most max_seq={self.spec.max_seq} tokens")
+            raise BadRequest(400,
+                             f"wrong shape: input {INPUT} has seq {inp.shape[1]}; model {m} takes at most "
+                             f"max_seq={self.spec.max_seq} tokens")
         binary = req.binary_output
         for name, b in req.outputs:
             if name != OUTPUT:
@@ -211,8 +228,10 @@ class BoundModel:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.spec.vocab:
             bad = lo if lo < 0 else hi
-            raise BadRequest(400, f"token id out of range: input {INPUT} holds {bad}; model {self.spec.name} has vocab {self.spec.vocab} "
-                                  f"(ids 0..{self.spec.vocab - 1})")
+            raise BadRequest(400,
+                             f"token id out of range: input {INPUT} holds {bad}; model {self.spec.name} has vocab "
+                             f"{self.spec.vocab} "
+                             f"(ids 0..{self.spec.vocab - 1})")
         ids = ids.to(self.device)
         calls: list[tuple[str, Decision]] = []
         self.recorder.calls = calls
@@ -265,7 +284,8 @@ class LlamaHost:
             if self._template is None or str(self._template.rope_cos.device.type) != device:
                 import torch
 
-                self._template = random_llama(self.spec.config(), dtype=getattr(torch, self.spec.dtype), device=device, seed=self.spec.seed)
+                self._template = random_llama(self.spec.config(), dtype=getattr(torch, self.spec.dtype), device=device,
+                                              seed=self.spec.seed)
             return self._template
 
     def bind(self, release: Release, devices: dict[str, str]) -> dict[str, BoundModel]:

@@ -74,7 +74,8 @@ def collect(op: Operator, root: Path | None) -> tuple[dict[str, Path], dict[str,
     version of its distribution (None when no installed distribution provides it)).
     Local means under ``root``; with no root nothing is shipped (an installed package)."""
     root = root.resolve() if root is not None else None
-    start = {op.module or "", getattr(op.reference, "__module__", ""), resolve(op.factory, operator=op.name).qualname.rpartition(".")[0]}
+    start = {op.module or "", getattr(op.reference, "__module__", ""),
+             resolve(op.factory, operator=op.name).qualname.rpartition(".")[0]}
     if op.sample is not None:
         start.add(getattr(op.sample, "__module__", ""))
     todo = sorted(m for m in start if m)
@@ -117,7 +118,9 @@ def _version(top: str) -> str | None:
     return None
 
 
-def ship(ops: Mapping[str, Operator], root: Path | None, dest: Path) -> tuple[dict[str, list[str]], dict[str, dict[str, str | None]]]:
+def ship(
+    ops: Mapping[str, Operator], root: Path | None, dest: Path
+) -> tuple[dict[str, list[str]], dict[str, dict[str, str | None]]]:
     """Copy every operator's local sources into ``dest/sources``; return (operator -> its bundle
     paths, operator -> its third-party imports with versions)."""
     paths: dict[str, list[str]] = {}

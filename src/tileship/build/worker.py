@@ -58,7 +58,8 @@ def find_operator(module: str, name: str) -> Any:
     found = [v for v in vars(mod).values() if isinstance(v, Operator)]
     op = next((v for v in found if v.name == name), None)
     if op is None:
-        raise BuildError(f"module {module} declares no Operator named {name!r} (it declares: {', '.join(sorted(v.name for v in found)) or 'none'})",
+        raise BuildError(f"module {module} declares no Operator named {name!r} (it declares: "
+                         f"{', '.join(sorted(v.name for v in found)) or 'none'})",
                          hint="declare the Operator at module level in a module the project lists")
     return op if op.outputs else infer_outputs(op)
 
@@ -98,7 +99,8 @@ def main(job_path: str) -> int:
         sig = tvm.tirx.PrimFunc(func.params, tvm.tirx.Evaluate(0), func.ret_type, func.buffer_map, func.attrs)
         (out / "signature.json").write_text(tvm.ir.save_json(sig))
         pass_configs = op.compile_pass_configs()
-        kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(), pass_configs=pass_configs or None)
+        kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(),
+                                  pass_configs=pass_configs or None)
         entries = glob.glob(str(cache / "*" / "*" / "kernels" / "*"))
         if len(entries) != 1:
             raise RuntimeError(f"expected one TileLang cache entry, found {len(entries)}")

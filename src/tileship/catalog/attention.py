@@ -17,7 +17,8 @@ def flash_attention(B: int, H: int, S: int, D: int, dtype: str = "float16", bloc
     shape = (B, H, S, D)
 
     @T.prim_func
-    def main(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype), O: T.Tensor(shape, dtype)):
+    def main(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
+             O: T.Tensor(shape, dtype)):
         with T.Kernel(T.ceildiv(S, block_M), H, B, threads=threads) as (bm, h, b):
             q_s = T.alloc_shared((block_M, D), dtype)
             k_s = T.alloc_shared((block_N, D), dtype)
@@ -76,11 +77,13 @@ attention = Operator(
     name="attention",
     factory=flash_attention,
     reference=attention_reference,
-    inputs=(TensorArg("Q", ("B", "H", "S", "D")), TensorArg("K", ("B", "H", "S", "D")), TensorArg("V", ("B", "H", "S", "D"))),
+    inputs=(TensorArg("Q", ("B", "H", "S", "D")), TensorArg("K", ("B", "H", "S", "D")),
+            TensorArg("V", ("B", "H", "S", "D"))),
     outputs=(TensorArg("O", ("B", "H", "S", "D")),),
     dtypes=("float16", "bfloat16"),
     targets=("cuda-sm90a",),
     config={"block_M": 128, "block_N": 128, "num_stages": 2, "threads": 256},
-    shapes=({"B": 1, "H": 32, "S": 2048, "D": 128}, {"B": 4, "H": 32, "S": 1024, "D": 128}, {"B": 1, "H": 32, "S": 4096, "D": 128}),
+    shapes=({"B": 1, "H": 32, "S": 2048, "D": 128}, {"B": 4, "H": 32, "S": 1024, "D": 128},
+            {"B": 1, "H": 32, "S": 4096, "D": 128}),
     tolerances={"float16": Tolerance(atol=2e-2, rtol=2e-2), "bfloat16": Tolerance(atol=5e-2, rtol=5e-2)},
 )

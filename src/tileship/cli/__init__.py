@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from tileship.cli import build_cmd, check_cmd, demo_cmd, diagnose_cmd, lock_cmd, registry_cmd, serve_cmd, sign_cmd, verify_cmd
+from tileship.cli import (
+    build_cmd,
+    check_cmd,
+    demo_cmd,
+    diagnose_cmd,
+    lock_cmd,
+    registry_cmd,
+    serve_cmd,
+    sign_cmd,
+    verify_cmd,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Ship TileLang kernels: lock, build, verify, serve, roll back.")
 for module in (lock_cmd, check_cmd, build_cmd, sign_cmd, demo_cmd, registry_cmd, diagnose_cmd, serve_cmd, verify_cmd):

@@ -9,26 +9,40 @@ from tileship.cli._common import handle_errors
 
 @handle_errors
 def serve(
-    source: Path = typer.Argument(..., help="a release directory, or a registry directory (its active release is served)"),
+    source: Path = typer.Argument(...,
+                                  help="a release directory, or a registry directory (its active release is served)"),
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8000, help="port to listen on"),
     max_body_mib: float = typer.Option(64.0, help="largest request body accepted (413 above)"),
-    max_inflight: int = typer.Option(64, help="inference requests admitted at once (reading, queued, running); 503 above"),
+    max_inflight: int = typer.Option(64,
+                                     help="inference requests admitted at once (reading, queued, running); 503 above"),
     threads: int = typer.Option(1, help="worker threads running operator calls (1: kernel calls are serialized)"),
     timeout: float = typer.Option(30.0, help="seconds an admitted request may take to run (504 after)"),
     body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
-    strict_shapes: bool = typer.Option(False, help="answer 400 for shapes outside the declared set instead of serving them by reference"),
-    drift_policy: str | None = typer.Option(None, help="fallback (serve the reference on blocking drift) or strict (refuse: not ready); "
-                                                               "default: the release's"),
+    strict_shapes: bool = typer.Option(False,
+                                       help="answer 400 for shapes outside the declared set instead of serving them by "
+                                            "reference"),
+    drift_policy: str | None = typer.Option(None,
+                                            help="fallback (serve the reference on blocking drift) or strict (refuse: "
+                                                 "not ready); default: the release's"),
     allow_unverified: bool | None = typer.Option(None, "--allow-unverified/--no-allow-unverified",
                                                     help="run GPU kernels that have no verification evidence"),
-    reference_only: bool = typer.Option(False, help="serve every operator through its PyTorch reference (load no native code)"),
-    check_finite: bool = typer.Option(True, help="recompute kernel outputs holding NaN/Inf on the reference and open the circuit"),
-    trusted_key: list[Path] = typer.Option([], help="ed25519 public key(s); when given, the release must be signed by one"),
-    diagnostics_dir: Path | None = typer.Option(None, help="where diagnostics bundles go (default $TILESHIP_HOME/diagnostics)"),
+    reference_only: bool = typer.Option(False,
+                                        help="serve every operator through its PyTorch reference (load no native code)"),
+    check_finite: bool = typer.Option(True,
+                                      help="recompute kernel outputs holding NaN/Inf on the reference and open the "
+                                           "circuit"),
+    trusted_key: list[Path] = typer.Option([],
+                                           help="ed25519 public key(s); when given, the release must be signed by one"),
+    diagnostics_dir: Path | None = typer.Option(None,
+                                                help="where diagnostics bundles go (default "
+                                                     "$TILESHIP_HOME/diagnostics)"),
     log_level: str = typer.Option("warning", help="uvicorn's own log level (tileship's events are always logged)"),
-    llama: str | None = typer.Option(None, help="also serve a random-weight Llama decoder swapped onto the release, as model `llama`: "
-                                               "a preset (tiny, 7b-2layer) or a JSON file (docs/serving.md); needs the repository's "
+    llama: str | None = typer.Option(None,
+                                     help="also serve a random-weight Llama decoder swapped onto the release, as model "
+                                          "`llama`: "
+                                               "a preset (tiny, 7b-2layer) or a JSON file (docs/serving.md); needs the "
+                                               "repository's "
                                                "examples/llama (not installed by pip)"),
 ) -> None:
     """Serve a release over the Open Inference Protocol (KServe v2 REST; tritonclient works).
@@ -44,15 +58,19 @@ def serve(
     if drift_policy not in (None, "fallback", "strict"):
         raise DeclarationError(f"--drift-policy must be fallback or strict, got {drift_policy!r}")
     if max_body_mib <= 0 or max_inflight < 1 or threads < 1 or timeout <= 0 or body_timeout <= 0:
-        raise DeclarationError("--max-body-mib, --timeout and --body-timeout must be > 0; --max-inflight and --threads >= 1")
+        raise DeclarationError("--max-body-mib, --timeout and --body-timeout must be > 0; --max-inflight and --threads "
+                               ">= 1")
     spec = None
     if llama is not None:
         from tileship.extras import llama_example
 
         spec = llama_example().parse_spec(llama)
-    config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight, worker_threads=threads,
-                         request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes, drift_policy=drift_policy,
-                         allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None, reference_only=reference_only,
+    config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight,
+                         worker_threads=threads,
+                         request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes,
+                         drift_policy=drift_policy,
+                         allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,
+                         reference_only=reference_only,
                          check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec)
     raise typer.Exit(run(config, host=host, port=port, log_level=log_level))
 

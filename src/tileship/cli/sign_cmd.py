@@ -10,7 +10,8 @@ from tileship.cli._common import console, handle_errors
 def register(app: typer.Typer) -> None:
     @app.command("keygen")
     @handle_errors
-    def keygen(path: Path = typer.Argument(..., help="private key path; the public key is written to PATH.pub")) -> None:
+    def keygen(path: Path = typer.Argument(...,
+                                           help="private key path; the public key is written to PATH.pub")) -> None:
         """Create an ed25519 signing key pair."""
         from tileship.release.bundle import generate_key
 
@@ -28,7 +29,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("inspect")
     @handle_errors
-    def inspect(release: Path, trusted_key: list[Path] = typer.Option([], help="require a signature by one of these public keys")) -> None:
+    def inspect(release: Path,
+                trusted_key: list[Path] = typer.Option([],
+                                                       help="require a signature by one of these public keys")) -> None:
         """Check a release's integrity (and signature) without loading it."""
         from tileship.release.bundle import check_integrity, load_public_key, verify_signature
 

@@ -18,9 +18,11 @@ def parse_tolerances(values: list[str]) -> dict[str, dict[str, object]]:
             op, dtype = head.split(":", 1)
             atol, rtol = (float(x) for x in nums.split(","))
         except ValueError:
-            raise typer.BadParameter(f"{raw!r}: expected OP:DTYPE=ATOL,RTOL, e.g. gemm:float16=3e-2,3e-2", param_hint="--tolerance") from None
+            raise typer.BadParameter(f"{raw!r}: expected OP:DTYPE=ATOL,RTOL, e.g. gemm:float16=3e-2,3e-2",
+                                     param_hint="--tolerance") from None
         if dtype not in DTYPES:
-            raise typer.BadParameter(f"{raw!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})", param_hint="--tolerance")
+            raise typer.BadParameter(f"{raw!r}: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})",
+                                     param_hint="--tolerance")
         if atol < 0 or rtol < 0:
             raise typer.BadParameter(f"{raw!r}: tolerances must be >= 0", param_hint="--tolerance")
         out.setdefault(op, {})[dtype] = Tolerance(atol, rtol)
@@ -41,7 +43,9 @@ def verify_cmd(
     budget_ms: float = typer.Option(100.0, help="measured milliseconds per timing run (each path is timed twice)"),
     warmup_ms: float = typer.Option(25.0),
     max_repeats: int = typer.Option(50, help="most timing samples per run"),
-    reference_dtype: str = typer.Option("float64", help="precision of the reference the kernel is compared with: float64 or float32"),
+    reference_dtype: str = typer.Option("float64",
+                                        help="precision of the reference the kernel is compared with: float64 or "
+                                             "float32"),
     tolerance: list[str] = typer.Option([], help="override a declared tolerance: OP:DTYPE=ATOL,RTOL (repeatable)"),
     device: str = typer.Option("all", help="verify cuda, cpu or all specializations this machine can run"),
     only: list[str] = typer.Option([], help="operator name or specialization id (repeatable; default all)"),
@@ -82,10 +86,12 @@ def verify_cmd(
         state = "[green]ok[/]" if p.passed else "[red]FAIL[/]"  # type: ignore[attr-defined]
         console.print(f"  {spec_id} @ {dims}: {state} {speed}")
 
-    opts = VerifyOptions(seeds=seed_list, limit=limit, grid=grid, timing=timing, budget_ms=budget_ms, warmup_ms=warmup_ms,
-                         max_repeats=max(max_repeats, 5), reference_dtype=reference_dtype, tolerances=parse_tolerances(tolerance),  # type: ignore[arg-type]
-                         devices=("cuda", "cpu") if device == "all" else (device,), only=tuple(only), strict_poison=strict_poison,
-                         on_point=progress)
+    opts = VerifyOptions(seeds=seed_list, limit=limit, grid=grid, timing=timing, budget_ms=budget_ms,
+                         warmup_ms=warmup_ms,
+                         max_repeats=max(max_repeats, 5), reference_dtype=reference_dtype,
+                         tolerances=parse_tolerances(tolerance),  # type: ignore[arg-type]
+                         devices=("cuda", "cpu") if device == "all" else (device,), only=tuple(only),
+                         strict_poison=strict_poison, on_point=progress)
     result = verify(release, opts)
     table = Table(title=f"release {result.release_id}: verification")
     for col in ("specialization", "shapes", "result", "worst |err|/tol", "kernel/ref at largest", "pinned route"):
@@ -103,11 +109,15 @@ def verify_cmd(
     for sid, why in sorted(result.skipped.items()):
         console.print(f"[dim]skipped {sid}: {why}[/]")
     dev = result.evidence.get("device") or {}
-    console.print(f"device: {dev.get('name', 'no GPU')} cc {dev.get('compute_capability', '-')}, {dev.get('sm_count', '-')} SMs, "
-                  f"driver {dev.get('driver', '-')}, CUDA {dev.get('cuda_runtime', '-')}, torch {result.evidence['host']['torch']}")
-    console.print(f"evidence written to {release / 'evidence' / 'verification.json'} (release id {result.release_id} unchanged)")
+    console.print(f"device: {dev.get('name', 'no GPU')} cc {dev.get('compute_capability', '-')}, "
+                  f"{dev.get('sm_count', '-')} SMs, "
+                  f"driver {dev.get('driver', '-')}, CUDA {dev.get('cuda_runtime', '-')}, torch "
+                  f"{result.evidence['host']['torch']}")
+    console.print(f"evidence written to {release / 'evidence' / 'verification.json'} (release id {result.release_id} "
+                  "unchanged)")
     if signed:
-        console.print("[yellow]the release signature was removed (the manifest changed): re-sign it with `tileship sign`[/]")
+        console.print("[yellow]the release signature was removed (the manifest changed): re-sign it with `tileship "
+                      "sign`[/]")
     if json_out:
         json_out.write_text(json.dumps(result.evidence, indent=2, sort_keys=True) + "\n")
     if result.failed:

@@ -112,14 +112,16 @@ def bind(declared: Sequence[tuple[str, Sequence[str]]], shapes: Sequence[Sequenc
     parsed = [(name, parse_all(ds)) for name, ds in declared]
     for (name, exprs), shape in zip(parsed, shapes, strict=True):
         if len(shape) != len(exprs):
-            return Binding({}, "rank", name, f"has rank {len(shape)} (shape {tuple(shape)}), declared ({', '.join(map(str, exprs))})")
+            return Binding({}, "rank", name,
+                           f"has rank {len(shape)} (shape {tuple(shape)}), declared ({', '.join(map(str, exprs))})")
     dims: dict[str, int] = {}
     for (name, exprs), shape in zip(parsed, shapes, strict=True):
         for e, size in zip(exprs, shape, strict=True):
             if e.derived:
                 continue
             if dims.setdefault(e.base, int(size)) != int(size):
-                return Binding(dims, "disagree", name, f"dim {e.base}={int(size)} disagrees with {e.base}={dims[e.base]} of an earlier input")
+                return Binding(dims, "disagree", name,
+                               f"dim {e.base}={int(size)} disagrees with {e.base}={dims[e.base]} of an earlier input")
     for (name, exprs), shape in zip(parsed, shapes, strict=True):
         for e, size in zip(exprs, shape, strict=True):
             if not e.derived:

@@ -43,7 +43,8 @@ class FactoryInfo:
     def to_json(self) -> dict[str, Any]:
         """Deterministic across machines: sources as module-relative posix paths."""
         module = self.qualname.rpartition(".")[0]
-        return {"form": self.form, "function": self.qualname, "sources": [module_relative(f, module) for f in self.source_files],
+        return {"form": self.form, "function": self.qualname,
+                "sources": [module_relative(f, module) for f in self.source_files],
                 "decorator_pass_configs": {k: _plain(v) for k, v in sorted(self.decorator_pass_configs.items())},
                 "decorator_out_idx": _plain(self.decorator_out_idx)}
 
@@ -73,7 +74,8 @@ def resolve(factory: Any, *, operator: str = "<unnamed>") -> FactoryInfo:
         form, impl = "jit", factory
         builder = impl.get_tir
     elif not callable(factory):
-        raise DeclarationError(f"factory is a {type(factory).__name__}, not a kernel factory", operator=operator, field="factory",
+        raise DeclarationError(f"factory is a {type(factory).__name__}, not a kernel factory", operator=operator,
+                               field="factory",
                                hint="pass the function that returns the T.prim_func, or its @tilelang.jit object")
     elif _is_primfunc(factory):
         raise DeclarationError("factory is a PrimFunc, not a factory", operator=operator, field="factory",
@@ -155,12 +157,14 @@ def reconcile_out_idx(op: Any, info: FactoryInfo, func: Any) -> tuple[list[int] 
         raw = info.decorator_out_idx
         deco = sorted(int(i) % n for i in ([raw] if isinstance(raw, int) else raw))
         if declared is not None and deco != declared:
-            raise BuildError(f"outputs= declares parameters {declared} as outputs but @tilelang.jit(out_idx={raw!r}) says {deco}",
-                             hint="make outputs= list the decorator's outputs, or drop one of the two")
+            raise BuildError(f"outputs= declares parameters {declared} as outputs but @tilelang.jit(out_idx={raw!r}) "
+                             f"says {deco}", hint="make outputs= list the decorator's outputs, or drop one of the two")
         own = own or deco
     if own is not None and declared is not None and own != declared:
-        raise BuildError(f"outputs= declares parameters {declared} as outputs but the kernel's T.empty outputs are {own} "
-                         f"(tilelang_out_idx)", hint="make outputs= match the kernel's T.empty tensors in order, or omit outputs=")
+        raise BuildError(f"outputs= declares parameters {declared} as outputs but the kernel's T.empty outputs are "
+                         f"{own} "
+                         f"(tilelang_out_idx)",
+                         hint="make outputs= match the kernel's T.empty tensors in order, or omit outputs=")
     if own is None and declared is None:
         raise BuildError("outputs= is omitted but the kernel allocates no outputs with T.empty",
                          hint="declare outputs=(TensorArg(...), ...) for the kernel's trailing parameters")

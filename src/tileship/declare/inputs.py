@@ -11,7 +11,8 @@ from tileship.declare.dims import SAME, resolve_dtype, shape_at
 from tileship.declare.spec import Specialization
 
 
-def sample_points(spec: Specialization, *, block: int = 128, grid: int = 0, limit: int | None = None) -> list[dict[str, int]]:
+def sample_points(spec: Specialization, *, block: int = 128, grid: int = 0,
+                  limit: int | None = None) -> list[dict[str, int]]:
     """Concrete dims to call ``spec`` with, in declaration order. Static: the shape. Dynamic: 1 (min),
     a size not a multiple of ``block``, a middle size and the maximum (capped at ``limit`` when
     given), plus, when ``grid >= 2``, every power of ``grid`` in between."""
@@ -29,10 +30,12 @@ def sample_points(spec: Specialization, *, block: int = 128, grid: int = 0, limi
                 sizes.append(v)
             v *= grid
         sizes = sorted(set(sizes))
-    return [{d: (s if d == dyn else int(dims[d])) for d, _ in spec.dims} for s in dict.fromkeys(sizes)]  # type: ignore[arg-type]
+    return [{d: (s if d == dyn else int(dims[d])) for d, _ in spec.dims}
+            for s in dict.fromkeys(sizes)]  # type: ignore[arg-type]
 
 
-def verification_points(spec: Specialization, *, block: int = 128, grid: int = 4, limit: int | None = None) -> list[dict[str, int]]:
+def verification_points(spec: Specialization, *, block: int = 128, grid: int = 4,
+                        limit: int | None = None) -> list[dict[str, int]]:
     """``sample_points`` with a geometric grid (default 4) between the edges, sorted: what verify measures."""
     dyn = spec.dynamic_dim
     points = sample_points(spec, block=block, grid=grid, limit=limit)
@@ -76,7 +79,8 @@ def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, 
                     raise ValueError(f"sample() returned {n} as a tensor; it is a ScalarArg: return a Python number")
                 continue
             if not torch.is_tensor(t) or tuple(t.shape) != shape or t.dtype != getattr(torch, dt):
-                raise ValueError(f"sample() returned {n} as {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}; declared {dt} {shape}")
+                raise ValueError(f"sample() returned {n} as {getattr(t, 'dtype', type(t).__name__)} "
+                                 f"{tuple(getattr(t, 'shape', ()))}; declared {dt} {shape}")
         return got
     g = torch.Generator(device=device).manual_seed(seed)
     out = []

@@ -25,14 +25,18 @@ def infer_outputs(op: Operator) -> Operator:
     except TileshipError:
         raise
     except Exception as exc:  # the user's factory failed: say so as a declaration problem
-        raise DeclarationError(f"tracing the factory at {spec.shape_key} to read its T.empty outputs failed: {type(exc).__name__}: {exc}",
-                               operator=op.name, field="outputs", hint="declare outputs=(TensorArg(...), ...) explicitly") from exc
+        raise DeclarationError(f"tracing the factory at {spec.shape_key} to read its T.empty outputs failed: "
+                               f"{type(exc).__name__}: {exc}",
+                               operator=op.name, field="outputs",
+                               hint="declare outputs=(TensorArg(...), ...) explicitly") from exc
     idx = kernel_out_idx(func)
     if not idx:
-        raise DeclarationError("is omitted but the kernel allocates no outputs with T.empty", operator=op.name, field="outputs",
+        raise DeclarationError("is omitted but the kernel allocates no outputs with T.empty", operator=op.name,
+                               field="outputs",
                                hint="declare outputs=(TensorArg(name, dims), ...) for the kernel's trailing parameters")
     if idx != list(range(len(op.inputs), len(func.params))):
-        raise DeclarationError(f"the kernel's T.empty outputs are parameters {idx} of {len(func.params)}, not the {len(func.params) - len(op.inputs)} "
+        raise DeclarationError(f"the kernel's T.empty outputs are parameters {idx} of {len(func.params)}, not the "
+                               f"{len(func.params) - len(op.inputs)} "
                                f"after the {len(op.inputs)} declared inputs", operator=op.name, field="inputs",
                                hint="declare exactly the kernel's tensor parameters as inputs, in order")
     outs = tuple(_output(op, spec, func.buffer_map[func.params[i]]) for i in idx)
@@ -69,5 +73,5 @@ def _dim(op: Operator, dims: dict[str, Any], size: Any, out: str, k: int) -> str
         why = f"could be any of {', '.join(hits)}" if hits else "matches no declared dim"
     else:
         why = f"is the expression {size}"
-    raise DeclarationError(f"the size of dim {k} of the kernel's T.empty output {out} ({size}) {why}", operator=op.name, field="outputs",
-                           hint=f"declare outputs=(TensorArg(\"{out}\", (...)),) with its dims")
+    raise DeclarationError(f"the size of dim {k} of the kernel's T.empty output {out} ({size}) {why}", operator=op.name,
+                           field="outputs", hint=f"declare outputs=(TensorArg(\"{out}\", (...)),) with its dims")

@@ -43,7 +43,8 @@ class Target:
 
     def __post_init__(self) -> None:
         if not _TARGET_RE.match(self.name):
-            raise DeclarationError(f"unknown target {self.name!r}", field="targets", hint='use "c" or "cuda-sm<NN>[a]", e.g. "cuda-sm90a"')
+            raise DeclarationError(f"unknown target {self.name!r}", field="targets",
+                                   hint='use "c" or "cuda-sm<NN>[a]", e.g. "cuda-sm90a"')
 
     @property
     def device_type(self) -> str:

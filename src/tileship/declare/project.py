@@ -55,7 +55,8 @@ def builtin_project() -> Project:
     return Project(
         model="tileship-demo",
         model_version="1",
-        operator_modules=("tileship.catalog.gemm", "tileship.catalog.rmsnorm", "tileship.catalog.attention", "tileship.catalog.cpu"),
+        operator_modules=("tileship.catalog.gemm", "tileship.catalog.rmsnorm", "tileship.catalog.attention",
+                          "tileship.catalog.cpu"),
         targets=("cuda-sm90a", "c"),
     )
 
@@ -145,7 +146,8 @@ def load_operators(project: Project) -> dict[str, Operator]:
             if not op.outputs:
                 op = infer_outputs(op)
             if op.name in ops and ops[op.name] != op:
-                raise DeclarationError(f"operator name declared twice (second in {mod_name})", operator=op.name, field="name")
+                raise DeclarationError(f"operator name declared twice (second in {mod_name})",
+                                       operator=op.name, field="name")
             ops[op.name] = op
     return dict(sorted(ops.items()))
 

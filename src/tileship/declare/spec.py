@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tileship.declare.dims import SAME, DimExpr, shape_at
-from tileship.declare.parts import DEFAULT_TOLERANCES, DTYPES, FLOAT_DTYPES, DynamicRange, ScalarArg, Target, TensorArg, Tolerance  # noqa: F401 (re-exported)  # noqa: F401 (re-exported)
+from tileship.declare.parts import (  # noqa: F401 (re-exported)
+    DEFAULT_TOLERANCES,
+    DTYPES,
+    FLOAT_DTYPES,
+    DynamicRange,
+    ScalarArg,
+    Target,
+    TensorArg,
+    Tolerance,
+)
 from tileship.declare.specialization import Specialization, tensor_dtypes, tensor_tolerance  # noqa: F401 (re-exported)
 from tileship.errors import DeclarationError
 

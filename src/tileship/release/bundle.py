@@ -105,12 +105,14 @@ def check_integrity(root: Path) -> dict[str, Any]:
         if rel.startswith("/") or ".." in Path(rel).parts:
             raise BundleIntegrityError(f"{root / MANIFEST}: unsafe path {rel!r} in manifest", path=str(root / MANIFEST))
     if release_id_of(listed) != manifest["release_id"]:
-        raise BundleIntegrityError(f"{root / MANIFEST}: release id does not match the listed files (manifest edited)", path=str(root / MANIFEST))
+        raise BundleIntegrityError(f"{root / MANIFEST}: release id does not match the listed files (manifest edited)",
+                                   path=str(root / MANIFEST))
     present = set(_files(root))
     for rel in sorted(set(listed) - present):
         raise BundleIntegrityError(f"{root / rel}: listed in the manifest but missing", path=str(root / rel))
     for rel in sorted(present - set(listed)):
-        raise BundleIntegrityError(f"{root / rel}: present but not listed in the manifest (extra file)", path=str(root / rel))
+        raise BundleIntegrityError(f"{root / rel}: present but not listed in the manifest (extra file)",
+                                   path=str(root / rel))
     for rel in sorted(listed):
         p = root / rel
         if p.is_symlink():
@@ -130,7 +132,8 @@ def generate_key(private_path: Path) -> Path:
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
     pub = private_path.with_suffix(private_path.suffix + ".pub")
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
     return pub
 
 
@@ -181,7 +184,8 @@ def verify_signature(root: Path, trusted: Iterable[Ed25519PublicKey]) -> str:
         except InvalidSignature:
             continue
         return _key_id(key)
-    raise SignatureError(f"{path}: signature does not verify with any trusted key (key id {data.get('key_id')})", path=str(path),
+    raise SignatureError(f"{path}: signature does not verify with any trusted key (key id {data.get('key_id')})",
+                         path=str(path),
                          hint="sign with a trusted key (`tileship sign`) or add its public key to the trusted set")
 
 
@@ -194,7 +198,8 @@ def pack(root: Path, archive: Path) -> Path:
     tmp = archive.with_name(archive.name + ".tmp")
     import gzip
 
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb",
+                                               mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for name in names:
             info = tar.gettarinfo(str(root / name), arcname=f"{manifest['release_id']}/{name}")
             info.uid = info.gid = 0

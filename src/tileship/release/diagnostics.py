@@ -77,8 +77,10 @@ def new_id() -> str:
     return time.strftime("diag-%Y%m%dT%H%M%SZ-", time.gmtime()) + secrets.token_hex(3)
 
 
-def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseException | None = None, call: Sequence[Any] | None = None,
-            out_dir: Path | str | None = None, reason: str | None = None, detail: str | None = None, include_data: bool = False,
+def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseException | None = None,
+            call: Sequence[Any] | None = None,
+            out_dir: Path | str | None = None, reason: str | None = None, detail: str | None = None,
+            include_data: bool = False,
             diag_id: str | None = None, _call_data: Sequence[Any] | None = None) -> DiagnosticsRef:
     """Write a diagnostics bundle and return its reference.
 
@@ -95,8 +97,8 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
     if exc is None:
         exc = sys.exc_info()[1]
     notes: list[str] = []
-    summary: dict[str, Any] = {"id": did, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
-                               "detail": detail, "pid": os.getpid(), "argv": sys.argv, "notes": notes}
+    summary: dict[str, Any] = {"id": did, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "reason": reason, "detail": detail, "pid": os.getpid(), "argv": sys.argv, "notes": notes}
 
     def section(name: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -108,7 +110,8 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
     rel_root, loaded = _release_root(release)
     summary["release_path"] = str(rel_root) if rel_root else None
     summary["release_id"] = getattr(loaded, "release_id", None) or section("release_id", lambda: _manifest_id(rel_root))
-    rel_json = section("release.json", lambda: json.loads((rel_root / "release.json").read_text())) if rel_root else None
+    rel_json = section("release.json",
+                       lambda: json.loads((rel_root / "release.json").read_text())) if rel_root else None
     specs = [spec_id] if spec_id else _troubled_specs(rel_json, loaded)
     summary["spec_ids"] = specs
     if exc is not None:
@@ -118,7 +121,8 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
         summary["call"] = section("call", lambda: describe_call(call, loaded, specs))
         section("call.json", lambda: _write_json(root / "call.json", summary["call"]))
         if include_data:
-            section("call_data", lambda: _save_data(_call_data if _call_data is not None else call, root / "call_data.pt"))
+            section("call_data",
+                    lambda: _save_data(_call_data if _call_data is not None else call, root / "call_data.pt"))
     summary["data_included"] = bool(call is not None and include_data and (root / "call_data.pt").exists())
     if loaded is not None:
         section("runtime", lambda: _write_json(root / "runtime.json", _runtime_view(loaded)))
@@ -126,7 +130,8 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
     tools = {t: shutil.which(t) for t in ("nvidia-smi", "cuobjdump", "nvdisasm")}
     summary["tools"] = tools
     section("nvidia-smi", lambda: (root / "nvidia-smi.txt").write_text(
-        _run([tools["nvidia-smi"], "-q"]) if tools["nvidia-smi"] else "nvidia-smi is not on PATH: no GPU driver tools on this machine\n"))
+        _run([tools["nvidia-smi"], "-q"]) if tools["nvidia-smi"]
+        else "nvidia-smi is not on PATH: no GPU driver tools on this machine\n"))
     if rel_root is not None:
         build_log = section("build-log.json", lambda: json.loads((rel_root / "build-log.json").read_text())) or {}
         for sid in specs:
@@ -203,14 +208,16 @@ class FaultRecorder:
         with self._lock:
             self.refs[sid] = ref
         _log.warning("circuit open on %s (%s): diagnostics %s", sid, detail, did)
-        t = threading.Thread(target=self._write, args=(sid, reason, detail, exc, call, data, did), name=f"diagnostics-{did}", daemon=True)
+        t = threading.Thread(target=self._write, args=(sid, reason, detail, exc, call, data, did),
+                             name=f"diagnostics-{did}", daemon=True)
         with self._lock:
             self._threads.append(t)
         t.start()
         if self.also is not None:
             self.also(entry, reason, detail, ref)
 
-    def _write(self, sid: str, reason: str, detail: str, exc: BaseException | None, call: Any, data: Any, did: str) -> None:
+    def _write(self, sid: str, reason: str, detail: str, exc: BaseException | None, call: Any, data: Any,
+               did: str) -> None:
         try:
             capture(self.release, spec_id=sid, exc=exc, call=call, out_dir=self.out_dir, reason=reason, detail=detail,
                     include_data=self.include_data, diag_id=did, _call_data=data)

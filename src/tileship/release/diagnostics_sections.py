@@ -91,8 +91,10 @@ def _environment(dest: Path, rel_root: Path | None, loaded: Any) -> None:
         return
     (dest / "lock.yaml").write_text(dump_lock(lock))
     report = compare(lock, current)
-    locked = _flatten({"framework": lock.get("framework"), "backend": lock.get("backend"), "gpu": (lock.get("device_arch") or {}).get("gpu")})
-    running = _flatten({"framework": current.get("framework"), "backend": current.get("backend"), "gpu": current.get("gpu")})
+    locked = _flatten({"framework": lock.get("framework"), "backend": lock.get("backend"),
+                       "gpu": (lock.get("device_arch") or {}).get("gpu")})
+    running = _flatten({"framework": current.get("framework"), "backend": current.get("backend"),
+                        "gpu": current.get("gpu")})
     width = max((len(k) for k in {**locked, **running}), default=10)
     lines = [f"{'field':<{width}}  {'locked':<44}  running", "-" * (width + 60)]
     for k in sorted(set(locked) | set(running)):

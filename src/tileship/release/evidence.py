@@ -84,7 +84,8 @@ def write(root: Path, data: Mapping[str, Any]) -> dict[str, Any]:
     bundle.write_json_atomic(root / EVIDENCE, dict(data))
     manifest = bundle.write_manifest(root)
     if manifest["release_id"] != before:  # would mean evidence leaked into the identity files
-        raise BundleIntegrityError(f"{root}: writing evidence changed the release id {before} -> {manifest['release_id']}", path=str(root))
+        raise BundleIntegrityError(f"{root}: writing evidence changed the release id {before} -> "
+                                   f"{manifest['release_id']}", path=str(root))
     return manifest
 
 
@@ -133,10 +134,12 @@ def describe_device(fp: Mapping[str, Any] | None) -> str:
 
 
 def _matches(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] | None, keys: tuple[str, ...]) -> bool:
-    return bool(recorded) and bool(current) and all(recorded.get(k) == current.get(k) for k in keys)  # type: ignore[union-attr]
+    return bool(recorded) and bool(current) and all(recorded.get(k) == current.get(k)
+                                                    for k in keys)  # type: ignore[union-attr]
 
 
-def _entry(ev: Mapping[str, Any] | None, spec_id: str, lock_digest: str, release_id: str | None) -> dict[str, Any] | None:
+def _entry(ev: Mapping[str, Any] | None, spec_id: str, lock_digest: str,
+           release_id: str | None) -> dict[str, Any] | None:
     """The spec's evidence when it was taken against this lock (and release); else None."""
     if not ev or ev.get("lock_digest") != lock_digest:
         return None
@@ -233,13 +236,15 @@ class SizeRule:
         self.entry = entry
         dyn = entry["dynamic_dim"]
         runs: list[tuple[str, list[int]]] = []
-        for p in sorted((p for p in entry.get("points", []) if verdict(p) is not None), key=lambda p: int(p["dims"][dyn])):
+        for p in sorted((p for p in entry.get("points", []) if verdict(p) is not None),
+                        key=lambda p: int(p["dims"][dyn])):
             path = "reference" if verdict(p) == REFERENCE_FASTER else "kernel"
             if runs and runs[-1][0] == path:
                 runs[-1][1].append(int(p["dims"][dyn]))
             else:
                 runs.append((path, [int(p["dims"][dyn])]))
-        self.summary = "evidence per size: " + ", ".join(f"{path} at {dyn}={v[0]}" + (f"..{v[-1]}" if len(v) > 1 else "") for path, v in runs)
+        spans = (f"{path} at {dyn}={v[0]}" + (f"..{v[-1]}" if len(v) > 1 else "") for path, v in runs)
+        self.summary = "evidence per size: " + ", ".join(spans)
 
     def __call__(self, dims: Mapping[str, int]) -> str | None:
         return "slower_than_reference" if choice_at(self.entry, dims)[0] == "reference" else None
@@ -269,12 +274,17 @@ def notes(ev: Mapping[str, Any] | None, *, lock_digest: str, allow_unverified: b
     specs = ev.get("specializations", {})
     failed = sorted(s for s, e in specs.items() if not e.get("passed"))
     out = [f"verification evidence from {ev.get('created', '?')} on {describe_device(ev.get('device'))}: "
-           f"{len(specs) - len(failed)} passed, {len(failed)} failed" + (f" ({', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''})" if failed else "")]
-    if ev.get("lock_digest") != lock_digest or (release_id is not None and ev.get("release_id") not in (None, release_id)):
-        out.append(f"verification evidence was taken against another lock/release: it is ignored; {on if allow_unverified else off}" if cuda
+           f"{len(specs) - len(failed)} passed, {len(failed)} failed"
+           + (f" ({', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''})" if failed else "")]
+    if ev.get("lock_digest") != lock_digest or (release_id is not None
+                                                and ev.get("release_id") not in (None, release_id)):
+        out.append("verification evidence was taken against another lock/release: it is ignored; "
+                   f"{on if allow_unverified else off}" if cuda
                    else "verification evidence was taken against another lock/release: it is ignored")
-    elif cuda and any(e.get("device_type", "cuda") == "cuda" for e in specs.values()) and not _matches(ev.get("device"), current_device(), GPU_MATCH):
-        out.append(f"verification evidence was taken on {describe_device(ev.get('device'))}, this is {describe_device(current_device())}: "
+    elif cuda and any(e.get("device_type", "cuda") == "cuda"
+                      for e in specs.values()) and not _matches(ev.get("device"), current_device(), GPU_MATCH):
+        out.append(f"verification evidence was taken on {describe_device(ev.get('device'))}, this is "
+                   f"{describe_device(current_device())}: "
                    + (on if allow_unverified else off))
     return out
 

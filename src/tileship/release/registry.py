@@ -87,8 +87,10 @@ class Registry:
             return matches[0]
         if not matches:
             raise RegistryError(f"no release {release_id!r} in {self.releases_dir}",
-                                hint="publish it first (`tileship publish BUNDLE`); `tileship releases` lists what is there")
-        raise RegistryError(f"release id prefix {release_id!r} is ambiguous: {', '.join(sorted(matches))}", hint="give more characters")
+                                hint="publish it first (`tileship publish BUNDLE`); `tileship releases` lists what is "
+                                     "there")
+        raise RegistryError(f"release id prefix {release_id!r} is ambiguous: {', '.join(sorted(matches))}",
+                            hint="give more characters")
 
     def releases(self) -> list[ReleaseInfo]:
         """Every published release, oldest first, each with integrity re-checked (hashes every file)."""
@@ -212,7 +214,8 @@ class Registry:
     def _ids(self) -> list[str]:
         if not self.releases_dir.is_dir():
             return []
-        return sorted(p.name for p in self.releases_dir.iterdir() if p.is_dir() and not p.name.startswith(".") and ".tmp" not in p.name)
+        return sorted(p.name for p in self.releases_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
+                      and ".tmp" not in p.name)
 
     def _check_activatable(self, rid: str) -> None:
         root = self.releases_dir / rid
@@ -223,7 +226,8 @@ class Registry:
             if keys:
                 bundle.verify_signature(root, [bundle.load_public_key(k) for k in keys])
         except BundleError as exc:
-            raise RegistryError(f"refusing to activate {rid}: integrity check failed: {exc.message}", hint=hint) from exc
+            raise RegistryError(f"refusing to activate {rid}: integrity check failed: {exc.message}",
+                                hint=hint) from exc
         status, detail = verification_status(root)
         if status in ("failed", "unreadable"):
             raise RegistryError(f"refusing to activate {rid}: verification {status}: {detail}", hint=hint)
@@ -280,7 +284,8 @@ class Registry:
             lock.acquire(timeout=LOCK_TIMEOUT_S)
         except Timeout:
             raise RegistryError(f"{self.root}: another registry change has held the lock for {LOCK_TIMEOUT_S:g} s",
-                                hint=f"wait for it to finish; a stuck process holding {self.root / '.lock'} must be stopped") from None
+                                hint=f"wait for it to finish; a stuck process holding {self.root / '.lock'} must be "
+                                     "stopped") from None
         try:
             yield
         finally:

@@ -183,12 +183,15 @@ class OpRunner:
         """``call`` without the non-finite check."""
         if len(args) != self._n:
             kind = "arguments" if self._scalars else "tensors"
-            raise CallError(f"expected {self._n} {kind} ({', '.join(n for n, _ in self.shape.inputs)}), got {len(args)}", operator=self.name)
+            raise CallError(f"expected {self._n} {kind} ({', '.join(n for n, _ in self.shape.inputs)}), got "
+                            f"{len(args)}", operator=self.name)
         try:
             key = self._key_of(args)  # (device, dtype, shape) of every input
         except AttributeError:
-            bad = next(i for i, a in enumerate(args) if i not in self._scalars and not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
-            raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name, argument=self.shape.inputs[bad][0]) from None
+            bad = next(i for i, a in enumerate(args) if i not in self._scalars
+                       and not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
+            raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name,
+                            argument=self.shape.inputs[bad][0]) from None
         entry = self._memo.get(key)
         if entry is None:
             entry = self._resolve(key, args)
@@ -253,14 +256,16 @@ class OpRunner:
         dev = args[0].device
         for (name, _), a in zip(self._tdecl, args, strict=True):
             if a.device != dev:
-                raise CallError(f"is on {a.device} but {self._tdecl[0][0]} is on {dev}", operator=self.name, argument=name,
-                                hint="move all inputs to one device")
+                raise CallError(f"is on {a.device} but {self._tdecl[0][0]} is on {dev}",
+                                operator=self.name, argument=name, hint="move all inputs to one device")
 
     def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Entry:
         for i in self._scalars:
             if not isinstance(args[i], (int, float, bool)):
-                raise CallError(f"is a ScalarArg: pass a Python number, got {type(args[i]).__name__}", operator=self.name,
-                                argument=self.shape.inputs[i][0], hint="pass float(x) / int(x), or x.item() for a one-element tensor")
+                raise CallError(f"is a ScalarArg: pass a Python number, got {type(args[i]).__name__}",
+                                operator=self.name,
+                                argument=self.shape.inputs[i][0],
+                                hint="pass float(x) / int(x), or x.item() for a one-element tensor")
         args = self._tensors(args)
         self._check_devices(args)
         b = bind(self._tdecl, [tuple(a.shape) for a in args])
@@ -288,7 +293,8 @@ class OpRunner:
         for e, edev, dt, dyn, lo, hi, fixed in self._dynamic:
             if edev == dev and dts == dt and lo <= bound[dyn] <= hi and all(bound[d] == v for d, v in fixed.items()):
                 return e
-        devices = {("cpu" if e.spec.target == "c" else "cuda") for e in self.entries if e.spec}  # type: ignore[union-attr]
+        devices = {("cpu" if e.spec.target == "c" else "cuda") for e in self.entries
+                   if e.spec}  # type: ignore[union-attr]
         if dev not in devices:
             return Entry(None, None, Decision(REFERENCE, self._device_reasons.get(dev, "device_not_covered")))
         if dts not in self._dtypes:
@@ -301,8 +307,8 @@ class OpRunner:
         dtype, from the operator's ``sample`` hook when it has one (demo, warm-up, benchmarks)."""
         from tileship.declare.inputs import make_inputs
 
-        return make_inputs(self.shape.inputs, dims, dtype, device, seed, dtypes=self.shape.dtypes or None, sample=self.sample,
-                           scalars=self.shape.scalars)
+        return make_inputs(self.shape.inputs, dims, dtype, device, seed, dtypes=self.shape.dtypes or None,
+                           sample=self.sample, scalars=self.shape.scalars)
 
     # -- control -------------------------------------------------------------------
     def disable(self, entry: Entry, reason: str, detail: str = "") -> None:

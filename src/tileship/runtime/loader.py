@@ -122,7 +122,8 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                 reason = "drift"
             elif reference_only or sid in disabled:
                 reason = "disabled_by_policy"
-            elif target.device_type == "cuda" and (not device["cuda"] or tuple(device["capability"]) != target.compute_capability):
+            elif target.device_type == "cuda" and (not device["cuda"]
+                                                   or tuple(device["capability"]) != target.compute_capability):
                 reason = "device_not_covered"
             kernel = None
             if reason is None:
@@ -137,16 +138,19 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                 reason = evidence.route(ev, sid, target=target, routing=routing, allow_unverified=allow_unverified,
                                         lock_digest=lock_digest(lock), release_id=manifest["release_id"])
             if reason is None:
-                rule = evidence.size_rule(ev, sid, routing=routing, lock_digest=lock_digest(lock), release_id=manifest["release_id"])
-                entries.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid), detail=rule.summary if rule else "", choose=rule))
+                rule = evidence.size_rule(ev, sid, routing=routing, lock_digest=lock_digest(lock),
+                                          release_id=manifest["release_id"])
+                entries.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid),
+                                     detail=rule.summary if rule else "", choose=rule))
             else:
                 entries.append(Entry(spec, None, Decision(REFERENCE, reason, sid)))
         device_reasons = {"cuda": "device_not_covered", "cpu": "device_not_covered"}
         ops[name] = OpRunner(op_shape(desc, name), reference, entries, device_reasons=device_reasons)
         ops[name].sample = import_sample(desc, name)
-    notes.extend(evidence.notes(ev, lock_digest=lock_digest(lock), allow_unverified=allow_unverified, cuda=device["cuda"],
-                                release_id=manifest["release_id"]))
-    release = Release(release_id=manifest["release_id"], path=root, kernel_revision=rel["kernel_revision"], model=rel["model"],
+    notes.extend(evidence.notes(ev, lock_digest=lock_digest(lock), allow_unverified=allow_unverified,
+                                cuda=device["cuda"], release_id=manifest["release_id"]))
+    release = Release(release_id=manifest["release_id"], path=root, kernel_revision=rel["kernel_revision"],
+                      model=rel["model"],
                       lock=lock, lock_digest=lock_digest(lock), drift=report, ops=ops, load_seconds=load_seconds,
                       load_errors=load_errors, notes=notes, declarations=rel["operators"], evidence=ev)
     release.load_seconds["__total__"] = time.perf_counter() - t0
@@ -194,7 +198,8 @@ def _import_callable(path: str, name: str, what: str, desc: dict[str, Any] | Non
         return obj
     except ModuleNotFoundError as exc:
         missing = exc.name or "?"
-        looked = [p for p in sys.path if p.endswith("/sources")] + [p for p in sys.path if not p.endswith("/sources")][:4]
+        looked = [p for p in sys.path if p.endswith("/sources")]
+        looked += [p for p in sys.path if not p.endswith("/sources")][:4]
         locked = ((desc or {}).get("reference_imports") or {}).get(missing.partition(".")[0])
         if missing.partition(".")[0] == module.partition(".")[0]:
             why = f"module {missing} is neither shipped in the release nor on this host"

@@ -29,7 +29,8 @@ def _forbid(where: str) -> Callable[..., Any]:
         with _lock:
             _attempts += 1
         raise CompileForbidden(f"TileLang tried to compile ({where}) while a release was serving",
-                               hint="the call needs a specialization the release does not hold: add its shape and rebuild")
+                               hint="the call needs a specialization the release does not hold: add its shape and "
+                                    "rebuild")
 
     return raiser
 

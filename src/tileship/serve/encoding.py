@@ -18,7 +18,8 @@ DATATYPES: Mapping[str, str] = {
     "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
 }
 KSERVE: Mapping[str, str] = {v: k for k, v in DATATYPES.items()}
-ITEMSIZE: Mapping[str, int] = {"BOOL": 1, "UINT8": 1, "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "FP16": 2, "BF16": 2, "FP32": 4, "FP64": 8}
+ITEMSIZE: Mapping[str, int] = {"BOOL": 1, "UINT8": 1, "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "FP16": 2,
+                               "BF16": 2, "FP32": 4, "FP64": 8}
 
 
 @dataclass
@@ -91,5 +92,6 @@ def tensor_metadata(decl: Mapping[str, Any], which: str) -> list[dict[str, Any]]
         v = fixed.get(e.base)
         return e.apply(v) if v and e.exact(v) else -1
 
-    return [{"name": n, "datatype": KSERVE[resolve_dtype(exprs.get(n, SAME), decl["dtypes"][0])], "shape": [size(d) for d in ds]}
+    return [{"name": n, "datatype": KSERVE[resolve_dtype(exprs.get(n, SAME), decl["dtypes"][0])],
+             "shape": [size(d) for d in ds]}
             for n, ds, *_ in decl[which]]

@@ -44,7 +44,8 @@ def resolve(source: Path, *, force_reference: bool = False) -> Target:
 
     active = Registry(source).active()
     if active.path is None:
-        raise RegistryError(f"registry {source} has no active release", hint="run `tileship activate ID` (or `tileship activate --reference ID`)")
+        raise RegistryError(f"registry {source} has no active release",
+                            hint="run `tileship activate ID` (or `tileship activate --reference ID`)")
     return Target(Path(active.path), bool(active.reference_only) or force_reference)
 
 
@@ -143,7 +144,8 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
                 runner.disable(entry, "load_failed", f"warm-up call at {dims}: {problem}")
                 report.failures[spec.id] = problem
         if not kernels and runner.entries:
-            spec, dims = min(((e.spec, sample_points(e.spec, limit=limit)[0]) for e in runner.entries if e.spec is not None),
+            spec, dims = min(((e.spec, sample_points(e.spec, limit=limit)[0]) for e in runner.entries
+                              if e.spec is not None),
                              key=lambda sd: _elements(runner.shape.inputs, sd[1]))
             assert spec is not None
             runner.reference(*runner.sample_inputs(dims, spec.dtype, device, seed))
@@ -243,12 +245,15 @@ class ReleaseHolder:
         if self.last_failure is not None:
             body["last_failure"] = dict(self.last_failure)
         if self.fatal is not None:
-            body.update(ready=False, reason=f"the device context is poisoned ({self.fatal}); this process exits so its supervisor restarts it")
+            body.update(ready=False,
+                        reason=f"the device context is poisoned ({self.fatal}); this process exits so its supervisor "
+                               "restarts it")
             return False, body
         if cur is None:
             if self.state == "failed" and self.last_failure:
-                body.update(ready=False, reason=f"no release is serving: loading {self.last_failure['source']} failed at "
-                                                f"{self.last_failure['stage']}: {self.last_failure['error']}")
+                body.update(ready=False,
+                            reason=f"no release is serving: loading {self.last_failure['source']} failed at "
+                                   f"{self.last_failure['stage']}: {self.last_failure['error']}")
             else:
                 body.update(ready=False, reason=f"loading and warming the release from {self.source}")
             return False, body
@@ -275,7 +280,8 @@ class ReleaseHolder:
                 reason = body["reason"] if not ready else f"serving ({', '.join(decisions) or 'reference'})"
                 if fail is not None:
                     reason += f"; last reload from {fail['source']} failed at {fail['stage']}: {fail['error']}"
-                rows.append({"name": name, "version": cur.release_id, "state": "READY" if ready else "UNAVAILABLE", "reason": reason})
+                rows.append({"name": name, "version": cur.release_id, "state": "READY" if ready else "UNAVAILABLE",
+                             "reason": reason})
             for name, bound in sorted(cur.models.items()):
                 rows.append({"name": name, "version": cur.release_id, "state": "READY" if ready else "UNAVAILABLE",
                              "reason": f"serving ({bound.summary()})" if ready else body["reason"]})

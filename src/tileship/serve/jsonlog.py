@@ -33,7 +33,8 @@ class JsonLog:
 
 class UvicornJsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": "uvicorn", "message": record.getMessage()}
+        out = {"ts": round(record.created, 6), "level": record.levelname.lower(), "event": "uvicorn",
+               "message": record.getMessage()}
         if record.exc_info:
             out["traceback"] = self.formatException(record.exc_info)
         return json.dumps(out, separators=(",", ":"))

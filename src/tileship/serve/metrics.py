@@ -26,7 +26,8 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 #: 50 us .. 30 s: a CPU add answers in well under a millisecond, a large GEMM over HTTP in tens of ms.
-LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0)
 
 
 class ServeMetrics:
@@ -36,29 +37,41 @@ class ServeMetrics:
 
     def __init__(self, compile_attempts: Callable[[], float]) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("tileship_requests", "Inference requests answered", ("model", "version", "path", "code"), registry=r)
-        self.latency = Histogram("tileship_request_seconds", "Latency of answered inference requests (receive to response)",
+        self.requests = Counter("tileship_requests", "Inference requests answered",
+                                ("model", "version", "path", "code"), registry=r)
+        self.latency = Histogram("tileship_request_seconds",
+                                 "Latency of answered inference requests (receive to response)",
                                  ("model", "version", "path"), buckets=LATENCY_BUCKETS, registry=r)
-        self.fallbacks = Counter("tileship_fallbacks", "Calls served by the PyTorch reference, by reason", ("model", "version", "reason"), registry=r)
-        self.rejected = Counter("tileship_rejected", "Inference requests refused before or instead of running", ("reason",), registry=r)
-        self.inflight = Gauge("tileship_inflight_requests", "Inference requests admitted and not yet answered", registry=r)
-        self.load_seconds = Gauge("tileship_release_load_seconds", "Seconds the last successful release load took (integrity, lock, dlopen)", registry=r)
-        self.warmup_seconds = Gauge("tileship_release_warmup_seconds", "Seconds the last successful warm-up took (one call per specialization)", registry=r)
-        self.load_failures = Counter("tileship_release_load_failures", "Release loads that failed, by stage", ("stage",), registry=r)
-        self.warmup_failures = Counter("tileship_warmup_failures", "Specializations whose warm-up call raised or disagreed with the reference",
+        self.fallbacks = Counter("tileship_fallbacks", "Calls served by the PyTorch reference, by reason",
+                                 ("model", "version", "reason"), registry=r)
+        self.rejected = Counter("tileship_rejected", "Inference requests refused before or instead of running",
+                                ("reason",), registry=r)
+        self.inflight = Gauge("tileship_inflight_requests",
+                              "Inference requests admitted and not yet answered", registry=r)
+        self.load_seconds = Gauge("tileship_release_load_seconds",
+                                  "Seconds the last successful release load took (integrity, lock, dlopen)", registry=r)
+        self.warmup_seconds = Gauge("tileship_release_warmup_seconds",
+                                    "Seconds the last successful warm-up took (one call per specialization)", registry=r)
+        self.load_failures = Counter("tileship_release_load_failures", "Release loads that failed, by stage",
+                                     ("stage",), registry=r)
+        self.warmup_failures = Counter("tileship_warmup_failures",
+                                       "Specializations whose warm-up call raised or disagreed with the reference",
                                        ("model",), registry=r)
-        self.circuit_open = Counter("tileship_circuit_open", "Specializations switched to the reference at serve time (raised or non-finite)",
+        self.circuit_open = Counter("tileship_circuit_open",
+                                    "Specializations switched to the reference at serve time (raised or non-finite)",
                                     ("model", "version"), registry=r)
         self.reloads = Counter("tileship_reloads", "Reload requests by result", ("result",), registry=r)
         self.ready = Gauge("tileship_ready", "1 when the server reports ready", registry=r)
-        self.compile_attempts = Gauge("tileship_serve_compile_attempts", "TileLang compile attempts since the no-JIT guard was installed (must be 0)",
+        self.compile_attempts = Gauge("tileship_serve_compile_attempts",
+                                      "TileLang compile attempts since the no-JIT guard was installed (must be 0)",
                                       registry=r)
         self.compile_attempts.set_function(compile_attempts)
         self.info = Info("tileship_release", "The release being served", registry=r)
         self.info.info({"release_id": "none", "kernel_revision": "none", "lock_digest": "none", "device": "none"})
 
     def set_release(self, release_id: str, kernel_revision: str, lock_digest: str, device: str) -> None:
-        self.info.info({"release_id": release_id, "kernel_revision": kernel_revision, "lock_digest": lock_digest, "device": device})
+        self.info.info({"release_id": release_id, "kernel_revision": kernel_revision, "lock_digest": lock_digest,
+                        "device": device})
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

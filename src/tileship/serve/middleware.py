@@ -59,7 +59,8 @@ class RequestIds:
                 if not any(k == b"x-tileship-release" for k, _ in headers):
                     served = scope.get("tileship.served") or self.service.holder.current
                     headers.append((b"x-tileship-release", served.release_id.encode() if served else b"none"))
-                    headers.append((b"x-tileship-kernel-revision", served.release.kernel_revision.encode() if served else b"none"))
+                    headers.append((b"x-tileship-kernel-revision",
+                                    served.release.kernel_revision.encode() if served else b"none"))
                 message = {**message, "headers": headers}
             await send(message)
 

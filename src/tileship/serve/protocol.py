@@ -65,7 +65,8 @@ class CallPlan:
 
     def arguments(self, device: str) -> list[Any]:
         """The call's arguments: tensors on ``device``, scalars as Python numbers."""
-        return [to_tensor(inp, "cpu").item() if i in self.scalars else to_tensor(inp, device) for i, inp in enumerate(self.inputs)]
+        return [to_tensor(inp, "cpu").item() if i in self.scalars else to_tensor(inp, device)
+                for i, inp in enumerate(self.inputs)]
 
 
 # -- parsing -----------------------------------------------------------------------
@@ -77,7 +78,8 @@ def parse_infer(body: bytearray, header_length: str | None) -> InferRequest:
         try:
             hl = int(header_length)
         except ValueError:
-            raise BadRequest(400, f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
+            raise BadRequest(400,
+                             f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
         if hl < 0 or hl > n:
             raise BadRequest(400, f"Inference-Header-Content-Length is {hl} but the body has {n} bytes")
     else:
@@ -102,15 +104,21 @@ def parse_infer(body: bytearray, header_length: str | None) -> InferRequest:
         inp, size = _parse_input(t, i)
         if size is not None:
             if header_length is None:
-                raise BadRequest(400, f"input {inp.name}: binary_data_size is set but the request has no Inference-Header-Content-Length header")
+                raise BadRequest(400,
+                                 f"input {inp.name}: binary_data_size is set but the request has no "
+                                 "Inference-Header-Content-Length header")
             if offset + size > len(blob):
-                raise BadRequest(400, f"byte size mismatch: input {inp.name} needs bytes {offset}..{offset + size} of the binary data, "
-                                      f"but the body carries {len(blob)} bytes after the {hl}-byte JSON header")
+                raise BadRequest(400,
+                                 f"byte size mismatch: input {inp.name} needs bytes {offset}..{offset + size} of the "
+                                 "binary data, "
+                                 f"but the body carries {len(blob)} bytes after the {hl}-byte JSON header")
             inp.raw = blob[offset:offset + size]
             offset += size
         inputs.append(inp)
     if offset != len(blob):
-        raise BadRequest(400, f"byte size mismatch: the inputs declare {offset} bytes of binary data but the body carries {len(blob)} after the JSON header")
+        raise BadRequest(400,
+                         f"byte size mismatch: the inputs declare {offset} bytes of binary data but the body carries "
+                         f"{len(blob)} after the JSON header")
     outputs: list[tuple[str, bool | None]] = []
     raw_outputs = head.get("outputs", [])
     if not isinstance(raw_outputs, list):
@@ -125,7 +133,9 @@ def parse_infer(body: bytearray, header_length: str | None) -> InferRequest:
             raise BadRequest(400, f"output {name}: the classification extension is not supported")
         if "shared_memory_region" in op:
             raise BadRequest(400, f"output {name}: the shared-memory extension is not supported")
-        outputs.append((name, _bool(op["binary_data"], f"outputs[{j}].parameters.binary_data") if "binary_data" in op else None))
+        outputs.append((name,
+                        _bool(op["binary_data"], f"outputs[{j}].parameters.binary_data")
+                        if "binary_data" in op else None))
     rid = head.get("id")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest(400, "'id' must be a string")
@@ -172,13 +182,17 @@ def _parse_input(t: Any, i: int) -> tuple[InputTensor, int | None]:
             raise BadRequest(400, f"input {name}: has both 'data' and binary_data_size; send one")
         want = count * ITEMSIZE[dt]
         if size != want:
-            raise BadRequest(400, f"byte size mismatch: input {name} has binary_data_size {size} but shape {shape} x {dt} needs {want} bytes")
+            raise BadRequest(400,
+                             f"byte size mismatch: input {name} has binary_data_size {size} but shape {shape} x {dt} "
+                             f"needs {want} bytes")
         return inp, size
     if "data" not in t:
         raise BadRequest(400, f"input {name}: no 'data' and no binary_data_size parameter")
     inp.data = _flatten(t["data"], name)
     if len(inp.data) != count:
-        raise BadRequest(400, f"byte size mismatch: input {name} has shape {shape} ({count} elements) but 'data' holds {len(inp.data)}")
+        raise BadRequest(400,
+                         f"byte size mismatch: input {name} has shape {shape} ({count} elements) but 'data' holds "
+                         f"{len(inp.data)}")
     return inp, None
 
 
@@ -227,16 +241,24 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
     for inp in ordered:
         want = exprs.get(inp.name, SAME)
         if want != SAME and DATATYPES[inp.datatype] != want:
-            raise BadRequest(400, f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} declares it {KSERVE[want]}")
+            raise BadRequest(400,
+                             f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} declares it "
+                             f"{KSERVE[want]}")
         if want == SAME and DATATYPES[inp.datatype] not in decl["dtypes"]:
-            raise BadRequest(400, f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} accepts {', '.join(accepted)}")
+            raise BadRequest(400,
+                             f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} accepts "
+                             f"{', '.join(accepted)}")
     kinds = {inp.datatype for inp in same}
     if len(kinds) > 1:
-        raise BadRequest(400, f"wrong datatype: inputs disagree ({', '.join(f'{i.name}={i.datatype}' for i in same)}); send one datatype")
+        raise BadRequest(400,
+                         f"wrong datatype: inputs disagree ({', '.join(f'{i.name}={i.datatype}' for i in same)}); send "
+                         "one datatype")
     scalar_names = set(decl.get("scalars") or ())
     for inp in ordered:
         if inp.name in scalar_names and list(inp.shape) not in ([], [1]):
-            raise BadRequest(400, f"wrong shape: input {inp.name} is a scalar; send shape [1] (or []), got {list(inp.shape)}")
+            raise BadRequest(400,
+                             f"wrong shape: input {inp.name} is a scalar; send shape [1] (or []), got "
+                             f"{list(inp.shape)}")
     tensors = [(inp, d) for inp, d in zip(ordered, declared_inputs, strict=True) if inp.name not in scalar_names]
     b = bind([d for _, d in tensors], [inp.shape for inp, _ in tensors])
     if b.problem == "rank":
@@ -248,7 +270,9 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
     for inp, (name, ds) in tensors:
         for d, size in zip(ds, inp.shape, strict=True):
             if size == 0:
-                raise BadRequest(400, f"shape outside the declared set: input {name} has {d}=0; every declared dim is at least 1")
+                raise BadRequest(400,
+                                 f"shape outside the declared set: input {name} has {d}=0; every declared dim is at "
+                                 "least 1")
             if DimExpr.parse(d).derived:
                 continue
             first, where = seen.setdefault(d, (size, name))
@@ -266,7 +290,8 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
             outputs.append((name, req.binary_output if binary is None else binary))
     else:
         outputs = [(n, req.binary_output) for n in out_names]
-    return CallPlan(ordered, DATATYPES[same[0].datatype] if same else decl["dtypes"][0], dims, in_declared_set(decl, dims), outputs,
+    return CallPlan(ordered, DATATYPES[same[0].datatype] if same else decl["dtypes"][0], dims,
+                    in_declared_set(decl, dims), outputs,
                     tuple(i for i, inp in enumerate(ordered) if inp.name in scalar_names))
 
 
@@ -306,6 +331,8 @@ def to_tensor(inp: InputTensor, device: str) -> Any:
         try:
             t = torch.tensor(inp.data, dtype=dt).reshape(inp.shape)
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-            raise BadRequest(400, f"wrong dtype: input {inp.name}: 'data' does not hold {inp.datatype} values ({str(exc).splitlines()[0]})") from None
+            raise BadRequest(400,
+                             f"wrong dtype: input {inp.name}: 'data' does not hold {inp.datatype} values "
+                             f"({str(exc).splitlines()[0]})") from None
     return t.to(device) if device != "cpu" else t
 

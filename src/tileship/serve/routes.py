@@ -38,7 +38,9 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         cur = served_or(503)
         name = request.path_params["name"]
         if name not in cur.release.ops and name not in cur.models:
-            raise HTTPException(404, f"unknown model {name!r}: this release serves {', '.join(sorted([*cur.release.ops, *cur.models]))}")
+            raise HTTPException(404,
+                                f"unknown model {name!r}: this release serves "
+                                f"{', '.join(sorted([*cur.release.ops, *cur.models]))}")
         version = request.path_params.get("version")
         if version is not None and version != cur.release_id:
             raise HTTPException(404, f"unknown version {version!r} of model {name}: serving version {cur.release_id}")
@@ -53,7 +55,8 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def server_metadata(request: Request) -> Response:
-        return JSONResponse({"name": "tileship", "version": __version__, "extensions": ["binary_tensor_data", "model_repository"]})
+        return JSONResponse({"name": "tileship", "version": __version__,
+                             "extensions": ["binary_tensor_data", "model_repository"]})
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)
@@ -64,14 +67,15 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
             "name": name, "versions": [cur.release_id], "platform": "tileship",
             "inputs": protocol.tensor_metadata(decl, "inputs"), "outputs": protocol.tensor_metadata(decl, "outputs"),
             "parameters": {"datatypes": [protocol.KSERVE[d] for d in decl["dtypes"]], "device": cur.devices[name],
-                           "declared_shapes": protocol.declared_shapes_text(decl), "kernel_revision": cur.release.kernel_revision,
-                           "strict_shapes": config.strict_shapes},
+                           "declared_shapes": protocol.declared_shapes_text(decl),
+                           "kernel_revision": cur.release.kernel_revision, "strict_shapes": config.strict_shapes},
         })
 
     async def model_ready(request: Request) -> Response:
         cur, name = model(request)
         ok, body = service.holder.readiness()
-        return JSONResponse({"name": name, "version": cur.release_id, "ready": ok, "reason": body["reason"]}, status_code=200 if ok else 503)
+        return JSONResponse({"name": name, "version": cur.release_id, "ready": ok, "reason": body["reason"]},
+                            status_code=200 if ok else 503)
 
     async def index(request: Request) -> Response:
         return JSONResponse(service.holder.index())
@@ -102,7 +106,8 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
                 t.add_done_callback(service.background.discard)
 
             loop.add_signal_handler(signal.SIGHUP, on_hup)
-        service.log.event("start", source=str(config.source), max_inflight=config.max_inflight, max_body_bytes=config.max_body_bytes,
+        service.log.event("start", source=str(config.source), max_inflight=config.max_inflight,
+                          max_body_bytes=config.max_body_bytes,
                           strict_shapes=config.strict_shapes, worker_threads=config.worker_threads)
         try:
             yield

@@ -28,12 +28,14 @@ EXIT_FATAL = 3
 def _uvicorn(app: Any, host: str, port: int, log_level: str, graceful_s: float) -> Any:
     import uvicorn
 
-    cfg = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False, log_config=uvicorn_log_config(log_level),
+    cfg = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False,
+                         log_config=uvicorn_log_config(log_level),
                          server_header=False, timeout_keep_alive=30, timeout_graceful_shutdown=int(graceful_s))
     return uvicorn.Server(cfg)
 
 
-def run(config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning", graceful_s: float = 30.0) -> int:
+def run(config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
+        graceful_s: float = 30.0) -> int:
     """Serve in the foreground until SIGINT/SIGTERM or a fatal device error; return the exit status.
 
     SIGHUP reloads the source (like ``POST /v2/repository/reload``).

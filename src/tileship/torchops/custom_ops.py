@@ -57,13 +57,15 @@ class TorchOps:
         try:
             return self.ops[name]
         except KeyError:
-            raise AttributeError(f"release {self.release_id} has no operator {name!r} (it has: {', '.join(sorted(self.ops))})") from None
+            raise AttributeError(f"release {self.release_id} has no operator {name!r} (it has: "
+                                 f"{', '.join(sorted(self.ops))})") from None
 
     def __getitem__(self, name: str) -> Any:
         try:
             return self.ops[name]
         except KeyError:
-            raise CallError(f"unknown operator (release {self.release_id} has: {', '.join(sorted(self.ops))})", operator=name) from None
+            raise CallError(f"unknown operator (release {self.release_id} has: {', '.join(sorted(self.ops))})",
+                            operator=name) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.ops)
@@ -99,7 +101,8 @@ def register(release: Release) -> TorchOps:
                 decl = release.declarations[name]
                 exprs = decl.get("tensor_dtypes") or {}
                 ops[name] = _define(ns, name, decl["inputs"], decl["outputs"],
-                                    {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]}, decl.get("scalars") or ())
+                                    {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]},
+                                    decl.get("scalars") or ())
         torch_ops = TorchOps(release.release_id, release.kernel_revision, ns, ops)
         _registered[ns] = torch_ops
         return torch_ops
@@ -121,7 +124,8 @@ def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequen
     in_decl = tuple((n, ds, dt) for n, ds, dt in in_decl if n not in scalars)
     pick = [i for i, (n, *_) in enumerate(inputs) if n not in scalars]
     ret = "Tensor" if len(out_dims) == 1 else "(" + ", ".join("Tensor" for _ in out_dims) + ")"
-    op = torch.library.custom_op(qual, _implementation(qual, len(out_dims)), mutates_args=(), schema=f"({args}) -> {ret}")
+    op = torch.library.custom_op(qual, _implementation(qual, len(out_dims)), mutates_args=(),
+                                 schema=f"({args}) -> {ret}")
     fake = _fake(name, in_decl, out_dims, out_dtypes)
     op.register_fake(fake if not scalars else lambda *a: fake(*(a[i] for i in pick)))
     return getattr(getattr(torch.ops, ns), name).default
@@ -137,7 +141,8 @@ def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
         runner = _runners[qual]
         first = next(a for a in args if isinstance(a, torch.Tensor))
         if getattr(runner, "check_finite", False) and first.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise CallError("check_finite is on: its NaN check synchronizes with the host, which a CUDA graph capture cannot do",
+            raise CallError("check_finite is on: its NaN check synchronizes with the host, which a CUDA graph capture "
+                            "cannot do",
                             operator=runner.name, hint="turn check_finite off for the runners of a model you capture")
         out, _ = runner.call(*args)
         if n_outputs == 1:
@@ -156,7 +161,8 @@ def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outpu
         derived: list[tuple[str, DimExpr, Any]] = []
         for (arg, dims, _), a in zip(inputs, args, strict=True):
             if a.dim() != len(dims):
-                raise CallError(f"has rank {a.dim()} (shape {tuple(a.shape)}), declared ({', '.join(dims)})", operator=name, argument=arg)
+                raise CallError(f"has rank {a.dim()} (shape {tuple(a.shape)}), declared ({', '.join(dims)})",
+                                operator=name, argument=arg)
             for d, size in zip(dims, a.shape, strict=True):
                 e = DimExpr.parse(d)
                 if e.derived:
@@ -165,9 +171,11 @@ def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outpu
                     sizes[d] = size
                 elif isinstance(size, int) and isinstance(sizes[d], int):
                     if size != sizes[d]:
-                        raise CallError(f"dim {d}={size} disagrees with {d}={sizes[d]} of an earlier input", operator=name, argument=arg)
+                        raise CallError(f"dim {d}={size} disagrees with {d}={sizes[d]} of an earlier input",
+                                        operator=name, argument=arg)
                 else:  # symbolic: the dispatcher raises for disagreeing dims, so the tracer may assume they agree
-                    torch._check(size == sizes[d], lambda d=d, arg=arg: f"{name}({arg}): dim {d} disagrees with an earlier input")
+                    torch._check(size == sizes[d], lambda d=d,
+                                 arg=arg: f"{name}({arg}): dim {d} disagrees with an earlier input")
         for _arg, e, size in derived:  # a derived dim whose base no input gives plainly (the dispatcher checks the rest)
             sizes.setdefault(e.base, e.inverse(size))
         same = next((a.dtype for (_, _, dt), a in zip(inputs, args, strict=True) if dt == SAME), args[0].dtype)

@@ -33,7 +33,8 @@ class KernelStamp(nn.Module):
         self.allow_mismatch = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"release_id": self.release_id, "kernel_revision": self.kernel_revision, "operators": list(self.operators)}
+        return {"release_id": self.release_id, "kernel_revision": self.kernel_revision,
+                "operators": list(self.operators)}
 
     def get_extra_state(self) -> dict[str, Any]:
         return self.to_json()
@@ -60,16 +61,21 @@ def check_stamp(mine: Mapping[str, Any] | None, saved: Any, *, allow_mismatch: b
         return
     if not isinstance(saved, Mapping) or not {"release_id", "kernel_revision"} <= set(saved):
         raise KernelMismatch(f"the checkpoint's kernel stamp is malformed: {saved!r}", expected=mine, found=None,
-                             hint="it should hold release_id and kernel_revision; re-save the checkpoint with tileship.torchops.swap.save")
+                             hint="it should hold release_id and kernel_revision; re-save the checkpoint with "
+                                  "tileship.torchops.swap.save")
     if mine is None:
         raise KernelMismatch(f"the checkpoint was saved from a model running release {saved['release_id']} "
                              f"(kernel revision {saved['kernel_revision']}); this model runs no tileship kernels",
                              expected=None, found=saved,
-                             hint=f"swap(model, release {saved['release_id']}) before loading, or pass allow_kernel_mismatch=True to load the weights anyway")
-    diffs = [f"{k} {saved[k]} (checkpoint) != {mine[k]} (model)" for k in ("release_id", "kernel_revision") if saved[k] != mine[k]]
+                             hint=f"swap(model, release {saved['release_id']}) before loading, or pass "
+                                  "allow_kernel_mismatch=True to load the weights anyway")
+    diffs = [f"{k} {saved[k]} (checkpoint) != {mine[k]} (model)" for k in ("release_id", "kernel_revision")
+             if saved[k] != mine[k]]
     if diffs:
-        raise KernelMismatch("the checkpoint names other kernels than the model runs: " + "; ".join(diffs), expected=mine, found=saved,
-                             hint="swap the model with the release the checkpoint names, or pass allow_kernel_mismatch=True")
+        raise KernelMismatch("the checkpoint names other kernels than the model runs: " + "; ".join(diffs),
+                             expected=mine, found=saved,
+                             hint="swap the model with the release the checkpoint names, or pass "
+                                  "allow_kernel_mismatch=True")
 
 
 def kernel_stamp(model: nn.Module) -> KernelStamp | None:
@@ -83,7 +89,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 # -- saving and loading -------------------------------------------------------------------
-def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], *, allow_kernel_mismatch: bool = False, strict: bool = True) -> Any:
+def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], *, allow_kernel_mismatch: bool = False,
+                    strict: bool = True) -> Any:
     """``model.load_state_dict`` with the kernel check, also for a model with no kernels
     swapped in (a stamped checkpoint raises KernelMismatch there too, unless allowed)."""
     root = _unwrap(model)
@@ -104,10 +111,12 @@ def save(model: nn.Module, path: Path | str) -> None:
     """``torch.save`` of the state_dict under a header naming the kernels (None when the model
     runs none). Read back with ``load``."""
     stamp = kernel_stamp(model)
-    torch.save({"format": FILE_FORMAT, "kernels": stamp.to_json() if stamp else None, "state_dict": _unwrap(model).state_dict()}, str(path))
+    torch.save({"format": FILE_FORMAT, "kernels": stamp.to_json() if stamp else None,
+                "state_dict": _unwrap(model).state_dict()}, str(path))
 
 
-def load(model: nn.Module, path: Path | str, *, allow_kernel_mismatch: bool = False, strict: bool = True) -> dict[str, Any] | None:
+def load(model: nn.Module, path: Path | str, *, allow_kernel_mismatch: bool = False,
+         strict: bool = True) -> dict[str, Any] | None:
     """Load a file written by ``save`` into ``model`` (weights-only unpickling, onto the CPU,
     copied into the model's tensors wherever they live). Returns the file's kernel stamp.
 
@@ -116,7 +125,8 @@ def load(model: nn.Module, path: Path | str, *, allow_kernel_mismatch: bool = Fa
     """
     data = torch.load(str(path), map_location="cpu", weights_only=True)
     if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
-        raise ValueError(f"{path}: not a tileship model file (format {data.get('format') if isinstance(data, dict) else type(data).__name__!r}, "
+        raise ValueError(f"{path}: not a tileship model file (format "
+                         f"{data.get('format') if isinstance(data, dict) else type(data).__name__!r}, "
                          f"expected {FILE_FORMAT!r}); for a bare state_dict use tileship.torchops.swap.load_state_dict")
     stamp = kernel_stamp(model)
     check_stamp(stamp.to_json() if stamp else None, data["kernels"], allow_mismatch=allow_kernel_mismatch)

@@ -33,7 +33,17 @@ from torch import nn
 from tileship.errors import DeclarationError, KernelMismatch
 from tileship.runtime.dispatch import Entry, Release
 from tileship.torchops.custom_ops import TorchOps, register
-from tileship.torchops.stamp import FILE_FORMAT, STAMP, KernelStamp, _unwrap, check_stamp, kernel_stamp, load, load_state_dict, save
+from tileship.torchops.stamp import (
+    FILE_FORMAT,
+    STAMP,
+    KernelStamp,
+    _unwrap,
+    check_stamp,
+    kernel_stamp,
+    load,
+    load_state_dict,
+    save,
+)
 
 #: layer kind -> release operator serving it (override per call with ``names=``)
 DEFAULT_NAMES: Mapping[str, str] = {"linear": "gemm", "rmsnorm": "rmsnorm", "attention": "attention"}
@@ -167,7 +177,8 @@ class SwapReport:
 
 
 # -- swap -------------------------------------------------------------------------------
-def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None = None, dtype: torch.dtype | None = None,
+def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None = None,
+         dtype: torch.dtype | None = None,
          rmsnorm_types: tuple[type, ...] | None = None, attention_types: tuple[type, ...] | None = None) -> SwapReport:
     """Replace the layers of ``model`` the release covers (in place); return the report.
 
@@ -228,31 +239,37 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
     return SwapReport(release.release_id, release.kernel_revision, tuple(records))
 
 
-def _linear(path: str, m: nn.Linear, release: Release, ops: TorchOps, op_name: str) -> tuple[SwapRecord, nn.Module | None]:
+def _linear(path: str, m: nn.Linear, release: Release, ops: TorchOps,
+            op_name: str) -> tuple[SwapRecord, nn.Module | None]:
     if type(m) is not nn.Linear:
-        return SwapRecord(path, "linear", False, None, f"{type(m).__name__} subclasses nn.Linear and may behave differently"), None
-    return _cover(path, "linear", release, ops, op_name, m.weight.dtype, ((1, 0, m.in_features), (1, 1, m.out_features)),
-                  lambda op: KernelLinear(m, op))
+        return SwapRecord(path, "linear", False, None,
+                          f"{type(m).__name__} subclasses nn.Linear and may behave differently"), None
+    return _cover(path, "linear", release, ops, op_name, m.weight.dtype,
+                  ((1, 0, m.in_features), (1, 1, m.out_features)), lambda op: KernelLinear(m, op))
 
 
 def _rmsnorm(path: str, m: Any, release: Release, ops: TorchOps, op_name: str) -> tuple[SwapRecord, nn.Module | None]:
     weight = getattr(m, "weight", None)
     if not isinstance(weight, nn.Parameter) or weight.dim() != 1:
-        return SwapRecord(path, "rmsnorm", False, None, "no 1-D weight (elementwise_affine off, or normalizes over more than the last dim)"), None
+        return SwapRecord(path, "rmsnorm", False, None,
+                          "no 1-D weight (elementwise_affine off, or normalizes over more than the last dim)"), None
     eps = getattr(m, "eps", None)
     if eps is None:  # nn.RMSNorm(eps=None) uses the dtype's machine epsilon
         eps = torch.finfo(weight.dtype).eps
     if op_name in release.ops:
         want = release.declarations[op_name].get("config", {}).get("eps")
         if want is None:
-            return SwapRecord(path, "rmsnorm", False, op_name, f"{op_name} declares no eps in its config: cannot tell it matches {eps:g}"), None
+            return SwapRecord(path, "rmsnorm", False, op_name,
+                              f"{op_name} declares no eps in its config: cannot tell it matches {eps:g}"), None
         if float(want) != float(eps):
-            return SwapRecord(path, "rmsnorm", False, op_name, f"eps {eps:g} differs from the kernel's {float(want):g}"), None
+            return SwapRecord(path, "rmsnorm", False, op_name,
+                              f"eps {eps:g} differs from the kernel's {float(want):g}"), None
     return _cover(path, "rmsnorm", release, ops, op_name, weight.dtype, ((1, 0, weight.shape[0]),),
                   lambda op: KernelRMSNorm(weight, float(eps), op))
 
 
-def _attention(path: str, m: Any, release: Release, ops: TorchOps, op_name: str, dtype: torch.dtype) -> tuple[SwapRecord, nn.Module | None]:
+def _attention(path: str, m: Any, release: Release, ops: TorchOps, op_name: str,
+               dtype: torch.dtype) -> tuple[SwapRecord, nn.Module | None]:
     h, d = getattr(m, "n_heads", None), getattr(m, "head_dim", None)
     if not isinstance(h, int) or not isinstance(d, int):
         return SwapRecord(path, "attention", False, None, "the module does not say its n_heads and head_dim"), None
@@ -264,21 +281,27 @@ def _cover(path: str, kind: str, release: Release, ops: TorchOps, op_name: str, 
            where: tuple[tuple[int, int, int], ...], make: Any) -> tuple[SwapRecord, nn.Module | None]:
     """``where``: the layer's fixed dims as (declared input index, dim position, size)."""
     if op_name not in release.ops:
-        return SwapRecord(path, kind, False, None, f"the release has no {op_name!r} operator (it has: {', '.join(sorted(release.ops))})"), None
+        return SwapRecord(path, kind, False, None,
+                          f"the release has no {op_name!r} operator (it has: {', '.join(sorted(release.ops))})"), None
     decl_inputs = release.declarations[op_name]["inputs"]
     fixed = {decl_inputs[i][1][pos]: size for i, pos, size in where}
     dt = str(dtype).removeprefix("torch.")
     runner = release.ops[op_name]
     same_dtype = [e for e in runner.entries if e.spec is not None and e.spec.dtype == dt]
-    matched = [e for e in same_dtype if all(_holds(e.spec.dim_map().get(d), v) for d, v in fixed.items())]  # type: ignore[union-attr]
+    matched = [e for e in same_dtype
+               if all(_holds(e.spec.dim_map().get(d), v) for d, v in fixed.items())]  # type: ignore[union-attr]
     want = ", ".join(f"{d}={v}" for d, v in fixed.items())
     if not same_dtype:
         have = sorted({e.spec.dtype for e in runner.entries if e.spec is not None})
-        return SwapRecord(path, kind, False, op_name, f"no {op_name} specialization in {dt} (the release has {', '.join(have) or 'none'})"), None
+        return SwapRecord(path, kind, False, op_name,
+                          f"no {op_name} specialization in {dt} (the release has {', '.join(have) or 'none'})"), None
     if not matched:
-        have = sorted({", ".join(f"{d}={_show(e.spec.dim_map()[d])}" for d in fixed) for e in same_dtype})  # type: ignore[union-attr]
-        return SwapRecord(path, kind, False, op_name, f"no {op_name} specialization for {want} in {dt} (the release has: {'; '.join(have)})"), None
-    specs = tuple(e.decision.spec_id or e.spec.id for e in matched)  # type: ignore[union-attr]  # the release's id (its directory)
+        have = sorted({", ".join(f"{d}={_show(e.spec.dim_map()[d])}" for d in fixed)
+                       for e in same_dtype})  # type: ignore[union-attr]
+        return SwapRecord(path, kind, False, op_name,
+                          f"no {op_name} specialization for {want} in {dt} (the release has: {'; '.join(have)})"), None
+    specs = tuple(e.decision.spec_id or e.spec.id
+                  for e in matched)  # type: ignore[union-attr]  # the release's id (its directory)
     serving = tuple(sorted({_serving(e) for e in matched}))
     reason = f"{op_name} covers {want} in {dt} ({len(specs)} specialization{'s' if len(specs) > 1 else ''}; now serving {', '.join(serving)})"
     return SwapRecord(path, kind, True, op_name, reason, specs, serving), make(ops[op_name])
@@ -290,8 +313,10 @@ def _check_signature(release: Release, kind: str, op_name: str) -> None:
     got = tuple(len(dims) for _, dims, *_ in decl["inputs"])
     if got != ranks or len(decl["outputs"]) != 1:
         sig = ", ".join(f"{n}({', '.join(d)})" for n, d, *_ in decl["inputs"])
-        raise DeclarationError(f"operator {op_name!r} is declared ({sig}) -> {len(decl['outputs'])} outputs; a {kind} layer needs {shown}",
-                               operator=op_name, field="names", hint=f"pass names={{'{kind}': '<operator with that signature>'}}")
+        raise DeclarationError(f"operator {op_name!r} is declared ({sig}) -> {len(decl['outputs'])} outputs; a {kind} "
+                               f"layer needs {shown}",
+                               operator=op_name, field="names",
+                               hint=f"pass names={{'{kind}': '<operator with that signature>'}}")
 
 
 def _holds(declared: Any, size: int) -> bool:
@@ -314,5 +339,6 @@ def _set_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
     setattr(parent, name, new)
 
 
-__all__ = ["DEFAULT_NAMES", "FILE_FORMAT", "KernelAttention", "KernelLinear", "KernelRMSNorm", "KernelStamp", "SwapRecord",
+__all__ = ["DEFAULT_NAMES", "FILE_FORMAT", "KernelAttention", "KernelLinear", "KernelRMSNorm",
+           "KernelStamp", "SwapRecord",
            "SwapReport", "check_stamp", "kernel_stamp", "load", "load_state_dict", "save", "swap"]

@@ -13,7 +13,8 @@ from tileship.verify.timing import _num
 #: (canonical NaNs are 0x7FC00000 / 0xFFC00000 and friends), for ints and bool a sentinel byte
 #: pattern (0x5A...; a bool holding 0x5A is neither True nor False as a kernel writes them)
 POISON_BITS = {"float32": ("int32", 0x7FC0DEAD), "float16": ("int16", 0x7E6D), "bfloat16": ("int16", 0x7FED),
-               "float64": ("int64", 0x7FF80000DEADBEEF), "int64": ("int64", 0x5A5A5A5A5A5A5A5A), "int32": ("int32", 0x5A5A5A5A),
+               "float64": ("int64", 0x7FF80000DEADBEEF), "int64": ("int64", 0x5A5A5A5A5A5A5A5A),
+               "int32": ("int32", 0x5A5A5A5A),
                "int16": ("int16", 0x5A5A), "int8": ("int8", 0x5A), "uint8": ("uint8", 0x5A), "bool": ("uint8", 0x5A)}
 
 
@@ -61,7 +62,8 @@ def poison_mask(t: Any) -> Any:
     return t.contiguous().view(view) == signed
 
 
-def poisoned_call(kernel: Callable[..., Any], args: Sequence[Any], outputs: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[list[Any], bool]:
+def poisoned_call(kernel: Callable[..., Any], args: Sequence[Any],
+                  outputs: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[list[Any], bool]:
     """Run ``kernel(*args)`` with every output it allocates pre-filled with the poison.
 
     ``outputs``: (shape, torch dtype) of each output, for the CUDA allocator. Returns the
@@ -107,7 +109,8 @@ def check_output(out: Any, ref: Any, *, atol: float, rtol: float) -> Check:
 
     numel = int(ref.numel())
     if tuple(out.shape) != tuple(ref.shape):
-        return Check(int(out.numel()), 0, 0, 0, None, None, None, failure=f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
+        return Check(int(out.numel()), 0, 0, 0, None, None, None,
+                     failure=f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
     unwritten = poison_mask(out) if str(out.dtype).removeprefix("torch.") in POISON_BITS else torch.zeros(out.shape, dtype=torch.bool, device=out.device)
     o = out.to(torch.float64)
     r = ref.to(device=out.device, dtype=torch.float64)

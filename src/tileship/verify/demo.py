@@ -27,17 +27,20 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
             for dims in sample_points(spec, limit=limit):
                 shown = ",".join(f"{k}={v}" for k, v in dims.items())
                 if not runnable:
-                    rows.append({"spec_id": spec.id, "dims": shown, "path": "-", "reason": "no GPU here: " + entry.decision.reason, "err": "-", "ok": None})
+                    rows.append({"spec_id": spec.id, "dims": shown, "path": "-",
+                                 "reason": "no GPU here: " + entry.decision.reason, "err": "-", "ok": None})
                     continue
                 args = runner.sample_inputs(dims, spec.dtype, device, seed)
                 out, d = runner.call(*args)
                 outs = out if isinstance(out, (tuple, list)) else (out,)
-                ref = runner.reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a for a in args])
+                ref = runner.reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a
+                                         for a in args])
                 refs = ref if isinstance(ref, (tuple, list)) else (ref,)
                 ok, worst = True, 0.0
                 for (o_name, *_), o, r in zip(decl["outputs"], outs, refs, strict=True):
                     t = tensor_tolerance(decl, o_name, spec.dtype)
                     worst = max(worst, float((o.double() - r.double()).abs().max()) if o.numel() else 0.0)
                     ok = ok and disagreement(o, r, t.atol, t.rtol) is None
-                rows.append({"spec_id": d.spec_id or spec.id, "dims": shown, "path": d.path, "reason": d.reason, "err": f"{worst:.2e}", "ok": ok})
+                rows.append({"spec_id": d.spec_id or spec.id, "dims": shown, "path": d.path, "reason": d.reason,
+                             "err": f"{worst:.2e}", "ok": ok})
     return rows

@@ -81,7 +81,8 @@ def run_drill(opts: DrillOptions) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     samples, skipped = build_samples(reg, new, old, opts)
     if not samples:
-        raise DrillError(f"no request shape of releases {new}/{old} fits --max-request-bytes {opts.max_request_bytes}", hint="raise it")
+        raise DrillError(f"no request shape of releases {new}/{old} fits --max-request-bytes {opts.max_request_bytes}",
+                         hint="raise it")
     if reg.active().release_id != new or reg.active().reference_only:
         reg.activate(new)
     proc = None
@@ -98,7 +99,8 @@ def run_drill(opts: DrillOptions) -> dict[str, Any]:
                 _reload(admin)  # an external server may lag the registry
             records: list[Record] = []
             stop = threading.Event()
-            threads = [threading.Thread(target=run_client, args=(url, samples, i, stop, records, opts), daemon=True, name=f"drill-{i}")
+            threads = [threading.Thread(target=run_client, args=(url, samples, i, stop, records, opts), daemon=True,
+                                        name=f"drill-{i}")
                        for i in range(opts.concurrency)]
             windows = [Window("N", time.perf_counter(), expect_release=new)]
             for t in threads:
@@ -116,7 +118,8 @@ def run_drill(opts: DrillOptions) -> dict[str, Any]:
                 status, body = _reload(admin)
                 t_done = time.perf_counter()
                 sw.end = t_done
-                sw.switch = {"registry_s": t_reg - t_sw, "reload_s": t_done - t_reg, "total_s": t_done - t_sw, "status": status,
+                sw.switch = {"registry_s": t_reg - t_sw, "reload_s": t_done - t_reg, "total_s": t_done - t_sw,
+                             "status": status,
                              "result": body.get("result"), "to_release": rid, "reference_only": ref_only,
                              "load_seconds": body.get("load_seconds"), "warmup_seconds": body.get("warmup_seconds"),
                              "error": body.get("error")}
@@ -170,12 +173,14 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
     for k, name in enumerate(ops):
         desc = rel_new["operators"][name]
         if desc.get("scalars"):
-            skipped.append(f"{name}: takes scalar arguments ({', '.join(desc['scalars'])}), which the drill's load generator does not send")
+            skipped.append(f"{name}: takes scalar arguments ({', '.join(desc['scalars'])}), which the drill's load "
+                           "generator does not send")
             continue
         inputs = [(n, tuple(d)) for n, d, *_ in desc["inputs"]]
         sample_fn = _import(desc["sample"]) if desc.get("sample") else None
         ref_fn = _import(desc["reference"])
-        specs = [Specialization.from_json(i["spec"]) for _, i in sorted(rel_new["specializations"].items()) if i["spec"]["op"] == name]
+        specs = [Specialization.from_json(i["spec"]) for _, i in sorted(rel_new["specializations"].items())
+                 if i["spec"]["op"] == name]
         candidates = []
         for spec in specs:
             for dims in sample_points(spec, limit=opts.dynamic_limit):
@@ -183,14 +188,16 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
                 if nbytes <= opts.max_request_bytes:
                     candidates.append((nbytes, spec, dims))
                 else:
-                    skipped.append(f"{spec.id} at {dims}: {nbytes / 2**20:.0f} MiB request > {opts.max_request_bytes / 2**20:.0f} MiB")
+                    skipped.append(f"{spec.id} at {dims}: {nbytes / 2**20:.0f} MiB request > "
+                                   f"{opts.max_request_bytes / 2**20:.0f} MiB")
         candidates.sort(key=lambda c: c[0])
         chosen = _spread(candidates, opts.per_op)
         for j, (nbytes, spec, dims) in enumerate(chosen):
             args = make_inputs(inputs, dims, spec.dtype, "cpu", opts.seed + 100 * k + j,
                                dtypes=tensor_dtypes(desc, "inputs", spec.dtype), sample=sample_fn)
             with torch.no_grad():
-                ref = ref_fn(*[a.to(ref_device, torch.float64) if a.is_floating_point() else a.to(ref_device) for a in args])
+                ref = ref_fn(*[a.to(ref_device, torch.float64) if a.is_floating_point() else a.to(ref_device)
+                               for a in args])
             refs = [r.cpu() for r in (ref if isinstance(ref, (tuple, list)) else (ref,))]
             tol = desc["tolerances"][spec.dtype]
             body, hl = encode_request(inputs, args, [n for n, *_ in desc["outputs"]])
@@ -252,7 +259,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes] | None, log_path: Path, 
     last = ""
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise DrillError(f"the server exited with status {proc.returncode} before it was ready; its log:\n{_tail(log_path)}")
+            raise DrillError(f"the server exited with status {proc.returncode} before it was ready; its "
+                             f"log:\n{_tail(log_path)}")
         try:
             r = httpx.get(f"{url}/v2/health/ready", timeout=5)
             if r.status_code == 200:

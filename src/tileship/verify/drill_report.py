@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from tileship.verify.drill_load import Record, Sample
 
 
-def summarize(records: list[Record], windows: list[Window], samples: list[Sample], skipped: list[str], *, new: str, old: str,
-              url: str, ready: dict[str, Any], opts: DrillOptions) -> dict[str, Any]:
+def summarize(records: list[Record], windows: list[Window], samples: list[Sample], skipped: list[str], *,
+              new: str, old: str, url: str, ready: dict[str, Any], opts: DrillOptions) -> dict[str, Any]:
     """Per window (phase or switch): requests by outcome, latency percentiles, what served them."""
     rows = []
     first_new: dict[str, float | None] = {}
@@ -49,15 +49,19 @@ def summarize(records: list[Record], windows: list[Window], samples: list[Sample
         rows.append(row)
     totals = {k: sum(r[k] for r in rows) for k in ("requests", "ok", "failed", "dropped", "mismatched")}
     totals["stale"] = sum(r.get("stale", 0) for r in rows)
-    switches_ok = all(r["switch"]["status"] == 200 and r["switch"]["result"] == "swapped" for r in rows if "switch" in r)
+    switches_ok = all(r["switch"]["status"] == 200 and r["switch"]["result"] == "swapped" for r in rows
+                      if "switch" in r)
     phases_loaded = all(r["requests"] > 0 for r in rows if "expected" in r)
     passed = (totals["failed"] == totals["dropped"] == totals["mismatched"] == totals["stale"] == 0) and switches_ok and phases_loaded
     return {
         "passed": passed, "release_new": new, "release_old": old, "server": url, "server_ready": ready,
         "totals": totals, "switches_ok": switches_ok, "every_phase_had_load": phases_loaded, "windows": rows,
-        "requests": [{"op": s.op, "spec_id": s.spec_id, "dims": s.dims, "dtype": s.dtype, "bytes": s.nbytes} for s in samples],
-        "skipped_shapes": skipped, "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": {"python": sys.version.split()[0], "pid": os.getpid()},
+        "requests": [{"op": s.op, "spec_id": s.spec_id, "dims": s.dims, "dtype": s.dtype, "bytes": s.nbytes}
+                     for s in samples],
+        "skipped_shapes": skipped,
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": {"python": sys.version.split()[0], "pid": os.getpid()},
     }
 
 
@@ -74,7 +78,8 @@ def _percentiles(lat: list[float]) -> dict[str, float | None]:
     def q(p: float) -> float:
         return round(lat[min(len(lat) - 1, int(p * (len(lat) - 1) + 0.5))], 3)
 
-    return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(lat[-1], 3), "mean": round(sum(lat) / len(lat), 3)}
+    return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(lat[-1], 3),
+            "mean": round(sum(lat) / len(lat), 3)}
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -83,7 +88,8 @@ def render_text(report: dict[str, Any]) -> str:
         f"tileship rollback drill: {'PASSED' if report['passed'] else 'FAILED'}   ({report['created']})",
         f"server {report['server']}  device: {report['server_ready'].get('device', '?')}",
         f"N = {report['release_new']}   N-1 = {report['release_old']}",
-        f"requests {t['requests']}: ok {t['ok']}, failed {t['failed']}, dropped {t['dropped']}, wrong answers {t['mismatched']}, "
+        f"requests {t['requests']}: ok {t['ok']}, failed {t['failed']}, dropped {t['dropped']}, wrong answers "
+        f"{t['mismatched']}, "
         f"served by the wrong state {t['stale']}   (compile attempts at serve time: {report.get('compile_attempts')})",
         "",
         f"{'window':<26}{'s':>7}{'req':>7}{'req/s':>8}{'fail':>6}{'drop':>6}{'wrong':>6}{'stale':>6}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}",
@@ -101,9 +107,12 @@ def render_text(report: dict[str, Any]) -> str:
         if "switch" in w:
             s = w["switch"]
             first = s.get("first_answer_from_new_state_s")
-            lines.append(f"  {w['name']:<26} reload {s['status']} {s['result']}: registry {s['registry_s'] * 1e3:.1f} ms, reload {s['reload_s'] * 1e3:.0f} ms "
-                         f"(load {_ms(s.get('load_seconds'))}, warm-up {_ms(s.get('warmup_seconds'))}); first answer from the new state after "
-                         f"{'-' if first is None else f'{first * 1e3:.0f} ms'}" + (f"; error: {s['error']}" if s.get("error") else ""))
+            lines.append(f"  {w['name']:<26} reload {s['status']} {s['result']}: registry {s['registry_s'] * 1e3:.1f} "
+                         f"ms, reload {s['reload_s'] * 1e3:.0f} ms "
+                         f"(load {_ms(s.get('load_seconds'))}, warm-up {_ms(s.get('warmup_seconds'))}); first answer "
+                         "from the new state after "
+                         f"{'-' if first is None else f'{first * 1e3:.0f} ms'}"
+                         + (f"; error: {s['error']}" if s.get("error") else ""))
     lines += ["", "served by (release:path:reason -> responses):"]
     for w in report["windows"]:
         if "expected" in w:

@@ -38,7 +38,8 @@ class PointResult:
     def to_json(self) -> dict[str, Any]:
         ref_ratio = [c.tol_ratio for c in self.reference_checks if c.tol_ratio is not None]
         ref_l2 = [c.rel_l2_err for c in self.reference_checks if c.rel_l2_err is not None]
-        return {"dims": dict(self.dims), "passed": self.passed, "failure": self.failure, "poison_confirmed": self.poison_confirmed,
+        return {"dims": dict(self.dims), "passed": self.passed, "failure": self.failure,
+                "poison_confirmed": self.poison_confirmed,
                 "max_abs_err": _num(self.worst("max_abs_err")), "rel_l2_err": _num(self.worst("rel_l2_err")),
                 "tol_ratio": _num(self.worst("tol_ratio")),
                 "reference_tol_ratio": _num(max(ref_ratio) if ref_ratio else None),
@@ -64,9 +65,11 @@ class SpecVerdict:
     def to_json(self) -> dict[str, Any]:
         points = [p.to_json() for p in self.points]
         route, why = ev_mod.pinned_mark(points, self.passed)
-        return {"op": self.spec.op, "dtype": self.spec.dtype, "target": self.spec.target, "device_type": self.device_type,
+        return {"op": self.spec.op, "dtype": self.spec.dtype, "target": self.spec.target,
+                "device_type": self.device_type,
                 "dynamic_dim": self.spec.dynamic_dim, "passed": self.passed, "failure": self.failure,
-                "tolerance": {"atol": self.tolerance.atol, "rtol": self.tolerance.rtol, "overridden": self.tolerance_overridden},
+                "tolerance": {"atol": self.tolerance.atol, "rtol": self.tolerance.rtol,
+                              "overridden": self.tolerance_overridden},
                 "reference_dtype": self.reference_dtype, "route": route, "route_reason": why, "points": points}
 
 

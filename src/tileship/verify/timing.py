@@ -37,7 +37,8 @@ class Stats:
 
     def to_json(self) -> dict[str, Any]:
         return {"median_us": _num(self.median_us), "p10_us": _num(self.p10_us), "p90_us": _num(self.p90_us),
-                "iqr_us": _num(self.iqr_us), "repeats": self.repeats, "calls_per_sample": self.inner, "input_sets": self.sets}
+                "iqr_us": _num(self.iqr_us), "repeats": self.repeats, "calls_per_sample": self.inner,
+                "input_sets": self.sets}
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ def measure(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device
     return _stats(samples, repeats, inner, n)
 
 
-def rotation_sets(first: Sequence[Any], make: Callable[[int], Sequence[Any]], *, device: str, out_bytes: int) -> list[Sequence[Any]]:
+def rotation_sets(first: Sequence[Any], make: Callable[[int], Sequence[Any]], *, device: str,
+                  out_bytes: int) -> list[Sequence[Any]]:
     """``first`` plus enough fresh input sets that one pass over them overflows the cache."""
     cache = CUDA_CACHE_BYTES if device == "cuda" else CPU_CACHE_BYTES
     if device == "cuda":

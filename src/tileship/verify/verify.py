@@ -74,8 +74,8 @@ class VerifyOptions:
     on_point: Callable[[str, PointResult], None] | None = None
 
 
-def time_pair(kernel: Callable[..., Any], reference: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device: str,
-              options: VerifyOptions = VerifyOptions()) -> Timing:
+def time_pair(kernel: Callable[..., Any], reference: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
+              *, device: str, options: VerifyOptions = VerifyOptions()) -> Timing:
     """Kernel and reference, each timed twice (K, R, K, R); the repeat spread is the noise band."""
     kw = {"device": device, "warmup_ms": options.warmup_ms, "budget_ms": options.budget_ms,
           "min_repeats": options.min_repeats, "max_repeats": options.max_repeats}
@@ -85,7 +85,8 @@ def time_pair(kernel: Callable[..., Any], reference: Callable[..., Any], arg_set
     r2 = measure(reference, arg_sets, **kw)  # type: ignore[arg-type]
     k = _stats(k1.samples + k2.samples, k1.repeats + k2.repeats, k1.inner, k1.sets)
     r = _stats(r1.samples + r2.samples, r1.repeats + r2.repeats, r1.inner, r1.sets)
-    noise = max(abs(k1.median_us - k2.median_us), abs(r1.median_us - r2.median_us), NOISE_FLOOR * min(k.median_us, r.median_us))
+    noise = max(abs(k1.median_us - k2.median_us), abs(r1.median_us - r2.median_us),
+                NOISE_FLOOR * min(k.median_us, r.median_us))
     return Timing(k, r, noise, ev_mod.compare_times(k.median_us, r.median_us, noise),
                   {"kernel": (k1.median_us, k2.median_us), "reference": (r1.median_us, r2.median_us)})
 
@@ -104,12 +105,14 @@ def _reference_in(reference: Callable[..., Any], args: Sequence[Any], dtype: str
     """The reference on ``args`` with every float input cast to ``dtype`` (None: as declared)."""
     import torch
 
-    up = [a.to(getattr(torch, dtype)) if dtype is not None and torch.is_tensor(a) and a.dtype.is_floating_point else a for a in args]
+    up = [a.to(getattr(torch, dtype)) if dtype is not None and torch.is_tensor(a) and a.dtype.is_floating_point
+          else a for a in args]
     out = reference(*up)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any], desc: Mapping[str, Any], *,
+def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any],
+                desc: Mapping[str, Any], *,
                 options: VerifyOptions = VerifyOptions(), tolerance: Tolerance | None = None,
                 sample: Callable[..., Any] | None = None) -> SpecVerdict:
     """Check (and time) one loaded specialization at its verification points.
@@ -126,11 +129,13 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     scalars = [i for i, (n, _) in enumerate(inputs) if n in set(desc.get("scalars") or ())]
     out_dtypes = [getattr(torch, n) for n in tensor_dtypes(desc, "outputs", spec.dtype)]
     override = options.tolerances.get(spec.op, {}).get(spec.dtype)
-    tol = tolerance or override or tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"}, "", spec.dtype)
+    tol = tolerance or override or tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"},
+                                                    "", spec.dtype)
     out_tols = [tolerance or override or tensor_tolerance(desc, n, spec.dtype) for n, _ in outputs]
     ref_dtype = options.reference_dtype
     points: list[PointResult] = []
-    for dims in verification_points(spec, block=dynamic_block(desc.get("config", {}), spec.dynamic_dim), grid=options.grid, limit=options.limit):
+    for dims in verification_points(spec, block=dynamic_block(desc.get("config", {}), spec.dynamic_dim),
+                                    grid=options.grid, limit=options.limit):
         checks: list[tuple[int, Check]] = []
         ref_checks: list[Check] = []
         confirmed = True
@@ -140,7 +145,8 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
         for base in options.seeds:
             seed = point_seed(base, spec.id, dims)
             try:
-                args = make_inputs(inputs, dims, spec.dtype, device, seed, dtypes=in_dtypes, sample=sample, scalars=scalars)
+                args = make_inputs(inputs, dims, spec.dtype, device, seed, dtypes=in_dtypes, sample=sample,
+                                   scalars=scalars)
             except Exception as exc:  # noqa: BLE001 -- the operator's sample hook failed: a verdict, not a crash
                 failure = f"making inputs failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
@@ -170,22 +176,25 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 t = out_tols[i]
                 c = check_output(o, r, atol=t.atol, rtol=t.rtol)
                 if c.failure is None and o.dtype != out_dtypes[i]:
-                    c = dataclasses.replace(c, failure=f"dtype {str(o.dtype).removeprefix('torch.')}, declared {str(out_dtypes[i]).removeprefix('torch.')}")
+                    c = dataclasses.replace(c,
+                                            failure=f"dtype {str(o.dtype).removeprefix('torch.')}, declared "
+                                                    f"{str(out_dtypes[i]).removeprefix('torch.')}")
                 checks.append((seed, c))
                 ref_checks.append(check_output(n, r, atol=t.atol, rtol=t.rtol))
                 if c.failure and failure is None:
                     failure = (f"output {outputs[i][0]}: " if len(outs) > 1 else "") + c.failure + f" (seed {seed})"
             del outs, refs, native
         if failure is None and not confirmed and options.strict_poison:
-            failure = ("could not confirm the outputs were poisoned (the adapter allocated them outside the poisoned allocator), "
+            failure = ("could not confirm the outputs were poisoned (the adapter allocated them outside the poisoned "
+                       "allocator), "
                        "so unwritten elements would go unseen; use --no-strict-poison to accept")
         timing = None
         if failure is None and options.timing and first_args is not None:
             out_bytes = sum(math.prod(s) * torch.empty((), dtype=odt).element_size() for s, odt in out_specs)
 
             def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
-                return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d), dtypes=in_dtypes, sample=sample,
-                                   scalars=scalars)
+                return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d),
+                                   dtypes=in_dtypes, sample=sample, scalars=scalars)
 
             sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
             timing = time_pair(kernel, reference, sets, device=device, options=options)
@@ -223,11 +232,14 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     lock = read_lock(root / "tileship.lock")
     drift = compare(lock, capture_environment())
     if drift.blocking:
-        raise VerificationError(f"blocking drift against the release lock ({drift.reason}): evidence taken here would not describe these artifacts",
-                                hint="run `tileship check` on this machine; verify where the release will serve, with the locked toolchain")
+        raise VerificationError(f"blocking drift against the release lock ({drift.reason}): evidence taken here would "
+                                "not describe these artifacts",
+                                hint="run `tileship check` on this machine; verify where the release will serve, with "
+                                     "the locked toolchain")
     unknown = sorted(n for n in options.tolerances if n not in rel["operators"])
     if unknown:
-        raise VerificationError(f"tolerance override for unknown operator(s) {unknown} (release has: {', '.join(sorted(rel['operators']))})")
+        raise VerificationError(f"tolerance override for unknown operator(s) {unknown} (release has: "
+                                f"{', '.join(sorted(rel['operators']))})")
     env.ensure_tilelang_cache_dir()
     nojit.install()
     use_sources(root)
@@ -262,7 +274,8 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
             kernel = load_artifact(root / "specs" / sid, sid)
         except ArtifactLoadError as exc:
             tol = tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"}, "", spec.dtype)
-            verdicts.append(SpecVerdict(spec, target.device_type, tol, False, options.reference_dtype, (), f"artifact failed to load: {exc}"))
+            verdicts.append(SpecVerdict(spec, target.device_type, tol, False, options.reference_dtype, (),
+                                        f"artifact failed to load: {exc}"))
             continue
         if spec.op not in samples:
             samples[spec.op] = import_sample(desc, spec.op)
@@ -279,11 +292,13 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
         "lock_digest": lock_digest(lock),
         "device": ev_mod.current_device(),
         "host": ev_mod.current_host(),
-        "options": {"seeds": list(options.seeds), "limit": options.limit, "grid": options.grid, "timing": options.timing,
+        "options": {"seeds": list(options.seeds), "limit": options.limit, "grid": options.grid,
+                    "timing": options.timing,
                     "warmup_ms": options.warmup_ms, "budget_ms": options.budget_ms, "min_repeats": options.min_repeats,
-                    "max_repeats": options.max_repeats, "reference_dtype": options.reference_dtype, "noise_floor": NOISE_FLOOR,
-                    "strict_poison": options.strict_poison,
-                    "tolerance_overrides": {op: {dt: {"atol": t.atol, "rtol": t.rtol} for dt, t in m.items()} for op, m in options.tolerances.items()}},
+                    "max_repeats": options.max_repeats, "reference_dtype": options.reference_dtype,
+                    "noise_floor": NOISE_FLOOR, "strict_poison": options.strict_poison,
+                    "tolerance_overrides": {op: {dt: {"atol": t.atol, "rtol": t.rtol} for dt, t in m.items()}
+                                            for op, m in options.tolerances.items()}},
         "skipped": dict(sorted(skipped.items())),
         "specializations": {v.spec.id: v.to_json() for v in verdicts},
     }

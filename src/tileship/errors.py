@@ -5,6 +5,7 @@
     ├── LockError                      a lock file is missing, unreadable or malformed
     │   └── LockMismatch               strict policy: blocking drift between lock and environment
     ├── BuildError                     the build as a whole could not run
+    │   └── ToolchainError             the hermetic toolchain cannot be locked, created or used
     ├── BundleError                    a release bundle is malformed
     │   ├── BundleIntegrityError       a file's hash, a missing/extra file, an edited manifest (names the file)
     │   └── SignatureError             the signature is missing, malformed or does not verify
@@ -59,6 +60,10 @@ class LockMismatch(LockError):
 
 class BuildError(TileshipError):
     """The build could not run at all (not: one specialization failing, which is a value)."""
+
+
+class ToolchainError(BuildError):
+    """The hermetic toolchain cannot be locked, created or used (``tileship toolchain``)."""
 
 
 class BundleError(TileshipError):

@@ -75,9 +75,12 @@ class BuildOptions:
     image_digest: str | None = None
     sign_key: Path | None = None
     on_progress: Callable[[SpecResult], None] | None = None
+    #: a ``toolchain.Toolchain``: compile workers run in its venv, with its wheels' nvcc
+    toolchain: Any = None
 
 
-def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: float, sys_path: str | None = None) -> SpecResult:
+def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: float,
+                sys_path: str | None = None, toolchain: Any = None) -> SpecResult:
     """Compile ``spec`` in a child process into ``out``. Never raises for a compile failure."""
     out.mkdir(parents=True, exist_ok=True)
     # A fixed work path per specialization: the same inputs produce byte-identical
@@ -90,8 +93,9 @@ def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: flo
     with FileLock(str(work) + ".lock"):
         job_file = work.with_suffix(".job.json")
         job_file.write_text(json.dumps(job))
-        proc = subprocess.Popen([sys.executable, "-m", "tileship.build.worker", str(job_file)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True, env=_child_env())
+        python, env = (str(toolchain.python), toolchain.worker_env()) if toolchain else (sys.executable, _child_env())
+        proc = subprocess.Popen([python, "-m", "tileship.build.worker", str(job_file)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -150,17 +154,19 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options
     staging = out_root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
     try:
-        env = capture_environment()
+        tool = opts.toolchain.require() if opts.toolchain else None  # raises ToolchainError when unusable
+        env = opts.toolchain.capture_environment() if opts.toolchain else capture_environment()
         shipped, imports = sources.ship(ops, project.root, staging)
         descs = {name: {**describe(op), "sources": shipped[name], "reference_imports": imports[name]} for name, op in ops.items()}
         lock = make_lock(env=env, revision=kernel_revision(revision_root(project, ops)), sources=source_digest(ops), operators=descs,
                          targets=list(project.targets), model={"name": project.model, "version": project.model_version},
-                         image_digest=opts.image_digest)
+                         image_digest=opts.image_digest, toolchain=tool)
         (staging / "tileship.lock").write_text(dump_lock(lock))
         results: list[SpecResult] = []
         sys_path = str(project.root) if project.root else None
         with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
-            futs = {pool.submit(compile_one, op, s, staging / "specs" / s.id, timeout_s=opts.timeout_s, sys_path=sys_path): s for op, s in specs}
+            futs = {pool.submit(compile_one, op, s, staging / "specs" / s.id, timeout_s=opts.timeout_s,
+                                sys_path=sys_path, toolchain=opts.toolchain): s for op, s in specs}
             for fut in as_completed(futs):
                 r = fut.result()
                 results.append(r)

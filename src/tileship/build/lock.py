@@ -141,11 +141,13 @@ def kernel_revision(root: Path | None) -> str:
 
 
 def make_lock(*, env: Mapping[str, Any], revision: str, sources: Mapping[str, str], operators: Mapping[str, Mapping[str, Any]],
-              targets: list[str], model: Mapping[str, str], image_digest: str | None = None) -> dict[str, Any]:
-    """Assemble the lock mapping. ``operators`` are ``spec.describe()`` outputs by name."""
+              targets: list[str], model: Mapping[str, str], image_digest: str | None = None,
+              toolchain: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble the lock mapping. ``operators`` are ``spec.describe()`` outputs by name. ``toolchain``
+    (a build through ``tileship build --toolchain``): its wheels' names, versions and sha256."""
     if image_digest is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", image_digest):
         raise LockError(f"image digest {image_digest!r} is not sha256:<64 hex>", hint="pass the digest your registry shows, e.g. sha256:3f5...")
-    return {
+    out = {
         "schema": LOCK_SCHEMA,
         "model": dict(model),
         "kernel_revision": revision,
@@ -159,6 +161,9 @@ def make_lock(*, env: Mapping[str, Any], revision: str, sources: Mapping[str, st
         "reference_imports": {name: dict(d.get("reference_imports") or {}) for name, d in operators.items()},
         "image_digest": image_digest,
     }
+    if toolchain:  # absent otherwise: a lock without one stays byte-identical to before
+        out["toolchain"] = dict(toolchain)
+    return out
 
 
 def _shapes_entry(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,25 +8,30 @@ import typer
 from tileship.cli._common import console, default_out, handle_errors, resolve_project
 
 
-def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float, sign: Path | None, image_digest: str | None) -> object:
+def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float, sign: Path | None,
+              image_digest: str | None, toolchain: Path | None = None) -> object:
     """Build with a progress bar and print the summary. Returns the BuildResult."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from tileship.build.builder import BuildOptions, build
+    from tileship.build.toolchain import Toolchain
     from tileship.declare.project import load_operators, specializations
 
     proj = resolve_project(project)
     ops = load_operators(proj)
     total = len(specializations(proj, ops))
-    with Progress(TextColumn("[bold]building[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
-                  console=console, transient=False) as progress:
+    tc = Toolchain(toolchain) if toolchain else None
+    with Progress(TextColumn("[bold]building[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console, transient=False) as progress:
         task = progress.add_task("", total=total)
 
         def tick(r: object) -> None:
             progress.update(task, advance=1, description=f"{r.spec.id} {'ok' if r.ok else 'FAILED'}")  # type: ignore[attr-defined]
 
-        result = build(proj, ops, out or default_out(), BuildOptions(jobs=jobs, timeout_s=timeout, sign_key=sign, image_digest=image_digest, on_progress=tick))
+        result = build(proj, ops, out or default_out(),
+                       BuildOptions(jobs=jobs, timeout_s=timeout, sign_key=sign, image_digest=image_digest,
+                                    on_progress=tick, toolchain=tc))
     table = Table(title=f"release {result.release_id}")
     for col in ("specialization", "status", "seconds", "error"):
         table.add_column(col)
@@ -57,13 +62,15 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(300.0, help="seconds before one specialization's compile is killed"),
         sign: Path | None = typer.Option(None, help="ed25519 private key (PEM) to sign the manifest with"),
         image_digest: str | None = typer.Option(None, help="container image digest to pin, sha256:<hex>"),
+        toolchain: Path | None = typer.Option(None, help="compile in this hermetic toolchain venv (`tileship toolchain "
+                                              "create`): its locked wheels' nvcc and headers, never the system's"),
     ) -> None:
         """Compile every (operator x shape x target) ahead of time into a release bundle.
 
         Exit 0: all built. Exit 2: some failed (the release holds the rest; failures are in
         build-log.json with compiler commands and logs). Exit 1: nothing could be built.
         """
-        result = run_build(project, out, jobs, timeout, sign, image_digest)
+        result = run_build(project, out, jobs, timeout, sign, image_digest, toolchain)
         if not result.built:  # type: ignore[attr-defined]
             raise typer.Exit(1)
         if result.failed:  # type: ignore[attr-defined]

@@ -10,18 +10,24 @@ from tileship.cli._common import console, handle_errors
 def register(app: typer.Typer) -> None:
     @app.command("check")
     @handle_errors
-    def check(lock: Path = typer.Argument(Path("tileship.lock"), help="a lock file, or a release directory")) -> None:
+    def check(lock: Path = typer.Argument(Path("tileship.lock"), help="a lock file, or a release directory"),
+              toolchain: Path | None = typer.Option(None, help="a toolchain venv to compare with the lock's")) -> None:
         """Compare the running environment with a lock. Exit 1 on blocking drift, 0 otherwise.
 
         Blocking: TileLang version, its native-lib hashes, apache-tvm-ffi, platform, GPU arch
         (the compiled artifacts depend on them). Informational: Python, torch, nvcc, z3, C++
         compiler, driver, GPU name/SM count (not inside the artifacts; they change references,
-        rebuilds or speed evidence).
+        rebuilds or speed evidence). A lock built with ``--toolchain`` names its wheels: a
+        toolchain that differs (or none) is reported with what it means for a rebuild.
         """
         from tileship.build.lock import RULES, capture_environment, compare, read_lock
 
         path = lock / "tileship.lock" if lock.is_dir() else lock
-        report = compare(read_lock(path), capture_environment())
+        data = read_lock(path)
+        report = compare(data, capture_environment())
+        from tileship.cli.toolchain_cmd import print_toolchain_drift
+
+        print_toolchain_drift(data, toolchain)
         if not report.differences:
             console.print(f"[green]no drift[/]: the running environment matches {path}")
             return

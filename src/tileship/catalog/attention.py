@@ -6,6 +6,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
+from tileship.catalog import costs
 from tileship.declare.spec import Operator, TensorArg, Tolerance
 
 
@@ -77,6 +78,7 @@ attention = Operator(
     name="attention",
     factory=flash_attention,
     reference=attention_reference,
+    cost=costs.causal_attention,
     inputs=(TensorArg("Q", ("B", "H", "S", "D")), TensorArg("K", ("B", "H", "S", "D")),
             TensorArg("V", ("B", "H", "S", "D"))),
     outputs=(TensorArg("O", ("B", "H", "S", "D")),),

@@ -5,6 +5,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
+from tileship.catalog import costs
 from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
 EPS = 1e-6
@@ -52,6 +53,7 @@ add = Operator(
     name="add",
     factory=vector_add,
     reference=add_reference,
+    cost=costs.add,
     inputs=(TensorArg("A", ("N",)), TensorArg("B", ("N",))),
     outputs=(TensorArg("C", ("N",)),),
     dtypes=("float32",),
@@ -65,6 +67,7 @@ rmsnorm_cpu = Operator(
     name="rmsnorm_cpu",
     factory=rms_norm_cpu,
     reference=rms_norm_cpu_reference,
+    cost=costs.rmsnorm,
     inputs=(TensorArg("X", ("M", "N")), TensorArg("W", ("N",))),
     outputs=(TensorArg("Y", ("M", "N")),),
     dtypes=("float32",),

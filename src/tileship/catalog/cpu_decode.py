@@ -8,6 +8,7 @@ from typing import Any
 
 import tilelang.language as T
 
+from tileship.catalog import costs
 from tileship.catalog.gqa_decode import gqa_decode_reference, gqa_decode_sample
 from tileship.catalog.w4a16 import w4a16_reference, w4a16_sample
 from tileship.declare.spec import Operator, TensorArg, Tolerance
@@ -66,6 +67,7 @@ w4a16_cpu_op = Operator(
     name="w4a16_cpu",
     factory=w4a16_cpu,
     reference=w4a16_reference,
+    cost=costs.w4a16_linear,
     inputs=(TensorArg("x", ("M", "K")), TensorArg("qweight", ("N", "K/8"), dtype="int32"),
             TensorArg("scales", ("N", "K/128"))),
     outputs=(TensorArg("y", ("M", "N")),),
@@ -80,6 +82,7 @@ gqa_decode_cpu_op = Operator(
     name="gqa_decode_cpu",
     factory=gqa_decode_cpu,
     reference=gqa_decode_reference,
+    cost=costs.gqa_decode,
     inputs=(TensorArg("q", ("B", "HQ", "D")), TensorArg("k_cache", ("B", "S", "HKV", "D")),
             TensorArg("v_cache", ("B", "S", "HKV", "D")), TensorArg("lengths", ("B",), dtype="int32")),
     outputs=(TensorArg("o", ("B", "HQ", "D")),),

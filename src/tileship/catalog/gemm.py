@@ -5,6 +5,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
+from tileship.catalog import costs
 from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
 
 
@@ -40,6 +41,7 @@ gemm = Operator(
     name="gemm",
     factory=matmul,
     reference=gemm_reference,
+    cost=costs.gemm,
     inputs=(TensorArg("A", ("M", "K")), TensorArg("B", ("K", "N"))),
     outputs=(TensorArg("C", ("M", "N")),),
     dtypes=("float16", "bfloat16"),

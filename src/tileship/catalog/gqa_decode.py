@@ -21,6 +21,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
+from tileship.catalog import costs
 from tileship.declare.spec import Operator, TensorArg, Tolerance
 
 H_Q, H_KV, HEAD_DIM = 32, 8, 128
@@ -164,6 +165,7 @@ gqa = Operator(
     name="gqa_decode",
     factory=gqa_decode,
     reference=gqa_decode_reference,
+    cost=costs.gqa_decode,
     inputs=(TensorArg("q", ("B", "HQ", "D")), TensorArg("k_cache", ("B", "S", "HKV", "D")),
             TensorArg("v_cache", ("B", "S", "HKV", "D")), TensorArg("lengths", ("B",), dtype="int32")),
     outputs=(TensorArg("o", ("B", "HQ", "D")),),

@@ -5,6 +5,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
+from tileship.catalog import costs
 from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
 EPS = 1e-6
@@ -44,6 +45,7 @@ rmsnorm = Operator(
     name="rmsnorm",
     factory=rms_norm,
     reference=rms_norm_reference,
+    cost=costs.rmsnorm,
     inputs=(TensorArg("X", ("M", "N")), TensorArg("W", ("N",))),
     outputs=(TensorArg("Y", ("M", "N")),),
     dtypes=("float16", "bfloat16"),

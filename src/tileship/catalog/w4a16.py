@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from tileship.catalog import costs
 from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemv
 from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
 
@@ -91,6 +92,7 @@ w4a16 = Operator(
     name="w4a16_linear",
     factory=w4a16_linear,
     reference=w4a16_reference,
+    cost=costs.w4a16_linear,
     inputs=(TensorArg("x", ("M", "K")), TensorArg("qweight", ("N", "K/8"), dtype="int32"),
             TensorArg("scales", ("N", "K/128"))),
     outputs=(TensorArg("y", ("M", "N")),),

@@ -72,6 +72,9 @@ class Operator:
     pass_configs: Mapping[str, Any] = field(default_factory=dict)
     #: optional input generator (see the class docstring)
     sample: Sampler | None = None
+    #: optional work model ``cost(dims, dtype) -> (flops, bytes)`` of one call: verify puts each timed
+    #: shape on the roofline of the device it runs on (``tileship.verify.roofline``)
+    cost: Callable[[Mapping[str, int], str], tuple[float, float]] | None = None
     #: the module declaring this operator, where build workers look it up (default: the module
     #: the ``Operator(...)`` call runs in; ``load_operators`` sets the one it found it in)
     module: str | None = field(default=None, compare=False)
@@ -233,6 +236,9 @@ class Operator:
         if self.sample is not None and not callable(self.sample):
             raise DeclarationError("sample is not callable", operator=op, field="sample",
                                    hint="pass sample=fn(dims, dtype, device) returning one tensor per input")
+        if self.cost is not None and not callable(self.cost):
+            raise DeclarationError("cost is not callable", operator=op, field="cost",
+                                   hint="pass cost=fn(dims, dtype) returning (flops, bytes) of one call")
         self._check_factory(op)
 
     def _check_factory(self, op: str) -> None:
@@ -320,6 +326,7 @@ def describe(op: Operator) -> dict[str, Any]:
         "module": op.module,
         "reference": _qualified(op.reference),
         "sample": _qualified(op.sample) if op.sample is not None else None,
+        "cost": _qualified(op.cost) if op.cost is not None else None,
         "fallback": "tested-reference",
     }
 

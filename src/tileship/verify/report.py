@@ -191,6 +191,7 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
 
     from tileship.build.lock import lock_digest, read_lock
     from tileship.release import bundle
+    from tileship.verify import report_roofline
 
     if importlib.util.find_spec("matplotlib") is None:
         raise VerificationError("the report needs matplotlib, which is not installed", hint="pip install 'matplotlib==3.11.2'")
@@ -268,6 +269,8 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
         if any(r["passed"] is not None for r in rows):
             plot_error(rows, dest / f"{op}-error.png", title=f"{op}: error by shape (share of the tolerance)")
             parts.append(f"<img src='{html.escape(op)}-error.png' alt='{html.escape(op)} error by shape'>")
+        entries = [(sid, ev_specs[sid]) for sid, spec in specs.items() if spec.op == op and sid in ev_specs]
+        parts.append(report_roofline.section(op, entries, (ev or {}).get("ceilings"), dest))
         parts.append(_op_table(rows, policy))
     parts.append("<p class='muted'>Speedup = reference median / kernel median per call, as served (the kernel allocates its output). "
                  "Whiskers span the noise band (the difference between two repeats of the same measurement); a difference inside it is "

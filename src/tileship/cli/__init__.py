@@ -9,6 +9,7 @@ from tileship.cli import (
     check_cmd,
     demo_cmd,
     diagnose_cmd,
+    image_cmd,
     lock_cmd,
     registry_cmd,
     serve_cmd,
@@ -20,7 +21,7 @@ from tileship.cli import (
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Ship TileLang kernels: lock, build, verify, serve, roll back.")
 for module in (lock_cmd, check_cmd, build_cmd, sign_cmd, demo_cmd, registry_cmd, diagnose_cmd, serve_cmd, verify_cmd,
-               toolchain_cmd):
+               toolchain_cmd, image_cmd):
     module.register(app)
 
 

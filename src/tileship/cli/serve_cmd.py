@@ -14,8 +14,13 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8000, help="port to listen on"),
     max_body_mib: float = typer.Option(64.0, help="largest request body accepted (413 above)"),
+    max_output_mib: float = typer.Option(1024.0, help="largest total output of one call (413 above, before running)"),
     max_inflight: int = typer.Option(64,
-                                     help="inference requests admitted at once (reading, queued, running); 503 above"),
+                                     help="inference calls admitted at once (queued or running, after the body is "
+                                          "read); 503 above"),
+    max_connections: int = typer.Option(1024, help="open connections; requests past it get 503"),
+    header_timeout: float = typer.Option(10.0, help="seconds a client may take to send request headers (then closed)"),
+    keep_alive: int = typer.Option(5, help="seconds an idle keep-alive connection stays open"),
     threads: int = typer.Option(1, help="worker threads running operator calls (1: kernel calls are serialized)"),
     timeout: float = typer.Option(30.0, help="seconds an admitted request may take to run (504 after)"),
     body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
@@ -37,6 +42,8 @@ def serve(
     diagnostics_dir: Path | None = typer.Option(None,
                                                 help="where diagnostics bundles go (default "
                                                      "$TILESHIP_HOME/diagnostics)"),
+    diagnostics_interval: float = typer.Option(60.0, help="at most one serve-time bundle per reason per this many s"),
+    diagnostics_keep: int = typer.Option(50, help="bundles kept in the diagnostics directory (oldest deleted)"),
     log_level: str = typer.Option("warning", help="uvicorn's own log level (tileship's events are always logged)"),
     llama: str | None = typer.Option(None,
                                      help="also serve a random-weight Llama decoder swapped onto the release, as model "
@@ -54,12 +61,14 @@ def serve(
     """
     from tileship.errors import DeclarationError
     from tileship.serve import ServeConfig, run
+    from tileship.serve.validate import RequestLimits
 
     if drift_policy not in (None, "fallback", "strict"):
         raise DeclarationError(f"--drift-policy must be fallback or strict, got {drift_policy!r}")
-    if max_body_mib <= 0 or max_inflight < 1 or threads < 1 or timeout <= 0 or body_timeout <= 0:
-        raise DeclarationError("--max-body-mib, --timeout and --body-timeout must be > 0; --max-inflight and --threads "
-                               ">= 1")
+    if min(max_body_mib, max_output_mib, timeout, body_timeout, header_timeout) <= 0 or \
+            min(max_inflight, threads, max_connections, keep_alive) < 1:
+        raise DeclarationError("--max-body-mib, --max-output-mib, --timeout, --body-timeout and --header-timeout must "
+                               "be > 0; --max-inflight, --threads, --max-connections and --keep-alive >= 1")
     spec = None
     if llama is not None:
         from tileship.extras import llama_example
@@ -71,7 +80,10 @@ def serve(
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,
                          reference_only=reference_only,
-                         check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec)
+                         check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec,
+                         limits=RequestLimits(max_output_bytes=int(max_output_mib * (1 << 20))),
+                         max_connections=max_connections, header_timeout_s=header_timeout, keep_alive_s=keep_alive,
+                         diagnostics_interval_s=diagnostics_interval, diagnostics_keep=diagnostics_keep)
     raise typer.Exit(run(config, host=host, port=port, log_level=log_level))
 
 

@@ -1,8 +1,9 @@
 """The serving state (``Service``): admission control, the inference worker, hot swap, errors.
 
-Request path: admission (at most ``max_inflight`` admitted, else 503) -> body read (size
-limit -> 413, ``body_timeout_s`` -> 408) -> parse + check against the declaration (400)
--> the operator call on a worker thread (``worker_threads``, default 1: kernel calls are
+Request path: Content-Type (415) -> body read, before admission (size limit -> 413,
+``body_timeout_s`` -> 408) -> parse + check against the declaration and the request limits
+(400, 413 for outputs past ``--max-output-mib``) -> admission (``serve.admission``: at most
+``max_inflight`` calls, else 503) -> the operator call on a worker thread (``worker_threads``, default 1: kernel calls are
 serialized; on CUDA the stream is synchronized before outputs are copied back) with a
 deadline (``request_timeout_s`` -> 504) -> response naming the release, kernel revision,
 path and reason. Errors are JSON ``{"error": message}``; a 500 means a bug in tileship or
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
 import traceback
 from collections.abc import Callable
@@ -24,9 +26,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tileship.errors import CallError
+from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.device_faults import is_sticky_cuda_error
 from tileship.runtime.dispatch import REFERENCE, Decision, OpRunner, Release
-from tileship.serve import protocol
+from tileship.serve import protocol, validate
+from tileship.serve.admission import Slots
 from tileship.serve.body import read_body
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import ReleaseHolder, Served, Target, release_id_at
@@ -57,7 +61,9 @@ class Service:
         self.holder = ReleaseHolder(config.source, config.loader or self._default_loader, force_reference=config.reference_only,
                                     warmup_limit=config.warmup_limit, after_load=self._after_load, bind_models=bind)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, config.worker_threads), thread_name_prefix="tileship-infer")
-        self.inflight = 0
+        self.diagnostics = CaptureQueue(config.diagnostics_dir, per_reason_s=config.diagnostics_interval_s,
+                                        keep=config.diagnostics_keep, keep_bytes=config.diagnostics_keep_bytes)
+        self.slots = Slots(self.pool, config.max_inflight, config.worker_threads, self.metrics)
         self.on_fatal = on_fatal
         self._reload_lock = asyncio.Lock()
         self._loaded = asyncio.Event()
@@ -185,50 +191,42 @@ class Service:
             runner = rel.ops.get(name)
             whole = served.models.get(name)
             if runner is None and whole is None:
-                raise BadRequest(404, f"unknown model {name!r}: this release serves {', '.join(sorted([*rel.ops, *served.models]))}")
+                raise BadRequest(404, f"unknown model {validate.short(name)}: this release serves {', '.join(sorted([*rel.ops, *served.models]))}")
             labels[:2] = [name, rel.release_id]
             if version is not None and version != rel.release_id:
-                raise BadRequest(404, f"unknown version {version!r} of model {name}: serving version {rel.release_id}")
-            if self.inflight >= self.config.max_inflight:
-                self.metrics.rejected.labels("overloaded").inc()
-                raise BadRequest(503, f"overloaded: {self.inflight} requests in flight (limit {self.config.max_inflight}); retry later")
-            self.inflight += 1
-            self.metrics.inflight.inc()
+                raise BadRequest(404, f"unknown version {validate.short(version)} of model {name}: serving version {rel.release_id}")
+            protocol.check_content_type(request.headers.get("content-type"), request.headers.get(protocol.HEADER_LENGTH))
+            # the body first, outside admission: a slow client holds its own connection, never an inference slot
+            data = await read_body(request, limit=self.config.max_body_bytes, timeout_s=self.config.body_timeout_s,
+                                   rejected=self.metrics.rejected)
+            t_body = time.perf_counter()
+            req = protocol.parse_infer(data, request.headers.get(protocol.HEADER_LENGTH), self.config.limits)
+            kserve_id = req.id
+            if whole is not None:
+                job: Callable[[], Any] = functools.partial(self._execute_model, served, whole, whole.plan(req), req.id)
+            else:
+                decl = rel.declarations[name]
+                plan = protocol.plan_call(req, name, decl)
+                if not plan.declared and self.config.strict_shapes:
+                    dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
+                    raise BadRequest(400, f"shape outside the declared set: {dims} (declared: {protocol.declared_shapes_text(decl)}); "
+                                          "this server runs with --strict-shapes")
+                validate.check_outputs(name, protocol.output_bytes(decl, plan), self.config.limits)
+                job = functools.partial(self._execute, served, name, plan, req.id)
+            fut = self.slots.submit(job)
             try:
-                data = await read_body(request, limit=self.config.max_body_bytes, timeout_s=self.config.body_timeout_s,
-                                       rejected=self.metrics.rejected)
-                t_body = time.perf_counter()
-                req = protocol.parse_infer(data, request.headers.get(protocol.HEADER_LENGTH))
-                kserve_id = req.id
-                if whole is not None:
-                    fut = self.pool.submit(self._execute_model, served, whole, whole.plan(req), req.id)
-                else:
-                    decl = rel.declarations[name]
-                    plan = protocol.plan_call(req, name, decl)
-                    if not plan.declared and self.config.strict_shapes:
-                        dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
-                        raise BadRequest(400, f"shape outside the declared set: {dims} (declared: {protocol.declared_shapes_text(decl)}); "
-                                              "this server runs with --strict-shapes")
-                    fut = self.pool.submit(self._execute, served, name, plan, req.id)
-                try:
-                    encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
-                    t_run = time.perf_counter()
-                except TimeoutError:
-                    self.metrics.rejected.labels("timeout").inc()
-                    raise BadRequest(504, f"timeout: the inference did not finish within {self.config.request_timeout_s:g} s") from None
-            finally:
-                self.inflight -= 1
-                self.metrics.inflight.dec()
+                encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
+                t_run = time.perf_counter()
+            except TimeoutError:
+                self.metrics.rejected.labels("timeout").inc()
+                self.slots.timed_out(fut)
+                raise BadRequest(504, f"timeout: the inference did not finish within {self.config.request_timeout_s:g} s") from None
         except BadRequest as exc:
             return self._error(exc.status, exc.message, rid, labels, t0, kserve_id)
         except _Fatal as exc:
             return self._error(503, f"device failure: {exc}; this process is exiting so its supervisor restarts it", rid, labels, t0, kserve_id)
         except Exception as exc:  # a bug: answer 500 with ids, never crash the server
-            diag = self._capture(served, exc)
-            self.log.event("error", "error", request_id=rid, model=labels[0], error=f"{type(exc).__name__}: {exc}",
-                           traceback="".join(traceback.format_exception(exc)), diagnostics_id=diag)
-            msg = f"internal error ({type(exc).__name__}: {exc}); request id {rid}" + (f"; diagnostics {diag}" if diag else "")
-            return self._error(500, msg, rid, labels, t0, kserve_id, diagnostics_id=diag)
+            return self.internal_error(rid, exc, labels, t0, kserve_id, served)
         labels[2] = decision.path
         status = 200
         elapsed = time.perf_counter() - t0
@@ -247,6 +245,12 @@ class Service:
                        reason=decision.reason, spec=decision.spec_id, ms=round(elapsed * 1e3, 3),
                        body_ms=round((t_body - t0) * 1e3, 3), run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=len(data), bytes_out=encoded.size)
         return PartsResponse(status, encoded.parts, media, headers)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """The holder's readiness, and not ready while every worker thread runs a call past its deadline."""
+        ok, body = self.holder.readiness()
+        why = self.slots.wedged() if ok else None
+        return (False, {**body, "ready": False, "reason": why}) if why else (ok, body)
 
     def _execute(self, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:
         """On a worker thread: tensors -> call -> sync -> CPU -> encoded response."""
@@ -276,7 +280,8 @@ class Service:
         if decision.spec_id:
             params["tileship_spec"] = decision.spec_id
         outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
-        return protocol.encode_response(model=name, version=rel.release_id, request_id=kserve_id, parameters=params, outputs=outputs), decision
+        return protocol.encode_response(model=name, version=rel.release_id, request_id=kserve_id, parameters=params, outputs=outputs,
+                                        allow_nonfinite=plan.allow_nonfinite), decision
 
     def _execute_model(self, served: Served, whole: Any, plan: tuple[protocol.InputTensor, bool], kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:
         """On a worker thread: a whole model's forward (``examples/llama/serve.py``), errors handled as in ``_execute``."""
@@ -303,13 +308,24 @@ class Service:
                                         outputs=[(whole.output, host, binary)]), decision
 
     def _capture(self, served: Served | None, exc: BaseException, call: Any = None) -> str | None:
+        """Queue a bundle (off the event loop, one per reason a minute); its id, or None when none is written."""
         try:
-            from tileship.release import diagnostics
-
-            return diagnostics.capture(served.release if served else None, exc=exc, call=call, out_dir=self.config.diagnostics_dir,
-                                       reason="serve_error", detail=f"{type(exc).__name__}: {exc}").id
+            return self.diagnostics.submit(f"serve_error:{type(exc).__name__}", served.release if served else None,
+                                           exc=exc, call=call, detail=validate.short(f"{type(exc).__name__}: {exc}", 500))
         except Exception:  # diagnostics must never mask the original error
             return None
+
+    def internal_error(self, rid: str, exc: BaseException, labels: list[str] | None = None, t0: float | None = None,
+                       kserve_id: str | None = None, served: Served | None = None) -> Response:
+        """The catch-all: a logged 500 naming the request id (and the diagnostics bundle, when one is queued)."""
+        diag = self._capture(served, exc)
+        what = validate.short(f"{type(exc).__name__}: {exc}", 300)
+        self.log.event("error", "error", request_id=rid, model=(labels or ["_unknown"])[0], error=what,
+                       traceback="".join(traceback.format_exception(exc)), diagnostics_id=diag)
+        msg = f"internal error ({what}); request id {rid}" + (f"; diagnostics {diag}" if diag else "")
+        if labels is None:
+            return JSONResponse({"error": msg, **({"diagnostics_id": diag} if diag else {})}, status_code=500)
+        return self._error(500, msg, rid, labels, t0 or time.perf_counter(), kserve_id, diagnostics_id=diag)
 
     def _error(self, status: int, message: str, rid: str, labels: list[str], t0: float, kserve_id: str | None,
                diagnostics_id: str | None = None) -> Response:

@@ -7,23 +7,23 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from tileship.serve.protocol import BadRequest
+from tileship.serve.validate import BadRequest, short
 
 
 async def read_body(request: Request, *, limit: int, timeout_s: float, rejected: Any) -> bytearray:
     """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; BadRequest (413, 408,
-    400) otherwise, each rejection counted on ``rejected.labels(reason)``."""
+    400) otherwise, each rejection counted on ``rejected.labels(reason)``. The buffer is allocated once
+    the first body bytes arrive, never on the word of the Content-Length header alone."""
     cl = request.headers.get("content-length")
     size = None
     if cl is not None:
-        try:
-            size = int(cl)
-        except ValueError:
-            raise BadRequest(400, f"Content-Length is not an integer: {cl!r}") from None
+        if not cl.isdigit() or len(cl) > 18:
+            raise BadRequest(400, f"Content-Length is not a non-negative integer: {short(cl)}")
+        size = int(cl)
         if size > limit:
             rejected.labels("body_too_large").inc()
             raise BadRequest(413, f"request body is {size} bytes; the limit is {limit} bytes (--max-body-mib)")
-    buf = bytearray(size) if size is not None else bytearray()
+    buf = bytearray()
     pos = 0
     try:
         async with asyncio.timeout(timeout_s):
@@ -35,6 +35,8 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
                         raise BadRequest(413, f"request body exceeds the limit of {limit} bytes (--max-body-mib)")
                     buf += chunk
                 else:
+                    if not buf and n:
+                        buf = bytearray(size)
                     buf[pos:pos + n] = chunk
                 pos += n
     except TimeoutError:

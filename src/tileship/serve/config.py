@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tileship.serve.holder import Loader
+from tileship.serve.validate import RequestLimits
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,13 @@ class ServeConfig:
     worker_threads: int = 1
     request_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
+    #: bounds on one request: ranks, dims, elements, JSON nesting, output bytes (``--max-output-mib``)
+    limits: RequestLimits = RequestLimits()
+    #: connections: at most this many (503 past it), request headers within ``header_timeout_s``
+    #: (the connection is closed after), idle keep-alive connections closed after ``keep_alive_s``
+    max_connections: int = 1024
+    header_timeout_s: float = 10.0
+    keep_alive_s: int = 5
     strict_shapes: bool = False
     drift_policy: str | None = None
     allow_unverified: bool | None = None
@@ -27,6 +35,11 @@ class ServeConfig:
     check_finite: bool = True
     warmup_limit: int = 256
     diagnostics_dir: Path | None = None
+    #: serve-time bundles: at most one per reason (500 by exception type) per interval, written off the
+    #: event loop; the oldest are deleted past ``diagnostics_keep`` bundles or ``diagnostics_keep_bytes``
+    diagnostics_interval_s: float = 60.0
+    diagnostics_keep: int = 50
+    diagnostics_keep_bytes: int = 512 << 20
     handle_sighup: bool = False
     #: a whole model served next to the operators (``examples.llama.serve.LlamaSpec``; ``--llama``)
     llama: Any = None

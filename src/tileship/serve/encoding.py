@@ -5,12 +5,14 @@ The reading side (request parsing and checking against the declaration) is ``ser
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from tileship.declare.dims import SAME, DimExpr, resolve_dtype
+from tileship.serve.validate import BadRequest
 
 #: KServe datatype -> torch dtype name (the declaration's spelling)
 DATATYPES: Mapping[str, str] = {
@@ -35,9 +37,14 @@ class Encoded:
 
 
 def encode_response(*, model: str, version: str, request_id: str | None, parameters: Mapping[str, Any],
-                    outputs: Sequence[tuple[str, Any, bool]]) -> Encoded:
-    """Encode ``(name, cpu tensor, binary)`` outputs as an inference response."""
+                    outputs: Sequence[tuple[str, Any, bool]], allow_nonfinite: bool = False) -> Encoded:
+    """Encode ``(name, cpu tensor, binary)`` outputs as an inference response.
+
+    JSON cannot carry NaN/Infinity: a JSON output holding them raises ``BadRequest(422)`` unless
+    the request set ``parameters.allow_nonfinite`` (then they are written as bare tokens)."""
     import torch
+
+    tokens = False
 
     head_outputs: list[dict[str, Any]] = []
     raw: list[memoryview] = []
@@ -52,6 +59,11 @@ def encode_response(*, model: str, version: str, request_id: str | None, paramet
             entry["parameters"] = {"binary_data_size": mv.nbytes}
             raw.append(mv)
         else:
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                if not allow_nonfinite:
+                    raise BadRequest(422, f"output {name} holds NaN or Infinity, which JSON cannot carry; ask for "
+                                          "binary output or set parameters.allow_nonfinite to true")
+                tokens = True
             entry["data"] = t.reshape(-1).tolist()
         head_outputs.append(entry)
     head: dict[str, Any] = {"model_name": model, "model_version": version}
@@ -59,7 +71,12 @@ def encode_response(*, model: str, version: str, request_id: str | None, paramet
         head["id"] = request_id
     head["parameters"] = dict(parameters)
     head["outputs"] = head_outputs
-    text = json.dumps(head, separators=(",", ":")).encode()
+    if tokens:  # orjson writes null for NaN; the client asked for the bare tokens
+        import json
+
+        text = json.dumps(head, separators=(",", ":")).encode()
+    else:
+        text = orjson.dumps(head)
     return Encoded([text, *raw], len(text) if raw else None)
 
 

@@ -52,8 +52,12 @@ class RequestIds:
         scope["tileship.request_id"] = rid
         rid_b = rid.encode()
 
+        started = False
+
         async def send_with_ids(message: Any) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = list(message.get("headers", ()))
                 headers.append((b"x-request-id", rid_b))
                 if not any(k == b"x-tileship-release" for k, _ in headers):
@@ -64,4 +68,9 @@ class RequestIds:
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.app(scope, receive, send_with_ids)
+        try:
+            await self.app(scope, receive, send_with_ids)
+        except Exception as exc:  # the last fence: whatever escaped the app is a logged 500, never a dropped connection
+            if started:  # Starlette's catch-all answered already (and re-raised for the server's log)
+                return
+            await self.service.internal_error(rid, exc)(scope, receive, send_with_ids)

@@ -13,7 +13,6 @@ field and what was expected, and is what the client sees.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,17 +20,12 @@ from typing import Any
 
 from tileship.declare.dims import SAME, DimExpr, bind
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE, Encoded, encode_response, tensor_metadata  # noqa: F401 (re-exported)
+from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, flatten, short
+from tileship.serve.validate import output_bytes as _output_bytes
 
 HEADER_LENGTH = "inference-header-content-length"
-
-
-class BadRequest(Exception):
-    """A request this server will not run; ``status`` is the HTTP status (4xx, or 503/504)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+#: request parameter that lets JSON carry bare NaN/Infinity tokens (in and out)
+ALLOW_NONFINITE = "allow_nonfinite"
 
 
 @dataclass
@@ -49,6 +43,7 @@ class InferRequest:
     inputs: list[InputTensor]
     outputs: list[tuple[str, bool | None]]  # requested (name, binary); binary None -> request default
     binary_output: bool
+    allow_nonfinite: bool = False
 
 
 @dataclass
@@ -62,6 +57,7 @@ class CallPlan:
     outputs: list[tuple[str, bool]]  # (name, binary) in response order
     #: positions of ScalarArg inputs (sent as one-element tensors, passed as Python numbers)
     scalars: tuple[int, ...] = ()
+    allow_nonfinite: bool = False
 
     def arguments(self, device: str) -> list[Any]:
         """The call's arguments: tensors on ``device``, scalars as Python numbers."""
@@ -71,29 +67,44 @@ class CallPlan:
 
 # -- parsing -----------------------------------------------------------------------
 
-def parse_infer(body: bytearray, header_length: str | None) -> InferRequest:
-    """Split the body into the JSON header and binary tensor data; validate the header's shape."""
+def check_content_type(content_type: str | None, header_length: str | None) -> None:
+    """A JSON body (no Inference-Header-Content-Length) must be ``application/json`` when typed at
+    all; a binary one ``application/octet-stream`` or ``application/json``. 415 otherwise."""
+    if content_type is None:
+        return
+    media = content_type.split(";", 1)[0].strip().lower()
+    allowed = ("application/json",) if header_length is None else ("application/octet-stream", "application/json")
+    if media not in allowed:
+        raise BadRequest(415, f"Content-Type {short(media)} is not accepted for this body; send "
+                              f"{' or '.join(allowed)}" + ("" if header_length is not None else
+                                                           " (or the binary extension's headers)"))
+
+
+def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimits | None = None) -> InferRequest:
+    """Split the body into the JSON header and binary tensor data; validate the header's shape.
+    Raises only ``BadRequest``."""
+    limits = limits or RequestLimits()
     n = len(body)
     if header_length is not None:
-        try:
-            hl = int(header_length)
-        except ValueError:
-            raise BadRequest(400,
-                             f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
-        if hl < 0 or hl > n:
+        hl = int(header_length) if header_length.isdigit() and len(header_length) <= 18 else -1
+        if hl < 0:
+            raise BadRequest(400, f"Inference-Header-Content-Length must be an integer >= 0, got "
+                                  f"{short(header_length)}")
+        if hl > n:
             raise BadRequest(400, f"Inference-Header-Content-Length is {hl} but the body has {n} bytes")
     else:
         hl = n
-    try:
-        head = json.loads(bytes(body[:hl]) if hl != n else body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(400, f"malformed JSON in the inference request: {exc}") from None
+    head, nonfinite = decode_json(memoryview(body)[:hl])
     if not isinstance(head, dict):
         raise BadRequest(400, f"the inference request must be a JSON object, got {type(head).__name__}")
     params = _object(head.get("parameters", {}), "parameters")
     if "shared_memory_region" in params:
         raise BadRequest(400, "the shared-memory extension is not supported: send tensor data in the request")
     binary_output = _bool(params.get("binary_data_output", False), "parameters.binary_data_output")
+    allow_nonfinite = _bool(params.get(ALLOW_NONFINITE, False), f"parameters.{ALLOW_NONFINITE}")
+    if nonfinite and not allow_nonfinite:
+        raise BadRequest(400, "the request holds bare NaN/Infinity tokens, which JSON does not allow; send the "
+                              f"tensor as binary data or set parameters.{ALLOW_NONFINITE} to true")
     raw_inputs = head.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest(400, "'inputs' must be a non-empty list of tensors")
@@ -101,7 +112,7 @@ def parse_infer(body: bytearray, header_length: str | None) -> InferRequest:
     offset = 0
     inputs: list[InputTensor] = []
     for i, t in enumerate(raw_inputs):
-        inp, size = _parse_input(t, i)
+        inp, size = _parse_input(t, i, limits)
         if size is not None:
             if header_length is None:
                 raise BadRequest(400,
@@ -139,7 +150,7 @@ def parse_infer(body: bytearray, header_length: str | None) -> InferRequest:
     rid = head.get("id")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest(400, "'id' must be a string")
-    return InferRequest(rid, inputs, outputs, binary_output)
+    return InferRequest(rid, inputs, outputs, binary_output, allow_nonfinite)
 
 
 def _object(v: Any, where: str) -> dict[str, Any]:
@@ -150,25 +161,23 @@ def _object(v: Any, where: str) -> dict[str, Any]:
 
 def _bool(v: Any, where: str) -> bool:
     if not isinstance(v, bool):
-        raise BadRequest(400, f"{where} must be true or false, got {v!r}")
+        raise BadRequest(400, f"{where} must be true or false, got {short(v)}")
     return v
 
 
-def _parse_input(t: Any, i: int) -> tuple[InputTensor, int | None]:
+def _parse_input(t: Any, i: int, limits: RequestLimits) -> tuple[InputTensor, int | None]:
     t = _object(t, f"inputs[{i}]")
     name = t.get("name")
     if not isinstance(name, str) or not name:
         raise BadRequest(400, f"inputs[{i}].name must be a non-empty string")
+    if len(name) > 256:
+        raise BadRequest(400, f"inputs[{i}].name is {len(name)} characters long; the limit is 256")
     dt = t.get("datatype")
     if not isinstance(dt, str):
         raise BadRequest(400, f"input {name}: 'datatype' must be a string such as \"FP32\"")
     if dt not in DATATYPES:
-        raise BadRequest(400, f"input {name}: unsupported datatype {dt!r} (supported: {', '.join(DATATYPES)})")
-    shape = t.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise BadRequest(400, f"input {name}: 'shape' must be a list of integers, got {shape!r}")
-    if any(d < 0 for d in shape):
-        raise BadRequest(400, f"input {name}: shape {shape} has a negative dimension")
+        raise BadRequest(400, f"input {name}: unsupported datatype {short(dt)} (supported: {', '.join(DATATYPES)})")
+    shape = list(check_shape(name, t.get("shape"), limits))
     params = _object(t.get("parameters", {}), f"input {name}: parameters")
     if "shared_memory_region" in params:
         raise BadRequest(400, f"input {name}: the shared-memory extension is not supported")
@@ -177,7 +186,7 @@ def _parse_input(t: Any, i: int) -> tuple[InputTensor, int | None]:
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise BadRequest(400, f"input {name}: binary_data_size must be a non-negative integer, got {size!r}")
+            raise BadRequest(400, f"input {name}: binary_data_size must be a non-negative integer, got {short(size)}")
         if "data" in t:
             raise BadRequest(400, f"input {name}: has both 'data' and binary_data_size; send one")
         want = count * ITEMSIZE[dt]
@@ -188,30 +197,12 @@ def _parse_input(t: Any, i: int) -> tuple[InputTensor, int | None]:
         return inp, size
     if "data" not in t:
         raise BadRequest(400, f"input {name}: no 'data' and no binary_data_size parameter")
-    inp.data = _flatten(t["data"], name)
+    inp.data = flatten(t["data"], name, limits.max_depth)
     if len(inp.data) != count:
         raise BadRequest(400,
                          f"byte size mismatch: input {name} has shape {shape} ({count} elements) but 'data' holds "
                          f"{len(inp.data)}")
     return inp, None
-
-
-def _flatten(data: Any, name: str) -> list[Any]:
-    if not isinstance(data, list):
-        raise BadRequest(400, f"input {name}: 'data' must be a list, got {type(data).__name__}")
-    if not any(isinstance(x, list) for x in data):
-        return data
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for x in stack[-1]:
-            if isinstance(x, list):
-                stack.append(iter(x))
-                break
-            out.append(x)
-        else:
-            stack.pop()
-    return out
 
 
 # -- checking against the declaration ----------------------------------------------
@@ -229,7 +220,7 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
         if inp.name in by_name:
             raise BadRequest(400, f"input {inp.name} is given twice")
         if inp.name not in names:
-            raise BadRequest(400, f"unknown input {inp.name!r}: model {model} takes {', '.join(names)}")
+            raise BadRequest(400, f"unknown input {short(inp.name)}: model {model} takes {', '.join(names)}")
         by_name[inp.name] = inp
     missing = [n for n in names if n not in by_name]
     if missing:
@@ -286,13 +277,13 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
         outputs = []
         for name, binary in req.outputs:
             if name not in out_names:
-                raise BadRequest(400, f"unknown output {name!r}: model {model} produces {', '.join(out_names)}")
+                raise BadRequest(400, f"unknown output {short(name)}: model {model} produces {', '.join(out_names)}")
             outputs.append((name, req.binary_output if binary is None else binary))
     else:
         outputs = [(n, req.binary_output) for n in out_names]
     return CallPlan(ordered, DATATYPES[same[0].datatype] if same else decl["dtypes"][0], dims,
                     in_declared_set(decl, dims), outputs,
-                    tuple(i for i, inp in enumerate(ordered) if inp.name in scalar_names))
+                    tuple(i for i, inp in enumerate(ordered) if inp.name in scalar_names), req.allow_nonfinite)
 
 
 def in_declared_set(decl: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
@@ -305,6 +296,13 @@ def in_declared_set(decl: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
         if v is not None and r["min"] <= v <= r["max"] and all(dims.get(d) == x for d, x in r["fixed"].items()):
             return True
     return False
+
+
+def output_bytes(decl: Mapping[str, Any], plan: CallPlan) -> dict[str, int]:
+    """Bytes of each output of ``plan``'s call (``validate.output_bytes`` with this call's dtypes)."""
+    itemsize = {d: ITEMSIZE[KSERVE[d]] for d in decl["dtypes"] if d in KSERVE}
+    itemsize[SAME] = ITEMSIZE[KSERVE[plan.dtype]]
+    return _output_bytes(decl, plan.dims, itemsize)
 
 
 def declared_shapes_text(decl: Mapping[str, Any]) -> str:

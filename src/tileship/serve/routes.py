@@ -21,6 +21,7 @@ from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served
 from tileship.serve.middleware import RequestIds
+from tileship.serve.validate import short
 
 
 def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = None) -> Any:
@@ -39,11 +40,12 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         name = request.path_params["name"]
         if name not in cur.release.ops and name not in cur.models:
             raise HTTPException(404,
-                                f"unknown model {name!r}: this release serves "
+                                f"unknown model {short(name)}: this release serves "
                                 f"{', '.join(sorted([*cur.release.ops, *cur.models]))}")
         version = request.path_params.get("version")
         if version is not None and version != cur.release_id:
-            raise HTTPException(404, f"unknown version {version!r} of model {name}: serving version {cur.release_id}")
+            raise HTTPException(404,
+                                f"unknown version {short(version)} of model {name}: serving version {cur.release_id}")
         request.scope["tileship.served"] = cur
         return cur, name
 
@@ -51,7 +53,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         return JSONResponse({"live": True})
 
     async def ready(request: Request) -> Response:
-        ok, body = service.holder.readiness()
+        ok, body = service.readiness()
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def server_metadata(request: Request) -> Response:
@@ -73,7 +75,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
 
     async def model_ready(request: Request) -> Response:
         cur, name = model(request)
-        ok, body = service.holder.readiness()
+        ok, body = service.readiness()
         return JSONResponse({"name": name, "version": cur.release_id, "ready": ok, "reason": body["reason"]},
                             status_code=200 if ok else 503)
 
@@ -93,6 +95,9 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         if detail in ("Not Found", "Method Not Allowed"):
             detail = f"{detail}: {request.method} {request.url.path} (docs/serving.md lists the routes)"
         return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return service.internal_error(request.scope.get("tileship.request_id", "?"), exc)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -117,6 +122,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
             if not task.done():
                 task.cancel()
             service.pool.shutdown(wait=False, cancel_futures=True)
+            service.diagnostics.close()
             service.log.event("stop")
 
     routes = [
@@ -134,7 +140,8 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         Route("/v2/repository/models/{name}/load", reload, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    handlers = {HTTPException: http_error, Exception: internal_error}
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     app.state.service = service
     wrapped = RequestIds(app, service)
     wrapped.state = app.state  # type: ignore[attr-defined]

@@ -19,18 +19,19 @@ from typing import Any
 
 from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
+from tileship.serve.connections import uvicorn_limits
 from tileship.serve.jsonlog import uvicorn_log_config
 from tileship.serve.routes import create_app
 
 EXIT_FATAL = 3
 
 
-def _uvicorn(app: Any, host: str, port: int, log_level: str, graceful_s: float) -> Any:
+def _uvicorn(app: Any, host: str, port: int, log_level: str, graceful_s: float, config: ServeConfig) -> Any:
     import uvicorn
 
     cfg = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False,
                          log_config=uvicorn_log_config(log_level),
-                         server_header=False, timeout_keep_alive=30, timeout_graceful_shutdown=int(graceful_s))
+                         server_header=False, timeout_graceful_shutdown=int(graceful_s), **uvicorn_limits(config))
     return uvicorn.Server(cfg)
 
 
@@ -48,7 +49,7 @@ def run(config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8000, log_l
         holder["server"].should_exit = True
 
     app = create_app(dataclasses.replace(config, handle_sighup=True), on_fatal=on_fatal)
-    server = holder["server"] = _uvicorn(app, host, port, log_level, graceful_s)
+    server = holder["server"] = _uvicorn(app, host, port, log_level, graceful_s, config)
     # uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, against the handlers
     # in place before it started: make those no-ops so a requested stop exits 0, not by the signal.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -75,7 +76,7 @@ class BackgroundServer:
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
         self.url = f"http://{self.host}:{self.port}"
-        self.server = _uvicorn(self.app, host, self.port, log_level, graceful_s)
+        self.server = _uvicorn(self.app, host, self.port, log_level, graceful_s, config)
         self._thread = threading.Thread(target=self._run, name=f"tileship-serve-{self.port}", daemon=True)
         self.error: BaseException | None = None
 

@@ -1,0 +1,157 @@
+"""Request limits and the JSON decoder of the inference protocol: bounds checked before anything
+is allocated for a request, so that no input can raise anything but ``BadRequest`` (a 4xx).
+
+    decode_json   orjson (strict: no NaN/Infinity tokens, 1024 levels at most); the bare tokens
+                  only through a guarded stdlib parse, and only when the request allows them
+    short         a value for an error message, cut to a few dozen characters
+    RequestLimits ranks, dims, elements, nesting of ``data``, output bytes (``--max-output-mib``)
+    output_bytes  the bytes a planned call will produce, from the declaration's output dims
+
+Contract: every function here raises only ``BadRequest``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tileship.declare.dims import SAME, DimExpr
+
+
+class BadRequest(Exception):
+    """A request this server will not run; ``status`` is the HTTP status (4xx, or 503/504)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on one inference request (``ServeConfig.limits``)."""
+
+    max_dims: int = 8                   # rank of one input
+    max_dim: int = 1 << 40              # one dim
+    max_elements: int = 1 << 32         # elements of one input
+    max_depth: int = 16                 # nesting of an input's JSON ``data`` (at most its rank is needed)
+    max_output_bytes: int = 1 << 30     # bytes of all outputs of one call (413 above; --max-output-mib)
+
+
+_NONFINITE = re.compile(rb"NaN|-?Infinity")
+
+
+def short(v: Any, limit: int = 60) -> str:
+    """``repr(v)`` cut to ``limit`` characters; never raises (ints past the int-str limit included)."""
+    try:
+        text = repr(v)
+    except Exception:  # e.g. ValueError: an int with more digits than sys.get_int_max_str_digits()
+        return f"<a {type(v).__name__} too large to print>"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+def _long_int(text: str) -> Any:
+    # the stdlib fallback: an integer literal with many digits is a float (as orjson reads it), never an
+    # int past the int-str limit that would raise in int() or when an error message formats it
+    return int(text) if len(text) <= 20 else float(text)
+
+
+def decode_json(raw: bytes | bytearray | memoryview, what: str = "the inference request") -> tuple[Any, bool]:
+    """The parsed document and whether it held bare NaN/Infinity tokens (then the caller checks the
+    request allows them). Malformed JSON, invalid UTF-8, nesting past 1024 levels: ``BadRequest(400)``."""
+    try:
+        return orjson.loads(raw), False
+    except orjson.JSONDecodeError as exc:
+        first = str(exc)
+    if _NONFINITE.search(raw) is None:
+        raise BadRequest(400, f"malformed JSON in {what}: {short(first, 200)}")
+    try:
+        doc = json.loads(bytes(raw), parse_int=_long_int)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BadRequest(400, f"malformed JSON in {what}: {short(str(exc), 200)}") from None
+    return doc, True
+
+
+def check_shape(name: str, shape: Any, limits: RequestLimits) -> tuple[int, ...]:
+    """A list of non-negative integer dims within the limits, as a tuple."""
+    if not isinstance(shape, list):
+        raise BadRequest(400, f"input {name}: 'shape' must be a list of integers, got {type(shape).__name__}")
+    if len(shape) > limits.max_dims:
+        raise BadRequest(400, f"input {name}: 'shape' has {len(shape)} dims; the limit is {limits.max_dims}")
+    for i, d in enumerate(shape):
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise BadRequest(400, f"input {name}: 'shape' must be a list of integers; shape[{i}] is {short(d)}")
+        if d < 0:
+            raise BadRequest(400, f"input {name}: shape {short(shape)} has a negative dimension")
+        if d > limits.max_dim:
+            raise BadRequest(413, f"input {name}: shape[{i}] is {short(d)}; the limit is {limits.max_dim}")
+    count = math.prod(shape)
+    if count > limits.max_elements:
+        raise BadRequest(413, f"input {name}: shape {short(shape)} has {count} elements; the limit is "
+                              f"{limits.max_elements}")
+    return tuple(shape)
+
+
+def flatten(data: Any, name: str, max_depth: int) -> list[Any]:
+    """The leaves of a (possibly nested) JSON ``data`` list, nesting at most ``max_depth`` levels."""
+    if not isinstance(data, list):
+        raise BadRequest(400, f"input {name}: 'data' must be a list, got {type(data).__name__}")
+    if not any(isinstance(x, list) for x in data):
+        return data
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                if len(stack) >= max_depth:
+                    raise BadRequest(400, f"input {name}: 'data' nests deeper than {max_depth} levels")
+                stack.append(iter(x))
+                break
+            out.append(x)
+        else:
+            stack.pop()
+    return out
+
+
+def output_bytes(decl: Mapping[str, Any], dims: Mapping[str, int], dtype_itemsize: Mapping[str, int]) -> dict[str, int]:
+    """Bytes of each declared output for ``dims``; an output whose size cannot be computed is left out.
+
+    ``dtype_itemsize`` maps the declaration's dtype spellings (``"same"`` for the call's dtype) to
+    bytes per element."""
+    exprs = decl.get("tensor_dtypes") or {}
+    sizes: dict[str, int] = {}
+    for name, ds, *_ in decl.get("outputs", ()):
+        count = 1
+        for d in ds:
+            if isinstance(d, int) or (isinstance(d, str) and d.isdigit()):
+                count *= int(d)
+                continue
+            try:
+                e = DimExpr.parse(d)
+            except ValueError:
+                count = -1
+                break
+            base = dims.get(e.base)
+            if base is None:
+                count = -1
+                break
+            count *= e.apply(base)
+        item = dtype_itemsize.get(exprs.get(name, SAME))
+        if count >= 0 and item is not None:
+            sizes[name] = count * item
+    return sizes
+
+
+def check_outputs(model: str, sizes: Mapping[str, int], limits: RequestLimits) -> None:
+    """``BadRequest(413)`` when the outputs of one call would pass ``limits.max_output_bytes``."""
+    total = sum(sizes.values())
+    if total > limits.max_output_bytes:
+        each = ", ".join(f"{n}={b}" for n, b in sizes.items())
+        raise BadRequest(413, f"model {model}: this call would produce {total} bytes of outputs ({each}); the limit "
+                              f"is {limits.max_output_bytes} bytes (--max-output-mib)")

@@ -243,3 +243,17 @@ def test_body_buffer_waits_for_the_bytes(tmp_path):
             for s in socks:
                 s.close()
 
+
+
+def test_device_probe_decides_stickiness_not_the_message_alone():
+    """The probe itself needs a GPU; here a fake probe stands in (the H200 drill is not run by this suite)."""
+    from tileship.runtime.device_faults import is_sticky_fault, probe_device
+
+    odd = RuntimeError("CUDA error: something no list names")
+    assert is_sticky_fault(odd, "cuda:0", probe=lambda d: "AcceleratorError: unspecified launch failure")
+    assert not is_sticky_fault(odd, "cuda:0", probe=lambda d: None)
+    assert not is_sticky_fault(odd, "cpu", probe=lambda d: pytest.fail("a CPU device is never probed"))
+    assert is_sticky_fault(RuntimeError("operation not supported on global/shared address space"), "cpu")
+    assert probe_device("cpu") is None
+    if not torch.cuda.is_available():
+        assert probe_device("cuda") is not None  # no device: the probe fails, it does not raise

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.errors import CallError
 from tileship.release.diagnostics_queue import CaptureQueue
-from tileship.runtime.device_faults import is_sticky_cuda_error
+from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision, OpRunner, Release
 from tileship.serve import protocol, validate
 from tileship.serve.admission import Slots
@@ -269,7 +269,7 @@ class Service:
         except CallError as exc:
             raise BadRequest(400, exc.message) from None
         except Exception as exc:
-            if is_sticky_cuda_error(exc):
+            if is_sticky_fault(exc, device):
                 diag = self._capture(served, exc, tensors)
                 self.poison(f"{type(exc).__name__}: {str(exc).splitlines()[0]}" + (f" (diagnostics {diag})" if diag else ""))
                 raise _Fatal(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
@@ -296,7 +296,7 @@ class Service:
         except CallError as exc:
             raise BadRequest(400, exc.message) from None
         except Exception as exc:
-            if is_sticky_cuda_error(exc):
+            if is_sticky_fault(exc, whole.device):
                 diag = self._capture(served, exc)
                 self.poison(f"{type(exc).__name__}: {str(exc).splitlines()[0]}" + (f" (diagnostics {diag})" if diag else ""))
                 raise _Fatal(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc

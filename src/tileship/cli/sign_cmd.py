@@ -30,13 +30,17 @@ def register(app: typer.Typer) -> None:
     @app.command("inspect")
     @handle_errors
     def inspect(release: Path,
-                trusted_key: list[Path] = typer.Option([],
-                                                       help="require a signature by one of these public keys")) -> None:
-        """Check a release's integrity (and signature) without loading it."""
-        from tileship.release.bundle import check_integrity, load_public_key, verify_signature
+                trusted_key: list[Path] = typer.Option([], help="require a signature by one of these public keys "
+                                                           "(default: $TILESHIP_TRUSTED_KEYS, as `load`)")) -> None:
+        """Check a release exactly as `load` does (paths, file types, hashes, signature) without loading it.
 
-        manifest = check_integrity(release)
-        console.print(f"[green]intact[/]: release {manifest['release_id']}, {len(manifest['files'])} files")
-        if trusted_key:
-            kid = verify_signature(release, [load_public_key(k) for k in trusted_key])
-            console.print(f"[green]signature ok[/]: {kid}")
+        Prints "intact" only after every check passed; exits 1 on the first failure, naming the file.
+        """
+        from tileship.release.integrity import check
+
+        checked = check(release, trusted_keys=trusted_key or None)
+        for warning in checked.warnings:
+            console.print(f"[yellow]warning[/]: {warning}")
+        if checked.key_id:
+            console.print(f"[green]signature ok[/]: {checked.key_id}")
+        console.print(f"[green]intact[/]: release {checked.release_id}, {len(checked.manifest['files'])} files")

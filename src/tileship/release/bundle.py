@@ -91,35 +91,14 @@ def read_manifest(root: Path) -> dict[str, Any]:
 
 
 def check_integrity(root: Path) -> dict[str, Any]:
-    """Verify every file against the manifest. Returns the manifest.
+    """Verify every file against the manifest (no signature). Returns the manifest.
 
-    Raises BundleIntegrityError naming the file: hash mismatch, missing, not listed, or
-    a manifest whose release id does not match its own file list (edited manifest).
+    Raises BundleIntegrityError naming the file: hash mismatch, missing, not listed, a path
+    leaving the release, a non-regular file, or an edited manifest. See ``integrity.check``.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise BundleError(f"{root}: no such release directory", path=str(root))
-    manifest = read_manifest(root)
-    listed: dict[str, str] = manifest["files"]
-    for rel in listed:
-        if rel.startswith("/") or ".." in Path(rel).parts:
-            raise BundleIntegrityError(f"{root / MANIFEST}: unsafe path {rel!r} in manifest", path=str(root / MANIFEST))
-    if release_id_of(listed) != manifest["release_id"]:
-        raise BundleIntegrityError(f"{root / MANIFEST}: release id does not match the listed files (manifest edited)",
-                                   path=str(root / MANIFEST))
-    present = set(_files(root))
-    for rel in sorted(set(listed) - present):
-        raise BundleIntegrityError(f"{root / rel}: listed in the manifest but missing", path=str(root / rel))
-    for rel in sorted(present - set(listed)):
-        raise BundleIntegrityError(f"{root / rel}: present but not listed in the manifest (extra file)",
-                                   path=str(root / rel))
-    for rel in sorted(listed):
-        p = root / rel
-        if p.is_symlink():
-            raise BundleIntegrityError(f"{p}: symlinks are not allowed in a release", path=str(p))
-        if sha256_file(p) != listed[rel]:
-            raise BundleIntegrityError(f"{p}: sha256 does not match the manifest (tampered or corrupted)", path=str(p))
-    return manifest
+    from tileship.release import integrity
+
+    return integrity.check(root, trusted_keys=[]).manifest
 
 
 # -- signing -------------------------------------------------------------------
@@ -153,15 +132,17 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
 
 
 def sign(root: Path, private_key_path: Path) -> str:
-    """Sign ``root``'s manifest. Returns the key id. Integrity is checked first."""
-    check_integrity(root)
+    """Sign ``root``'s manifest (the bytes integrity was checked on). Returns the key id."""
+    from tileship.release import integrity
+
+    body = integrity.check(root, trusted_keys=[]).manifest_bytes
     try:
         key = serialization.load_pem_private_key(Path(private_key_path).read_bytes(), password=None)
     except (OSError, ValueError) as exc:
         raise SignatureError(f"{private_key_path}: not a PEM private key ({exc})", path=str(private_key_path)) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise SignatureError(f"{private_key_path}: not an ed25519 key", path=str(private_key_path))
-    sig = key.sign((root / MANIFEST).read_bytes())
+    sig = key.sign(body)
     kid = _key_id(key.public_key())
     write_json_atomic(root / SIGNATURE, {"key_id": kid, "signature": base64.b64encode(sig).decode()})
     return kid
@@ -169,15 +150,29 @@ def sign(root: Path, private_key_path: Path) -> str:
 
 def verify_signature(root: Path, trusted: Iterable[Ed25519PublicKey]) -> str:
     """Check the signature against the trusted keys. Returns the signing key id."""
-    path = root / SIGNATURE
+    return verify_signature_bytes(_read_or_none(root / MANIFEST) or b"", _read_or_none(root / SIGNATURE),
+                                  root / SIGNATURE, trusted)
+
+
+def _read_or_none(path: Path) -> bytes | None:
     try:
-        data = json.loads(path.read_text())
-        sig = base64.b64decode(data["signature"], validate=True)
+        return path.read_bytes()
     except FileNotFoundError:
-        raise SignatureError(f"{path}: release is not signed but a trusted key is required", path=str(path)) from None
+        return None
+
+
+def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trusted: Iterable[Ed25519PublicKey]) -> str:
+    """Check ``sig_file`` (the bytes of ``manifest.sig``) over ``body``. Returns the signing key id.
+
+    Raises SignatureError naming ``path``: unsigned, malformed, or made by no trusted key.
+    """
+    if sig_file is None:
+        raise SignatureError(f"{path}: release is not signed but a trusted key is required", path=str(path))
+    try:
+        data = json.loads(sig_file)
+        sig = base64.b64decode(data["signature"], validate=True)
     except (ValueError, KeyError, TypeError) as exc:
         raise SignatureError(f"{path}: malformed signature file ({exc})", path=str(path)) from None
-    body = (root / MANIFEST).read_bytes()
     for key in trusted:
         try:
             key.verify(sig, body)
@@ -225,8 +220,16 @@ def unpack(archive: Path, dest: Path) -> Path:
 
 
 def copy_release(src: Path, dest: Path) -> None:
-    """Copy a release directory to ``dest`` atomically (rename of a complete copy)."""
+    """Copy a release directory to ``dest`` atomically: its listed files only, hashed while copied,
+    fsynced, then one rename of the complete copy. Raises BundleError naming the file."""
+    from tileship.release import integrity
+
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    os.replace(tmp, dest)
+    try:
+        integrity.check(src, trusted_keys=[], copy_to=tmp, durable=True)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    integrity.fsync_dir(dest.parent)

@@ -1,6 +1,8 @@
 """Load a release into this process without compiling anything.
 
-Order: integrity (every file's sha256, the signature when keys are trusted) -> lock vs
+Order: integrity (``release.integrity.snapshot``: every file hashed while it is copied into a
+private 0700 snapshot, the signature when keys are trusted, over the bytes the manifest is
+parsed from) -> everything below reads the snapshot, never the bundle again -> lock vs
 running environment -> import the references -> load each specialization for this device
 from the bundle alone (never TileLang's cache dir, never nvcc, never a writable bundle)
 -> routing from verification evidence. The no-JIT guard is installed first, so any path
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterable
@@ -21,8 +24,10 @@ from tileship import env
 from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
 from tileship.declare.spec import Specialization, Target
 from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
-from tileship.release import bundle, evidence
+from tileship.release import evidence, integrity
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
+
+_log = logging.getLogger("tileship.load")
 
 
 def load_artifact(spec_dir: Path, spec_id: str) -> Any:
@@ -73,12 +78,13 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     """
     root = Path(path)
     t0 = time.perf_counter()
-    manifest = bundle.check_integrity(root)
-    keys = list(trusted_keys) if trusted_keys is not None else env.trusted_key_paths()
-    if keys:
-        bundle.verify_signature(root, [bundle.load_public_key(k) for k in keys])
-    rel = json.loads((root / "release.json").read_text())
-    lock = read_lock(root / "tileship.lock")
+    checked = integrity.snapshot(root, trusted_keys=trusted_keys)
+    manifest, snap = checked.manifest, checked.snapshot
+    assert snap is not None
+    for warning in checked.warnings:
+        _log.warning("%s: %s", root, warning)
+    rel = json.loads((snap / "release.json").read_text())
+    lock = read_lock(snap / "tileship.lock")
     policy = dict(rel.get("policy", {}))
     drift_policy = drift_policy or policy.get("drift", "fallback")
     routing = routing or policy.get("routing", "pinned")
@@ -96,8 +102,8 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
 
         nojit.install()
     device = _device_state()
-    ev = evidence.read(root)
-    notes: list[str] = []
+    ev = evidence.read(snap)
+    notes: list[str] = list(checked.warnings)
     if reference_only:
         notes.append("reference-only: every operator serves the PyTorch reference by policy")
     if report.blocking:
@@ -106,7 +112,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     load_seconds: dict[str, float] = {}
     load_errors: dict[str, str] = {}
     ops: dict[str, OpRunner] = {}
-    use_sources(root)
+    use_sources(snap)
     for name, desc in sorted(rel["operators"].items()):
         reference = _import_reference(desc, name)
         entries: list[Entry] = []
@@ -129,7 +135,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
             if reason is None:
                 t = time.perf_counter()
                 try:
-                    kernel = load_artifact(root / "specs" / sid, sid)
+                    kernel = load_artifact(snap / "specs" / sid, sid)
                 except ArtifactLoadError as exc:
                     load_errors[sid] = str(exc)
                     reason = "load_failed"

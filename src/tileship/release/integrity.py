@@ -1,0 +1,304 @@
+"""One read of a release: what is hashed is what is loaded.
+
+``check(root)`` is the single integrity gate of ``load``, ``tileship inspect``, ``publish`` and
+``activate``:
+
+- ``manifest.json`` and ``manifest.sig`` are read once; the manifest is parsed from the very
+  bytes the signature is verified over.
+- Every path is confined to the release: manifest paths may not be absolute, contain ``..``,
+  ``.`` or empty parts; every directory on the way and every file is opened relative to the
+  release with ``O_NOFOLLOW``, so no symlink is followed anywhere. Anything that is not a
+  regular file or a directory (symlink, FIFO, socket, device) is refused, naming the file,
+  without being opened.
+- A directory named like a release id must carry that id; any other name is accepted with a
+  warning and the manifest's id is used.
+- With ``copy_to`` every listed file is copied while it is hashed, so the copy is exactly
+  what was checked. ``snapshot()`` makes such a copy in a fresh 0700 directory that only this
+  process reads; the loader dlopens from it, so a file swapped in the bundle after the check
+  is never loaded.
+
+Raises BundleIntegrityError or SignatureError naming the file; never anything else for a
+malformed bundle.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tileship import env
+from tileship.errors import BundleError, BundleIntegrityError
+
+MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
+#: a directory named like this claims to hold that release
+RELEASE_DIR_RE = re.compile(r"([0-9a-f]{16})(@[0-9]+)?")
+_CHUNK = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A release that passed ``check``. ``snapshot``: the private copy, when one was made."""
+
+    root: Path
+    manifest: dict[str, Any]
+    manifest_bytes: bytes
+    signature_bytes: bytes | None
+    key_id: str | None = None
+    snapshot: Path | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def release_id(self) -> str:
+        return str(self.manifest["release_id"])
+
+
+def _refuse(path: Path, why: str, hint: str | None = None) -> BundleIntegrityError:
+    return BundleIntegrityError(f"{path}: {why}", path=str(path), hint=hint)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(root_fd: int, rel: str, root: Path) -> int:
+    """An fd of the regular file ``rel`` under ``root_fd``; no symlink is followed on the way."""
+    shown = root / rel
+    parts = rel.split("/")
+    fd, opened = root_fd, []
+    try:
+        for part in parts[:-1]:
+            fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            opened.append(fd)
+        st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(shown, f"{_kind(st.st_mode)}: only regular files are allowed in a release")
+        out = os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+        if not stat.S_ISREG(os.fstat(out).st_mode):  # swapped between the stat and the open
+            os.close(out)
+            raise _refuse(shown, "changed into a non-regular file while being read")
+        return out
+    except FileNotFoundError:
+        raise _refuse(shown, "listed in the manifest but missing") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _refuse(shown, "a path component is a symlink or not a directory (paths must stay inside "
+                                 "the release)") from None
+        raise _refuse(shown, f"cannot be read ({exc.strerror})") from None
+    finally:
+        for d in opened:
+            os.close(d)
+
+
+def _read_small(root_fd: int, rel: str, root: Path) -> bytes | None:
+    try:
+        fd = _open_regular(root_fd, rel, root)
+    except BundleIntegrityError as exc:
+        if "missing" in exc.message:
+            return None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _present(root: Path) -> list[str]:
+    """Every regular file below ``root`` (posix, relative); refuses anything else, naming it."""
+    out: list[str] = []
+
+    def walk(d: Path, prefix: str) -> None:
+        with os.scandir(d) as it:
+            for e in sorted(it, key=lambda e: e.name):
+                rel = prefix + e.name
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    walk(Path(e.path), rel + "/")
+                elif stat.S_ISREG(st.st_mode):
+                    out.append(rel)
+                else:
+                    raise _refuse(root / rel, f"{_kind(st.st_mode)}: only regular files are allowed in a release")
+
+    walk(root, "")
+    return [r for r in out if r not in (MANIFEST, SIGNATURE)]
+
+
+def confined(rel: Any) -> bool:
+    """True when ``rel`` is a relative posix path that cannot leave its directory."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\0" in rel:
+        return False
+    return all(p not in ("", ".", "..") for p in rel.split("/"))
+
+
+def parse_manifest(data: bytes, path: Path) -> dict[str, Any]:
+    """The manifest parsed from ``data`` (the bytes the signature covers), structure checked."""
+    from tileship.release.bundle import release_id_of
+
+    try:
+        man = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _refuse(path, f"manifest is not valid JSON ({exc})") from None
+    if not (isinstance(man, dict) and isinstance(man.get("files"), dict) and isinstance(man.get("release_id"), str)):
+        raise _refuse(path, "manifest lacks files/release_id")
+    for rel, digest in man["files"].items():
+        if not confined(rel) or rel in (MANIFEST, SIGNATURE):
+            raise _refuse(path, f"unsafe path {rel!r} in manifest (absolute, '..', or not a plain relative path)")
+        if not (isinstance(digest, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
+            raise _refuse(path, f"malformed hash for {rel!r}")
+    if release_id_of(man["files"]) != man["release_id"]:
+        raise _refuse(path, "release id does not match the listed files (manifest edited)")
+    return man
+
+
+def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_to: Path | None = None,
+          durable: bool = False) -> Checked:
+    """Check the release at ``root`` (see the module docstring). Returns what was checked.
+
+    ``trusted_keys``: None reads ``TILESHIP_TRUSTED_KEYS``; an empty list checks no signature.
+    ``copy_to`` (must not exist): copy every listed file there while hashing it, plus the
+    manifest and signature bytes that were checked; ``durable`` fsyncs every copied file and
+    directory (for the registry). Raises BundleError (or its subclasses) naming the file.
+    """
+    root = Path(root)
+    if not root.is_dir() or root.is_symlink():
+        raise BundleError(f"{root}: no such release directory", path=str(root))
+    try:
+        root_fd = os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise BundleError(f"{root}: cannot open the release directory ({exc.strerror})", path=str(root)) from None
+    try:
+        body = _read_small(root_fd, MANIFEST, root)
+        if body is None:
+            raise _refuse(root / MANIFEST, "manifest missing: not a tileship release")
+        sig = _read_small(root_fd, SIGNATURE, root)
+        manifest = parse_manifest(body, root / MANIFEST)
+        rid, warnings = manifest["release_id"], []
+        named = RELEASE_DIR_RE.fullmatch(root.name)
+        if named and named.group(1) != rid:
+            raise _refuse(root / MANIFEST, f"the directory is named after release {named.group(1)} but holds "
+                                           f"release {rid}", hint="rename the directory to its release id")
+        if not named:
+            warnings.append(f"directory name {root.name!r} is not the release id; using the manifest's id {rid}")
+        listed: dict[str, str] = manifest["files"]
+        present = set(_present(root))
+        for rel in sorted(set(listed) - present):
+            raise _refuse(root / rel, "listed in the manifest but missing")
+        for rel in sorted(present - set(listed)):
+            raise _refuse(root / rel, "present but not listed in the manifest (extra file)")
+        if copy_to is not None:
+            copy_to.mkdir(mode=0o700)
+        for rel in sorted(listed):
+            data = _hash_copy(root_fd, root, rel, listed[rel], copy_to, durable)
+            if data is not None:
+                _check_artifact(root / rel, data, listed)
+        if copy_to is not None:
+            _write(copy_to / MANIFEST, body, durable)
+            if sig is not None:
+                _write(copy_to / SIGNATURE, sig, durable)
+            if durable:
+                _fsync_tree_dirs(copy_to)
+    finally:
+        os.close(root_fd)
+    kid = None
+    keys = list(trusted_keys) if trusted_keys is not None else env.trusted_key_paths()
+    if keys:
+        from tileship.release import bundle
+
+        kid = bundle.verify_signature_bytes(body, sig, root / SIGNATURE, [bundle.load_public_key(k) for k in keys])
+    return Checked(root, manifest, body, sig, kid, copy_to, tuple(warnings))
+
+
+def _check_artifact(path: Path, data: bytes, listed: dict[str, str]) -> None:
+    """``specs/<id>/artifact.json``'s ``library`` must name a listed file of its own spec directory."""
+    try:
+        lib = json.loads(data).get("library")
+    except (ValueError, AttributeError):
+        raise _refuse(path, "artifact description is not a JSON object") from None
+    spec_dir = path.parent.name
+    if not (confined(lib) and "/" not in lib and f"specs/{spec_dir}/{lib}" in listed):
+        raise _refuse(path, f"library {lib!r} is not a file of its own specialization directory "
+                            "(paths must stay inside specs/<id>/)")
+
+
+def _hash_copy(root_fd: int, root: Path, rel: str, want: str, copy_to: Path | None, durable: bool) -> bytes | None:
+    """Hash (and copy) one file; returns its bytes when it is an artifact description to check."""
+    fd = _open_regular(root_fd, rel, root)
+    h = hashlib.sha256()
+    out = None
+    keep = bytearray() if re.fullmatch(r"specs/[^/]+/artifact\.json", rel) else None
+    try:
+        if copy_to is not None:
+            dest = copy_to / rel
+            dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        while chunk := os.read(fd, _CHUNK):
+            h.update(chunk)
+            if keep is not None:
+                keep += chunk
+            if out is not None:
+                _write_all(out, chunk, copy_to / rel)
+        if out is not None and durable:
+            os.fsync(out)
+    finally:
+        os.close(fd)
+        if out is not None:
+            os.close(out)
+    if "sha256:" + h.hexdigest() != want:
+        raise _refuse(root / rel, "sha256 does not match the manifest (tampered or corrupted)")
+    return bytes(keep) if keep is not None else None
+
+
+def _write_all(fd: int, data: bytes, path: Path) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write(path: Path, data: bytes, durable: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, data, path)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree_dirs(top: Path) -> None:
+    for d, _, _ in os.walk(top, topdown=False):
+        fsync_dir(Path(d))
+
+
+def snapshot(root: Path | str, *, trusted_keys: Iterable[Path] | None = None) -> Checked:
+    """``check`` with a private copy (fresh 0700 temp dir, removed at exit) that the loader reads."""
+    parent = tempfile.mkdtemp(prefix="tileship-snapshot-")
+    atexit.register(shutil.rmtree, parent, True)
+    name = Path(root).name if RELEASE_DIR_RE.fullmatch(Path(root).name) else "release"
+    try:
+        return check(root, trusted_keys=trusted_keys, copy_to=Path(parent) / name)
+    except BaseException:
+        shutil.rmtree(parent, ignore_errors=True)
+        raise

@@ -38,6 +38,9 @@ class Entry:
     detail: str = ""
     #: kernel calls served by this specialization
     calls: Counter = field(default_factory=Counter)
+    #: of those, the calls a fast launcher served (``runtime.launch``); the rest went through
+    #: TileLang's adapter (``OpRunner.launchers()`` says why, per key)
+    fast_calls: Counter = field(default_factory=Counter)
     #: the loaded TileLang kernel object (sources, params) when one was loaded
     artifact: Any = None
     #: optional per-size rule (evidence routing of a T.dynamic range): ``choose(bound_dims)``
@@ -60,6 +63,10 @@ class OpShape:
     dtypes: tuple[str, ...] = ()
     #: positions of ScalarArg inputs (Python numbers, not part of the dispatch key's shapes)
     scalars: tuple[int, ...] = ()
+    #: the declared outputs (name, dims) and each one's dtype expression; empty: not known
+    #: (the fast launcher and an up-front ``out=`` check then have no shapes to go by)
+    outputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    out_dtypes: tuple[str, ...] = ()
 
     def input_dtypes(self, op_dtype: str) -> list[str]:
         """Each input's dtype name in a specialization of ``op_dtype``."""

@@ -5,6 +5,12 @@ the specialization with one dictionary lookup; the first call of a new key resol
 (exact static shape, else the ``T.dynamic`` range check) and memoizes the result. It never
 compiles: a key no kernel covers goes to the reference, every time, with its reason.
 
+The memoized ``Route`` of a key holds the fast launcher of its kernel (``runtime.launch``):
+the compiled entry point resolved once, outputs allocated with ``torch.empty`` from the
+declaration's shapes (or the caller's ``out=``), no TileLang adapter per call. Where it cannot
+be resolved the adapter serves the key and ``launchers()`` says why. ``Entry.fast_calls``
+counts the kernel calls the fast launcher served.
+
 Reasons (``Decision.reason``):
     kernel               the compiled kernel ran
     undeclared_shape     no specialization covers these shapes (or a derived dim such as K/8
@@ -13,6 +19,8 @@ Reasons (``Decision.reason``):
                          length that arrives as int64; or "same"-dtype inputs that disagree)
     device_not_covered   no specialization was built/loaded for this device (type or arch)
     non_contiguous       the kernel needs contiguous inputs
+    misaligned           an input (or an ``out`` the kernel would write) is not 16-byte aligned, e.g. a
+                         contiguous slice at an offset: never handed to a TMA or vector load
     drift                blocking environment drift against the lock
     build_failed         the specialization failed to compile at build time
     load_failed          its artifact failed to load or warm up here
@@ -28,40 +36,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any
 
-from tileship.declare.dims import bind, shape_at
+import tileship.runtime.route as rt
+from tileship.declare.dims import SAME, bind, shape_at
+from tileship.declare.spec import Target
 from tileship.errors import CallError
 from tileship.runtime.counter import Counter
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
+from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
+from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned
 
-_KEY = attrgetter("device", "dtype", "shape")
-
-
-def _key1(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    (a,) = args
-    return (a.device, a.dtype, a.shape)
-
-
-def _key2(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    a, b = args
-    return (a.device, a.dtype, a.shape, b.device, b.dtype, b.shape)
-
-
-def _key3(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    a, b, c = args
-    return (a.device, a.dtype, a.shape, b.device, b.dtype, b.shape, c.device, c.dtype, c.shape)
-
-
-def _key_any(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(map(_KEY, args))
-
-
-#: the memo key of a call: (device, dtype, shape) of every input, flat. Arity-specialized
-#: because this is most of the dispatcher's cost per call (one flat tuple, no inner tuples).
-_KEY_OF = {1: _key1, 2: _key2, 3: _key3}
 MEMO_LIMIT = 8192
 _log = logging.getLogger("tileship.runtime.dispatch")
 _fault_call = threading.local()
@@ -71,15 +58,6 @@ def fault_args() -> tuple[Any, ...] | None:
     """The arguments of the call whose fault is being reported, inside an ``on_fault`` hook
     (which runs synchronously in the failing call's thread); None anywhere else."""
     return getattr(_fault_call, "args", None)
-
-
-def _all_finite(out: Any) -> bool:
-    import torch
-
-    for t in out if isinstance(out, (tuple, list)) else (out,):
-        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
-            return False
-    return True
 
 
 class OpRunner:
@@ -102,16 +80,17 @@ class OpRunner:
         self.reference = reference
         self.entries = entries
         self._n = len(shape.inputs)
-        self._key_of = _KEY_OF.get(self._n, _key_any)
+        self._key_of = KEY_OF.get(self._n, key_any)
         self._scalars = tuple(shape.scalars)
         tpos = tuple(i for i in range(self._n) if i not in self._scalars)
         self._tdecl = tuple(shape.inputs[i] for i in tpos)
+        self._tdtypes = tuple((shape.dtypes or (SAME,) * self._n)[i] for i in tpos)
         self._tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]] = lambda args: args
         if self._scalars:  # scalars add their Python type to the key, never their value
             pick = itemgetter(*tpos)
             self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
             scal = self._scalars
-            self._key_of = lambda args: (*_key_any(self._tensors(args)), *(type(args[i]) for i in scal))
+            self._key_of = lambda args: (*key_any(self._tensors(args)), *(type(args[i]) for i in scal))
         self._exact: dict[tuple[Any, ...], Entry] = {}
         self._dynamic: list[tuple[Entry, str, tuple[Any, ...], str, int, int, dict[str, int]]] = []
         self._dtypes: set[tuple[Any, ...]] = set()
@@ -119,7 +98,7 @@ class OpRunner:
         self.sample: Callable[..., Any] | None = None
         # device type -> reason when no kernel serves that device at all
         self._device_reasons = dict(device_reasons or {})
-        self._memo: dict[tuple[Any, ...], Entry] = {}
+        self._memo: dict[tuple[Any, ...], Route] = {}
         self._lock = threading.Lock()
         # reference calls by reason (Counter: no lock per call)
         self._ref_counts: dict[str, Counter] = {}
@@ -147,40 +126,48 @@ class OpRunner:
         self.check_finite = check_finite
 
     # -- hot path ----------------------------------------------------------------
-    def __call__(self, *args: Any) -> Any:
-        """The output only. The common case (a memoized key served by a kernel) is inlined
-        here: one tuple of (device, dtype, shape), one dict lookup, contiguity, the launch."""
+    def __call__(self, *args: Any, out: Any = None) -> Any:
+        """The output only (``out`` when given). The common case (a memoized key served by a
+        kernel) is inlined here: one key tuple, one dict lookup, layout, the launch."""
+        if out is not None or self.check_finite:
+            return self.call(*args, out=out)[0]
         try:
-            entry = self._memo[self._key_of(args)]
+            route = self._memo[self._key_of(args)]
         except (KeyError, AttributeError, TypeError, ValueError):  # first call of this key, or bad arguments
-            return self.call(*args)[0]
-        if self.check_finite:
-            return self._call_checked(args)[0]
+            return self._call_plain(args, None)[0]
+        entry = route.entry
         kernel = entry.kernel
         if kernel is None:
-            out = self.reference(*args)
+            res = self.reference(*args)
             self._ref_counter(entry.decision.reason).add()
-            return out
+            return res
         for a in self._tensors(args):
             if not a.is_contiguous():
                 return self._reference(args, "non_contiguous", entry)[0]
+            if a.data_ptr() % 16:  # route.ALIGNMENT, inlined
+                return self._reference(args, "misaligned", entry)[0]
         try:
-            out = kernel(*args)
-        except Exception as exc:
-            self.disable(entry, "circuit_open", f"kernel raised {type(exc).__name__}: {exc}")
+            if kernel is route.kernel:
+                res = route.launch(args, None)  # type: ignore[misc]
+                entry.fast_calls.add()
+            else:
+                res = kernel(*args)
+        except Exception as exc:  # the circuit breaker, the same as call()'s
+            self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry)[0]
         entry.calls.add()
-        return out
+        return res
 
-    def call(self, *args: Any) -> tuple[Any, Decision]:
-        """Run the operator; return (output, decision). Raises CallError for unservable args.
-        With ``check_finite`` on, a non-finite kernel output is checked against the reference."""
+    def call(self, *args: Any, out: Any = None) -> tuple[Any, Decision]:
+        """Run the operator; return (output, decision). Raises CallError for unservable args
+        (a wrong ``out`` included: the argument named is ``out``). With ``out`` (a tensor, or a
+        sequence for several outputs) the result is written there, on either path, and ``out``
+        returned. With ``check_finite`` on, a non-finite kernel output is checked against the reference."""
         if self.check_finite:
-            return self._call_checked(args)
-        return self._call_plain(args)
+            return self._call_checked(args, out)
+        return self._call_plain(args, out)
 
-    def _call_plain(self, args: tuple[Any, ...]) -> tuple[Any, Decision]:
-        """``call`` without the non-finite check."""
+    def _route(self, args: tuple[Any, ...]) -> Route:
         if len(args) != self._n:
             kind = "arguments" if self._scalars else "tensors"
             raise CallError(f"expected {self._n} {kind} ({', '.join(n for n, _ in self.shape.inputs)}), got "
@@ -192,39 +179,61 @@ class OpRunner:
                        and not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
             raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name,
                             argument=self.shape.inputs[bad][0]) from None
-        entry = self._memo.get(key)
-        if entry is None:
-            entry = self._resolve(key, args)
+        route = self._memo.get(key)
+        return route if route is not None else self._resolve(key, args)
+
+    def _call_plain(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:
+        """``call`` without the non-finite check."""
+        route = self._route(args)
+        tensors = self._tensors(args)
+        outs = None if out is None else check_out(out, route, tensors, self.shape.n_outputs, self.name)
+        entry = route.entry
         kernel = entry.kernel
         if kernel is None:
-            return self._reference(args, entry.decision.reason, entry)
-        for a in self._tensors(args):
+            return self._reference(args, entry.decision.reason, entry, outs, out)
+        for a in tensors:
             if not a.is_contiguous():
-                return self._reference(args, "non_contiguous", entry)
+                return self._reference(args, "non_contiguous", entry, outs, out)
+        fast = kernel is route.kernel
+        if misaligned(tensors) or (fast and outs is not None and route.writes_out and misaligned(outs)):
+            return self._reference(args, "misaligned", entry, outs, out)
         try:
-            out = kernel(*args)
+            if fast:
+                res = route.launch(args, outs)  # type: ignore[misc]
+                entry.fast_calls.add()
+            else:
+                res = kernel(*args)
         except Exception as exc:  # the circuit breaker: this specialization goes to the reference
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
-            return self._reference(args, "circuit_open", entry)
+            return self._reference(args, "circuit_open", entry, outs, out)
         entry.calls.add()  # Counter: atomic under the GIL, no lock on the hot path
-        return out, entry.decision
+        if outs is not None:
+            res = out if fast else fill_out(outs, res, out, self.name)
+        return res, entry.decision
 
-    def _call_checked(self, args: tuple[Any, ...]) -> tuple[Any, Decision]:
+    def _call_checked(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:
         """``call`` with the non-finite check (``check_finite`` on)."""
-        out, d = self._call_plain(args)
-        if d.path != KERNEL or _all_finite(out):
-            return out, d
-        ref = self.reference(*args)
-        if not _all_finite(ref):
-            return out, d  # the inputs make both paths non-finite: nothing to blame the kernel for
-        entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
-        self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
-        self._ref_counter("circuit_open").add()
-        return ref, Decision(REFERENCE, "circuit_open", d.spec_id)
+        outs = None if out is None else check_out(out, self._route(args), self._tensors(args),
+                                                  self.shape.n_outputs, self.name)
+        res, d = self._call_plain(args, None)
+        if d.path == KERNEL and not rt.all_finite(res):
+            ref = self.reference(*args)
+            if rt.all_finite(ref):  # else the inputs make both paths non-finite: nothing to blame the kernel for
+                entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
+                self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
+                self._ref_counter("circuit_open").add()
+                res, d = ref, Decision(REFERENCE, "circuit_open", d.spec_id)
+        return (res if outs is None else fill_out(outs, res, out, self.name)), d
 
     def _trip(self, entry: Entry, kind: str, detail: str, args: tuple[Any, ...]) -> None:
-        self.disable(entry, "circuit_open", detail)
+        """Open the circuit of ``entry``; only the call that opens it counts, logs and calls the
+        hook (threads racing on the same failing kernel report it once)."""
         with self._lock:
+            if entry.kernel is None:
+                return
+            entry.kernel = None
+            entry.decision = Decision(REFERENCE, "circuit_open", entry.decision.spec_id)
+            entry.detail = detail
             self.faults[kind] = self.faults.get(kind, 0) + 1
         _log.warning("circuit open: %s now serves the reference (%s)", entry.decision.spec_id, detail)
         hook = self.on_fault
@@ -245,29 +254,22 @@ class OpRunner:
                 c = self._ref_counts.setdefault(reason, Counter())
         return c
 
-    def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry) -> tuple[Any, Decision]:
-        out = self.reference(*args)
+    def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry, outs: tuple[Any, ...] | None = None,
+                   given: Any = None) -> tuple[Any, Decision]:
+        res = self.reference(*args)
+        if outs is not None:
+            res = fill_out(outs, res, given, self.name)
         self._ref_counter(reason).add()
-        d = entry.decision if entry.decision.path == REFERENCE and entry.decision.reason == reason else Decision(REFERENCE, reason, entry.decision.spec_id)
-        return out, d
+        d = entry.decision
+        if d.path != REFERENCE or d.reason != reason:
+            d = Decision(REFERENCE, reason, d.spec_id)
+        return res, d
 
     # -- slow path (first call of a key) -------------------------------------------
-    def _check_devices(self, args: tuple[Any, ...]) -> None:
-        dev = args[0].device
-        for (name, _), a in zip(self._tdecl, args, strict=True):
-            if a.device != dev:
-                raise CallError(f"is on {a.device} but {self._tdecl[0][0]} is on {dev}",
-                                operator=self.name, argument=name, hint="move all inputs to one device")
-
-    def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Entry:
-        for i in self._scalars:
-            if not isinstance(args[i], (int, float, bool)):
-                raise CallError(f"is a ScalarArg: pass a Python number, got {type(args[i]).__name__}",
-                                operator=self.name,
-                                argument=self.shape.inputs[i][0],
-                                hint="pass float(x) / int(x), or x.item() for a one-element tensor")
-        args = self._tensors(args)
-        self._check_devices(args)
+    def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Route:
+        rt.check_scalars(args, self._scalars, self.shape.inputs, self.name)
+        full, args = args, self._tensors(args)
+        rt.check_devices(args, self._tdecl, self.name)
         b = bind(self._tdecl, [tuple(a.shape) for a in args])
         if b.problem in ("rank", "disagree"):
             raise CallError(b.message, operator=self.name, argument=b.argument)
@@ -280,9 +282,20 @@ class OpRunner:
             why = entry.choose(bound)
             if why is not None:
                 entry = Entry(entry.spec, None, Decision(REFERENCE, why, entry.decision.spec_id), detail=entry.detail)
+        dev = args[0].device
+        if entry.kernel is not None and entry.spec is not None and not rt.capability_matches(
+                dev, Target(entry.spec.target).compute_capability):  # another GPU model than the one built for
+            entry = Entry(entry.spec, None, Decision(REFERENCE, self._device_reasons.get(dev.type, "device_not_covered"),
+                                                     entry.decision.spec_id), detail=f"{dev} has another capability")
+        sizes = {d: v for d, v in (entry.spec.dims if entry.spec else ()) if isinstance(v, int)}
+        outs = rt.expected_outputs(self.shape.outputs, self.shape.out_dtypes, self._tdtypes, args, {**sizes, **bound})
+        launcher = resolve_launcher(entry.kernel, outs, full, dev) if entry.kernel is not None else None
+        if launcher is not None and launcher.fn is None:
+            _log.info("%s: TileLang's adapter serves %s (%s)", self.name, entry.decision.spec_id, launcher.why)
+        route = Route(entry, outs, launcher)
         if len(self._memo) < MEMO_LIMIT:
-            self._memo[key] = entry
-        return entry
+            self._memo[key] = route
+        return route
 
     def _match(self, key: tuple[Any, ...], args: tuple[Any, ...], bound: dict[str, int]) -> Entry:
         exact = self._exact.get((args[0].device.type, *(a.dtype for a in args), *(tuple(a.shape) for a in args)))
@@ -317,6 +330,10 @@ class OpRunner:
             entry.kernel = None
             entry.decision = Decision(REFERENCE, reason, entry.decision.spec_id)
             entry.detail = detail
+
+    def launchers(self) -> dict[str, str]:
+        """Per memoized key a kernel serves: its launcher (``ctypes``, ``tvm_ffi``, ...) or ``adapter: <why>``."""
+        return rt.describe(self._memo)
 
     def snapshot(self) -> dict[str, int]:
         """Calls so far by ``path:reason``."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tileship.errors import CallError
@@ -30,6 +30,16 @@ class Release:
     notes: list[str] = field(default_factory=list)
     declarations: Mapping[str, Any] = field(default_factory=dict)
     evidence: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # the declared outputs, which the fast launcher allocates and ``out=`` is checked against
+        for name, runner in self.ops.items():
+            desc = self.declarations.get(name)
+            if desc and desc.get("outputs") and not runner.shape.outputs:
+                exprs = desc.get("tensor_dtypes") or {}
+                outs = tuple((str(n), tuple(str(d) for d in dims)) for n, dims, *_ in desc["outputs"])
+                runner.shape = replace(runner.shape, outputs=outs, out_dtypes=tuple(exprs.get(n, "same") for n, _ in outs))
+                runner._memo.clear()
 
     def op(self, name: str) -> OpRunner:
         try:

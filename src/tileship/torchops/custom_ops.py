@@ -10,6 +10,11 @@ device of the first input), so ``torch.compile(..., fullgraph=True)`` traces
 through without running anything and without guarding on sizes: shapes the release does
 not cover are a runtime decision of the dispatcher, not a recompilation.
 
+Each operator also gets an ``out=`` form, ``torch.ops.tileship_<release id>.<operator>_out(...,
+out)`` (``ops.out("gemm")``), a custom op that mutates ``out`` (one tensor, or a list for several
+outputs) and returns nothing: ``OpRunner.call(..., out=out)``, so a wrong ``out`` is a CallError
+naming it and either path writes into it.
+
 Registering the same release id again (a second ``load`` in the process) rebinds the
 existing ops to the newly loaded release; another release gets its own namespace, so two
 releases can serve side by side.
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,6 +55,8 @@ class TorchOps:
     kernel_revision: str
     namespace: str
     ops: Mapping[str, Any]
+    #: operator -> its ``out=`` form (``<operator>_out``), when it could be defined
+    out_ops: Mapping[str, Any] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # copy/pickle probe dunders before ``ops`` exists
@@ -69,6 +76,14 @@ class TorchOps:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.ops)
+
+    def out(self, name: str) -> Any:
+        """The ``out=`` form of ``name``: ``ops.out("add")(a, b, out=c)`` writes into ``c``."""
+        try:
+            return self.out_ops[name]
+        except KeyError:
+            raise CallError(f"no out= form (release {self.release_id} has: {', '.join(sorted(self.out_ops))})",
+                            operator=name) from None
 
     def runner(self, name: str) -> OpRunner:
         """The OpRunner serving ``name`` now (the latest registered load of this release)."""
@@ -96,6 +111,7 @@ def register(release: Release) -> TorchOps:
         if known is not None and set(known.ops) == set(release.ops):
             return known
         ops = dict(known.ops) if known is not None else {}
+        out_ops = dict(known.out_ops) if known is not None else {}
         for name in sorted(release.ops):
             if name not in ops:
                 decl = release.declarations[name]
@@ -103,7 +119,10 @@ def register(release: Release) -> TorchOps:
                 ops[name] = _define(ns, name, decl["inputs"], decl["outputs"],
                                     {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]},
                                     decl.get("scalars") or ())
-        torch_ops = TorchOps(release.release_id, release.kernel_revision, ns, ops)
+                if f"{name}_out" not in release.ops:
+                    out_ops[name] = _define_out(ns, name, decl["inputs"], len(decl["outputs"]),
+                                                exprs, decl.get("scalars") or ())
+        torch_ops = TorchOps(release.release_id, release.kernel_revision, ns, ops, out_ops)
         _registered[ns] = torch_ops
         return torch_ops
 
@@ -129,6 +148,23 @@ def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequen
     fake = _fake(name, in_decl, out_dims, out_dtypes)
     op.register_fake(fake if not scalars else lambda *a: fake(*(a[i] for i in pick)))
     return getattr(getattr(torch.ops, ns), name).default
+
+
+def _define_out(ns: str, name: str, inputs: Sequence[Sequence[Any]], n_outputs: int, dtypes: Mapping[str, str],
+                scalars: Sequence[str]) -> Any:
+    """``<name>_out(inputs..., out) -> ()``: the runner's ``call(..., out=out)``, mutating ``out``."""
+    qual = f"{ns}::{name}"
+    args = ", ".join(f"{_schema_type(dtypes.get(str(n), SAME)) if n in scalars else 'Tensor'} {n}"
+                     for n, *_ in inputs)
+    out_t = "Tensor(a!) out" if n_outputs == 1 else "Tensor(a!)[] out"
+
+    def run(*args: Any) -> None:
+        *ins, out = args
+        _runners[qual].call(*ins, out=out)
+
+    op = torch.library.custom_op(f"{qual}_out", run, mutates_args=("out",), schema=f"({args}, {out_t}) -> ()")
+    op.register_fake(lambda *a: None)
+    return getattr(getattr(torch.ops, ns), f"{name}_out").default
 
 
 def _schema_type(dtype: str) -> str:

@@ -1,0 +1,190 @@
+"""Route: what the dispatcher memoizes per call key, and the checks on a caller's ``out=``.
+
+The memo key of a call is the (device, dtype, shape) of every input, flat. A key resolves once
+(``OpRunner._resolve``, the slow path) to a ``Route``: the specialization's ``Entry`` (shared
+by every key it serves: its kernel, decision and counter), the output shapes and dtypes the
+declaration gives for these inputs, and the fast launcher (``runtime.launch``) for exactly
+these shapes, or why there is none. Per call the dispatcher only checks layout and launches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any
+
+from tileship.declare.dims import SAME, shape_at
+from tileship.errors import CallError
+from tileship.runtime.decision import Entry
+from tileship.runtime.launch import Launcher, LaunchFn
+
+_KEY = attrgetter("device", "dtype", "shape")
+#: bytes a kernel input's address must be a multiple of (TMA and 128-bit vector loads)
+ALIGNMENT = 16
+
+
+def _key1(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    (a,) = args
+    return (a.device, a.dtype, a.shape)
+
+
+def _key2(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    a, b = args
+    return (a.device, a.dtype, a.shape, b.device, b.dtype, b.shape)
+
+
+def _key3(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    a, b, c = args
+    return (a.device, a.dtype, a.shape, b.device, b.dtype, b.shape, c.device, c.dtype, c.shape)
+
+
+def key_any(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(map(_KEY, args))
+
+
+#: the memo key of a call, arity-specialized because this is most of the dispatcher's cost per
+#: call (one flat tuple, no inner tuples)
+KEY_OF = {1: _key1, 2: _key2, 3: _key3}
+
+OutSpecs = tuple[tuple[tuple[int, ...], Any], ...]
+
+
+class Route:
+    """One memo key's way through the dispatcher. ``kernel`` is the kernel object ``launch`` was
+    resolved from: the fast launcher runs only while ``entry.kernel is kernel`` (a disabled or
+    swapped kernel is never bypassed)."""
+
+    __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out")
+
+    def __init__(self, entry: Entry, outs: OutSpecs | None, launcher: Launcher | None = None) -> None:
+        self.entry = entry
+        self.outs = outs
+        fast = launcher is not None and launcher.fn is not None
+        self.kernel: Any = entry.kernel if fast else None
+        self.launch: LaunchFn | None = launcher.fn if launcher is not None else None
+        #: which launcher serves this key: "tvm_ffi" | "tvm_ffi_callee_alloc" | "ctypes" | "adapter"
+        self.launcher = launcher.kind if launcher is not None else "adapter"
+        #: why the adapter serves this key (empty when a fast launcher does, or no kernel does)
+        self.why = launcher.why if launcher is not None else ""
+        self.writes_out = launcher.writes_out if launcher is not None else False
+
+    @property
+    def decision(self) -> Any:
+        """The decision of the entry this key resolved to."""
+        return self.entry.decision
+
+
+def expected_outputs(outputs: Sequence[tuple[str, Sequence[str]]], dtypes: Sequence[str],
+                     in_dtypes: Sequence[str], tensors: Sequence[Any], sizes: dict[str, int]) -> OutSpecs | None:
+    """Each output's (shape, torch dtype) for these inputs, from the declaration (``shape_at``
+    over the bound dims); None when the declaration has no outputs or a dim is not bound."""
+    import torch
+
+    if not outputs:
+        return None
+    same = next((t.dtype for t, e in zip(tensors, in_dtypes, strict=False) if e == SAME), tensors[0].dtype)
+    try:
+        return tuple((shape_at(ds, sizes), same if e == SAME else getattr(torch, e))
+                     for (_, ds), e in zip(outputs, dtypes or (SAME,) * len(outputs), strict=True))
+    except (KeyError, ValueError, AttributeError):
+        return None
+
+
+def check_out(out: Any, route: Route, tensors: Sequence[Any], n_outputs: int, op: str) -> tuple[Any, ...]:
+    """The caller's ``out`` as a tuple of tensors; raises CallError (argument ``out``) when one
+    has the wrong count, type, shape, dtype or device, or is not contiguous."""
+    outs = (out,) if hasattr(out, "data_ptr") else tuple(out) if isinstance(out, (tuple, list)) else None
+    if outs is None or len(outs) != n_outputs:
+        want = "a tensor" if n_outputs == 1 else f"a sequence of {n_outputs} tensors"
+        raise CallError(f"expected {want}, got {type(out).__name__}", operator=op, argument="out")
+    dev = tensors[0].device
+    for i, o in enumerate(outs):
+        which = "out" if n_outputs == 1 else f"out[{i}]"
+        if not hasattr(o, "data_ptr"):
+            raise CallError(f"{which} is a {type(o).__name__}, not a torch.Tensor", operator=op, argument="out")
+        if route.outs is not None:
+            shape, dtype = route.outs[i]
+            if tuple(o.shape) != tuple(shape) or o.dtype != dtype:
+                raise CallError(f"{which} is {tuple(o.shape)} {o.dtype}, this call needs {tuple(shape)} {dtype}",
+                                operator=op, argument="out")
+        if o.device != dev:
+            raise CallError(f"{which} is on {o.device}, the inputs on {dev}", operator=op, argument="out",
+                            hint="allocate out on the inputs' device")
+        if not o.is_contiguous():
+            raise CallError(f"{which} is not contiguous", operator=op, argument="out",
+                            hint="pass a contiguous tensor (torch.empty(shape, ...))")
+    return outs
+
+
+def fill_out(outs: tuple[Any, ...], result: Any, given: Any, op: str) -> Any:
+    """Copy ``result`` (a tensor, or a sequence of them) into the checked ``outs``; returns
+    ``given`` (what the caller passed as ``out``). Raises CallError when a result does not fit
+    (only possible where the declaration could not give the output shapes up front)."""
+    results = (result,) if len(outs) == 1 and hasattr(result, "data_ptr") else tuple(result)
+    for o, r in zip(outs, results, strict=True):
+        if o is r:
+            continue
+        if o.shape != r.shape or o.dtype != r.dtype:
+            raise CallError(f"out is {tuple(o.shape)} {o.dtype}, the result {tuple(r.shape)} {r.dtype}",
+                            operator=op, argument="out")
+        o.copy_(r)
+    return given
+
+
+def check_scalars(args: tuple[Any, ...], scalars: Sequence[int], inputs: Sequence[tuple[str, Any]], op: str) -> None:
+    """Raises CallError naming a ScalarArg that is not a Python number."""
+    for i in scalars:
+        if not isinstance(args[i], (int, float, bool)):
+            raise CallError(f"is a ScalarArg: pass a Python number, got {type(args[i]).__name__}", operator=op,
+                            argument=inputs[i][0], hint="pass float(x) / int(x), or x.item() for a one-element tensor")
+
+
+def check_devices(tensors: Sequence[Any], declared: Sequence[tuple[str, Any]], op: str) -> None:
+    """Raises CallError naming the first input on another device than the first one."""
+    dev = tensors[0].device
+    for (name, _), a in zip(declared, tensors, strict=True):
+        if a.device != dev:
+            raise CallError(f"is on {a.device} but {declared[0][0]} is on {dev}", operator=op, argument=name,
+                            hint="move all inputs to one device")
+
+
+def misaligned(tensors: Sequence[Any]) -> bool:
+    """True when a tensor's address is not a multiple of ``ALIGNMENT`` bytes."""
+    for t in tensors:
+        if t.data_ptr() % ALIGNMENT:
+            return True
+    return False
+
+
+def all_finite(out: Any) -> bool:
+    """True when no floating output holds NaN/Inf (a device sync on CUDA)."""
+    import torch
+
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+            return False
+    return True
+
+
+def describe(memo: dict[tuple[Any, ...], Route]) -> dict[str, str]:
+    """``spec id [shapes]`` -> the launcher of each memoized key a kernel serves, or ``adapter: <why>``."""
+    out = {}
+    for key, r in list(memo.items()):
+        if r.entry.kernel is None:
+            continue
+        shapes = " ".join("x".join(map(str, k)) for k in key if isinstance(k, tuple))
+        out[f"{r.entry.decision.spec_id} [{shapes}]"] = r.launcher if r.launch else f"adapter: {r.why}"
+    return out
+
+
+def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
+    """True when CUDA ``device`` has ``capability`` (a specialization's target); True off CUDA."""
+    if getattr(device, "type", None) != "cuda" or capability is None:
+        return True
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(device)) == tuple(capability)
+
+
+__all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
+           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned"]

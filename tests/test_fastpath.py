@@ -1,0 +1,254 @@
+"""The kernel call at the launch limit (issue 14): the fast launcher, ``out=``, layout safety,
+wrong devices, many threads, and the circuit breaker on both call paths. Real TileLang "c"-target
+kernels from the CPU catalog, plus in-process stand-ins where a behaviour needs one."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+from tileship.declare.spec import Specialization
+from tileship.errors import CallError
+from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape
+from tileship.runtime.loader import load
+
+
+def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+@pytest.fixture
+def release(cpu_release_build):
+    return load(cpu_release_build.path)
+
+
+def _kernel_entries(runner: OpRunner) -> list[Entry]:
+    return [e for e in runner.entries if e.kernel is not None]
+
+
+# -- the fast launcher -------------------------------------------------------------------------
+def test_the_fast_launcher_serves_every_catalog_kernel_and_matches(release):
+    add, norm = release.op("add"), release.op("rmsnorm_cpu")
+    for n in (1, 7, 4096, 100_003):
+        a, b = torch.randn(n), torch.randn(n)
+        out, d = add.call(a, b)
+        assert d.path == KERNEL and torch.equal(out, a + b), (n, d)
+        assert torch.equal(add(a, b), a + b)
+    for m, n in ((1, 1024), (33, 1024), (64, 256)):
+        x, w = torch.randn(m, n), torch.randn(n)
+        out, d = norm.call(x, w)
+        assert d.path == KERNEL
+        torch.testing.assert_close(out, rms(x, w), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(norm(x, w), rms(x, w), atol=1e-5, rtol=1e-5)
+    for runner in (add, norm):
+        launchers = runner.launchers()
+        assert launchers and set(launchers.values()) == {"ctypes"}, launchers
+        for e in runner.entries:
+            assert e.fast_calls.value() == e.calls.value() > 0, (e.spec.id, e.fast_calls, e.calls)
+
+
+def test_a_swapped_kernel_is_never_bypassed_and_the_adapter_fallback_says_why(release):
+    add = release.op("add")
+    a, b = torch.randn(4096), torch.randn(4096)
+    add(a, b)  # memoized with the fast launcher
+    entry = next(e for e in add.entries if e.spec.id == "add.float32.N4096.c")
+    real, seen = entry.kernel, []
+
+    def counted(*args):
+        seen.append(len(args))
+        return real(*args)
+
+    entry.kernel = counted
+    assert torch.equal(add(a, b), a + b) and torch.equal(add.call(a, b)[0], a + b)
+    assert seen == [2, 2], "the swapped-in kernel was bypassed by the fast launcher"
+    add._memo.clear()
+    add(a, b)
+    assert add.launchers() == {"add.float32.N4096.c [4096 4096]": "adapter: not a TileLang kernel (function)"}
+    assert entry.fast_calls.value() == 1 and entry.calls.value() == 4
+
+
+# -- out= ----------------------------------------------------------------------------------------
+def test_out_is_written_on_the_kernel_and_the_reference_path(release):
+    add, norm = release.op("add"), release.op("rmsnorm_cpu")
+    a, b, c = torch.randn(4096), torch.randn(4096), torch.full((4096,), float("nan"))
+    assert add(a, b, out=c) is c and torch.equal(c, a + b)
+    c.fill_(float("nan"))
+    got, d = add.call(a, b, out=c)
+    assert got is c and d.path == KERNEL and torch.equal(c, a + b)
+    entry = next(e for e in add.entries if e.spec.id == "add.float32.N4096.c")
+    assert entry.fast_calls.value() == 2, "out= did not go through the fast launcher"
+    x, w = torch.randn(3, 512), torch.randn(512)  # N=512: the reference serves it
+    y = torch.empty(3, 512)
+    got, d = norm.call(x, w, out=y)
+    assert got is y and (d.path, d.reason) == (REFERENCE, "undeclared_shape")
+    torch.testing.assert_close(y, rms(x, w))
+    assert norm(x, w, out=[y]) == [y]
+
+
+@pytest.mark.parametrize("out,message", [
+    (lambda: torch.empty(4095), r"out is \(4095,\) torch.float32, this call needs \(4096,\) torch.float32"),
+    (lambda: torch.empty(4096, dtype=torch.float64), "this call needs"),
+    (lambda: torch.empty(4096, device="meta"), "out is on meta, the inputs on cpu"),
+    (lambda: torch.empty(8192)[::2], "out is not contiguous"),
+    (lambda: [torch.empty(4096), torch.empty(4096)], "expected a tensor, got list"),
+    (lambda: "c", "expected a tensor, got str"),
+], ids=["shape", "dtype", "device", "non-contiguous", "count", "not-a-tensor"])
+def test_a_wrong_out_is_a_call_error_naming_out(release, out, message):
+    add = release.op("add")
+    a, b = torch.randn(4096), torch.randn(4096)
+    for call in (lambda o: add(a, b, out=o), lambda o: add.call(a, b, out=o)):
+        with pytest.raises(CallError, match=message) as info:
+            call(out())
+        assert info.value.argument == "out"
+    assert add.snapshot() == {}, "a refused call was counted"
+
+
+def test_the_torch_custom_op_has_an_out_form(release):
+    from tileship.torchops.custom_ops import register
+
+    ops = register(release)
+    a, b, c = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    assert ops.out("add")(a, b, c) is None and torch.equal(c, a + b)
+    x, w, y = torch.randn(5, 1024), torch.randn(1024), torch.empty(5, 1024)
+    getattr(torch.ops, ops.namespace).rmsnorm_cpu_out(x, w, out=y)
+    torch.testing.assert_close(y, rms(x, w), atol=1e-5, rtol=1e-5)
+    with pytest.raises(CallError, match=r"add\(out\): out is \(3,\)"):
+        ops.out("add")(a, b, torch.empty(3))
+    compiled = torch.compile(lambda a, b, c: ops.out("add")(a, b, c), fullgraph=True)
+    c2 = torch.empty(4096)
+    compiled(a, b, c2)
+    assert torch.equal(c2, a + b)
+
+
+# -- layout and devices ------------------------------------------------------------------------
+def test_a_misaligned_view_goes_to_the_reference(release):
+    add = release.op("add")
+    base = torch.randn(4097)
+    a = base[1:]  # contiguous, 4 bytes past a 16-byte boundary
+    assert a.is_contiguous() and a.data_ptr() % 16 == 4
+    out, d = add.call(a, a)
+    assert (d.path, d.reason, d.spec_id) == (REFERENCE, "misaligned", "add.float32.N4096.c")
+    assert torch.equal(out, a + a) and torch.equal(add(a, a), a + a)
+    c = torch.empty(4097)[1:]  # an out the kernel would write through a misaligned pointer
+    _, d = add.call(torch.randn(4096), torch.randn(4096), out=c)
+    assert d.reason == "misaligned"
+    assert add.snapshot() == {"reference:misaligned": 3}
+    aligned = torch.randn(4100)[4:]  # 16 bytes in: aligned, the kernel serves it
+    assert add.call(aligned, aligned)[1].path == KERNEL
+
+
+def test_meta_tensors_go_to_the_reference_with_the_device_reason(release):
+    norm = release.op("rmsnorm_cpu")
+    x, w = torch.randn(4, 1024, device="meta"), torch.randn(1024, device="meta")
+    out, d = norm.call(x, w)
+    assert (d.path, d.reason) == (REFERENCE, "device_not_covered") and out.device.type == "meta"
+
+
+class Refuses:
+    """A kernel that must never run (a cuda-only specialization handed CPU tensors)."""
+
+    def __call__(self, *args):
+        raise AssertionError("a cuda specialization was launched with CPU tensors")
+
+
+def test_a_cpu_tensor_never_reaches_a_cuda_only_kernel():
+    spec = Specialization("double", "float16", (("N", (1, 1 << 20)),), "cuda-sm90a")
+    entry = Entry(spec, Refuses(), Decision(KERNEL, KERNEL, spec.id))
+    op = OpRunner(OpShape("double", (("A", ("N",)),), 1, outputs=(("C", ("N",)),)), lambda a: a * 2, [entry],
+                  device_reasons={"cpu": "device_not_covered"})
+    a = torch.randn(64, dtype=torch.float16)
+    for _ in range(2):
+        out, d = op.call(a)
+        assert (d.path, d.reason) == (REFERENCE, "device_not_covered") and torch.equal(out, a * 2)
+        assert torch.equal(op(a), a * 2)
+    assert op.snapshot() == {"reference:device_not_covered": 4}
+
+
+# -- threads -----------------------------------------------------------------------------------
+def test_many_threads_at_once_count_exactly(release):
+    add, norm = release.op("add"), release.op("rmsnorm_cpu")
+    errors: list[str] = []
+    per_thread, n_threads = 60, 16
+    start = threading.Barrier(n_threads)
+
+    def worker(tid: int) -> None:
+        g = torch.Generator().manual_seed(tid)
+        start.wait()
+        for i in range(per_thread):
+            n = (1, 64, 4096, 5000)[i % 4]
+            a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+            c = add(a, b) if i % 3 else add.call(a, b, out=torch.empty(n))[0]
+            if not torch.equal(c, a + b):
+                errors.append(f"add t{tid} i{i}")
+            x = torch.randn(1 + i % 5, 1024, generator=g)
+            w = torch.randn(1024, generator=g)
+            if not torch.allclose(norm(x, w), rms(x, w), atol=1e-5, rtol=1e-5):
+                errors.append(f"norm t{tid} i{i}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    assert release.counters() == {"add": {"kernel:kernel": n_threads * per_thread},
+                                  "rmsnorm_cpu": {"kernel:kernel": n_threads * per_thread}}
+    for runner in (add, norm):
+        assert sum(e.fast_calls.value() for e in runner.entries) == n_threads * per_thread
+
+
+# -- the circuit breaker on both paths ------------------------------------------------------------
+class Flaky:
+    """Runs (x * 2) until ``fail`` is set, then raises like a failed launch."""
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def __call__(self, a: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise RuntimeError("CUDA error: unspecified launch failure (simulated)")
+        return a * 2
+
+
+@pytest.mark.parametrize("path", ["op(name)(...)", ".call(...)"])
+def test_the_breaker_fires_on_an_already_seen_shape(path, caplog):
+    spec = Specialization("double", "float32", (("N", (1, 1 << 20)),), "c")
+    kernel = Flaky()
+    entry = Entry(spec, kernel, Decision(KERNEL, KERNEL, spec.id))
+    hooked: list[tuple[str, str]] = []
+    op = OpRunner(OpShape("double", (("A", ("N",)),), 1), lambda a: a * 2, [entry],
+                  on_fault=lambda e, reason, detail: hooked.append((e.decision.spec_id, reason)))
+    call = op if path == "op(name)(...)" else (lambda a: op.call(a)[0])
+    a = torch.randn(64)
+    assert torch.equal(call(a), a * 2)  # the key is now memoized, served by the kernel
+    kernel.fail = True
+    with caplog.at_level(logging.WARNING, logger="tileship.runtime.dispatch"):
+        assert torch.equal(call(a), a * 2)
+    assert hooked == [(spec.id, "circuit_open")], "the hook did not fire"
+    assert op.faults == {"kernel_raised": 1}
+    assert any("circuit open" in r.getMessage() for r in caplog.records), "no log line"
+    assert entry.kernel is None and "unspecified launch failure" in entry.detail
+    assert op.snapshot() == {"kernel:kernel": 1, "reference:circuit_open": 1}
+
+
+@pytest.mark.parametrize("path", ["op(name)(...)", ".call(...)"])
+def test_a_fast_launch_that_fails_opens_the_circuit(release, path):
+    add = release.op("add")
+    hooked: list[str] = []
+    add.on_fault = lambda e, reason, detail: hooked.append(detail)
+    a, b = torch.randn(4096), torch.randn(4096)
+    add(a, b)
+    route = next(iter(add._memo.values()))
+    assert route.launcher == "ctypes"
+
+    def boom(args, out):
+        raise RuntimeError("kernel call failed (-1): simulated")
+
+    route.launch = boom
+    call = add if path == "op(name)(...)" else (lambda *x: add.call(*x)[0])
+    assert torch.equal(call(a, b), a + b)
+    assert len(hooked) == 1 and "simulated" in hooked[0] and add.faults == {"kernel_raised": 1}
+    assert add.call(a, b)[1] == Decision(REFERENCE, "circuit_open", "add.float32.N4096.c")

@@ -252,3 +252,57 @@ def test_a_fast_launch_that_fails_opens_the_circuit(release, path):
     assert torch.equal(call(a, b), a + b)
     assert len(hooked) == 1 and "simulated" in hooked[0] and add.faults == {"kernel_raised": 1}
     assert add.call(a, b)[1] == Decision(REFERENCE, "circuit_open", "add.float32.N4096.c")
+
+
+# -- the tvm-ffi launcher (CUDA's backend; TileLang 0.1.15 cannot build tvm-ffi for "c": a stand-in) ----
+class _Param:
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float32
+
+
+class _Exe:
+    entry_name = "main"
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def get_function(self, name: str):
+        return self.fn if name == "main" else None
+
+
+def _ffi_kernel(callee: bool, result_idx: list[int]):
+    adapter = type("TVMFFIKernelAdapter", (), {})()
+    adapter.params, adapter.result_idx = [_Param((8,))] * 3, result_idx
+    adapter._ffi_callee_allocated_output_abi = callee
+    calls: list[tuple] = []
+
+    def main(*args):
+        calls.append(args)
+        if callee:  # main(A, B, anchor) -> C, allocated by the callee
+            return args[0] + args[1]
+        ins = [t for i, t in enumerate(args) if i not in result_idx]
+        args[result_idx[0]].copy_(ins[0] + ins[1])
+
+    adapter._get_executable = lambda: _Exe(main)
+    return type("K", (), {"adapter": adapter})(), calls
+
+
+@pytest.mark.parametrize("callee,result_idx", [(False, [2]), (False, [0]), (True, [2])],
+                         ids=["caller-alloc", "output-first", "callee-alloc"])
+def test_the_tvm_ffi_launcher_passes_tensors_straight_through(callee, result_idx):
+    from tileship.runtime.launch import resolve
+
+    kernel, calls = _ffi_kernel(callee, result_idx)
+    a, b = torch.randn(8), torch.randn(8)
+    launcher = resolve(kernel, (((8,), torch.float32),), (a, b), a.device)
+    assert launcher.fn is not None and launcher.kind == ("tvm_ffi_callee_alloc" if callee else "tvm_ffi")
+    assert torch.equal(launcher.fn((a, b), None), a + b)
+    c = torch.empty(8)
+    assert launcher.fn((a, b), [c]) is c and torch.equal(c, a + b)
+    want = {(False, 2): (a, b, c), (False, 0): (c, a, b), (True, 2): (a, b, a)}[(callee, result_idx[0])]
+    assert all(x is y for x, y in zip(calls[-1], want, strict=True)), "not passed straight through in place"
+    assert launcher.writes_out is (not callee)
+    assert resolve(kernel, (((9,), torch.float32),), (a, b), a.device).why.startswith("output 0 (parameter ")

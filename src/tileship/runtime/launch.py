@@ -76,15 +76,15 @@ def _check_outputs(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], ar
         return f"the kernel has {len(idx)} outputs, the declaration {len(outs)}"
     if len(adapter.params) != len(args) + len(idx):
         return f"the kernel takes {len(adapter.params) - len(idx)} inputs, the call gives {len(args)}"
-    for i, (shape, dtype) in zip(idx, outs, strict=True):
-        p = adapter.params[i]
+    for j, (i, (shape, dtype)) in enumerate(zip(idx, outs, strict=True)):
+        p, what = adapter.params[i], f"output {j} (parameter {i})"
         if p.torch_dtype() != dtype:
-            return f"output {i}: the kernel's dtype is {p.torch_dtype()}, the declaration's {dtype}"
+            return f"{what}: the kernel's dtype is {p.torch_dtype()}, the declaration's {dtype}"
         if len(p.shape) != len(shape):
-            return f"output {i}: the kernel's rank is {len(p.shape)}, the declaration's {len(shape)}"
+            return f"{what}: the kernel's rank is {len(p.shape)}, the declaration's {len(shape)}"
         for d, s in zip(p.shape, shape, strict=True):
-            if type(d).__name__ == "IntImm" and int(d) != s:
-                return f"output {i}: the kernel's shape {list(p.shape)} differs from the declaration's {shape}"
+            if (isinstance(d, int) or type(d).__name__ == "IntImm") and int(d) != s:  # a tir.Var: dynamic
+                return f"{what}: the kernel's shape {list(p.shape)} differs from the declaration's {shape}"
     return ""
 
 

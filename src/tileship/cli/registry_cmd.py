@@ -1,4 +1,4 @@
-"""``tileship releases | publish | activate | rollback``: the release registry."""
+"""``tileship releases | publish | activate | rollback | gc``: the release registry."""
 
 from __future__ import annotations
 
@@ -91,3 +91,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Return to the previously active release (repeat to go further back)."""
         _say_active(_registry(registry).rollback(force=force))
+
+    @app.command("gc")
+    @handle_errors
+    def gc(registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP)) -> None:
+        """Remove what killed registry writers left behind (also done at the start of every change)."""
+        removed = _registry(registry).collect()
+        console.print(f"removed {len(removed)} leftover(s)" + (f": {', '.join(removed)}" if removed else ""))

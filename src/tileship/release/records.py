@@ -1,11 +1,24 @@
-"""Registry records: the active pointer, a stored release as listed, and its verification status.
+"""Registry records: the active pointer (read, atomic write, full-disk reserve), a stored release as listed,
+and its verification status.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from tileship.errors import RegistryError
+from tileship.release import integrity
+
+POINTER_SCHEMA = 1
+_TMP_PREFIX = ".active.tmp-"
+RESERVE = ".reserve"
+RESERVE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -60,3 +73,72 @@ def verification_status(root: Path) -> tuple[str, str]:
         return "failed", f"{len(failed)} of {len(specs)} specializations failed verification: {', '.join(failed[:5])}" + (" ..." if len(failed) > 5 else "")
     device = (data.get("device") or {}).get("name", "?")
     return "passed", f"{len(specs)} specializations passed on {device}"
+
+
+def read_pointer(pointer: Path) -> dict[str, Any]:
+    """The pointer's state (an empty state when there is none). Raises RegistryError when it is not one."""
+    try:
+        raw = pointer.read_text()
+    except FileNotFoundError:
+        return {"schema": POINTER_SCHEMA, "release_id": None, "reference_only": False, "history": []}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise RegistryError(f"{pointer}: not valid JSON ({exc})",
+                            hint="it is only ever replaced whole; restore it with `tileship activate ID`") from None
+    ok = (isinstance(data, dict) and data.get("schema") == POINTER_SCHEMA and isinstance(data.get("history"), list)
+          and (data.get("release_id") is None or isinstance(data.get("release_id"), str))
+          and all(isinstance(h, dict) and isinstance(h.get("release_id"), str) for h in data["history"]))
+    if not ok:
+        raise RegistryError(f"{pointer}: not a tileship active pointer (schema {POINTER_SCHEMA})",
+                            hint="restore it with `tileship activate ID`")
+    return data
+
+
+def write_pointer(pointer: Path, state: dict[str, Any]) -> None:
+    """Atomic: write a temp file, fsync it, rename it over the pointer, fsync the directory.
+
+    On a full disk the reserve is given up for it (and re-made when space allows), so that
+    ``activate --reference`` and ``rollback`` still work there.
+    """
+    try:
+        try:
+            _write_pointer_once(pointer, state)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not (pointer.parent / RESERVE).exists():
+                raise
+            (pointer.parent / RESERVE).unlink()
+            _write_pointer_once(pointer, state)
+            make_reserve(pointer.parent)
+    except OSError as exc:
+        raise RegistryError(f"{pointer}: cannot be written ({exc.strerror}); the old pointer is intact",
+                            hint="free space on the registry's filesystem") from None
+
+
+def make_reserve(root: Path) -> None:
+    """Best effort: 64 KiB of real (non-sparse) blocks the pointer may use on a full disk."""
+    path = root / RESERVE
+    if path.exists():
+        return
+    try:
+        with open(path.with_name(RESERVE + ".tmp"), "wb") as f:
+            f.write(b"\0" * RESERVE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path.with_name(RESERVE + ".tmp"), path)
+    except OSError:
+        path.with_name(RESERVE + ".tmp").unlink(missing_ok=True)
+
+
+def _write_pointer_once(pointer: Path, state: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=pointer.parent, prefix=_TMP_PREFIX)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(state, indent=2, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, pointer)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    integrity.fsync_dir(pointer.parent)

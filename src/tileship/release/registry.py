@@ -2,9 +2,16 @@
 
 Layout (default ``$TILESHIP_HOME/registry``)::
 
-    releases/<release id>/   a complete, integrity-checked copy of a release bundle
+    releases/<release id>[@<n>]/  a complete, integrity-checked, fsynced copy of a release bundle;
+                             ``publish --replace`` renames a complete ``<id>@<n+1>`` into place
+                             (the highest n is current) before the older copy is removed, so
+                             there is no instant without a valid copy of the id
     active.json              {"schema", "release_id", "reference_only", "history": [...]}
     .lock                    serializes every change (filelock)
+    .reserve                 64 KiB kept free so that the pointer can be rewritten on a full disk
+
+Leftovers of a killed writer (``.tmp*``, ``.incoming-*``, ``.trash-*``, ``.unpack-*``, copies
+superseded by a newer ``@<n>``) are removed at the start of the next change (``gc``).
 
 ``active.json`` names the release a server should serve (or that release in reference-only
 mode) and the states active before it, newest first: ``rollback`` pops that stack. It is
@@ -15,6 +22,7 @@ Readers (``active()``) take no lock. Nothing here imports torch or TileLang.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -31,14 +39,23 @@ from filelock import FileLock, Timeout
 
 from tileship import env
 from tileship.errors import BundleError, RegistryError
-from tileship.release import bundle
-from tileship.release.records import Active, ReleaseInfo, verification_status  # noqa: F401 (re-exported)
+from tileship.release import bundle, integrity
+from tileship.release.records import (  # noqa: F401 (re-exported)
+    POINTER_SCHEMA,
+    RESERVE,
+    Active,
+    ReleaseInfo,
+    make_reserve,
+    read_pointer,
+    verification_status,
+    write_pointer,
+)
 
 POINTER = "active.json"
-POINTER_SCHEMA = 1
 HISTORY_LIMIT = 32
 LOCK_TIMEOUT_S = 60.0
 _TMP_PREFIX = ".active.tmp-"
+_LEFTOVER = re.compile(r"\.tmp|^\.incoming-|^\.trash-|^\.unpack-")
 
 
 def default_root() -> Path:
@@ -64,7 +81,7 @@ class Registry:
         state = self._read_pointer()
         rid = state["release_id"]
         history = state["history"]
-        return Active(release_id=rid, path=self.releases_dir / rid if rid else None,
+        return Active(release_id=rid, path=self._current(rid) if rid else None,
                       reference_only=bool(state["reference_only"]),
                       previous=history[0]["release_id"] if history else None)
 
@@ -74,13 +91,13 @@ class Registry:
 
     def path_of(self, release_id: str) -> Path:
         """The directory of a published release (``release_id`` may be a unique prefix)."""
-        return self.releases_dir / self.resolve(release_id)
+        return self._current(self.resolve(release_id))
 
     def resolve(self, release_id: str) -> str:
         """The full id of a published release given its id or a unique prefix of it."""
         if not release_id or not re.fullmatch(r"[0-9A-Za-z_-]+", release_id):
             raise RegistryError(f"{release_id!r} is not a release id", hint="run `tileship releases` to list them")
-        if (self.releases_dir / release_id).is_dir():
+        if release_id in self._ids():
             return release_id
         matches = [r for r in self._ids() if r.startswith(release_id)]
         if len(matches) == 1:
@@ -100,7 +117,7 @@ class Registry:
             state = {"release_id": None, "reference_only": False}
         out = []
         for rid in self._ids():
-            root = self.releases_dir / rid
+            root = self._current(rid)
             try:
                 bundle.check_integrity(root)
                 ok, err = True, None
@@ -139,10 +156,19 @@ class Registry:
             return self._publish_dir(src, replace)
 
     def _publish_dir(self, src: Path, replace: bool) -> str:
+        try:
+            return self._publish_checked(src, replace)
+        except OSError as exc:
+            self.gc()
+            cause = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
+            raise RegistryError(f"publishing {src} failed: {cause} ({exc.filename or self.root}); the registry is "
+                                "unchanged", hint="free space on the registry's filesystem and publish again") from None
+
+    def _publish_checked(self, src: Path, replace: bool) -> str:
         manifest = bundle.check_integrity(src)
         rid = manifest["release_id"]
-        dest = self.releases_dir / rid
         self.releases_dir.mkdir(parents=True, exist_ok=True)
+        dest = self._current(rid)
         if dest.is_dir():
             try:
                 same = bundle.read_manifest(dest) == manifest and _read_or_none(dest / bundle.SIGNATURE) == _read_or_none(src / bundle.SIGNATURE)
@@ -154,17 +180,12 @@ class Registry:
             if not replace:
                 raise RegistryError(f"release {rid} is already published with other evidence or build log ({dest})",
                                     hint="pass --replace to overwrite the published copy")
-            staged = self.releases_dir / f".incoming-{uuid.uuid4().hex[:8]}"
-            bundle.copy_release(src, staged)
-            trash = self.releases_dir / f".trash-{uuid.uuid4().hex[:8]}"
-            os.replace(dest, trash)
-            os.replace(staged, dest)
-            shutil.rmtree(trash, ignore_errors=True)
+            # the complete new copy appears (one rename) before the old one goes: no window without it
+            newer = self.releases_dir / f"{rid}@{_version(dest) + 1}"
+            bundle.copy_release(src, newer)
+            self._drop(dest)
         else:
             bundle.copy_release(src, dest)
-        bundle.check_integrity(dest)
-        os.utime(dest)  # the copy keeps the source's times; ``releases()`` sorts by publication
-        _fsync_dir(self.releases_dir)
         return rid
 
     def activate(self, release_id: str, *, force: bool = False, reference_only: bool = False) -> Active:
@@ -212,19 +233,58 @@ class Registry:
 
     # -- internals ----------------------------------------------------------------
     def _ids(self) -> list[str]:
+        return sorted(self._versions())
+
+    def _versions(self) -> dict[str, list[Path]]:
+        """Published copies per release id, current (highest ``@n``) first."""
+        out: dict[str, list[Path]] = {}
         if not self.releases_dir.is_dir():
-            return []
-        return sorted(p.name for p in self.releases_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and ".tmp" not in p.name)
+            return out
+        for p in self.releases_dir.iterdir():
+            m = integrity.RELEASE_DIR_RE.fullmatch(p.name) or re.fullmatch(r"([0-9A-Za-z_-]+)(@[0-9]+)?", p.name)
+            if m and p.is_dir() and not _LEFTOVER.search(p.name):
+                out.setdefault(m.group(1), []).append(p)
+        return {rid: sorted(ps, key=_version, reverse=True) for rid, ps in out.items()}
+
+    def _current(self, rid: str) -> Path:
+        return (self._versions().get(rid) or [self.releases_dir / rid])[0]
+
+    def _drop(self, path: Path) -> None:
+        """Remove a directory: renamed aside first (atomic), then deleted (a kill leaves a ``.trash-``)."""
+        trash = self.releases_dir / f".trash-{uuid.uuid4().hex[:8]}"
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def collect(self) -> list[str]:
+        """``gc`` under the registry lock (what ``tileship gc`` runs). Returns what was removed."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self._locked() as removed:
+            return removed
+
+    def gc(self) -> list[str]:
+        """Remove what killed writers left behind and copies superseded by a newer ``@n``. Returns their names.
+
+        Called (under the lock) at the start of every change; ``tileship gc`` runs it alone.
+        """
+        removed = []
+        for d in (self.root, self.releases_dir):
+            if not d.is_dir():
+                continue
+            for p in d.iterdir():
+                if _LEFTOVER.search(p.name) or p.name.startswith(_TMP_PREFIX):
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                    removed.append(p.name)
+        for copies in self._versions().values():
+            for old in copies[1:]:
+                self._drop(old)
+                removed.append(old.name)
+        return sorted(removed)
 
     def _check_activatable(self, rid: str) -> None:
-        root = self.releases_dir / rid
+        root = self._current(rid)
         hint = "fix or re-publish the release, or pass --force to activate it anyway"
         try:
-            bundle.check_integrity(root)
-            keys = env.trusted_key_paths()
-            if keys:
-                bundle.verify_signature(root, [bundle.load_public_key(k) for k in keys])
+            integrity.check(root)  # load's checks, with load's key sources
         except BundleError as exc:
             raise RegistryError(f"refusing to activate {rid}: integrity check failed: {exc.message}",
                                 hint=hint) from exc
@@ -243,41 +303,13 @@ class Registry:
                              "history": history[:HISTORY_LIMIT]})
 
     def _read_pointer(self) -> dict[str, Any]:
-        try:
-            raw = self.pointer.read_text()
-        except FileNotFoundError:
-            return {"schema": POINTER_SCHEMA, "release_id": None, "reference_only": False, "history": []}
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise RegistryError(f"{self.pointer}: not valid JSON ({exc})",
-                                hint="it is only ever replaced whole; restore it with `tileship activate ID`") from None
-        ok = (isinstance(data, dict) and data.get("schema") == POINTER_SCHEMA and isinstance(data.get("history"), list)
-              and (data.get("release_id") is None or isinstance(data.get("release_id"), str))
-              and all(isinstance(h, dict) and isinstance(h.get("release_id"), str) for h in data["history"]))
-        if not ok:
-            raise RegistryError(f"{self.pointer}: not a tileship active pointer (schema {POINTER_SCHEMA})",
-                                hint="restore it with `tileship activate ID`")
-        return data
+        return read_pointer(self.pointer)
 
     def _write_pointer(self, state: dict[str, Any]) -> None:
-        """Atomic: write a temp file, fsync it, rename it over the pointer, fsync the directory."""
-        for stale in self.root.glob(_TMP_PREFIX + "*"):  # left by a killed writer; we hold the lock
-            stale.unlink(missing_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=_TMP_PREFIX)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(state, indent=2, sort_keys=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.pointer)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.root)
+        write_pointer(self.pointer, state)
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> Iterator[list[str]]:
         self.root.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(self.root / ".lock"))
         try:
@@ -287,7 +319,9 @@ class Registry:
                                 hint=f"wait for it to finish; a stuck process holding {self.root / '.lock'} must be "
                                      "stopped") from None
         try:
-            yield
+            removed = self.gc()
+            make_reserve(self.root)
+            yield removed
         finally:
             lock.release()
 
@@ -299,9 +333,7 @@ def _read_or_none(path: Path) -> bytes | None:
         return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _version(path: Path) -> int:
+    """``n`` of ``<id>@<n>``; 0 for the first copy ``<id>``."""
+    _, _, n = path.name.partition("@")
+    return int(n) if n.isdigit() else 0

@@ -163,6 +163,31 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
     outs = [(s, d) for s, d in outs]
     in_order = all(not is_out for is_out, _ in places[:n_args])
 
+    def failed(rc: int) -> RuntimeError:
+        return RuntimeError(f"kernel call failed ({rc}): {lib.get_last_error().decode(errors='replace')}")
+
+    if in_order and single and n_args in (1, 2):  # the common forms, without per-call list building
+        (s0, d0), = outs
+        if n_args == 2:
+            def launch2(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
+                a, b = args
+                o = empty(s0, dtype=d0, device=dev) if out is None else out[0]
+                rc = fn(a.data_ptr(), b.data_ptr(), o.data_ptr(), *tail_args)
+                if rc:
+                    raise failed(rc)
+                return o
+
+            return Launcher(launch2, kind="ctypes")
+
+        def launch1(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
+            o = empty(s0, dtype=d0, device=dev) if out is None else out[0]
+            rc = fn(args[0].data_ptr(), o.data_ptr(), *tail_args)
+            if rc:
+                raise failed(rc)
+            return o
+
+        return Launcher(launch1, kind="ctypes")
+
     def launch(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
         o = out if out is not None else [empty(s, dtype=d, device=dev) for s, d in outs]
         if in_order:
@@ -170,7 +195,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
         else:
             rc = fn(*[(o[j] if is_out else args[j]).data_ptr() for is_out, j in places], *tail_args)
         if rc != 0:
-            raise RuntimeError(f"kernel call failed ({rc}): {lib.get_last_error().decode(errors='replace')}")
+            raise failed(rc)
         return o[0] if single else list(o)
 
     return Launcher(launch, kind="ctypes")

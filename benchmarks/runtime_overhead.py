@@ -1,13 +1,27 @@
-"""Runtime overhead, measured side by side in one run.
+"""Runtime overhead, measured side by side in one process (issue 14).
 
-1. Per-call host time: the dispatcher (``release.op(name)(*args)``) vs calling the loaded
-   TileLang kernel object directly, vs ``torch.add(out=)`` as a floor; interleaved rounds of
-   back-to-back calls, medians of rounds. Target: dispatcher adds <= 2 us per call.
-2. Load time per specialization: from the bundle (no JIT, no re-trace) vs ``tilelang.compile``
-   of the same kernel from an empty TileLang cache and from TileLang's own warm disk cache
-   (fresh child process). Target: <= 5 ms per specialization from the bundle.
+1. Host time per call at a small shape of each operator (where the host, not the device,
+   decides the latency), rows:
+     floor           the compiled entry point called with pre-packed arguments and a preallocated
+                     output: ctypes pointers (the "c" target's cython library) or the tvm-ffi
+                     function with tensors (CUDA); no cuLaunchKernel row (no cuda-python here)
+     tilelang        TileLang's adapter: ``kernel(*args)``
+     kernel          tileship's kernel path: ``release.op(name)(*args)`` (the fast launcher)
+     kernel out=     the same, writing into a preallocated ``out``
+     reference       tileship's reference path (the dispatcher, then the PyTorch reference)
+     torch           PyTorch's own op: the operator's reference called directly (``torch.add``,
+                     ``F.rms_norm``), and ``torch.add(out=)`` for an add
+   Each round times ``--calls`` back-to-back calls with ``time.perf_counter_ns`` (one device
+   sync at the ends on CUDA: a device-bound row shows device time); rows are interleaved and
+   their order rotated per round. A row reports the median and the spread (max - min) of its
+   rounds. A difference between two rows is taken per round (paired) and reported as
+   "not resolved" when its rounds do not all agree in sign, never as a number. No
+   torch.profiler / CUPTI cross-check of the launch is done by this script.
+2. ``--load``: load time per specialization, from the bundle (no JIT, no re-trace) vs
+   ``tilelang.compile`` from an empty TileLang cache and from its warm disk cache (fresh child).
 
-    python benchmarks/runtime_overhead.py --release PATH [--device cpu|cuda] [--out result.json]
+    python benchmarks/runtime_overhead.py --release PATH [--device cpu|cuda] [--rounds 15]
+        [--calls 4000] [--load] [--out result.json]
 """
 
 from __future__ import annotations
@@ -44,72 +58,121 @@ print(json.dumps(out))
 '''
 
 
+def floor_fn(kernel, args, outs):
+    """The compiled entry point with everything packed once (the launch floor), or None."""
+    import ctypes
+
+    adapter = getattr(kernel, "adapter", None)
+    kind = type(adapter).__name__
+    idx = list(getattr(adapter, "result_idx", []))
+    params, ins = [], iter(args)
+    for i in range(len(args) + len(outs)):
+        params.append(outs[idx.index(i)] if i in idx else next(ins))
+    if kind == "TVMFFIKernelAdapter" and not adapter._ffi_callee_allocated_output_abi:
+        fn = adapter._get_executable().get_function("main")
+        return lambda: fn(*params)
+    if kind == "TVMFFIKernelAdapter":
+        fn = adapter._get_executable().get_function("main")
+        return lambda: fn(*args, args[0])  # callee-allocated outputs: no preallocated form
+    if kind == "CythonKernelAdapter":
+        dyn = []
+        for _v, (ref, buf, dim, _scale) in adapter.dynamic_symbolic_map.items():
+            t = params[buf]
+            dyn.append(t.shape[dim] if ref == 0 else t.stride(dim))
+        proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * len(params)), *([ctypes.c_int64] * len(dyn)),
+                                 ctypes.c_void_p)
+        fn = proto(ctypes.cast(adapter.lib.call, ctypes.c_void_p).value)
+        packed = (*[t.data_ptr() for t in params], *dyn, None)
+        return lambda: fn(*packed)
+    return None
+
+
+def time_rows(rows: dict, rounds: int, n: int, sync) -> dict[str, list[float]]:
+    """us per call of every row, one value per round; rows interleaved, order rotated per round."""
+    names = list(rows)
+    per = {k: [] for k in names}
+    for fn in rows.values():  # warm-up
+        for _ in range(min(n, 200)):
+            fn()
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            fn = rows[k]
+            sync()
+            t = time.perf_counter_ns()
+            for _ in range(n):
+                fn()
+            sync()
+            per[k].append((time.perf_counter_ns() - t) / n / 1e3)
+    return per
+
+
+def compare(a: list[float], b: list[float]) -> dict:
+    """a - b per round (paired): the median, or 'not resolved' when the rounds disagree in sign."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    resolved = min(d) > 0 or max(d) < 0
+    return {"median_us": round(statistics.median(d), 3) if resolved else "not resolved",
+            "min_us": round(min(d), 3), "max_us": round(max(d), 3)}
+
+
 def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
     import torch
 
+    from tileship.runtime.dispatch import OpRunner
 
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     results = []
-    for _name, runner in release.ops.items():
+    for name, runner in sorted(release.ops.items()):
         for entry in runner.entries:
-            if entry.kernel is None:
-                continue
             spec = entry.spec
-            dims = {d: (v[0] if isinstance(v, tuple) else v) for d, v in spec.dims}  # smallest size: host cost dominates
+            if entry.kernel is None or (spec.target == "c") != (device == "cpu"):
+                continue
+            dims = {d: (v[0] if isinstance(v, tuple) else v) for d, v in spec.dims}  # smallest size: host-bound
+            if spec.dynamic_dim == "N" and name.startswith("add"):
+                dims["N"] = 1024
             if spec.dynamic_dim is None and any(v > 4096 for v in dims.values()):
                 continue
             args = runner.sample_inputs(dims, spec.dtype, device, 0)
-            kernel = entry.artifact if entry.artifact is not None else entry.kernel  # TileLang's JITKernel, as a user calls it
             out, d = runner.call(*args)
             if d.path != "kernel":
                 continue
-            a = torch.randn(1024, device=device)
-            b = torch.randn(1024, device=device)
-            c = torch.empty(1024, device=device)
-            sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-            def loop(fn):
-                sync()
-                t = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                sync()
-                return (time.perf_counter() - t) / n * 1e6
-
-            raw_l, disp_l, add_l = [], [], []
-            for _ in range(rounds):
-                raw_l.append(loop(lambda: kernel(*args)))
-                disp_l.append(loop(lambda: runner(*args)))
-                add_l.append(loop(lambda: torch.add(a, b, out=c)))
-            raw, disp, add = statistics.median(raw_l), statistics.median(disp_l), statistics.median(add_l)
-            results.append({"spec_id": spec.id, "dims": dims, "raw_kernel_us": round(raw, 3), "dispatcher_us": round(disp, 3),
-                            "added_us": round(disp - raw, 3), "ratio": round(disp / raw, 4), "torch_add_out_us": round(add, 3),
-                            "spread_raw_us": round(max(raw_l) - min(raw_l), 3), "spread_dispatch_us": round(max(disp_l) - min(disp_l), 3)})
+            outs = [out] if isinstance(out, torch.Tensor) else list(out)
+            given = [torch.empty_like(o) for o in outs]
+            ref_only = OpRunner(runner.shape, runner.reference, [], device_reasons={device: "disabled_by_policy"})
+            kernel = entry.kernel
+            rows = {}
+            floor = floor_fn(kernel, args, given)
+            if floor is not None:
+                rows["floor"] = floor
+            rows["tilelang"] = lambda kernel=kernel, args=args: kernel(*args)
+            rows["kernel"] = lambda runner=runner, args=args: runner(*args)
+            o = given[0] if len(given) == 1 else given
+            rows["kernel out="] = lambda runner=runner, args=args, o=o: runner(*args, out=o)
+            rows["reference"] = lambda r=ref_only, args=args: r(*args)
+            rows["torch"] = lambda ref=runner.reference, args=args: ref(*args)
+            if name.startswith("add") and len(args) == 2:
+                rows["torch.add(out=)"] = lambda a=args[0], b=args[1], c=given[0]: torch.add(a, b, out=c)
+            per = time_rows(rows, rounds, n, sync)
+            launcher = next((v for k, v in runner.launchers().items() if k.startswith(spec.id)), "?")
+            row = {"spec_id": spec.id, "dims": dims, "launcher": launcher,
+                   "rows": {k: {"median_us": round(statistics.median(v), 3), "spread_us": round(max(v) - min(v), 3),
+                                "rounds_us": [round(x, 3) for x in v]} for k, v in per.items()},
+                   "kernel_minus": {k: compare(per["kernel"], per[k]) for k in per if k != "kernel"}}
+            results.append(row)
             break  # one shape per operator
     return results
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--release", required=True, type=Path)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--calls", type=int, default=5000)
-    ap.add_argument("--jit-specs", type=int, default=4, help="how many specializations to compare against tilelang.compile")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
-    import torch
+def _fmt(c: dict) -> str:
+    m = c["median_us"]
+    return f"{m:+.2f} us" if isinstance(m, float) else f"not resolved ({c['min_us']:+.2f}..{c['max_us']:+.2f})"
 
-    from tileship.runtime.loader import load, load_artifact
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    t = time.perf_counter()
-    release = load(args.release, allow_unverified=True)
-    total_load = time.perf_counter() - t
-    calls = per_call(release, device, args.rounds, args.calls)
+def load_times(release_path: Path, device: str, jit_specs: int) -> list[dict]:
+    from tileship.runtime.loader import load_artifact
 
     # load from the bundle, per specialization (each loaded again, fresh objects)
     target_kind = "c" if device == "cpu" else "cuda"
-    rel = json.loads((args.release / "release.json").read_text())
+    rel = json.loads((release_path / "release.json").read_text())
     chosen = []
     seen_ops = set()
     for sid, info in sorted(rel["specializations"].items()):
@@ -119,13 +182,13 @@ def main() -> int:
             continue
         seen_ops.add(info["spec"]["op"])
         chosen.append((sid, info))
-    chosen = chosen[: args.jit_specs]
+    chosen = chosen[: jit_specs]
     loads = {}
     for sid, _ in chosen:
         samples = []
         for _ in range(5):
             t = time.perf_counter()
-            load_artifact(args.release / "specs" / sid, sid)
+            load_artifact(release_path / "specs" / sid, sid)
             samples.append(time.perf_counter() - t)
         loads[sid] = statistics.median(samples)
     jobs = [{"spec_id": sid, "module": rel["operators"][info["spec"]["op"]]["module"], "op": info["spec"]["op"], "spec": info["spec"]}
@@ -145,17 +208,51 @@ def main() -> int:
             row["speedup_vs_empty_cache"] = round(jit[sid]["jit_empty_cache_s"] / loads[sid], 1)
         load_rows.append(row)
 
+    return load_rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--release", required=True, type=Path)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=4000)
+    ap.add_argument("--load", action="store_true", help="also time loading from the bundle vs tilelang.compile")
+    ap.add_argument("--jit-specs", type=int, default=4, help="how many specializations to compare against tilelang.compile")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    import torch
+
+    from tileship.runtime.loader import load
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    load_before = list(os.getloadavg())  # other work on the machine shows up as spread
+    t = time.perf_counter()
+    release = load(args.release, allow_unverified=True)
+    total_load = time.perf_counter() - t
+    calls = per_call(release, device, args.rounds, args.calls)
+    load_rows = load_times(args.release, device, args.jit_specs) if args.load else []
     result = {"device": device, "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+              "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+              "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
               "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "release": release.release_id,
-              "release_load_total_s": round(total_load, 3), "per_call": calls, "load": load_rows,
-              "targets": {"dispatcher_added_us_max": 2.0, "bundle_load_ms_max": 5.0}}
-    print(f"{'specialization':55s} {'raw us':>8s} {'dispatch us':>12s} {'added us':>9s} {'torch.add(out=) us':>18s}")
+              "release_load_total_s": round(total_load, 3), "rounds": args.rounds, "calls_per_round": args.calls,
+              "per_call": calls, "load": load_rows,
+              "rule": "median and spread (max - min) of per-round means; a paired per-round difference whose rounds "
+                      "disagree in sign is 'not resolved'",
+              "targets": {"kernel_minus_torch_us_max": 0.0, "kernel_minus_floor_us_max": 0.5}}
+    print(f"{device} ({os.cpu_count()} cpus, load average {load_before[0]:.2f} before, {result['load_average_after'][0]:.2f} "
+          f"after), {args.rounds} rounds x {args.calls} calls; us per call: median (spread)")
     for r in calls:
-        print(f"{r['spec_id']:55s} {r['raw_kernel_us']:8.2f} {r['dispatcher_us']:12.2f} {r['added_us']:9.2f} {r['torch_add_out_us']:18.2f}")
-    print(f"\n{'specialization':55s} {'bundle ms':>10s} {'JIT empty ms':>13s} {'JIT warm-cache ms':>18s} {'x vs warm':>10s}")
-    for r in load_rows:
-        print(f"{r['spec_id']:55s} {r['bundle_load_ms']:10.2f} {r.get('jit_empty_cache_ms', float('nan')):13.1f} "
-              f"{r.get('jit_warm_disk_cache_ms', float('nan')):18.1f} {r.get('speedup_vs_warm_cache', float('nan')):10.1f}")
+        print(f"\n{r['spec_id']}  dims {r['dims']}  launcher: {r['launcher']}")
+        for k, v in r["rows"].items():
+            vs = "" if k == "kernel" else f"   kernel - {k}: {_fmt(r['kernel_minus'][k])}"
+            print(f"  {k:16s} {v['median_us']:9.3f} ({v['spread_us']:.3f}){vs}")
+    if load_rows:
+        print(f"\n{'specialization':55s} {'bundle ms':>10s} {'JIT empty ms':>13s} {'JIT warm-cache ms':>18s}")
+        for r in load_rows:
+            print(f"{r['spec_id']:55s} {r['bundle_load_ms']:10.2f} {r.get('jit_empty_cache_ms', float('nan')):13.1f} "
+                  f"{r.get('jit_warm_disk_cache_ms', float('nan')):18.1f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tileship.errors import BundleError, BundleIntegrityError, SignatureError
+from tileship.errors import BundleError, SignatureError
 from tileship.release import bundle, integrity
 from tileship.release.registry import Registry
 from tileship.runtime.loader import load
@@ -143,12 +143,22 @@ def test_every_mutation_is_refused_naming_the_file(renamed: Path, mutation: str)
         p for p in (renamed.parent / "reg" / "releases").iterdir() if not p.name.startswith("."))
 
 
-def test_directory_named_after_another_release_is_refused(cpu_release: Path) -> None:
+def test_directory_named_after_another_release_warns_and_uses_the_manifest_id(cpu_release: Path) -> None:
+    """Issue 17: "the directory name must equal the manifest's release id, or the load uses the
+    manifest's id and warns" (a copy under another release's name never passes as that release)."""
     other = cpu_release.parent / ("0123456789abcdef" if cpu_release.name != "0123456789abcdef" else "fedcba9876543210")
     cpu_release.rename(other)
-    with pytest.raises(BundleIntegrityError, match="named after release") as info:
-        load(other)
-    assert info.value.path.endswith("manifest.json")
+    rel = load(other)
+    real = json.loads((other / "manifest.json").read_text())["release_id"]
+    assert rel.release_id == real != other.name
+    assert any(f"named after release {other.name}" in n and real in n for n in rel.notes)
+
+
+def test_a_symlinked_release_path_is_resolved_once(cpu_release: Path) -> None:
+    """A deployment pointer (``current`` -> the release) is followed once; nothing inside is."""
+    link = cpu_release.parent / "current"
+    link.symlink_to(cpu_release)
+    assert load(link).release_id == cpu_release.name
 
 
 def test_other_directory_name_warns_and_uses_the_manifest_id(renamed: Path) -> None:

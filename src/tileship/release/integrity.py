@@ -174,9 +174,12 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
     manifest and signature bytes that were checked; ``durable`` fsyncs every copied file and
     directory (for the registry). Raises BundleError (or its subclasses) naming the file.
     """
-    root = Path(root)
-    if not root.is_dir() or root.is_symlink():
-        raise BundleError(f"{root}: no such release directory", path=str(root))
+    # the path a deployment names may be a pointer (a ``current`` symlink): resolve it once, then
+    # nothing inside the release is followed
+    given = Path(root)
+    root = Path(os.path.realpath(given))
+    if not root.is_dir():
+        raise BundleError(f"{given}: no such release directory", path=str(given))
     try:
         root_fd = os.open(root, _DIR_FLAGS)
     except OSError as exc:
@@ -189,10 +192,10 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
         manifest = parse_manifest(body, root / MANIFEST)
         rid, warnings = manifest["release_id"], []
         named = RELEASE_DIR_RE.fullmatch(root.name)
-        if named and named.group(1) != rid:
-            raise _refuse(root / MANIFEST, f"the directory is named after release {named.group(1)} but holds "
-                                           f"release {rid}", hint="rename the directory to its release id")
-        if not named:
+        if named and named.group(1) != rid:  # the issue's rule: use the manifest's id, and say so
+            warnings.append(f"the directory is named after release {named.group(1)} but holds release {rid}; "
+                            f"using the manifest's id {rid} (rename the directory to its release id)")
+        elif not named:
             warnings.append(f"directory name {root.name!r} is not the release id; using the manifest's id {rid}")
         listed: dict[str, str] = manifest["files"]
         present = set(_present(root))

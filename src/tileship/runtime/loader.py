@@ -82,7 +82,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     manifest, snap = checked.manifest, checked.snapshot
     assert snap is not None
     for warning in checked.warnings:
-        _log.warning("%s: %s", root, warning)
+        _log.info("%s: %s", root, warning)  # also in the release's notes (status, /v2/health/ready)
     rel = json.loads((snap / "release.json").read_text())
     lock = read_lock(snap / "tileship.lock")
     policy = dict(rel.get("policy", {}))

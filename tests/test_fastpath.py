@@ -306,3 +306,17 @@ def test_the_tvm_ffi_launcher_passes_tensors_straight_through(callee, result_idx
     assert all(x is y for x, y in zip(calls[-1], want, strict=True)), "not passed straight through in place"
     assert launcher.writes_out is (not callee)
     assert resolve(kernel, (((9,), torch.float32),), (a, b), a.device).why.startswith("output 0 (parameter ")
+
+
+def test_cuda_kernels_keep_the_adapter_unless_opted_in(monkeypatch):
+    """The tvm-ffi launcher has not run on a GPU yet: CUDA stays on TileLang's adapter by default."""
+    from tileship.runtime.launch import resolve
+
+    kernel, _ = _ffi_kernel(False, [2])
+    a, b = torch.randn(8), torch.randn(8)
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv("TILESHIP_FAST_LAUNCH", raising=False)
+    refused = resolve(kernel, (((8,), torch.float32),), (a, b), cuda)
+    assert refused.fn is None and "TILESHIP_FAST_LAUNCH=cuda" in refused.why
+    monkeypatch.setenv("TILESHIP_FAST_LAUNCH", "cuda")
+    assert resolve(kernel, (((8,), torch.float32),), (a, b), cuda).kind == "tvm_ffi"

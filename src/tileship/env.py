@@ -6,6 +6,8 @@ Precedence everywhere: command-line flag > environment variable > project file >
     TILESHIP_TRUSTED_KEYS   os.pathsep-separated ed25519 public keys (PEM); when set, loading
                             requires a signature by one of them
     TILESHIP_ALLOW_UNVERIFIED  "1" to run unverified kernels on a GPU (default off)
+    TILESHIP_FAST_LAUNCH    "cuda" to let CUDA kernels skip TileLang's per-call adapter too (default:
+                            CPU only; the CUDA fast launcher has not yet run on a GPU)
     TILELANG_CACHE_DIR      TileLang needs a writable cache dir to import; when unset
                             tileship points it at a private temp dir (a release never reads it)
 """
@@ -29,6 +31,11 @@ def trusted_key_paths() -> list[Path]:
 def allow_unverified() -> bool | None:
     raw = os.environ.get("TILESHIP_ALLOW_UNVERIFIED")
     return None if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def fast_launch_cuda() -> bool:
+    """Whether CUDA kernels may use the fast launcher (``TILESHIP_FAST_LAUNCH`` names ``cuda``)."""
+    return "cuda" in os.environ.get("TILESHIP_FAST_LAUNCH", "").lower().replace(",", " ").split()
 
 
 def ensure_tilelang_cache_dir() -> str:

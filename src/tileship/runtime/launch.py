@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tileship import env
+
 #: ``launch(args, out)``: ``args`` the call's arguments as given, ``out`` None or the caller's
 #: output tensors (validated); returns the output (one tensor, or a list for several)
 LaunchFn = Callable[[tuple[Any, ...], Sequence[Any] | None], Any]
@@ -61,6 +63,9 @@ def resolve(kernel: Any, outs: Sequence[tuple[tuple[int, ...], Any]] | None, arg
         if problem:
             return Launcher(None, problem)
         if kind == "TVMFFIKernelAdapter":
+            if getattr(device, "type", None) == "cuda" and not env.fast_launch_cuda():
+                return Launcher(None, "the tvm-ffi fast launcher has not run on a GPU yet: TileLang's adapter serves "
+                                      "CUDA unless TILESHIP_FAST_LAUNCH=cuda")
             return _tvm_ffi(adapter, outs, device)
         if kind == "CythonKernelAdapter" and getattr(device, "type", None) == "cpu":
             return _ctypes(adapter, outs, args)

@@ -35,22 +35,60 @@ def _forbid(where: str) -> Callable[..., Any]:
     return raiser
 
 
+#: every compile entry point of the installed TileLang (module, attribute path); ``tests/test_nojit_guard.py``
+#: enumerates them from TileLang's sources and fails when one appears that is neither here nor reviewed
+GUARDED = (
+    ("tilelang.jit.kernel", "JITKernel._compile_and_create_adapter"),
+    ("tilelang.cache.kernel_cache", "KernelCache.cached"),
+    ("tilelang.jit.adapter.libgen", "LibraryGenerator.compile_lib"),
+    ("tilelang.jit.adapter.nvrtc.libgen", "NVRTCLibraryGenerator.compile_lib"),
+    ("tilelang.jit.adapter.cutedsl.libgen", "CuTeDSLLibraryGenerator.compile_lib"),
+    ("tilelang.jit", "compile"),
+    ("tilelang.jit", "JITImpl.compile"),
+    ("tilelang.engine.lower", "lower"),
+    ("tilelang.engine.lower", "lower_with_context"),
+    ("tilelang.engine.lower", "lower_to_host_device_ir"),
+    ("tilelang.contrib.nvcc", "compile_cuda"),
+    ("tilelang.contrib.nvrtc", "compile_cuda"),
+    ("tilelang.contrib.hipcc", "compile_hip"),
+    ("tilelang.contrib.bisheng", "compile_ascend"),
+    ("tilelang.autotuner.tuner", "AutoTuneImpl.compile"),
+    ("tilelang.autotuner.grouped_compile", "compile_grouped_unit_tvm_ffi"),
+    ("tilelang.tools.compile_only", "compile_kernel_source"),
+)
+#: modules that could not be imported here (so nothing can call into them): name -> why
+unavailable: dict[str, str] = {}
+
+
 def install() -> None:
-    """Idempotent. Imports TileLang (the caller has set a cache dir)."""
+    """Idempotent. Imports TileLang (the caller has set a cache dir) and every module of ``GUARDED``,
+    patches each entry point, then every alias of it in any loaded ``tilelang`` module
+    (``tilelang.compile``, ``tilelang.lower``, ``tilelang.contrib.compile_cuda``, ...)."""
     global _installed
     if _installed:
         return
-    import tilelang
-    from tilelang.cache.kernel_cache import KernelCache
-    from tilelang.jit.adapter.libgen import LibraryGenerator
-    from tilelang.jit.kernel import JITKernel
+    import importlib
 
-    JITKernel._compile_and_create_adapter = _forbid("JITKernel._compile_and_create_adapter")  # type: ignore[method-assign]
-    KernelCache.cached = _forbid("KernelCache.cached")  # type: ignore[method-assign]
-    LibraryGenerator.compile_lib = _forbid("LibraryGenerator.compile_lib")  # type: ignore[method-assign]
-    tilelang.compile = _forbid("tilelang.compile")
-    for name in ("tilelang.contrib.nvcc",):
-        mod = sys.modules.get(name)
-        if mod is not None:
-            mod.compile_cuda = _forbid(f"{name}.compile_cuda")  # type: ignore[attr-defined]
+    import tilelang  # noqa: F401
+
+    originals: dict[int, str] = {}
+    for module, attr in GUARDED:
+        try:
+            owner: Any = importlib.import_module(module)
+        except Exception as exc:  # an optional backend (cuda-python, cutlass) that is not installed
+            unavailable[module] = f"{type(exc).__name__}: {exc}"
+            continue
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        where = f"{module}.{attr}"
+        fn = getattr(owner, name)
+        originals[id(fn)] = where
+        setattr(owner, name, _forbid(where))
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not (mod_name == "tilelang" or mod_name.startswith("tilelang.")):
+            continue
+        for key, value in list(vars(mod).items()):
+            if id(value) in originals and callable(value):
+                setattr(mod, key, _forbid(f"{mod_name}.{key} (alias of {originals[id(value)]})"))
     _installed = True

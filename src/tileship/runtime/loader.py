@@ -61,7 +61,10 @@ def _device_state() -> dict[str, Any]:
     import torch
 
     cuda = torch.cuda.is_available()
-    return {"cuda": cuda, "capability": torch.cuda.get_device_capability(0) if cuda else None}
+    caps = [tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())] if cuda else []
+    # every visible device: a specialization loads when one of them can run it; the dispatcher sends
+    # tensors on a device of another capability to the reference (runtime.route.capability_matches)
+    return {"cuda": cuda, "capability": caps[0] if caps else None, "capabilities": caps}
 
 
 def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_policy: str | None = None,
@@ -129,7 +132,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
             elif reference_only or sid in disabled:
                 reason = "disabled_by_policy"
             elif target.device_type == "cuda" and (not device["cuda"]
-                                                   or tuple(device["capability"]) != target.compute_capability):
+                                                   or target.compute_capability not in device.get("capabilities", [device["capability"]])):
                 reason = "device_not_covered"
             kernel = None
             if reason is None:

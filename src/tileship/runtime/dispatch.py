@@ -11,6 +11,10 @@ declaration's shapes (or the caller's ``out=``), no TileLang adapter per call. W
 be resolved the adapter serves the key and ``launchers()`` says why. ``Entry.fast_calls``
 counts the kernel calls the fast launcher served.
 
+Every call the reference serves is also recorded, with its host time, in the runner's bounded
+``telemetry`` table by (dtypes, shapes, reason) (``runtime.telemetry``); the kernel path records
+nothing beyond ``Entry.calls``.
+
 Reasons (``Decision.reason``):
     kernel               the compiled kernel ran
     undeclared_shape     no specialization covers these shapes (or a derived dim such as K/8
@@ -27,6 +31,7 @@ Reasons (``Decision.reason``):
     unverified           on a GPU without verification evidence (and unverified not allowed)
     verification_failed  evidence says the kernel was wrong on this device
     slower_than_reference  evidence says the reference is faster for this shape
+    not_selected         a candidate that tuning did not pick for this shape (another one serves it)
     disabled_by_policy   an operator switched this specialization (or the release) off
     circuit_open         the kernel raised or returned non-finite values at serve time
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import Any
@@ -43,11 +49,13 @@ import tileship.runtime.route as rt
 from tileship.declare.dims import SAME, bind, shape_at
 from tileship.declare.spec import Target
 from tileship.errors import CallError
+from tileship.release.tuning import NOT_SELECTED
 from tileship.runtime.counter import Counter
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
 from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned
+from tileship.runtime.telemetry import ShapeTable, shape_of
 
 MEMO_LIMIT = 8192
 _log = logging.getLogger("tileship.runtime.dispatch")
@@ -102,11 +110,16 @@ class OpRunner:
         self._lock = threading.Lock()
         # reference calls by reason (Counter: no lock per call)
         self._ref_counts: dict[str, Counter] = {}
+        #: reference calls by (dtypes, shapes, reason), bounded (``runtime.telemetry``)
+        self.telemetry = ShapeTable()
+        self._same = tuple(e == SAME for e in self._tdtypes)
         import torch
 
         for e in entries:
             s = e.spec
             assert s is not None
+            if e.decision.reason == NOT_SELECTED:  # a candidate tuning did not pick: listed, never routed to
+                continue
             names = shape.input_dtypes(s.dtype)
             dt = tuple(getattr(torch, names[i]) for i in tpos)
             self._dtypes.add(dt)
@@ -138,14 +151,18 @@ class OpRunner:
         entry = route.entry
         kernel = entry.kernel
         if kernel is None:
+            t0 = time.perf_counter_ns()
             res = self.reference(*args)
-            self._ref_counter(entry.decision.reason).add()
+            ns = time.perf_counter_ns() - t0
+            reason = entry.decision.reason
+            self._ref_counter(reason).add()
+            self.telemetry.record(route.shape, reason, ns)
             return res
         for a in self._tensors(args):
             if not a.is_contiguous():
-                return self._reference(args, "non_contiguous", entry)[0]
+                return self._reference(args, "non_contiguous", entry, route=route)[0]
             if a.data_ptr() % 16:  # route.ALIGNMENT, inlined
-                return self._reference(args, "misaligned", entry)[0]
+                return self._reference(args, "misaligned", entry, route=route)[0]
         try:
             if kernel is route.kernel:
                 res = route.launch(args, None)  # type: ignore[misc]
@@ -154,7 +171,7 @@ class OpRunner:
                 res = kernel(*args)
         except Exception as exc:  # the circuit breaker, the same as call()'s
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
-            return self._reference(args, "circuit_open", entry)[0]
+            return self._reference(args, "circuit_open", entry, route=route)[0]
         entry.calls.add()
         return res
 
@@ -190,13 +207,13 @@ class OpRunner:
         entry = route.entry
         kernel = entry.kernel
         if kernel is None:
-            return self._reference(args, entry.decision.reason, entry, outs, out)
+            return self._reference(args, entry.decision.reason, entry, outs, out, route)
         for a in tensors:
             if not a.is_contiguous():
-                return self._reference(args, "non_contiguous", entry, outs, out)
+                return self._reference(args, "non_contiguous", entry, outs, out, route)
         fast = kernel is route.kernel
         if misaligned(tensors) or (fast and outs is not None and route.writes_out and misaligned(outs)):
-            return self._reference(args, "misaligned", entry, outs, out)
+            return self._reference(args, "misaligned", entry, outs, out, route)
         try:
             if fast:
                 res = route.launch(args, outs)  # type: ignore[misc]
@@ -205,7 +222,7 @@ class OpRunner:
                 res = kernel(*args)
         except Exception as exc:  # the circuit breaker: this specialization goes to the reference
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
-            return self._reference(args, "circuit_open", entry, outs, out)
+            return self._reference(args, "circuit_open", entry, outs, out, route)
         entry.calls.add()  # Counter: atomic under the GIL, no lock on the hot path
         if outs is not None:
             res = out if fast else fill_out(outs, res, out, self.name)
@@ -217,11 +234,14 @@ class OpRunner:
                                                   self.shape.n_outputs, self.name)
         res, d = self._call_plain(args, None)
         if d.path == KERNEL and not rt.all_finite(res):
+            t0 = time.perf_counter_ns()
             ref = self.reference(*args)
+            ns = time.perf_counter_ns() - t0
             if rt.all_finite(ref):  # else the inputs make both paths non-finite: nothing to blame the kernel for
                 entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
                 self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
                 self._ref_counter("circuit_open").add()
+                self.telemetry.record(self._route(args).shape, "circuit_open", ns)
                 res, d = ref, Decision(REFERENCE, "circuit_open", d.spec_id)
         return (res if outs is None else fill_out(outs, res, out, self.name)), d
 
@@ -255,11 +275,14 @@ class OpRunner:
         return c
 
     def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry, outs: tuple[Any, ...] | None = None,
-                   given: Any = None) -> tuple[Any, Decision]:
+                   given: Any = None, route: Route | None = None) -> tuple[Any, Decision]:
+        t0 = time.perf_counter_ns()
         res = self.reference(*args)
+        ns = time.perf_counter_ns() - t0
         if outs is not None:
             res = fill_out(outs, res, given, self.name)
         self._ref_counter(reason).add()
+        self.telemetry.record(route.shape if route is not None else None, reason, ns)
         d = entry.decision
         if d.path != REFERENCE or d.reason != reason:
             d = Decision(REFERENCE, reason, d.spec_id)
@@ -278,10 +301,6 @@ class OpRunner:
         else:
             entry = self._match(key, args, b.dims)
         bound = b.dims
-        if entry.choose is not None and entry.kernel is not None:
-            why = entry.choose(bound)
-            if why is not None:
-                entry = Entry(entry.spec, None, Decision(REFERENCE, why, entry.decision.spec_id), detail=entry.detail)
         dev = args[0].device
         if entry.kernel is not None and entry.spec is not None and not rt.capability_matches(
                 dev, Target(entry.spec.target).compute_capability):  # another GPU model than the one built for
@@ -293,6 +312,7 @@ class OpRunner:
         if launcher is not None and launcher.fn is None:
             _log.info("%s: TileLang's adapter serves %s (%s)", self.name, entry.decision.spec_id, launcher.why)
         route = Route(entry, outs, launcher)
+        route.shape = shape_of(args, bound, self._same)  # what telemetry records for this key
         if len(self._memo) < MEMO_LIMIT:
             self._memo[key] = route
         return route
@@ -303,9 +323,16 @@ class OpRunner:
             return exact
         dev = args[0].device.type
         dts = tuple(a.dtype for a in args)
+        refused: Entry | None = None
         for e, edev, dt, dyn, lo, hi, fixed in self._dynamic:
             if edev == dev and dts == dt and lo <= bound[dyn] <= hi and all(bound[d] == v for d, v in fixed.items()):
-                return e
+                why = e.choose(bound) if e.choose is not None and e.kernel is not None else None
+                if why is None:
+                    return e
+                if refused is None or refused.decision.reason == NOT_SELECTED:  # the size rule's own reason wins
+                    refused = Entry(e.spec, None, Decision(REFERENCE, why, e.decision.spec_id), detail=e.detail)
+        if refused is not None:  # every kernel of this range declined this size (another candidate may not have)
+            return refused
         devices = {("cpu" if e.spec.target == "c" else "cuda") for e in self.entries
                    if e.spec}  # type: ignore[union-attr]
         if dev not in devices:

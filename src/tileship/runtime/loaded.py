@@ -54,6 +54,16 @@ class Release:
     def counters(self) -> dict[str, dict[str, int]]:
         return {name: r.snapshot() for name, r in self.ops.items()}
 
+    def telemetry(self) -> dict[str, Any]:
+        """Reference calls by operator, shape and reason since load, JSON-able; the format is
+        documented in ``tileship.runtime.telemetry`` (``GET /v2/tileship/telemetry`` serves it)."""
+        from tileship.runtime.telemetry import SCHEMA, iso
+
+        since = min((r.telemetry.since for r in self.ops.values()), default=0.0)
+        return {"schema": SCHEMA, "release_id": self.release_id, "since": iso(since),
+                "ops": {name: r.telemetry.to_json(sum(e.kernel_calls() for e in r.entries))
+                        for name, r in sorted(self.ops.items())}}
+
     def status(self) -> dict[str, Any]:
         return {
             "release_id": self.release_id,

@@ -54,7 +54,7 @@ class Route:
     resolved from: the fast launcher runs only while ``entry.kernel is kernel`` (a disabled or
     swapped kernel is never bypassed)."""
 
-    __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out")
+    __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out", "shape")
 
     def __init__(self, entry: Entry, outs: OutSpecs | None, launcher: Launcher | None = None) -> None:
         self.entry = entry
@@ -67,6 +67,8 @@ class Route:
         #: why the adapter serves this key (empty when a fast launcher does, or no kernel does)
         self.why = launcher.why if launcher is not None else ""
         self.writes_out = launcher.writes_out if launcher is not None else False
+        #: the key's ``runtime.telemetry.Shape`` (set by the dispatcher); reference calls are recorded under it
+        self.shape: Any = None
 
     @property
     def decision(self) -> Any:

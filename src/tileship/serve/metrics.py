@@ -17,6 +17,10 @@ scrape time and must stay 0: anything else means a call reached TileLang's JIT.
     tileship_ready                                       1 when /v2/health/ready says ready
     tileship_serve_compile_attempts                      compile attempts since the no-JIT guard was installed
     tileship_release_info{release_id,kernel_revision,lock_digest,device}
+    tileship_reference_calls_total / _seconds_total{operator,dtype,shape,reason}
+                                                         reference calls by shape, read from the release's
+                                                         telemetry at scrape time (serve.telemetry; top 20
+                                                         shapes per operator, the rest as shape="other")
 """
 
 from __future__ import annotations

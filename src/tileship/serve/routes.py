@@ -21,6 +21,7 @@ from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served
 from tileship.serve.middleware import RequestIds
+from tileship.serve.telemetry import ReferenceCollector
 from tileship.serve.validate import short
 
 
@@ -28,6 +29,8 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
     """The ASGI app. Loading starts when the app starts (lifespan) and runs in the
     background: liveness answers at once, readiness once the release is loaded and warm."""
     service = Service(config, on_fatal=on_fatal)
+    service.metrics.registry.register(ReferenceCollector(
+        lambda: cur.release if (cur := service.holder.current) is not None else None))
 
     def served_or(status: int) -> Served:
         cur = service.holder.current
@@ -89,6 +92,9 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
     async def metrics(request: Request) -> Response:
         return Response(service.metrics.render(), media_type=service.metrics.content_type)
 
+    async def telemetry(request: Request) -> Response:
+        return JSONResponse(served_or(503).release.telemetry())
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         detail = exc.detail
@@ -139,6 +145,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         Route("/v2/repository/reload", reload, methods=["POST"]),
         Route("/v2/repository/models/{name}/load", reload, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/v2/tileship/telemetry", telemetry, methods=["GET"]),
     ]
     handlers = {HTTPException: http_error, Exception: internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -10,6 +10,10 @@ With neither, the built-in catalog project is used (``builtin_project``).
     routing = "pinned"        # or "evidence"     (how verified evidence picks a path)
     drift = "fallback"        # or "strict"       (blocking drift: serve the reference, or refuse)
     allow_unverified = false  # run kernels on a GPU without verification evidence
+
+    [shapes.gemm]             # shapes added to an operator's declaration (declare.project_shapes;
+    static = [{M = 1, N = 4096, K = 4096}]   # ``tileship propose`` writes these from telemetry)
+    ranges = [{dim = "M", min = 1, max = 64, fixed = {N = 4096, K = 4096}}]
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ import inspect
 import sys
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tileship.declare.factory import resolve
 from tileship.declare.outputs import infer_outputs
+from tileship.declare.project_shapes import ShapeAdditions, apply_shapes, parse_shape_tables
 from tileship.declare.spec import Operator, Specialization, Target, expand
 from tileship.errors import DeclarationError
 
 ROUTINGS = ("pinned", "evidence")
 DRIFT_POLICIES = ("fallback", "strict")
-_KEYS = {"model", "model_version", "operators", "targets", "routing", "drift", "allow_unverified"}
+_KEYS = {"model", "model_version", "operators", "targets", "routing", "drift", "allow_unverified", "shapes"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class Project:
     drift: str = "fallback"
     allow_unverified: bool = False
     root: Path | None = None
+    #: ``[shapes.<operator>]``: shapes and ranges appended to those declarations by ``load_operators``
+    shapes: Mapping[str, ShapeAdditions] = field(default_factory=dict)
 
     def policy(self) -> dict[str, Any]:
         return {"routing": self.routing, "drift": self.drift, "allow_unverified": self.allow_unverified}
@@ -92,7 +99,8 @@ def parse_project(data: Mapping[str, Any], *, root: Path | None = None, source: 
         raise DeclarationError(f"must be one of {DRIFT_POLICIES}, got {drift!r}", field=f"{source}.drift")
     return Project(model=model, model_version=str(data.get("model_version", "1")), operator_modules=tuple(mods),
                    targets=tuple(targets), routing=routing, drift=drift,
-                   allow_unverified=bool(data.get("allow_unverified", False)), root=root)
+                   allow_unverified=bool(data.get("allow_unverified", False)), root=root,
+                   shapes=parse_shape_tables(data.get("shapes", {}), source))
 
 
 def find_project(start: Path | None = None) -> Project:
@@ -126,7 +134,8 @@ def _read(path: Path) -> Project:
 def load_operators(project: Project) -> dict[str, Operator]:
     """Import the project's operator modules; collect every module-level ``Operator``.
 
-    Raises DeclarationError on an import failure, a duplicate name, or a bad declaration.
+    Raises DeclarationError on an import failure, a duplicate name, or a bad declaration
+    (the project's ``[shapes.<operator>]`` included: they are appended here).
     """
     if project.root is not None and str(project.root) not in sys.path:
         sys.path.insert(0, str(project.root))
@@ -149,7 +158,7 @@ def load_operators(project: Project) -> dict[str, Operator]:
                 raise DeclarationError(f"operator name declared twice (second in {mod_name})",
                                        operator=op.name, field="name")
             ops[op.name] = op
-    return dict(sorted(ops.items()))
+    return dict(sorted(apply_shapes(ops, project.shapes).items()))
 
 
 def operator_module(op: Operator) -> str:

@@ -38,6 +38,7 @@ from tileship.serve.jsonlog import JsonLog
 from tileship.serve.metrics import ServeMetrics
 from tileship.serve.middleware import PartsResponse
 from tileship.serve.protocol import BadRequest
+from tileship.serve.rollout import Rollout, Timed
 
 
 class _Fatal(Exception):
@@ -68,6 +69,7 @@ class Service:
         self._reload_lock = asyncio.Lock()
         self._loaded = asyncio.Event()
         self.background: set[asyncio.Task[Any]] = set()  # strong references: the loop keeps only weak ones
+        self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
 
     # -- loading -------------------------------------------------------------------------
     def _default_loader(self, path: Path, reference_only: bool) -> Release:
@@ -180,7 +182,7 @@ class Service:
         rid = request.scope["tileship.request_id"]
         name = request.path_params["name"]
         version = request.path_params.get("version")
-        served = self.holder.current
+        served, side = self.canary.route(self.holder.current, name)
         labels = ["_unknown", "", "none"]
         kserve_id = None
         try:
@@ -213,7 +215,7 @@ class Service:
                                           "this server runs with --strict-shapes")
                 validate.check_outputs(name, protocol.output_bytes(decl, plan), self.config.limits)
                 job = functools.partial(self._execute, served, name, plan, req.id)
-            fut = self.slots.submit(job)
+            fut = self.slots.submit(timed := Timed(job))
             try:
                 encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
                 t_run = time.perf_counter()
@@ -222,13 +224,17 @@ class Service:
                 self.slots.timed_out(fut)
                 raise BadRequest(504, f"timeout: the inference did not finish within {self.config.request_timeout_s:g} s") from None
         except BadRequest as exc:
+            self.canary.record(side, name, exc.status)
             return self._error(exc.status, exc.message, rid, labels, t0, kserve_id)
         except _Fatal as exc:
+            self.canary.record(side, name, 503, reason="device_failure")
             return self._error(503, f"device failure: {exc}; this process is exiting so its supervisor restarts it", rid, labels, t0, kserve_id)
         except Exception as exc:  # a bug: answer 500 with ids, never crash the server
+            self.canary.record(side, name, 500)
             return self.internal_error(rid, exc, labels, t0, kserve_id, served)
         labels[2] = decision.path
         status = 200
+        self.canary.record(side, name, status, timed.seconds, decision.reason)
         elapsed = time.perf_counter() - t0
         m = self.metrics
         m.requests.labels(labels[0], labels[1], decision.path, "200").inc()
@@ -249,6 +255,8 @@ class Service:
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """The holder's readiness, and not ready while every worker thread runs a call past its deadline."""
         ok, body = self.holder.readiness()
+        if (canary := self.canary.summary()) is not None:
+            body["canary"] = canary
         why = self.slots.wedged() if ok else None
         return (False, {**body, "ready": False, "reason": why}) if why else (ok, body)
 

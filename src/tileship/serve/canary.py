@@ -136,9 +136,9 @@ def decide(active: Side, canary: Side, policy: CanaryPolicy, elapsed_s: float) -
         "window": {"requests": policy.window_requests, "seconds": policy.window_seconds, "full": full},
     }
     if extra > policy.max_extra_errors:
-        return Verdict("rollback", (f"errors: the canary had {canary.errors} in {canary.requests} requests; the active "
-                                    f"release's rate predicts {expected:.2f} (allowed extra {policy.max_extra_errors:g})",),
-                       numbers)
+        why = (f"errors: the canary had {canary.errors} in {canary.requests} requests; the active release's rate "
+               f"predicts {expected:.2f} (allowed extra {policy.max_extra_errors:g})")
+        return Verdict("rollback", (why,), numbers)
     if not full:
         return Verdict("wait", (f"window not full: {canary.requests}/{policy.window_requests} canary requests, "
                                 f"{elapsed_s:.1f}/{policy.window_seconds:g} s",), numbers)

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tileship import __version__
-from tileship.serve import protocol
+from tileship.serve import canary_http, protocol
 from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served
@@ -145,6 +145,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         Route("/v2/repository/reload", reload, methods=["POST"]),
         Route("/v2/repository/models/{name}/load", reload, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/v2/tileship/canary", canary_http.endpoint, methods=["GET", "POST", "DELETE"]),
         Route("/v2/tileship/telemetry", telemetry, methods=["GET"]),
     ]
     handlers = {HTTPException: http_error, Exception: internal_error}

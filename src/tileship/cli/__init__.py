@@ -15,13 +15,14 @@ from tileship.cli import (
     serve_cmd,
     sign_cmd,
     toolchain_cmd,
+    tune_cmd,
     verify_cmd,
 )
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Ship TileLang kernels: lock, build, verify, serve, roll back.")
 for module in (lock_cmd, check_cmd, build_cmd, sign_cmd, demo_cmd, registry_cmd, diagnose_cmd, serve_cmd, verify_cmd,
-               toolchain_cmd, image_cmd):
+               toolchain_cmd, image_cmd, tune_cmd):
     module.register(app)
 
 

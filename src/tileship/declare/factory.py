@@ -118,7 +118,7 @@ def trace(op: Any, spec: Any) -> Any:
     from tileship.errors import BuildError
 
     info = resolve(op.factory, operator=op.name)
-    kwargs: dict[str, Any] = dict(op.config)
+    kwargs: dict[str, Any] = {**op.config, **dict(getattr(spec, "config", ()))}  # a candidate's config over the op's
     dtype_param = op.factory_param("dtype")
     if dtype_param is not None:
         kwargs[dtype_param] = spec.dtype

@@ -75,6 +75,10 @@ class Operator:
     #: optional work model ``cost(dims, dtype) -> (flops, bytes)`` of one call: verify puts each timed
     #: shape on the roofline of the device it runs on (``tileship.verify.roofline``)
     cost: Callable[[Mapping[str, int], str], tuple[float, float]] | None = None
+    #: Option B: candidate configs, each laid over ``config`` and built as its own artifact for every
+    #: shape: a list of dicts, a ``Space(...)``, or ``"factory"`` (the factory's ``@autotune`` configs).
+    #: ``tileship tune`` picks the winner per shape bucket on the target GPU (``tileship.declare.candidates``)
+    candidates: Any = ()
     #: the module declaring this operator, where build workers look it up (default: the module
     #: the ``Operator(...)`` call runs in; ``load_operators`` sets the one it found it in)
     module: str | None = field(default=None, compare=False)
@@ -241,6 +245,12 @@ class Operator:
                                    hint="pass cost=fn(dims, dtype) returning (flops, bytes) of one call")
         self._check_factory(op)
 
+    def candidate_configs(self) -> list[tuple[str, dict[str, Any]]]:
+        """``[(candidate id, partial config)]``; ``[]`` without candidates. Raises DeclarationError."""
+        from tileship.declare.candidates import resolve_candidates
+
+        return resolve_candidates(self)
+
     def _check_factory(self, op: str) -> None:
         from tileship.declare.factory import resolve
 
@@ -268,6 +278,8 @@ class Operator:
         wanted = [(f"params.{d}" if d in self.params else "params", self.factory_param(d)) for d in self.dims]
         wanted.append(("params.dtype" if "dtype" in self.params else "dtype_param", self.factory_param("dtype")))
         wanted += [(f"config.{k}", k) for k in self.config]
+        for cid, cfg in self.candidate_configs():
+            wanted += [(f"candidates.{cid}.{k}", k) for k in cfg if k not in self.config]
         for field_name, name in wanted:
             if name is not None and name not in sig.parameters and not accepts_kw:
                 known = ", ".join(sig.parameters)
@@ -289,14 +301,19 @@ def expand(op: Operator, targets: tuple[str, ...] | None = None) -> list[Special
     """All specializations of ``op`` (for ``targets`` when given, intersected with the op's)."""
     op.check()
     chosen = [t for t in op.targets if targets is None or t in targets]
+    cands = [(cid, tuple(cfg.items())) for cid, cfg in op.candidate_configs()] or [("", ())]
     out: list[Specialization] = []
     for target in chosen:
         for dtype in op.dtypes:
+            dims_list: list[tuple[tuple[str, int | tuple[int, int]], ...]] = []
             for r in op.ranges:
                 dm: dict[str, int | tuple[int, int]] = {**r.fixed, r.dim: (r.min, r.max)}
-                out.append(Specialization(op.name, dtype, tuple((d, dm[d]) for d in op.dims), target))
+                dims_list.append(tuple((d, dm[d]) for d in op.dims))
             for shape in op.shapes:
-                out.append(Specialization(op.name, dtype, tuple((d, shape[d]) for d in op.dims), target))
+                dims_list.append(tuple((d, shape[d]) for d in op.dims))
+            for dims in dims_list:
+                for cid, cfg in cands:
+                    out.append(Specialization(op.name, dtype, dims, target, candidate=cid, config=cfg))
     return out
 
 
@@ -314,6 +331,8 @@ def describe(op: Operator) -> dict[str, Any]:
         "shapes": [dict(sorted(s.items())) for s in op.shapes],
         "ranges": [{"dim": r.dim, "min": r.min, "max": r.max, "fixed": dict(sorted(r.fixed.items()))} for r in op.ranges],
         "config": dict(sorted(op.config.items())),
+        # only operators with candidates carry the key: the description (and the lock) of the others is unchanged
+        **({"candidates": [{"id": cid, "config": cfg} for cid, cfg in cands]} if (cands := op.candidate_configs()) else {}),
         "pass_configs": dict(sorted(op.compile_pass_configs().items())),
         "pass_configs_overridden": sorted(k for k in op.pass_configs if k in info.decorator_pass_configs
                                           and info.decorator_pass_configs[k] != op.pass_configs[k]),

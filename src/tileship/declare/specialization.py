@@ -20,12 +20,17 @@ class Specialization:
     """One thing the build compiles: operator x dtype x shape (or dynamic range) x target.
 
     ``dims`` maps each dim to an int, or to ``(min, max)`` for the one ``T.dynamic`` dim.
+    ``candidate`` names one of the operator's candidate configs (``tileship.declare.candidates``)
+    and ``config`` holds it (laid over ``Operator.config`` when building); both are empty for an
+    operator without candidates. Candidates of one shape share a ``group_id``.
     """
 
     op: str
     dtype: str
     dims: tuple[tuple[str, int | tuple[int, int]], ...]
     target: str
+    candidate: str = ""
+    config: tuple[tuple[str, int | float | str | bool], ...] = ()
 
     @property
     def dynamic_dim(self) -> str | None:
@@ -42,8 +47,17 @@ class Specialization:
         return "_".join(parts)
 
     @property
-    def id(self) -> str:
+    def group_id(self) -> str:
+        """The id without the candidate: what every candidate of this shape shares."""
         return f"{self.op}.{self.dtype}.{self.shape_key}.{self.target}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.group_id}.{self.candidate}" if self.candidate else self.group_id
+
+    def group(self) -> Specialization:
+        """The same specialization without its candidate."""
+        return Specialization(self.op, self.dtype, self.dims, self.target)
 
     def dim_map(self) -> dict[str, int | tuple[int, int]]:
         return dict(self.dims)
@@ -51,15 +65,21 @@ class Specialization:
     def to_json(self) -> dict[str, Any]:
         """JSON form; dims are an ordered list of [name, size | [min, max]] (files sort keys,
         and the dims' order is part of the id)."""
-        return {"op": self.op, "dtype": self.dtype, "target": self.target,
-                "dims": [[d, list(v) if isinstance(v, tuple) else v] for d, v in self.dims]}
+        out: dict[str, Any] = {"op": self.op, "dtype": self.dtype, "target": self.target,
+                               "dims": [[d, list(v) if isinstance(v, tuple) else v] for d, v in self.dims]}
+        if self.candidate:
+            out["candidate"] = self.candidate
+            out["config"] = [[k, v] for k, v in self.config]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Specialization:
         raw = data["dims"]
         pairs = raw.items() if isinstance(raw, Mapping) else raw
         dims = tuple((d, tuple(v) if isinstance(v, list) else int(v)) for d, v in pairs)
-        return cls(op=data["op"], dtype=data["dtype"], dims=dims, target=data["target"])  # type: ignore[arg-type]
+        config = tuple((str(k), v) for k, v in data.get("config") or ())
+        return cls(op=data["op"], dtype=data["dtype"], dims=dims, target=data["target"],  # type: ignore[arg-type]
+                   candidate=str(data.get("candidate") or ""), config=config)
 
 
 def tensor_dtypes(desc: Mapping[str, Any], which: str, op_dtype: str) -> list[str]:

@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tileship import env
 from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
 from tileship.declare.spec import Specialization, Target
 from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
-from tileship.release import evidence, integrity
+from tileship.release import evidence, integrity, tuning
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
 
 _log = logging.getLogger("tileship.load")
@@ -116,36 +117,23 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     load_errors: dict[str, str] = {}
     ops: dict[str, OpRunner] = {}
     use_sources(snap)
+    tuned = tuning.table(ev, lock_digest=lock_digest(lock), release_id=manifest["release_id"])
+    ctx = _Context(snap, report.blocking, reference_only, disabled, device, load_seconds, load_errors)
     for name, desc in sorted(rel["operators"].items()):
         reference = _import_reference(desc, name)
         entries: list[Entry] = []
-        for sid, info in sorted(rel["specializations"].items()):
-            spec = Specialization.from_json(info["spec"])
-            if spec.op != name:
+        for gid, members in _groups(rel, name).items():
+            group = tuned.get(gid)
+            if group is not None:
+                entries.extend(_tuned_entries(ctx, members, group))
                 continue
-            target = Target(spec.target)
-            reason = None
-            if info["status"] != "built":
-                reason = "build_failed"
-            elif report.blocking:
-                reason = "drift"
-            elif reference_only or sid in disabled:
-                reason = "disabled_by_policy"
-            elif target.device_type == "cuda" and (not device["cuda"]
-                                                   or target.compute_capability not in device.get("capabilities", [device["capability"]])):
-                reason = "device_not_covered"
-            kernel = None
+            # untuned: the first declared candidate (the only one without candidates) under verification routing
+            sid, info, spec = members[0]
+            reason, kernel = _prepare(ctx, sid, info, spec)
             if reason is None:
-                t = time.perf_counter()
-                try:
-                    kernel = load_artifact(snap / "specs" / sid, sid)
-                except ArtifactLoadError as exc:
-                    load_errors[sid] = str(exc)
-                    reason = "load_failed"
-                load_seconds[sid] = time.perf_counter() - t
-            if reason is None:
-                reason = evidence.route(ev, sid, target=target, routing=routing, allow_unverified=allow_unverified,
-                                        lock_digest=lock_digest(lock), release_id=manifest["release_id"])
+                reason = evidence.route(ev, sid, target=Target(spec.target), routing=routing,
+                                        allow_unverified=allow_unverified, lock_digest=lock_digest(lock),
+                                        release_id=manifest["release_id"])
             if reason is None:
                 rule = evidence.size_rule(ev, sid, routing=routing, lock_digest=lock_digest(lock),
                                           release_id=manifest["release_id"])
@@ -153,6 +141,8 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                                      detail=rule.summary if rule else "", choose=rule))
             else:
                 entries.append(Entry(spec, None, Decision(REFERENCE, reason, sid)))
+            entries.extend(Entry(s, None, Decision(REFERENCE, tuning.NOT_SELECTED, i),
+                                 detail="not tuned: the first declared candidate serves") for i, _, s in members[1:])
         device_reasons = {"cuda": "device_not_covered", "cpu": "device_not_covered"}
         ops[name] = OpRunner(op_shape(desc, name), reference, entries, device_reasons=device_reasons)
         ops[name].sample = import_sample(desc, name)
@@ -164,6 +154,82 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                       load_errors=load_errors, notes=notes, declarations=rel["operators"], evidence=ev)
     release.load_seconds["__total__"] = time.perf_counter() - t0
     return release
+
+
+@dataclass
+class _Context:
+    """What deciding one specialization needs of the load in progress."""
+
+    snap: Path
+    blocking: bool
+    reference_only: bool
+    disabled: set[str]
+    device: dict[str, Any]
+    load_seconds: dict[str, float]
+    load_errors: dict[str, str]
+
+
+def _groups(rel: dict[str, Any], op: str) -> dict[str, list[tuple[str, dict[str, Any], Specialization]]]:
+    """group id -> [(spec id, info, spec)] of operator ``op``, candidates in declaration order."""
+    order = [c["id"] for c in rel["operators"][op].get("candidates") or []]
+    out: dict[str, list[tuple[str, dict[str, Any], Specialization]]] = {}
+    for sid, info in sorted(rel["specializations"].items()):
+        spec = Specialization.from_json(info["spec"])
+        if spec.op == op:
+            out.setdefault(spec.group_id, []).append((sid, info, spec))
+    for members in out.values():
+        members.sort(key=lambda m: order.index(m[2].candidate) if m[2].candidate in order else -1)
+    return out
+
+
+def _prepare(ctx: _Context, sid: str, info: dict[str, Any], spec: Specialization) -> tuple[str | None, Any]:
+    """(reason the reference serves, None) or (None, the loaded kernel) before evidence is read."""
+    target = Target(spec.target)
+    if info["status"] != "built":
+        return "build_failed", None
+    if ctx.blocking:
+        return "drift", None
+    if ctx.reference_only or sid in ctx.disabled:
+        return "disabled_by_policy", None
+    dev = ctx.device
+    if target.device_type == "cuda" and (not dev["cuda"] or target.compute_capability
+                                         not in dev.get("capabilities", [dev["capability"]])):
+        return "device_not_covered", None
+    t = time.perf_counter()
+    try:
+        return None, load_artifact(ctx.snap / "specs" / sid, sid)
+    except ArtifactLoadError as exc:
+        ctx.load_errors[sid] = str(exc)
+        return "load_failed", None
+    finally:
+        ctx.load_seconds[sid] = time.perf_counter() - t
+
+
+def _tuned_entries(ctx: _Context, members: list[tuple[str, dict[str, Any], Specialization]],
+                   group: dict[str, Any]) -> list[Entry]:
+    """Entries of one tuned group: the bucket winners serve (a dynamic group's each through a
+    ``TunedRule`` for its buckets); the others are listed as ``not_selected``, or, when the reference
+    won every bucket, the first candidate stands for the group as ``slower_than_reference``."""
+    won = tuning.winners(group)
+    out: list[Entry] = []
+    for sid, info, spec in members:
+        cid = spec.candidate or "default"
+        if cid not in won:
+            out.append(Entry(spec, None, Decision(REFERENCE, tuning.NOT_SELECTED, sid), detail="lost every tuned bucket"))
+            continue
+        reason, kernel = _prepare(ctx, sid, info, spec)
+        if reason is not None:
+            out.append(Entry(spec, None, Decision(REFERENCE, reason, sid)))
+        elif group.get("dynamic_dim") is None:
+            out.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid), detail=f"tuned: {group['points'][0].get('why', '')}"))
+        else:
+            rule = tuning.TunedRule(group, cid)
+            out.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid), detail=rule.summary, choose=rule))
+    if not won:  # the reference won everywhere: one entry stands for the group so the reason is exact
+        sid, _, spec = members[0]
+        why = group["points"][0].get("why", "") if group.get("points") else ""
+        out[0] = Entry(spec, None, Decision(REFERENCE, "slower_than_reference", sid), detail=f"tuned: {why}")
+    return out
 
 
 def op_shape(desc: dict[str, Any], name: str) -> OpShape:

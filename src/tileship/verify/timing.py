@@ -74,9 +74,11 @@ def _stats(samples: Sequence[float], repeats: int, inner: int, sets: int) -> Sta
 
 
 def measure(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device: str, warmup_ms: float = 25.0,
-            budget_ms: float = 100.0, min_repeats: int = 5, max_repeats: int = 50) -> Stats:
+            budget_ms: float = 100.0, min_repeats: int = 5, max_repeats: int = 50, flush: Any = None) -> Stats:
     """Per-call time of ``fn`` over rotating ``arg_sets``: warm-up, then ``repeats`` samples of
-    ``inner`` back-to-back calls each (CUDA events on CUDA, perf_counter on CPU)."""
+    ``inner`` back-to-back calls each (CUDA events on CUDA, perf_counter on CPU). ``flush`` (a
+    tensor at least the size of the L2, see ``l2_flush_buffer``) is overwritten before every
+    sample, outside the timed span, so no sample starts with the previous one's data cached."""
     import torch
 
     cuda = device == "cuda"
@@ -107,6 +109,8 @@ def measure(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
         for r in range(repeats):
+            if flush is not None:
+                flush.zero_()
             starts[r].record()
             for _ in range(inner):
                 fn(*arg_sets[k % n])
@@ -116,12 +120,24 @@ def measure(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device
         samples = [s.elapsed_time(e) * 1e3 / inner for s, e in zip(starts, ends, strict=True)]
     else:
         for _ in range(repeats):
+            if flush is not None:
+                flush.zero_()
             t = time.perf_counter()
             for _ in range(inner):
                 fn(*arg_sets[k % n])
                 k += 1
             samples.append((time.perf_counter() - t) * 1e6 / inner)
     return _stats(samples, repeats, inner, n)
+
+
+def l2_flush_buffer(device: str) -> Any:
+    """A scratch tensor twice the size of the last-level cache (the L2 on CUDA) for ``measure(flush=)``."""
+    import torch
+
+    size = CPU_CACHE_BYTES
+    if device == "cuda":
+        size = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or CUDA_CACHE_BYTES
+    return torch.empty(2 * size // 4, dtype=torch.int32, device=device)
 
 
 def rotation_sets(first: Sequence[Any], make: Callable[[int], Sequence[Any]], *, device: str,

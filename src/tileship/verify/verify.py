@@ -114,8 +114,9 @@ def _reference_in(reference: Callable[..., Any], args: Sequence[Any], dtype: str
 def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any],
                 desc: Mapping[str, Any], *,
                 options: VerifyOptions = VerifyOptions(), tolerance: Tolerance | None = None,
-                sample: Callable[..., Any] | None = None) -> SpecVerdict:
-    """Check (and time) one loaded specialization at its verification points.
+                sample: Callable[..., Any] | None = None,
+                points: Sequence[Mapping[str, int]] | None = None) -> SpecVerdict:
+    """Check (and time) one loaded specialization at its verification points (or at ``points``).
 
     Each output is poisoned, compared and sized with its own dtype; its tolerance is, in order:
     ``tolerance``, the ``options`` override for the operator dtype, the declared per-output
@@ -133,9 +134,11 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                                                     "", spec.dtype)
     out_tols = [tolerance or override or tensor_tolerance(desc, n, spec.dtype) for n, _ in outputs]
     ref_dtype = options.reference_dtype
-    points: list[PointResult] = []
-    for dims in verification_points(spec, block=dynamic_block(desc.get("config", {}), spec.dynamic_dim),
-                                    grid=options.grid, limit=options.limit):
+    if points is None:
+        block = dynamic_block({**desc.get("config", {}), **dict(spec.config)}, spec.dynamic_dim)
+        points = verification_points(spec, block=block, grid=options.grid, limit=options.limit)
+    results: list[PointResult] = []
+    for dims in points:
         checks: list[tuple[int, Check]] = []
         ref_checks: list[Check] = []
         confirmed = True
@@ -199,13 +202,13 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
             sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
             timing = time_pair(kernel, reference, sets, device=device, options=options)
             del sets
-        point = PointResult(dims, tuple(checks), tuple(ref_checks), confirmed, failure, timing)
-        points.append(point)
+        point = PointResult(dict(dims), tuple(checks), tuple(ref_checks), confirmed, failure, timing)
+        results.append(point)
         if options.on_point:
             options.on_point(spec.id, point)
-    bad = next((p for p in points if not p.passed), None)
+    bad = next((p for p in results if not p.passed), None)
     failure = None if bad is None else f"at {','.join(f'{k}={v}' for k, v in bad.dims.items())}: {bad.failure}"
-    return SpecVerdict(spec, device, tol, override is not None, ref_dtype, tuple(points), failure)
+    return SpecVerdict(spec, device, tol, override is not None, ref_dtype, tuple(results), failure)
 
 
 def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write: bool = True) -> VerifyResult:

@@ -1,0 +1,99 @@
+"""``tileship tune`` (pick the winner per shape bucket on this device) and ``tileship explain``
+(the routing decision of one shape, from the evidence file alone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tileship.cli._common import console, handle_errors
+
+
+@handle_errors
+def tune_cmd(
+    release: Path = typer.Argument(..., help="release directory"),
+    seeds: str = typer.Option("0,1", help="comma-separated base seeds for the correctness check"),
+    limit: int | None = typer.Option(None, help="cap on T.dynamic sizes (default: up to the declared maximum)"),
+    budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run of one path"),
+    rounds: int = typer.Option(2, help="timing rounds per bucket (their spread is the noise band)"),
+    flush: bool = typer.Option(True, help="overwrite a cache-sized buffer before every timing sample"),
+    bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
+    device: str = typer.Option("all", help="tune cuda, cpu or all groups this machine can run"),
+    only: list[str] = typer.Option([], help="operator name or group id (repeatable; default all)"),
+) -> None:
+    """Tune a release on this machine: per shape bucket, verify every candidate (poisoned outputs,
+    float64 reference), time the passing ones and the reference as served (CUDA events, L2 flushed
+    between samples, two rounds: their spread is the noise band) and record the winner; a candidate
+    wins only when it beats the reference beyond the noise. Stored in the release's evidence
+    (release id unchanged; a signature is removed: re-sign). Exit 1: nothing could be tuned."""
+    from tileship.verify.tune import TuneOptions, tune_release
+
+    if device not in ("all", "cuda", "cpu"):
+        raise typer.BadParameter(f"{device!r}: use cuda, cpu or all", param_hint="--device")
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+        extra: dict[str, list[int]] = {}
+        for b in bucket:
+            op, size = b.split("=", 1)
+            extra.setdefault(op, []).append(int(size))
+    except ValueError:
+        raise typer.BadParameter("expected integers: --seeds 0,1 and --bucket OP=SIZE") from None
+    if not seed_list or rounds < 2:
+        raise typer.BadParameter("at least one seed and two rounds are needed (the noise band is their spread)")
+
+    def progress(gid: str, group: dict) -> None:
+        for p in group["points"]:
+            dims = ",".join(f"{k}={v}" for k, v in p["dims"].items())
+            won = p["winner"] or "reference"
+            console.print(
+                f"  {gid} @ {dims}: [bold]{won}[/] (reference {p['reference']['median_us']:.2f} us, "
+                f"noise {p['noise_us']:.2f} us)"
+            )
+
+    opts = TuneOptions(
+        seeds=seed_list,
+        limit=limit,
+        budget_ms=budget_ms,
+        rounds=rounds,
+        flush=flush,
+        buckets=extra,
+        devices=("cuda", "cpu") if device == "all" else (device,),
+        only=tuple(only),
+        on_group=progress,
+    )
+    data = tune_release(release, opts)
+    points = [p for g in data["tuning"].values() for p in g["points"]]
+    kernels = sum(1 for p in points if p["winner"])
+    console.print(
+        f"tuned {len(data['tuning'])} groups, {len(points)} buckets: a kernel wins {kernels}, the reference "
+        f"{len(points) - kernels} (release {data['release_id']}; evidence in "
+        f"{release / 'evidence' / 'verification.json'})"
+    )
+
+
+@handle_errors
+def explain_cmd(
+    release: Path = typer.Argument(..., help="release directory"),
+    op: str = typer.Argument(..., help="operator name"),
+    dims: list[str] = typer.Argument(..., help="DIM=SIZE for every dim, e.g. M=16 N=4096 K=4096"),
+    dtype: str | None = typer.Option(None, help="operator dtype (default: each declared one)"),
+) -> None:
+    """Print the routing decision of one shape and the numbers behind it, from the release's
+    evidence file alone (no GPU, nothing loaded). Exit 1 when no specialization covers the shape."""
+    from tileship.release.explain import explain
+
+    try:
+        sizes = {k: int(v) for k, v in (d.split("=", 1) for d in dims)}
+    except ValueError:
+        raise typer.BadParameter("expected DIM=SIZE, e.g. M=16", param_hint="DIMS") from None
+    lines, found = explain(release, op, sizes, dtype=dtype)
+    for line in lines:
+        console.print(line, markup=False)
+    if not found:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune_cmd)
+    app.command("explain")(explain_cmd)

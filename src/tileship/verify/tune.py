@@ -1,0 +1,337 @@
+"""``tileship tune RELEASE``: pick the fastest verified candidate per shape bucket, on the target device.
+
+For every group (operator x dtype x shape or ``T.dynamic`` range x target, see
+``tileship.release.tuning``) this machine can run, at each bucket point (a static shape; for a
+range the powers of two plus its edges):
+
+1. every candidate is verified with verification's method (poisoned outputs, float64 reference,
+   the declared tolerances, several seeds): a candidate that fails there cannot win there;
+2. the reference and every passing candidate are timed with one method, as they are served:
+   each through a dispatcher of its own (the same launcher serving uses), inputs rotated across
+   sets that overflow the cache, warm-up, CUDA events (perf_counter on CPU), the L2 flushed before
+   every sample, the median of the samples; two rounds in a rotating order, and the larger
+   round-to-round difference of two paths is their noise band;
+3. the fastest candidate wins only when it beats the reference by more than that band
+   (``tileship.release.tuning``); otherwise the reference keeps the bucket.
+
+The table, with every number behind each decision, goes into the release's evidence next to
+verification (``evidence/verification.json``: hashed, bound to the lock digest and the device
+fingerprint); verification entries of other specializations are kept when they still apply.
+Groups with one kernel (no candidates) are tuned too: kernel against reference, same rule.
+Never compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tileship.declare.inputs import make_inputs, point_seed
+from tileship.declare.spec import Specialization, Target, tensor_dtypes
+from tileship.errors import ArtifactLoadError, VerificationError
+from tileship.release import evidence as ev_mod
+from tileship.release import tuning
+from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets
+from tileship.verify.verify import VerifyOptions, verify_spec
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    seeds: tuple[int, ...] = (0, 1)
+    #: measured ms per timing run of one path (each path runs ``rounds`` times per point)
+    budget_ms: float = 40.0
+    warmup_ms: float = 10.0
+    min_repeats: int = 5
+    max_repeats: int = 40
+    rounds: int = 2
+    #: overwrite a cache-sized buffer before every timing sample
+    flush: bool = True
+    #: cap on the sizes of a T.dynamic dim (None: up to the declared maximum)
+    limit: int | None = None
+    #: operator -> extra bucket points for its dynamic dim (besides powers of two and the edges)
+    buckets: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    #: operator names or group ids to tune (empty: all)
+    only: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ("cuda", "cpu")
+    on_group: Callable[[str, dict[str, Any]], None] | None = None
+
+
+def groups_of(rel: Mapping[str, Any]) -> dict[str, list[tuple[str, Specialization, str]]]:
+    """group id -> [(spec id, spec, build status)] in the operator's candidate declaration order."""
+    out: dict[str, list[tuple[str, Specialization, str]]] = {}
+    for sid, info in rel["specializations"].items():
+        spec = Specialization.from_json(info["spec"])
+        out.setdefault(spec.group_id, []).append((sid, spec, info["status"]))
+    for members in out.values():
+        order = [c["id"] for c in rel["operators"][members[0][1].op].get("candidates") or []]
+        members.sort(key=lambda m: order.index(m[1].candidate) if m[1].candidate in order else -1)
+    return dict(sorted(out.items()))
+
+
+def bucket_points(
+    spec: Specialization, *, limit: int | None, extra: Sequence[int]
+) -> list[tuple[dict[str, int], list[int]]]:
+    """[(dims, [first, last])] per bucket of ``spec`` (one, the shape itself, when static)."""
+    dims = spec.dim_map()
+    dyn = spec.dynamic_dim
+    if dyn is None:
+        return [({d: int(v) for d, v in dims.items()}, [0, 0])]  # type: ignore[arg-type]
+    lo, hi = dims[dyn]  # type: ignore[misc]
+    top = hi if limit is None else max(lo, min(hi, limit))
+    return [
+        ({d: (p if d == dyn else int(v)) for d, v in dims.items()}, [first, last])  # type: ignore[arg-type]
+        for p, first, last in tuning.buckets(lo, top, extra)
+    ]
+
+
+def _runner(desc: Mapping[str, Any], name: str, reference: Any, spec: Specialization, kernel: Any) -> Any:
+    """A dispatcher serving only ``kernel`` (or only the reference when None): timed as served."""
+    from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner
+    from tileship.runtime.loader import op_shape
+
+    decision = Decision(KERNEL, KERNEL, spec.id) if kernel is not None else Decision(REFERENCE, "tuning", spec.id)
+    shape = op_shape(dict(desc), name)
+    return OpRunner(shape, reference, [Entry(spec, kernel, decision)])
+
+
+def tune_group(
+    gid: str,
+    members: Sequence[tuple[str, Specialization, Any]],
+    reference: Any,
+    desc: Mapping[str, Any],
+    *,
+    options: TuneOptions,
+    sample: Any = None,
+) -> tuple[dict[str, Any], list[Any]]:
+    """Tune one group: ``members`` are (spec id, spec, loaded kernel or a failure text). Returns the
+    group's table and the candidates' SpecVerdicts (their verification evidence)."""
+    spec0 = members[0][1]
+    device = Target(spec0.target).device_type
+    extra = options.buckets.get(spec0.op, ())
+    points = bucket_points(spec0.group(), limit=options.limit, extra=extra)
+    vopts = VerifyOptions(seeds=options.seeds, timing=False, devices=options.devices)
+    verdicts = []
+    passed: dict[str, dict[str, str | None]] = {}
+    for _sid, spec, kernel in members:
+        cid = spec.candidate or "default"
+        if isinstance(kernel, str):
+            passed[cid] = {json.dumps(p, sort_keys=True): kernel for p, _ in points}
+            continue
+        v = verify_spec(spec, kernel, reference, desc, options=vopts, sample=sample, points=[p for p, _ in points])
+        verdicts.append(v)
+        passed[cid] = {json.dumps(p.dims, sort_keys=True): p.failure for p in v.points}
+    inputs = [(n, tuple(ds)) for n, ds, *_ in desc["inputs"]]
+    in_dtypes = tensor_dtypes(desc, "inputs", spec0.dtype)
+    scalars = [i for i, (n, _) in enumerate(inputs) if n in set(desc.get("scalars") or ())]
+    flush = l2_flush_buffer(device) if options.flush else None
+    name = spec0.op
+    runners = {"": _runner(desc, name, reference, spec0, None)}
+    for _sid, spec, kernel in members:
+        if not isinstance(kernel, str):
+            runners[spec.candidate or "default"] = _runner(desc, name, reference, spec, kernel)
+    table_points = []
+    for dims, bucket in points:
+        key = json.dumps(dims, sort_keys=True)
+        ok = [c for c in runners if c and passed.get(c, {}).get(key, "x") is None]
+
+        def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
+            return make_inputs(
+                inputs,
+                d,
+                spec0.dtype,
+                device,
+                point_seed(20_000 + i, gid, d),
+                dtypes=in_dtypes,
+                sample=sample,
+                scalars=scalars,
+            )
+
+        sets = rotation_sets(fresh(0), fresh, device=device, out_bytes=0)
+        medians: dict[str, list[float]] = {c: [] for c in ["", *ok]}
+        order = ["", *ok]
+        for r in range(options.rounds):
+            rot = order[r % len(order) :] + order[: r % len(order)]  # who goes first changes every round
+            for c in rot:
+                st = measure(
+                    runners[c],
+                    sets,
+                    device=device,
+                    warmup_ms=options.warmup_ms,
+                    budget_ms=options.budget_ms,
+                    min_repeats=options.min_repeats,
+                    max_repeats=options.max_repeats,
+                    flush=flush,
+                )
+                medians[c].append(st.median_us)
+        del sets
+        table_points.append(_decide(dims, bucket, medians, passed, key))
+    del flush
+    group = {
+        "op": spec0.op,
+        "dtype": spec0.dtype,
+        "target": spec0.target,
+        "dynamic_dim": spec0.dynamic_dim,
+        "candidates": [m[1].candidate or "default" for m in members],
+        "points": table_points,
+    }
+    return group, verdicts
+
+
+def _decide(
+    dims: dict[str, int],
+    bucket: list[int],
+    medians: Mapping[str, list[float]],
+    passed: Mapping[str, Mapping[str, str | None]],
+    key: str,
+) -> dict[str, Any]:
+    def summary(xs: list[float]) -> dict[str, float]:
+        return {"median_us": _median(xs), "spread_us": max(xs) - min(xs) if xs else 0.0}
+
+    ref = summary(medians[""])
+    cands: dict[str, Any] = {}
+    for cid, fails in passed.items():
+        failure = fails.get(key)
+        cands[cid] = {"passed": failure is None, "failure": failure}
+        if cid in medians:
+            cands[cid].update(summary(medians[cid]))
+    timed = sorted((v["median_us"], c) for c, v in cands.items() if "median_us" in v)
+    winner, why, noise = None, "no candidate passed verification here", 0.0
+    if timed:
+        best_us, best = timed[0]
+        noise = max(ref["spread_us"], cands[best]["spread_us"], NOISE_FLOOR * min(best_us, ref["median_us"]))
+        if ref["median_us"] - best_us > noise:
+            winner, why = (
+                best,
+                f"{best} faster than the reference by {ref['median_us'] - best_us:.2f} us > noise {noise:.2f} us",
+            )
+        else:
+            how = "slower than" if best_us > ref["median_us"] + noise else "within the noise of"
+            why = (
+                f"the fastest candidate, {best}, is {how} the reference ({best_us:.2f} vs {ref['median_us']:.2f} us, "
+                f"noise {noise:.2f} us): the reference keeps it"
+            )
+    return {
+        "dims": dims,
+        "bucket": bucket,
+        "reference": ref,
+        "candidates": cands,
+        "noise_us": noise,
+        "winner": winner,
+        "why": why,
+    }
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2) if n else math.nan
+
+
+def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, write: bool = True) -> dict[str, Any]:
+    """Tune every group of the release at ``path`` this machine can run; returns (and with ``write``
+    stores) the evidence. Raises BundleIntegrityError for a release that is not intact and
+    VerificationError on blocking drift or when nothing can be tuned here."""
+    import torch
+
+    from tileship import env
+    from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
+    from tileship.release import bundle
+    from tileship.runtime import nojit
+    from tileship.runtime.loader import _import_reference, import_sample, load_artifact, use_sources
+
+    root = Path(path)
+    manifest = bundle.check_integrity(root)
+    rel = json.loads((root / "release.json").read_text())
+    lock = read_lock(root / "tileship.lock")
+    drift = compare(lock, capture_environment())
+    if drift.blocking:
+        raise VerificationError(
+            f"blocking drift against the release lock ({drift.reason}): timings taken here would "
+            "not describe these artifacts",
+            hint="tune on the machine the release will serve on",
+        )
+    env.ensure_tilelang_cache_dir()
+    nojit.install()
+    use_sources(root)
+    cuda = torch.cuda.is_available()
+    digest = lock_digest(lock)
+    old = ev_mod.read(root) or {}
+    same_device = ev_mod.applies_here(old, {"device_type": "cuda"}) if cuda else old.get("device") is None
+    keep = (
+        old.get("lock_digest") == digest
+        and old.get("release_id") in (None, manifest["release_id"])
+        and same_device
+        and ev_mod.applies_here(old, {"device_type": "cpu"})
+    )  # else the old numbers describe another machine
+    specs_ev: dict[str, Any] = dict(old.get("specializations", {})) if keep else {}
+    table: dict[str, Any] = dict(old.get("tuning", {})) if keep else {}
+    skipped: dict[str, str] = {}
+    for gid, members in groups_of(rel).items():
+        spec0 = members[0][1]
+        dev = Target(spec0.target).device_type
+        if options.only and spec0.op not in options.only and gid not in options.only:
+            continue
+        why = None if dev in options.devices else f"{dev} not selected"
+        if dev == "cuda" and why is None:
+            if not cuda:
+                why = "no CUDA GPU here"
+            elif tuple(torch.cuda.get_device_capability(0)) != Target(spec0.target).compute_capability:
+                why = f"built for {Target(spec0.target).arch}"
+        if why:
+            skipped[gid] = why
+            continue
+        desc = rel["operators"][spec0.op]
+        reference = _import_reference(desc, spec0.op)
+        loaded: list[tuple[str, Specialization, Any]] = []
+        for sid, spec, status in members:
+            if status != "built":
+                loaded.append((sid, spec, "build failed"))
+                continue
+            try:
+                loaded.append((sid, spec, load_artifact(root / "specs" / sid, sid)))
+            except ArtifactLoadError as exc:
+                loaded.append((sid, spec, f"artifact failed to load: {exc}"))
+        group, verdicts = tune_group(
+            gid, loaded, reference, desc, options=options, sample=import_sample(desc, spec0.op)
+        )
+        table[gid] = group
+        for v in verdicts:
+            specs_ev[v.spec.id] = v.to_json()
+        if options.on_group:
+            options.on_group(gid, group)
+    if not any(g for g in table if g not in skipped):
+        raise VerificationError(
+            f"nothing to tune on this machine ({len(skipped)} groups skipped: "
+            f"{', '.join(sorted(set(skipped.values())))})",
+            hint="run `tileship tune` on the GPU the release will serve on",
+        )
+    data = {
+        **(old if keep else {}),
+        "schema": ev_mod.SCHEMA,
+        "release_id": manifest["release_id"],
+        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lock_digest": digest,
+        "device": ev_mod.current_device(),
+        "host": ev_mod.current_host(),
+        "specializations": dict(sorted(specs_ev.items())),
+        "tuning": dict(sorted(table.items())),
+        "tuning_options": {
+            "seeds": list(options.seeds),
+            "budget_ms": options.budget_ms,
+            "warmup_ms": options.warmup_ms,
+            "rounds": options.rounds,
+            "flush": options.flush,
+            "limit": options.limit,
+            "noise_floor": NOISE_FLOOR,
+            "buckets": {k: list(v) for k, v in options.buckets.items()},
+        },
+    }
+    data.setdefault("options", {"seeds": list(options.seeds), "timing": False, "source": "tune"})
+    if write:
+        ev_mod.write(root, data)
+    return data

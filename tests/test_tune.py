@@ -1,0 +1,246 @@
+"""Option B: candidates in the declaration, build of every candidate, ``tileship tune`` on the CPU
+("c" target, CPU timing), routing per bucket from the evidence, and ``tileship explain``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tileship.declare.candidates import Space, candidate_id, resolve_candidates
+from tileship.declare.project import Project, load_operators
+from tileship.declare.spec import expand
+from tileship.errors import DeclarationError
+from tileship.release import tuning
+
+TESTS = Path(__file__).parent
+PROJECT = Project(
+    model="tuned", model_version="1", operator_modules=("tuned_ops",), targets=("c",), routing="evidence", root=TESTS
+)
+
+
+def _ops():
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    return load_operators(PROJECT)
+
+
+# -- declaration ---------------------------------------------------------------------------
+
+
+def test_space_expands_in_order_and_filters():
+    s = Space(block_M=[64, 128], num_stages=[2, 3], valid=lambda c: not (c["block_M"] == 128 and c["num_stages"] == 3))
+    assert s.configs() == [
+        {"block_M": 64, "num_stages": 2},
+        {"block_M": 64, "num_stages": 3},
+        {"block_M": 128, "num_stages": 2},
+    ]
+
+
+@pytest.mark.parametrize(
+    "config, cid",
+    [
+        ({}, "default"),
+        ({"block_M": 64, "split_k": 4}, "block_M64-split_k4"),
+        ({"eps": 0.5, "flag": True}, "eps0p5-flag1"),
+        ({"x": -1}, "xm1"),
+    ],
+)
+def test_candidate_ids_are_readable_and_path_safe(config, cid):
+    assert candidate_id(config) == cid
+
+
+def test_candidates_multiply_specializations_and_ids_name_the_config():
+    op = _ops()["poly"]
+    specs = expand(op)
+    assert len(specs) == 2 * 3  # (range, static shape) x 3 candidates
+    ids = {s.id for s in specs}
+    assert "poly.float32.N65536.c.rounds1" in ids and "poly.float32.N65536.c.rounds1-bias0p5" in ids
+    assert {s.group_id for s in specs} == {"poly.float32.N1-65536.c", "poly.float32.N65536.c"}
+    s = next(s for s in specs if s.candidate == "rounds64")
+    assert dict(s.config) == {"rounds": 64}
+
+
+def test_operator_without_candidates_keeps_its_ids():
+    from tileship.catalog.cpu import add
+
+    assert all(s.candidate == "" and s.id == s.group_id for s in expand(add))
+
+
+@pytest.mark.parametrize(
+    "candidates, field, words",
+    [
+        ([{"rounds": 1}, {"rounds": 1}], "candidates[1]", "same config"),
+        (Space(rounds=[1, 2], valid=lambda c: False), "candidates", "empty"),
+        ([{"rounds": [1, 2]}], "candidates[0].rounds", "int/float/str/bool"),
+        ("autotune", "candidates", "Space"),
+        ([{"no_such_param": 1}], "candidates.no_such_param1.no_such_param", "no parameter"),
+    ],
+)
+def test_bad_candidates_name_the_field(candidates, field, words):
+    op = dataclasses.replace(_ops()["poly"], candidates=candidates)
+    with pytest.raises(DeclarationError) as exc:
+        op.check()
+    assert exc.value.field == field and words in str(exc.value)
+
+
+def test_candidates_from_the_factorys_autotune_configs():
+    import forms_ops
+
+    op = dataclasses.replace(forms_ops.tuned, candidates="factory") if hasattr(forms_ops, "tuned") else None
+    if op is None:
+        op = next(v for v in vars(forms_ops).values() if getattr(v, "factory", None) is forms_ops.add_tuned)
+        op = dataclasses.replace(op, candidates="factory")
+    assert [c for c, _ in resolve_candidates(op)] == ["block64", "block128"]
+    plain = dataclasses.replace(_ops()["poly"], candidates="factory")
+    with pytest.raises(DeclarationError, match="autotune"):
+        plain.check()
+
+
+# -- buckets -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lo, hi", [(1, 1), (1, 8192), (3, 1000), (1, 65536), (100, 100_000)])
+def test_buckets_partition_the_range_by_nearest_point_on_a_log_scale(lo, hi):
+    bs = tuning.buckets(lo, hi)
+    assert bs[0][1] == lo and bs[-1][2] == hi
+    for (p, first, last), nxt in zip(bs, bs[1:] + [None], strict=True):
+        assert first <= p <= last
+        if nxt is not None:
+            assert nxt[1] == last + 1
+    points = [p for p, _, _ in bs]
+    rng = random.Random(0)
+    for x in [lo, hi, *(rng.randint(lo, hi) for _ in range(300))]:
+        owner = next(p for p, first, last in bs if first <= x <= last)
+        best = min(abs(math.log(q) - math.log(x)) for q in points)
+        assert abs(math.log(owner) - math.log(x)) <= best + 1e-12, (x, owner)
+
+
+# -- build -> tune -> route -> explain --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tuned_release(tmp_path_factory):
+    """The tuned_ops release, built for "c" and tuned on this CPU (read-only)."""
+    from tileship.build.builder import BuildOptions, build
+    from tileship.verify.tune import TuneOptions, tune_release
+
+    result = build(PROJECT, _ops(), tmp_path_factory.mktemp("tuned"), BuildOptions(jobs=2))
+    assert result.ok, [f.error for f in result.failed]
+    untuned = tmp_path_factory.mktemp("untuned") / result.release_id
+    shutil.copytree(result.path, untuned)
+    data = tune_release(result.path, TuneOptions(budget_ms=10.0))
+    return result.path, untuned, data
+
+
+def test_tune_records_a_table_bound_to_the_lock_and_host(tuned_release):
+    from tileship.build.lock import lock_digest, read_lock
+
+    path, _, data = tuned_release
+    ev = json.loads((path / "evidence" / "verification.json").read_text())
+    assert ev["lock_digest"] == lock_digest(read_lock(path / "tileship.lock"))
+    assert ev["host"]["cpu_model"] is not None
+    static = ev["tuning"]["poly.float32.N65536.c"]
+    assert static["candidates"] == ["rounds1", "rounds64", "rounds1-bias0p5"]
+    (p,) = static["points"]
+    assert p["winner"] == "rounds1", p["why"]  # the chunked reference is ~10x slower there
+    assert not p["candidates"]["rounds1-bias0p5"]["passed"]  # wrong: verified out, never timed
+    assert "median_us" not in p["candidates"]["rounds1-bias0p5"]
+    assert p["candidates"]["rounds64"]["median_us"] > p["candidates"]["rounds1"]["median_us"]
+    dyn = ev["tuning"]["poly.float32.N1-65536.c"]
+    assert [q["dims"]["N"] for q in dyn["points"]] == [2**k for k in range(17)]
+    for q in dyn["points"]:
+        assert q["winner"] in (None, "rounds1"), q  # the slow and the wrong candidate never win
+        if q["winner"] is None:
+            assert (
+                q["reference"]["median_us"] - min(c.get("median_us", math.inf) for c in q["candidates"].values())
+                <= q["noise_us"]
+            )
+    assert dyn["points"][-1]["winner"] == "rounds1"
+    # every verified candidate's correctness is stored as verification evidence too
+    assert ev["specializations"]["poly.float32.N65536.c.rounds1-bias0p5"]["passed"] is False
+
+
+def test_routing_follows_the_tuned_table_bucket_by_bucket(tuned_release):
+    import torch
+
+    from tileship.runtime.loader import load
+
+    path, _, data = tuned_release
+    release = load(path)
+    runner = release.ops["poly"]
+    by_id = {e.decision.spec_id: e for e in runner.entries}
+    assert by_id["poly.float32.N65536.c.rounds64"].decision.reason == "not_selected"
+    group = data["tuning"]["poly.float32.N1-65536.c"]
+    rng = random.Random(1)
+    sizes = [q["dims"]["N"] for q in group["points"]] + [rng.randint(1, 65535) for _ in range(20)]
+    for n in sizes:
+        if n == 65536:
+            continue  # the static group N=65536 serves that exact shape (checked below)
+        x = torch.randn(n)
+        y, d = runner.call(x)
+        winner, _ = tuning.choice(group, {"N": n})
+        if winner is None:
+            assert (d.path, d.reason) == ("reference", "slower_than_reference"), n
+        else:
+            assert (d.path, d.spec_id) == ("kernel", f"poly.float32.N1-65536.c.{winner}"), n
+        torch.testing.assert_close(y, ((((x * 0.5 + 1) * x - 2) * x + 0.25) * x + 3), atol=1e-4, rtol=1e-4)
+    y, d = runner.call(torch.randn(65536))
+    assert d.spec_id == "poly.float32.N65536.c.rounds1" and d.path == "kernel"
+
+
+def test_untuned_release_serves_the_first_declared_candidate(tuned_release):
+    import torch
+
+    from tileship.runtime.loader import load
+
+    _, untuned, _ = tuned_release
+    runner = load(untuned).ops["poly"]
+    _, d = runner.call(torch.randn(65536))
+    assert d.spec_id == "poly.float32.N65536.c.rounds1"
+    reasons = {e.decision.spec_id: e.decision.reason for e in runner.entries}
+    assert reasons["poly.float32.N65536.c.rounds64"] == "not_selected"
+    assert reasons["poly.float32.N65536.c.rounds1-bias0p5"] == "not_selected"
+
+
+def test_explain_reproduces_the_decision_from_the_files_alone(tuned_release):
+    from tileship.release.explain import explain
+
+    path, _, data = tuned_release
+    lines, found = explain(path, "poly", {"N": 65536})
+    text = "\n".join(lines)
+    assert found and "decision: kernel rounds1" in text and "FAILED verification" in text
+    group = data["tuning"]["poly.float32.N1-65536.c"]
+    q = group["points"][3]
+    lines, _ = explain(path, "poly", {"N": q["bucket"][1]})
+    assert f"bucket N={q['bucket'][0]}..{q['bucket'][1]}" in "\n".join(lines)
+    assert ("decision: reference" if q["winner"] is None else f"decision: kernel {q['winner']}") in "\n".join(lines)
+    lines, found = explain(path, "poly", {"N": 70000})
+    assert not found and "undeclared_shape" in lines[-1]
+
+
+def test_explain_cli_and_tuning_survives_integrity(tuned_release, tmp_path):
+    from typer.testing import CliRunner
+
+    from tileship.cli import app
+    from tileship.release import bundle
+
+    path, _, _ = tuned_release
+    res = CliRunner().invoke(app, ["explain", str(path), "poly", "N=65536"])
+    assert res.exit_code == 0 and "rounds1" in res.output
+    bundle.check_integrity(path)  # the evidence was re-hashed into the manifest
+    copy = tmp_path / path.name
+    shutil.copytree(path, copy)
+    ev = copy / "evidence" / "verification.json"
+    ev.write_text(ev.read_text().replace('"winner": "rounds1"', '"winner": "rounds64"', 1))
+    from tileship.errors import BundleIntegrityError
+    from tileship.runtime.loader import load
+
+    with pytest.raises(BundleIntegrityError):
+        load(copy)  # an edited winner is a tampered release

@@ -11,6 +11,8 @@ from tileship.cli import (
     diagnose_cmd,
     image_cmd,
     lock_cmd,
+    promote_cmd,
+    propose_cmd,
     registry_cmd,
     serve_cmd,
     sign_cmd,
@@ -22,7 +24,7 @@ from tileship.cli import (
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Ship TileLang kernels: lock, build, verify, serve, roll back.")
 for module in (lock_cmd, check_cmd, build_cmd, sign_cmd, demo_cmd, registry_cmd, diagnose_cmd, serve_cmd, verify_cmd,
-               toolchain_cmd, image_cmd, tune_cmd):
+               toolchain_cmd, image_cmd, tune_cmd, propose_cmd, promote_cmd):
     module.register(app)
 
 

@@ -124,3 +124,22 @@ def test_server_serves_telemetry_json_and_metrics(cpu_release_build, tmp_path):
         calls = {tuple(sorted(s.labels.items())): s.value for s in _families(text)["tileship_reference_calls"]}
         key = (("dtype", "float32"), ("operator", "rmsnorm_cpu"), ("reason", "undeclared_shape"), ("shape", "3x100,100"))
         assert calls[key] == 2
+
+
+def test_counts_are_exact_across_threads(release):
+    import threading
+
+    norm = release.op("rmsnorm_cpu")
+    x, w = torch.randn(2, 33), torch.randn(33)
+
+    def worker() -> None:
+        for _ in range(200):
+            norm(x, w)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (row,) = release.telemetry()["ops"]["rmsnorm_cpu"]["rows"]
+    assert row["calls"] == 1600 and release.counters()["rmsnorm_cpu"] == {"reference:undeclared_shape": 1600}

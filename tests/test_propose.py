@@ -137,3 +137,14 @@ def test_real_telemetry_proposes_applies_and_estimates_from_the_build_log(cpu_re
     again = find_project(tmp_path / "tileship.toml")
     assert set(again.shapes) == {"add", "rmsnorm_cpu"} and again.shapes["add"].static == ({"N": 1 << 25},)
     assert dataclasses.asdict(again.shapes["rmsnorm_cpu"]) == dataclasses.asdict(project.shapes["rmsnorm_cpu"])
+
+
+def test_a_new_range_does_not_overlap_a_declared_one(ops):
+    # declared: M 1..4096 at N=1024; sizes seen past 4x that range are a new range, not a widening,
+    # and its min, rounded down to a power of two, stops above the declared max (4096 -> 4097)
+    rows = [_norm(m, 1024, 1, 0.001) for m in (20000, 25000, 30000, 40000)]
+    (p,) = propose(_tele({"rmsnorm_cpu": (rows, 0)}), ops, targets=("c",)).proposals
+    assert (p.kind, p.range) == ("range", DynamicRange("M", 16384, 65536, {"N": 1024}))
+    rows = [_norm(m, 1024, 1, 0.001) for m in (5000, 9000, 15000, 20000)]
+    (p,) = propose(_tele({"rmsnorm_cpu": (rows, 0)}), ops, targets=("c",)).proposals
+    assert (p.kind, p.range) == ("range", DynamicRange("M", 4097, 32768, {"N": 1024}))

@@ -151,7 +151,14 @@ def _range_for(op: Operator, dim: str, fixed: dict[str, int], sizes: list[int]) 
         if hi < r.min and lo * WIDEN_FACTOR >= r.min:
             new = DynamicRange(dim, min(_pow2_floor(lo), r.min - 1), r.min - 1, fixed)
             return "widen", new, f"widens ranges[{i}] {dim} {r.min}..{r.max} to {new.min}..{r.max}"
-    return "range", DynamicRange(dim, _pow2_floor(lo), _pow2_ceil(hi), fixed), ""
+    new_lo, new_hi = _pow2_floor(lo), _pow2_ceil(hi)
+    for r in op.ranges:  # rounding must not reach into a declared range of the same dims
+        if r.dim == dim and dict(r.fixed) == fixed:
+            if r.min <= new_lo <= r.max:
+                new_lo = r.max + 1
+            if r.min <= new_hi <= r.max:
+                new_hi = r.min - 1
+    return "range", DynamicRange(dim, new_lo, new_hi, fixed), ""
 
 
 def propose(telemetry: Mapping[str, Any], ops: Mapping[str, Operator], *, targets: tuple[str, ...] | None = None,

@@ -233,12 +233,14 @@ def _tuned_entries(ctx: _Context, members: list[tuple[str, dict[str, Any], Speci
 
 
 def op_shape(desc: dict[str, Any], name: str) -> OpShape:
-    """What the dispatcher needs of a described operator."""
+    """What the dispatcher needs of a described operator (its outputs too: the fast launcher allocates them)."""
     exprs = desc.get("tensor_dtypes") or {}
     inputs = tuple((n, tuple(d)) for n, d, *_ in desc["inputs"])
+    outputs = tuple((str(n), tuple(str(d) for d in dims)) for n, dims, *_ in desc["outputs"])
     scalars = set(desc.get("scalars") or ())
     return OpShape(name, inputs, len(desc["outputs"]), tuple(exprs.get(n, "same") for n, _ in inputs),
-                   tuple(i for i, (n, _) in enumerate(inputs) if n in scalars))
+                   tuple(i for i, (n, _) in enumerate(inputs) if n in scalars), outputs=outputs,
+                   out_dtypes=tuple(exprs.get(n, "same") for n, _ in outputs))
 
 
 def import_sample(desc: dict[str, Any], name: str) -> Any:

@@ -130,6 +130,16 @@ def measure(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device
     return _stats(samples, repeats, inner, n)
 
 
+def round_spread(medians: Sequence[float]) -> float:
+    """The noise band of one path from its round medians: twice their median absolute deviation.
+    With two rounds that is their difference; with three or more, one disturbed round (a hiccup of
+    the host) cannot widen it, while rounds that disagree among themselves still do."""
+    if len(medians) < 2:
+        return 0.0
+    c = _quantile(medians, 0.5)
+    return 2 * _quantile([abs(m - c) for m in medians], 0.5)
+
+
 def l2_flush_buffer(device: str) -> Any:
     """A scratch tensor twice the size of the last-level cache (the L2 on CUDA) for ``measure(flush=)``."""
     import torch

@@ -9,8 +9,9 @@ range the powers of two plus its edges):
 2. the reference and every passing candidate are timed with one method, as they are served:
    each through a dispatcher of its own (the same launcher serving uses), inputs rotated across
    sets that overflow the cache, warm-up, CUDA events (perf_counter on CPU), the L2 flushed before
-   every sample, the median of the samples; two rounds in a rotating order, and the larger
-   round-to-round difference of two paths is their noise band;
+   every sample, the median of the samples; three rounds in a rotating order; a path's time is
+   the median of its round medians and its spread twice their median absolute deviation
+   (``timing.round_spread``); the larger spread of two paths is their noise band;
 3. the fastest candidate wins only when it beats the reference by more than that band
    (``tileship.release.tuning``); otherwise the reference keeps the bucket.
 
@@ -36,7 +37,7 @@ from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import evidence as ev_mod
 from tileship.release import tuning
-from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets
+from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets, round_spread
 from tileship.verify.verify import VerifyOptions, verify_spec
 
 
@@ -48,7 +49,7 @@ class TuneOptions:
     warmup_ms: float = 10.0
     min_repeats: int = 5
     max_repeats: int = 40
-    rounds: int = 2
+    rounds: int = 3
     #: overwrite a cache-sized buffer before every timing sample
     flush: bool = True
     #: cap on the sizes of a T.dynamic dim (None: up to the declared maximum)
@@ -190,7 +191,7 @@ def _decide(
     key: str,
 ) -> dict[str, Any]:
     def summary(xs: list[float]) -> dict[str, float]:
-        return {"median_us": _median(xs), "spread_us": max(xs) - min(xs) if xs else 0.0}
+        return {"median_us": _median(xs), "spread_us": round_spread(xs), "round_medians_us": list(xs)}
 
     ref = summary(medians[""])
     cands: dict[str, Any] = {}

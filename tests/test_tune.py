@@ -156,7 +156,9 @@ def test_tune_records_a_table_bound_to_the_lock_and_host(tuned_release):
     dyn = ev["tuning"]["poly.float32.N1-65536.c"]
     assert [q["dims"]["N"] for q in dyn["points"]] == [2**k for k in range(17)]
     for q in dyn["points"]:
-        assert q["winner"] in (None, "rounds1"), q  # the slow and the wrong candidate never win
+        assert q["winner"] != "rounds1-bias0p5", q  # the wrong candidate never wins
+        if q["dims"]["N"] >= 1024:  # 64x the arithmetic shows once the work outweighs the call
+            assert q["winner"] in (None, "rounds1"), q
         if q["winner"] is None:
             assert (
                 q["reference"]["median_us"] - min(c.get("median_us", math.inf) for c in q["candidates"].values())

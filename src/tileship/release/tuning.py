@@ -16,7 +16,8 @@ the nearest point on a log scale (ties to the smaller), so ``[lo, hi]`` of each 
 
 The winner rule (applied by tune, recorded, never re-derived at load): the fastest candidate
 that passed verification at that point wins only when it beats the reference by more than the
-noise band (the larger round-to-round spread of the two, ``timing.round_spread``, at least ``NOISE_FLOOR`` of the faster);
+noise band (the larger round-to-round spread of the two, ``timing.round_spread``, at least
+``NOISE_FLOOR`` of the faster);
 otherwise ``winner`` is null and the reference serves: the reference is the tested default.
 ``choice`` turns a concrete size into that decision; the dispatcher asks once per new key.
 """

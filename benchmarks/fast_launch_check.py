@@ -1,0 +1,47 @@
+"""Does the CUDA fast launcher serve correct results here? One line per specialization, exit 1 if not.
+
+    TILESHIP_FAST_LAUNCH=cuda python benchmarks/fast_launch_check.py RELEASE
+
+Loads the release (allow_unverified: it runs before tuning), calls every CUDA specialization at
+its smallest and largest verification size through ``release.op(name)`` and compares with the
+reference (the operator's declared tolerance); then reports which launcher served each key
+(``tvm_ffi`` = the fast path, ``adapter: why`` otherwise) and any circuit the calls opened.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(path: str) -> int:
+    import torch
+
+    from tileship.declare.inputs import verification_points
+    from tileship.declare.spec import tensor_tolerance
+    from tileship.runtime.loader import load
+
+    release = load(path, allow_unverified=True)
+    bad = 0
+    for name, runner in release.ops.items():
+        desc = release.declarations[name]
+        for entry in runner.entries:
+            spec = entry.spec
+            if entry.kernel is None or spec is None or spec.target == "c":
+                continue
+            pts = verification_points(spec, grid=0)
+            for dims in (pts[0], pts[-1]) if len(pts) > 1 else pts:
+                args = runner.sample_inputs(dims, spec.dtype, "cuda", 0)
+                single = type(runner)(runner.shape, runner.reference, [entry])  # this candidate only
+                out = single(*args)
+                ref = runner.reference(*args)
+                tol = tensor_tolerance(desc, desc["outputs"][0][0], spec.dtype)
+                ok = torch.allclose(out.float(), ref.float(), atol=tol.atol, rtol=tol.rtol)
+                bad += not ok
+                print(f"{spec.id} {dims}: {'ok' if ok else 'WRONG'} via {single.launchers()} faults={single.faults}")
+                bad += bool(single.faults)
+    print("fast launch check:", "PASS" if not bad else f"FAIL ({bad})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

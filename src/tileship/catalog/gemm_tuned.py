@@ -1,0 +1,79 @@
+"""GEMM with candidates (Option B): the catalog's GEMM plus tile shapes for small M and a split-K variant.
+
+``tileship tune`` picks, per (N, K) and per bucket of M, the fastest verified candidate or keeps
+cuBLAS (``torch.matmul``, the reference). Built by ``benchmarks/tuned/tileship.toml``:
+
+- ``bM128-bN256``: the catalog's 128x256x64, 3-stage tile (large M);
+- ``bM128-bN128``: a 128x128x64, 4-stage tile (medium M, twice the CTAs);
+- ``bM64-bN64``: a 64x64x128 tile, one warpgroup (small M: N/64 CTAs);
+- ``split_k4``: 64x64x64 with K split four ways: one launch zeroes C, the next adds each
+  CTA's fp32 partial sum into it atomically (small M with a long K, 4x the CTAs).
+"""
+
+from typing import Any
+
+import tilelang.language as T
+
+from tileship.catalog import costs
+from tileship.catalog import gemm as base
+from tileship.declare.spec import Operator
+
+
+def matmul_split_k(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 64, block_N: int = 64,
+                   block_K: int = 64, num_stages: int = 3, threads: int = 128, split_k: int = 4) -> Any:
+    """C = A @ B with K split ``split_k`` ways; needs K % (split_k * block_K) == 0."""
+    if K % (split_k * block_K):
+        raise ValueError(f"K={K} is not a multiple of split_k * block_K = {split_k * block_K}")
+    accum = "float32"
+    k_part = K // split_k
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                if by * block_M + i < M and bx * block_N + j < N:
+                    C[by * block_M + i, bx * block_N + j] = T.cast(0, dtype)
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), split_k, threads=threads) as (bx, by, bz):
+            a_tile = T.alloc_shared((block_M, block_K), dtype)
+            b_tile = T.alloc_shared((block_K, block_N), dtype)
+            acc = T.alloc_fragment((block_M, block_N), accum)
+            T.clear(acc)
+            for k in T.Pipelined(k_part // block_K, num_stages=num_stages):
+                T.copy(A[by * block_M, bz * k_part + k * block_K], a_tile)
+                T.copy(B[bz * k_part + k * block_K, bx * block_N], b_tile)
+                T.gemm(a_tile, b_tile, acc)
+            for i, j in T.Parallel(block_M, block_N):
+                if by * block_M + i < M and bx * block_N + j < N:
+                    T.atomic_add(C[by * block_M + i, bx * block_N + j], T.cast(acc[i, j], dtype))
+
+    return main
+
+
+def matmul_tuned(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 128, block_N: int = 256,
+                 block_K: int = 64, num_stages: int = 3, threads: int = 256, split_k: int = 1) -> Any:
+    """The tiled GEMM of ``tileship.catalog.gemm`` (``split_k`` 1) or its split-K form."""
+    if split_k > 1:
+        return matmul_split_k(M, N, K, dtype, block_M, block_N, block_K, num_stages, threads, split_k)
+    return base.matmul(M, N, K, dtype, block_M, block_N, block_K, num_stages, threads)
+
+
+gemm_tuned = Operator(
+    name="gemm",
+    factory=matmul_tuned,
+    reference=base.gemm_reference,
+    cost=costs.gemm,
+    inputs=base.gemm.inputs,
+    outputs=base.gemm.outputs,
+    dtypes=base.gemm.dtypes,
+    targets=base.gemm.targets,
+    config={"block_K": 64, "split_k": 1},
+    candidates=[
+        {"block_M": 128, "block_N": 256, "num_stages": 3, "threads": 256},
+        {"block_M": 128, "block_N": 128, "num_stages": 4, "threads": 256},
+        {"block_M": 64, "block_N": 64, "block_K": 128, "num_stages": 4, "threads": 128},
+        {"block_M": 64, "block_N": 64, "num_stages": 3, "threads": 128, "split_k": 4},
+    ],
+    ranges=base.gemm.ranges,
+    shapes=base.gemm.shapes,
+    tolerances=base.gemm.tolerances,
+)

@@ -32,7 +32,7 @@ def release_b(cpu_release_build, tmp_path):
 def test_promote_without_server_verifies_tunes_publishes_and_activates(release_b, tmp_path):
     pytest.importorskip("tileship.verify.tune")
     reg = tmp_path / "registry"
-    r = run("promote", str(release_b), "--registry", str(reg))
+    r = run("promote", str(release_b), "--registry", str(reg), "--budget-ms", "2")
     assert r.exit_code == 0, r.output
     for step in ("verify", "tune", "publish", "active"):
         assert step in r.output, r.output

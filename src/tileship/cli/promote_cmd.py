@@ -51,6 +51,7 @@ def promote_cmd(
     timeout: float = typer.Option(600.0, help="seconds to wait for the canary's verdict"),
     verify: bool = typer.Option(True, help="verify on this machine before publishing"),
     tune: bool = typer.Option(True, help="tune on this machine before publishing (tileship tune)"),
+    budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run in verify and tune"),
 ) -> None:
     """Take a release to production: build (unless RELEASE is given) -> verify -> tune ->
     publish -> activate. With --server, activation is a canary in that server: --canary P of
@@ -72,10 +73,10 @@ def promote_cmd(
         console.print(f"  built {release}")
     if verify:
         console.print("[bold]verify[/]")
-        console.print(f"  {promote.verify(release)}")
+        console.print(f"  {promote.verify(release, budget_ms=budget_ms)}")
     if tune:
         console.print("[bold]tune[/]")
-        console.print(f"  {promote.tune(release)}")
+        console.print(f"  {promote.tune(release, budget_ms=budget_ms)}")
     console.print("[bold]publish[/]")
     reg, rid = promote.publish(registry, release)
     console.print(f"  published {rid} -> {reg.path_of(rid)}")

@@ -49,13 +49,13 @@ def build(project: Path | None, out: Path, *, jobs: int) -> Path:
     return Path(result.path)
 
 
-def verify(path: Path) -> dict[str, Any]:
+def verify(path: Path, *, budget_ms: float = 100.0) -> dict[str, Any]:
     """Verify the release on this machine (evidence written into it); a summary. Raises
     VerificationError when a specialization failed: a release that failed is not promoted."""
     from tileship.verify.verify import VerifyOptions
     from tileship.verify.verify import verify as do_verify
 
-    result = do_verify(path, VerifyOptions(seeds=(0, 1)))
+    result = do_verify(path, VerifyOptions(seeds=(0, 1), budget_ms=budget_ms, warmup_ms=min(25.0, budget_ms)))
     if result.failed:
         v = result.failed[0]
         raise VerificationError(f"{len(result.failed)} specializations failed verification ({v.spec.id}: {v.failure})",
@@ -63,7 +63,7 @@ def verify(path: Path) -> dict[str, Any]:
     return {"verified": len(result.verdicts), "skipped": len(result.skipped)}
 
 
-def tune(path: Path) -> dict[str, Any]:
+def tune(path: Path, *, budget_ms: float = 40.0) -> dict[str, Any]:
     """Tune the release on this machine (``tileship.verify.tune``); a summary. Raises
     TileshipError when the tune module is not installed or nothing can be tuned here."""
     try:
@@ -71,7 +71,7 @@ def tune(path: Path) -> dict[str, Any]:
     except ImportError as exc:
         raise TileshipError(f"the tune step needs tileship.verify.tune, which is not available ({exc})",
                             hint="skip it with --no-tune") from None
-    data = tune_release(path, TuneOptions())
+    data = tune_release(path, TuneOptions(budget_ms=budget_ms, warmup_ms=min(10.0, budget_ms)))
     points = [p for g in data.get("tuning", {}).values() for p in g.get("points", [])]
     return {"groups": len(data.get("tuning", {})), "buckets": len(points),
             "kernel_wins": sum(1 for p in points if p.get("winner"))}

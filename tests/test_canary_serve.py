@@ -227,3 +227,35 @@ def test_bad_requests_and_abort(registry, tmp_path):
         rng = np.random.default_rng(2)
         assert {call_add(srv.url, rng).headers["x-tileship-release"] for _ in range(6)} == {id_a}
         assert reg.active().release_id == id_a
+
+
+def test_release_directory_server_promotes_itself_and_a_reload_aborts_a_running_canary(cpu_release_build, tmp_path):
+    from test_serve import point
+
+    from tileship.release import bundle
+
+    a = copy_release(cpu_release_build.path, tmp_path / "a")
+    b = copy_release(cpu_release_build.path, tmp_path / "b", version="dir-2")
+    c = copy_release(cpu_release_build.path, tmp_path / "c", version="dir-3")
+    id_a, id_b, id_c = (bundle.read_manifest(p)["release_id"] for p in (a, b, c))
+    link = tmp_path / "current"
+    point(link, a)
+    with serving(ServeConfig(source=link, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO())) as srv:
+        r = post(srv, "/v2/tileship/canary", json={"release": str(b), "fraction": 0.5, "window_requests": 12,
+                                                    "max_p50_ratio": 1.5})
+        assert r.status_code == 200, r.text
+        rng = np.random.default_rng(3)
+        served = [call_add(srv.url, rng).headers["x-tileship-release"] for _ in range(24)]
+        assert served.count(id_b) == 12 and served[1::2] == [id_b] * 12
+        st = wait_state(srv.url, {"promoted", "rolled_back", "aborted"})
+        assert st["state"] == "promoted" and st["outcome"]["registry"] is None, st
+        assert srv.service.holder.current.release_id == id_b
+        # a canary whose baseline is swapped away by a reload is aborted
+        assert post(srv, "/v2/tileship/canary", json={"release": str(c), "fraction": 0.5}).status_code == 200
+        point(link, a)
+        assert post(srv, "/v2/repository/reload").json()["release"] == id_a
+        call_add(srv.url, rng)
+        st = wait_state(srv.url, {"promoted", "rolled_back", "aborted"})
+        assert st["state"] == "aborted" and "reload" in st["outcome"]["reason"], st
+        assert {call_add(srv.url, rng).headers["x-tileship-release"] for _ in range(6)} == {id_a}
+        assert id_c not in {call_add(srv.url, rng).headers["x-tileship-release"] for _ in range(4)}

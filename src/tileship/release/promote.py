@@ -78,11 +78,19 @@ def tune(path: Path, *, budget_ms: float = 40.0) -> dict[str, Any]:
 
 
 def publish(registry: Path | None, path: Path) -> tuple[Any, str]:
-    """(Registry, release id) after publishing ``path`` (a newer copy replaces one with other evidence)."""
-    from tileship.release.registry import Registry
+    """(Registry, release id) after publishing ``path`` (a newer copy replaces one with other evidence).
+    Raises RegistryError when the registry would refuse to activate it (failed verification), so
+    that no canary is started for a release that could not be promoted."""
+    from tileship.errors import RegistryError
+    from tileship.release.registry import Registry, verification_status
 
     reg = Registry(registry)
-    return reg, reg.publish(path, replace=True)
+    rid = reg.publish(path, replace=True)
+    status, detail = verification_status(reg.path_of(rid))
+    if status in ("failed", "unreadable"):
+        raise RegistryError(f"{rid} would not be activated: verification {status}: {detail}",
+                            hint="fix the failing specializations and build again")
+    return reg, rid
 
 
 def canary(server: str, release: str, policy: dict[str, Any], *, timeout_s: float = 600.0, poll_s: float = 0.25,

@@ -69,10 +69,27 @@ def verification_status(root: Path) -> tuple[str, str]:
     if not isinstance(specs, dict):
         return "unreadable", f"{p}: no 'specializations' mapping"
     failed = sorted(sid for sid, e in specs.items() if not (isinstance(e, dict) and e.get("passed", False)))
+    losers = _losing_candidates(data.get("tuning"))
+    excused = [sid for sid in failed if sid in losers]  # tuning never routes to them: they cannot serve
+    failed = [sid for sid in failed if sid not in losers]
     if failed:
         return "failed", f"{len(failed)} of {len(specs)} specializations failed verification: {', '.join(failed[:5])}" + (" ..." if len(failed) > 5 else "")
     device = (data.get("device") or {}).get("name", "?")
-    return "passed", f"{len(specs)} specializations passed on {device}"
+    lost = f"; {len(excused)} failed candidates never win a tuned bucket" if excused else ""
+    return "passed", f"{len(specs) - len(excused)} specializations passed on {device}{lost}"
+
+
+def _losing_candidates(tuning: Any) -> set[str]:
+    """Spec ids (``<group>.<candidate>``) of tuned candidates that win no bucket of their group."""
+    if not isinstance(tuning, dict):
+        return set()
+    out: set[str] = set()
+    for gid, group in tuning.items():
+        if not isinstance(group, dict):
+            continue
+        won = {p.get("winner") for p in group.get("points") or [] if isinstance(p, dict)}
+        out.update(f"{gid}.{c}" for c in group.get("candidates") or [] if c not in won)
+    return out
 
 
 def read_pointer(pointer: Path) -> dict[str, Any]:

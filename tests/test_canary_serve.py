@@ -259,3 +259,20 @@ def test_release_directory_server_promotes_itself_and_a_reload_aborts_a_running_
         assert st["state"] == "aborted" and "reload" in st["outcome"]["reason"], st
         assert {call_add(srv.url, rng).headers["x-tileship-release"] for _ in range(6)} == {id_a}
         assert id_c not in {call_add(srv.url, rng).headers["x-tileship-release"] for _ in range(4)}
+
+
+def test_canary_missing_a_model_the_active_serves_is_refused(registry, tmp_path):
+    from tileship.runtime.loader import load
+
+    reg, id_a, id_b, _ = registry
+
+    def loader(path: Path, reference_only: bool) -> Release:
+        rel = load(path, reference_only=reference_only)
+        if release_id_at(Path(path)) == id_b:
+            del rel.ops["rmsnorm_cpu"]
+        return rel
+
+    with serving(ServeConfig(source=reg.root, loader=loader, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO())) as srv:
+        r = post(srv, "/v2/tileship/canary", json={"release": id_b, "fraction": 0.5})
+        assert r.status_code == 409 and "does not serve rmsnorm_cpu" in r.json()["error"], r.text
+        assert srv.service.holder.current.release_id == id_a

@@ -188,6 +188,12 @@ class Rollout:
                                     f"warm-up failed for {len(served.warm.failures)} specializations: {detail}")
             if self.state != "loading":  # aborted while it loaded
                 return 409, {"result": "aborted", **self.status()}
+            cur = svc.holder.current
+            assert cur is not None
+            missing = sorted({*cur.release.ops, *cur.models} - {*served.release.ops, *served.models})
+            if missing:  # promoting it would stop serving them
+                return self._failed("resolve", f"the canary does not serve {', '.join(missing)}, which the active "
+                                               f"release {cur.release_id} serves")
             if served.release_id == svc.holder.current.release_id:  # type: ignore[union-attr]
                 return self._failed("resolve", f"{release} is the release already active ({served.release_id})")
             self.canary, self.base = served, svc.holder.current

@@ -100,6 +100,7 @@ class Rollout:
         self._n = 0
         self._windows = {ACTIVE: _Window(), CANARY: _Window()}
         self._started = 0.0
+        self._ended = 0.0
         self._ticker: asyncio.Task[Any] | None = None
         self.metrics = _metrics(service.metrics.registry)
 
@@ -218,7 +219,7 @@ class Rollout:
         w = self._windows
         return {"state": self.state, "requested": self.requested, "canary": self._canary_id(),
                 "active": self.base.release_id if self.base else None, "policy": asdict(self.policy),
-                "elapsed_s": round(time.monotonic() - self._started, 3) if self._started else 0.0,
+                "elapsed_s": round((self._ended or time.monotonic()) - self._started, 3) if self._started else 0.0,
                 "routed": {s: {"requests": w[s].requests, "errors": w[s].errors, "models": w[s].per_model} for s in w},
                 "last_decision": self.decisions[-1] if self.decisions else None, "decisions": list(self.decisions),
                 "outcome": self.result, "failure": self.failure}
@@ -273,6 +274,7 @@ class Rollout:
 
     def _finish(self, state: str, result: dict[str, Any]) -> None:
         self.state = state
+        self._ended = time.monotonic()
         self.result = result
         self.canary = None if state != "promoted" else self.canary
         self.metrics["fraction"].set(0)
@@ -296,7 +298,7 @@ class Rollout:
         self._share = Fraction(policy.fraction).limit_denominator(1_000_000)
         self._n = 0
         self._windows = {ACTIVE: _Window(), CANARY: _Window()}
-        self._started = 0.0
+        self._started = self._ended = 0.0
 
     def _target(self, release: str) -> Target:
         """A release directory, or an id (prefix) in the registry the server follows."""

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="auto: cuda when there is a GPU, else cpu")
     ap.add_argument("--budget-ms", type=float, default=60.0, help="measured ms per timing run (each callable is timed twice)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape (spread = noise)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per shape (spread = noise)")
     ap.add_argument("--limit", type=int, default=None, help="cap on T.dynamic sizes when there is no evidence")
     args = ap.parse_args(argv)
 

@@ -16,7 +16,7 @@ def tune_cmd(
     seeds: str = typer.Option("0,1", help="comma-separated base seeds for the correctness check"),
     limit: int | None = typer.Option(None, help="cap on T.dynamic sizes (default: up to the declared maximum)"),
     budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run of one path"),
-    rounds: int = typer.Option(3, help="timing rounds per bucket (their spread is the noise band)"),
+    rounds: int = typer.Option(5, help="timing rounds per bucket (their spread is the noise band)"),
     flush: bool = typer.Option(True, help="overwrite a cache-sized buffer before every timing sample"),
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
     device: str = typer.Option("all", help="tune cuda, cpu or all groups this machine can run"),
@@ -24,7 +24,7 @@ def tune_cmd(
 ) -> None:
     """Tune a release on this machine: per shape bucket, verify every candidate (poisoned outputs,
     float64 reference), time the passing ones and the reference as served (CUDA events, L2 flushed
-    between samples, three rounds: their spread is the noise band) and record the winner; a candidate
+    between samples, five rounds: their spread is the noise band) and record the winner; a candidate
     wins only when it beats the reference beyond the noise. Stored in the release's evidence
     (release id unchanged; a signature is removed: re-sign). Exit 1: nothing could be tuned."""
     from tileship.verify.tune import TuneOptions, tune_release

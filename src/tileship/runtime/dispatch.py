@@ -55,7 +55,7 @@ from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShap
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
 from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned
-from tileship.runtime.telemetry import ShapeTable, shape_of
+from tileship.runtime.telemetry import SAMPLE, ShapeTable, shape_of
 
 MEMO_LIMIT = 8192
 _log = logging.getLogger("tileship.runtime.dispatch")
@@ -151,12 +151,16 @@ class OpRunner:
         entry = route.entry
         kernel = entry.kernel
         if kernel is None:
-            t0 = time.perf_counter_ns()
-            res = self.reference(*args)
-            ns = time.perf_counter_ns() - t0
-            reason = entry.decision.reason
-            self._ref_counter(reason).add()
-            self.telemetry.record(route.shape, reason, ns)
+            row = route.ref_row
+            if row is None or row.reason != entry.decision.reason:  # first reference call here, or a new reason
+                row = self._ref_row(route)
+            if row.tick() % SAMPLE:
+                res = self.reference(*args)
+            else:  # one call in SAMPLE is timed for telemetry
+                t0 = time.perf_counter_ns()
+                res = self.reference(*args)
+                row.timed(time.perf_counter_ns() - t0)
+            route.ref_add()
             return res
         for a in self._tensors(args):
             if not a.is_contiguous():
@@ -266,6 +270,13 @@ class OpRunner:
             _log.exception("on_fault hook failed for %s", entry.decision.spec_id)
         finally:
             _fault_call.args = None
+
+    def _ref_row(self, route: Route) -> Any:
+        """Cache on ``route`` the telemetry row and the reason counter of its entry's current reason."""
+        reason = route.entry.decision.reason
+        route.ref_add = self._ref_counter(reason).add
+        route.ref_row = row = self.telemetry.row(route.shape, reason)
+        return row
 
     def _ref_counter(self, reason: str) -> Counter:
         c = self._ref_counts.get(reason)

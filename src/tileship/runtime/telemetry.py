@@ -2,8 +2,9 @@
 
 Each ``OpRunner`` owns one ``ShapeTable``. The first call of a memo key (``OpRunner._resolve``,
 the slow path) makes a ``Shape`` (the inputs' dtypes and shapes, and the base dims bound from
-them, declared or not) and attaches it to the key's ``Route``. A call the reference serves then
-``record``s (shape, reason, nanoseconds): one dict lookup on the shape, one lock, two adds. The
+them, declared or not) and attaches it to the key's ``Route``, which then caches the row of its
+reason: a call the reference serves costs one counter bump, and one call in ``SAMPLE`` is timed
+(under a lock); the seconds reported are those samples scaled to all calls. The
 kernel path records nothing (kernel calls are counted per specialization by ``Entry.calls``,
 which the dispatcher bumps anyway; ``kernel_calls`` below is their sum, not a per-shape count).
 
@@ -11,7 +12,7 @@ Memory is bounded: at most ``ROW_LIMIT`` distinct (dtypes, shapes, reason) rows 
 calls past that go to the operator's ``other`` row (kept per reason). Keys the dispatcher does
 not memoize (past ``MEMO_LIMIT``) make a new ``Shape`` per call and still land in their row.
 
-Seconds are host wall time (``time.perf_counter_ns``) around the reference call. On CUDA the
+Seconds are host wall time (``time.perf_counter_ns``) around the sampled reference calls. On CUDA the
 reference returns once its kernels are queued, so this is launch time, not GPU time, unless
 the reference synchronizes.
 
@@ -40,8 +41,13 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from tileship.runtime.counter import Counter
+
 #: distinct (dtypes, shapes, reason) rows kept per operator; the rest go to ``other``
 ROW_LIMIT = 256
+#: the dispatcher times one reference call in SAMPLE (the first of each row always)
+SAMPLE = 16
+_LOCK = threading.Lock()
 SCHEMA = 1
 
 
@@ -69,15 +75,37 @@ def shape_of(tensors: Sequence[Any], dims: Mapping[str, int], same: Sequence[boo
 
 
 class Row:
-    """Calls and nanoseconds of one (shape, reason); ``shape`` None for an ``other`` row."""
+    """Calls and nanoseconds of one (shape, reason); ``shape`` None for an ``other`` row.
 
-    __slots__ = ("shape", "reason", "calls", "ns")
+    A live row counts every call with ``tick()`` (a ``Counter``: one C call, no lock) and times
+    one call in ``SAMPLE`` (``timed``, under a lock); ``snapshot()`` returns a row whose ``calls``
+    is exact and whose ``ns`` is the sampled time scaled to all calls."""
+
+    __slots__ = ("shape", "reason", "calls", "ns", "tick", "_count", "_timed", "_timed_ns")
 
     def __init__(self, shape: Shape | None, reason: str) -> None:
         self.shape = shape
         self.reason = reason
-        self.calls = 0
+        self.calls = 0  # snapshot values; a live row's are in _count / _timed*
         self.ns = 0
+        self._count = Counter()
+        #: count one call; returns a running index (``index % SAMPLE == 0``: time this one)
+        self.tick = self._count.add
+        self._timed = 0
+        self._timed_ns = 0
+
+    def timed(self, ns: int) -> None:
+        with _LOCK:
+            self._timed += 1
+            self._timed_ns += ns
+
+    def snapshot(self) -> Row:
+        c = Row(self.shape, self.reason)
+        c.calls = self._count.value()
+        with _LOCK:
+            t, tn = self._timed, self._timed_ns
+        c.ns = round(tn * c.calls / t) if t else 0
+        return c
 
 
 class ShapeTable:
@@ -91,13 +119,16 @@ class ShapeTable:
         self._lock = threading.Lock()
 
     def record(self, shape: Shape | None, reason: str, ns: int) -> None:
-        """Count one reference call of ``ns`` nanoseconds (``shape`` None: into ``other``)."""
+        """Count one reference call of ``ns`` nanoseconds (``shape`` None: into ``other``); the
+        slow paths' way in (the dispatcher's hot path ticks a cached ``row`` and samples)."""
+        row = self.row(shape, reason)
+        row.tick()
+        row.timed(ns)
+
+    def row(self, shape: Shape | None, reason: str) -> Row:
+        """The live row of (shape, reason), created on first use (``other`` past the limit)."""
         row = shape.rows.get(reason) if shape is not None else None
-        if row is None:
-            row = self._row(shape, reason)
-        with self._lock:
-            row.calls += 1
-            row.ns += ns
+        return row if row is not None else self._row(shape, reason)
 
     def _row(self, shape: Shape | None, reason: str) -> Row:
         with self._lock:
@@ -118,12 +149,14 @@ class ShapeTable:
     def rows(self) -> list[Row]:
         """A consistent copy of the rows (values read under the lock), most calls first."""
         with self._lock:
-            rows = [_copy(r) for r in self._rows.values() if r.calls]
+            live = list(self._rows.values())
+        rows = [c for r in live if (c := r.snapshot()).calls]
         return sorted(rows, key=lambda r: (-r.calls, r.shape.dtypes, r.shape.shapes, r.reason))  # type: ignore[union-attr]
 
     def other(self) -> dict[str, Row]:
         with self._lock:
-            return {reason: _copy(r) for reason, r in sorted(self._other.items()) if r.calls}
+            live = sorted(self._other.items())
+        return {reason: c for reason, r in live if (c := r.snapshot()).calls}
 
     def to_json(self, kernel_calls: int) -> dict[str, Any]:
         rows = [row_json(r) for r in self.rows()]
@@ -145,12 +178,6 @@ def row_json(r: Row) -> dict[str, Any]:
 
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
-
-
-def _copy(r: Row) -> Row:
-    c = Row(r.shape, r.reason)
-    c.calls, c.ns = r.calls, r.ns
-    return c
 
 
 def _seconds(ns: int) -> float:

@@ -9,7 +9,7 @@ range the powers of two plus its edges):
 2. the reference and every passing candidate are timed with one method, as they are served:
    each through a dispatcher of its own (the same launcher serving uses), inputs rotated across
    sets that overflow the cache, warm-up, CUDA events (perf_counter on CPU), the L2 flushed before
-   every sample, the median of the samples; three rounds in a rotating order; a path's time is
+   every sample, the median of the samples; five rounds in a rotating order; a path's time is
    the median of its round medians and its spread twice their median absolute deviation
    (``timing.round_spread``); the larger spread of two paths is their noise band;
 3. the fastest candidate wins only when it beats the reference by more than that band
@@ -49,7 +49,7 @@ class TuneOptions:
     warmup_ms: float = 10.0
     min_repeats: int = 5
     max_repeats: int = 40
-    rounds: int = 3
+    rounds: int = 5
     #: overwrite a cache-sized buffer before every timing sample
     flush: bool = True
     #: cap on the sizes of a T.dynamic dim (None: up to the declared maximum)

@@ -3,6 +3,7 @@
 #   STAGE=tune:  build benchmarks/tuned/tileship.toml (GEMM x 4 candidates + RMSNorm, sm_90a) on the host,
 #                check the CUDA fast launcher (benchmarks/fast_launch_check.py), tileship tune
 #   STAGE=serve: served_vs_best.py under both routing policies, runtime_overhead.py (fast launch), explain samples
+#   STAGE=all:   both, in one call
 # The release stays in /tmp/tuned-rel between the stages (a warm machine keeps /tmp).
 set -u
 out=${1:?usage: gpu_tune.sh OUT_DIR tune|serve}
@@ -16,7 +17,7 @@ fi
 export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} COLUMNS=${COLUMNS:-220}
 nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
   > "$out/nvidia-smi-$stage.csv" 2>&1
-if [ "$stage" = tune ]; then
+if [ "$stage" = tune ] || [ "$stage" = all ]; then
   t0=$(date +%s)
   python3 -m tileship.cli build --project benchmarks/tuned/tileship.toml --out /tmp/tuned-rel -j "${JOBS:-16}" \
     > "$out/build.log" 2>&1
@@ -32,7 +33,8 @@ if [ "$stage" = tune ]; then
   echo "tune rc=$? ($(( $(date +%s) - t0 )) s)"; tail -2 "$out/tune.log"
   cp "$rel/evidence/verification.json" "$out/verification.json"
   echo "$rel" > "$out/release_path.txt"
-else
+fi
+if [ "$stage" = serve ] || [ "$stage" = all ]; then
   rel=$(ls -td /tmp/tuned-rel/*/ | head -1)
   export TILESHIP_FAST_LAUNCH=$(cat /tmp/tuned-fast-launch 2>/dev/null)
   for routing in evidence pinned; do

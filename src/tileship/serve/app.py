@@ -32,13 +32,14 @@ from tileship.runtime.dispatch import REFERENCE, Decision, OpRunner, Release
 from tileship.serve import protocol, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_body
+from tileship.serve.canary_stats import Timed
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import ReleaseHolder, Served, Target, release_id_at
 from tileship.serve.jsonlog import JsonLog
 from tileship.serve.metrics import ServeMetrics
 from tileship.serve.middleware import PartsResponse
 from tileship.serve.protocol import BadRequest
-from tileship.serve.rollout import Rollout, Timed
+from tileship.serve.rollout import Rollout
 
 
 class _Fatal(Exception):

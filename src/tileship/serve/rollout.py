@@ -7,7 +7,7 @@ stage and the reason and the active release keeps serving. While it runs, ``rout
 deterministic share of infer requests to it: request n (counted from the start) goes to the
 canary when ``floor(n * P) > floor((n - 1) * P)`` with P as an exact fraction, so any 100
 consecutive requests at P = 0.1 send exactly 10 to the canary. ``record`` keeps, per side
-(active | canary) and per model, a ring of the last ``RING`` latencies (the operator call on
+(active | canary) and per model, a ring of the last ``canary_stats.RING`` latencies (the operator call on
 the worker thread: what the release changes, not the queue) and the request and error counts
 (5xx, device failures and kernel faults answered by the reference, reason ``circuit_open``;
 4xx and overload are not the release's fault and are ignored). After each canary request,
@@ -37,50 +37,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tileship.errors import RegistryError, TileshipError
-from tileship.serve.canary import CanaryPolicy, Side, Verdict, decide
+from tileship.serve.canary import CanaryPolicy, Verdict, decide
+from tileship.serve.canary_stats import Window, metrics
 from tileship.serve.holder import Served, Target, release_id_at
 
 if TYPE_CHECKING:
     from tileship.serve.app import Service
 
-RING = 2048          # latency samples kept per (side, model)
 KEEP = 50            # decisions kept in the status
 TICK_S = 1.0         # how often a running canary is judged without traffic (window_seconds)
 ACTIVE, CANARY = "active", "canary"
-
-
-class Timed:
-    """A worker job that remembers how long it ran (seconds; None until it returns)."""
-
-    def __init__(self, job: Any) -> None:
-        self.job = job
-        self.seconds: float | None = None
-
-    def __call__(self) -> Any:
-        t0 = time.perf_counter()
-        out = self.job()
-        self.seconds = time.perf_counter() - t0
-        return out
-
-
-class _Window:
-    def __init__(self) -> None:
-        self.latencies: dict[str, deque[float]] = {}
-        self.requests = 0
-        self.errors = 0
-        self.per_model: dict[str, dict[str, int]] = {}
-
-    def add(self, model: str, seconds: float | None, error: bool) -> None:
-        self.requests += 1
-        self.errors += int(error)
-        row = self.per_model.setdefault(model, {"requests": 0, "errors": 0})
-        row["requests"] += 1
-        row["errors"] += int(error)
-        if seconds is not None and not error:
-            self.latencies.setdefault(model, deque(maxlen=RING)).append(seconds)
-
-    def side(self) -> Side:
-        return Side({m: list(v) for m, v in self.latencies.items()}, self.requests, self.errors)
 
 
 class Rollout:
@@ -98,11 +64,11 @@ class Rollout:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=KEEP)
         self._share = Fraction(0)
         self._n = 0
-        self._windows = {ACTIVE: _Window(), CANARY: _Window()}
+        self._windows = {ACTIVE: Window(), CANARY: Window()}
         self._started = 0.0
         self._ended = 0.0
         self._ticker: asyncio.Task[Any] | None = None
-        self.metrics = _metrics(service.metrics.registry)
+        self.metrics = metrics(service.metrics.registry)
 
     # -- the request path ----------------------------------------------------------------
     def route(self, current: Served | None, model: str) -> tuple[Served | None, str]:
@@ -297,7 +263,7 @@ class Rollout:
         self.decisions.clear()
         self._share = Fraction(policy.fraction).limit_denominator(1_000_000)
         self._n = 0
-        self._windows = {ACTIVE: _Window(), CANARY: _Window()}
+        self._windows = {ACTIVE: Window(), CANARY: Window()}
         self._started = self._ended = 0.0
 
     def _target(self, release: str) -> Target:
@@ -341,19 +307,3 @@ class Rollout:
         t.add_done_callback(self.service.background.discard)
         return t
 
-
-def _metrics(registry: Any) -> dict[str, Any]:
-    """The canary's metrics, in the server's registry (``release`` is "active" or "canary")."""
-    from prometheus_client import Counter, Gauge, Info
-
-    return {
-        "requests": Counter("tileship_canary_requests", "Requests judged during a canary, by side and outcome",
-                            ("release", "model", "outcome"), registry=registry),
-        "p50": Gauge("tileship_canary_p50_seconds", "Median operator-call latency in the canary window",
-                     ("release", "model"), registry=registry),
-        "fraction": Gauge("tileship_canary_fraction", "Share of requests sent to the canary (0: none running)",
-                          registry=registry),
-        "decisions": Counter("tileship_canary_decisions", "Canary verdicts logged, by action", ("action",),
-                             registry=registry),
-        "info": Info("tileship_canary", "The canary: state, canary and active release ids", registry=registry),
-    }

@@ -5,6 +5,7 @@
   ``tilelang.compile`` in-process (import excluded) for the same kernels.
 
     python benchmarks/build_speed.py [--targets c cuda-sm90a] [--jobs N] [--limit K] [--out result.json]
+    python benchmarks/build_speed.py --project benchmarks/tuned/cpu/tileship.toml --limit 16   # with candidates
 """
 
 from __future__ import annotations
@@ -43,11 +44,16 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--limit", type=int, default=8, help="specializations per build")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--project", type=Path, help="a project file to build (default: the built-in catalog)")
     args = ap.parse_args()
     from tileship.build.builder import BuildOptions, build
-    from tileship.declare.project import builtin_project, load_operators, specializations
+    from tileship.declare.project import builtin_project, find_project, load_operators, specializations
 
-    proj = dataclasses.replace(builtin_project(), targets=tuple(args.targets))
+    if args.project:
+        proj = find_project(args.project)
+        args.targets = list(proj.targets)
+    else:
+        proj = dataclasses.replace(builtin_project(), targets=tuple(args.targets))
     ops = load_operators(proj)
     specs = specializations(proj, ops)[: args.limit]
     {s.id for s in specs}
@@ -66,8 +72,10 @@ def main() -> int:
                       "per_spec_s": {r.spec.id: round(r.seconds, 3) for r in res.results}}
     all_ids = list(runs[1]["per_spec_s"])
     sample = [s for s in specializations(proj, chosen_ops) if s.id in all_ids]
-    jobs_json = [{"spec_id": s.id, "module": ops[s.op].factory.__module__, "op": s.op, "spec": s.to_json()} for s in sample]
+    jobs_json = [{"spec_id": s.id, "module": ops[s.op].module or ops[s.op].factory.__module__, "op": s.op, "spec": s.to_json()} for s in sample]
     env = dict(os.environ, TILELANG_CACHE_DIR=tempfile.mkdtemp(prefix="tl-bench-"))
+    if proj.root is not None:  # the child imports the project's operator modules too
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(proj.root), env.get("PYTHONPATH", "")) if p)
     child = subprocess.run([sys.executable, "-c", INPROC, json.dumps(jobs_json)], capture_output=True, text=True, env=env, timeout=3600)
     inproc = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {}
     rows = []
@@ -76,6 +84,8 @@ def main() -> int:
         rows.append({"spec_id": sid, "isolated_build_s": iso, "tilelang_compile_inprocess_s": round(inproc.get(sid, float("nan")), 3),
                      "ratio": round(iso / inproc[sid], 2) if sid in inproc else None})
     result = {"host": platform.node(), "cpus": os.cpu_count(), "targets": args.targets, "specializations": len(all_ids),
+              "project": str(args.project) if args.project else "builtin",
+              "candidates": sum(1 for s in sample if s.candidate),
               "serial": runs[1], "parallel": runs[args.jobs], "jobs": args.jobs,
               "parallel_speedup": round(runs[args.jobs]["per_minute"] / runs[1]["per_minute"], 2), "per_spec": rows,
               "median_isolation_overhead_s": None}

@@ -51,3 +51,5 @@ if [ "$stage" = serve ] || [ "$stage" = all ]; then
     python3 -m tileship.cli explain "$rel" gemm $dims --dtype float16 >> "$out/explain.txt" 2>&1
   done
 fi
+# the device tool returns at most 8 files: everything also goes into one archive
+tar -C "$out" -czf /tmp/gpu_tune_$stage.tgz . && mv /tmp/gpu_tune_$stage.tgz "$out/all_$stage.tgz"

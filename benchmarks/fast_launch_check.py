@@ -1,6 +1,6 @@
 """Does the CUDA fast launcher serve correct results here? One line per specialization, exit 1 if not.
 
-    TILESHIP_FAST_LAUNCH=cuda python benchmarks/fast_launch_check.py RELEASE
+    python benchmarks/fast_launch_check.py RELEASE   (the fast launcher is the CUDA default)
 
 Loads the release (allow_unverified: it runs before tuning), calls every CUDA specialization at
 its smallest and largest verification size through ``release.op(name)`` and compares with the

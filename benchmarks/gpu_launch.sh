@@ -31,7 +31,7 @@ done
 TILESHIP_FAST_LAUNCH=cuda python3 benchmarks/runtime_overhead.py --release "$lrel" --device cuda \
   --out "$out/runtime_overhead_fast.json" > "$out/runtime_overhead_fast.txt" 2>&1
 echo "runtime_overhead (fast launcher) rc=$?"; grep -E "^(add|rms)|kernel |torch|floor" "$out/runtime_overhead_fast.txt" | head -20
-TILESHIP_FAST_LAUNCH= python3 benchmarks/runtime_overhead.py --release "$lrel" --device cuda --rounds 9 \
+TILESHIP_FAST_LAUNCH=off python3 benchmarks/runtime_overhead.py --release "$lrel" --device cuda --rounds 9 \
   --out "$out/runtime_overhead_adapter.json" > "$out/runtime_overhead_adapter.txt" 2>&1
 echo "runtime_overhead (adapter) rc=$?"
 python3 benchmarks/build_speed.py --project benchmarks/tuned/cpu/tileship.toml --limit 16 --jobs 16 \

@@ -25,7 +25,7 @@ if [ "$stage" = tune ] || [ "$stage" = all ]; then
   rel=$(ls -td /tmp/tuned-rel/*/ | head -1)
   TILESHIP_FAST_LAUNCH=cuda python3 benchmarks/fast_launch_check.py "$rel" > "$out/fast_launch_check.log" 2>&1
   fl=$?; echo "fast launch check rc=$fl"; tail -1 "$out/fast_launch_check.log"
-  [ $fl = 0 ] && echo cuda > /tmp/tuned-fast-launch || echo "" > /tmp/tuned-fast-launch
+  [ $fl = 0 ] && echo cuda > /tmp/tuned-fast-launch || echo off > /tmp/tuned-fast-launch
   t0=$(date +%s)
   # shellcheck disable=SC2086
   TILESHIP_FAST_LAUNCH=$(cat /tmp/tuned-fast-launch) python3 -m tileship.cli tune "$rel" ${TUNE_ARGS:---budget-ms 20} \

@@ -6,8 +6,9 @@ Precedence everywhere: command-line flag > environment variable > project file >
     TILESHIP_TRUSTED_KEYS   os.pathsep-separated ed25519 public keys (PEM); when set, loading
                             requires a signature by one of them
     TILESHIP_ALLOW_UNVERIFIED  "1" to run unverified kernels on a GPU (default off)
-    TILESHIP_FAST_LAUNCH    "cuda" to let CUDA kernels skip TileLang's per-call adapter too (default:
-                            CPU only; the CUDA fast launcher has not yet run on a GPU)
+    TILESHIP_FAST_LAUNCH    "off" (or "adapter") to keep CUDA kernels on TileLang's per-call adapter
+                            (default: the fast launcher on CPU and CUDA; on the H200 it served every
+                            CUDA kernel of the catalog correctly, benchmarks/results/h200/launch/)
     TILELANG_CACHE_DIR      TileLang needs a writable cache dir to import; when unset
                             tileship points it at a private temp dir (a release never reads it)
 """
@@ -34,8 +35,10 @@ def allow_unverified() -> bool | None:
 
 
 def fast_launch_cuda() -> bool:
-    """Whether CUDA kernels may use the fast launcher (``TILESHIP_FAST_LAUNCH`` names ``cuda``)."""
-    return "cuda" in os.environ.get("TILESHIP_FAST_LAUNCH", "").lower().replace(",", " ").split()
+    """Whether CUDA kernels may use the fast launcher: yes unless ``TILESHIP_FAST_LAUNCH`` says
+    ``off``, ``adapter``, ``0`` or ``cpu`` (the CPU only)."""
+    words = os.environ.get("TILESHIP_FAST_LAUNCH", "").lower().replace(",", " ").split()
+    return not any(w in ("off", "adapter", "0", "false", "cpu") for w in words)
 
 
 def ensure_tilelang_cache_dir() -> str:

@@ -64,8 +64,7 @@ def resolve(kernel: Any, outs: Sequence[tuple[tuple[int, ...], Any]] | None, arg
             return Launcher(None, problem)
         if kind == "TVMFFIKernelAdapter":
             if getattr(device, "type", None) == "cuda" and not env.fast_launch_cuda():
-                return Launcher(None, "the tvm-ffi fast launcher has not run on a GPU yet: TileLang's adapter serves "
-                                      "CUDA unless TILESHIP_FAST_LAUNCH=cuda")
+                return Launcher(None, "TILESHIP_FAST_LAUNCH keeps CUDA kernels on TileLang's adapter")
             return _tvm_ffi(adapter, outs, device)
         if kind == "CythonKernelAdapter" and getattr(device, "type", None) == "cpu":
             return _ctypes(adapter, outs, args)

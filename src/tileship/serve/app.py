@@ -29,7 +29,7 @@ from tileship.errors import CallError
 from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision, OpRunner, Release
-from tileship.serve import protocol, validate
+from tileship.serve import extensions, protocol, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_body
 from tileship.serve.canary_stats import Timed
@@ -71,6 +71,8 @@ class Service:
         self._loaded = asyncio.Event()
         self.background: set[asyncio.Task[Any]] = set()  # strong references: the loop keeps only weak ones
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
+        self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
+        self.unloaded: set[str] = set()  # models unloaded through the repository extension
 
     # -- loading -------------------------------------------------------------------------
     def _default_loader(self, path: Path, reference_only: bool) -> Release:
@@ -198,6 +200,8 @@ class Service:
             labels[:2] = [name, rel.release_id]
             if version is not None and version != rel.release_id:
                 raise BadRequest(404, f"unknown version {validate.short(version)} of model {name}: serving version {rel.release_id}")
+            if name in self.unloaded:
+                raise BadRequest(400, extensions.unloaded_error(name))
             protocol.check_content_type(request.headers.get("content-type"), request.headers.get(protocol.HEADER_LENGTH))
             # the body first, outside admission: a slow client holds its own connection, never an inference slot
             data = await read_body(request, limit=self.config.max_body_bytes, timeout_s=self.config.body_timeout_s,
@@ -216,6 +220,7 @@ class Service:
                                           "this server runs with --strict-shapes")
                 validate.check_outputs(name, protocol.output_bytes(decl, plan), self.config.limits)
                 job = functools.partial(self._execute, served, name, plan, req.id)
+            t_submit = time.perf_counter()
             fut = self.slots.submit(timed := Timed(job))
             try:
                 encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
@@ -251,6 +256,9 @@ class Service:
         self.log.event("infer", request_id=rid, id=kserve_id, model=name, version=labels[1], status=status, path=decision.path,
                        reason=decision.reason, spec=decision.spec_id, ms=round(elapsed * 1e3, 3),
                        body_ms=round((t_body - t0) * 1e3, 3), run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=len(data), bytes_out=encoded.size)
+        t_end = time.perf_counter()
+        run_s = timed.seconds or 0.0
+        self.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s, t_end - t_run)
         return PartsResponse(status, encoded.parts, media, headers)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -339,6 +347,8 @@ class Service:
     def _error(self, status: int, message: str, rid: str, labels: list[str], t0: float, kserve_id: str | None,
                diagnostics_id: str | None = None) -> Response:
         self.metrics.requests.labels(labels[0], labels[1], labels[2], str(status)).inc()
+        if labels[0] != "_unknown":
+            self.stats.record(labels[0], labels[1], False, time.perf_counter() - t0)
         self.metrics.latency.labels(labels[0], labels[1], labels[2]).observe(time.perf_counter() - t0)
         self.log.event("infer", "warning" if status < 500 else "error", request_id=rid, id=kserve_id, model=labels[0], version=labels[1],
                        status=status, path="none", error=message, ms=round((time.perf_counter() - t0) * 1e3, 3))

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tileship import __version__
-from tileship.serve import canary_http, protocol
+from tileship.serve import canary_http, extensions, protocol
 from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served
@@ -57,11 +57,13 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
 
     async def ready(request: Request) -> Response:
         ok, body = service.readiness()
+        if service.unloaded:
+            body["unloaded"] = sorted(service.unloaded)
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def server_metadata(request: Request) -> Response:
         return JSONResponse({"name": "tileship", "version": __version__,
-                             "extensions": ["binary_tensor_data", "model_repository"]})
+                             "extensions": extensions.EXTENSIONS})
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)
@@ -79,11 +81,13 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
     async def model_ready(request: Request) -> Response:
         cur, name = model(request)
         ok, body = service.readiness()
+        if ok and name in service.unloaded:
+            ok, body = False, {"reason": extensions.unloaded_error(name)}
         return JSONResponse({"name": name, "version": cur.release_id, "ready": ok, "reason": body["reason"]},
                             status_code=200 if ok else 503)
 
     async def index(request: Request) -> Response:
-        return JSONResponse(service.holder.index())
+        return JSONResponse(extensions.mark_index(service.holder.index(), service.unloaded))
 
     async def reload(request: Request) -> Response:
         status, body = await service.reload(trigger="http")
@@ -135,15 +139,21 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         Route("/v2/health/live", live, methods=["GET"]),
         Route("/v2/health/ready", ready, methods=["GET"]),
         Route("/v2", server_metadata, methods=["GET"]),
+        Route("/v2/models/stats", extensions.stats, methods=["GET"]),  # before /v2/models/{name}
         Route("/v2/models/{name}", model_metadata, methods=["GET"]),
         Route("/v2/models/{name}/versions/{version}", model_metadata, methods=["GET"]),
         Route("/v2/models/{name}/ready", model_ready, methods=["GET"]),
         Route("/v2/models/{name}/versions/{version}/ready", model_ready, methods=["GET"]),
         Route("/v2/models/{name}/infer", service.infer, methods=["POST"]),
+        Route("/v2/models/{name}/stats", extensions.stats, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}/stats", extensions.stats, methods=["GET"]),
+        Route("/v2/models/{name}/config", extensions.config, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}/config", extensions.config, methods=["GET"]),
         Route("/v2/models/{name}/versions/{version}/infer", service.infer, methods=["POST"]),
         Route("/v2/repository/index", index, methods=["POST", "GET"]),
         Route("/v2/repository/reload", reload, methods=["POST"]),
-        Route("/v2/repository/models/{name}/load", reload, methods=["POST"]),
+        Route("/v2/repository/models/{name}/load", extensions.load, methods=["POST"]),
+        Route("/v2/repository/models/{name}/unload", extensions.unload, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v2/tileship/canary", canary_http.endpoint, methods=["GET", "POST", "DELETE"]),
         Route("/v2/tileship/telemetry", telemetry, methods=["GET"]),

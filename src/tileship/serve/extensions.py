@@ -1,0 +1,243 @@
+"""The Triton extensions of the KServe v2 REST protocol that inference platforms call:
+statistics, model configuration, and repository unload/load (issue 15, item 5).
+
+    GET  /v2/models/stats, /v2/models/{m}[/versions/{v}]/stats   Triton's statistics extension
+    GET  /v2/models/{m}[/versions/{v}]/config                     Triton's model-configuration extension
+    POST /v2/repository/models/{m}/unload                         the model refuses inference until loaded
+    POST /v2/repository/models/{m}/load                           reload the source, then serve {m} again
+
+Statistics come from ``ModelStats``, which ``Service.infer`` feeds on the event loop (one
+thread: plain dict updates, no locks). Per (model, version): ``success``/``fail`` are request
+counts and total time (receive to response); ``compute_input`` is the body read, parse and
+checks; ``queue`` the wait between admission and the worker starting the call, plus the
+hand-back to the loop; ``compute_infer`` the call on the worker (tensors, kernel or reference,
+device sync, copy back, encoding); ``compute_output`` building the response afterwards. Without
+batching every successful request is one inference and one execution.
+
+Unload is a set of names on the Service (``Service.unloaded``): it survives hot swaps, and
+only ``load`` (or a restart) clears it. An unloaded model answers inference with 400 and a
+body that says so, is not ready (``/ready`` 503), and is ``UNAVAILABLE`` in the repository
+index; metadata, config and statistics still answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tileship.serve import protocol
+from tileship.serve.validate import short
+
+if TYPE_CHECKING:
+    from tileship.serve.app import Service
+    from tileship.serve.holder import Served
+
+#: the Triton statistics buckets tileship measures (cache_hit/cache_miss: no response cache)
+_BUCKETS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+
+#: the extensions ``GET /v2`` claims: only those that work
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
+              "model_configuration"]
+
+
+class _Row:
+    __slots__ = ("counts", "ns", "last_ms", "inferences")
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(_BUCKETS, 0)
+        self.ns = dict.fromkeys(_BUCKETS, 0)
+        self.last_ms = 0
+        self.inferences = 0
+
+
+class ModelStats:
+    """Per (model, version) counters and summed durations. Call only on the event loop."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], _Row] = {}
+
+    def record(self, model: str, version: str, ok: bool, total_s: float, input_s: float = 0.0, queue_s: float = 0.0,
+               infer_s: float = 0.0, output_s: float = 0.0) -> None:
+        """One answered request. A failure counts only under ``fail``, as in Triton."""
+        row = self._rows.get((model, version))
+        if row is None:
+            row = self._rows[(model, version)] = _Row()
+        row.last_ms = int(time.time() * 1000)
+        key = "success" if ok else "fail"
+        row.counts[key] += 1
+        row.ns[key] += int(total_s * 1e9)
+        if not ok:
+            return
+        row.inferences += 1
+        for k, s in (("compute_input", input_s), ("queue", queue_s), ("compute_infer", infer_s),
+                     ("compute_output", output_s)):
+            row.counts[k] += 1
+            row.ns[k] += int(max(s, 0.0) * 1e9)
+
+    def stat(self, model: str, version: str) -> dict[str, Any]:
+        """Triton's ``$model_stat`` (zeros for a model not yet called)."""
+        row = self._rows.get((model, version)) or _Row()
+        return {"name": model, "version": version, "last_inference": row.last_ms, "inference_count": row.inferences,
+                "execution_count": row.inferences,
+                "inference_stats": {k: {"count": row.counts[k], "ns": row.ns[k]} for k in _BUCKETS}
+                | {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}},
+                "response_stats": {}, "batch_stats": [], "memory_usage": []}
+
+
+def _served(service: Service) -> Served:
+    cur = service.holder.current
+    if cur is None:
+        raise HTTPException(503, f"not ready: {service.holder.readiness()[1]['reason']}")
+    return cur
+
+
+def _names(cur: Served) -> list[str]:
+    return sorted([*cur.release.ops, *cur.models])
+
+
+def _known(cur: Served, name: str) -> None:
+    if name not in cur.release.ops and name not in cur.models:
+        raise HTTPException(404, f"unknown model {short(name)}: this release serves {', '.join(_names(cur))}")
+
+
+def _versions(service: Service, cur: Served, name: str, version: str | None) -> list[str]:
+    """The versions of ``name`` that are loaded: the active release, and a canary's while one runs."""
+    loaded = [cur.release_id]
+    can = getattr(service.canary, "canary", None)
+    if can is not None and can.release_id != cur.release_id and (name in can.release.ops or name in can.models):
+        loaded.append(can.release_id)
+    if version is None:
+        return loaded
+    if version not in loaded:
+        raise HTTPException(404, f"unknown version {short(version)} of model {name}: "
+                                 f"loaded versions {', '.join(loaded)}")
+    return [version]
+
+
+async def stats(request: Request) -> Response:
+    service: Service = request.app.state.service
+    cur = _served(service)
+    name = request.path_params.get("name")
+    if name is None:
+        rows = [service.stats.stat(n, v) for n in _names(cur) for v in _versions(service, cur, n, None)]
+    else:
+        _known(cur, name)
+        rows = [service.stats.stat(name, v) for v in _versions(service, cur, name, request.path_params.get("version"))]
+    return JSONResponse({"model_stats": rows})
+
+
+def _triton_dtype(kserve: str) -> str:
+    return "TYPE_STRING" if kserve == "BYTES" else f"TYPE_{kserve}"
+
+
+def _tensors(meta: list[Mapping[str, Any]], *, inputs: bool) -> list[dict[str, Any]]:
+    out = []
+    for t in meta:
+        row: dict[str, Any] = {"name": t["name"], "data_type": _triton_dtype(t["datatype"]), "dims": list(t["shape"])}
+        if inputs:
+            row |= {"format": "FORMAT_NONE", "is_shape_tensor": False, "allow_ragged_batch": False, "optional": False}
+        else:
+            row |= {"label_filename": "", "is_shape_tensor": False}
+        out.append(row)
+    return out
+
+
+def model_config(service: Service, cur: Served, name: str) -> dict[str, Any]:
+    """Triton's model configuration for ``name``, from the release's declaration (or, for a
+    whole model, its metadata). ``dims`` hold -1 where a dim varies across the declared
+    shapes and ranges; ``data_type`` is the first declared dtype, ``parameters.datatypes`` all."""
+    if name in cur.models:
+        meta = cur.models[name].metadata()
+        ins, outs, dtypes, shapes = meta["inputs"], meta["outputs"], [meta["outputs"][0]["datatype"]], ""
+    else:
+        decl = cur.release.declarations[name]
+        ins, outs = protocol.tensor_metadata(decl, "inputs"), protocol.tensor_metadata(decl, "outputs")
+        dtypes, shapes = [protocol.KSERVE[d] for d in decl["dtypes"]], protocol.declared_shapes_text(decl)
+    device = cur.models[name].device if name in cur.models else cur.devices.get(name, "cpu")
+    params = {"release": cur.release_id, "kernel_revision": cur.release.kernel_revision,
+              "datatypes": ",".join(dtypes), "declared_shapes": shapes,
+              "strict_shapes": str(service.config.strict_shapes).lower()}
+    return {"name": name, "platform": "tileship", "backend": "tileship", "runtime": "",
+            "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": 0,
+            "input": _tensors(ins, inputs=True), "output": _tensors(outs, inputs=False),
+            "instance_group": [{"name": name, "kind": "KIND_CPU" if device == "cpu" else "KIND_GPU",
+                                "count": max(1, service.config.worker_threads)}],
+            "default_model_filename": "", "parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+
+async def config(request: Request) -> Response:
+    service: Service = request.app.state.service
+    cur = _served(service)
+    name = request.path_params["name"]
+    _known(cur, name)
+    _versions(service, cur, name, request.path_params.get("version"))
+    return JSONResponse(model_config(service, cur, name))
+
+
+async def unload(request: Request) -> Response:
+    """Stop serving one model (Triton's repository unload). 200 ``{}`` as Triton; 404 for an unknown name."""
+    service: Service = request.app.state.service
+    cur = _served(service)
+    name = request.path_params["name"]
+    _known(cur, name)
+    _parameters(await request.body())
+    if name not in service.unloaded:
+        service.unloaded.add(name)
+        service.log.event("unload", model=name, version=cur.release_id)
+    return JSONResponse({})
+
+
+async def load(request: Request) -> Response:
+    """Re-read the source (as ``/v2/repository/reload``) and serve ``name`` again.
+
+    A failed reload answers as the reload does (409) and leaves the model unloaded; a name the
+    release (old or new) does not serve is 404."""
+    service: Service = request.app.state.service
+    params = _parameters(await request.body())
+    if any(k == "config" or k.startswith("file:") for k in params):
+        raise HTTPException(400, "load with a config or files override is not supported: tileship serves the release "
+                                 "its source names; change the source and load again")
+    status, body = await service.reload(trigger="http")
+    cur = service.holder.current
+    if cur is not None:
+        _known(cur, request.path_params["name"])
+    if status == 200:
+        name = request.path_params["name"]
+        if name in service.unloaded:
+            service.unloaded.discard(name)
+            service.log.event("load", model=name, version=cur.release_id if cur else None)
+    return JSONResponse(body, status_code=status)
+
+
+def _parameters(raw: bytes) -> dict[str, Any]:
+    """``parameters`` of a load/unload body (empty for no body); 400 for a body that is not that."""
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise HTTPException(400, "the body must be JSON: {\"parameters\": {...}}") from None
+    params = body.get("parameters", {}) if isinstance(body, dict) else None
+    if not isinstance(params, dict):
+        raise HTTPException(400, "the body must be a JSON object whose 'parameters' is an object")
+    return params
+
+
+def unloaded_error(name: str) -> str:
+    """The message of an inference request to an unloaded model."""
+    return (f"model {name} is unloaded (POST /v2/repository/models/{name}/unload) and not available; "
+            f"POST /v2/repository/models/{name}/load serves it again")
+
+
+def mark_index(rows: list[dict[str, Any]], unloaded: set[str]) -> list[dict[str, Any]]:
+    """The repository index with unloaded models as ``UNAVAILABLE``, reason ``unloaded``."""
+    for row in rows:
+        if row["name"] in unloaded:
+            row["state"], row["reason"] = "UNAVAILABLE", "unloaded"
+    return rows

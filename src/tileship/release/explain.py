@@ -89,6 +89,8 @@ def explain(root: Path | str, op: str, dims: Mapping[str, int], *, dtype: str | 
             lines.append(f"  tuned ({where}):")
             lines.extend(tuning.describe_point(group, p))
             continue
+        order = [c["id"] for c in rel["operators"][op].get("candidates") or []]
+        specs.sort(key=lambda sp: order.index(sp.candidate) if sp.candidate in order else -1)
         lines.extend(_untuned(ev if bound else None, specs, dims, policy))
     return lines, True
 
@@ -96,10 +98,7 @@ def explain(root: Path | str, op: str, dims: Mapping[str, int], *, dtype: str | 
 def _untuned(
     ev: Mapping[str, Any] | None, specs: list[Specialization], dims: Mapping[str, int], policy: str
 ) -> list[str]:
-    order = sorted(
-        specs, key=lambda s: s.candidate
-    )  # release.json lists candidates sorted; tune keeps declaration order
-    spec = order[0]
+    spec = specs[0]  # in declaration order: the candidate the loader serves untuned
     out = [f"  not tuned: {spec.id} serves (the first candidate)" if len(specs) > 1 else f"  not tuned: {spec.id}"]
     entry = (ev or {}).get("specializations", {}).get(spec.id)
     if entry is None:

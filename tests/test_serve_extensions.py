@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from test_serve import client, fake_config, fake_release, infer, post, serving
+from test_serve import client, copy_release, fake_config, fake_release, infer, point, post, serving
 from tritonclient.utils import InferenceServerException
 
 from tileship.serve import BackgroundServer, ServeConfig
@@ -178,3 +178,35 @@ def test_unload_and_extensions_while_not_ready_are_clear_errors(tmp_path):
                              ("GET", "/v2/models/add/config"), ("GET", "/v2/models/add/stats")):
             r = httpx.request(method, srv.url + path, timeout=30.0)
             assert r.status_code == 503 and r.json()["error"].startswith("not ready: "), (path, r.text)
+
+
+def test_unload_survives_a_hot_swap_and_stats_follow_the_version(cpu_release_build, tmp_path):
+    a = copy_release(cpu_release_build.path, tmp_path / "a")
+    b = copy_release(cpu_release_build.path, tmp_path / "b", version="2")
+    link = tmp_path / "current"
+    point(link, a)
+    cfg = ServeConfig(source=link, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO())
+    with serving(cfg) as srv:
+        cl = client(srv)
+        try:
+            id_a = srv.service.holder.current.release_id
+            _add(cl)
+            cl.unload_model("add")
+            point(link, b)
+            swap = post(srv, "/v2/repository/reload").json()
+            assert swap["result"] == "swapped" and swap["previous"] == id_a
+            id_b = swap["release"]
+            assert not cl.is_model_ready("add") and cl.is_model_ready("rmsnorm_cpu")
+            with pytest.raises(InferenceServerException) as e:
+                _add(cl)
+            assert e.value.status() == "400" and "unloaded" in e.value.message()
+            cl.load_model("add")
+            _add(cl)
+            st = _stat(cl, "add")
+            assert st["version"] == id_b and st["inference_count"] == 1 and st["inference_stats"]["fail"]["count"] == 1
+            assert cl.get_model_config("add")["parameters"]["release"]["string_value"] == id_b
+            with pytest.raises(InferenceServerException) as e:
+                cl.get_inference_statistics("add", id_a)
+            assert e.value.status() == "404"
+        finally:
+            cl.close()

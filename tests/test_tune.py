@@ -209,6 +209,10 @@ def test_untuned_release_serves_the_first_declared_candidate(tuned_release):
     reasons = {e.decision.spec_id: e.decision.reason for e in runner.entries}
     assert reasons["poly.float32.N65536.c.rounds64"] == "not_selected"
     assert reasons["poly.float32.N65536.c.rounds1-bias0p5"] == "not_selected"
+    from tileship.release.explain import explain
+
+    lines, found = explain(untuned, "poly", {"N": 65536})
+    assert found and "not tuned: poly.float32.N65536.c.rounds1 serves" in "\n".join(lines)
 
 
 def test_explain_reproduces_the_decision_from_the_files_alone(tuned_release):

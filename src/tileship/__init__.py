@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tileship.declare.candidates import Space
 from tileship.declare.spec import DynamicRange, Operator, ScalarArg, Specialization, TensorArg, Tolerance
 from tileship.errors import (
     ArtifactLoadError,
@@ -55,6 +56,7 @@ __all__ = [
     "Release",
     "ScalarArg",
     "SignatureError",
+    "Space",
     "Specialization",
     "TensorArg",
     "TileshipError",

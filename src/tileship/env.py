@@ -9,6 +9,8 @@ Precedence everywhere: command-line flag > environment variable > project file >
     TILESHIP_FAST_LAUNCH    "off" (or "adapter") to keep CUDA kernels on TileLang's per-call adapter
                             (default: the fast launcher on CPU and CUDA; on the H200 it served every
                             CUDA kernel of the catalog correctly, benchmarks/results/h200/launch/)
+    TILESHIP_RAY_FAULT_ONCE a file path (tests only): the first Ray build task to see it missing
+                            creates it and kills its worker process, to exercise Ray's retry
     TILELANG_CACHE_DIR      TileLang needs a writable cache dir to import; when unset
                             tileship points it at a private temp dir (a release never reads it)
 """
@@ -39,6 +41,13 @@ def fast_launch_cuda() -> bool:
     ``off``, ``adapter``, ``0`` or ``cpu`` (the CPU only)."""
     words = os.environ.get("TILESHIP_FAST_LAUNCH", "").lower().replace(",", " ").split()
     return not any(w in ("off", "adapter", "0", "false", "cpu") for w in words)
+
+
+def ray_fault_once() -> Path | None:
+    """``TILESHIP_RAY_FAULT_ONCE``: a marker file; a Ray build task that finds it missing creates
+    it and exits its worker process (a lost task, retried by Ray). Tests only."""
+    raw = os.environ.get("TILESHIP_RAY_FAULT_ONCE")
+    return Path(raw) if raw else None
 
 
 def ensure_tilelang_cache_dir() -> str:

@@ -77,6 +77,8 @@ class BuildOptions:
     on_progress: Callable[[SpecResult], None] | None = None
     #: a ``toolchain.Toolchain``: compile workers run in its venv, with its wheels' nvcc
     toolchain: Any = None
+    #: a ``ray_farm.RayFarm``: compile on a Ray cluster instead of local processes (same artifacts)
+    ray: Any = None
 
 
 def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: float,
@@ -145,6 +147,8 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options
     when nothing could be built at all (no specializations, unwritable output).
     """
     opts = options or BuildOptions()
+    if opts.ray is not None and opts.toolchain:  # the toolchain venv is a path on this machine only
+        raise BuildError("--toolchain and --ray cannot be combined yet", hint="drop one of them")
     t0 = time.perf_counter()
     specs = [(ops[s.op], s) for op in ops.values() for s in expand(op, project.targets)]
     if not specs:
@@ -164,14 +168,21 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options
         (staging / "tileship.lock").write_text(dump_lock(lock))
         results: list[SpecResult] = []
         sys_path = str(project.root) if project.root else None
-        with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
-            futs = {pool.submit(compile_one, op, s, staging / "specs" / s.id, timeout_s=opts.timeout_s,
-                                sys_path=sys_path, toolchain=opts.toolchain): s for op, s in specs}
-            for fut in as_completed(futs):
-                r = fut.result()
-                results.append(r)
-                if opts.on_progress:
-                    opts.on_progress(r)
+        if opts.ray is not None:
+            from tileship.build import ray_farm
+
+            results = ray_farm.run_jobs_on_ray([(op, s, staging / "specs" / s.id) for op, s in specs], opts.ray,
+                                               timeout_s=opts.timeout_s, sources_dir=staging / sources.SOURCES,
+                                               on_progress=opts.on_progress)
+        else:
+            with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+                futs = {pool.submit(compile_one, op, s, staging / "specs" / s.id, timeout_s=opts.timeout_s,
+                                    sys_path=sys_path, toolchain=opts.toolchain): s for op, s in specs}
+                for fut in as_completed(futs):
+                    r = fut.result()
+                    results.append(r)
+                    if opts.on_progress:
+                        opts.on_progress(r)
         results.sort(key=lambda r: r.spec.id)
         release = {
             "schema": 1,

@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,29 @@ def find_operator(module: str, name: str) -> Any:
     return op if op.outputs else infer_outputs(op)
 
 
+_SOURCE_NAME = re.compile(r'("type": "ir\.SourceName",\s*"data": )("(?:[^"\\]|\\.)*")')
+
+
+def _portable(saved: str) -> str:
+    """TVM's JSON with every span's source file (``ir.SourceName``, an absolute path) written as
+    its module-relative path (``tileship/catalog/cpu.py``): the artifacts, and so the release id,
+    do not depend on where the checkout, the venv or a Ray node keeps the operator's sources."""
+    from tileship.declare.factory import module_relative
+
+    files = {os.path.realpath(f): name for name, m in list(sys.modules.items())
+             if isinstance(f := getattr(m, "__file__", None), str)}
+
+    def rel(m: re.Match[str]) -> str:
+        path = json.loads(m.group(2))
+        if not os.path.isabs(path):
+            return m.group(0)
+        mod = files.get(os.path.realpath(path))
+        new = module_relative(path, mod) if mod else os.path.basename(path)
+        return m.group(1) + json.dumps(new).replace("/", "\\/")
+
+    return _SOURCE_NAME.sub(rel, saved)
+
+
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
     out = Path(job["out"])
@@ -93,11 +117,11 @@ def main(job_path: str) -> int:
         info = resolve(op.factory, operator=op.name)
         func = trace(op, spec)
         out_idx, positions = reconcile_out_idx(op, info, func)
-        (out / "func.json").write_text(tvm.ir.save_json(func))
+        (out / "func.json").write_text(_portable(tvm.ir.save_json(func)))
         # The loader needs only the signature (params, buffer map, attrs); dropping the body
         # makes loading ~10x cheaper and means a release never re-traces the kernel.
         sig = tvm.tirx.PrimFunc(func.params, tvm.tirx.Evaluate(0), func.ret_type, func.buffer_map, func.attrs)
-        (out / "signature.json").write_text(tvm.ir.save_json(sig))
+        (out / "signature.json").write_text(_portable(tvm.ir.save_json(sig)))
         pass_configs = op.compile_pass_configs()
         kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(),
                                   pass_configs=pass_configs or None)

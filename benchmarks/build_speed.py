@@ -6,6 +6,12 @@
 
     python benchmarks/build_speed.py [--targets c cuda-sm90a] [--jobs N] [--limit K] [--out result.json]
     python benchmarks/build_speed.py --project benchmarks/tuned/cpu/tileship.toml --limit 16   # with candidates
+    python benchmarks/build_speed.py --project benchmarks/tuned/cpu/tileship.toml --limit 16 --ray   # Ray vs local -jN
+
+With ``--ray``: local ``-jN`` and ``tileship build --ray`` on a local Ray cluster of N CPUs, alternated
+``--rounds`` times on the same specializations; the cluster is started before the first Ray
+build (its start-up is reported apart: a farm is already running), while Ray's worker processes
+start inside the first Ray build. Both builds must give the same release id.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=8, help="specializations per build")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--project", type=Path, help="a project file to build (default: the built-in catalog)")
+    ap.add_argument("--ray", action="store_true", help="compare the Ray build farm with local -jN instead")
+    ap.add_argument("--rounds", type=int, default=2, help="with --ray: local and Ray builds, alternated")
     args = ap.parse_args()
     from tileship.build.builder import BuildOptions, build
     from tileship.declare.project import builtin_project, find_project, load_operators, specializations
@@ -60,6 +68,8 @@ def main() -> int:
     # build whole operators (a build takes operators, not single specializations): every
     # specialization of the operators the first --limit ones belong to
     chosen_ops = {n: o for n, o in ops.items() if any(s.op == n for s in specs)}
+    if args.ray:
+        return ray_vs_local(args, proj, chosen_ops)
     runs = {}
     for jobs in (1, args.jobs):
         out = Path(tempfile.mkdtemp(prefix=f"tileship-bench-j{jobs}-"))
@@ -102,6 +112,50 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return 0
+
+
+def ray_vs_local(args: argparse.Namespace, proj, ops) -> int:
+    import ray
+
+    from tileship.build.builder import BuildOptions, build
+    from tileship.build.ray_farm import RayFarm
+
+    def one(kind: str) -> dict:
+        out = Path(tempfile.mkdtemp(prefix=f"tileship-bench-{kind}-"))
+        t = time.perf_counter()
+        res = build(proj, ops, out, BuildOptions(jobs=args.jobs, ray=RayFarm() if kind == "ray" else None))
+        wall = time.perf_counter() - t
+        built = len(res.built)
+        return {"wall_s": round(wall, 2), "built": built, "failed": len(res.failed), "release_id": res.release_id,
+                "per_minute": round(built / wall * 60, 2)}
+
+    t = time.perf_counter()
+    ray.init(num_cpus=args.jobs, include_dashboard=False, logging_level="warning")
+    init_s = time.perf_counter() - t
+    rounds = []
+    try:
+        for _ in range(args.rounds):
+            rounds.append({"local": one("local"), "ray": one("ray")})
+    finally:
+        ray.shutdown()
+    ids = {r[k]["release_id"] for r in rounds for k in ("local", "ray")}
+    local = statistics.mean(r["local"]["per_minute"] for r in rounds)
+    farm = statistics.mean(r["ray"]["per_minute"] for r in rounds)
+    result = {"host": platform.node(), "cpus": os.cpu_count(), "jobs": args.jobs, "targets": args.targets,
+              "project": str(args.project) if args.project else "builtin", "specializations": rounds[0]["local"]["built"],
+              "ray_version": ray.__version__, "ray_init_s": round(init_s, 2), "rounds": rounds,
+              "local_per_minute": round(local, 2), "ray_per_minute": round(farm, 2),
+              "ray_vs_local": round(farm / local, 3), "same_release_id": len(ids) == 1, "target": ">= 0.8"}
+    print(f"{result['specializations']} specializations on {os.cpu_count()} CPUs (Ray cluster start {init_s:.1f} s, not counted)")
+    for i, r in enumerate(rounds):
+        print(f"round {i + 1}: local -j{args.jobs} {r['local']['per_minute']:.1f}/min ({r['local']['wall_s']:.1f} s)   "
+              f"ray ({args.jobs} CPUs) {r['ray']['per_minute']:.1f}/min ({r['ray']['wall_s']:.1f} s)")
+    print(f"mean: local -j{args.jobs} {local:.1f}/min   ray {farm:.1f}/min   ray/local {result['ray_vs_local']:.2f}x (target >= 0.8)   "
+          f"same release id: {result['same_release_id']}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return 0 if result["same_release_id"] else 1
 
 
 if __name__ == "__main__":

@@ -144,3 +144,31 @@ def test_toolchain_and_ray_are_refused_together(tmp_path):
     with pytest.raises(BuildError, match="--toolchain and --ray"):
         build(proj, load_operators(proj), tmp_path / "out", BuildOptions(ray=RayFarm(), toolchain=object()))
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_unreachable_cluster_is_a_build_error_not_a_hang():
+    import socket
+
+    from tileship.build.ray_farm import _check_reachable
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BuildError, match=f"cannot reach the Ray cluster at 127.0.0.1:{port}") as info:
+        _check_reachable(f"127.0.0.1:{port}", timeout_s=2)
+    assert "ray start --head" in str(info.value.hint)
+
+
+def test_a_node_with_another_toolchain_fails_its_specializations(tmp_path):
+    from tileship.build.builder import SpecResult
+    from tileship.build.ray_farm import _node_fingerprint, _to_result
+    from tileship.declare.spec import expand
+
+    proj = _project(tmp_path / "proj", "ray_good_ops_fp", GOOD_OPS)
+    spec = expand(load_operators(proj)["copy"])[0]
+    local = _node_fingerprint()
+    value = {"ok": True, "seconds": 1.0, "error": None, "log": "", "commands": [], "timed_out": False,
+             "files": {"kernel_lib.so": b"x"}, "node": "10.0.0.7/abcd1234", "fingerprint": {**local, "tilelang": "0.0.1"}}
+    r = _to_result(SpecResult, spec, value, tmp_path / "out", local)
+    assert not r.ok and r.error == f"node 10.0.0.7/abcd1234 runs tilelang 0.0.1 (driver: {local['tilelang']})"
+    assert not (tmp_path / "out").exists()  # its files were not written into the release

@@ -21,6 +21,7 @@ import importlib.metadata
 import os
 import platform
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -60,6 +61,21 @@ def require_ray() -> Any:
         raise BuildError("--ray needs Ray, which is not installed",
                          hint="pip install 'tileship[ray]' (on the driver and on every node)") from exc
     return ray
+
+
+def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """Raise BuildError when ``HOST:PORT`` (or ``ray://HOST:PORT``) refuses a TCP connection:
+    ``ray.init`` would otherwise retry for minutes. ``None`` and ``auto`` are not checked."""
+    if not address or address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # let Ray parse what it accepts
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise BuildError(f"cannot reach the Ray cluster at {address}: {exc}",
+                         hint="start one with `ray start --head --port=6379` and pass --ray-address HEAD:6379") from exc
 
 
 def _node_fingerprint() -> dict[str, str]:
@@ -131,6 +147,7 @@ def run_jobs_on_ray(jobs: Sequence[tuple[Any, Any, Path]], farm: RayFarm, *, tim
     ray = require_ray()
     opened = not ray.is_initialized()
     if opened:
+        _check_reachable(farm.address)
         try:
             ray.init(address=farm.address or None, include_dashboard=False, logging_level="warning")
         except (ConnectionError, RuntimeError, ValueError) as exc:

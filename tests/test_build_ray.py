@@ -7,6 +7,7 @@ CI installs the ``tileship[ray]`` extra and sets TILESHIP_REQUIRE_RAY=1, so ther
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -59,6 +60,7 @@ def test_ray_build_equals_local_build(cluster, tmp_path):
     assert not differ, f"{len(differ)} files differ between the local and the Ray build: {differ[:5]}"
     # the same compiler commands were recorded (same work paths on the node as locally)
     assert {r.spec.id: r.commands for r in farm.results} == {r.spec.id: r.commands for r in local.results}
+    assert json.loads((farm.path / "build-log.json").read_text())["ray"] == "local"
 
 
 def test_compile_failure_is_recorded_as_locally_and_not_retried(cluster, tmp_path):

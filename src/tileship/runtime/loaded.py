@@ -30,6 +30,25 @@ class Release:
     notes: list[str] = field(default_factory=list)
     declarations: Mapping[str, Any] = field(default_factory=dict)
     evidence: Mapping[str, Any] | None = None
+    #: the private snapshot the release was loaded from (``release.integrity.snapshot``); ``close`` removes it
+    snapshot: Any = None
+
+    def close(self) -> None:
+        """Remove the release's private snapshot (and its ``sources`` from ``sys.path``). Idempotent.
+        Call it only once nothing runs on the release any more: its kernels stay mapped, but a
+        reference that imports a module lazily would no longer find the shipped sources."""
+        import shutil
+        import sys
+        from pathlib import Path
+
+        snap, self.snapshot = self.snapshot, None
+        if snap is None:
+            return
+        src = str(Path(snap) / "sources")
+        if src in sys.path:
+            sys.path.remove(src)
+        parent = Path(snap).parent
+        shutil.rmtree(parent if parent.name.startswith("tileship-snapshot-") else snap, ignore_errors=True)
 
     def __post_init__(self) -> None:
         # the declared outputs, which the fast launcher allocates and ``out=`` is checked against

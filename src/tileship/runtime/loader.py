@@ -151,7 +151,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     release = Release(release_id=manifest["release_id"], path=root, kernel_revision=rel["kernel_revision"],
                       model=rel["model"],
                       lock=lock, lock_digest=lock_digest(lock), drift=report, ops=ops, load_seconds=load_seconds,
-                      load_errors=load_errors, notes=notes, declarations=rel["operators"], evidence=ev)
+                      load_errors=load_errors, notes=notes, declarations=rel["operators"], evidence=ev, snapshot=snap)
     release.load_seconds["__total__"] = time.perf_counter() - t0
     return release
 

@@ -24,6 +24,9 @@ from tileship.errors import RegistryError, TileshipError
 from tileship.runtime.dispatch import Release
 from tileship.verify.compare import disagreement
 
+#: releases swapped out whose snapshots are kept (requests still in flight on them finish there)
+RETIRED_KEEP = 2
+
 
 @dataclass(frozen=True)
 class Target:
@@ -185,6 +188,8 @@ class ReleaseHolder:
         self.state = "loading"          # loading | ready | failed | fatal
         self.last_failure: dict[str, Any] | None = None
         self.fatal: str | None = None
+        #: releases swapped out, newest last, their snapshots kept for requests still running on them
+        self.retired: list[Served] = []
 
     def resolve(self) -> Target:
         return resolve(self.source, force_reference=self.force_reference)
@@ -207,11 +212,23 @@ class ReleaseHolder:
         return Served(release, target, devices, label, warm, load_s, diagnostics_id=diag, models=models)
 
     def swap(self, served: Served) -> Served | None:
+        """Make ``served`` current; return the one it replaces. The last ``RETIRED_KEEP`` replaced
+        releases keep their snapshots (requests still running on them finish there); older ones
+        are closed, so a server reloaded many times keeps a bounded number of snapshot copies."""
         old, self.current = self.current, served
         self.last_failure = None
         if self.fatal is None:
             self.state = "ready"
+        if old is not None and old is not served:
+            self.retire(old)
         return old
+
+    def retire(self, served: Served) -> None:
+        """A release nothing new is routed to (swapped out, or a dropped canary): kept among the last
+        ``RETIRED_KEEP``, then its snapshot is removed."""
+        self.retired.append(served)
+        while len(self.retired) > RETIRED_KEEP:
+            self.retired.pop(0).release.close()
 
     def fail(self, target: str, stage: str, error: BaseException | str) -> dict[str, Any]:
         """Record a failed load/warm-up; the current release (if any) keeps serving."""

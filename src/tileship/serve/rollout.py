@@ -242,6 +242,8 @@ class Rollout:
         self.state = state
         self._ended = time.monotonic()
         self.result = result
+        if state != "promoted" and self.canary is not None:
+            self.service.holder.retire(self.canary)  # its snapshot goes once RETIRED_KEEP newer ones exist
         self.canary = None if state != "promoted" else self.canary
         self.metrics["fraction"].set(0)
         self._set_info()

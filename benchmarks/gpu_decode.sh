@@ -7,13 +7,8 @@
 set -u
 out=${1:?usage: gpu_decode.sh OUT_DIR}
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-$PWD/src}
-if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('tilelang') is None)" && [ -f .gpu/site.tar.xz ]; then
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz && export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} COLUMNS=${COLUMNS:-200}
-nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
-  > "$out/nvidia-smi.csv" 2>&1
+# shellcheck source=benchmarks/gpu_env.sh
+. benchmarks/gpu_env.sh "$out/nvidia-smi.csv"
 t0=$(date +%s)
 python3 -m tileship.cli build --project benchmarks/decode/tileship.toml --out /tmp/decode-rel -j "${JOBS:-16}" \
   > "$out/build.log" 2>&1

@@ -9,14 +9,8 @@
 set -u
 out=${1:?usage: gpu_launch.sh OUT_DIR}
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-$PWD/src}
-if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('tilelang') is None)" && [ -f .gpu/site.tar.xz ]; then
-  [ -d /tmp/site/tilelang ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz; }
-  export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} COLUMNS=${COLUMNS:-220}
-nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
-  > "$out/nvidia-smi.csv" 2>&1
+# shellcheck source=benchmarks/gpu_env.sh
+. benchmarks/gpu_env.sh "$out/nvidia-smi.csv"
 t0=$(date +%s)
 python3 -m tileship.cli build --project benchmarks/launch/tileship.toml --out /tmp/launch-rel -j 16 > "$out/build_launch.log" 2>&1
 echo "build launch rc=$? ($(( $(date +%s) - t0 )) s)"; tail -1 "$out/build_launch.log"

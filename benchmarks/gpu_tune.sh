@@ -9,14 +9,8 @@ set -u
 out=${1:?usage: gpu_tune.sh OUT_DIR tune|serve}
 stage=${2:?usage: gpu_tune.sh OUT_DIR tune|serve}
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:-$PWD/src}
-if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('tilelang') is None)" && [ -f .gpu/site.tar.xz ]; then
-  [ -d /tmp/site/tilelang ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz; }
-  export PYTHONPATH=/tmp/site:$PYTHONPATH
-fi
-export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} COLUMNS=${COLUMNS:-220}
-nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
-  > "$out/nvidia-smi-$stage.csv" 2>&1
+# shellcheck source=benchmarks/gpu_env.sh
+. benchmarks/gpu_env.sh "$out/nvidia-smi-$stage.csv"
 if [ "$stage" = tune ] || [ "$stage" = all ]; then
   t0=$(date +%s)
   python3 -m tileship.cli build --project benchmarks/tuned/tileship.toml --out /tmp/tuned-rel -j "${JOBS:-16}" \

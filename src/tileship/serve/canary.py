@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tileship.errors import TileshipError
+from tileship.verify.timing import quantile  # noqa: F401 (re-exported: the canary rule uses timing's quantile)
 
 Action = Literal["promote", "rollback", "wait"]
 
@@ -88,15 +89,6 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return {"action": self.action, "reasons": list(self.reasons), "numbers": self.numbers}
-
-
-def quantile(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of ``xs`` (non-empty)."""
-    s = sorted(xs)
-    pos = (len(s) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def median_se(xs: Sequence[float]) -> float:

@@ -22,7 +22,7 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
         for entry in runner.entries:
             spec = entry.spec
             assert spec is not None
-            if entry.decision.reason == "not_selected":  # a candidate no shape routes to: its group's winner is exercised
+            if entry.decision.reason == "not_selected":  # no shape routes to it: its group's winner is exercised
                 continue
             device = "cpu" if spec.target == "c" else "cuda"
             runnable = device == "cpu" or torch.cuda.is_available()

@@ -60,7 +60,8 @@ class Timing:
                 "repeat_medians_us": {k: [_num(a), _num(b)] for k, (a, b) in self.repeat_medians_us.items()}}
 
 
-def _quantile(xs: Sequence[float], q: float) -> float:
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of ``xs`` (non-empty)."""
     s = sorted(xs)
     pos = (len(s) - 1) * q
     lo = math.floor(pos)
@@ -69,8 +70,8 @@ def _quantile(xs: Sequence[float], q: float) -> float:
 
 
 def _stats(samples: Sequence[float], repeats: int, inner: int, sets: int) -> Stats:
-    return Stats(_quantile(samples, 0.5), _quantile(samples, 0.1), _quantile(samples, 0.9),
-                 _quantile(samples, 0.75) - _quantile(samples, 0.25), repeats, inner, sets, tuple(samples))
+    return Stats(quantile(samples, 0.5), quantile(samples, 0.1), quantile(samples, 0.9),
+                 quantile(samples, 0.75) - quantile(samples, 0.25), repeats, inner, sets, tuple(samples))
 
 
 def measure(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device: str, warmup_ms: float = 25.0,
@@ -136,8 +137,8 @@ def round_spread(medians: Sequence[float]) -> float:
     the host) cannot widen it, while rounds that disagree among themselves still do."""
     if len(medians) < 2:
         return 0.0
-    c = _quantile(medians, 0.5)
-    return 2 * _quantile([abs(m - c) for m in medians], 0.5)
+    c = quantile(medians, 0.5)
+    return 2 * quantile([abs(m - c) for m in medians], 0.5)
 
 
 def l2_flush_buffer(device: str) -> Any:

@@ -38,7 +38,7 @@ from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import evidence as ev_mod
 from tileship.release import tuning
 from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets, round_spread
-from tileship.verify.verify import VerifyOptions, verify_spec
+from tileship.verify.verify import VerifyOptions, open_for_evidence, verify_spec
 
 
 @dataclass(frozen=True)
@@ -240,22 +240,11 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     import torch
 
     from tileship import env
-    from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
-    from tileship.release import bundle
+    from tileship.build.lock import lock_digest
     from tileship.runtime import nojit
     from tileship.runtime.loader import _import_reference, import_sample, load_artifact, use_sources
 
-    root = Path(path)
-    manifest = bundle.check_integrity(root)
-    rel = json.loads((root / "release.json").read_text())
-    lock = read_lock(root / "tileship.lock")
-    drift = compare(lock, capture_environment())
-    if drift.blocking:
-        raise VerificationError(
-            f"blocking drift against the release lock ({drift.reason}): timings taken here would "
-            "not describe these artifacts",
-            hint="tune on the machine the release will serve on",
-        )
+    root, manifest, rel, lock = open_for_evidence(path)
     env.ensure_tilelang_cache_dir()
     nojit.install()
     use_sources(root)

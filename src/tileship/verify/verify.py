@@ -211,24 +211,14 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     return SpecVerdict(spec, device, tol, override is not None, ref_dtype, tuple(results), failure)
 
 
-def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write: bool = True) -> VerifyResult:
-    """Verify every specialization of the release at ``path`` that this machine can run.
-
-    Raises BundleIntegrityError for a release that is not intact, VerificationError when
-    nothing can be verified here or the environment drifted from the lock in a blocking way
-    (evidence taken there would not describe the artifacts). A kernel that is wrong is a
-    value (``SpecVerdict.failure``), not an exception. With ``write``, stores the evidence.
-    """
+def open_for_evidence(path: Path | str) -> tuple[Path, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(root, manifest, release.json, lock) of a release about to get evidence (verify, tune).
+    Raises BundleIntegrityError for a release that is not intact and VerificationError on blocking
+    drift: measurements taken here would not describe its artifacts."""
     import json
 
-    import torch
-
-    from tileship import env
-    from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
+    from tileship.build.lock import capture_environment, compare, read_lock
     from tileship.release import bundle
-    from tileship.runtime import nojit
-    from tileship.runtime.loader import _import_callable, _import_reference, import_sample, load_artifact, use_sources
-    from tileship.verify import roofline
 
     root = Path(path)
     manifest = bundle.check_integrity(root)
@@ -238,8 +228,29 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     if drift.blocking:
         raise VerificationError(f"blocking drift against the release lock ({drift.reason}): evidence taken here would "
                                 "not describe these artifacts",
-                                hint="run `tileship check` on this machine; verify where the release will serve, with "
-                                     "the locked toolchain")
+                                hint="run `tileship check` on this machine; verify and tune where the release will "
+                                     "serve, with the locked toolchain")
+    return root, manifest, rel, lock
+
+
+def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write: bool = True) -> VerifyResult:
+    """Verify every specialization of the release at ``path`` that this machine can run.
+
+    Raises BundleIntegrityError for a release that is not intact, VerificationError when
+    nothing can be verified here or the environment drifted from the lock in a blocking way
+    (evidence taken there would not describe the artifacts). A kernel that is wrong is a
+    value (``SpecVerdict.failure``), not an exception. With ``write``, stores the evidence.
+    """
+
+    import torch
+
+    from tileship import env
+    from tileship.build.lock import lock_digest
+    from tileship.runtime import nojit
+    from tileship.runtime.loader import _import_callable, _import_reference, import_sample, load_artifact, use_sources
+    from tileship.verify import roofline
+
+    root, manifest, rel, lock = open_for_evidence(path)
     unknown = sorted(n for n in options.tolerances if n not in rel["operators"])
     if unknown:
         raise VerificationError(f"tolerance override for unknown operator(s) {unknown} (release has: "

@@ -11,6 +11,9 @@ Precedence everywhere: command-line flag > environment variable > project file >
                             CUDA kernel of the catalog correctly, benchmarks/results/h200/launch/)
     TILESHIP_RAY_FAULT_ONCE a file path (tests only): the first Ray build task to see it missing
                             creates it and kills its worker process, to exercise Ray's retry
+    TILESHIP_IMAGE_DIGEST   the digest (sha256:<64 hex>) of the container image this process runs in,
+                            set by the deployment (an image cannot know its own digest at build
+                            time); the server reports it and warns when the release pins another
     TILELANG_CACHE_DIR      TileLang needs a writable cache dir to import; when unset
                             tileship points it at a private temp dir (a release never reads it)
 """
@@ -34,6 +37,13 @@ def trusted_key_paths() -> list[Path]:
 def allow_unverified() -> bool | None:
     raw = os.environ.get("TILESHIP_ALLOW_UNVERIFIED")
     return None if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def image_digest() -> str | None:
+    """``TILESHIP_IMAGE_DIGEST`` when it is a well-formed ``sha256:<64 hex>``; None when unset.
+    A malformed value is returned as given: the server reports it (and so the mismatch) as it is."""
+    raw = os.environ.get("TILESHIP_IMAGE_DIGEST", "").strip()
+    return raw or None
 
 
 def fast_launch_cuda() -> bool:

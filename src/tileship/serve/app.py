@@ -34,7 +34,7 @@ from tileship.serve.admission import Slots
 from tileship.serve.body import read_body
 from tileship.serve.canary_stats import Timed
 from tileship.serve.config import ServeConfig
-from tileship.serve.holder import ReleaseHolder, Served, Target, release_id_at
+from tileship.serve.holder import ReleaseHolder, Served, Target, image_check, release_id_at
 from tileship.serve.jsonlog import JsonLog
 from tileship.serve.metrics import ServeMetrics
 from tileship.serve.middleware import PartsResponse
@@ -146,7 +146,10 @@ class Service:
             m.load_seconds.set(served.load_seconds)
             m.warmup_seconds.set(served.warm.seconds)
             rel = served.release
-            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, served.device_label)
+            image = image_check(rel)
+            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, served.device_label, image)
+            if image["mismatch"]:
+                self.log.event("image_digest_mismatch", "warning", release=rel.release_id, **image)
             ready, body = h.readiness()
             m.ready.set(1 if ready else 0)
             self.log.event("swap" if old is not None else "ready", trigger=trigger, release=rel.release_id, previous=old.release_id if old else None,

@@ -89,6 +89,15 @@ class Served:
         return self.release.release_id
 
 
+def image_check(release: Release) -> dict[str, Any]:
+    """The image this server runs in (``TILESHIP_IMAGE_DIGEST``) against the one the release's lock
+    pins: {"running", "pinned", "mismatch"}; a mismatch only when both are known and differ."""
+    from tileship import env
+
+    running, pinned = env.image_digest(), (release.lock or {}).get("image_digest")
+    return {"running": running, "pinned": pinned, "mismatch": bool(running and pinned and running != pinned)}
+
+
 def serving_devices(release: Release) -> tuple[dict[str, str], str]:
     """Per operator: "cuda" when a GPU is present and the operator has CUDA specializations,
     else "cpu"; plus a label for the info metric."""

@@ -25,7 +25,8 @@ scrape time and must stay 0: anything else means a call reached TileLang's JIT.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
@@ -71,11 +72,20 @@ class ServeMetrics:
                                       registry=r)
         self.compile_attempts.set_function(compile_attempts)
         self.info = Info("tileship_release", "The release being served", registry=r)
-        self.info.info({"release_id": "none", "kernel_revision": "none", "lock_digest": "none", "device": "none"})
+        self.info.info({"release_id": "none", "kernel_revision": "none", "lock_digest": "none", "device": "none",
+                        "image_digest": "none", "release_image_digest": "none"})
+        self.image_mismatch = Gauge("tileship_image_digest_mismatch",
+                                    "1 when the image this server runs in (TILESHIP_IMAGE_DIGEST) is not the one the "
+                                    "release's lock pins", registry=r)
 
-    def set_release(self, release_id: str, kernel_revision: str, lock_digest: str, device: str) -> None:
+    def set_release(self, release_id: str, kernel_revision: str, lock_digest: str, device: str,
+                    image: Mapping[str, Any] | None = None) -> None:
+        """``image``: ``image_check`` of the release (the running and the pinned image digest)."""
+        image = image or {}
         self.info.info({"release_id": release_id, "kernel_revision": kernel_revision, "lock_digest": lock_digest,
-                        "device": device})
+                        "device": device, "image_digest": image.get("running") or "none",
+                        "release_image_digest": image.get("pinned") or "none"})
+        self.image_mismatch.set(1 if image.get("mismatch") else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from tileship.errors import RegistryError, TileshipError
 from tileship.serve.canary import CanaryPolicy, Verdict, decide
 from tileship.serve.canary_stats import Window, metrics
-from tileship.serve.holder import Served, Target, release_id_at
+from tileship.serve.holder import Served, Target, image_check, release_id_at
 
 if TYPE_CHECKING:
     from tileship.serve.app import Service
@@ -217,7 +217,7 @@ class Rollout:
             m, rel = svc.metrics, can.release
             m.load_seconds.set(can.load_seconds)
             m.warmup_seconds.set(can.warm.seconds)
-            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, can.device_label)
+            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, can.device_label, image_check(rel))
             svc.log.event("swap", trigger="canary", release=rel.release_id, previous=old.release_id if old else None,
                           kernel_revision=rel.kernel_revision, registry=registry)
             self._finish("promoted", {"release": rel.release_id, "previous": old.release_id if old else None,

@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tileship import __version__
+from tileship import __version__, env
 from tileship.serve import canary_http, extensions, protocol
 from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
-from tileship.serve.holder import Served
+from tileship.serve.holder import Served, image_check
 from tileship.serve.middleware import RequestIds
 from tileship.serve.telemetry import ReferenceCollector
 from tileship.serve.validate import short
@@ -62,8 +62,10 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def server_metadata(request: Request) -> Response:
+        cur = service.holder.current
+        image = image_check(cur.release) if cur is not None else {"running": env.image_digest()}
         return JSONResponse({"name": "tileship", "version": __version__,
-                             "extensions": extensions.EXTENSIONS})
+                             "extensions": extensions.EXTENSIONS, "image": image})
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)

@@ -14,6 +14,6 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[test,ray]"  # ray: tests/test_build_ray.py runs, never skips, here and in CI
+  python -m pip install -q -e ".[serve,test,ray]"  # ray: tests/test_build_ray.py runs, never skips, here and in CI
   echo "$want" > "$stamp"
 fi

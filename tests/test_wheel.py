@@ -106,3 +106,17 @@ def test_drill_without_the_load_generator_names_the_file(tmp_path: Path) -> None
     err = " ".join(proc.stderr.split())
     assert "tileship drill needs benchmarks.drill_client (benchmarks/drill_client.py in the tileship repository)" in err, err
     assert "Traceback" not in proc.stderr
+
+
+def test_the_plain_install_brings_no_web_server_test_tools_or_compiler(wheel_files: dict[str, bytes]) -> None:
+    """``pip install tileship`` (no extras): the runtime only; the server is ``tileship[serve]``."""
+    meta = next(v for k, v in wheel_files.items() if k.endswith(".dist-info/METADATA")).decode()
+    requires = [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    plain = {r.split(";")[0].split("==")[0].split(">")[0].split("[")[0].strip().lower() for r in requires if "extra ==" not in r}
+    serve = {r.split("==")[0].strip().lower() for r in requires if 'extra == "serve"' in r}
+    assert "tilelang" in plain and "torch" in plain
+    for name in ("starlette", "uvicorn", "httptools", "fastapi", "pydantic", "pytest", "hypothesis", "tritonclient",
+                 "nvidia-cuda-nvcc", "ray"):
+        assert name not in plain, f"{name} is installed by a plain `pip install tileship`"
+    assert {"starlette", "uvicorn", "orjson", "prometheus-client"} <= serve, serve
+    assert "tileship/py.typed" in wheel_files

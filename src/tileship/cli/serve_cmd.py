@@ -59,9 +59,14 @@ def serve(
     Exit 0 on SIGINT/SIGTERM; 3 after a sticky device error (restart the process); 1 if it
     could not listen.
     """
-    from tileship.errors import DeclarationError
-    from tileship.serve import ServeConfig, run
-    from tileship.serve.validate import RequestLimits
+    from tileship.errors import DeclarationError, TileshipError
+
+    try:
+        from tileship.serve import ServeConfig, run
+        from tileship.serve.validate import RequestLimits
+    except ModuleNotFoundError as exc:  # the serve extra is not installed
+        raise TileshipError(f"tileship serve needs {exc.name}, which is not installed",
+                            hint="pip install 'tileship[serve]'") from exc
 
     if drift_policy not in (None, "fallback", "strict"):
         raise DeclarationError(f"--drift-policy must be fallback or strict, got {drift_policy!r}")

@@ -121,3 +121,20 @@ def test_outputs_that_disagree_with_t_empty_fail_naming_both(tmp_path):
     r = compile_one(eager_one_output, expand(eager_one_output)[0], tmp_path / "out", timeout_s=120, sys_path=str(TESTS))
     assert not r.ok
     assert "outputs= declares parameters [2] as outputs but the kernel's T.empty outputs are [2, 3]" in r.error, r.error
+
+
+def test_a_factory_that_returns_no_primfunc_is_a_build_error_naming_the_specialization():
+    """``trace`` refuses a factory whose result is not a PrimFunc with a BuildError that names the
+    specialization (it had raised a TypeError of its own: BuildError took no ``spec_id``)."""
+    import dataclasses
+
+    from tileship.catalog.cpu import add
+    from tileship.declare.factory import trace
+    from tileship.declare.spec import expand
+    from tileship.errors import BuildError
+
+    op = dataclasses.replace(add, factory=lambda N, dtype="float32", block=256: 42)
+    spec = expand(op)[0]
+    with pytest.raises(BuildError) as exc:
+        trace(op, spec)
+    assert exc.value.spec_id == spec.id and "returned int, not a PrimFunc" in str(exc.value)

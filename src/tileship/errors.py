@@ -59,7 +59,12 @@ class LockMismatch(LockError):
 
 
 class BuildError(TileshipError):
-    """The build could not run at all (not: one specialization failing, which is a value)."""
+    """The build could not run at all, or (``spec_id`` set, inside a compile worker) one specialization
+    could not be traced: the worker reports it as that specialization's failure, a value."""
+
+    def __init__(self, message: str, *, spec_id: str | None = None, hint: str | None = None) -> None:
+        super().__init__(f"{spec_id}: {message}" if spec_id else message, hint=hint)
+        self.spec_id = spec_id
 
 
 class ToolchainError(BuildError):

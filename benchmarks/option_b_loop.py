@@ -42,7 +42,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUPS = {
-    "cpu": {"module": "loop_ops", "file": ROOT / "tests" / "loop_ops.py", "targets": ["c"], "model": "loop_poly"},
+    # loop_ops takes its kernel and reference from tuned_ops: both are copied next to the project file
+    "cpu": {"module": "loop_ops", "file": ROOT / "tests" / "loop_ops.py", "targets": ["c"], "model": "loop_poly",
+            "also": [ROOT / "tests" / "tuned_ops.py"]},
     "cuda": {"module": "loop_gemm", "file": ROOT / "benchmarks" / "loop" / "loop_gemm.py", "targets": ["cuda-sm90a"],
              "model": "gemm"},
 }
@@ -217,6 +219,9 @@ def run(args: argparse.Namespace, log: dict[str, Any]) -> bool:
         shutil.rmtree(work / p, ignore_errors=True) if (work / p).is_dir() else (work / p).unlink(missing_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(setup["file"], work / f"{setup['module']}.py")
+    for extra in setup.get("also", []):
+        shutil.copy(extra, work / extra.name)
+        sys.modules.pop(extra.stem, None)
     (work / "tileship.toml").write_text(f'model = "option-b-loop"\nmodel_version = "1"\noperators = ["{setup["module"]}"]\n'
                                         f'targets = {json.dumps(setup["targets"])}\nrouting = "evidence"\n')
     sys.modules.pop(setup["module"], None)  # import the copy next to the project file (the releases ship it)

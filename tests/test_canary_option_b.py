@@ -9,7 +9,6 @@ import io
 import json
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 from test_serve import copy_release, serving
+from traffic import ClosedLoop
 from typer.testing import CliRunner
 
 from tileship.cli import app
@@ -68,29 +68,13 @@ def call_poly(url: str, rng: np.random.Generator, client: httpx.Client) -> httpx
 
 @pytest.fixture
 def traffic() -> Iterator[Any]:
-    stop, threads, served, failures = threading.Event(), [], [], []
+    def call(url: str, rng: Any, c: httpx.Client) -> tuple[str, str]:
+        r = call_poly(url, rng, c)
+        return r.headers["x-tileship-release"], r.headers.get("x-tileship-spec", "")
 
-    def start(url: str) -> tuple[list[tuple[str, str]], list[str]]:
-        def client(seed: int) -> None:
-            rng = np.random.default_rng(seed)
-            with httpx.Client() as c:
-                while not stop.is_set():
-                    try:
-                        r = call_poly(url, rng, c)
-                        served.append((r.headers["x-tileship-release"], r.headers.get("x-tileship-spec", "")))
-                    except Exception as exc:
-                        failures.append(repr(exc))
-
-        threads.extend(threading.Thread(target=client, args=(i,)) for i in range(2))
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
-        return served, failures
-
-    yield start
-    stop.set()
-    for t in threads:
-        t.join()
+    loop = ClosedLoop(call)
+    yield loop.start
+    loop.stop()
 
 
 def force_winner(src: Path, dest: Path, candidate: str) -> str:

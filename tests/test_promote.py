@@ -4,15 +4,14 @@ through a canary in a running server (promoted, or rolled back with exit 3)."""
 from __future__ import annotations
 
 import io
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 from test_canary_serve import call_add, loader_wrapping
 from test_serve import copy_release, serving
+from traffic import ClosedLoop
 from typer.testing import CliRunner
 
 from tileship.cli import app
@@ -44,29 +43,9 @@ def test_promote_without_server_verifies_tunes_publishes_and_activates(release_b
 @pytest.fixture
 def traffic() -> Iterator[Any]:
     """Start closed-loop clients against a server URL; yields start(url) -> (served, failures)."""
-    stop, threads = threading.Event(), []
-    served: list[str] = []
-    failures: list[str] = []
-
-    def start(url: str) -> tuple[list[str], list[str]]:
-        def client(seed: int) -> None:
-            rng = np.random.default_rng(seed)
-            while not stop.is_set():
-                try:
-                    served.append(call_add(url, rng).headers["x-tileship-release"])
-                except Exception as exc:
-                    failures.append(repr(exc))
-
-        threads.extend(threading.Thread(target=client, args=(i,)) for i in range(2))
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
-        return served, failures
-
-    yield start
-    stop.set()
-    for t in threads:
-        t.join()
+    loop = ClosedLoop(lambda url, rng, c: call_add(url, rng).headers["x-tileship-release"])
+    yield loop.start
+    loop.stop()
 
 
 def test_promote_through_a_canary_moves_server_and_registry(cpu_release_build, release_b, tmp_path, traffic):

@@ -28,9 +28,23 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tileship.declare.specialization import Specialization
 from tileship.release import evidence as ev_mod
 
 NOT_SELECTED = "not_selected"
+
+
+def groups(rel: Mapping[str, Any]) -> dict[str, list[tuple[str, Mapping[str, Any], Specialization]]]:
+    """group id -> [(spec id, release.json entry, spec)] of a release, sorted by group id, each group's
+    candidates in the operator's declaration order (what tune measures and the loader serves first)."""
+    out: dict[str, list[tuple[str, Mapping[str, Any], Specialization]]] = {}
+    for sid, info in sorted(rel["specializations"].items()):
+        spec = Specialization.from_json(info["spec"])
+        out.setdefault(spec.group_id, []).append((sid, info, spec))
+    for members in out.values():
+        order = [c["id"] for c in rel["operators"][members[0][2].op].get("candidates") or []]
+        members.sort(key=lambda m: order.index(m[2].candidate) if m[2].candidate in order else -1)
+    return dict(sorted(out.items()))
 
 
 def table(ev: Mapping[str, Any] | None, *, lock_digest: str, release_id: str | None = None) -> dict[str, Any]:

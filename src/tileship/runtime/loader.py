@@ -119,10 +119,13 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     use_sources(snap)
     tuned = tuning.table(ev, lock_digest=lock_digest(lock), release_id=manifest["release_id"])
     ctx = _Context(snap, report.blocking, reference_only, disabled, device, load_seconds, load_errors)
+    by_op: dict[str, dict[str, Any]] = {}
+    for gid, members in tuning.groups(rel).items():
+        by_op.setdefault(members[0][2].op, {})[gid] = members
     for name, desc in sorted(rel["operators"].items()):
         reference = _import_reference(desc, name)
         entries: list[Entry] = []
-        for gid, members in _groups(rel, name).items():
+        for gid, members in by_op.get(name, {}).items():
             group = tuned.get(gid)
             if group is not None:
                 entries.extend(_tuned_entries(ctx, members, group))
@@ -167,19 +170,6 @@ class _Context:
     device: dict[str, Any]
     load_seconds: dict[str, float]
     load_errors: dict[str, str]
-
-
-def _groups(rel: dict[str, Any], op: str) -> dict[str, list[tuple[str, dict[str, Any], Specialization]]]:
-    """group id -> [(spec id, info, spec)] of operator ``op``, candidates in declaration order."""
-    order = [c["id"] for c in rel["operators"][op].get("candidates") or []]
-    out: dict[str, list[tuple[str, dict[str, Any], Specialization]]] = {}
-    for sid, info in sorted(rel["specializations"].items()):
-        spec = Specialization.from_json(info["spec"])
-        if spec.op == op:
-            out.setdefault(spec.group_id, []).append((sid, info, spec))
-    for members in out.values():
-        members.sort(key=lambda m: order.index(m[2].candidate) if m[2].candidate in order else -1)
-    return out
 
 
 def _prepare(ctx: _Context, sid: str, info: dict[str, Any], spec: Specialization) -> tuple[str | None, Any]:

@@ -62,18 +62,6 @@ class TuneOptions:
     on_group: Callable[[str, dict[str, Any]], None] | None = None
 
 
-def groups_of(rel: Mapping[str, Any]) -> dict[str, list[tuple[str, Specialization, str]]]:
-    """group id -> [(spec id, spec, build status)] in the operator's candidate declaration order."""
-    out: dict[str, list[tuple[str, Specialization, str]]] = {}
-    for sid, info in rel["specializations"].items():
-        spec = Specialization.from_json(info["spec"])
-        out.setdefault(spec.group_id, []).append((sid, spec, info["status"]))
-    for members in out.values():
-        order = [c["id"] for c in rel["operators"][members[0][1].op].get("candidates") or []]
-        members.sort(key=lambda m: order.index(m[1].candidate) if m[1].candidate in order else -1)
-    return dict(sorted(out.items()))
-
-
 def bucket_points(
     spec: Specialization, *, limit: int | None, extra: Sequence[int]
 ) -> list[tuple[dict[str, int], list[int]]]:
@@ -261,8 +249,8 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     specs_ev: dict[str, Any] = dict(old.get("specializations", {})) if keep else {}
     table: dict[str, Any] = dict(old.get("tuning", {})) if keep else {}
     skipped: dict[str, str] = {}
-    for gid, members in groups_of(rel).items():
-        spec0 = members[0][1]
+    for gid, members in tuning.groups(rel).items():
+        spec0 = members[0][2]
         dev = Target(spec0.target).device_type
         if options.only and spec0.op not in options.only and gid not in options.only:
             continue
@@ -278,8 +266,8 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
         desc = rel["operators"][spec0.op]
         reference = _import_reference(desc, spec0.op)
         loaded: list[tuple[str, Specialization, Any]] = []
-        for sid, spec, status in members:
-            if status != "built":
+        for sid, info, spec in members:
+            if info["status"] != "built":
                 loaded.append((sid, spec, "build failed"))
                 continue
             try:

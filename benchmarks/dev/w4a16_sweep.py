@@ -1,0 +1,207 @@
+"""Kernel development sweep (GPU host): every W4A16 kernel variant vs cuBLAS fp16 and torch's int4 path.
+
+usage: python3 benchmarks/dev/w4a16_sweep.py OUT.json [--ms 1,4,8,16,32] [--ops qkv,down] [--jobs 14]
+
+This is not the product path (no release, no dispatcher): it times the kernels themselves so
+that the catalog's ``w4a16_linear`` can pick, per shape, the variant that measured fastest. Its
+output is committed under ``benchmarks/results/h200/dev/``; the product path is measured by
+``benchmarks/decode_kernels.py`` over a built release.
+
+Method: CUDA events around one call, a 512 MiB buffer zeroed before each call (L2 flushed),
+median of 60 calls after 5 warm-ups; p10/p90 kept. Correctness: relative L2 error against
+float32 ``x @ dequantize(W)^T``; a variant above 2e-2 is reported and never picked.
+The baselines are ``F.linear`` on the fp16 weight (cuBLAS) and, in bf16,
+``torch.ops.aten._weight_int4pack_mm`` (torch's own int4 weight-only path, group 128).
+Speedups are baseline us / kernel us (> 1: the kernel is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
+    """The (kernel, config) pairs tried for one shape; the catalog's current pick is named 'catalog'."""
+    out: list[tuple[str, dict[str, Any]]] = [("catalog", {})]
+    steps = K // 1024
+    if M <= 8:
+        for rows in (1, 2, 4):
+            for kw in (1, 2, 4, 7, 14):
+                if steps % kw or (kw > 1 and rows * M > 32) or (kw == 1 and rows > 2):
+                    continue
+                if kw == 1:
+                    out.append(("gemv3", dict(rows=rows, k_warps=1, n_warps=4)))
+                else:
+                    out.append(("gemv3", dict(rows=rows, k_warps=kw)))
+    if M >= 4:
+        bm = max(8, M) if M <= 64 else 64
+        for bn, split, stages in ((128, 1, 4), (128, 2, 4), (128, 4, 3), (64, 2, 4), (64, 4, 4), (256, 2, 3)):
+            if K % (128 * split) or N % bn or (split > 1 and N % 256):
+                continue
+            out.append(("swap", dict(block_M=bm, block_N=bn, split_k=split, num_stages=stages)))
+    return out
+
+
+def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
+    from tileship.catalog import w4a16_kernels as wk
+    from tileship.catalog.w4a16 import w4a16_linear
+
+    if kind == "catalog":
+        return w4a16_linear(M, N, K, dtype)
+    if kind == "gemv3":
+        return wk.w4a16_gemv3(M, N, K, dtype, **cfg)
+    return wk.w4a16_gemm_swap(M, N, K, dtype, **cfg)
+
+
+def build(job: tuple) -> tuple[tuple, str | None]:
+    import tilelang
+
+    kind, M, N, K, dtype, cfg = job
+    try:
+        tilelang.compile(make(kind, M, N, K, dtype, cfg), out_idx=[3], target=TARGET)
+        return job, None
+    except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
+        return job, repr(e)[-400:]
+
+
+def timer(torch: Any) -> Any:
+    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+
+    def timeit(fn: Any, reps: int = 60) -> tuple[float, float, float]:
+        for _ in range(5):
+            fn()
+        ts = []
+        for _ in range(reps):
+            flush.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) * 1000.0)
+        ts.sort()
+        return statistics.median(ts), ts[len(ts) // 10], ts[(9 * len(ts)) // 10]
+
+    return timeit
+
+
+def torch_int4(torch: Any, wdq: Any, sc: Any) -> Any:
+    """torch's int4 operands for the same quantized weight (bf16 scales, zero folded to 0)."""
+    nat = wdq.float() / sc.float().repeat_interleave(128, dim=1)
+    qn = (torch.round(nat) + 8).clamp(0, 15).to(torch.uint8)
+    u8 = (qn[:, 0::2] << 4 | qn[:, 1::2]).contiguous()
+    packed = torch.ops.aten._convert_weight_to_int4pack(u8, 8)
+    sbf = sc.to(torch.bfloat16).t().contiguous()
+    sz = torch.stack([sbf, torch.zeros_like(sbf)], dim=-1).contiguous()
+    return packed, sz
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--ms", default="1,4,8,16,32")
+    ap.add_argument("--ops", default=",".join(SHAPES))
+    ap.add_argument("--jobs", type=int, default=14)
+    ap.add_argument("--bf16", action="store_true", help="also time bf16 at M=1")
+    args = ap.parse_args()
+    ms = [int(m) for m in args.ms.split(",")]
+    ops = args.ops.split(",")
+    dtypes = ("float16", "bfloat16") if args.bf16 else ("float16",)
+    jobs = [(kind, M, *SHAPES[op], dt, cfg) for op in ops for M in ms for dt in dtypes
+            if dt == "float16" or M == 1 for kind, cfg in variants(M, *SHAPES[op])]
+    t0 = time.time()
+    errors: dict[str, str] = {}
+    with ProcessPoolExecutor(max_workers=args.jobs) as ex:
+        for job, err in ex.map(build, jobs):
+            if err:
+                errors[repr(job)] = err
+    print(f"compiled {len(jobs)} variants in {time.time() - t0:.1f}s, {len(errors)} failed", flush=True)
+    for k, v in list(errors.items())[:8]:
+        print("  ", k, v[-200:], flush=True)
+
+    import tilelang
+    import torch
+    import torch.nn.functional as F
+
+    from tileship.catalog.w4a16 import dequantize, quantize
+
+    timeit = timer(torch)
+    src = torch.empty(1024**3, dtype=torch.float16, device="cuda")
+    dst = torch.empty_like(src)
+    cp_us = timeit(lambda: dst.copy_(src), reps=20)[0]
+    hbm = 2 * src.numel() * 2 / (cp_us * 1e-6)
+    del src, dst
+    print(f"copy ceiling {hbm / 1e12:.2f} TB/s", flush=True)
+    rows = []
+    torch.manual_seed(0)
+    for op in ops:
+        N, K = SHAPES[op]
+        w = torch.randn(N, K, device="cuda", dtype=torch.float16) * 0.02
+        qw, sc = quantize(w)
+        wdq = dequantize(qw, sc)
+        packed, sz = torch_int4(torch, wdq, sc)
+        wbytes = qw.numel() * 4 + sc.numel() * 2
+        for M in ms:
+            x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+            ref = x.float() @ wdq.float().t()
+            cub = timeit(lambda: F.linear(x, w))
+            xb = x.to(torch.bfloat16)
+            i4 = timeit(lambda: torch.ops.aten._weight_int4pack_mm(xb, packed, 128, sz))
+            y4 = torch.ops.aten._weight_int4pack_mm(xb, packed, 128, sz)
+            row: dict[str, Any] = dict(op=op, N=N, K=K, M=M, weight_bytes_int4=wbytes, cublas_fp16_us=cub[0],
+                                       cublas_p10_p90=cub[1:], torch_int4_bf16_us=i4[0], torch_int4_p10_p90=i4[1:],
+                                       torch_int4_relerr=((y4.float() - ref).norm() / ref.norm()).item())
+            cands = []
+            for dt in dtypes:
+                if dt != "float16" and M != 1:
+                    continue
+                xd, scd = x.to(getattr(torch, dt)), sc.to(getattr(torch, dt))
+                for kind, cfg in variants(M, N, K):
+                    job = (kind, M, N, K, dt, cfg)
+                    if repr(job) in errors:
+                        cands.append(dict(kind=kind, dtype=dt, cfg=cfg, error=errors[repr(job)][-200:]))
+                        continue
+                    try:
+                        kern = tilelang.compile(make(kind, M, N, K, dt, cfg), out_idx=[3], target=TARGET)
+                        y = kern(xd, qw, scd)
+                        err = ((y.float() - ref).norm() / ref.norm()).item()
+                        tt = timeit(lambda: kern(xd, qw, scd))
+                        cands.append(dict(kind=kind, dtype=dt, cfg=cfg, us=tt[0], p10_p90=tt[1:], relerr=err,
+                                          tbps=wbytes / (tt[0] * 1e-6) / 1e12))
+                    except Exception as e:  # noqa: BLE001
+                        cands.append(dict(kind=kind, dtype=dt, cfg=cfg, error=repr(e)[-300:]))
+            row["candidates"] = cands
+            for dt in dtypes:
+                ok = [c for c in cands if c["dtype"] == dt and "us" in c and c["relerr"] < 2e-2]
+                if not ok:
+                    continue
+                best = min(ok, key=lambda c: c["us"])
+                cat = next((c for c in ok if c["kind"] == "catalog"), None)
+                row[f"best_{dt}"] = best
+                row[f"speedup_vs_cublas_fp16_{dt}"] = cub[0] / best["us"]
+                row[f"speedup_vs_torch_int4_{dt}"] = i4[0] / best["us"]
+                row[f"pct_hbm_{dt}"] = 100 * best["tbps"] * 1e12 / hbm
+                if cat:
+                    row[f"catalog_us_{dt}"] = cat["us"]
+            print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
+            rows.append(row)
+        del w, wdq, packed
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as fh:
+        json.dump(dict(script="benchmarks/dev/w4a16_sweep.py", hbm_copy_tbps=hbm / 1e12, torch=torch.__version__,
+                       device=torch.cuda.get_device_name(), compile_errors=errors, rows=rows,
+                       note="speedup = baseline us / kernel us (>1: kernel faster); CUDA events, 512 MiB L2 flush "
+                            "per call, median of 60"), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

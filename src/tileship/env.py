@@ -5,7 +5,14 @@ Precedence everywhere: command-line flag > environment variable > project file >
     TILESHIP_HOME           where registries and work files live (default: ./.tileship)
     TILESHIP_TRUSTED_KEYS   os.pathsep-separated ed25519 public keys (PEM); when set, loading
                             requires a signature by one of them
+    TILESHIP_TRUSTED_VERIFIER_KEYS  os.pathsep-separated ed25519 public keys (PEM) of the verifier
+                            role (``tileship verify/tune --verifier-key``); when set, evidence not
+                            signed by one of them is ignored and the release serves as unverified
+    TILESHIP_VERIFIER_KEY   the ed25519 private key (PEM) `verify` and `tune` sign evidence with
+                            when no --verifier-key is given
     TILESHIP_ALLOW_UNVERIFIED  "1" to run unverified kernels on a GPU (default off)
+    TILESHIP_ALLOW_REFERENCE_DRIFT  "1" to load a release whose pinned reference modules differ from
+                            the ones this process imports (default off: ReferenceDrift)
     TILESHIP_FAST_LAUNCH    "off" (or "adapter") to keep CUDA kernels on TileLang's per-call adapter
                             (default: the fast launcher on CPU and CUDA; on the H200 it served every
                             CUDA kernel of the catalog correctly, benchmarks/results/h200/launch/)
@@ -32,6 +39,20 @@ def home() -> Path:
 def trusted_key_paths() -> list[Path]:
     raw = os.environ.get("TILESHIP_TRUSTED_KEYS", "")
     return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def trusted_verifier_key_paths() -> list[Path]:
+    raw = os.environ.get("TILESHIP_TRUSTED_VERIFIER_KEYS", "")
+    return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def verifier_key() -> Path | None:
+    raw = os.environ.get("TILESHIP_VERIFIER_KEY", "").strip()
+    return Path(raw) if raw else None
+
+
+def allow_reference_drift() -> bool:
+    return os.environ.get("TILESHIP_ALLOW_REFERENCE_DRIFT", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def allow_unverified() -> bool | None:

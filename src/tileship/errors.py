@@ -4,6 +4,7 @@
     ├── DeclarationError               an operator declaration or project file is wrong (names the field)
     ├── LockError                      a lock file is missing, unreadable or malformed
     │   └── LockMismatch               strict policy: blocking drift between lock and environment
+    │       └── ReferenceDrift         a pinned reference module differs from the release's (names operator, module)
     ├── BuildError                     the build as a whole could not run
     │   └── ToolchainError             the hermetic toolchain cannot be locked, created or used
     ├── BundleError                    a release bundle is malformed
@@ -56,6 +57,17 @@ class LockMismatch(LockError):
     def __init__(self, message: str, *, report: object, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.report = report
+
+
+class ReferenceDrift(LockMismatch):
+    """The reference (the fallback) an operator imports is not the code the release pinned:
+    blocking under every drift policy, since serving the reference is no longer the tested answer.
+    ``operator`` and ``module`` name the first difference; ``report`` holds them all."""
+
+    def __init__(self, message: str, *, operator: str, module: str, report: object, hint: str | None = None) -> None:
+        super().__init__(message, report=report, hint=hint)
+        self.operator = operator
+        self.module = module
 
 
 class BuildError(TileshipError):

@@ -26,7 +26,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from tileship.build import sources
+from tileship.build import pins, sources
 from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock
 from tileship.declare.project import Project, revision_root, source_digest
 from tileship.declare.spec import Operator, Specialization, describe, expand
@@ -161,7 +161,8 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options
         tool = opts.toolchain.require() if opts.toolchain else None  # raises ToolchainError when unusable
         env = opts.toolchain.capture_environment() if opts.toolchain else capture_environment()
         shipped, imports = sources.ship(ops, project.root, staging)
-        descs = {name: {**describe(op), "sources": shipped[name], "reference_imports": imports[name]} for name, op in ops.items()}
+        descs = {name: {**describe(op), "sources": shipped[name], "reference_imports": imports[name],
+                        pins.KEY: pins.pin(op, shipped[name])} for name, op in ops.items()}
         lock = make_lock(env=env, revision=kernel_revision(revision_root(project, ops)), sources=source_digest(ops), operators=descs,
                          targets=list(project.targets), model={"name": project.model, "version": project.model_version},
                          image_digest=opts.image_digest, toolchain=tool)

@@ -159,6 +159,8 @@ def make_lock(*, env: Mapping[str, Any], revision: str, sources: Mapping[str, st
         "fallback": {name: f"tested-reference: {d['reference']}" for name, d in operators.items()},
         #: third-party modules each operator's reference (and its local imports) needs at serve time
         "reference_imports": {name: dict(d.get("reference_imports") or {}) for name, d in operators.items()},
+        #: sha256 of every module each operator's reference runs from (``build.pins``): compared at load
+        "reference_modules": {name: dict(d.get("reference_modules") or {}) for name, d in operators.items()},
         "image_digest": image_digest,
     }
     if toolchain:  # absent otherwise: a lock without one stays byte-identical to before

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship import env
+from tileship.build import pins
 from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
 from tileship.declare.spec import Specialization, Target
 from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
@@ -70,11 +71,14 @@ def _device_state() -> dict[str, Any]:
 
 def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_policy: str | None = None,
          allow_unverified: bool | None = None, routing: str | None = None, forbid_compile: bool = True,
-         disabled: Iterable[str] = (), reference_only: bool = False) -> Release:
+         disabled: Iterable[str] = (), reference_only: bool = False, allow_reference_drift: bool | None = None) -> Release:
     """Load the release at ``path``. Never compiles.
 
     Raises BundleIntegrityError / SignatureError (names the file) before anything is loaded;
-    LockMismatch on blocking drift when the drift policy is ``strict``. ``reference_only``
+    LockMismatch on blocking drift when the drift policy is ``strict``; ReferenceDrift (naming the
+    operator and module) under any policy when a reference module differs from the one the release
+    pinned, unless ``allow_reference_drift`` (default: ``TILESHIP_ALLOW_REFERENCE_DRIFT``; then it is
+    a note). ``reference_only``
     loads nothing native: every specialization serves the reference (``disabled_by_policy``),
     the last line of defence. Every other problem
     (drift under ``fallback``, an artifact that fails to load, a device not covered) is a
@@ -117,13 +121,17 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     load_errors: dict[str, str] = {}
     ops: dict[str, OpRunner] = {}
     use_sources(snap)
+    references = {name: _import_reference(desc, name) for name, desc in sorted(rel["operators"].items())}
+    allow_drift = env.allow_reference_drift() if allow_reference_drift is None else allow_reference_drift
+    for d in pins.require(lock, references, allow=allow_drift):
+        notes.append(f"reference drift allowed ({d.field}): {d.consequence}")
     tuned = tuning.table(ev, lock_digest=lock_digest(lock), release_id=manifest["release_id"])
     ctx = _Context(snap, report.blocking, reference_only, disabled, device, load_seconds, load_errors)
     by_op: dict[str, dict[str, Any]] = {}
     for gid, members in tuning.groups(rel).items():
         by_op.setdefault(members[0][2].op, {})[gid] = members
     for name, desc in sorted(rel["operators"].items()):
-        reference = _import_reference(desc, name)
+        reference = references[name]
         entries: list[Entry] = []
         for gid, members in by_op.get(name, {}).items():
             group = tuned.get(gid)

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tileship.build import pins
 from tileship.declare.inputs import make_inputs, point_seed
 from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
@@ -265,6 +266,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             continue
         desc = rel["operators"][spec0.op]
         reference = _import_reference(desc, spec0.op)
+        pins.require(lock, [spec0.op])  # timing another reference would not describe this release
         loaded: list[tuple[str, Specialization, Any]] = []
         for sid, info, spec in members:
             if info["status"] != "built":

@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tileship.build import pins
 from tileship.declare.dims import shape_at
 from tileship.declare.inputs import make_inputs, point_seed, verification_points
 from tileship.declare.spec import Specialization, Target, Tolerance, tensor_dtypes, tensor_tolerance
@@ -285,6 +286,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
         desc = rel["operators"][spec.op]
         if spec.op not in references:
             references[spec.op] = _import_reference(desc, spec.op)
+            pins.require(lock, [spec.op])  # evidence against another reference would not describe this release
         try:
             kernel = load_artifact(root / "specs" / sid, sid)
         except ArtifactLoadError as exc:

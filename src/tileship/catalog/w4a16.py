@@ -2,8 +2,8 @@
 
 ``y[M, N] = x[M, K] @ W^T`` with ``W`` stored as int4 (symmetric, zero point 8), eight per
 int32 word, and one fp16/bf16 scale per 128 weights of a row (``quantize``). The kernel the
-build compiles depends on the shape: a GEMV for decode batches (static M <= 4; 8 at K=4096), the
-tensor-core GEMM for larger static M (split-K) and for the ``T.dynamic`` M range (prefill).
+build compiles depends on the shape, as measured (``w4a16_linear``): GEMVs for decode batches,
+a swapped tensor-core GEMM for larger static M, the tensor-core GEMM for the ``T.dynamic`` M range.
 
 The reference dequantizes and calls ``torch.matmul`` (cuBLAS). The best int4 path PyTorch
 itself has on CUDA, ``torch.ops.aten._weight_int4pack_mm`` (bf16 only), is timed beside both
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tileship.catalog import costs
-from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemv
+from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemm_swap, w4a16_gemv, w4a16_gemv3
 from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
 
 #: (name, N, K) of the linear layers of one Llama-3-8B decoder layer, and its LM head
@@ -29,15 +29,35 @@ _INV = tuple(PERM.index(e) for e in range(8))
 
 
 def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
-    """The kernel for one shape: GEMV for small static M, tensor cores otherwise (``M`` may be dynamic)."""
-    # measured on the H200 (benchmarks/results/h200/dev): the GEMV wins up to M=4, and at M=8 for K=4096;
-    # at M=8 with K=14336 its per-lane activation reads cost more than the tensor-core path
-    if isinstance(M, int) and (M <= 4 or (M <= 8 and K <= 4096)):
+    """The kernel for one shape (``M`` may be dynamic), chosen as measured on the H200.
+
+    From ``benchmarks/results/h200/dev/w4a16_sweep_run1.json`` (``benchmarks/dev/w4a16_sweep.py``):
+    - M=1: the K-split GEMV, 4 rows a block, 4 warps along K (2 for bf16, and where K / 1024 is
+      not a multiple of 4);
+    - M=4: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise (the two are within noise
+      at K=4096, and the older one is faster on lm_head);
+    - M=8 with N <= 6144 and K=4096: the warp-per-rows GEMV;
+    - other static M: the swapped tensor-core GEMM, split-K only where N / 128 tiles are too few
+      to fill the GPU;
+    - the dynamic range (prefill): the tensor-core GEMM with 64-row tiles.
+    """
+    if not isinstance(M, int):
+        return w4a16_gemm(M, N, K, dtype, block_M=64, block_N=128, split_k=1)
+    steps = K // 1024
+    if M == 1 and K % 1024 == 0:
+        k_warps = 4 if dtype == "float16" and steps % 4 == 0 else 2 if steps % 2 == 0 else 1
+        return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=k_warps) if k_warps > 1 else \
+            w4a16_gemv3(M, N, K, dtype, rows=2, k_warps=1, n_warps=4)
+    if M <= 4 and K > 4096 and K % 2048 == 0:
+        return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=2)
+    if M <= 4 or (M <= 8 and K <= 4096 and N <= 6144):
         return w4a16_gemv(M, N, K, dtype, rows=2, n_warps=4, nw=2)
-    if isinstance(M, int):
-        split = 4 if K % (GROUP * 4) == 0 else 1
-        return w4a16_gemm(M, N, K, dtype, block_M=16 if M <= 16 else 32, block_N=128, split_k=split)
-    return w4a16_gemm(M, N, K, dtype, block_M=64, block_N=128, split_k=1)
+    tiles = N // 128
+    split = 1 if tiles >= 200 else 2 if tiles >= 48 else 4
+    while K % (GROUP * split):
+        split //= 2
+    return w4a16_gemm_swap(M, N, K, dtype, block_M=min(64, max(8, -(-M // 8) * 8)), block_N=128, split_k=split,
+                           num_stages=3 if split == 4 else 4)
 
 
 def quantize(weight: Any, group_size: int = GROUP) -> tuple[Any, Any]:

@@ -34,7 +34,7 @@ def variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = [("catalog", {})]
     steps = K // 1024
     if M <= 8:
-        for rows in (1, 2, 4):
+        for rows in (1, 2, 4, 8):
             for kw in (1, 2, 4, 7, 14):
                 if steps % kw or (kw > 1 and rows * M > 32) or (kw == 1 and rows > 2):
                     continue
@@ -48,6 +48,11 @@ def variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
             if K % (128 * split) or N % bn or (split > 1 and N % 256):
                 continue
             out.append(("swap", dict(block_M=bm, block_N=bn, split_k=split, num_stages=stages)))
+        for bn, split, stages, threads in ((128, 1, 3, 128), (128, 1, 4, 128), (128, 2, 3, 128), (128, 4, 3, 128),
+                                           (256, 1, 3, 256), (256, 2, 3, 256), (64, 2, 3, 128), (64, 4, 3, 128)):
+            if K % (128 * split) or N % bn or (split > 1 and N % 256):
+                continue
+            out.append(("rs", dict(block_M=bm, block_N=bn, split_k=split, num_stages=stages, threads=threads)))
     return out
 
 
@@ -59,6 +64,8 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
         return wk.w4a16_gemv3(M, N, K, dtype, **cfg)
+    if kind == "rs":
+        return wk.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return wk.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 
 

@@ -411,3 +411,66 @@ def w4a16_gemm_swap(M: Any, N: int, K: int, dtype: str = "float16", block_M: int
                 C[by, bx * 256 + i] = T.cast(total, dtype)
 
     return main_split
+
+
+def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 16, block_N: int = 128,
+                  split_k: int = 1, num_stages: int = 3, threads: int = 128) -> Any:
+    """y^T = W x^T with the weight tile decoded straight into the MMA's register operand.
+
+    As ``w4a16_gemm_swap``, but no decoded weight tile goes through shared memory: each thread
+    decodes the int4 weights its fragment holds (one 128-weight scale group a K step), and the
+    tensor-core GEMM reads them from registers.
+    """
+    if K % (GROUP * split_k) or N % block_N:
+        raise ValueError(f"w4a16_gemm_rs needs K % {GROUP * split_k} == 0 and N % {block_N} == 0 (K={K}, N={N})")
+    _types(dtype)
+    ks = K // GROUP // split_k
+
+    @T.macro
+    def tile(A, B, S, out, bx, by, bz, to_workspace: bool):
+        a_sh = T.alloc_shared((block_M, GROUP), dtype)
+        bq_sh = T.alloc_shared((block_N, GROUP // 8), "int32")
+        b_frag = T.alloc_fragment((block_N, GROUP), dtype)
+        s_sh = T.alloc_shared((block_N, ks), dtype)
+        acc = T.alloc_fragment((block_N, block_M), "float32")
+        T.clear(acc)
+        T.copy(S[bx * block_N, bz * ks], s_sh)
+        for k in T.Pipelined(ks, num_stages=num_stages):
+            T.copy(A[by * block_M, (bz * ks + k) * GROUP], a_sh)
+            T.copy(B[bx * block_N, (bz * ks + k) * (GROUP // 8)], bq_sh)
+            for i, j in T.Parallel(block_N, GROUP):
+                # element j % 8 of a word sits in nibble (j % 2) * 4 + (j % 8) // 2 (see PERM in w4a16.py);
+                # (q - 8) is exact in fp16/bf16, so the one rounding is the product's, as in the reference
+                b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15, dtype)
+                                - T.cast(8, dtype)) * s_sh[i, k]
+            T.gemm(b_frag, a_sh, acc, transpose_B=True)
+        for i, j in T.Parallel(block_N, block_M):
+            if to_workspace:
+                out[bz, by * block_M + j, bx * block_N + i] = acc[i, j]
+            else:
+                out[by * block_M + j, bx * block_N + i] = T.cast(acc[i, j], dtype)
+
+    if split_k == 1:
+        @T.prim_func
+        def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+                 S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+            with T.Kernel(N // block_N, T.ceildiv(M, block_M), threads=threads) as (bx, by):
+                tile(A, B, S, C, bx, by, 0, False)
+
+        return main
+
+    @T.prim_func
+    def main_split(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+                   S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+        ws = T.alloc_global((split_k, M, N), "float32")
+        with T.Kernel(N // block_N, T.ceildiv(M, block_M), split_k, threads=threads) as (bx, by, bz):
+            tile(A, B, S, ws, bx, by, bz, True)
+        with T.Kernel(N // 256, M, threads=256) as (bx, by):
+            for i in T.Parallel(256):
+                total = T.alloc_var("float32")
+                total = 0.0
+                for s in T.serial(split_k):
+                    total += ws[s, by, bx * 256 + i]
+                C[by, bx * 256 + i] = T.cast(total, dtype)
+
+    return main_split

@@ -21,6 +21,9 @@ def tune_cmd(
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
     device: str = typer.Option("all", help="tune cuda, cpu or all groups this machine can run"),
     only: list[str] = typer.Option([], help="operator name or group id (repeatable; default all)"),
+    verifier_key: Path | None = typer.Option(None, help="ed25519 private key of the verifier role that signs the "
+                                                          "evidence (default: $TILESHIP_VERIFIER_KEY; none: "
+                                                          "unsigned)"),
 ) -> None:
     """Tune a release on this machine: per shape bucket, verify every candidate (poisoned outputs,
     float64 reference), time the passing ones and the reference as served (CUDA events, L2 flushed
@@ -62,13 +65,14 @@ def tune_cmd(
         only=tuple(only),
         on_group=progress,
     )
-    data = tune_release(release, opts)
+    data = tune_release(release, opts, verifier_key=verifier_key)
     points = [p for g in data["tuning"].values() for p in g["points"]]
     kernels = sum(1 for p in points if p["winner"])
     console.print(
         f"tuned {len(data['tuning'])} groups, {len(points)} buckets: a kernel wins {kernels}, the reference "
         f"{len(points) - kernels} (release {data['release_id']}; evidence in "
-        f"{release / 'evidence' / 'verification.json'})"
+        f"{release / 'evidence' / 'verification.json'}, "
+        + ("signed" if (release / "evidence" / "verification.sig").exists() else "unsigned") + ")"
     )
 
 

@@ -51,6 +51,9 @@ def verify_cmd(
     only: list[str] = typer.Option([], help="operator name or specialization id (repeatable; default all)"),
     strict_poison: bool = typer.Option(True, help="fail a run whose outputs could not be confirmed poisoned"),
     json_out: Path | None = typer.Option(None, help="also write the evidence JSON here"),
+    verifier_key: Path | None = typer.Option(None, help="ed25519 private key of the verifier role that signs the "
+                                                          "evidence (default: $TILESHIP_VERIFIER_KEY; none: "
+                                                          "unsigned)"),
 ) -> None:
     """Verify a release on this machine's GPU (and CPU): correctness at every declared shape
     against a float64 reference with NaN-poisoned outputs, kernel vs reference timing, and a
@@ -92,7 +95,7 @@ def verify_cmd(
                          tolerances=parse_tolerances(tolerance),  # type: ignore[arg-type]
                          devices=("cuda", "cpu") if device == "all" else (device,), only=tuple(only),
                          strict_poison=strict_poison, on_point=progress)
-    result = verify(release, opts)
+    result = verify(release, opts, verifier_key=verifier_key)
     table = Table(title=f"release {result.release_id}: verification")
     for col in ("specialization", "shapes", "result", "worst |err|/tol", "kernel/ref at largest", "pinned route"):
         table.add_column(col)
@@ -115,6 +118,9 @@ def verify_cmd(
                   f"{result.evidence['host']['torch']}")
     console.print(f"evidence written to {release / 'evidence' / 'verification.json'} (release id {result.release_id} "
                   "unchanged)")
+    sig = release / "evidence" / "verification.sig"
+    console.print(f"evidence signed by verifier key {json.loads(sig.read_text())['key_id']}" if sig.exists()
+                  else "[yellow]evidence unsigned[/]: servers that trust verifier keys will ignore it (--verifier-key)")
     if signed:
         console.print("[yellow]the release signature was removed (the manifest changed): re-sign it with `tileship "
                       "sign`[/]")

@@ -131,21 +131,30 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     return key
 
 
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    """An ed25519 private key (PEM). Raises SignatureError naming the file."""
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError) as exc:
+        raise SignatureError(f"{path}: not a PEM private key ({exc})", path=str(path)) from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SignatureError(f"{path}: not an ed25519 key", path=str(path))
+    return key
+
+
+def signature_record(key: Ed25519PrivateKey, body: bytes) -> dict[str, str]:
+    """The JSON a signature file holds: ``{"key_id", "signature"}`` (base64 ed25519 over ``body``)."""
+    return {"key_id": _key_id(key.public_key()), "signature": base64.b64encode(key.sign(body)).decode()}
+
+
 def sign(root: Path, private_key_path: Path) -> str:
     """Sign ``root``'s manifest (the bytes integrity was checked on). Returns the key id."""
     from tileship.release import integrity
 
     body = integrity.check(root, trusted_keys=[]).manifest_bytes
-    try:
-        key = serialization.load_pem_private_key(Path(private_key_path).read_bytes(), password=None)
-    except (OSError, ValueError) as exc:
-        raise SignatureError(f"{private_key_path}: not a PEM private key ({exc})", path=str(private_key_path)) from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise SignatureError(f"{private_key_path}: not an ed25519 key", path=str(private_key_path))
-    sig = key.sign(body)
-    kid = _key_id(key.public_key())
-    write_json_atomic(root / SIGNATURE, {"key_id": kid, "signature": base64.b64encode(sig).decode()})
-    return kid
+    record = signature_record(load_private_key(private_key_path), body)
+    write_json_atomic(root / SIGNATURE, record)
+    return record["key_id"]
 
 
 def verify_signature(root: Path, trusted: Iterable[Ed25519PublicKey]) -> str:

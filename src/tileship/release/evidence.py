@@ -2,7 +2,8 @@
 
 ``evidence/verification.json`` (written by ``tileship verify``) is hashed in the manifest
 but not part of the release id, so verifying never changes what a release *is*, and editing
-the evidence afterwards is caught by the integrity check like any other file.
+the evidence afterwards is caught by the integrity check like any other file. Who measured it,
+and whether a loader believes it, is ``evidence_seal``'s job (a verifier key's signature).
 
 Shape of the file (``schema`` 1; every number a measurement, nothing derived at run time)::
 
@@ -59,8 +60,14 @@ def read(root: Path) -> dict[str, Any] | None:
     p = Path(root) / EVIDENCE
     if not p.exists():
         return None
+    return parse(p.read_bytes(), p)
+
+
+def parse(body: bytes, p: Path) -> dict[str, Any]:
+    """The evidence parsed from ``body`` (the bytes a signature is checked over); ``p`` names it
+    in errors. Raises BundleIntegrityError like ``read``."""
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleIntegrityError(f"{p}: evidence is not valid JSON ({exc})", path=str(p)) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("specializations"), dict):
@@ -69,19 +76,24 @@ def read(root: Path) -> dict[str, Any] | None:
     return data
 
 
-def write(root: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+def write(root: Path, data: Mapping[str, Any], *, verifier_key: Path | None = None) -> dict[str, Any]:
     """Store ``data`` as the release's evidence and re-hash the release. Returns the manifest.
 
-    Atomic per file. The release id does not change (evidence is not part of it); a signature
-    does not survive (the manifest changed): re-sign afterwards. Raises BundleIntegrityError
-    when the release was not intact before writing.
+    ``verifier_key`` (an ed25519 private key of the verifier role): sign the evidence
+    (``evidence_seal.SIGNATURE``); without one, a signature of earlier evidence is removed.
+    Atomic per file. The release id does not change (evidence is not part of it); the manifest
+    signature does not survive (the manifest changed): re-sign afterwards. Raises
+    BundleIntegrityError when the release was not intact before writing, SignatureError for an
+    unusable key (before anything is written).
     """
-    from tileship.release import bundle
+    from tileship.release import bundle, evidence_seal
 
     root = Path(root)
+    key = bundle.load_private_key(verifier_key) if verifier_key is not None else None
     before = bundle.check_integrity(root)["release_id"]
     (root / EVIDENCE).parent.mkdir(exist_ok=True)
     bundle.write_json_atomic(root / EVIDENCE, dict(data))
+    evidence_seal.seal(root, key)
     manifest = bundle.write_manifest(root)
     if manifest["release_id"] != before:  # would mean evidence leaked into the identity files
         raise BundleIntegrityError(f"{root}: writing evidence changed the release id {before} -> "

@@ -32,6 +32,14 @@ class Release:
     evidence: Mapping[str, Any] | None = None
     #: the private snapshot the release was loaded from (``release.integrity.snapshot``); ``close`` removes it
     snapshot: Any = None
+    #: what the loader made of the evidence (``release.evidence_seal.Seal``): its digest, signer, state
+    evidence_seal: Any = None
+
+    @property
+    def evidence_digest(self) -> str:
+        """sha256 of the evidence in effect, ``none`` without any: with the release id, what a server
+        reports, so two servers of one release with different evidence are told apart."""
+        return self.evidence_seal.label if self.evidence_seal is not None else "none"
 
     def close(self) -> None:
         """Remove the release's private snapshot (and its ``sources`` from ``sys.path``). Idempotent.
@@ -89,6 +97,7 @@ class Release:
             "kernel_revision": self.kernel_revision,
             "model": dict(self.model),
             "lock_digest": self.lock_digest,
+            "evidence": self.evidence_seal.to_json() if self.evidence_seal is not None else None,
             "drift": self.drift.to_json(),
             "kernels": sum(1 for r in self.ops.values() for e in r.entries if e.kernel is not None),
             "reference_only": all(e.kernel is None for r in self.ops.values() for e in r.entries),

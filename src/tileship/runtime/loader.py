@@ -26,7 +26,7 @@ from tileship.build import pins
 from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
 from tileship.declare.spec import Specialization, Target
 from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
-from tileship.release import evidence, integrity, tuning
+from tileship.release import evidence, evidence_seal, integrity, tuning
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
 
 _log = logging.getLogger("tileship.load")
@@ -71,14 +71,17 @@ def _device_state() -> dict[str, Any]:
 
 def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_policy: str | None = None,
          allow_unverified: bool | None = None, routing: str | None = None, forbid_compile: bool = True,
-         disabled: Iterable[str] = (), reference_only: bool = False, allow_reference_drift: bool | None = None) -> Release:
+         disabled: Iterable[str] = (), reference_only: bool = False, allow_reference_drift: bool | None = None,
+         trusted_verifier_keys: Iterable[Path] | None = None) -> Release:
     """Load the release at ``path``. Never compiles.
 
     Raises BundleIntegrityError / SignatureError (names the file) before anything is loaded;
     LockMismatch on blocking drift when the drift policy is ``strict``; ReferenceDrift (naming the
     operator and module) under any policy when a reference module differs from the one the release
     pinned, unless ``allow_reference_drift`` (default: ``TILESHIP_ALLOW_REFERENCE_DRIFT``; then it is
-    a note). ``reference_only``
+    a note). ``trusted_verifier_keys`` (default: ``TILESHIP_TRUSTED_VERIFIER_KEYS``): when any are
+    trusted, evidence not signed by one of them for this release is ignored, with a note, and the
+    release serves as unverified (``Release.evidence_seal``). ``reference_only``
     loads nothing native: every specialization serves the reference (``disabled_by_policy``),
     the last line of defence. Every other problem
     (drift under ``fallback``, an artifact that fails to load, a device not covered) is a
@@ -110,8 +113,12 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
 
         nojit.install()
     device = _device_state()
-    ev = evidence.read(snap)
+    ev, seal = evidence_seal.open_evidence(snap, manifest["release_id"], manifest["files"], trusted_verifier_keys)
     notes: list[str] = list(checked.warnings)
+    if (line := evidence_seal.note(seal)) is not None:
+        notes.append(line)
+    if seal.signer is not None and seal.signer == checked.key_id:
+        notes.append(f"the evidence is signed with the build key {seal.signer}: use a separate verifier key")
     if reference_only:
         notes.append("reference-only: every operator serves the PyTorch reference by policy")
     if report.blocking:
@@ -162,7 +169,8 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     release = Release(release_id=manifest["release_id"], path=root, kernel_revision=rel["kernel_revision"],
                       model=rel["model"],
                       lock=lock, lock_digest=lock_digest(lock), drift=report, ops=ops, load_seconds=load_seconds,
-                      load_errors=load_errors, notes=notes, declarations=rel["operators"], evidence=ev, snapshot=snap)
+                      load_errors=load_errors, notes=notes, declarations=rel["operators"], evidence=ev, snapshot=snap,
+                      evidence_seal=seal)
     release.load_seconds["__total__"] = time.perf_counter() - t0
     return release
 

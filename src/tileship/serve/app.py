@@ -147,7 +147,8 @@ class Service:
             m.warmup_seconds.set(served.warm.seconds)
             rel = served.release
             image = image_check(rel)
-            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, served.device_label, image)
+            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, served.device_label, image,
+                          evidence=rel.evidence_seal)
             if image["mismatch"]:
                 self.log.event("image_digest_mismatch", "warning", release=rel.release_id, **image)
             ready, body = h.readiness()

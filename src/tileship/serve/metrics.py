@@ -73,18 +73,23 @@ class ServeMetrics:
         self.compile_attempts.set_function(compile_attempts)
         self.info = Info("tileship_release", "The release being served", registry=r)
         self.info.info({"release_id": "none", "kernel_revision": "none", "lock_digest": "none", "device": "none",
-                        "image_digest": "none", "release_image_digest": "none"})
+                        "image_digest": "none", "release_image_digest": "none", "evidence_digest": "none",
+                        "evidence": "none"})
         self.image_mismatch = Gauge("tileship_image_digest_mismatch",
                                     "1 when the image this server runs in (TILESHIP_IMAGE_DIGEST) is not the one the "
                                     "release's lock pins", registry=r)
 
     def set_release(self, release_id: str, kernel_revision: str, lock_digest: str, device: str,
-                    image: Mapping[str, Any] | None = None) -> None:
-        """``image``: ``image_check`` of the release (the running and the pinned image digest)."""
+                    image: Mapping[str, Any] | None = None, evidence: Any = None) -> None:
+        """``image``: ``image_check`` of the release (the running and the pinned image digest);
+        ``evidence``: the release's evidence seal (``Release.evidence_seal``: digest and state), so two
+        servers of one release with different evidence are told apart."""
         image = image or {}
         self.info.info({"release_id": release_id, "kernel_revision": kernel_revision, "lock_digest": lock_digest,
                         "device": device, "image_digest": image.get("running") or "none",
-                        "release_image_digest": image.get("pinned") or "none"})
+                        "release_image_digest": image.get("pinned") or "none",
+                        "evidence_digest": getattr(evidence, "label", "none"),
+                        "evidence": getattr(evidence, "state", "none")})
         self.image_mismatch.set(1 if image.get("mismatch") else 0)
 
     def render(self) -> bytes:

@@ -65,6 +65,10 @@ class RequestIds:
                     headers.append((b"x-tileship-release", served.release_id.encode() if served else b"none"))
                     headers.append((b"x-tileship-kernel-revision",
                                     served.release.kernel_revision.encode() if served else b"none"))
+                if not any(k == b"x-tileship-evidence" for k, _ in headers):  # the evidence digest in effect
+                    served = scope.get("tileship.served") or self.service.holder.current
+                    digest = getattr(served.release, "evidence_digest", "none") if served else "none"
+                    headers.append((b"x-tileship-evidence", digest.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -217,7 +217,8 @@ class Rollout:
             m, rel = svc.metrics, can.release
             m.load_seconds.set(can.load_seconds)
             m.warmup_seconds.set(can.warm.seconds)
-            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, can.device_label, image_check(rel))
+            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, can.device_label, image_check(rel),
+                          evidence=rel.evidence_seal)
             svc.log.event("swap", trigger="canary", release=rel.release_id, previous=old.release_id if old else None,
                           kernel_revision=rel.kernel_revision, registry=registry)
             self._finish("promoted", {"release": rel.release_id, "previous": old.release_id if old else None,

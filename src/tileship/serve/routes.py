@@ -64,8 +64,12 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
     async def server_metadata(request: Request) -> Response:
         cur = service.holder.current
         image = image_check(cur.release) if cur is not None else {"running": env.image_digest()}
+        # the release id with the evidence digest in effect: two servers with other evidence differ here
+        release = {"id": cur.release_id, "evidence_digest": cur.release.evidence_digest,
+                   "evidence": cur.release.evidence_seal.to_json() if cur.release.evidence_seal else None} \
+            if cur is not None else None
         return JSONResponse({"name": "tileship", "version": __version__,
-                             "extensions": extensions.EXTENSIONS, "image": image})
+                             "extensions": extensions.EXTENSIONS, "image": image, "release": release})
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)

@@ -36,6 +36,7 @@ from tileship.build import pins
 from tileship.declare.inputs import make_inputs, point_seed
 from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
+from tileship.release import bundle, evidence_seal
 from tileship.release import evidence as ev_mod
 from tileship.release import tuning
 from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets, round_spread
@@ -222,9 +223,13 @@ def _median(xs: Sequence[float]) -> float:
     return (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2) if n else math.nan
 
 
-def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, write: bool = True) -> dict[str, Any]:
+def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, write: bool = True,
+                 verifier_key: Path | None = None) -> dict[str, Any]:
     """Tune every group of the release at ``path`` this machine can run; returns (and with ``write``
-    stores) the evidence. Raises BundleIntegrityError for a release that is not intact and
+    stores) the evidence, signed with ``verifier_key`` (default: ``TILESHIP_VERIFIER_KEY``; none:
+    unsigned). Signing, earlier evidence is kept only when it is signed by that key or a trusted
+    verifier key (a signature must not vouch for entries it did not measure). Raises
+    BundleIntegrityError for a release that is not intact, SignatureError for an unusable key,
     VerificationError on blocking drift or when nothing can be tuned here."""
     import torch
 
@@ -247,6 +252,10 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
         and same_device
         and ev_mod.applies_here(old, {"device_type": "cpu"})
     )  # else the old numbers describe another machine
+    verifier_key = verifier_key or env.verifier_key()
+    if verifier_key is not None and keep and old:
+        vouch = [bundle.load_private_key(verifier_key).public_key(), *evidence_seal.trusted(None)]
+        keep = evidence_seal.check_dir(root, vouch).state == evidence_seal.VERIFIED
     specs_ev: dict[str, Any] = dict(old.get("specializations", {})) if keep else {}
     table: dict[str, Any] = dict(old.get("tuning", {})) if keep else {}
     skipped: dict[str, str] = {}
@@ -313,5 +322,5 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     }
     data.setdefault("options", {"seeds": list(options.seeds), "timing": False, "source": "tune"})
     if write:
-        ev_mod.write(root, data)
+        ev_mod.write(root, data, verifier_key=verifier_key)
     return data

@@ -45,6 +45,7 @@ from tileship.declare.dims import shape_at
 from tileship.declare.inputs import make_inputs, point_seed, verification_points
 from tileship.declare.spec import Specialization, Target, Tolerance, tensor_dtypes, tensor_tolerance
 from tileship.errors import ArtifactLoadError, VerificationError
+from tileship.release import bundle
 from tileship.release import evidence as ev_mod
 from tileship.verify.compare import Check, check_output, poisoned_call
 from tileship.verify.results import PointResult, SpecVerdict, VerifyResult
@@ -234,13 +235,16 @@ def open_for_evidence(path: Path | str) -> tuple[Path, dict[str, Any], dict[str,
     return root, manifest, rel, lock
 
 
-def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write: bool = True) -> VerifyResult:
+def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write: bool = True,
+           verifier_key: Path | None = None) -> VerifyResult:
     """Verify every specialization of the release at ``path`` that this machine can run.
 
     Raises BundleIntegrityError for a release that is not intact, VerificationError when
     nothing can be verified here or the environment drifted from the lock in a blocking way
     (evidence taken there would not describe the artifacts). A kernel that is wrong is a
-    value (``SpecVerdict.failure``), not an exception. With ``write``, stores the evidence.
+    value (``SpecVerdict.failure``), not an exception. With ``write``, stores the evidence, signed
+    with ``verifier_key`` (default: ``TILESHIP_VERIFIER_KEY``; none: unsigned; see
+    ``release.evidence_seal``); SignatureError for an unusable key, before verifying anything.
     """
 
     import torch
@@ -252,6 +256,9 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     from tileship.verify import roofline
 
     root, manifest, rel, lock = open_for_evidence(path)
+    verifier_key = verifier_key or env.verifier_key()
+    if write and verifier_key is not None:
+        bundle.load_private_key(verifier_key)  # an unusable key fails before minutes of measuring
     unknown = sorted(n for n in options.tolerances if n not in rel["operators"])
     if unknown:
         raise VerificationError(f"tolerance override for unknown operator(s) {unknown} (release has: "
@@ -321,5 +328,5 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     }
     roofline.add_to_evidence(data, verdicts, rel["operators"], lambda path, op: _import_callable(path, op, "cost model"))
     if write:
-        ev_mod.write(root, data)
+        ev_mod.write(root, data, verifier_key=verifier_key)
     return VerifyResult(manifest["release_id"], root, tuple(verdicts), skipped, data)

@@ -1,0 +1,132 @@
+"""Signed evidence: who measured a release, and whether a server may believe it.
+
+Evidence (``evidence/verification.json``) is hashed by the manifest but is not part of the
+release id, so on an unsigned bundle anyone who can write it can recompute the manifest and
+change routing without changing the id. ``tileship verify`` and ``tileship tune`` therefore sign
+it with a *verifier* key, a role separate from the build key that signs the manifest:
+
+- ``evidence/verification.sig`` holds ``{"key_id", "signature"}``: ed25519 over ``DOMAIN`` +
+  the exact bytes of ``verification.json`` (which name the release id and lock digest it was
+  taken against). The domain prefix keeps the roles apart even if one key were trusted for
+  both: an evidence signature never verifies as a manifest signature, nor the reverse.
+- Trusted verifier keys: ``load(trusted_verifier_keys=...)``, else
+  ``TILESHIP_TRUSTED_VERIFIER_KEYS`` (as ``TILESHIP_TRUSTED_KEYS`` is for build keys). When
+  some are trusted, evidence that is unsigned, forged, signed by another key or signed for
+  another release is *ignored*: the release serves as unverified, and ``Seal.reason`` says why
+  (a note on the release). With none trusted, evidence is used unchecked, as before.
+- ``Seal.digest`` (the manifest's sha256 of the evidence in effect) is what a server reports
+  next to the release id (``GET /v2``, the ``x-tileship-evidence`` header, the
+  ``tileship_release`` info metric), so two servers of one release with different evidence
+  are told apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from tileship import env
+from tileship.errors import BundleIntegrityError, SignatureError
+from tileship.release import bundle
+from tileship.release.evidence import EVIDENCE, parse
+
+SIGNATURE = "evidence/verification.sig"
+DOMAIN = b"tileship-evidence-v1\0"
+#: Seal.state values
+NONE, UNCHECKED, VERIFIED, IGNORED = "none", "unchecked", "verified", "ignored"
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What a loader made of a release's evidence. ``digest``: sha256 of the evidence in effect
+    (None when there is none or it was ignored); ``signer``: the trusted verifier key id that
+    signed it; ``state``: none | unchecked (no verifier key trusted) | verified | ignored."""
+
+    state: str
+    digest: str | None = None
+    signer: str | None = None
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "digest": self.digest, "signer": self.signer, "reason": self.reason}
+
+    @property
+    def label(self) -> str:
+        """The digest as a header/metric label: ``none`` when no evidence is in effect."""
+        return self.digest or "none"
+
+
+def seal(root: Path, key: Ed25519PrivateKey | None) -> str | None:
+    """Sign ``root``'s evidence file with ``key`` (writes ``SIGNATURE``); with no key, remove a
+    signature of earlier evidence. Returns the key id. The caller re-writes the manifest."""
+    sig = Path(root) / SIGNATURE
+    if key is None:
+        sig.unlink(missing_ok=True)
+        return None
+    record = bundle.signature_record(key, DOMAIN + (Path(root) / EVIDENCE).read_bytes())
+    bundle.write_json_atomic(sig, record)
+    return record["key_id"]
+
+
+def trusted(keys: Iterable[Path | Ed25519PublicKey] | None) -> list[Ed25519PublicKey]:
+    """Public keys from paths or key objects; None reads ``TILESHIP_TRUSTED_VERIFIER_KEYS``.
+    Raises SignatureError naming an unusable key file."""
+    raw = list(keys) if keys is not None else env.trusted_verifier_key_paths()
+    return [k if isinstance(k, Ed25519PublicKey) else bundle.load_public_key(Path(k)) for k in raw]
+
+
+def open_evidence(root: Path, release_id: str, digests: Mapping[str, str],
+                  keys: Iterable[Path | Ed25519PublicKey] | None = None) -> tuple[dict[str, Any] | None, Seal]:
+    """(evidence in effect or None, its Seal) for the checked release (or snapshot) at ``root``.
+
+    ``digests``: the manifest's file hashes (the evidence was hashed against them by the
+    integrity check). Raises BundleIntegrityError for evidence that is not tileship evidence
+    (as ``evidence.read``) and SignatureError for an unusable trusted key file; everything about
+    the signature itself is a value: the evidence is ignored and ``Seal.reason`` says why.
+    """
+    path = Path(root) / EVIDENCE
+    try:
+        body = path.read_bytes()
+    except FileNotFoundError:
+        return None, Seal(NONE, reason="the release has no verification evidence")
+    data = parse(body, path)
+    digest = digests.get(EVIDENCE)
+    pubs = trusted(keys)
+    if not pubs:
+        return data, Seal(UNCHECKED, digest, reason="no verifier key is trusted (TILESHIP_TRUSTED_VERIFIER_KEYS): "
+                                                    "evidence used unchecked")
+    try:
+        sig = (Path(root) / SIGNATURE).read_bytes()
+    except FileNotFoundError:
+        sig = None
+    try:
+        signer = bundle.verify_signature_bytes(DOMAIN + body, sig, Path(root) / SIGNATURE, pubs)
+    except SignatureError as exc:
+        why = "unsigned" if sig is None else exc.message.split(": ", 1)[-1]
+        return None, Seal(IGNORED, reason=f"evidence {why} (trusted verifier keys are set)")
+    if data.get("release_id") != release_id:
+        return None, Seal(IGNORED, reason=f"evidence is signed for release {data.get('release_id')}, this is "
+                                          f"{release_id}")
+    return data, Seal(VERIFIED, digest, signer, f"signed by verifier key {signer}")
+
+
+def note(seal_: Seal) -> str | None:
+    """The release-status line for ignored evidence (None otherwise)."""
+    if seal_.state != IGNORED:
+        return None
+    return f"verification evidence ignored: {seal_.reason}; the release serves as unverified"
+
+
+def check_dir(root: Path, keys: Iterable[Path | Ed25519PublicKey]) -> Seal:
+    """The Seal of a release directory's current evidence under ``keys`` (for ``tune``, which keeps
+    earlier evidence only when it can vouch for it). Raises BundleIntegrityError when not intact."""
+    manifest = bundle.check_integrity(Path(root))
+    try:
+        return open_evidence(root, manifest["release_id"], manifest["files"], keys)[1]
+    except BundleIntegrityError:
+        return Seal(IGNORED, reason="evidence is not tileship evidence")
+

@@ -13,6 +13,9 @@ def serve(
                                   help="a release directory, or a registry directory (its active release is served)"),
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8000, help="port to listen on"),
+    grpc_port: int | None = typer.Option(None, help="also serve KServe v2 gRPC (tritonclient.grpc) on this port, "
+                                                     "same process and models (Triton's default is 8001; 0: a free "
+                                                     "port); off when not given"),
     max_body_mib: float = typer.Option(64.0, help="largest request body accepted (413 above)"),
     max_output_mib: float = typer.Option(1024.0, help="largest total output of one call (413 above, before running)"),
     max_inflight: int = typer.Option(64,
@@ -52,7 +55,7 @@ def serve(
                                                "repository's "
                                                "examples/llama (not installed by pip)"),
 ) -> None:
-    """Serve a release over the Open Inference Protocol (KServe v2 REST; tritonclient works).
+    """Serve a release over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port; tritonclient works).
 
     Each operator is a model, its version the release id. Ready once the release is loaded
     and warmed. SIGHUP or POST /v2/repository/reload swaps in what SOURCE points at now.
@@ -68,6 +71,10 @@ def serve(
         raise TileshipError(f"tileship serve needs {exc.name}, which is not installed",
                             hint="pip install 'tileship[serve]'") from exc
 
+    if grpc_port is not None and not 0 <= grpc_port <= 65535:
+        raise DeclarationError(f"--grpc-port must be a port number (0..65535), got {grpc_port}")
+    if grpc_port is not None and grpc_port == port and port != 0:
+        raise DeclarationError(f"--grpc-port {grpc_port} is also --port; give gRPC a port of its own")
     if drift_policy not in (None, "fallback", "strict"):
         raise DeclarationError(f"--drift-policy must be fallback or strict, got {drift_policy!r}")
     if min(max_body_mib, max_output_mib, timeout, body_timeout, header_timeout) <= 0 or \
@@ -88,7 +95,8 @@ def serve(
                          check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec,
                          limits=RequestLimits(max_output_bytes=int(max_output_mib * (1 << 20))),
                          max_connections=max_connections, header_timeout_s=header_timeout, keep_alive_s=keep_alive,
-                         diagnostics_interval_s=diagnostics_interval, diagnostics_keep=diagnostics_keep)
+                         diagnostics_interval_s=diagnostics_interval, diagnostics_keep=diagnostics_keep,
+                         grpc_port=grpc_port)
     raise typer.Exit(run(config, host=host, port=port, log_level=log_level))
 
 

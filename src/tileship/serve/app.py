@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import time
 import traceback
 from collections.abc import Callable
@@ -25,25 +24,17 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tileship.errors import CallError
 from tileship.release.diagnostics_queue import CaptureQueue
-from tileship.runtime.device_faults import is_sticky_fault
-from tileship.runtime.dispatch import REFERENCE, Decision, OpRunner, Release
-from tileship.serve import extensions, protocol, validate
+from tileship.runtime.dispatch import Decision, OpRunner, Release
+from tileship.serve import calls, extensions, protocol, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_body
-from tileship.serve.canary_stats import Timed
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import ReleaseHolder, Served, Target, image_check, release_id_at
 from tileship.serve.jsonlog import JsonLog
 from tileship.serve.metrics import ServeMetrics
 from tileship.serve.middleware import PartsResponse
-from tileship.serve.protocol import BadRequest
 from tileship.serve.rollout import Rollout
-
-
-class _Fatal(Exception):
-    pass
 
 
 class Service:
@@ -73,6 +64,7 @@ class Service:
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
         self.unloaded: set[str] = set()  # models unloaded through the repository extension
+        self.grpc_port: int | None = None  # the bound gRPC port, while the gRPC endpoint listens
 
     # -- loading -------------------------------------------------------------------------
     def _default_loader(self, path: Path, reference_only: bool) -> Release:
@@ -185,85 +177,36 @@ class Service:
 
     # -- inference ---------------------------------------------------------------------------
     async def infer(self, request: Request) -> Any:
-        t0 = time.perf_counter()
+        """POST /v2/models/{name}[/versions/{version}]/infer: the REST side of ``calls.run``."""
         rid = request.scope["tileship.request_id"]
-        name = request.path_params["name"]
-        version = request.path_params.get("version")
-        served, side = self.canary.route(self.holder.current, name)
-        labels = ["_unknown", "", "none"]
-        kserve_id = None
-        try:
-            if served is None or self.holder.fatal is not None:
-                raise BadRequest(503, f"not ready: {self.holder.readiness()[1]['reason']}")
-            request.scope["tileship.served"] = served
-            rel = served.release
-            runner = rel.ops.get(name)
-            whole = served.models.get(name)
-            if runner is None and whole is None:
-                raise BadRequest(404, f"unknown model {validate.short(name)}: this release serves {', '.join(sorted([*rel.ops, *served.models]))}")
-            labels[:2] = [name, rel.release_id]
-            if version is not None and version != rel.release_id:
-                raise BadRequest(404, f"unknown version {validate.short(version)} of model {name}: serving version {rel.release_id}")
-            if name in self.unloaded:
-                raise BadRequest(400, extensions.unloaded_error(name))
-            protocol.check_content_type(request.headers.get("content-type"), request.headers.get(protocol.HEADER_LENGTH))
+        header_length = request.headers.get(protocol.HEADER_LENGTH)
+
+        async def read() -> tuple[protocol.InferRequest, int]:
+            protocol.check_content_type(request.headers.get("content-type"), header_length)
             # the body first, outside admission: a slow client holds its own connection, never an inference slot
             data = await read_body(request, limit=self.config.max_body_bytes, timeout_s=self.config.body_timeout_s,
                                    rejected=self.metrics.rejected)
-            t_body = time.perf_counter()
-            req = protocol.parse_infer(data, request.headers.get(protocol.HEADER_LENGTH), self.config.limits)
-            kserve_id = req.id
-            if whole is not None:
-                job: Callable[[], Any] = functools.partial(self._execute_model, served, whole, whole.plan(req), req.id)
-            else:
-                decl = rel.declarations[name]
-                plan = protocol.plan_call(req, name, decl)
-                if not plan.declared and self.config.strict_shapes:
-                    dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
-                    raise BadRequest(400, f"shape outside the declared set: {dims} (declared: {protocol.declared_shapes_text(decl)}); "
-                                          "this server runs with --strict-shapes")
-                validate.check_outputs(name, protocol.output_bytes(decl, plan), self.config.limits)
-                job = functools.partial(self._execute, served, name, plan, req.id)
-            t_submit = time.perf_counter()
-            fut = self.slots.submit(timed := Timed(job))
-            try:
-                encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), self.config.request_timeout_s)
-                t_run = time.perf_counter()
-            except TimeoutError:
-                self.metrics.rejected.labels("timeout").inc()
-                self.slots.timed_out(fut)
-                raise BadRequest(504, f"timeout: the inference did not finish within {self.config.request_timeout_s:g} s") from None
-        except BadRequest as exc:
-            self.canary.record(side, name, exc.status)
-            return self._error(exc.status, exc.message, rid, labels, t0, kserve_id)
-        except _Fatal as exc:
-            self.canary.record(side, name, 503, reason="device_failure")
-            return self._error(503, f"device failure: {exc}; this process is exiting so its supervisor restarts it", rid, labels, t0, kserve_id)
-        except Exception as exc:  # a bug: answer 500 with ids, never crash the server
-            self.canary.record(side, name, 500)
-            return self.internal_error(rid, exc, labels, t0, kserve_id, served)
-        labels[2] = decision.path
-        status = 200
-        self.canary.record(side, name, status, timed.seconds, decision.reason)
-        elapsed = time.perf_counter() - t0
-        m = self.metrics
-        m.requests.labels(labels[0], labels[1], decision.path, "200").inc()
-        m.latency.labels(labels[0], labels[1], decision.path).observe(elapsed)
-        if decision.path == REFERENCE:
-            m.fallbacks.labels(labels[0], labels[1], decision.reason).inc()
-        headers = self._release_headers(served, decision, rid)
+            return protocol.parse_infer(data, header_length, self.config.limits), len(data)
+
+        def on_served(served: Served) -> None:
+            request.scope["tileship.served"] = served
+
+        answer = await calls.run(self, calls.Call(request.path_params["name"], request.path_params.get("version"), rid, read,
+                                                  protocol.encode_response, lambda e: e.size, "rest", on_served))
+        if answer.status != 200:
+            body: dict[str, Any] = {"error": answer.message}
+            if answer.diagnostics_id:
+                body["diagnostics_id"] = answer.diagnostics_id
+            return JSONResponse(body, status_code=answer.status, headers={"retry-after": "1"} if answer.status == 503 else None)
+        encoded, decision = answer.encoded, answer.decision
+        assert answer.served is not None and decision is not None
+        headers = self._release_headers(answer.served, decision, rid)
         if encoded.header_length is not None:
             headers.append((b"inference-header-content-length", str(encoded.header_length).encode()))
             media = b"application/octet-stream"
         else:
             media = b"application/json"
-        self.log.event("infer", request_id=rid, id=kserve_id, model=name, version=labels[1], status=status, path=decision.path,
-                       reason=decision.reason, spec=decision.spec_id, ms=round(elapsed * 1e3, 3),
-                       body_ms=round((t_body - t0) * 1e3, 3), run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=len(data), bytes_out=encoded.size)
-        t_end = time.perf_counter()
-        run_s = timed.seconds or 0.0
-        self.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s, t_end - t_run)
-        return PartsResponse(status, encoded.parts, media, headers)
+        return PartsResponse(200, encoded.parts, media, headers)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """The holder's readiness, and not ready while every worker thread runs a call past its deadline."""
@@ -273,62 +216,7 @@ class Service:
         why = self.slots.wedged() if ok else None
         return (False, {**body, "ready": False, "reason": why}) if why else (ok, body)
 
-    def _execute(self, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:
-        """On a worker thread: tensors -> call -> sync -> CPU -> encoded response."""
-        rel = served.release
-        runner = rel.ops[name]
-        device = served.devices[name]
-        tensors = plan.arguments(device)
-        try:
-            out, decision = runner.call(*tensors)
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            if device != "cpu":
-                import torch
-
-                torch.cuda.current_stream().synchronize()
-            host = [o.detach().cpu() for o in outs]
-        except CallError as exc:
-            raise BadRequest(400, exc.message) from None
-        except Exception as exc:
-            if is_sticky_fault(exc, device):
-                diag = self._capture(served, exc, tensors)
-                self.poison(f"{type(exc).__name__}: {str(exc).splitlines()[0]}" + (f" (diagnostics {diag})" if diag else ""))
-                raise _Fatal(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-            raise
-        out_names = [n for n, _ in rel.declarations[name]["outputs"]]
-        params = {"tileship_release": rel.release_id, "tileship_kernel_revision": rel.kernel_revision,
-                  "tileship_path": decision.path, "tileship_reason": decision.reason}
-        if decision.spec_id:
-            params["tileship_spec"] = decision.spec_id
-        outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
-        return protocol.encode_response(model=name, version=rel.release_id, request_id=kserve_id, parameters=params, outputs=outputs,
-                                        allow_nonfinite=plan.allow_nonfinite), decision
-
-    def _execute_model(self, served: Served, whole: Any, plan: tuple[protocol.InputTensor, bool], kserve_id: str | None) -> tuple[protocol.Encoded, Decision]:
-        """On a worker thread: a whole model's forward (``examples/llama/serve.py``), errors handled as in ``_execute``."""
-        inp, binary = plan
-        try:
-            logits, decision, dispatch = whole.run(inp)
-            if whole.device != "cpu":
-                import torch
-
-                torch.cuda.current_stream().synchronize()
-            host = logits.detach().cpu()
-        except CallError as exc:
-            raise BadRequest(400, exc.message) from None
-        except Exception as exc:
-            if is_sticky_fault(exc, whole.device):
-                diag = self._capture(served, exc)
-                self.poison(f"{type(exc).__name__}: {str(exc).splitlines()[0]}" + (f" (diagnostics {diag})" if diag else ""))
-                raise _Fatal(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-            raise
-        rel = served.release
-        params = {"tileship_release": rel.release_id, "tileship_kernel_revision": rel.kernel_revision,
-                  "tileship_path": decision.path, "tileship_reason": decision.reason, **dispatch}
-        return protocol.encode_response(model=whole.spec.name, version=rel.release_id, request_id=kserve_id, parameters=params,
-                                        outputs=[(whole.output, host, binary)]), decision
-
-    def _capture(self, served: Served | None, exc: BaseException, call: Any = None) -> str | None:
+    def capture(self, served: Served | None, exc: BaseException, call: Any = None) -> str | None:
         """Queue a bundle (off the event loop, one per reason a minute); its id, or None when none is written."""
         try:
             return self.diagnostics.submit(f"serve_error:{type(exc).__name__}", served.release if served else None,
@@ -336,31 +224,28 @@ class Service:
         except Exception:  # diagnostics must never mask the original error
             return None
 
-    def internal_error(self, rid: str, exc: BaseException, labels: list[str] | None = None, t0: float | None = None,
-                       kserve_id: str | None = None, served: Served | None = None) -> Response:
-        """The catch-all: a logged 500 naming the request id (and the diagnostics bundle, when one is queued)."""
-        diag = self._capture(served, exc)
+    def log_internal(self, rid: str, exc: BaseException, model: str = "_unknown", served: Served | None = None) -> tuple[str, str | None]:
+        """Log a bug with its traceback and queue a bundle; (the client's message naming the request id, diagnostics id)."""
+        diag = self.capture(served, exc)
         what = validate.short(f"{type(exc).__name__}: {exc}", 300)
-        self.log.event("error", "error", request_id=rid, model=(labels or ["_unknown"])[0], error=what,
+        self.log.event("error", "error", request_id=rid, model=model, error=what,
                        traceback="".join(traceback.format_exception(exc)), diagnostics_id=diag)
-        msg = f"internal error ({what}); request id {rid}" + (f"; diagnostics {diag}" if diag else "")
-        if labels is None:
-            return JSONResponse({"error": msg, **({"diagnostics_id": diag} if diag else {})}, status_code=500)
-        return self._error(500, msg, rid, labels, t0 or time.perf_counter(), kserve_id, diagnostics_id=diag)
+        return f"internal error ({what}); request id {rid}" + (f"; diagnostics {diag}" if diag else ""), diag
 
-    def _error(self, status: int, message: str, rid: str, labels: list[str], t0: float, kserve_id: str | None,
-               diagnostics_id: str | None = None) -> Response:
+    def internal_error(self, rid: str, exc: BaseException) -> Response:
+        """The REST catch-all outside inference: a logged 500 naming the request id (and the diagnostics bundle)."""
+        msg, diag = self.log_internal(rid, exc)
+        return JSONResponse({"error": msg, **({"diagnostics_id": diag} if diag else {})}, status_code=500)
+
+    def count_error(self, status: int, message: str, call: calls.Call, labels: list[str], t0: float, kserve_id: str | None) -> None:
+        """An inference request answered with an error: metrics, statistics, one log line."""
         self.metrics.requests.labels(labels[0], labels[1], labels[2], str(status)).inc()
         if labels[0] != "_unknown":
             self.stats.record(labels[0], labels[1], False, time.perf_counter() - t0)
         self.metrics.latency.labels(labels[0], labels[1], labels[2]).observe(time.perf_counter() - t0)
-        self.log.event("infer", "warning" if status < 500 else "error", request_id=rid, id=kserve_id, model=labels[0], version=labels[1],
-                       status=status, path="none", error=message, ms=round((time.perf_counter() - t0) * 1e3, 3))
-        body: dict[str, Any] = {"error": message}
-        if diagnostics_id:
-            body["diagnostics_id"] = diagnostics_id
-        headers = {"retry-after": "1"} if status == 503 else None
-        return JSONResponse(body, status_code=status, headers=headers)
+        self.log.event("infer", "warning" if status < 500 else "error", request_id=call.request_id, id=kserve_id, model=labels[0],
+                       version=labels[1], status=status, protocol=call.protocol, path="none", error=message,
+                       ms=round((time.perf_counter() - t0) * 1e3, 3))
 
     def _release_headers(self, served: Served, decision: Decision, rid: str) -> list[tuple[bytes, bytes]]:
         rel = served.release

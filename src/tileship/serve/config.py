@@ -27,6 +27,9 @@ class ServeConfig:
     max_connections: int = 1024
     header_timeout_s: float = 10.0
     keep_alive_s: int = 5
+    #: the KServe v2 gRPC endpoint (``serve.grpc_service``) on this port next to REST; None: off, 0: a free port
+    grpc_port: int | None = None
+    grpc_host: str = "127.0.0.1"
     strict_shapes: bool = False
     drift_policy: str | None = None
     allow_unverified: bool | None = None

@@ -23,7 +23,7 @@ index; metadata, config and statistics still answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tileship.serve import protocol
-from tileship.serve.validate import short
+from tileship.serve.validate import BadRequest, short
 
 if TYPE_CHECKING:
     from tileship.serve.app import Service
@@ -90,7 +90,8 @@ class ModelStats:
                 "response_stats": {}, "batch_stats": [], "memory_usage": []}
 
 
-def _served(service: Service) -> Served:
+def served(service: Service) -> Served:
+    """The release serving now; HTTPException 503 while none is."""
     cur = service.holder.current
     if cur is None:
         raise HTTPException(503, f"not ready: {service.holder.readiness()[1]['reason']}")
@@ -101,7 +102,8 @@ def _names(cur: Served) -> list[str]:
     return sorted([*cur.release.ops, *cur.models])
 
 
-def _known(cur: Served, name: str) -> None:
+def known(cur: Served, name: str) -> None:
+    """HTTPException 404 naming what is served when ``cur`` does not serve ``name``."""
     if name not in cur.release.ops and name not in cur.models:
         raise HTTPException(404, f"unknown model {short(name)}: this release serves {', '.join(_names(cur))}")
 
@@ -120,15 +122,18 @@ def _versions(service: Service, cur: Served, name: str, version: str | None) -> 
     return [version]
 
 
-async def stats(request: Request) -> Response:
-    service: Service = request.app.state.service
-    cur = _served(service)
-    name = request.path_params.get("name")
+def stat_rows(service: Service, name: str | None, version: str | None) -> list[dict[str, Any]]:
+    """Triton's ``model_stats``: every loaded (model, version) for ``name`` None, else those of ``name``.
+    Raises HTTPException: 503 not ready, 404 unknown model or version."""
+    cur = served(service)
     if name is None:
-        rows = [service.stats.stat(n, v) for n in _names(cur) for v in _versions(service, cur, n, None)]
-    else:
-        _known(cur, name)
-        rows = [service.stats.stat(name, v) for v in _versions(service, cur, name, request.path_params.get("version"))]
+        return [service.stats.stat(n, v) for n in _names(cur) for v in _versions(service, cur, n, None)]
+    known(cur, name)
+    return [service.stats.stat(name, v) for v in _versions(service, cur, name, version)]
+
+
+async def stats(request: Request) -> Response:
+    rows = stat_rows(request.app.state.service, request.path_params.get("name"), request.path_params.get("version"))
     return JSONResponse({"model_stats": rows})
 
 
@@ -146,6 +151,19 @@ def _tensors(meta: list[Mapping[str, Any]], *, inputs: bool) -> list[dict[str, A
             row |= {"label_filename": "", "is_shape_tensor": False}
         out.append(row)
     return out
+
+
+def model_metadata(service: Service, cur: Served, name: str) -> dict[str, Any]:
+    """KServe v2 model metadata of ``name`` (served by ``cur``): tensors with -1 for the dims that vary."""
+    if name in cur.models:
+        return cur.models[name].metadata()  # type: ignore[no-any-return]
+    decl = cur.release.declarations[name]
+    return {"name": name, "versions": [cur.release_id], "platform": "tileship",
+            "inputs": protocol.tensor_metadata(decl, "inputs"), "outputs": protocol.tensor_metadata(decl, "outputs"),
+            "parameters": {"datatypes": [protocol.KSERVE[d] for d in decl["dtypes"]], "device": cur.devices[name],
+                           "declared_shapes": protocol.declared_shapes_text(decl),
+                           "kernel_revision": cur.release.kernel_revision,
+                           "strict_shapes": service.config.strict_shapes}}
 
 
 def model_config(service: Service, cur: Served, name: str) -> dict[str, Any]:
@@ -171,47 +189,61 @@ def model_config(service: Service, cur: Served, name: str) -> dict[str, Any]:
             "default_model_filename": "", "parameters": {k: {"string_value": v} for k, v in params.items()}}
 
 
+def config_of(service: Service, name: str, version: str | None) -> dict[str, Any]:
+    """``model_config`` of ``name`` (and ``version`` when given); HTTPException 503/404 as ``stat_rows``."""
+    cur = served(service)
+    known(cur, name)
+    _versions(service, cur, name, version)
+    return model_config(service, cur, name)
+
+
 async def config(request: Request) -> Response:
-    service: Service = request.app.state.service
-    cur = _served(service)
-    name = request.path_params["name"]
-    _known(cur, name)
-    _versions(service, cur, name, request.path_params.get("version"))
-    return JSONResponse(model_config(service, cur, name))
+    return JSONResponse(config_of(request.app.state.service, request.path_params["name"],
+                                  request.path_params.get("version")))
+
+
+def unload_model(service: Service, name: str) -> None:
+    """Stop serving ``name`` until it is loaded again. HTTPException 503 not ready, 404 unknown."""
+    cur = served(service)
+    known(cur, name)
+    if name not in service.unloaded:
+        service.unloaded.add(name)
+        service.log.event("unload", model=name, version=cur.release_id)
 
 
 async def unload(request: Request) -> Response:
     """Stop serving one model (Triton's repository unload). 200 ``{}`` as Triton; 404 for an unknown name."""
-    service: Service = request.app.state.service
-    cur = _served(service)
-    name = request.path_params["name"]
-    _known(cur, name)
     _parameters(await request.body())
-    if name not in service.unloaded:
-        service.unloaded.add(name)
-        service.log.event("unload", model=name, version=cur.release_id)
+    unload_model(request.app.state.service, request.path_params["name"])
     return JSONResponse({})
 
 
-async def load(request: Request) -> Response:
-    """Re-read the source (as ``/v2/repository/reload``) and serve ``name`` again.
-
-    A failed reload answers as the reload does (409) and leaves the model unloaded; a name the
-    release (old or new) does not serve is 404."""
-    service: Service = request.app.state.service
-    params = _parameters(await request.body())
-    if any(k == "config" or k.startswith("file:") for k in params):
+def check_load_parameters(keys: Iterable[str]) -> None:
+    """HTTPException 400 for the load overrides tileship does not take (a config, files)."""
+    if any(k == "config" or k.startswith("file:") for k in keys):
         raise HTTPException(400, "load with a config or files override is not supported: tileship serves the release "
                                  "its source names; change the source and load again")
-    status, body = await service.reload(trigger="http")
+
+
+async def load_model(service: Service, name: str, trigger: str) -> tuple[int, dict[str, Any]]:
+    """Re-read the source (as a repository reload) and serve ``name`` again: the reload's (status, body).
+
+    A failed reload (409) leaves the model unloaded; a name the release (old or new) does not
+    serve raises HTTPException 404."""
+    status, body = await service.reload(trigger=trigger)
     cur = service.holder.current
     if cur is not None:
-        _known(cur, request.path_params["name"])
-    if status == 200:
-        name = request.path_params["name"]
-        if name in service.unloaded:
-            service.unloaded.discard(name)
-            service.log.event("load", model=name, version=cur.release_id if cur else None)
+        known(cur, name)
+    if status == 200 and name in service.unloaded:
+        service.unloaded.discard(name)
+        service.log.event("load", model=name, version=cur.release_id if cur else None)
+    return status, body
+
+
+async def load(request: Request) -> Response:
+    """``load_model`` over REST: 200 with the reload's body, its 409 when it failed."""
+    check_load_parameters(_parameters(await request.body()))
+    status, body = await load_model(request.app.state.service, request.path_params["name"], "http")
     return JSONResponse(body, status_code=status)
 
 
@@ -229,10 +261,20 @@ def _parameters(raw: bytes) -> dict[str, Any]:
     return params
 
 
-def unloaded_error(name: str) -> str:
-    """The message of an inference request to an unloaded model."""
+def unloaded_error(name: str, protocol: str = "rest") -> str:
+    """The message of an inference request to an unloaded model, naming how to load it over ``protocol``."""
+    if protocol == "grpc":
+        return (f"model {name} is unloaded (RepositoryModelUnload) and not available; RepositoryModelLoad "
+                f"(or POST /v2/repository/models/{name}/load) serves it again")
     return (f"model {name} is unloaded (POST /v2/repository/models/{name}/unload) and not available; "
             f"POST /v2/repository/models/{name}/load serves it again")
+
+
+class ModelUnloaded(BadRequest):
+    """Inference on an unloaded model: 400 over REST (as before gRPC existed), UNAVAILABLE over gRPC."""
+
+    def __init__(self, name: str, protocol: str = "rest") -> None:
+        super().__init__(400, unloaded_error(name, protocol))
 
 
 def mark_index(rows: list[dict[str, Any]], unloaded: set[str]) -> list[dict[str, Any]]:

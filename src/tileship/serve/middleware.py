@@ -12,6 +12,11 @@ if TYPE_CHECKING:
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
+def valid_request_id(sent: str | None) -> str | None:
+    """A client's request id when it is printable ASCII up to 128 characters, else None (make one)."""
+    return sent if sent is not None and _REQUEST_ID.match(sent) else None
+
+
 class PartsResponse:
     """A response whose body is sent as its parts (JSON header, then tensor bytes) without
     joining them into one buffer first."""

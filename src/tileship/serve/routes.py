@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tileship import __version__, env
-from tileship.serve import canary_http, extensions, protocol
+from tileship.serve import canary_http, extensions
 from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served, image_check
@@ -73,16 +73,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)
-        if name in cur.models:
-            return JSONResponse(cur.models[name].metadata())
-        decl = cur.release.declarations[name]
-        return JSONResponse({
-            "name": name, "versions": [cur.release_id], "platform": "tileship",
-            "inputs": protocol.tensor_metadata(decl, "inputs"), "outputs": protocol.tensor_metadata(decl, "outputs"),
-            "parameters": {"datatypes": [protocol.KSERVE[d] for d in decl["dtypes"]], "device": cur.devices[name],
-                           "declared_shapes": protocol.declared_shapes_text(decl),
-                           "kernel_revision": cur.release.kernel_revision, "strict_shapes": config.strict_shapes},
-        })
+        return JSONResponse(extensions.model_metadata(service, cur, name))
 
     async def model_ready(request: Request) -> Response:
         cur, name = model(request)
@@ -117,6 +108,12 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
+        grpc_server = None
+        if config.grpc_port is not None:  # KServe v2 gRPC on the same loop and Service (serve.grpc_service);
+            # first: a port that cannot be bound stops the start before anything else runs
+            from tileship.serve import grpc_service
+
+            grpc_server, service.grpc_port = await grpc_service.start(service, config.grpc_host, config.grpc_port)
         task = asyncio.create_task(service.initial_load())
         loop = asyncio.get_running_loop()
         hup = config.handle_sighup and threading.current_thread() is threading.main_thread()
@@ -129,10 +126,13 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
             loop.add_signal_handler(signal.SIGHUP, on_hup)
         service.log.event("start", source=str(config.source), max_inflight=config.max_inflight,
                           max_body_bytes=config.max_body_bytes,
-                          strict_shapes=config.strict_shapes, worker_threads=config.worker_threads)
+                          strict_shapes=config.strict_shapes, worker_threads=config.worker_threads,
+                          grpc_port=service.grpc_port)
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grpc_service.GRACE_S)
             if hup:
                 loop.remove_signal_handler(signal.SIGHUP)
             if not task.done():

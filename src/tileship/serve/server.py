@@ -39,6 +39,8 @@ def run(config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8000, log_l
         graceful_s: float = 30.0) -> int:
     """Serve in the foreground until SIGINT/SIGTERM or a fatal device error; return the exit status.
 
+    With ``config.grpc_port`` set, the KServe v2 gRPC endpoint listens on ``host`` at that port too.
+
     SIGHUP reloads the source (like ``POST /v2/repository/reload``).
     """
     fatal: list[str] = []
@@ -48,7 +50,7 @@ def run(config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8000, log_l
         fatal.append(reason)
         holder["server"].should_exit = True
 
-    app = create_app(dataclasses.replace(config, handle_sighup=True), on_fatal=on_fatal)
+    app = create_app(dataclasses.replace(config, handle_sighup=True, grpc_host=host), on_fatal=on_fatal)
     server = holder["server"] = _uvicorn(app, host, port, log_level, graceful_s, config)
     # uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, against the handlers
     # in place before it started: make those no-ops so a requested stop exits 0, not by the signal.
@@ -70,7 +72,7 @@ class BackgroundServer:
     def __init__(self, config: ServeConfig, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
                  graceful_s: float = 10.0) -> None:
         self.fatal: list[str] = []
-        self.app = create_app(config, on_fatal=self._on_fatal)
+        self.app = create_app(dataclasses.replace(config, grpc_host=host), on_fatal=self._on_fatal)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
@@ -83,6 +85,12 @@ class BackgroundServer:
     @property
     def service(self) -> Service:
         return self.app.state.service  # type: ignore[no-any-return]
+
+    @property
+    def grpc_url(self) -> str | None:
+        """``host:port`` of the gRPC endpoint (tritonclient.grpc's url) once listening; None when off."""
+        port = self.service.grpc_port
+        return f"{self.host}:{port}" if port is not None else None
 
     def _on_fatal(self, reason: str) -> None:
         self.fatal.append(reason)

@@ -1,0 +1,220 @@
+"""One inference request through the server, whatever carried it (REST or gRPC).
+
+``run(service, call)`` is the whole path after the transport has named the model: route
+(canary or active release) -> readiness (503) -> model and version (404) -> unloaded (400)
+-> ``call.read()`` (the transport reads and parses its request into a ``protocol.InferRequest``;
+REST checks Content-Type and reads the body here, outside admission) -> plan against the
+declaration (400), ``--strict-shapes`` (400), output bytes (413) -> admission (503) -> the
+call on a worker thread with a deadline (504) -> ``call.encode`` on the worker -> metrics,
+statistics, canary window and one log line. Every outcome is an ``Answer``; nothing raises
+out of ``run``: a bug is a logged 500 carrying the request id.
+
+The transports differ only in ``Call.read`` and ``Call.encode`` (``protocol.encode_response``
+for REST, ``serve.grpc_codec.encode`` for gRPC), so validation, routing, admission, metrics
+and readiness cannot drift apart between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tileship.errors import CallError
+from tileship.runtime.device_faults import is_sticky_fault
+from tileship.runtime.dispatch import REFERENCE, Decision
+from tileship.serve import extensions, protocol, validate
+from tileship.serve.canary_stats import Timed
+from tileship.serve.validate import BadRequest
+
+if TYPE_CHECKING:
+    from tileship.serve.app import Service
+    from tileship.serve.holder import Served
+
+#: ``encode(model=, version=, request_id=, parameters=, outputs=[(name, cpu tensor, binary)], allow_nonfinite=)``
+Encoder = Callable[..., Any]
+
+
+class Fatal(Exception):
+    """A sticky device error inside a call: the process is poisoned and exits."""
+
+
+@dataclass
+class Call:
+    """An inference request as its transport hands it over."""
+
+    name: str
+    version: str | None
+    request_id: str
+    #: reads and parses the request: (request, bytes received); raises only BadRequest
+    read: Callable[[], Awaitable[tuple[protocol.InferRequest, int]]]
+    encode: Encoder
+    #: the bytes of an encoded response (for the log line)
+    size: Callable[[Any], int]
+    protocol: str = "rest"
+    #: told which release serves the request, once known (REST puts it in the response headers)
+    on_served: Callable[[Served], None] | None = None
+
+
+@dataclass
+class Answer:
+    """What ``run`` answered: ``status`` 200 with ``encoded``, or an error ``message``."""
+
+    status: int
+    encoded: Any = None
+    decision: Decision | None = None
+    served: Served | None = None
+    message: str = ""
+    diagnostics_id: str | None = None
+    #: the BadRequest behind an error (its type says more than the status: ``extensions.ModelUnloaded``)
+    error: BadRequest | None = None
+
+
+async def run(service: Service, call: Call) -> Answer:
+    """Answer ``call``; never raises (a bug is a 500 Answer, logged with its traceback)."""
+    t0 = time.perf_counter()
+    name, config = call.name, service.config
+    served, side = service.canary.route(service.holder.current, name)
+    labels = ["_unknown", "", "none"]
+    kserve_id = None
+    try:
+        if served is None or service.holder.fatal is not None:
+            raise BadRequest(503, f"not ready: {service.holder.readiness()[1]['reason']}")
+        if call.on_served is not None:
+            call.on_served(served)
+        rel = served.release
+        runner = rel.ops.get(name)
+        whole = served.models.get(name)
+        if runner is None and whole is None:
+            raise BadRequest(404, f"unknown model {validate.short(name)}: this release serves "
+                                  f"{', '.join(sorted([*rel.ops, *served.models]))}")
+        labels[:2] = [name, rel.release_id]
+        if call.version is not None and call.version != rel.release_id:
+            raise BadRequest(404, f"unknown version {validate.short(call.version)} of model {name}: serving version "
+                                  f"{rel.release_id}")
+        if name in service.unloaded:
+            raise extensions.ModelUnloaded(name, call.protocol)
+        req, bytes_in = await call.read()
+        t_body = time.perf_counter()
+        kserve_id = req.id
+        if whole is not None:
+            job: Callable[[], Any] = functools.partial(execute_model, service, served, whole, whole.plan(req), req.id,
+                                                       call.encode)
+        else:
+            decl = rel.declarations[name]
+            plan = protocol.plan_call(req, name, decl)
+            if not plan.declared and config.strict_shapes:
+                dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
+                raise BadRequest(400, f"shape outside the declared set: {dims} (declared: "
+                                      f"{protocol.declared_shapes_text(decl)}); this server runs with --strict-shapes")
+            validate.check_outputs(name, protocol.output_bytes(decl, plan), config.limits)
+            job = functools.partial(execute, service, served, name, plan, req.id, call.encode)
+        t_submit = time.perf_counter()
+        fut = service.slots.submit(timed := Timed(job))
+        try:
+            encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), config.request_timeout_s)
+            t_run = time.perf_counter()
+        except TimeoutError:
+            service.metrics.rejected.labels("timeout").inc()
+            service.slots.timed_out(fut)
+            raise BadRequest(504, f"timeout: the inference did not finish within {config.request_timeout_s:g} s"
+                             ) from None
+    except BadRequest as exc:
+        service.canary.record(side, name, exc.status)
+        service.count_error(exc.status, exc.message, call, labels, t0, kserve_id)
+        return Answer(exc.status, served=served, message=exc.message, error=exc)
+    except Fatal as exc:
+        service.canary.record(side, name, 503, reason="device_failure")
+        msg = f"device failure: {exc}; this process is exiting so its supervisor restarts it"
+        service.count_error(503, msg, call, labels, t0, kserve_id)
+        return Answer(503, served=served, message=msg)
+    except Exception as exc:  # a bug: answer 500 with ids, never crash the server
+        service.canary.record(side, name, 500)
+        msg, diag = service.log_internal(call.request_id, exc, labels[0], served)
+        service.count_error(500, msg, call, labels, t0, kserve_id)
+        return Answer(500, served=served, message=msg, diagnostics_id=diag)
+    labels[2] = decision.path
+    service.canary.record(side, name, 200, timed.seconds, decision.reason)
+    elapsed = time.perf_counter() - t0
+    m = service.metrics
+    m.requests.labels(labels[0], labels[1], decision.path, "200").inc()
+    m.latency.labels(labels[0], labels[1], decision.path).observe(elapsed)
+    if decision.path == REFERENCE:
+        m.fallbacks.labels(labels[0], labels[1], decision.reason).inc()
+    service.log.event("infer", request_id=call.request_id, id=kserve_id, model=name, version=labels[1], status=200,
+                      protocol=call.protocol, path=decision.path, reason=decision.reason, spec=decision.spec_id,
+                      ms=round(elapsed * 1e3, 3), body_ms=round((t_body - t0) * 1e3, 3),
+                      run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=bytes_in, bytes_out=call.size(encoded))
+    t_end = time.perf_counter()
+    run_s = timed.seconds or 0.0
+    service.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s,
+                         t_end - t_run)
+    return Answer(200, encoded, decision, served)
+
+
+def _fault(service: Service, served: Served, exc: Exception, device: str, call: Any = None) -> None:
+    """Poison the process and raise Fatal when ``exc`` left the device unusable; else return."""
+    if is_sticky_fault(exc, device):
+        first = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        diag = service.capture(served, exc, call)
+        service.poison(first + (f" (diagnostics {diag})" if diag else ""))
+        raise Fatal(first) from exc
+
+
+def _parameters(served: Served, decision: Decision) -> dict[str, Any]:
+    rel = served.release
+    params = {"tileship_release": rel.release_id, "tileship_kernel_revision": rel.kernel_revision,
+              "tileship_path": decision.path, "tileship_reason": decision.reason}
+    if decision.spec_id:
+        params["tileship_spec"] = decision.spec_id
+    return params
+
+
+def execute(service: Service, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None,
+            encode: Encoder) -> tuple[Any, Decision]:
+    """On a worker thread: tensors -> call -> sync -> CPU -> ``encode``. CallError is a 400."""
+    rel = served.release
+    runner = rel.ops[name]
+    device = served.devices[name]
+    tensors = plan.arguments(device)
+    try:
+        out, decision = runner.call(*tensors)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if device != "cpu":
+            import torch
+
+            torch.cuda.current_stream().synchronize()
+        host = [o.detach().cpu() for o in outs]
+    except CallError as exc:
+        raise BadRequest(400, exc.message) from None
+    except Exception as exc:
+        _fault(service, served, exc, device, tensors)
+        raise
+    out_names = [n for n, _ in rel.declarations[name]["outputs"]]
+    outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
+    return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),
+                  outputs=outputs, allow_nonfinite=plan.allow_nonfinite), decision
+
+
+def execute_model(service: Service, served: Served, whole: Any, plan: tuple[protocol.InputTensor, bool],
+                  kserve_id: str | None, encode: Encoder) -> tuple[Any, Decision]:
+    """On a worker thread: a whole model's forward (``examples/llama/serve.py``), errors as in ``execute``."""
+    inp, binary = plan
+    try:
+        logits, decision, dispatch = whole.run(inp)
+        if whole.device != "cpu":
+            import torch
+
+            torch.cuda.current_stream().synchronize()
+        host = logits.detach().cpu()
+    except CallError as exc:
+        raise BadRequest(400, exc.message) from None
+    except Exception as exc:
+        _fault(service, served, exc, whole.device)
+        raise
+    encoded = encode(model=whole.spec.name, version=served.release_id, request_id=kserve_id,
+                     parameters={**_parameters(served, decision), **dispatch}, outputs=[(whole.output, host, binary)])
+    return encoded, decision

@@ -1,0 +1,204 @@
+"""The KServe v2 gRPC endpoint (``GRPCInferenceService``), served by the REST process on its event loop.
+
+``tileship serve --grpc-port N`` starts it next to uvicorn (``start``, from the app's lifespan),
+on the same ``Service``: inference goes through ``calls.run`` exactly as REST inference does
+(validation, routing and canary, admission, deadline, metrics, statistics, log lines), and the
+other RPCs call the functions the REST routes call (``serve.extensions``, the holder's
+readiness and index). tritonclient.grpc (sync and ``aio``) works against it.
+
+Every error is a gRPC status with a message naming what was wrong (``grpc_codec.code_for``):
+INVALID_ARGUMENT for a request that does not fit the model (names, datatypes, shapes, byte
+sizes), NOT_FOUND for an unknown model or version, UNAVAILABLE while not ready, overloaded or
+for an unloaded model, RESOURCE_EXHAUSTED past a request limit, DEADLINE_EXCEEDED past the
+request timeout, FAILED_PRECONDITION for a load that failed, UNIMPLEMENTED for streaming,
+shared memory, trace and log settings. A bug is INTERNAL naming the request id (the client's
+``x-request-id`` metadata when printable, else a fresh one; echoed as trailing metadata) and is
+logged with its traceback, as REST's 500s are.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from starlette.exceptions import HTTPException
+from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from tileship import __version__
+from tileship.serve import calls, extensions, grpc_codec
+from tileship.serve.middleware import valid_request_id
+from tileship.serve.validate import BadRequest, short
+
+if TYPE_CHECKING:
+    from tileship.serve.app import Service
+
+#: how long stopping waits for RPCs in flight
+GRACE_S = 5.0
+
+Handler = Callable[[Any, Any, Any, str], Awaitable[Any]]
+
+
+def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
+    """One RPC: a request id, and every exception turned into a status with a message (never UNKNOWN)."""
+
+    @functools.wraps(fn)
+    async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        sent = dict(context.invocation_metadata() or ()).get("x-request-id")
+        rid = valid_request_id(sent if isinstance(sent, str) else None) or uuid.uuid4().hex
+        trailer = (("x-request-id", rid),)
+        try:
+            reply = await fn(self, request, context, rid)
+        except grpc.aio.AbortError:
+            raise
+        except HTTPException as exc:
+            await context.abort(grpc_codec.code_for(exc.status_code), str(exc.detail), trailer)
+        except BadRequest as exc:
+            await context.abort(grpc_codec.code_for(exc.status, exc), exc.message, trailer)
+        except Exception as exc:  # a bug: INTERNAL naming the request id, logged with its traceback
+            msg, _ = self.service.log_internal(rid, exc)
+            await context.abort(grpc.StatusCode.INTERNAL, msg, trailer)
+        context.set_trailing_metadata(trailer)
+        return reply
+
+    return handler
+
+
+def _unimplemented(what: str) -> Callable[..., Awaitable[Any]]:
+    async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by tileship serve")
+
+    return handler
+
+
+class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """The RPCs of ``GRPCInferenceService`` over one ``Service``. Runs on the Service's event loop."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    # -- health and metadata ------------------------------------------------------------------
+    @_rpc
+    async def ServerLive(self, request: Any, context: Any, rid: str) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    @_rpc
+    async def ServerReady(self, request: Any, context: Any, rid: str) -> Any:
+        return pb.ServerReadyResponse(ready=self.service.readiness()[0])
+
+    @_rpc
+    async def ModelReady(self, request: Any, context: Any, rid: str) -> Any:
+        """False while no release serves (nothing is ready) or the model is unloaded; NOT_FOUND for a
+        model or version the serving release does not have."""
+        svc = self.service
+        if svc.holder.current is None:
+            return pb.ModelReadyResponse(ready=False)
+        self._model(request.name, request.version)
+        return pb.ModelReadyResponse(ready=svc.readiness()[0] and request.name not in svc.unloaded)
+
+    @_rpc
+    async def ServerMetadata(self, request: Any, context: Any, rid: str) -> Any:
+        return pb.ServerMetadataResponse(name="tileship", version=__version__, extensions=extensions.EXTENSIONS)
+
+    @_rpc
+    async def ModelMetadata(self, request: Any, context: Any, rid: str) -> Any:
+        cur = self._model(request.name, request.version)
+        doc = extensions.model_metadata(self.service, cur, request.name)
+        return grpc_codec.message(doc, pb.ModelMetadataResponse())
+
+    def _model(self, name: str, version: str) -> Any:
+        """The serving release when it serves ``name`` (at ``version``, when given); raises as REST's routes."""
+        cur = extensions.served(self.service)
+        extensions.known(cur, name)
+        if version and version != cur.release_id:
+            raise HTTPException(404, f"unknown version {short(version)} of model {name}: serving version "
+                                     f"{cur.release_id}")
+        return cur
+
+    # -- inference ------------------------------------------------------------------------------
+    @_rpc
+    async def ModelInfer(self, request: Any, context: Any, rid: str) -> Any:
+        svc = self.service
+
+        async def read() -> tuple[Any, int]:
+            return grpc_codec.parse(request, svc.config.limits), request.ByteSize()
+
+        call = calls.Call(request.model_name, request.model_version or None, rid, read, grpc_codec.encode,
+                          grpc_codec.output_bytes, "grpc")
+        answer = await calls.run(svc, call)
+        if answer.status != 200:
+            await context.abort(grpc_codec.code_for(answer.status, answer.error), answer.message,
+                                (("x-request-id", rid),))
+        return answer.encoded
+
+    ModelStreamInfer = _unimplemented("ModelStreamInfer (streaming inference); call ModelInfer")
+
+    # -- Triton's extensions ------------------------------------------------------------------
+    @_rpc
+    async def ModelConfig(self, request: Any, context: Any, rid: str) -> Any:
+        doc = extensions.config_of(self.service, request.name, request.version or None)
+        return pb.ModelConfigResponse(config=grpc_codec.message(doc, model_config_pb2.ModelConfig()))
+
+    @_rpc
+    async def ModelStatistics(self, request: Any, context: Any, rid: str) -> Any:
+        rows = extensions.stat_rows(self.service, request.name or None, request.version or None)
+        return grpc_codec.message({"model_stats": rows}, pb.ModelStatisticsResponse())
+
+    @_rpc
+    async def RepositoryIndex(self, request: Any, context: Any, rid: str) -> Any:
+        rows = extensions.mark_index(self.service.holder.index(), self.service.unloaded)
+        if request.ready:
+            rows = [r for r in rows if r["state"] == "READY"]
+        return grpc_codec.message({"models": rows}, pb.RepositoryIndexResponse())
+
+    @_rpc
+    async def RepositoryModelLoad(self, request: Any, context: Any, rid: str) -> Any:
+        extensions.check_load_parameters(request.parameters)
+        status, body = await extensions.load_model(self.service, request.model_name, "grpc")
+        if status != 200:
+            hint = f" ({body['hint']})" if body.get("hint") else ""
+            raise BadRequest(status, f"load of {short(request.model_name)} failed at {body.get('stage')}: "
+                                     f"{body.get('error')}{hint}")
+        return pb.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request: Any, context: Any, rid: str) -> Any:
+        extensions.unload_model(self.service, request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    SystemSharedMemoryStatus = _unimplemented("the system shared-memory extension")
+    SystemSharedMemoryRegister = _unimplemented("the system shared-memory extension")
+    SystemSharedMemoryUnregister = _unimplemented("the system shared-memory extension")
+    CudaSharedMemoryStatus = _unimplemented("the CUDA shared-memory extension")
+    CudaSharedMemoryRegister = _unimplemented("the CUDA shared-memory extension")
+    CudaSharedMemoryUnregister = _unimplemented("the CUDA shared-memory extension")
+    TraceSetting = _unimplemented("the trace extension")
+    LogSettings = _unimplemented("the logging extension over gRPC")
+
+
+async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Listen on ``host:port`` (0: a free port) on the running loop; (server, bound port).
+
+    Messages are bounded as REST bodies are (``max_body_bytes`` in; the output limit plus the
+    response header out), and at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past
+    it). Raises RuntimeError when the address cannot be bound."""
+    c = service.config
+    out = min(c.limits.max_output_bytes + (1 << 20), (1 << 31) - 1)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", c.max_body_bytes),
+                                      ("grpc.max_send_message_length", out),
+                                      ("grpc.so_reuseport", 0)],
+                             maximum_concurrent_rpcs=c.max_connections)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(service), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise RuntimeError(f"gRPC: cannot listen on {address}: {exc}") from None
+    if not bound:
+        raise RuntimeError(f"gRPC: cannot listen on {address}")
+    await server.start()
+    return server, bound

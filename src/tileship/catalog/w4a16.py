@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tileship.catalog import costs
-from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemm_swap, w4a16_gemv, w4a16_gemv3
+from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemm_rs, w4a16_gemv, w4a16_gemv3
 from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
 
 #: (name, N, K) of the linear layers of one Llama-3-8B decoder layer, and its LM head
@@ -37,8 +37,9 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
     - M=4: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise (the two are within noise
       at K=4096, and the older one is faster on lm_head);
     - M=8 with N <= 6144 and K=4096: the warp-per-rows GEMV;
-    - other static M: the swapped tensor-core GEMM, split-K only where N / 128 tiles are too few
-      to fill the GPU;
+    - other static M: the swapped tensor-core GEMM with the weights decoded into registers
+      (``w4a16_gemm_rs``; ``..._run2.json``), split-K only where N / 128 tiles are too few to fill
+      the GPU. It runs at 0.9-1.1x of cuBLAS fp16 there: no int4 win at these batches yet;
     - the dynamic range (prefill): the tensor-core GEMM with 64-row tiles.
     """
     if not isinstance(M, int):
@@ -56,8 +57,8 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
     split = 1 if tiles >= 200 else 2 if tiles >= 48 else 4
     while K % (GROUP * split):
         split //= 2
-    return w4a16_gemm_swap(M, N, K, dtype, block_M=min(64, max(8, -(-M // 8) * 8)), block_N=128, split_k=split,
-                           num_stages=3 if split == 4 else 4)
+    return w4a16_gemm_rs(M, N, K, dtype, block_M=min(64, max(8, -(-M // 8) * 8)), block_N=128, split_k=split,
+                         num_stages=3 if split == 4 else 4)
 
 
 def quantize(weight: Any, group_size: int = GROUP) -> tuple[Any, Any]:

@@ -169,6 +169,15 @@ def test_bad_requests_get_a_status_naming_the_problem(server, stub, req, code, w
     assert metric(after, "tileship_inflight_requests") == 0 and metric(after, "tileship_serve_compile_attempts") == 0
 
 
+def test_bytes_that_are_no_message_are_invalid_argument_not_unknown(server):
+    with grpc.insecure_channel(server.grpc_url) as ch:
+        for method in ("ModelInfer", "ModelConfig", "RepositoryModelUnload"):
+            with pytest.raises(grpc.RpcError) as e:
+                ch.unary_unary(f"/inference.GRPCInferenceService/{method}")(b"\xff\xff\xff", timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.value.code(), e.value.details())
+            assert e.value.details().startswith("malformed inference.") and "Error parsing message" in e.value.details()
+
+
 def test_grpc_and_rest_share_metrics_statistics_and_logs(server, gc, cpu_release_build):
     rid = cpu_release_build.release_id
     text = httpx.get(server.url + "/metrics").text

@@ -21,9 +21,12 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.protobuf.message_factory import GetMessageClass
 from starlette.exceptions import HTTPException
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
@@ -43,6 +46,41 @@ GRACE_S = 5.0
 Handler = Callable[[Any, Any, Any, str], Awaitable[Any]]
 
 
+@dataclass(frozen=True)
+class Malformed:
+    """A request whose bytes are not a message of its type (answered INVALID_ARGUMENT, never UNKNOWN)."""
+
+    type: str
+    error: str
+
+
+def _deserializer(cls: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except DecodeError as exc:
+            return Malformed(cls.DESCRIPTOR.full_name, str(exc)[:200])
+
+    return parse
+
+
+def _register(servicer: Servicer, server: grpc.aio.Server) -> None:
+    """``add_GRPCInferenceServiceServicer_to_server`` with request parsing that cannot raise: the
+    handlers are built from the service descriptor, each with a ``_deserializer``."""
+    desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for m in desc.methods:
+        kw = {"request_deserializer": _deserializer(GetMessageClass(m.input_type)),
+              "response_serializer": GetMessageClass(m.output_type).SerializeToString}
+        fn = getattr(servicer, m.name)
+        if m.client_streaming or m.server_streaming:
+            handlers[m.name] = grpc.stream_stream_rpc_method_handler(fn, **kw)
+        else:
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(fn, **kw)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
+    server.add_registered_method_handlers(desc.full_name, handlers)
+
+
 def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
     """One RPC: a request id, and every exception turned into a status with a message (never UNKNOWN)."""
 
@@ -51,6 +89,10 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
         sent = dict(context.invocation_metadata() or ()).get("x-request-id")
         rid = valid_request_id(sent if isinstance(sent, str) else None) or uuid.uuid4().hex
         trailer = (("x-request-id", rid),)
+        if isinstance(request, Malformed):
+            if request.type == "inference.ModelInferRequest":  # an inference request naming no model: counted as REST's
+                self.service.metrics.requests.labels("_unknown", "", "none", "400").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request.type}: {request.error}", trailer)
         try:
             reply = await fn(self, request, context, rid)
         except grpc.aio.AbortError:
@@ -192,7 +234,7 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
                                       ("grpc.max_send_message_length", out),
                                       ("grpc.so_reuseport", 0)],
                              maximum_concurrent_rpcs=c.max_connections)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(service), server)
+    _register(Servicer(service), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

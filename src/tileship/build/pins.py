@@ -36,7 +36,8 @@ from tileship.errors import ReferenceDrift
 
 #: the lock key (and release.json operator key) holding the pins
 KEY = "reference_modules"
-CONSEQUENCE = "the fallback changed since verification: the reference no longer runs the code the release was verified with"
+CONSEQUENCE = ("the fallback changed since verification: the reference no longer runs the code the release was "
+               "verified with")
 
 
 def module_name(bundle_path: str) -> str:
@@ -101,7 +102,8 @@ def compare(pins: Mapping[str, Mapping[str, str]], only: Iterable[str] | None = 
                 continue
             current = sha256_file(file)
             if current != digest:
-                out.append(Difference(field, digest, current, True, f"{file} differs from the pinned copy: {CONSEQUENCE}"))
+                out.append(Difference(field, digest, current, True,
+                                      f"{file} differs from the pinned copy: {CONSEQUENCE}"))
     return tuple(out)
 
 

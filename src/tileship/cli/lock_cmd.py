@@ -16,8 +16,8 @@ def register(app: typer.Typer) -> None:
         image_digest: str | None = typer.Option(None, help="container image digest, sha256:<hex>"),
     ) -> None:
         """Write the lock: toolchain, native-lib hashes, device, kernel revision, shapes, fallbacks."""
-        from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock, write_lock
         from tileship.build import pins
+        from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock, write_lock
         from tileship.build.sources import collect
         from tileship.declare.project import load_operators, revision_root, source_digest
         from tileship.declare.spec import describe

@@ -36,9 +36,8 @@ from tileship.build import pins
 from tileship.declare.inputs import make_inputs, point_seed
 from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
-from tileship.release import bundle, evidence_seal
+from tileship.release import bundle, evidence_seal, tuning
 from tileship.release import evidence as ev_mod
-from tileship.release import tuning
 from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets, round_spread
 from tileship.verify.verify import VerifyOptions, open_for_evidence, verify_spec
 

@@ -378,3 +378,15 @@ def test_cli_serves_grpc_next_to_rest(cpu_release_build, tmp_path):
     assert proc.returncode == 0, err
     start = json.loads(err.splitlines()[0])
     assert start["event"] == "start" and start["grpc_port"] == ports[1]
+
+
+def test_the_grpc_benchmark_runs(cpu_release_build, tmp_path):
+    out = tmp_path / "grpc_load.json"
+    root = Path(__file__).parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "serve_grpc_load.py"), "--release", str(cpu_release_build.path),
+                           "--seq", "20", "--clients", "2", "--duration", "0.3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(out.read_text())
+    assert r["ok"] and r["compile_attempts"] == 0 and r["grpc_load"]["errors"] == 0
+    assert r["grpc_sequential"]["n"] == 20 and r["grpc_echo_floor"]["p50_us"] > 0

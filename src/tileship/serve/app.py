@@ -1,6 +1,6 @@
 """The serving state (``Service``): admission control, the inference worker, hot swap, errors.
 
-Request path: Content-Type (415) -> body read, before admission (size limit -> 413,
+Request path (``serve.calls.run``, shared with the gRPC endpoint; ``Service.infer`` is its REST side): Content-Type (415) -> body read, before admission (size limit -> 413,
 ``body_timeout_s`` -> 408) -> parse + check against the declaration and the request limits
 (400, 413 for outputs past ``--max-output-mib``) -> admission (``serve.admission``: at most
 ``max_inflight`` calls, else 503) -> the operator call on a worker thread (``worker_threads``, default 1: kernel calls are

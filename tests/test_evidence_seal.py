@@ -115,6 +115,28 @@ def test_evidence_not_signed_by_a_trusted_verifier_key_is_ignored(signed_copy, k
     rel.close()
 
 
+def test_on_a_gpu_ignored_evidence_says_cuda_serves_the_reference(signed_copy, keys, monkeypatch):
+    from tileship.runtime import loader
+
+    monkeypatch.setattr(loader, "_device_state", lambda: {"cuda": True, "capability": (9, 0), "capabilities": [(9, 0)]})
+    (signed_copy / evidence_seal.SIGNATURE).unlink()
+    bundle.write_manifest(signed_copy)
+    rel = load(signed_copy, trusted_verifier_keys=[keys["verifier"][1]])
+    assert ("verification evidence ignored: evidence unsigned (trusted verifier keys are set); the release serves as "
+            "unverified: CUDA specializations serve the reference (allow_unverified is off)") in rel.notes, rel.notes
+    assert not any(n.startswith("release has no verification evidence") for n in rel.notes)  # one line, not two
+    rel.close()
+
+
+def test_one_key_in_both_roles_is_noted(signed_copy, keys):
+    bundle.sign(signed_copy, keys["verifier"][0])  # the verifier key also signs the manifest
+    pub = keys["verifier"][1]
+    rel = load(signed_copy, trusted_keys=[pub], trusted_verifier_keys=[pub])
+    assert rel.evidence_seal.state == "verified"
+    assert any(n.startswith("the evidence is signed with the build key") for n in rel.notes), rel.notes
+    rel.close()
+
+
 def test_signed_evidence_of_another_release_is_ignored(signed, keys, tmp_path):
     other = copy_release(signed, tmp_path / "other", version="other")  # same kernels, another release id
     rel = load(other, trusted_verifier_keys=[keys["verifier"][1]])
@@ -204,3 +226,18 @@ def test_a_server_trusting_verifier_keys_reports_ignored_evidence(signed, keys, 
         release, header, labels = _served_identity(srv)
     assert header == release["evidence_digest"] == labels["evidence_digest"] == "none"
     assert release["evidence"]["state"] == labels["evidence"] == "ignored"
+
+
+def test_inspect_says_what_load_makes_of_the_evidence(signed_copy, keys):
+    from typer.testing import CliRunner
+
+    from tileship.cli import app
+
+    trust = ["--trusted-verifier-key", str(keys["verifier"][1])]
+    res = CliRunner().invoke(app, ["inspect", str(signed_copy), *trust])
+    assert res.exit_code == 0 and "evidence verified" in res.output, res.output
+    _forge(signed_copy)
+    res = CliRunner().invoke(app, ["inspect", str(signed_copy), *trust])
+    assert res.exit_code == 0, res.output  # intact: forged evidence is a routing matter, not a refused bundle
+    assert "evidence ignored" in res.output and "does not verify" in res.output
+    assert res.output.rstrip().splitlines()[-1].startswith("intact")

@@ -31,16 +31,25 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def inspect(release: Path,
                 trusted_key: list[Path] = typer.Option([], help="require a signature by one of these public keys "
-                                                           "(default: $TILESHIP_TRUSTED_KEYS, as `load`)")) -> None:
+                                                           "(default: $TILESHIP_TRUSTED_KEYS, as `load`)"),
+                trusted_verifier_key: list[Path] = typer.Option([], help="verifier keys the evidence must be signed by "
+                                                                    "(default: $TILESHIP_TRUSTED_VERIFIER_KEYS, as "
+                                                                    "`load`)")) -> None:
         """Check a release exactly as `load` does (paths, file types, hashes, signature) without loading it.
 
         Prints "intact" only after every check passed; exits 1 on the first failure, naming the file.
+        The evidence line says what `load` makes of the evidence (verified, unchecked, ignored and why).
         """
+        from tileship.release.evidence_seal import open_evidence
         from tileship.release.integrity import check
 
         checked = check(release, trusted_keys=trusted_key or None)
+        _, seal = open_evidence(checked.root, checked.release_id, checked.manifest["files"],
+                                trusted_verifier_key or None)
         for warning in checked.warnings:
             console.print(f"[yellow]warning[/]: {warning}")
         if checked.key_id:
             console.print(f"[green]signature ok[/]: {checked.key_id}")
+        style = "yellow" if seal.state == "ignored" else "dim"
+        console.print(f"[{style}]evidence {seal.state}[/]: {seal.reason} (digest {seal.label})")
         console.print(f"[green]intact[/]: release {checked.release_id}, {len(checked.manifest['files'])} files")

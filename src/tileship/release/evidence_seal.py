@@ -114,11 +114,15 @@ def open_evidence(root: Path, release_id: str, digests: Mapping[str, str],
     return data, Seal(VERIFIED, digest, signer, f"signed by verifier key {signer}")
 
 
-def note(seal_: Seal) -> str | None:
-    """The release-status line for ignored evidence (None otherwise)."""
+def note(seal_: Seal, *, cuda: bool = False, allow_unverified: bool = False) -> str | None:
+    """The release-status line for ignored evidence, saying what serves (None otherwise)."""
     if seal_.state != IGNORED:
         return None
-    return f"verification evidence ignored: {seal_.reason}; the release serves as unverified"
+    what = ""
+    if cuda:
+        what = (": CUDA kernels run UNVERIFIED (allow_unverified is on)" if allow_unverified
+                else ": CUDA specializations serve the reference (allow_unverified is off)")
+    return f"verification evidence ignored: {seal_.reason}; the release serves as unverified{what}"
 
 
 def check_dir(root: Path, keys: Iterable[Path | Ed25519PublicKey]) -> Seal:

@@ -115,7 +115,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     device = _device_state()
     ev, seal = evidence_seal.open_evidence(snap, manifest["release_id"], manifest["files"], trusted_verifier_keys)
     notes: list[str] = list(checked.warnings)
-    if (line := evidence_seal.note(seal)) is not None:
+    if (line := evidence_seal.note(seal, cuda=device["cuda"], allow_unverified=allow_unverified)) is not None:
         notes.append(line)
     if seal.signer is not None and seal.signer == checked.key_id:
         notes.append(f"the evidence is signed with the build key {seal.signer}: use a separate verifier key")
@@ -164,8 +164,9 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
         device_reasons = {"cuda": "device_not_covered", "cpu": "device_not_covered"}
         ops[name] = OpRunner(op_shape(desc, name), reference, entries, device_reasons=device_reasons)
         ops[name].sample = import_sample(desc, name)
-    notes.extend(evidence.notes(ev, lock_digest=lock_digest(lock), allow_unverified=allow_unverified,
-                                cuda=device["cuda"], release_id=manifest["release_id"]))
+    if seal.state != evidence_seal.IGNORED:  # else the seal's note already says what serves
+        notes.extend(evidence.notes(ev, lock_digest=lock_digest(lock), allow_unverified=allow_unverified,
+                                    cuda=device["cuda"], release_id=manifest["release_id"]))
     release = Release(release_id=manifest["release_id"], path=root, kernel_revision=rel["kernel_revision"],
                       model=rel["model"],
                       lock=lock, lock_digest=lock_digest(lock), drift=report, ops=ops, load_seconds=load_seconds,

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from tileship.serve import BackgroundServer, ServeConfig
+from tileship.serve import EXIT_FATAL, BackgroundServer, ServeConfig, run
 from tileship.serve.extensions import EXTENSIONS
 
 
@@ -252,7 +253,7 @@ def test_unload_and_load_over_grpc(cpu_release_build, tmp_path):
     with serving(cfg) as srv:
         c = tg.InferenceServerClient(srv.grpc_url)
         try:
-            c.unload_model("add")
+            c.unload_model("add", unload_dependents=True)  # model_repository(unload_dependents), as claimed
             assert not c.is_model_ready("add") and c.is_model_ready("rmsnorm_cpu") and c.is_server_ready()
             _fails(lambda: c.infer("add", _inputs({"A": a, "B": a})), "UNAVAILABLE", "model add is unloaded",
                    "RepositoryModelLoad")
@@ -343,6 +344,46 @@ def test_a_bug_is_internal_naming_the_request_id_and_a_slow_call_is_deadline_exc
         assert metric(text, "tileship_rejected_total", reason="timeout") == 1
         errors = [x for x in log_lines(srv.service.log._stream) if x["event"] == "error"]
         assert errors and errors[0]["request_id"] == "bug-7" and "ZeroDivisionError" in errors[0]["traceback"]
+
+
+def test_a_sticky_device_error_over_grpc_is_unavailable_and_the_process_exits_3(tmp_path):
+    def poisoned(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    path, rel = fake_release(tmp_path, "bad", {"boom": poisoned})
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cfg = fake_config(tmp_path, {"bad": rel}, path, grpc_port=ports[1])
+    seen: dict[str, Any] = {}
+
+    def poke() -> None:
+        c = tg.InferenceServerClient(f"127.0.0.1:{ports[1]}")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(InferenceServerException):
+                if c.is_server_ready():
+                    break
+            time.sleep(0.05)
+        inp = tg.InferInput("X", [1], "FP32")
+        inp.set_data_from_numpy(np.ones(1, dtype=np.float32))
+        try:
+            c.infer("boom", [inp])
+        except InferenceServerException as exc:
+            seen["infer"] = (exc.status(), exc.message())
+        with contextlib.suppress(InferenceServerException):
+            seen["ready"] = c.is_server_ready()
+        c.close()
+
+    t = threading.Thread(target=poke)
+    t.start()
+    code = run(cfg, port=ports[0], graceful_s=2)  # foreground, as `tileship serve --grpc-port` runs
+    t.join()
+    assert code == EXIT_FATAL
+    assert seen["infer"][0] == "StatusCode.UNAVAILABLE" and "device failure" in seen["infer"][1], seen
+    assert seen.get("ready") in (None, False)  # not ready, or the listener had closed
 
 
 def test_cli_serves_grpc_next_to_rest(cpu_release_build, tmp_path):

@@ -145,3 +145,40 @@ def test_a_fresh_process_imports_the_pinned_copy_from_the_release(pinned_build, 
     path, total, where = out.stdout.split()
     assert (path, float(total)) == ("kernel", 192.0)
     assert "/sources/pin_helpers.py" in where
+
+
+def _build_version(tmp_path_factory, factor: int):
+    """A release of the same project (same module names) whose helper multiplies by ``factor``;
+    the project directory is then gone and its modules forgotten, as on a serving host."""
+    proj_dir = tmp_path_factory.mktemp(f"pin_v{factor}")
+    (proj_dir / "pin_ops.py").write_text(textwrap.dedent(OPS))
+    (proj_dir / "pin_helpers.py").write_text(HELPERS.replace("a * 3", f"a * {factor}"))
+    for name in ("pin_ops", "pin_helpers"):
+        sys.modules.pop(name, None)
+    proj = Project(model="pins", model_version="1", operator_modules=("pin_ops",), targets=("c",), root=proj_dir)
+    res = build(proj, load_operators(proj), tmp_path_factory.mktemp(f"pin_rel_v{factor}"), BuildOptions(jobs=1))
+    assert res.ok, [r.error for r in res.failed]
+    for name in ("pin_ops", "pin_helpers"):
+        sys.modules.pop(name, None)
+    sys.path.remove(str(proj_dir))
+    return res.path
+
+
+def test_a_new_version_of_the_same_project_loads_its_own_reference(tmp_path_factory):
+    """Hot swap in one process: v2 ships other code under the same module names; its load imports its
+    own copies (not v1's, already in sys.modules) and the pins agree; v1 keeps serving its own."""
+    import torch
+
+    import tileship
+
+    v1, v2 = _build_version(tmp_path_factory, 3), _build_version(tmp_path_factory, 5)
+    old = tileship.load(v1)
+    new = tileship.load(v2)
+    x = torch.ones(64)
+    assert old.op("pinned").reference(x).sum().item() == 192.0
+    assert new.op("pinned").reference(x).sum().item() == 320.0
+    old.close()  # v1's snapshot is gone, its modules too: loading v2 again imports v2's copies again
+    again = tileship.load(v2)
+    assert again.op("pinned").reference(x).sum().item() == 320.0
+    new.close()
+    again.close()

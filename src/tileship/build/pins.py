@@ -100,7 +100,13 @@ def compare(pins: Mapping[str, Mapping[str, str]], only: Iterable[str] | None = 
                                       "module cannot be located from this process: not compared (load imports it "
                                       "from the release's sources, or fails naming it)"))
                 continue
-            current = sha256_file(file)
+            try:
+                current = sha256_file(file)
+            except OSError:  # imported, then its file went away (a closed snapshot): it cannot be confirmed
+                out.append(Difference(field, digest, None, True,
+                                      f"{file}, which this process imported it from, is gone: it cannot be "
+                                      "confirmed to be the code the release was verified with"))
+                continue
             if current != digest:
                 out.append(Difference(field, digest, current, True,
                                       f"{file} differs from the pinned copy: {CONSEQUENCE}"))

@@ -128,6 +128,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     load_errors: dict[str, str] = {}
     ops: dict[str, OpRunner] = {}
     use_sources(snap)
+    forget_other_releases((m for d in rel["operators"].values() for m in d.get("sources") or ()), snap / "sources")
     references = {name: _import_reference(desc, name) for name, desc in sorted(rel["operators"].items())}
     allow_drift = env.allow_reference_drift() if allow_reference_drift is None else allow_reference_drift
     for d in pins.require(lock, references, allow=allow_drift):
@@ -264,6 +265,29 @@ def use_sources(root: Path) -> Path | None:
     if str(src) not in sys.path:
         sys.path.insert(0, str(src))
     return src
+
+
+def forget_other_releases(shipped: Iterable[str], src: Path) -> list[str]:
+    """Drop from ``sys.modules`` the shipped modules (bundle paths ``shipped``) that this process
+    imported from *another* loaded release's snapshot, so this release imports its own copies from
+    ``src`` (a hot swap to a new version of the same project would otherwise run the old reference,
+    which the pins would then refuse). The release loaded before keeps the functions it holds.
+    Modules imported from anywhere else (the project itself, an installed package) are left alone:
+    the pins say whether they are the verified code. Returns the names dropped."""
+    from tileship.build.pins import module_name
+
+    dropped = []
+    for name in sorted({module_name(p) for p in shipped}):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file:
+            continue
+        path = Path(file)
+        if any(part.startswith("tileship-snapshot-") for part in path.parts) and not path.is_relative_to(src):
+            del sys.modules[name]
+            dropped.append(name)
+    if dropped:
+        importlib.invalidate_caches()
+    return dropped
 
 
 def _import_reference(desc: dict[str, Any], name: str) -> Any:

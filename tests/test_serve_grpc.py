@@ -319,7 +319,7 @@ def test_not_ready_is_unavailable(tmp_path):
             c.close()
 
 
-def test_a_bug_is_internal_naming_the_request_id_and_a_slow_call_is_deadline_exceeded(tmp_path):
+def test_a_bug_is_internal_naming_the_request_id_and_slow_calls_are_deadline_exceeded(tmp_path):
     def broken(x: torch.Tensor) -> torch.Tensor:
         if float(x[0]) > 0:
             time.sleep(float(x[0]))
@@ -337,9 +337,17 @@ def test_a_bug_is_internal_naming_the_request_id_and_a_slow_call_is_deadline_exc
             assert "Traceback" not in msg
             inp.set_data_from_numpy(np.full(1, 2.5, dtype=np.float32))
             _fails(lambda: c.infer("broken", [inp]), "DEADLINE_EXCEEDED", "did not finish within 1 s")
+            # the client's own deadline: the server counts the cancelled request (499) and frees its slot
+            inp.set_data_from_numpy(np.full(1, 0.5, dtype=np.float32))
+            _fails(lambda: c.infer("broken", [inp], client_timeout=0.1), "DEADLINE_EXCEEDED")
         finally:
             c.close()
+        deadline = time.monotonic() + 30
+        while srv.service.slots.inflight and time.monotonic() < deadline:
+            time.sleep(0.05)
         text = httpx.get(srv.url + "/metrics").text
+        assert metric(text, "tileship_requests_total", model="broken", code="499") == 1
+        assert metric(text, "tileship_inflight_requests") == 0
         assert metric(text, "tileship_requests_total", model="broken", code="500") == 1
         assert metric(text, "tileship_rejected_total", reason="timeout") == 1
         errors = [x for x in log_lines(srv.service.log._stream) if x["event"] == "error"]

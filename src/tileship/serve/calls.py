@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 Encoder = Callable[..., Any]
 
 
+#: the status counted for a request its client cancelled (nginx's "client closed request")
+CANCELLED = 499
+
+
 class Fatal(Exception):
     """A sticky device error inside a call: the process is poisoned and exits."""
 
@@ -80,6 +84,7 @@ async def run(service: Service, call: Call) -> Answer:
     served, side = service.canary.route(service.holder.current, name)
     labels = ["_unknown", "", "none"]
     kserve_id = None
+    fut = None
     try:
         if served is None or service.holder.fatal is not None:
             raise BadRequest(503, f"not ready: {service.holder.readiness()[1]['reason']}")
@@ -131,6 +136,11 @@ async def run(service: Service, call: Call) -> Answer:
         msg = f"device failure: {exc}; this process is exiting so its supervisor restarts it"
         service.count_error(503, msg, call, labels, t0, kserve_id)
         return Answer(503, served=served, message=msg)
+    except asyncio.CancelledError:  # the client went away (a gRPC deadline or cancel): count it, then let it go
+        if fut is not None:
+            service.slots.timed_out(fut)  # a call still running keeps its slot and worker until it ends
+        service.count_error(CANCELLED, "cancelled by the client before the answer", call, labels, t0, kserve_id)
+        raise
     except Exception as exc:  # a bug: answer 500 with ids, never crash the server
         service.canary.record(side, name, 500)
         msg, diag = service.log_internal(call.request_id, exc, labels[0], served)

@@ -394,6 +394,23 @@ def test_a_sticky_device_error_over_grpc_is_unavailable_and_the_process_exits_3(
     assert seen.get("ready") in (None, False)  # not ready, or the listener had closed
 
 
+def test_a_connection_that_never_finishes_its_handshake_is_closed(tmp_path):
+    path, rel = fake_release(tmp_path, "f", {"twice": lambda x: x * 2})
+    with serving(fake_config(tmp_path, {"f": rel}, path, grpc_port=0, header_timeout_s=1.0)) as srv:
+        for sent in (b"", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"):  # nothing; the preface but no SETTINGS
+            with socket.create_connection(("127.0.0.1", srv.service.grpc_port), timeout=20) as s:
+                s.sendall(sent)
+                t0 = time.monotonic()
+                while s.recv(65536):
+                    pass
+                assert time.monotonic() - t0 < 10, "the half-open connection was kept"
+        c = tg.InferenceServerClient(srv.grpc_url)
+        try:
+            assert c.is_server_ready()  # a well-behaved client is unaffected
+        finally:
+            c.close()
+
+
 def test_cli_serves_grpc_next_to_rest(cpu_release_build, tmp_path):
     ports = []
     for _ in range(2):

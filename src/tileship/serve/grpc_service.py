@@ -226,13 +226,17 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
     """Listen on ``host:port`` (0: a free port) on the running loop; (server, bound port).
 
     Messages are bounded as REST bodies are (``max_body_bytes`` in; the output limit plus the
-    response header out), and at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past
-    it). Raises RuntimeError when the address cannot be bound."""
+    response header out), at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past
+    it), and a connection must finish its handshake within ``header_timeout_s``. Raises
+    RuntimeError when the address cannot be bound."""
     c = service.config
     out = min(c.limits.max_output_bytes + (1 << 20), (1 << 31) - 1)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", c.max_body_bytes),
                                       ("grpc.max_send_message_length", out),
-                                      ("grpc.so_reuseport", 0)],
+                                      ("grpc.so_reuseport", 0),
+                                      # a connection that never completes the HTTP/2 handshake is closed, as
+                                      # REST closes one whose headers never finish (--header-timeout)
+                                      ("grpc.server_handshake_timeout_ms", int(c.header_timeout_s * 1000))],
                              maximum_concurrent_rpcs=c.max_connections)
     _register(Servicer(service), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -29,7 +29,9 @@ EXIT_FATAL = 3
 def _uvicorn(app: Any, host: str, port: int, log_level: str, graceful_s: float, config: ServeConfig) -> Any:
     import uvicorn
 
-    cfg = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False,
+    # grpc.aio shares the loop (--grpc-port); tileship runs it on asyncio's own loop only, as tested, never uvloop
+    loop = "asyncio" if config.grpc_port is not None else "auto"
+    cfg = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False, loop=loop,
                          log_config=uvicorn_log_config(log_level),
                          server_header=False, timeout_graceful_shutdown=int(graceful_s), **uvicorn_limits(config))
     return uvicorn.Server(cfg)

@@ -7,7 +7,7 @@ Everything else they import is classified: the standard library is ignored, any 
 module is a third-party import, recorded in the lock with its distribution's version
 (``reference_imports``), so a serving host missing one is named before it fails a request.
 
-The loader puts ``<release>/sources`` first on ``sys.path`` (``runtime.loader.use_sources``).
+The loader puts ``<release>/sources`` first on ``sys.path`` (``runtime.references.use_sources``).
 """
 
 from __future__ import annotations

@@ -11,10 +11,8 @@ that would compile raises instead (and is counted).
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from tileship import env
-from tileship.build import pins
 from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
 from tileship.declare.spec import Specialization, Target
 from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
 from tileship.release import evidence, evidence_seal, integrity, tuning
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
+from tileship.runtime.references import import_references, import_sample, use_sources
 
 _log = logging.getLogger("tileship.load")
 
@@ -128,11 +126,9 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     load_errors: dict[str, str] = {}
     ops: dict[str, OpRunner] = {}
     use_sources(snap)
-    forget_other_releases((m for d in rel["operators"].values() for m in d.get("sources") or ()), snap / "sources")
-    references = {name: _import_reference(desc, name) for name, desc in sorted(rel["operators"].items())}
     allow_drift = env.allow_reference_drift() if allow_reference_drift is None else allow_reference_drift
-    for d in pins.require(lock, references, allow=allow_drift):
-        notes.append(f"reference drift allowed ({d.field}): {d.consequence}")
+    references, drift_notes = import_references(rel["operators"], lock, snap / "sources", allow_drift=allow_drift)
+    notes.extend(drift_notes)
     tuned = tuning.table(ev, lock_digest=lock_digest(lock), release_id=manifest["release_id"])
     ctx = _Context(snap, report.blocking, reference_only, disabled, device, load_seconds, load_errors)
     by_op: dict[str, dict[str, Any]] = {}
@@ -249,77 +245,6 @@ def op_shape(desc: dict[str, Any], name: str) -> OpShape:
     return OpShape(name, inputs, len(desc["outputs"]), tuple(exprs.get(n, "same") for n, _ in inputs),
                    tuple(i for i, (n, _) in enumerate(inputs) if n in scalars), outputs=outputs,
                    out_dtypes=tuple(exprs.get(n, "same") for n, _ in outputs))
-
-
-def import_sample(desc: dict[str, Any], name: str) -> Any:
-    """The operator's ``sample`` hook, or None when it declares none."""
-    return _import_callable(desc["sample"], name, "sample hook") if desc.get("sample") else None
-
-
-def use_sources(root: Path) -> Path | None:
-    """Put the release's shipped operator sources (``<release>/sources``) first on ``sys.path``,
-    so references import from the release itself; None when the release ships none."""
-    src = root / "sources"
-    if not src.is_dir():
-        return None
-    if str(src) not in sys.path:
-        sys.path.insert(0, str(src))
-    return src
-
-
-def forget_other_releases(shipped: Iterable[str], src: Path) -> list[str]:
-    """Drop from ``sys.modules`` the shipped modules (bundle paths ``shipped``) that this process
-    imported from *another* loaded release's snapshot, so this release imports its own copies from
-    ``src`` (a hot swap to a new version of the same project would otherwise run the old reference,
-    which the pins would then refuse). The release loaded before keeps the functions it holds.
-    Modules imported from anywhere else (the project itself, an installed package) are left alone:
-    the pins say whether they are the verified code. Returns the names dropped."""
-    from tileship.build.pins import module_name
-
-    dropped = []
-    for name in sorted({module_name(p) for p in shipped}):
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if not file:
-            continue
-        path = Path(file)
-        if any(part.startswith("tileship-snapshot-") for part in path.parts) and not path.is_relative_to(src):
-            del sys.modules[name]
-            dropped.append(name)
-    if dropped:
-        importlib.invalidate_caches()
-    return dropped
-
-
-def _import_reference(desc: dict[str, Any], name: str) -> Any:
-    return _import_callable(desc["reference"], name, "reference", desc)
-
-
-def _import_callable(path: str, name: str, what: str, desc: dict[str, Any] | None = None) -> Any:
-    """Import ``module.qualname``. Raises ArtifactLoadError naming a missing module (and, for a
-    third-party one, the version the build had) and where it was looked for; nothing else escapes."""
-    module, _, qual = path.rpartition(".")
-    try:
-        mod = importlib.import_module(module)
-        obj: Any = mod
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return obj
-    except ModuleNotFoundError as exc:
-        missing = exc.name or "?"
-        looked = [p for p in sys.path if p.endswith("/sources")]
-        looked += [p for p in sys.path if not p.endswith("/sources")][:4]
-        locked = ((desc or {}).get("reference_imports") or {}).get(missing.partition(".")[0])
-        if missing.partition(".")[0] == module.partition(".")[0]:
-            why = f"module {missing} is neither shipped in the release nor on this host"
-            hint = "build with the project root set (tileship.toml next to the operator modules) so the release ships them"
-        else:
-            why = f"third-party module {missing!r} is not installed on this host"
-            hint = f"pip install {locked}" if locked else f"install the package providing {missing}"
-        raise ArtifactLoadError(f"cannot import the {what} {path}: {why} (looked in {', '.join(looked)})", spec_id=name,
-                                hint=hint) from exc
-    except Exception as exc:  # anything the user's module raises at import: a load failure naming it
-        raise ArtifactLoadError(f"cannot import the {what} {path}: {type(exc).__name__}: {exc}", spec_id=name,
-                                hint=f"the operator module must be importable (sys.path: {sys.path[:3]}...)") from exc
 
 
 __all__ = ["load", "load_artifact", "BundleIntegrityError"]

@@ -235,7 +235,8 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     from tileship import env
     from tileship.build.lock import lock_digest
     from tileship.runtime import nojit
-    from tileship.runtime.loader import _import_reference, import_sample, load_artifact, use_sources
+    from tileship.runtime.loader import load_artifact
+    from tileship.runtime.references import import_reference, import_sample, use_sources
 
     root, manifest, rel, lock = open_for_evidence(path)
     env.ensure_tilelang_cache_dir()
@@ -273,7 +274,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             skipped[gid] = why
             continue
         desc = rel["operators"][spec0.op]
-        reference = _import_reference(desc, spec0.op)
+        reference = import_reference(desc, spec0.op)
         pins.require(lock, [spec0.op])  # timing another reference would not describe this release
         loaded: list[tuple[str, Specialization, Any]] = []
         for sid, info, spec in members:

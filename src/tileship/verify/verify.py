@@ -252,7 +252,8 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     from tileship import env
     from tileship.build.lock import lock_digest
     from tileship.runtime import nojit
-    from tileship.runtime.loader import _import_callable, _import_reference, import_sample, load_artifact, use_sources
+    from tileship.runtime.loader import load_artifact
+    from tileship.runtime.references import import_callable, import_reference, import_sample, use_sources
     from tileship.verify import roofline
 
     root, manifest, rel, lock = open_for_evidence(path)
@@ -292,7 +293,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
                 continue
         desc = rel["operators"][spec.op]
         if spec.op not in references:
-            references[spec.op] = _import_reference(desc, spec.op)
+            references[spec.op] = import_reference(desc, spec.op)
             pins.require(lock, [spec.op])  # evidence against another reference would not describe this release
         try:
             kernel = load_artifact(root / "specs" / sid, sid)
@@ -326,7 +327,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
         "skipped": dict(sorted(skipped.items())),
         "specializations": {v.spec.id: v.to_json() for v in verdicts},
     }
-    roofline.add_to_evidence(data, verdicts, rel["operators"], lambda path, op: _import_callable(path, op, "cost model"))
+    roofline.add_to_evidence(data, verdicts, rel["operators"], lambda path, op: import_callable(path, op, "cost model"))
     if write:
         ev_mod.write(root, data, verifier_key=verifier_key)
     return VerifyResult(manifest["release_id"], root, tuple(verdicts), skipped, data)

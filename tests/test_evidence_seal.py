@@ -90,7 +90,7 @@ def test_forged_evidence_is_ignored_when_verifier_keys_are_trusted(signed_copy, 
     rel.close()
 
 
-@pytest.mark.parametrize("how", ["unsigned", "stranger", "manifest-signature", "malformed"])
+@pytest.mark.parametrize("how", ["unsigned", "stranger", "manifest-signature", "malformed", "garbage-evidence"])
 def test_evidence_not_signed_by_a_trusted_verifier_key_is_ignored(signed_copy, keys, how):
     sig = signed_copy / evidence_seal.SIGNATURE
     if how == "unsigned":
@@ -103,13 +103,15 @@ def test_evidence_not_signed_by_a_trusted_verifier_key_is_ignored(signed_copy, k
         bundle.write_manifest(signed_copy)
         bundle.sign(signed_copy, keys["verifier"][0])
         shutil.copy(signed_copy / "manifest.sig", sig)
-    else:
+    elif how == "malformed":
         sig.write_text("{not json")
+    else:  # not even JSON: ignored like any unsigned evidence, not a refused release
+        (signed_copy / evidence.EVIDENCE).write_text("garbage")
     bundle.write_manifest(signed_copy)
     rel = load(signed_copy, trusted_verifier_keys=[keys["verifier"][1]])
     assert rel.evidence is None and rel.evidence_seal.state == "ignored", rel.evidence_seal
     want = {"unsigned": "unsigned", "stranger": "does not verify", "manifest-signature": "does not verify",
-            "malformed": "malformed"}[how]
+            "malformed": "malformed", "garbage-evidence": "does not verify"}[how]
     assert want in rel.evidence_seal.reason
     assert any(n.startswith("verification evidence ignored") for n in rel.notes)
     rel.close()

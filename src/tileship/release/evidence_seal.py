@@ -84,21 +84,22 @@ def open_evidence(root: Path, release_id: str, digests: Mapping[str, str],
     """(evidence in effect or None, its Seal) for the checked release (or snapshot) at ``root``.
 
     ``digests``: the manifest's file hashes (the evidence was hashed against them by the
-    integrity check). Raises BundleIntegrityError for evidence that is not tileship evidence
-    (as ``evidence.read``) and SignatureError for an unusable trusted key file; everything about
-    the signature itself is a value: the evidence is ignored and ``Seal.reason`` says why.
+    integrity check). With trusted verifier keys the signature is checked before the evidence is
+    parsed: anything not signed by one of them (garbage included) is ignored, a value, and
+    ``Seal.reason`` says why. Raises BundleIntegrityError for evidence that is not tileship evidence
+    but is used (signed, or no key trusted: as ``evidence.read``) and SignatureError for an
+    unusable trusted key file.
     """
     path = Path(root) / EVIDENCE
     try:
         body = path.read_bytes()
     except FileNotFoundError:
         return None, Seal(NONE, reason="the release has no verification evidence")
-    data = parse(body, path)
     digest = digests.get(EVIDENCE)
     pubs = trusted(keys)
     if not pubs:
-        return data, Seal(UNCHECKED, digest, reason="no verifier key is trusted (TILESHIP_TRUSTED_VERIFIER_KEYS): "
-                                                    "evidence used unchecked")
+        why = "no verifier key is trusted (TILESHIP_TRUSTED_VERIFIER_KEYS): evidence used unchecked"
+        return parse(body, path), Seal(UNCHECKED, digest, reason=why)
     try:
         sig = (Path(root) / SIGNATURE).read_bytes()
     except FileNotFoundError:
@@ -108,6 +109,7 @@ def open_evidence(root: Path, release_id: str, digests: Mapping[str, str],
     except SignatureError as exc:
         why = "unsigned" if sig is None else exc.message.split(": ", 1)[-1]
         return None, Seal(IGNORED, reason=f"evidence {why} (trusted verifier keys are set)")
+    data = parse(body, path)
     if data.get("release_id") != release_id:
         return None, Seal(IGNORED, reason=f"evidence is signed for release {data.get('release_id')}, this is "
                                           f"{release_id}")

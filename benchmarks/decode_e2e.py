@@ -77,10 +77,12 @@ CPU_MODES = ("eager", "compile")
 LINEARS = ("qkv", "o", "gate_up", "down")
 CATEGORIES = ("linear/gemm", "w4a16", "attention", "norm", "rope/cache-write", "other")
 #: role -> default release operator name (override with --ops role=name; an empty name: never use one)
-DEFAULT_OPS = {"rmsnorm": "rmsnorm", "attention": "gqa_decode", "linear": "gemm", "w4a16": "w4a16_linear"}
-ROLE_CATEGORY = {"rmsnorm": "norm", "attention": "attention", "linear": "linear/gemm", "w4a16": "w4a16"}
+DEFAULT_OPS = {"rmsnorm": "rmsnorm", "attention": "gqa_decode", "linear": "gemm", "w4a16": "w4a16_linear",
+               "add_rmsnorm": "add_rmsnorm"}
+ROLE_CATEGORY = {"rmsnorm": "norm", "attention": "attention", "linear": "linear/gemm", "w4a16": "w4a16",
+                 "add_rmsnorm": "norm"}
 #: declared input ranks a role's operator must have (else it is not used, and the plan says so)
-ROLE_RANKS = {"rmsnorm": (2, 1), "attention": (3, 4, 4, 1), "linear": (2, 2), "w4a16": (2, 2, 2)}
+ROLE_RANKS = {"rmsnorm": (2, 1), "attention": (3, 4, 4, 1), "linear": (2, 2), "w4a16": (2, 2, 2), "add_rmsnorm": (2, 2, 1)}
 GROUP = 128
 #: nibble j of each int32 holds element NIBBLE_ORDER[j] of its group of 8
 NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -255,6 +257,16 @@ class PathOps:
     weights: dict[str, Any]
     #: what serves each logical operator and why
     plan: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: (x, residual, w) -> (rmsnorm(x + residual), x + residual) in one call; None: the two steps
+    fused_add_norm: Callable[[Any, Any, Any], Any] | None = None
+
+    def add_rmsnorm(self, x: Any, residual: Any, w: Any) -> tuple[Any, Any]:
+        """(the normed sum, the sum): the new residual and the next block's input."""
+        if self.fused_add_norm is not None:
+            y, h = self.fused_add_norm(x, residual, w)
+            return y, h
+        h = x + residual
+        return self.rmsnorm(h, w), h
 
     def weight_bytes(self) -> int:
         seen: dict[int, int] = {}
@@ -347,6 +359,14 @@ def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: An
         rmsnorm = op
     plan["rmsnorm"] = {"impl": f"tileship:{names['rmsnorm']}" if op is not None else "torch:F.rms_norm", "reason": why}
 
+    fused, why = _release_op(release, torch_ops, "add_rmsnorm", names["add_rmsnorm"], dtype_name)
+    if fused is not None:
+        want = release.declarations[names["add_rmsnorm"]].get("config", {}).get("eps")
+        if want is None or float(want) != float(cfg.eps):
+            fused, why = None, f"{names['add_rmsnorm']} declares eps {want}, the model uses {cfg.eps:g} (--rms-eps)"
+    plan["add_rmsnorm"] = {"impl": f"tileship:{names['add_rmsnorm']}" if fused is not None
+                           else "x + residual, then the rmsnorm above", "reason": why}
+
     op, why = _release_op(release, torch_ops, "attention", names["attention"], dtype_name)
     if op is not None:
         gqa = op
@@ -402,7 +422,7 @@ def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: An
         for q, t in zip(quantized["layers"], tree["layers"], strict=True):
             for n in LINEARS:
                 t[n] = q[n]
-    return PathOps(name, rmsnorm, attention, needs_mask, linear, tree, plan)
+    return PathOps(name, rmsnorm, attention, needs_mask, linear, tree, plan, fused)
 
 
 def w4a16_reference_path(cfg: Config, weights: Mapping[str, Any], quantized: Mapping[str, Any], packer: tuple[Any, Any, str]) -> PathOps:
@@ -466,8 +486,7 @@ def decode_layer(p: PathOps, cfg: Config, x: Any, w: Mapping[str, Any], k_cache:
     k_cache.view(-1, cfg.n_kv_heads, cfg.head_dim).index_copy_(0, write_at, k)
     v_cache.view(-1, cfg.n_kv_heads, cfg.head_dim).index_copy_(0, write_at, v)
     o = p.attention(q.contiguous(), k_cache, v_cache, valid, mask)
-    x = x + p.linear["o"](o.reshape(b, cfg.q_size), *w["o"])
-    h = p.rmsnorm(x, w["mlp_norm"])
+    h, x = p.add_rmsnorm(p.linear["o"](o.reshape(b, cfg.q_size), *w["o"]), x, w["mlp_norm"])
     gate, up = p.linear["gate_up"](h, *w["gate_up"]).chunk(2, dim=-1)
     return x + p.linear["down"](torch.nn.functional.silu(gate) * up, *w["down"])
 

@@ -16,6 +16,10 @@ spread; a speedup whose difference is under the spread is reported as not resolv
   gqa_decode (q [B, 32, 128], KV cache [B, S, 8, 128], lengths = S):
     tileship, kernel as above
     sdpa          F.scaled_dot_product_attention(enable_gqa=True) over the valid length (the reference)
+  add_rmsnorm (x, residual [M, N], w [N] -> (rms_norm(x + residual), x + residual)):
+    tileship, kernel as above
+    eager_pair    x + residual, then F.rms_norm (the reference: two kernels)
+    compiled_pair the same pair under torch.compile(fullgraph=True) (inductor fuses it into one kernel)
 
 Speedups are baseline time / tileship time (> 1: tileship faster). Each row also gives the
 bytes each path must move and the share of the measured HBM ceiling (a 2 GB device-to-device
@@ -38,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("release", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=50, help="timed calls per repeat")
-    ap.add_argument("--ops", default="w4a16_linear,gqa_decode")
+    ap.add_argument("--ops", default="w4a16_linear,gqa_decode,add_rmsnorm")
     ap.add_argument("--routing", choices=("pinned", "evidence"), default="pinned")
     return ap.parse_args(argv)
 
@@ -185,6 +189,46 @@ def gqa_rows(release: Any, timer: Timer, hbm: float) -> list[dict[str, Any]]:
     return rows
 
 
+def add_rmsnorm_rows(release: Any, timer: Timer, hbm: float) -> list[dict[str, Any]]:
+    """add_rmsnorm vs the unfused eager pair (the reference) and the same pair under torch.compile."""
+    import torch
+
+    if "add_rmsnorm" not in release.ops:
+        return []
+    runner = release.op("add_rmsnorm")
+    eps = release.declarations["add_rmsnorm"].get("config", {}).get("eps", 1e-6)
+    rows = []
+    for entry in sorted((e for e in runner.entries if e.spec is not None), key=lambda e: e.spec.id):
+        spec = entry.spec
+        if spec.dynamic_dim or spec.target != "cuda-sm90a":
+            continue
+        m, n = spec.dim_map()["M"], spec.dim_map()["N"]
+        dt = getattr(torch, spec.dtype)
+        x, r = torch.randn(m, n, device="cuda").to(dt), torch.randn(m, n, device="cuda").to(dt)
+        w = (torch.rand(n, device="cuda") + 0.5).to(dt)
+
+        def pair(x: Any, r: Any, w: Any) -> tuple[Any, Any]:
+            h = x + r
+            return torch.nn.functional.rms_norm(h, (n,), w, eps), h
+
+        compiled = torch.compile(pair, dynamic=False, fullgraph=True)
+        (y, h), decision = runner.call(x, r, w)
+        y_ref, h_ref = pair(x.double(), r.double(), w.double())
+        kern = entry.kernel
+        t = {"tileship": timer(lambda: runner(x, r, w)),
+             "kernel": timer(lambda: kern(x, r, w)) if kern is not None else None,
+             "eager_pair": timer(lambda: pair(x, r, w)), "compiled_pair": timer(lambda: compiled(x, r, w))}
+        nbytes = (4 * m * n + n) * x.element_size()
+        row = {"op": "add_rmsnorm", "spec": spec.id, "M": m, "N": n, "dtype": spec.dtype, "path": decision.path,
+               "reason": decision.reason, "max_abs_err": {"y": float((y.double() - y_ref).abs().max()),
+                                                          "h": float((h.double() - h_ref).abs().max())},
+               "times": t, "speedup_vs": {k: speedup(v, t["tileship"]) for k, v in t.items() if k != "tileship"},
+               "bytes": nbytes, "pct_hbm": {k: 100 * nbytes / (v["us"] * 1e-6) / hbm for k, v in t.items() if v}}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "times"}), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
@@ -205,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         result["rows"] += w4a16_rows(release, timer, hbm)
     if "gqa_decode" in ops:
         result["rows"] += gqa_rows(release, timer, hbm)
+    if "add_rmsnorm" in ops:
+        result["rows"] += add_rmsnorm_rows(release, timer, hbm)
     args.out.write_text(json.dumps(result, indent=1))
     return 0
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tileship
-from tileship.catalog import cpu_decode, gqa_decode, w4a16
+from tileship.catalog import add_rmsnorm, cpu_decode, gqa_decode, w4a16
 from tileship.declare.spec import expand
 
 
@@ -67,7 +67,7 @@ def test_gqa_reference_ignores_positions_past_each_length() -> None:
     assert torch.allclose(out[0:1], manual, atol=1e-6)
 
 
-@pytest.mark.parametrize("op", [w4a16.w4a16, gqa_decode.gqa], ids=lambda o: o.name)
+@pytest.mark.parametrize("op", [w4a16.w4a16, gqa_decode.gqa, add_rmsnorm.add_rmsnorm], ids=lambda o: o.name)
 def test_cuda_declarations_expand(op) -> None:
     specs = expand(op)
     assert specs and all(s.target == "cuda-sm90a" for s in specs)
@@ -128,7 +128,23 @@ def test_cpu_twins_run_their_kernels(twins_release) -> None:
     assert torch.allclose(o, gqa_decode.gqa_decode_reference(q, k, v, lengths), atol=1e-5)
 
 
+def test_add_rmsnorm_twin_returns_the_norm_and_the_new_residual(twins_release) -> None:
+    release = tileship.load(twins_release.path)
+    torch.manual_seed(5)
+    x, r, w = torch.randn(8, 256), torch.randn(8, 256), torch.rand(256) + 0.5
+    (y, h), decision = release.op("add_rmsnorm_cpu").call(x, r, w)
+    assert decision.path == "kernel", decision
+    assert torch.equal(h, x + r)
+    assert torch.allclose(y, torch.nn.functional.rms_norm(x + r, (256,), w, add_rmsnorm.EPS), atol=1e-5)
+    assert not torch.allclose(y, h)  # the two outputs are not swapped
+    # an undeclared row count goes to the same reference, which returns both outputs as well
+    (y3, h3), decision = release.op("add_rmsnorm_cpu").call(x[:3], r[:3], w)
+    assert decision.path == "reference" and torch.equal(h3, x[:3] + r[:3]) and torch.allclose(y3, y[:3], atol=1e-5)
+
+
 def test_cpu_twins_share_the_cuda_contract() -> None:
+    assert cpu_decode.add_rmsnorm_cpu_op.reference is add_rmsnorm.add_rms_norm_reference
+    assert [a.dims for a in cpu_decode.add_rmsnorm_cpu_op.outputs] == [a.dims for a in add_rmsnorm.add_rmsnorm.outputs]
     assert cpu_decode.w4a16_cpu_op.reference is w4a16.w4a16_reference
     assert [a.dtype for a in cpu_decode.w4a16_cpu_op.inputs] == [a.dtype for a in w4a16.w4a16.inputs]
     assert cpu_decode.gqa_decode_cpu_op.reference is gqa_decode.gqa_decode_reference

@@ -29,8 +29,19 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
 
+#: kernel kinds to try (``--kinds``); "nows": the tensor-core ones again without warp specialization
+KINDS = {"catalog", "gemv3", "swap", "rs"}
+
+
 def variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
     """The (kernel, config) pairs tried for one shape; the catalog's current pick is named 'catalog'."""
+    out = [(k, c) for k, c in _variants(M, N, K) if k in KINDS]
+    if "nows" in KINDS:
+        out += [(k, {**c, "ws": False}) for k, c in _variants(M, N, K) if k in ("swap", "rs")]
+    return out
+
+
+def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = [("catalog", {})]
     steps = K // 1024
     if M <= 8:
@@ -69,12 +80,20 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
     return wk.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 
 
+def compile_variant(tilelang: Any, kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
+    """The compiled kernel; ``cfg["ws"] = False`` compiles without warp specialization."""
+    cfg = dict(cfg)
+    ws = cfg.pop("ws", True)
+    pass_configs = {} if ws else {"tl.disable_warp_specialized": True}
+    return tilelang.compile(make(kind, M, N, K, dtype, cfg), out_idx=[3], target=TARGET, pass_configs=pass_configs)
+
+
 def build(job: tuple) -> tuple[tuple, str | None]:
     import tilelang
 
     kind, M, N, K, dtype, cfg = job
     try:
-        tilelang.compile(make(kind, M, N, K, dtype, cfg), out_idx=[3], target=TARGET)
+        compile_variant(tilelang, kind, M, N, K, dtype, cfg)
         return job, None
     except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
         return job, repr(e)[-400:]
@@ -119,7 +138,10 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(SHAPES))
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--bf16", action="store_true", help="also time bf16 at M=1")
+    ap.add_argument("--kinds", default=",".join(sorted(KINDS)), help="catalog,gemv3,swap,rs and/or nows")
     args = ap.parse_args()
+    KINDS.clear()
+    KINDS.update(args.kinds.split(","))
     ms = [int(m) for m in args.ms.split(",")]
     ops = args.ops.split(",")
     dtypes = ("float16", "bfloat16") if args.bf16 else ("float16",)
@@ -178,7 +200,7 @@ def main() -> None:
                         cands.append(dict(kind=kind, dtype=dt, cfg=cfg, error=errors[repr(job)][-200:]))
                         continue
                     try:
-                        kern = tilelang.compile(make(kind, M, N, K, dt, cfg), out_idx=[3], target=TARGET)
+                        kern = compile_variant(tilelang, kind, M, N, K, dt, cfg)
                         y = kern(xd, qw, scd)
                         err = ((y.float() - ref).norm() / ref.norm()).item()
                         tt = timeit(lambda: kern(xd, qw, scd))

@@ -20,6 +20,12 @@ def rmsnorm(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
     return 4.0 * m * n, float((2 * m * n + n) * ITEMSIZE[dtype])
 
 
+def add_rmsnorm(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
+    """x + residual, then RMSNorm: reads x, residual and w, writes y and h."""
+    m, n = dims["M"], dims["N"]
+    return 5.0 * m * n, float((4 * m * n + n) * ITEMSIZE[dtype])
+
+
 def causal_attention(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
     b, h, s, d = dims["B"], dims["H"], dims["S"], dims["D"]
     return 2.0 * b * h * s * s * d, float(4 * b * h * s * d * ITEMSIZE[dtype])  # 4 B H S^2 D / 2 (causal)

@@ -1,4 +1,6 @@
-"""``"c"``-target twins of the decode operators: same contract, same reference, same sample hook.
+"""``"c"``-target twins of the decode operators (W4A16, GQA decode, fused add + RMSNorm).
+
+Same contract, same reference, same sample hook as the CUDA ones.
 
 They let a CPU-only machine (CI) build, load and call W4A16 and GQA decode through the real
 pipeline (per-tensor dtypes, derived dims, int32 inputs) that the CUDA kernels ship through.
@@ -9,6 +11,7 @@ from typing import Any
 import tilelang.language as T
 
 from tileship.catalog import costs
+from tileship.catalog.add_rmsnorm import EPS, add_rms_norm_reference, add_rms_norm_sample
 from tileship.catalog.gqa_decode import gqa_decode_reference, gqa_decode_sample
 from tileship.catalog.w4a16 import w4a16_reference, w4a16_sample
 from tileship.declare.spec import Operator, TensorArg, Tolerance
@@ -63,6 +66,25 @@ def gqa_decode_cpu(B: int, S: int, HQ: int, HKV: int, D: int, dtype: str = "floa
     return main
 
 
+def add_rms_norm_cpu(M: int, N: int, dtype: str = "float32") -> Any:
+    """The CUDA catalog's fused residual add + RMSNorm (same contract and reference), a row a step."""
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), dtype), R: T.Tensor((M, N), dtype), W: T.Tensor((N,), dtype),
+             Y: T.Tensor((M, N), dtype), H: T.Tensor((M, N), dtype)):
+        with T.Kernel(M) as m:
+            ss = T.alloc_local((1,), "float32")
+            ss[0] = 0.0
+            for n in T.serial(N):
+                H[m, n] = X[m, n] + R[m, n]
+                ss[0] += T.cast(H[m, n], "float32") * T.cast(H[m, n], "float32")
+            ss[0] = T.rsqrt(ss[0] / N + EPS)
+            for n in T.serial(N):
+                Y[m, n] = T.cast(T.cast(H[m, n], "float32") * ss[0] * T.cast(W[n], "float32"), dtype)
+
+    return main
+
+
 w4a16_cpu_op = Operator(
     name="w4a16_cpu",
     factory=w4a16_cpu,
@@ -91,4 +113,18 @@ gqa_decode_cpu_op = Operator(
     shapes=({"B": 2, "S": 64, "HQ": 4, "HKV": 2, "D": 16},),
     tolerances={"float32": Tolerance(atol=1e-4, rtol=1e-4)},
     sample=gqa_decode_sample,
+)
+
+add_rmsnorm_cpu_op = Operator(
+    name="add_rmsnorm_cpu",
+    factory=add_rms_norm_cpu,
+    reference=add_rms_norm_reference,
+    cost=costs.add_rmsnorm,
+    inputs=(TensorArg("X", ("M", "N")), TensorArg("residual", ("M", "N")), TensorArg("W", ("N",))),
+    outputs=(TensorArg("Y", ("M", "N")), TensorArg("H", ("M", "N"))),
+    dtypes=("float32",),
+    targets=("c",),
+    shapes=({"M": 1, "N": 256}, {"M": 8, "N": 256}),
+    tolerances={"float32": Tolerance(atol=1e-5, rtol=1e-5)},
+    sample=add_rms_norm_sample,
 )

@@ -168,7 +168,7 @@ def main() -> None:
     dst = torch.empty_like(src)
     cp_us = timeit(lambda: dst.copy_(src), reps=20)[0]
     hbm = 2 * src.numel() * 2 / (cp_us * 1e-6)
-    del src, dst
+    src = dst = None
     print(f"copy ceiling {hbm / 1e12:.2f} TB/s", flush=True)
     rows = []
     torch.manual_seed(0)
@@ -223,7 +223,7 @@ def main() -> None:
                     row[f"catalog_us_{dt}"] = cat["us"]
             print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
             rows.append(row)
-        del w, wdq, packed
+        w = wdq = packed = None
         torch.cuda.empty_cache()
     with open(args.out, "w") as fh:
         json.dump(dict(script="benchmarks/dev/w4a16_sweep.py", hbm_copy_tbps=hbm / 1e12, torch=torch.__version__,

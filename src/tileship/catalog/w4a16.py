@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tileship.catalog import costs
-from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemm_rs, w4a16_gemv, w4a16_gemv3
+from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemm_rs, w4a16_gemm_swap, w4a16_gemv, w4a16_gemv3
 from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
 
 #: (name, N, K) of the linear layers of one Llama-3-8B decoder layer, and its LM head
@@ -36,10 +36,12 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
       not a multiple of 4);
     - M=4: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise (the two are within noise
       at K=4096, and the older one is faster on lm_head);
-    - M=8 with N <= 6144 and K=4096: the warp-per-rows GEMV;
-    - other static M: the swapped tensor-core GEMM with the weights decoded into registers
-      (``w4a16_gemm_rs``; ``..._run2.json``), split-K only where N / 128 tiles are too few to fill
-      the GPU. It runs at 0.9-1.1x of cuBLAS fp16 there: no int4 win at these batches yet;
+    - M >= 8: the swapped tensor-core GEMMs compiled without warp specialization
+      (``..._run3.json``, ``--kinds catalog,nows``), 64-wide weight tiles, split-K 4 (2 on
+      lm_head's 1002 tiles): the weights decoded into registers (``w4a16_gemm_rs``) at K=14336,
+      through shared memory (``w4a16_gemm_swap``) at K=4096. Warp specialization gave one block of
+      4 decoding warps per SM (its consumer warpgroup holds 240 registers a thread) and capped
+      every such kernel at 0.75-0.94 TB/s (``..._run2.json``);
     - the dynamic range (prefill): the tensor-core GEMM with 64-row tiles.
     """
     if not isinstance(M, int):
@@ -51,14 +53,15 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
             w4a16_gemv3(M, N, K, dtype, rows=2, k_warps=1, n_warps=4)
     if M <= 4 and K > 4096 and K % 2048 == 0:
         return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=2)
-    if M <= 4 or (M <= 8 and K <= 4096 and N <= 6144):
+    if M <= 4:
         return w4a16_gemv(M, N, K, dtype, rows=2, n_warps=4, nw=2)
-    tiles = N // 128
-    split = 1 if tiles >= 200 else 2 if tiles >= 48 else 4
+    block_M = min(64, -(-M // 8) * 8)
+    split = 2 if N >= 65536 else 4
     while K % (GROUP * split):
         split //= 2
-    return w4a16_gemm_rs(M, N, K, dtype, block_M=min(64, max(8, -(-M // 8) * 8)), block_N=128, split_k=split,
-                         num_stages=3 if split == 4 else 4)
+    if K > 4096:
+        return w4a16_gemm_rs(M, N, K, dtype, block_M=block_M, block_N=64, split_k=split, num_stages=3)
+    return w4a16_gemm_swap(M, N, K, dtype, block_M=block_M, block_N=64, split_k=split, num_stages=4)
 
 
 def quantize(weight: Any, group_size: int = GROUP) -> tuple[Any, Any]:
@@ -123,4 +126,6 @@ w4a16 = Operator(
     ranges=tuple(DynamicRange("M", 1, 8192, {"N": n, "K": k}) for _, n, k in LLAMA3_8B),
     tolerances={"float16": Tolerance(atol=1e-2, rtol=1e-2), "bfloat16": Tolerance(atol=4e-2, rtol=4e-2)},
     sample=w4a16_sample,
+    # measured: without warp specialization the tensor-core kernels fit several blocks an SM
+    pass_configs={"tl.disable_warp_specialized": True},
 )

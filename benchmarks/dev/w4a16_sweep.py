@@ -68,16 +68,16 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
 
 
 def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
-    from tileship.catalog import w4a16_kernels as wk
+    from tileship.catalog import w4a16_gemv, w4a16_tc
     from tileship.catalog.w4a16 import w4a16_linear
 
     if kind == "catalog":
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
-        return wk.w4a16_gemv3(M, N, K, dtype, **cfg)
+        return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
     if kind == "rs":
-        return wk.w4a16_gemm_rs(M, N, K, dtype, **cfg)
-    return wk.w4a16_gemm_swap(M, N, K, dtype, **cfg)
+        return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
+    return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 
 
 def compile_variant(tilelang: Any, kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from tileship.catalog import costs
-from tileship.catalog.w4a16_kernels import GROUP, w4a16_gemm, w4a16_gemm_rs, w4a16_gemm_swap, w4a16_gemv, w4a16_gemv3
+from tileship.catalog.w4a16_device import GROUP
+from tileship.catalog.w4a16_gemv import w4a16_gemv, w4a16_gemv3
+from tileship.catalog.w4a16_tc import w4a16_gemm, w4a16_gemm_rs, w4a16_gemm_swap
 from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
 
 #: (name, N, K) of the linear layers of one Llama-3-8B decoder layer, and its LM head

@@ -1,0 +1,175 @@
+"""The CUDA device code shared by the W4A16 kernels, and the int4 layout they read.
+
+Weights are int4, eight per int32 word, interleaved so that one LOP3 per pair decodes them
+(``tileship.catalog.w4a16.quantize`` packs them), with one fp16/bf16 scale per ``GROUP``
+weights of a row. The kernels (``w4a16_gemv``, ``w4a16_tc``) are ordinary TileLang prim_funcs
+that pull these functions in with ``T.import_source``, as TileLang's own dequantize examples do.
+"""
+
+GROUP = 128
+
+DEVICE_SRC = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+// 8 int4 (nibble j holds element {0,2,4,6,1,3,5,7}[j]) -> 4 pairs of (q - 8), exact.
+__device__ __forceinline__ void ts_w4_decode8(unsigned int w, __half2* out) {
+  const unsigned int lut = (0xf0 & 0xcc) | 0xaa;
+  const unsigned int bias = 0x64086408u;  // 1024 (the magic exponent) + 8 (the zero point)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned int h;
+    asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(h) : "r"(w >> (4 * i)), "n"(0x000f000f), "n"(0x64006400), "n"(lut));
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(h) : "r"(h), "r"(bias));
+    out[i] = *reinterpret_cast<__half2*>(&h);
+  }
+}
+__device__ __forceinline__ void ts_w4_decode8(unsigned int w, __nv_bfloat162* out) {
+  const unsigned int lut = (0xf0 & 0xcc) | 0xaa;
+  const unsigned int bias = 0x43084308u;  // 128 (exact for 0..15 with 7 mantissa bits) + 8
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned int h;
+    asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(h) : "r"(w >> (4 * i)), "n"(0x000f000f), "n"(0x43004300), "n"(lut));
+    out[i] = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&h), *reinterpret_cast<const __nv_bfloat162*>(&bias));
+  }
+}
+__device__ __forceinline__ float2 ts_to_float2(__half2 v) { return __half22float2(v); }
+__device__ __forceinline__ float2 ts_to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float ts_to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ts_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ __half2 ts_splat(float v, __half2) { return __float2half2_rn(v); }
+__device__ __forceinline__ __nv_bfloat162 ts_splat(float v, __nv_bfloat162) { return __float2bfloat162_rn(v); }
+
+// 8 int4 -> 8 values (q - 8) * scale stored as one 16-byte chunk (the GEMM's shared tile).
+template <typename T2>
+__device__ __forceinline__ void ts_w4_dq8(int w, float scale, void* out) {
+  T2 h[4];
+  ts_w4_decode8((unsigned int)w, h);
+  const T2 s2 = ts_splat(scale, T2());
+  uint4 o;
+  T2* op = reinterpret_cast<T2*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) op[i] = __hmul2(h[i], s2);
+  *reinterpret_cast<uint4*>(out) = o;
+}
+
+// One K step of one lane: R rows x NW words (chunks kr + 32 j), dotted with M activation rows.
+// CHAIN pairs are summed in T2 before going to fp32 (4 for fp16, 2 for bf16's short mantissa).
+template <typename T2, typename T1, int NW, int M, int R, int CHAIN>
+__device__ __forceinline__ void ts_w4_gemv_step(const void* bq, int ldb, const void* a, int lda,
+                                                const void* s, int lds, float* acc) {
+  const int* b = reinterpret_cast<const int*>(bq);
+  const T1* sp = reinterpret_cast<const T1*>(s);
+  unsigned int w[R][NW];
+  float sc[R][NW];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NW; ++j) {
+      w[r][j] = (unsigned int)b[r * ldb + 32 * j];
+      sc[r][j] = ts_to_float(sp[r * lds + 2 * j]);
+    }
+  T2 hw[R][NW][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NW; ++j) ts_w4_decode8(w[r][j], hw[r][j]);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    uint4 av[NW];
+    const T1* am = reinterpret_cast<const T1*>(a) + (size_t)m * lda;
+#pragma unroll
+    for (int j = 0; j < NW; ++j) av[j] = *reinterpret_cast<const uint4*>(am + 256 * j);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float t = 0.f;
+#pragma unroll
+      for (int j = 0; j < NW; ++j) {
+        const T2* x = reinterpret_cast<const T2*>(&av[j]);
+        float part = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4; c += CHAIN) {
+          T2 h = __hmul2(x[c], hw[r][j][c]);
+#pragma unroll
+          for (int i = 1; i < CHAIN; ++i) h = __hfma2(x[c + i], hw[r][j][c + i], h);
+          const float2 f = ts_to_float2(h);
+          part += f.x + f.y;
+        }
+        t = fmaf(part, sc[r][j], t);
+      }
+      acc[r * M + m] += t;
+    }
+  }
+}
+
+// One streamed 16-byte load of packed weights: read once, so kept out of L1.
+__device__ __forceinline__ uint4 ts_ldg_stream(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// U consecutive 1024-weight K steps of one lane over R rows: the lane owns weights 32 kr .. 32 kr + 31
+// of each step (one 16-byte load a row, one scale group), so every load of the step is issued
+// before any decode. Activations are read as four 16-byte vectors a step and row of x.
+template <typename T2, typename T1, int M, int R, int U, int CHAIN>
+__device__ __forceinline__ void ts_w4_gemv3_steps(const void* bq, int ldb, const void* a, int lda,
+                                                  const void* s, int lds, float* acc) {
+  const int* b = reinterpret_cast<const int*>(bq);
+  const T1* sp = reinterpret_cast<const T1*>(s);
+  uint4 w[U][R];
+  float sc[U][R];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      w[u][r] = ts_ldg_stream(b + (size_t)r * ldb + 128 * u);
+      sc[u][r] = ts_to_float(sp[(size_t)r * lds + 8 * u]);
+    }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    T2 hw[R][4][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      ts_w4_decode8(w[u][r].x, hw[r][0]);
+      ts_w4_decode8(w[u][r].y, hw[r][1]);
+      ts_w4_decode8(w[u][r].z, hw[r][2]);
+      ts_w4_decode8(w[u][r].w, hw[r][3]);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const T1* am = reinterpret_cast<const T1*>(a) + (size_t)m * lda + 1024 * u;
+      uint4 av[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) av[c] = *reinterpret_cast<const uint4*>(am + 8 * c);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float part = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const T2* x = reinterpret_cast<const T2*>(&av[c]);
+#pragma unroll
+          for (int p = 0; p < 4; p += CHAIN) {
+            T2 h = __hmul2(x[p], hw[r][c][p]);
+#pragma unroll
+            for (int i = 1; i < CHAIN; ++i) h = __hfma2(x[p + i], hw[r][c][p + i], h);
+            const float2 f = ts_to_float2(h);
+            part += f.x + f.y;
+          }
+        }
+        acc[r * M + m] = fmaf(part, sc[u][r], acc[r * M + m]);
+      }
+    }
+  }
+}
+"""
+
+
+def device_types(dtype: str) -> tuple[str, str, int]:
+    """(pair type, scalar type, chain) of the device functions for ``dtype``."""
+    if dtype == "float16":
+        return "__half2", "__half", 4
+    if dtype == "bfloat16":
+        return "__nv_bfloat162", "__nv_bfloat16", 2
+    raise ValueError(f"w4a16 kernels take float16 or bfloat16 activations, not {dtype}")

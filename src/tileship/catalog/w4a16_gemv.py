@@ -1,0 +1,117 @@
+"""The W4A16 GEMVs, for decode batches (static M of 1 to 8).
+
+- ``w4a16_gemv``: one warp owns ``rows`` output rows; lane ``kr`` owns the 8-weight chunks
+  ``kr, kr + 32, ...`` of a step, so both the packed weights and the activations are read
+  coalesced; fp16/bf16 packed FMAs over 8 (fp16) or 4 (bf16) products, fp32 across them, one
+  warp all-reduce per output at the end.
+- ``w4a16_gemv3``: K split across the warps of a block, each lane streaming 16-byte weight loads
+  (32 weights, one scale group) issued before any decode; the partial sums meet through shared
+  memory. It is the one the catalog uses at M=1 (measured: ``benchmarks/dev/w4a16_sweep.py``).
+"""
+
+from typing import Any
+
+import tilelang.language as T
+
+from tileship.catalog.w4a16_device import DEVICE_SRC, GROUP, device_types
+
+
+def w4a16_gemv(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, n_warps: int = 4, nw: int = 2,
+               unroll: bool = True) -> Any:
+    """y[M, N] = x[M, K] @ W^T for a static M; ``nw`` words of 8 weights per lane per K step."""
+    block_k = 32 * nw * 8
+    if K % block_k or N % (rows * n_warps):
+        raise ValueError(f"w4a16_gemv needs K % {block_k} == 0 and N % {rows * n_warps} == 0 (K={K}, N={N})")
+    pair, scalar, chain = device_types(dtype)
+    step = f"ts_w4_gemv_step<{pair}, {scalar}, {nw}, {M}, {rows}, {chain}>"
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+             S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(N // (rows * n_warps), threads=(32, n_warps)) as bx:
+            acc = T.alloc_local((rows * M,), "float32")
+            red = T.alloc_local((1,), "float32")
+            kr = T.thread_binding(0, 32, thread="threadIdx.x")
+            ni = T.thread_binding(0, n_warps, thread="threadIdx.y")
+            T.import_source(DEVICE_SRC)
+            for i in T.unroll(rows * M):
+                acc[i] = 0.0
+            for ko in (T.unroll if unroll else T.serial)(K // block_k):
+                T.call_extern("handle", step,
+                              T.address_of(B[(bx * n_warps + ni) * rows, ko * 32 * nw + kr]), K // 8,
+                              T.address_of(A[0, (ko * 32 * nw + kr) * 8]), K,
+                              T.address_of(S[(bx * n_warps + ni) * rows, ko * 2 * nw + kr // 16]), K // GROUP,
+                              T.access_ptr(acc, "rw"))
+            for i in T.unroll(rows * M):
+                with T.attr(T.comm_reducer(lambda x, y: x + y, [T.cast(0, "float32")]), "reduce_scope",
+                            T.reinterpret(T.uint64(0), dtype="handle")):
+                    T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
+                if kr == 0:
+                    C[i % M, (bx * n_warps + ni) * rows + i // M] = T.cast(red[0], dtype)
+
+    return main
+
+
+def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k_warps: int = 4,
+                n_warps: int = 1) -> Any:
+    """y[M, N] = x[M, K] @ W^T for a static M, K split across ``k_warps`` warps of a block.
+
+    A block owns ``rows * n_warps`` output rows. Each of its ``k_warps`` warps along K streams
+    ``K / 1024 / k_warps`` steps of 1024 weights a row with 16-byte loads issued before any
+    decode; the partial sums meet in one block all-reduce (a warp all-reduce when ``k_warps`` is 1).
+    """
+    steps = K // 1024
+    if K % 1024 or steps % k_warps or N % (rows * n_warps):
+        raise ValueError(f"w4a16_gemv3 needs K % 1024 == 0, (K / 1024) % {k_warps} == 0 and N % {rows * n_warps} == 0"
+                         f" (K={K}, N={N})")
+    if k_warps > 1 and (n_warps > 1 or rows * M > 32):
+        raise ValueError("w4a16_gemv3 splits a block along K or along N, not both, and sums at most 32 outputs a block")
+    pair, scalar, chain = device_types(dtype)
+    per_warp = steps // k_warps
+    fn = f"ts_w4_gemv3_steps<{pair}, {scalar}, {M}, {rows}, {per_warp}, {chain}>"
+    threads = (32, k_warps) if k_warps > 1 else (32, n_warps)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+             S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(N // (rows * n_warps), threads=threads) as bx:
+            acc = T.alloc_local((rows * M,), "float32")
+            red = T.alloc_local((1,), "float32")
+            tot = T.alloc_local((1,), "float32")
+            kr = T.thread_binding(0, 32, thread="threadIdx.x")
+            wy = T.thread_binding(0, threads[1], thread="threadIdx.y")
+            T.import_source(DEVICE_SRC)
+            for i in T.unroll(rows * M):
+                acc[i] = 0.0
+            if k_warps > 1:
+                part = T.alloc_shared((k_warps, rows * M), "float32")
+                T.call_extern("handle", fn,
+                              T.address_of(B[bx * rows, wy * per_warp * 128 + kr * 4]), K // 8,
+                              T.address_of(A[0, wy * per_warp * 1024 + kr * 32]), K,
+                              T.address_of(S[bx * rows, wy * per_warp * 8 + kr // 4]), K // GROUP,
+                              T.access_ptr(acc, "rw"))
+                for i in T.unroll(rows * M):
+                    with T.attr(T.comm_reducer(lambda x, y: x + y, [T.cast(0, "float32")]), "reduce_scope",
+                                T.reinterpret(T.uint64(0), dtype="handle")):
+                        T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
+                    if kr == 0:
+                        part[wy, i] = red[0]
+                if wy == 0 and kr < rows * M:
+                    tot[0] = 0.0
+                    for w in T.unroll(k_warps):
+                        tot[0] += part[w, kr]
+                    C[kr % M, bx * rows + kr // M] = T.cast(tot[0], dtype)
+            else:
+                T.call_extern("handle", fn,
+                              T.address_of(B[(bx * n_warps + wy) * rows, kr * 4]), K // 8,
+                              T.address_of(A[0, kr * 32]), K,
+                              T.address_of(S[(bx * n_warps + wy) * rows, kr // 4]), K // GROUP,
+                              T.access_ptr(acc, "rw"))
+                for i in T.unroll(rows * M):
+                    with T.attr(T.comm_reducer(lambda x, y: x + y, [T.cast(0, "float32")]), "reduce_scope",
+                                T.reinterpret(T.uint64(0), dtype="handle")):
+                        T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
+                    if kr == 0:
+                        C[i % M, (bx * n_warps + wy) * rows + i // M] = T.cast(red[0], dtype)
+
+    return main

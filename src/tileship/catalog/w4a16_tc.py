@@ -1,0 +1,165 @@
+"""The W4A16 tensor-core GEMMs: prefill (any M, ``T.dynamic`` included) and decode batches of 8 and up.
+
+Each K step is one 128-weight scale group. Three ways to feed the packed weights to the MMA:
+- ``w4a16_gemm``: x is the MMA's wide operand; the weight tile is decoded into shared memory;
+- ``w4a16_gemm_swap``: y^T = W x^T, so the weight tile fills the wide side and the few
+  activation rows the narrow one (decode batches); decoded into shared memory;
+- ``w4a16_gemm_rs``: as ``swap``, with each thread decoding the weights its register fragment
+  holds, so no decoded tile goes through shared memory.
+All three share the launch: one kernel over (N tiles, M tiles), or with ``split_k`` > 1 a kernel
+over (N tiles, M tiles, K splits) writing fp32 partials to a workspace (``T.alloc_global``) and
+a second kernel that sums them. Which one serves which shape is measured
+(``benchmarks/dev/w4a16_sweep.py``) and chosen in ``w4a16.w4a16_linear``.
+"""
+
+from typing import Any
+
+import tilelang.language as T
+
+from tileship.catalog.w4a16_device import DEVICE_SRC, GROUP, device_types
+
+
+def _check(name: str, N: int, K: int, block_N: int, split_k: int, dtype: str) -> int:
+    """K steps per split; raises ValueError for a shape the tiling does not cover."""
+    if K % (GROUP * split_k) or N % block_N:
+        raise ValueError(f"{name} needs K % {GROUP * split_k} == 0 and N % {block_N} == 0 (K={K}, N={N})")
+    device_types(dtype)
+    return K // GROUP // split_k
+
+
+def _launch(tile: Any, M: Any, N: int, K: int, dtype: str, block_M: int, block_N: int, split_k: int,
+            threads: int) -> Any:
+    """The prim_func running ``tile(A, B, S, out, bx, by, bz, to_workspace)`` over the grid."""
+    if split_k == 1:
+        @T.prim_func
+        def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+                 S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+            with T.Kernel(N // block_N, T.ceildiv(M, block_M), threads=threads) as (bx, by):
+                tile(A, B, S, C, bx, by, 0, False)
+
+        return main
+
+    @T.prim_func
+    def main_split(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+                   S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+        ws = T.alloc_global((split_k, M, N), "float32")
+        with T.Kernel(N // block_N, T.ceildiv(M, block_M), split_k, threads=threads) as (bx, by, bz):
+            tile(A, B, S, ws, bx, by, bz, True)
+        with T.Kernel(N // 256, M, threads=256) as (bx, by):
+            for i in T.Parallel(256):
+                total = T.alloc_var("float32")
+                total = 0.0
+                for s in T.serial(split_k):
+                    total += ws[s, by, bx * 256 + i]
+                C[by, bx * 256 + i] = T.cast(total, dtype)
+
+    return main_split
+
+
+def _decode_to_shared(dtype: str, block_N: int, threads: int, ks: int) -> Any:
+    """A macro: the packed tile ``B_sh`` [block_N, 16] -> scaled ``b_sh`` [block_N, 128], 8 weights a call."""
+    dq8 = f"ts_w4_dq8<{device_types(dtype)[0]}>"
+
+    @T.macro
+    def decode(B_sh, S, b_sh, b_loc, tx, bx, bz, k):
+        for it in T.unroll(block_N * GROUP // 8 // threads):
+            T.call_extern("handle", dq8, B_sh[(it * threads + tx) // (GROUP // 8), (it * threads + tx) % (GROUP // 8)],
+                          T.cast(S[bx * block_N + (it * threads + tx) // (GROUP // 8), bz * ks + k], "float32"),
+                          T.access_ptr(b_loc, "w"))
+            for v in T.vectorized(8):
+                b_sh[(it * threads + tx) // (GROUP // 8), ((it * threads + tx) % (GROUP // 8)) * 8 + v] = b_loc[v]
+
+    return decode
+
+
+def _store_transposed(dtype: str, block_M: int, block_N: int) -> Any:
+    """A macro: the [block_N, block_M] accumulator of y^T -> its [block_M, block_N] tile of y (or of a partial)."""
+
+    @T.macro
+    def store(acc, out, bx, by, bz, to_workspace: bool):
+        for i, j in T.Parallel(block_N, block_M):
+            if to_workspace:
+                out[bz, by * block_M + j, bx * block_N + i] = acc[i, j]
+            else:
+                out[by * block_M + j, bx * block_N + i] = T.cast(acc[i, j], dtype)
+
+    return store
+
+
+def _shared_tile(dtype: str, block_M: int, block_N: int, threads: int, ks: int, num_stages: int, swap: bool) -> Any:
+    """The tile macro of ``w4a16_gemm`` (x on the MMA's wide side) or ``w4a16_gemm_swap`` (W there)."""
+    decode = _decode_to_shared(dtype, block_N, threads, ks)
+    store_transposed = _store_transposed(dtype, block_M, block_N)
+    acc_shape = (block_N, block_M) if swap else (block_M, block_N)
+
+    @T.macro
+    def tile(A, B, S, out, bx, by, bz, to_workspace: bool):
+        a_sh = T.alloc_shared((block_M, GROUP), dtype)
+        bq_sh = T.alloc_shared((block_N, GROUP // 8), "int32")
+        b_sh = T.alloc_shared((block_N, GROUP), dtype)
+        acc = T.alloc_fragment(acc_shape, "float32")
+        b_loc = T.alloc_local((8,), dtype)
+        tx = T.get_thread_binding()
+        T.import_source(DEVICE_SRC)
+        T.clear(acc)
+        for k in T.Pipelined(ks, num_stages=num_stages):
+            T.copy(A[by * block_M, (bz * ks + k) * GROUP], a_sh)
+            T.copy(B[bx * block_N, (bz * ks + k) * (GROUP // 8)], bq_sh)
+            decode(B_sh=bq_sh, S=S, b_sh=b_sh, b_loc=b_loc, tx=tx, bx=bx, bz=bz, k=k)
+            if swap:
+                T.gemm(b_sh, a_sh, acc, transpose_B=True)
+            else:
+                T.gemm(a_sh, b_sh, acc, transpose_B=True)
+        if swap:
+            store_transposed(acc, out, bx, by, bz, to_workspace)
+        elif to_workspace:
+            T.copy(acc, out[bz, by * block_M, bx * block_N])
+        else:
+            T.copy(acc, out[by * block_M, bx * block_N])
+
+    return tile
+
+
+def w4a16_gemm(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 64, block_N: int = 128,
+               split_k: int = 1, num_stages: int = 3, threads: int = 128) -> Any:
+    """y = x @ W^T through tensor cores; ``M`` may be ``T.dynamic``."""
+    ks = _check("w4a16_gemm", N, K, block_N, split_k, dtype)
+    tile = _shared_tile(dtype, block_M, block_N, threads, ks, num_stages, swap=False)
+    return _launch(tile, M, N, K, dtype, block_M, block_N, split_k, threads)
+
+
+def w4a16_gemm_swap(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 16, block_N: int = 128,
+                    split_k: int = 1, num_stages: int = 3, threads: int = 128) -> Any:
+    """y^T = W x^T with the weight tile decoded into shared memory (the MMA's wide operand)."""
+    ks = _check("w4a16_gemm_swap", N, K, block_N, split_k, dtype)
+    tile = _shared_tile(dtype, block_M, block_N, threads, ks, num_stages, swap=True)
+    return _launch(tile, M, N, K, dtype, block_M, block_N, split_k, threads)
+
+
+def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 16, block_N: int = 128,
+                  split_k: int = 1, num_stages: int = 3, threads: int = 128) -> Any:
+    """y^T = W x^T with each thread decoding the weights of its register fragment (no shared tile)."""
+    ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)
+    store_transposed = _store_transposed(dtype, block_M, block_N)
+
+    @T.macro
+    def tile(A, B, S, out, bx, by, bz, to_workspace: bool):
+        a_sh = T.alloc_shared((block_M, GROUP), dtype)
+        bq_sh = T.alloc_shared((block_N, GROUP // 8), "int32")
+        b_frag = T.alloc_fragment((block_N, GROUP), dtype)
+        s_sh = T.alloc_shared((block_N, ks), dtype)
+        acc = T.alloc_fragment((block_N, block_M), "float32")
+        T.clear(acc)
+        T.copy(S[bx * block_N, bz * ks], s_sh)
+        for k in T.Pipelined(ks, num_stages=num_stages):
+            T.copy(A[by * block_M, (bz * ks + k) * GROUP], a_sh)
+            T.copy(B[bx * block_N, (bz * ks + k) * (GROUP // 8)], bq_sh)
+            for i, j in T.Parallel(block_N, GROUP):
+                # element j % 8 of a word sits in nibble (j % 2) * 4 + (j % 8) // 2 (see PERM in w4a16.py);
+                # (q - 8) is exact in fp16/bf16, so the one rounding is the product's, as in the reference
+                b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15, dtype)
+                                - T.cast(8, dtype)) * s_sh[i, k]
+            T.gemm(b_frag, a_sh, acc, transpose_B=True)
+        store_transposed(acc, out, bx, by, bz, to_workspace)
+
+    return _launch(tile, M, N, K, dtype, block_M, block_N, split_k, threads)

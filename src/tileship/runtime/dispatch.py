@@ -46,15 +46,15 @@ from operator import itemgetter
 from typing import Any
 
 import tileship.runtime.route as rt
-from tileship.declare.dims import SAME, bind, shape_at
+from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
-from tileship.release.tuning import NOT_SELECTED
 from tileship.runtime.counter import Counter
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
 from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned
+from tileship.runtime.spec_index import SpecIndex
 from tileship.runtime.telemetry import SAMPLE, ShapeTable, shape_of
 
 MEMO_LIMIT = 8192
@@ -99,13 +99,8 @@ class OpRunner:
             self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
             scal = self._scalars
             self._key_of = lambda args: (*key_any(self._tensors(args)), *(type(args[i]) for i in scal))
-        self._exact: dict[tuple[Any, ...], Entry] = {}
-        self._dynamic: list[tuple[Entry, str, tuple[Any, ...], str, int, int, dict[str, int]]] = []
-        self._dtypes: set[tuple[Any, ...]] = set()
         #: the operator's ``sample(dims, dtype, device)`` hook when it declares one (demo, warm-up)
         self.sample: Callable[..., Any] | None = None
-        # device type -> reason when no kernel serves that device at all
-        self._device_reasons = dict(device_reasons or {})
         self._memo: dict[tuple[Any, ...], Route] = {}
         self._lock = threading.Lock()
         # reference calls by reason (Counter: no lock per call)
@@ -113,26 +108,7 @@ class OpRunner:
         #: reference calls by (dtypes, shapes, reason), bounded (``runtime.telemetry``)
         self.telemetry = ShapeTable()
         self._same = tuple(e == SAME for e in self._tdtypes)
-        import torch
-
-        for e in entries:
-            s = e.spec
-            assert s is not None
-            if e.decision.reason == NOT_SELECTED:  # a candidate tuning did not pick: listed, never routed to
-                continue
-            names = shape.input_dtypes(s.dtype)
-            dt = tuple(getattr(torch, names[i]) for i in tpos)
-            self._dtypes.add(dt)
-            dev = "cpu" if s.target == "c" else "cuda"
-            dims = s.dim_map()
-            dyn = s.dynamic_dim
-            if dyn is None:
-                key = (dev, *dt, *(shape_at(ds, dims) for _, ds in self._tdecl))  # type: ignore[arg-type]
-                self._exact[key] = e
-            else:
-                lo, hi = dims[dyn]  # type: ignore[misc]
-                fixed = {d: v for d, v in dims.items() if d != dyn}
-                self._dynamic.append((e, dev, dt, dyn, lo, hi, fixed))  # type: ignore[arg-type]
+        self._index = SpecIndex(shape, entries, tpos, self._tdecl, device_reasons or {})
         self.on_fault = on_fault
         self.faults: dict[str, int] = {}  # kernel_raised / non_finite -> times a specialization was disabled
         #: recompute non-finite kernel outputs on the reference and open the circuit (see class doc)
@@ -310,12 +286,12 @@ class OpRunner:
         if b.problem == "derived":  # e.g. qweight's K/8 does not match x's K: not a declared shape
             entry = Entry(None, None, Decision(REFERENCE, "undeclared_shape"), detail=f"{b.argument}: {b.message}")
         else:
-            entry = self._match(key, args, b.dims)
+            entry = self._index.match(args, b.dims)
         bound = b.dims
         dev = args[0].device
         if entry.kernel is not None and entry.spec is not None and not rt.capability_matches(
                 dev, Target(entry.spec.target).compute_capability):  # another GPU model than the one built for
-            entry = Entry(entry.spec, None, Decision(REFERENCE, self._device_reasons.get(dev.type, "device_not_covered"),
+            entry = Entry(entry.spec, None, Decision(REFERENCE, self._index.device_reasons.get(dev.type, "device_not_covered"),
                                                      entry.decision.spec_id), detail=f"{dev} has another capability")
         sizes = {d: v for d, v in (entry.spec.dims if entry.spec else ()) if isinstance(v, int)}
         outs = rt.expected_outputs(self.shape.outputs, self.shape.out_dtypes, self._tdtypes, args, {**sizes, **bound})
@@ -327,30 +303,6 @@ class OpRunner:
         if len(self._memo) < MEMO_LIMIT:
             self._memo[key] = route
         return route
-
-    def _match(self, key: tuple[Any, ...], args: tuple[Any, ...], bound: dict[str, int]) -> Entry:
-        exact = self._exact.get((args[0].device.type, *(a.dtype for a in args), *(tuple(a.shape) for a in args)))
-        if exact is not None:
-            return exact
-        dev = args[0].device.type
-        dts = tuple(a.dtype for a in args)
-        refused: Entry | None = None
-        for e, edev, dt, dyn, lo, hi, fixed in self._dynamic:
-            if edev == dev and dts == dt and lo <= bound[dyn] <= hi and all(bound[d] == v for d, v in fixed.items()):
-                why = e.choose(bound) if e.choose is not None and e.kernel is not None else None
-                if why is None:
-                    return e
-                if refused is None or refused.decision.reason == NOT_SELECTED:  # the size rule's own reason wins
-                    refused = Entry(e.spec, None, Decision(REFERENCE, why, e.decision.spec_id), detail=e.detail)
-        if refused is not None:  # every kernel of this range declined this size (another candidate may not have)
-            return refused
-        devices = {("cpu" if e.spec.target == "c" else "cuda") for e in self.entries
-                   if e.spec}  # type: ignore[union-attr]
-        if dev not in devices:
-            return Entry(None, None, Decision(REFERENCE, self._device_reasons.get(dev, "device_not_covered")))
-        if dts not in self._dtypes:
-            return Entry(None, None, Decision(REFERENCE, "undeclared_dtype"))
-        return Entry(None, None, Decision(REFERENCE, "undeclared_shape"))
 
     # -- inputs --------------------------------------------------------------------
     def sample_inputs(self, dims: Mapping[str, int], dtype: str, device: str, seed: int) -> list[Any]:

@@ -1,0 +1,252 @@
+"""Rolling activation across a fleet of replicas: which release each replica serves, and when.
+
+``FleetPlan`` is the fleet's state machine, pure Python with no Ray and no I/O (the Ray actor in
+``serve.ray_fleet`` drives it; tests drive it with a fake clock). Replicas ``sync`` every fraction
+of a second: they report the release they serve, a load failure if one happened, and the
+requests they answered since the last sync; they get back the release they should serve.
+``tick(active)`` is called with the registry's active release id; a change starts a roll:
+
+1. **canary**: one replica (the first live one by id) is assigned the new release; it loads and
+   warms it off to the side (``Service.reload``) while it keeps answering on the old one, so no
+   request fails. A load or warm-up failure (a kernel that raises or disagrees with the
+   reference) is an immediate rollback.
+2. **judge**: once the canary serves the new release, its requests and those of the other
+   replicas (still on the old release) are compared over a window with the rule of
+   ``serve.canary.decide`` (error excess at any time; per-operator p50 beyond noise once the
+   window is full). ``rollback`` ends the roll; ``promote`` goes on.
+3. **roll**: every replica is assigned the new release; the roll is done when every live
+   replica serves it (``rolled_s``: seconds from the registry change to fully rolled).
+
+A rollback assigns the old release to the canary again and returns an action
+``("registry_rollback", target, reason)``: the caller moves the registry's pointer back (when it
+still names the refused release) and logs the reason. A refused release is not tried again
+while the registry still names it. Every event is kept (``events``) with its numbers. Requests
+are aggregated per release id (``per_release``), whichever replica answered them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tileship.serve.canary import CanaryPolicy, decide
+from tileship.serve.canary_stats import RING, Window
+from tileship.verify.timing import quantile
+
+KEEP_EVENTS = 200
+
+
+@dataclass(frozen=True)
+class FleetPolicy:
+    """How a roll is judged and bounded. ``canary``: the comparison rule and its window (its
+    ``fraction`` is unused: the canary's share is one replica's share of the traffic)."""
+
+    canary: CanaryPolicy = CanaryPolicy(window_requests=50, window_seconds=5.0)
+    load_timeout_s: float = 300.0    # a replica that has not loaded its assigned release by then fails the roll
+    stale_s: float = 15.0            # a replica not heard from for this long is dropped from the fleet
+
+
+@dataclass
+class ReplicaState:
+    release: str | None = None
+    failed: dict[str, str] = field(default_factory=dict)   # release id -> why it could not load
+    seen: float = 0.0
+    node: str = ""
+
+
+@dataclass
+class Roll:
+    target: str
+    previous: str
+    canary: str | None
+    started: float
+    phase: str = "canary"           # canary -> judge -> roll
+    judging_since: float = 0.0
+    active: Window = field(default_factory=Window)
+    candidate: Window = field(default_factory=Window)
+
+
+class ReleaseTotals:
+    """What one release answered across the fleet: requests, errors, per-operator latency."""
+
+    def __init__(self) -> None:
+        self.requests = self.errors = 0
+        self.models: dict[str, dict[str, Any]] = {}
+
+    def add(self, model: str, seconds: float, error: bool) -> None:
+        self.requests += 1
+        self.errors += int(error)
+        row = self.models.setdefault(model, {"requests": 0, "errors": 0, "seconds": 0.0, "ring": deque(maxlen=RING)})
+        row["requests"] += 1
+        row["errors"] += int(error)
+        if not error:
+            row["seconds"] += seconds
+            row["ring"].append(seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        models = {}
+        for m, r in sorted(self.models.items()):
+            ring = list(r["ring"])
+            ok = r["requests"] - r["errors"]
+            models[m] = {"requests": r["requests"], "errors": r["errors"],
+                         "mean_ms": round(r["seconds"] / ok * 1e3, 4) if ok else None,
+                         "p50_ms": round(quantile(ring, 0.5) * 1e3, 4) if ring else None,
+                         "p95_ms": round(quantile(ring, 0.95) * 1e3, 4) if ring else None}
+        return {"requests": self.requests, "errors": self.errors, "models": models}
+
+
+class FleetPlan:
+    """The fleet's state (see the module docstring). Not thread-safe: one caller at a time."""
+
+    def __init__(self, policy: FleetPolicy = FleetPolicy()) -> None:
+        self.policy = policy
+        self.stable: str | None = None
+        self.roll: Roll | None = None
+        self.refused: str | None = None
+        self.replicas: dict[str, ReplicaState] = {}
+        self.per_release: dict[str, ReleaseTotals] = {}
+        self.events: deque[dict[str, Any]] = deque(maxlen=KEEP_EVENTS)
+        self.rolls: list[dict[str, Any]] = []   # finished rolls: target, previous, outcome, seconds
+        self.seq = 0                            # events numbered from 1 (a reader keeps the last it saw)
+
+    # -- replicas ------------------------------------------------------------------------------
+    def assignment(self, replica: str) -> str | None:
+        """The release ``replica`` should serve now (None: nothing was ever activated)."""
+        r = self.roll
+        if r is not None and (r.phase == "roll" or replica == r.canary):
+            return r.target
+        return self.stable
+
+    def sync(self, replica: str, report: dict[str, Any], now: float) -> str | None:
+        """Record a replica's report; return its assignment. ``report``: ``release`` (served now),
+        ``failed`` {release: error}, ``samples`` [[model, release, seconds, error], ...], ``node``."""
+        st = self.replicas.setdefault(replica, ReplicaState())
+        st.release, st.seen, st.node = report.get("release"), now, str(report.get("node", ""))
+        st.failed.update(report.get("failed") or {})
+        r = self.roll
+        for model, release, seconds, error in report.get("samples") or ():
+            self.per_release.setdefault(release, ReleaseTotals()).add(model, float(seconds), bool(error))
+            if r is not None and r.phase == "judge":
+                if replica == r.canary and release == r.target:
+                    r.candidate.add(model, float(seconds), bool(error))
+                elif replica != r.canary and release == r.previous:
+                    r.active.add(model, float(seconds), bool(error))
+        return self.assignment(replica)
+
+    def live(self, now: float) -> list[str]:
+        """Replica ids heard from within ``stale_s``; forgets the others."""
+        for rid in [k for k, v in self.replicas.items() if now - v.seen > self.policy.stale_s]:
+            del self.replicas[rid]
+            self._event(now, "replica_lost", replica=rid)
+        return sorted(self.replicas)
+
+    # -- the roll --------------------------------------------------------------------------------
+    def tick(self, active: str | None, now: float) -> list[tuple[str, str, str]]:
+        """Advance with the registry's active release id; returns actions for the caller:
+        ``("registry_rollback", refused release, reason)``."""
+        live = self.live(now)
+        if active is None:
+            return []
+        if self.stable is None:
+            self.stable = active
+            self._event(now, "stable", release=active)
+            return []
+        if active != self.refused:
+            self.refused = None
+        r = self.roll
+        if r is None:
+            if active != self.stable and active != self.refused:
+                self._start(active, live, now)
+            return []
+        if r.phase != "roll" and active != r.target:  # the registry moved on during the canary
+            self._end(now, "aborted", f"the registry's active release became {active} during the canary")
+            return []
+        if r.phase == "canary":
+            return self._canary(r, live, now)
+        if r.phase == "judge":
+            return self._judge(r, live, now)
+        return self._rolling(r, live, now)
+
+    def _start(self, target: str, live: list[str], now: float) -> None:
+        for st in self.replicas.values():  # an earlier failure to load this release is not this roll's
+            st.failed.pop(target, None)
+        canary = next((x for x in live if self.replicas[x].release == self.stable), live[0] if live else None)
+        self.roll = Roll(target=target, previous=str(self.stable), canary=canary, started=now)
+        self._event(now, "roll_start", release=target, previous=self.stable, canary=canary, replicas=len(live))
+        if canary is None:  # no replica to judge on: every replica that starts loads the new release
+            self.roll.phase = "roll"
+
+    def _canary(self, r: Roll, live: list[str], now: float) -> list[tuple[str, str, str]]:
+        if r.canary not in live:
+            return self._rollback(r, now, f"canary replica {r.canary} was lost before it served {r.target}")
+        st = self.replicas[r.canary]
+        if r.target in st.failed:
+            return self._rollback(r, now, f"canary replica {r.canary} could not load {r.target}: {st.failed[r.target]}")
+        if st.release == r.target:
+            r.phase, r.judging_since = "judge", now
+            self._event(now, "canary_serving", release=r.target, replica=r.canary, load_s=round(now - r.started, 3))
+        elif now - r.started > self.policy.load_timeout_s:
+            return self._rollback(r, now, f"canary replica {r.canary} did not load {r.target} "
+                                          f"within {self.policy.load_timeout_s:g} s")
+        return []
+
+    def _judge(self, r: Roll, live: list[str], now: float) -> list[tuple[str, str, str]]:
+        if r.canary not in live:
+            return self._rollback(r, now, f"canary replica {r.canary} was lost while judged")
+        verdict = decide(r.active.side(), r.candidate.side(), self.policy.canary, now - r.judging_since)
+        if verdict.action == "rollback":
+            return self._rollback(r, now, "; ".join(verdict.reasons), verdict=verdict.to_json())
+        if verdict.action == "promote":
+            r.phase = "roll"
+            self._event(now, "canary_promoted", release=r.target, reasons=list(verdict.reasons),
+                        verdict=verdict.to_json())
+        return []
+
+    def _rolling(self, r: Roll, live: list[str], now: float) -> list[tuple[str, str, str]]:
+        failed = {x: self.replicas[x].failed[r.target] for x in live if r.target in self.replicas[x].failed}
+        if failed:
+            x, why = sorted(failed.items())[0]
+            return self._rollback(r, now, f"replica {x} could not load {r.target} during the roll: {why}")
+        if live and all(self.replicas[x].release == r.target for x in live):
+            self.stable = r.target
+            self._end(now, "rolled", f"{len(live)} replicas serve {r.target}")
+        elif now - r.started > self.policy.load_timeout_s + self.policy.canary.window_seconds:
+            return self._rollback(r, now, f"not every replica loaded {r.target} within the load timeout")
+        return []
+
+    def _rollback(self, r: Roll, now: float, reason: str, **numbers: Any) -> list[tuple[str, str, str]]:
+        self.refused = r.target
+        self._end(now, "rolled_back", reason, **numbers)
+        return [("registry_rollback", r.target, reason)]
+
+    def _end(self, now: float, outcome: str, reason: str, **numbers: Any) -> None:
+        r = self.roll
+        assert r is not None
+        seconds = round(now - r.started, 3)
+        self.rolls.append({"release": r.target, "previous": r.previous, "outcome": outcome, "seconds": seconds,
+                           "reason": reason})
+        self.roll = None
+        self._event(now, outcome, release=r.target, previous=r.previous, canary=r.canary, seconds=seconds,
+                    reason=reason, **numbers)
+
+    def _event(self, now: float, event: str, **fields: Any) -> None:
+        self.seq += 1
+        self.events.append({"seq": self.seq, "t": round(now, 3), "event": event, **fields})
+
+    # -- reporting -----------------------------------------------------------------------------------
+    def status(self, now: float) -> dict[str, Any]:
+        """JSON-ready: the stable release, the roll in progress, replicas, totals per release id, rolls, events."""
+        r = self.roll
+        roll = None if r is None else {
+            "release": r.target, "previous": r.previous, "canary": r.canary, "phase": r.phase,
+            "elapsed_s": round(now - r.started, 3),
+            "window": {"active": {"requests": r.active.requests, "errors": r.active.errors},
+                       "canary": {"requests": r.candidate.requests, "errors": r.candidate.errors}}}
+        return {"stable": self.stable, "roll": roll, "refused": self.refused,
+                "replicas": {k: {"release": v.release, "node": v.node, "failed": dict(v.failed),
+                                 "seen_s_ago": round(now - v.seen, 3) if math.isfinite(v.seen) else None}
+                             for k, v in sorted(self.replicas.items())},
+                "per_release": {k: v.to_json() for k, v in sorted(self.per_release.items())},
+                "rolls": list(self.rolls), "events": list(self.events)}

@@ -1,0 +1,330 @@
+"""``tileship serve --ray``: a Ray Serve fleet of KServe v2 servers with rolling activation.
+
+Each replica is the ``tileship serve`` app itself (``serve.routes.create_app`` over a
+``Service``), wrapped with ``@serve.ingress``: the same routes, protocol, validation, metrics and
+hot swap. A replica loads the release the fleet assigns it straight from the registry (no JIT),
+and warms it before Ray Serve routes a request to it (``__serve_build_asgi_app__`` awaits the
+load). It asks for one GPU when the cluster has one.
+
+``FleetController`` (a named Ray actor) drives ``serve.fleet_plan.FleetPlan``: it polls the
+registry's active release and rolls a change through the replicas, canary first. Replicas
+``sync`` with it every ``poll_s``: they send the release they serve, load failures and a sample
+per answered inference request (model, release, seconds, error); they get back the release to
+serve and hot-swap to it with ``Service.reload`` (loaded and warmed off to the side; in-flight
+requests finish on the release they started on), so no request fails during a roll. A rollback
+moves the registry's pointer back (``Registry.rollback``) and logs the reason.
+
+Ray is optional (the ``tileship[ray]`` extra): nothing here imports it before a fleet starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tileship.errors import DeclarationError, RegistryError, TileshipError
+from tileship.serve.config import ServeConfig
+from tileship.serve.fleet_plan import FleetPlan, FleetPolicy
+
+CONTROLLER = "tileship-fleet"
+NAMESPACE = "tileship"
+APP = "tileship"
+MAX_SAMPLES = 20000      # per replica between two syncs (a stalled controller must not grow a replica's memory)
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """The fleet's shape. ``max_replicas`` set: autoscale between ``min_replicas`` and it on
+    ongoing requests per replica (``target_ongoing``); otherwise a fixed ``replicas``."""
+
+    address: str | None = None
+    replicas: int = 2
+    min_replicas: int = 1
+    max_replicas: int | None = None
+    target_ongoing: float = 4.0
+    replica_cpus: float = 1.0
+    poll_s: float = 0.25
+    policy: FleetPolicy = FleetPolicy()
+
+    def deployment_options(self, max_ongoing: int, gpus: float) -> dict[str, Any]:
+        """Ray Serve deployment options for these settings (``gpus``: per replica)."""
+        opts: dict[str, Any] = {"ray_actor_options": {"num_cpus": self.replica_cpus, "num_gpus": gpus},
+                                "max_ongoing_requests": max_ongoing, "health_check_period_s": 2.0}
+        if self.max_replicas is not None:
+            if not 1 <= self.min_replicas <= self.max_replicas:
+                raise DeclarationError(f"autoscaling bounds: need 1 <= --min-replicas ({self.min_replicas}) "
+                                       f"<= --max-replicas ({self.max_replicas})")
+            opts["autoscaling_config"] = {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                                          "target_ongoing_requests": self.target_ongoing}
+        elif self.replicas < 1:
+            raise DeclarationError(f"--replicas must be >= 1, got {self.replicas}")
+        else:
+            opts["num_replicas"] = self.replicas
+        return opts
+
+
+def require_serve() -> tuple[Any, Any]:
+    """(ray, ray.serve). Raises TileshipError naming the extra when Ray Serve is not installed."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as exc:
+        raise TileshipError(f"tileship serve --ray needs Ray Serve ({exc.name} is not installed)",
+                         hint="pip install 'tileship[ray]' (on the driver and on every node)") from exc
+    return ray, serve
+
+
+class FleetController:
+    """The Ray actor owning the plan: replicas sync here; a loop follows the registry."""
+
+    def __init__(self, registry_root: str, policy: FleetPolicy, poll_s: float) -> None:
+        from tileship.release.registry import Registry
+        from tileship.serve.jsonlog import JsonLog
+
+        self.registry = Registry(registry_root)
+        self.plan = FleetPlan(policy)
+        self.poll_s = poll_s
+        self.log = JsonLog(sys.stderr)
+        self.logged = 0
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> str | None:
+        """Start following the registry; returns the release the fleet starts on."""
+        self.plan.tick(self.registry.active().release_id, time.monotonic())
+        if self.task is None:
+            self.task = asyncio.create_task(self._loop())
+        return self.plan.stable
+
+    async def sync(self, replica: str, report: dict[str, Any]) -> dict[str, Any]:
+        rid = self.plan.sync(replica, report, time.monotonic())
+        return {"release": rid, "path": str(self.registry.path_of(rid)) if rid else None}
+
+    async def status(self) -> dict[str, Any]:
+        return self.plan.status(time.monotonic())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._step()
+            except Exception as exc:  # the fleet keeps serving; the next poll tries again
+                self.log.event("fleet_error", "error", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(self.poll_s)
+
+    async def _step(self) -> None:
+        active = await asyncio.to_thread(self.registry.active)
+        for action, release, reason in self.plan.tick(active.release_id, time.monotonic()):
+            if action == "registry_rollback":
+                await asyncio.to_thread(self._registry_rollback, release, reason)
+        for ev in [e for e in self.plan.events if e["seq"] > self.logged]:
+            self.log.event("fleet_" + ev["event"], "warning" if ev["event"] == "rolled_back" else "info",
+                           **{k: v for k, v in ev.items() if k not in ("event", "seq")})
+        self.logged = self.plan.seq
+
+    def _registry_rollback(self, release: str, reason: str) -> None:
+        """Move the registry back from ``release`` (only while it is still the active one)."""
+        if self.registry.active().release_id != release:
+            return
+        back = self.registry.rollback()
+        self.log.event("fleet_registry_rollback", "warning", refused=release, active=back.release_id, reason=reason)
+
+
+class FleetReplica:
+    """One replica: the ``tileship serve`` app on the release the controller assigns it."""
+
+    def __init__(self, config: ServeConfig, poll_s: float) -> None:
+        self.config, self.poll_s = config, poll_s
+        self.samples: list[list[Any]] = []
+        self.failed: dict[str, str] = {}      # release -> why it could not load (sent once)
+        self.tried: set[str] = set()          # releases that failed to load while still assigned
+        self.loading: str | None = None
+        self.service: Any = None
+
+    async def __serve_build_asgi_app__(self) -> Any:
+        import ray
+        from ray import serve
+
+        from tileship.serve.routes import create_app
+
+        self.id = serve.get_replica_context().replica_id.unique_id
+        self.node = ray.util.get_node_ip_address()
+        self.controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
+        want = await self.controller.sync.remote(self.id, self._report())
+        source = Path(want["path"]) if want["path"] else self.config.source
+        app = create_app(dataclasses.replace(self.config, source=source))
+        self.service = app.state.service
+        await self.service.initial_load()  # loaded and warmed before Ray Serve routes a request here
+        self.task = asyncio.create_task(self._sync_loop())
+        return _Recorder(app, self._record, self.controller)
+
+    def check_health(self) -> None:
+        """Ray Serve restarts a replica whose process is poisoned (a sticky device error)."""
+        if self.service is not None and self.service.holder.fatal is not None:
+            raise RuntimeError(f"device failure: {self.service.holder.fatal}")
+
+    def _record(self, model: str, release: str, seconds: float, error: bool) -> None:
+        if len(self.samples) < MAX_SAMPLES:
+            self.samples.append([model, release, seconds, error])
+
+    def _report(self) -> dict[str, Any]:
+        cur = self.service.holder.current if self.service is not None else None
+        samples, self.samples = self.samples, []
+        failed, self.failed = self.failed, {}
+        return {"release": cur.release_id if cur is not None else None, "failed": failed, "samples": samples,
+                "node": getattr(self, "node", "")}
+
+    async def _sync_loop(self) -> None:
+        while True:
+            try:
+                want = await self.controller.sync.remote(self.id, self._report())
+                self._follow(want["release"], want["path"])
+            except Exception as exc:  # the controller restarting: keep serving what is loaded
+                self.service.log.event("fleet_sync_failed", "warning", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(self.poll_s)
+
+    def _follow(self, release: str | None, path: str | None) -> None:
+        cur = self.service.holder.current
+        if release is None or path is None or (cur is not None and cur.release_id == release):
+            self.tried.clear()
+            return
+        if release in self.tried or self.loading is not None:
+            return
+        self.loading = release
+        task = asyncio.create_task(self._load(release, Path(path)))
+        self.service.background.add(task)
+        task.add_done_callback(self.service.background.discard)
+
+    async def _load(self, release: str, path: Path) -> None:
+        try:
+            self.service.holder.source = path
+            status, body = await self.service.reload(trigger="fleet")
+            if status != 200:
+                self.tried.add(release)
+                self.failed[release] = f"{body.get('stage')}: {body.get('error')}"
+        finally:
+            self.loading = None
+
+
+class _Recorder:
+    """ASGI wrapper: one sample per answered inference request (model, release, seconds, error).
+    An error is a 5xx other than 503 (overload and not-ready are the fleet's, not the release's)
+    or a kernel fault the reference answered (reason ``circuit_open``), as ``serve.canary`` counts.
+    ``GET /v2/tileship/fleet`` answers the controller's status (any replica answers it)."""
+
+    def __init__(self, app: Any, record: Any, controller: Any) -> None:
+        self.app, self.record, self.controller = app, record, controller
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v2/tileship/fleet" and scope["method"] == "GET":
+            from starlette.responses import JSONResponse
+
+            await JSONResponse(await self.controller.status.remote())(scope, receive, send)
+            return
+        if scope["type"] != "http" or not scope["path"].endswith("/infer"):
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        seen: dict[str, Any] = {}
+
+        async def watch(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"], seen["headers"] = message["status"], dict(message.get("headers") or [])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            headers = seen.get("headers", {})
+            release = headers.get(b"x-tileship-release", b"none").decode()
+            parts = scope["path"].split("/")
+            if release != "none" and len(parts) > 3:
+                status = seen.get("status", 500)
+                error = (status >= 500 and status != 503) or headers.get(b"x-tileship-reason") == b"circuit_open"
+                self.record(parts[3], release, time.perf_counter() - t0, error)
+
+
+class Fleet:
+    """A fleet on a Ray cluster: ``start`` deploys it and returns the HTTP URL; ``stop`` removes it.
+    Raises TileshipError when Ray Serve is missing or the cluster cannot be reached,
+    RegistryError when the source is not a registry with an active release."""
+
+    def __init__(self, config: ServeConfig, options: FleetOptions = FleetOptions()) -> None:
+        from tileship.release.registry import Registry
+
+        root = Path(config.source)
+        if (root / "manifest.json").is_file() or not root.is_dir():
+            raise RegistryError(f"{root}: tileship serve --ray serves a registry directory (its active release)",
+                             hint="tileship publish RELEASE && tileship activate ID, then serve the registry")
+        if Registry(root).active().release_id is None:
+            raise RegistryError(f"registry {root} has no active release", hint="run `tileship activate ID`")
+        self.config, self.options = config, options
+        self.opened = False
+        self.url = ""
+
+    def start(self, host: str = "127.0.0.1", port: int = 8000) -> str:
+        ray, serve = require_serve()
+        if not ray.is_initialized():
+            from tileship.build.ray_farm import _check_reachable
+            from tileship.errors import BuildError
+
+            try:
+                _check_reachable(self.options.address)
+            except BuildError as exc:
+                raise TileshipError(exc.message, hint=exc.hint) from exc
+            ray.init(address=self.options.address or None, namespace=NAMESPACE, include_dashboard=False,
+                     logging_level="warning")
+            self.opened = True
+        serve.start(http_options={"host": host, "port": port})
+        actor = ray.remote(num_cpus=0)(FleetController)
+        self.controller = actor.options(name=CONTROLLER, namespace=NAMESPACE, get_if_exists=True).remote(
+            str(Path(self.config.source).resolve()), self.options.policy, self.options.poll_s)
+        ray.get(self.controller.start.remote())
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        deployment = serve.deployment(name=APP, **self.options.deployment_options(self.config.max_inflight, gpus))(
+            serve.ingress()(FleetReplica))
+        serve.run(deployment.bind(self.config, self.options.poll_s), name=APP, route_prefix="/")
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    def status(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.controller.status.remote())  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        ray, serve = require_serve()
+        try:
+            serve.delete(APP)
+            ray.kill(self.controller)
+            serve.shutdown()
+        finally:
+            if self.opened:
+                ray.shutdown()
+
+
+def run_fleet(config: ServeConfig, options: FleetOptions, *, host: str, port: int) -> int:
+    """``tileship serve --ray`` in the foreground: deploy, print the fleet's events as JSON
+    lines until SIGINT/SIGTERM, then remove the application. Returns the exit status (0)."""
+    import signal
+    import threading
+
+    fleet = Fleet(config, options)
+    url = fleet.start(host, port)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    st = fleet.status()
+    print(json.dumps({"event": "fleet_ready", "url": url, "release": st["stable"], "replicas": len(st["replicas"])}),
+          file=sys.stderr, flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        fleet.stop()
+    return 0

@@ -1,0 +1,267 @@
+"""Checking an ``Operator`` declaration: every field, the shapes against the dims, and the factory's signature.
+
+``check_operator`` raises ``DeclarationError`` naming the first bad field (``field``), with a hint
+where the fix is mechanical. It imports neither TileLang nor torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from tileship.declare.dims import SAME, DimExpr, shape_at
+from tileship.declare.parts import DTYPES, ScalarArg, Target, TensorArg, Tolerance
+from tileship.errors import DeclarationError
+
+if TYPE_CHECKING:
+    from tileship.declare.spec import Operator
+
+
+def _check_tensors(decl: Operator, op: str) -> None:
+    in_dims: set[str] = set()
+    for group, args in (("inputs", decl.inputs), ("outputs", decl.outputs)):
+        for a in args:
+            if isinstance(a, ScalarArg) and group == "outputs":
+                raise DeclarationError(
+                    f"{a.name} is a ScalarArg: a kernel writes tensors, not scalars",
+                    operator=op,
+                    field=f"outputs.{a.name}",
+                    hint=f'declare it as a tensor with a declared dim, e.g. TensorArg("{a.name}", ("M",))',
+                )
+            if not isinstance(a, (TensorArg, ScalarArg)):
+                raise DeclarationError(
+                    f"must be a TensorArg or ScalarArg, got {type(a).__name__}", operator=op, field=group
+                )
+            f = f"{group}.{a.name}"
+            if isinstance(a.dims, str):
+                raise DeclarationError(
+                    f"dims must be a tuple of names, got the string {a.dims!r}",
+                    operator=op,
+                    field=f"{f}.dims",
+                    hint=f'write dims=("{a.dims}",) (note the comma)',
+                )
+            if a.dtype != SAME and a.dtype not in DTYPES:
+                raise DeclarationError(
+                    f"unknown dtype {a.dtype!r} (known: same, {', '.join(DTYPES)})",
+                    operator=op,
+                    field=f"{f}.dtype",
+                    hint='write "same" for the operator dtype, or one of the names listed',
+                )
+            for d in a.dims:
+                try:
+                    e = DimExpr.parse(d)
+                except ValueError as exc:
+                    raise DeclarationError(
+                        str(exc),
+                        operator=op,
+                        field=f"{f}.dims",
+                        hint='write a dim name ("K") or <dim>/<int>, <dim>//<int>, <dim>*<int> ("K/8")',
+                    ) from None
+                if group == "inputs":
+                    in_dims.add(e.base)
+                elif e.base not in in_dims:
+                    raise DeclarationError(
+                        f"output {a.name} uses dim {e.base!r} that no input determines", operator=op, field=f
+                    )
+
+
+def _check_exact(decl: Operator, op: str, sizes: Mapping[str, int], where: str) -> None:
+    for a in decl.inputs + decl.outputs:
+        try:
+            shape_at([d for d in a.dims if DimExpr.parse(d).base in sizes], sizes)
+        except ValueError as exc:
+            base = str(exc).split("=", 1)[0]
+            raise DeclarationError(
+                f"{exc} of {a.name}: that shape is not one the declaration covers",
+                operator=op,
+                field=f"{where}.{base}",
+                hint=f"use a {base} that divides",
+            ) from None
+
+
+def check_operator(decl: Operator) -> None:
+    """Raise DeclarationError naming the first bad field of ``decl``; return None when valid."""
+    op = decl.name or "<unnamed>"
+    if not decl.name or not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", decl.name):
+        raise DeclarationError("must be an identifier", operator=op, field="name")
+    from tileship.declare.factory import resolve
+
+    resolve(decl.factory, operator=op)  # raises for anything that is not a kernel factory
+    if decl.reference is None or not callable(decl.reference):
+        raise DeclarationError(
+            "a PyTorch reference is required",
+            operator=op,
+            field="reference",
+            hint="pass reference=fn computing the same result",
+        )
+    if not decl.inputs:
+        raise DeclarationError("at least one input tensor is required", operator=op, field="inputs")
+    if not any(isinstance(a, TensorArg) for a in decl.inputs):
+        raise DeclarationError("at least one input must be a tensor (it names the device)", operator=op, field="inputs")
+    names = [a.name for a in decl.inputs + decl.outputs]
+    if len(set(names)) != len(names):
+        raise DeclarationError(f"duplicate tensor names {names}", operator=op, field="inputs")
+    _check_tensors(decl, op)
+    if not decl.dtypes:
+        raise DeclarationError("no dtypes declared", operator=op, field="dtypes")
+    for dt in decl.dtypes:
+        if dt not in DTYPES:
+            raise DeclarationError(f"unknown dtype {dt!r} (known: {', '.join(DTYPES)})", operator=op, field="dtypes")
+    if not decl.targets:
+        raise DeclarationError("no targets declared", operator=op, field="targets")
+    for t in decl.targets:
+        try:
+            Target(t)
+        except DeclarationError as exc:
+            raise DeclarationError(exc.message, operator=op, field="targets", hint=exc.hint) from None
+    if not decl.shapes and not decl.ranges:
+        raise DeclarationError(
+            "the shape set is empty: declare shapes=[...] and/or ranges=[...]", operator=op, field="shapes"
+        )
+    dims = set(decl.dims)
+    for i, shape in enumerate(decl.shapes):
+        for d, v in shape.items():
+            if d not in dims:
+                raise DeclarationError(
+                    f"unknown dim {d!r} (dims: {', '.join(decl.dims)})", operator=op, field=f"shapes[{i}].{d}"
+                )
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise DeclarationError(f"must be a positive int, got {v!r}", operator=op, field=f"shapes[{i}].{d}")
+        missing = dims - set(shape)
+        if missing:
+            raise DeclarationError(f"missing dims {sorted(missing)}", operator=op, field=f"shapes[{i}]")
+        _check_exact(decl, op, shape, f"shapes[{i}]")
+    for i, r in enumerate(decl.ranges):
+        f = f"ranges[{i}]"
+        if r.dim not in dims:
+            raise DeclarationError(
+                f"unknown dim {r.dim!r} (dims: {', '.join(decl.dims)})", operator=op, field=f"{f}.dim"
+            )
+        if r.min < 1:
+            raise DeclarationError(f"min must be >= 1, got {r.min}", operator=op, field=f"{f}.min")
+        if r.min > r.max:
+            raise DeclarationError(f"min {r.min} > max {r.max}", operator=op, field=f"{f}.min")
+        for d in r.fixed:
+            if d not in dims:
+                raise DeclarationError(f"unknown dim {d!r}", operator=op, field=f"{f}.fixed.{d}")
+        missing = dims - set(r.fixed) - {r.dim}
+        if missing:
+            raise DeclarationError(f"fixed is missing dims {sorted(missing)}", operator=op, field=f"{f}.fixed")
+        _check_exact(decl, op, r.fixed, f"{f}.fixed")
+        for a in decl.inputs + decl.outputs:
+            for d in a.dims:
+                e = DimExpr.parse(d)
+                if e.base == r.dim and e.op in ("/", "//") and r.min != r.max:
+                    raise DeclarationError(
+                        f"{r.dim} is T.dynamic in [{r.min}, {r.max}] but {a.name} declares {d}: "
+                        f"not every {r.dim} there divides by {e.k}",
+                        operator=op,
+                        field=f"{f}.dim",
+                        hint=f"declare static shapes=[...] for {r.dim}, "
+                        "or make the dynamic dim one that is not divided",
+                    )
+    for key, tol in decl.tolerances.items():
+        if key not in DTYPES and key not in {a.name for a in decl.outputs}:
+            raise DeclarationError(
+                f"{key!r} is neither a dtype nor an output name (outputs: {', '.join(a.name for a in decl.outputs)})",
+                operator=op,
+                field=f"tolerances.{key}",
+                hint='key by operator dtype ("float16") or by output name ("mean")',
+            )
+        if not isinstance(tol, Tolerance):
+            raise DeclarationError(
+                f"must be a Tolerance(atol, rtol), got {type(tol).__name__}", operator=op, field=f"tolerances.{key}"
+            )
+    if decl.sample is not None and not callable(decl.sample):
+        raise DeclarationError(
+            "sample is not callable",
+            operator=op,
+            field="sample",
+            hint="pass sample=fn(dims, dtype, device) returning one tensor per input",
+        )
+    if decl.cost is not None and not callable(decl.cost):
+        raise DeclarationError(
+            "cost is not callable",
+            operator=op,
+            field="cost",
+            hint="pass cost=fn(dims, dtype) returning (flops, bytes) of one call",
+        )
+    _check_factory(decl, op)
+
+
+def _check_factory(decl: Operator, op: str) -> None:
+    from tileship.declare.factory import resolve
+
+    info = resolve(decl.factory, operator=op)
+    for d, v in decl.config.items():
+        if not isinstance(v, (int, float, str, bool)):
+            raise DeclarationError(
+                f"config values must be int/float/str/bool, got {type(v).__name__}", operator=op, field=f"config.{d}"
+            )
+    for key, target in decl.params.items():
+        if key != "dtype" and key not in decl.dims:
+            raise DeclarationError(
+                f'{key!r} is not a declared dim (dims: {", ".join(decl.dims)}) nor "dtype"',
+                operator=op,
+                field=f"params.{key}",
+                hint='map a declared dim or "dtype" to the factory\'s parameter name',
+            )
+        if target is None and key != "dtype":
+            raise DeclarationError(
+                f"dim {key} must be passed to the factory",
+                operator=op,
+                field=f"params.{key}",
+                hint=f'map it to the factory parameter that takes it, e.g. params={{"{key}": "{key.lower()}"}}',
+            )
+        if target is not None and not isinstance(target, str):
+            raise DeclarationError(
+                f"must be a parameter name or None, got {type(target).__name__}", operator=op, field=f"params.{key}"
+            )
+    if decl.factory_param("dtype") is None and len(decl.dtypes) > 1:
+        raise DeclarationError(
+            f"passes no dtype to the factory, but dtypes lists {len(decl.dtypes)}: "
+            "every build would be the same kernel",
+            operator=op,
+            field="params.dtype",
+            hint=f'declare dtypes=("{decl.dtypes[0]}",) or map dtype to a parameter',
+        )
+    sig = info.signature
+    if sig is None:
+        return
+    accepts_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    fname = info.qualname.rpartition(".")[2]
+    wanted = [(f"params.{d}" if d in decl.params else "params", decl.factory_param(d)) for d in decl.dims]
+    wanted.append(("params.dtype" if "dtype" in decl.params else "dtype_param", decl.factory_param("dtype")))
+    wanted += [(f"config.{k}", k) for k in decl.config]
+    for cid, cfg in decl.candidate_configs():
+        wanted += [(f"candidates.{cid}.{k}", k) for k in cfg if k not in decl.config]
+    for field_name, name in wanted:
+        if name is not None and name not in sig.parameters and not accepts_kw:
+            known = ", ".join(sig.parameters)
+            hint = (
+                'map it: params={"dtype": "<the dtype parameter>"}, '
+                'or params={"dtype": None} when the factory hard-codes it'
+                if field_name in ("dtype_param", "params.dtype")
+                else f'rename it with params={{...: "<parameter>"}} (the factory takes: {known})'
+            )
+            raise DeclarationError(
+                f"factory {fname}() ({info.form}) has no parameter {name!r} (it takes: {known})",
+                operator=op,
+                field=field_name,
+                hint=hint,
+            )
+    required = [
+        p.name
+        for p in sig.parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    given = {n for _, n in wanted if n is not None}
+    missing = [n for n in required if n not in given]
+    if missing:
+        raise DeclarationError(
+            f"factory {fname}() requires {missing} that the declaration never passes",
+            operator=op,
+            field="config",
+            hint="add them to config={...} or map a dim to them with params=",
+        )

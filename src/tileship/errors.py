@@ -15,7 +15,8 @@
     ├── CallError                      a call no path can serve (wrong arity, rank, mixed devices; names the argument)
     ├── KernelMismatch                 a model checkpoint names other kernels (release id, kernel revision) than the model runs
     ├── VerificationError              verification could not run (not: a kernel that failed it)
-    └── RegistryError                  registry operations (unknown release, refused activation)
+    ├── RegistryError                  registry operations (unknown release, refused activation)
+    └── WorkerError                    a serving worker process (``serve --workers``) failed to start or to answer
 
 Expected outcomes are values, not exceptions: a dispatch decision, a drift report, a build
 result, a verification verdict. Exceptions from TileLang/TVM are translated in one place
@@ -137,6 +138,11 @@ class VerificationError(TileshipError):
 
 class RegistryError(TileshipError):
     """A registry operation was refused (unknown release, failed checks, torn state)."""
+
+
+class WorkerError(TileshipError):
+    """A worker process of ``tileship serve --workers N`` could not load its release, or answered
+    a call with an error that is a bug (an operator's reference raised); names the worker's pid."""
 
 
 def translate(exc: BaseException, *, spec_id: str) -> TileshipError:

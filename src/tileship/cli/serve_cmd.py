@@ -25,6 +25,10 @@ def serve(
     header_timeout: float = typer.Option(10.0, help="seconds a client may take to send request headers (then closed)"),
     keep_alive: int = typer.Option(5, help="seconds an idle keep-alive connection stays open"),
     threads: int = typer.Option(1, help="worker threads running operator calls (1: kernel calls are serialized)"),
+    workers: int = typer.Option(0, help="run the calls in this many worker processes, plus one warm standby that "
+                                        "takes over when a worker dies, wedges or faults (0: in this process)"),
+    worker_timeout: float | None = typer.Option(None, help="seconds a worker may take to answer a call before it is "
+                                                           "killed and replaced (default: --timeout)"),
     timeout: float = typer.Option(30.0, help="seconds an admitted request may take to run (504 after)"),
     body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
     strict_shapes: bool = typer.Option(False,
@@ -81,13 +85,17 @@ def serve(
             min(max_inflight, threads, max_connections, keep_alive) < 1:
         raise DeclarationError("--max-body-mib, --max-output-mib, --timeout, --body-timeout and --header-timeout must "
                                "be > 0; --max-inflight, --threads, --max-connections and --keep-alive >= 1")
+    if workers < 0 or (worker_timeout is not None and worker_timeout <= 0):
+        raise DeclarationError("--workers must be >= 0 and --worker-timeout > 0")
+    if workers and llama is not None:
+        raise DeclarationError("--llama is not served with --workers yet", hint="drop --workers (or --llama)")
     spec = None
     if llama is not None:
         from tileship.extras import llama_example
 
         spec = llama_example().parse_spec(llama)
     config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight,
-                         worker_threads=threads,
+                         worker_threads=threads, workers=workers, worker_timeout_s=worker_timeout,
                          request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes,
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,

@@ -53,10 +53,17 @@ class Service:
             bind = llama_example().LlamaHost(config.llama).bind
         self.holder = ReleaseHolder(config.source, config.loader or self._default_loader, force_reference=config.reference_only,
                                     warmup_limit=config.warmup_limit, after_load=self._after_load, bind_models=bind)
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, config.worker_threads), thread_name_prefix="tileship-infer")
+        # with --workers N, each request thread talks to one worker process at a time
+        threads = config.workers or max(1, config.worker_threads)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tileship-infer")
         self.diagnostics = CaptureQueue(config.diagnostics_dir, per_reason_s=config.diagnostics_interval_s,
                                         keep=config.diagnostics_keep, keep_bytes=config.diagnostics_keep_bytes)
-        self.slots = Slots(self.pool, config.max_inflight, config.worker_threads, self.metrics)
+        self.slots = Slots(self.pool, config.max_inflight, threads, self.metrics)
+        #: runs one admitted call (``calls.execute`` contract): in this process, or in a worker process
+        self.executor: Callable[..., Any] = calls.execute
+        self.workers: Any = None
+        if config.workers:
+            self._start_pool()
         self.on_fatal = on_fatal
         self._reload_lock = asyncio.Lock()
         self._loaded = asyncio.Event()
@@ -65,6 +72,20 @@ class Service:
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
         self.unloaded: set[str] = set()  # models unloaded through the repository extension
         self.grpc_port: int | None = None  # the bound gRPC port, while the gRPC endpoint listens
+
+    def _start_pool(self) -> None:
+        from tileship.errors import DeclarationError
+        from tileship.serve.worker_pool import WorkerPool, execute_remote
+
+        c = self.config
+        if c.llama is not None:
+            raise DeclarationError("--llama is not served with --workers yet", hint="drop --workers (or --llama)")
+        options = {"trusted_keys": [str(k) for k in c.trusted_keys] if c.trusted_keys is not None else None,
+                   "drift_policy": c.drift_policy, "allow_unverified": c.allow_unverified,
+                   "check_finite": c.check_finite, "warmup_limit": c.warmup_limit}
+        self.workers = WorkerPool(c.workers, options, log=self.log, registry=self.metrics.registry,
+                                  timeout_s=c.worker_timeout_s or c.request_timeout_s)
+        self.executor = execute_remote
 
     # -- loading -------------------------------------------------------------------------
     def _default_loader(self, path: Path, reference_only: bool) -> Release:
@@ -99,12 +120,24 @@ class Service:
     async def initial_load(self) -> None:
         try:
             await self._load_and_swap(trigger="startup", accept_warm_failures=True)
+            if self.workers is not None and (cur := self.holder.current) is not None:
+                # the workers load exactly what the front-end resolved (a registry may move meanwhile)
+                self.workers.start(str(cur.target.path), cur.target.reference_only, cur.release_id)
         finally:
             self._loaded.set()
 
     async def reload(self, trigger: str) -> tuple[int, dict[str, Any]]:
         """Re-read the source; swap only a release that loaded and warmed cleanly. One at a time."""
         await self._loaded.wait()
+        if self.workers is not None:
+            cur = self.holder.current
+            self.metrics.reloads.labels("failed").inc()
+            self.log.event("reload", "warning", trigger=trigger, result="refused", reason="workers")
+            return 409, {"result": "failed", "stage": "workers",
+                         "error": f"hot swap is not available with --workers {self.config.workers} yet: the workers "
+                                  "keep serving the release they loaded",
+                         "hint": "restart `tileship serve` to serve a new release (or run it with --workers 0)",
+                         "serving": cur.release_id if cur else None}
         if self.holder.fatal is not None:
             return 503, {"result": "failed", "stage": "fatal", "error": f"the process is exiting after a device failure ({self.holder.fatal})"}
         return await self._load_and_swap(trigger=trigger, accept_warm_failures=self.holder.current is None)
@@ -213,6 +246,10 @@ class Service:
         ok, body = self.holder.readiness()
         if (canary := self.canary.summary()) is not None:
             body["canary"] = canary
+        if self.workers is not None:
+            body["workers"] = self.workers.status()
+            if ok and not (wok := self.workers.readiness())[0]:
+                return False, {**body, "ready": False, "reason": f"not ready: {wok[1]}"}
         why = self.slots.wedged() if ok else None
         return (False, {**body, "ready": False, "reason": why}) if why else (ok, body)
 

@@ -6,7 +6,9 @@
 REST checks Content-Type and reads the body here, outside admission) -> plan against the
 declaration (400), ``--strict-shapes`` (400), output bytes (413) -> admission (503) -> the
 call on a worker thread with a deadline (504) -> ``call.encode`` on the worker -> metrics,
-statistics, canary window and one log line. Every outcome is an ``Answer``; nothing raises
+statistics, canary window and one log line. The call itself is ``service.executor``: ``execute``
+here, or ``serve.worker_pool.execute_remote`` (the same contract, in a worker process) with
+``--workers N``. Every outcome is an ``Answer``; nothing raises
 out of ``run``: a bug is a logged 500 carrying the request id.
 
 The transports differ only in ``Call.read`` and ``Call.encode`` (``protocol.encode_response``
@@ -116,7 +118,7 @@ async def run(service: Service, call: Call) -> Answer:
                 raise BadRequest(400, f"shape outside the declared set: {dims} (declared: "
                                       f"{protocol.declared_shapes_text(decl)}); this server runs with --strict-shapes")
             validate.check_outputs(name, protocol.output_bytes(decl, plan), config.limits)
-            job = functools.partial(execute, service, served, name, plan, req.id, call.encode)
+            job = functools.partial(service.executor, service, served, name, plan, req.id, call.encode)
         t_submit = time.perf_counter()
         fut = service.slots.submit(timed := Timed(job))
         try:

@@ -18,6 +18,10 @@ class ServeConfig:
     max_body_bytes: int = 64 << 20
     max_inflight: int = 64
     worker_threads: int = 1
+    #: worker processes running the calls (``serve.worker_pool``; plus one warm standby); 0: in this process
+    workers: int = 0
+    #: seconds a worker may take to answer one call before it is killed and replaced (None: ``request_timeout_s``)
+    worker_timeout_s: float | None = None
     request_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
     #: bounds on one request: ranks, dims, elements, JSON nesting, output bytes (``--max-output-mib``)

@@ -137,6 +137,9 @@ class Rollout:
                          "hint": "DELETE /v2/tileship/canary to abort it"}
         if svc.holder.current is None or svc.holder.fatal is not None:
             return 409, {"result": "refused", "error": "no active release is serving: nothing to compare a canary with"}
+        if svc.workers is not None:
+            return 409, {"result": "refused", "error": "a canary is not available with --workers yet",
+                         "hint": "run the canary on a server with --workers 0"}
         self._reset(release, policy)
         self.state = "loading"
         async with svc._reload_lock:

@@ -1,0 +1,122 @@
+"""One worker process of ``tileship serve --workers N``, as the front-end sees it (``Worker``).
+
+``Worker.spawn`` starts ``python -m tileship.serve.worker FD`` with its end of a socketpair and
+a fresh shared buffer, ``wait_ready`` waits for its release to be loaded and warmed, ``call``
+writes a request's tensors into the buffer and exchanges one frame each way
+(``serve.worker_wire``); a worker that closes its socket mid-call raises ``WorkerDied``, one
+that does not answer in time ``TimeoutError``. The pool (``serve.worker_pool``) decides what
+follows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tileship.errors import WorkerError
+from tileship.serve import worker_wire as wire
+
+#: first size of a worker's shared buffer; it grows to fit the largest call seen
+BUFFER_BYTES = 1 << 20
+
+
+class WorkerDied(Exception):
+    """The worker went away during the call (its answer will never come)."""
+
+
+@dataclass
+class Worker:
+    """One worker process and its end of the wire (used by one request thread at a time)."""
+
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    buf: wire.Buffer
+    pid: int = 0
+    release: str = ""
+    ready_at: float = 0.0
+    busy: bool = False
+    dead: bool = False
+    seq: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def spawn(cls, path: str, reference_only: bool, options: dict[str, Any]) -> Worker:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        proc = subprocess.Popen([sys.executable, "-m", "tileship.serve.worker", str(theirs.fileno())],
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        w = cls(proc, ours, wire.Buffer.create(BUFFER_BYTES), pid=proc.pid)
+        wire.send(ours, {"op": "start", "path": path, "reference_only": reference_only, "options": options})
+        wire.send(ours, {"op": "map", "size": w.buf.size}, fd=w.buf.fd)
+        return w
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the worker has loaded and warmed its release. Raises WorkerError."""
+        self.sock.settimeout(timeout_s)
+        try:
+            msg = wire.recv(self.sock)
+        except (wire.PeerGone, OSError) as exc:
+            raise WorkerError(f"worker {self.pid} exited while loading (status {self.proc.poll()}): {exc}") from None
+        if msg.get("op") != "ready":
+            raise WorkerError(f"worker {self.pid} could not load the release: {msg.get('error')}")
+        self.release, self.info, self.ready_at = msg["release"], msg, time.monotonic()
+
+    def call(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> dict[str, Any]:
+        """Inputs into the buffer, one frame out, one back. Raises WorkerDied, TimeoutError."""
+        for _ in range(2):  # a second round only when the outputs did not fit
+            off, descs = 0, []
+            sizes = [a.numel() * a.element_size() if hasattr(a, "numel") else 0 for a in args]
+            out_off = wire.align(sum(wire.align(s) for s in sizes))
+            need = out_off + wire.align(out_bytes + wire.ALIGN * 4)
+            self._fit(need)
+            for a, n in zip(args, sizes, strict=True):
+                if hasattr(a, "numel"):
+                    descs.append(self.buf.put(off, a))
+                    off = wire.align(off + n)
+                else:
+                    descs.append({"value": a})
+            self.seq += 1
+            self.sock.settimeout(timeout_s)
+            try:
+                wire.send(self.sock, {"op": "call", "id": self.seq, "name": name, "args": descs,
+                                      "out": [out_off, self.buf.size - out_off]})
+                reply = wire.recv(self.sock)
+            except (wire.PeerGone, BrokenPipeError, ConnectionResetError) as exc:
+                raise WorkerDied(f"worker {self.pid} went away during the call ({type(exc).__name__})") from None
+            if reply.get("id") != self.seq:
+                raise WorkerDied(f"worker {self.pid} answered call {reply.get('id')} to call {self.seq}")
+            if "need" not in reply:
+                return reply
+            out_bytes = int(reply["need"]) - out_off
+        raise WorkerError(f"worker {self.pid}: the outputs did not fit the buffer twice")
+
+    def _fit(self, need: int) -> None:
+        if need <= self.buf.size:
+            return
+        size = max(need, self.buf.size * 2)
+        new = wire.Buffer.create(size)
+        wire.send(self.sock, {"op": "map", "size": size}, fd=new.fd)
+        self.buf.close()
+        self.buf = new
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.proc.wait()
+        self.buf.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            wire.send(self.sock, {"op": "stop"})
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()

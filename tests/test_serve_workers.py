@@ -1,0 +1,213 @@
+"""`tileship serve --workers N`: calls run in worker processes (tensors in shared memory), a warm
+standby takes over when a worker is killed or wedges, and readiness stays up. Real servers on
+127.0.0.1 with the CPU "c" release; the workers are real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from test_serve import assert_close, client, infer, metric
+from traffic import ClosedLoop
+
+from tileship.serve import BackgroundServer, ServeConfig
+
+
+def wait_workers(srv: BackgroundServer, *, standby: bool = True, timeout: float = 120.0,
+                 not_pids: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Poll /v2/health/ready until ready with a serving worker (and a standby whose pid is not in ``not_pids``)."""
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{srv.url}/v2/health/ready", timeout=10)
+        body = r.json()
+        w = body.get("workers") or {}
+        if r.status_code == 200 and w.get("serving") and (not standby or (w.get("standby") and w["standby"] not in not_pids)):
+            return w
+        time.sleep(0.05)
+    raise AssertionError(f"workers not ready within {timeout} s: {body}")
+
+
+@contextlib.contextmanager
+def workers_server(source: Any, **kw: Any) -> Iterator[BackgroundServer]:
+    logs = io.StringIO()
+    srv = BackgroundServer(ServeConfig(source=source, log_stream=logs, **kw)).start()
+    srv.logs = logs  # type: ignore[attr-defined]
+    try:
+        wait_workers(srv)
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(cpu_release_build) -> Iterator[BackgroundServer]:
+    with workers_server(cpu_release_build.path, workers=1, worker_timeout_s=3.0) as srv:
+        yield srv
+
+
+def add_binary(url: str, c: httpx.Client, a: np.ndarray, b: np.ndarray) -> tuple[int, Any]:
+    """POST add with binary tensors; (status, C as an array) or (status, error message)."""
+    head = json.dumps({"inputs": [{"name": n, "shape": [len(x)], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}} for n, x in (("A", a), ("B", b))],
+                       "outputs": [{"name": "C", "parameters": {"binary_data": True}}]}).encode()
+    r = c.post(f"{url}/v2/models/add/infer", content=head + a.tobytes() + b.tobytes(), timeout=30,
+               headers={"inference-header-content-length": str(len(head)), "content-type": "application/octet-stream"})
+    if r.status_code != 200:
+        return r.status_code, r.json()["error"]
+    hl = int(r.headers["inference-header-content-length"])
+    return 200, np.frombuffer(r.content[hl:], dtype=np.float32)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize("model,dims", [("add", {"N": 1000}), ("add", {"N": 4096}), ("rmsnorm_cpu", {"M": 5, "N": 1024}),
+                                        ("rmsnorm_cpu", {"M": 64, "N": 256})], ids=["add-dyn", "add-static", "rms-dyn", "rms-static"])
+def test_workers_answer_like_the_in_process_server(server, cpu_release_build, model, dims, binary):
+    rel = server.service.holder.current.release
+    runner = rel.ops[model]
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn([dims[d] for d in ds], generator=g) for _, ds in runner.shape.inputs]
+    out_name = rel.declarations[model]["outputs"][0][0]
+    c = client(server)
+    try:
+        res = infer(c, model, {n: t.numpy() for (n, _), t in zip(runner.shape.inputs, tensors, strict=True)},
+                    binary=binary, out=out_name)
+    finally:
+        c.close()
+    assert_close(res.as_numpy(out_name), runner.reference(*[t.double() for t in tensors]), 1e-4, 1e-4)
+    p = res.get_response()["parameters"]
+    assert p["tileship_release"] == cpu_release_build.release_id
+    assert (p["tileship_path"], p["tileship_reason"]) == ("kernel", "kernel")
+    w = server.service.workers.status()
+    assert w["serving"] and w["standby"] and os.getpid() not in [*w["serving"], w["standby"]]
+
+
+def test_undeclared_shape_and_bad_calls_through_a_worker(server):
+    with httpx.Client() as c:
+        st, out = add_binary(server.url, c, np.ones(3, np.float32), np.full(3, 2, np.float32))
+        assert st == 200 and (out == 3).all()
+        r = c.post(f"{server.url}/v2/models/add/infer", json={"inputs": [
+            {"name": "A", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]},
+            {"name": "B", "shape": [3], "datatype": "FP32", "data": [1, 1, 1]}]})
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2, 3, 4]
+        bad = c.post(f"{server.url}/v2/models/add/infer", json={"inputs": [
+            {"name": "A", "shape": [3], "datatype": "FP64", "data": [1, 2, 3]},
+            {"name": "B", "shape": [3], "datatype": "FP32", "data": [1, 1, 1]}]})
+        assert bad.status_code == 400 and "wrong datatype" in bad.json()["error"]
+
+
+def test_undeclared_shape_goes_to_the_reference_in_the_worker(server):
+    x, w = torch.randn(3, 100), torch.randn(100)
+    c = client(server)
+    try:
+        res = infer(c, "rmsnorm_cpu", {"X": x.numpy(), "W": w.numpy()}, binary=True, out="Y")
+    finally:
+        c.close()
+    p = res.get_response()["parameters"]
+    assert (p["tileship_path"], p["tileship_reason"]) == ("reference", "undeclared_shape")
+    assert_close(res.as_numpy("Y"), torch.nn.functional.rms_norm(x.double(), (100,), w.double(), 1e-6), 1e-5, 1e-5)
+
+
+def test_a_call_larger_than_the_buffer_grows_it(server):
+    n = 1 << 19  # 2 MiB per input: more than the worker's first 1 MiB buffer
+    a, b = np.random.default_rng(0).standard_normal((2, n), dtype=np.float32)
+    with httpx.Client() as c:
+        st, out = add_binary(server.url, c, a, b)
+    assert st == 200 and np.array_equal(out, a + b)
+
+
+def test_kill_9_under_load_loses_no_answer_and_a_new_standby_appears(server):
+    """Kill the serving worker repeatedly under a closed loop: 0 wrong answers, every failure counted."""
+    wrong: list[str] = []
+
+    def call(url: str, rng: Any, c: httpx.Client) -> tuple[int, str]:
+        n = int(rng.choice([17, 1000, 4096]))
+        a, b = rng.standard_normal((2, n), dtype=np.float32)
+        st, out = add_binary(url, c, a, b)
+        if st == 200 and not np.array_equal(out, a + b):
+            wrong.append(f"N={n}: {np.abs(out - (a + b)).max()}")
+        return st, "" if st == 200 else str(out)
+
+    kills, seen = int(os.environ.get("TILESHIP_WORKER_KILLS", "5")), set()
+    pool = server.service.workers
+    retries0, failures0 = pool.retries, dict(pool.failures)
+    loop = ClosedLoop(call, clients=4)
+    served, failures = loop.start(server.url)
+    try:
+        for _ in range(kills):
+            w = wait_workers(server, not_pids=tuple(seen))
+            victim = w["serving"][0]
+            seen.update([victim, w["standby"]])
+            before = len(served)
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while len(served) < before + 20 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the standby answers at once
+            assert len(served) >= before + 20, f"no answers after killing {victim}"
+    finally:
+        loop.stop()
+    w = wait_workers(server, not_pids=tuple(seen))  # a new standby, not one seen before
+    assert not failures, failures[:3]                # every request got an HTTP answer
+    assert not wrong, wrong[:3]
+    errors = [(st, msg) for st, msg in served if st != 200]
+    assert all(st == 503 and "worker failure" in msg for st, msg in errors), errors[:3]
+    died = pool.failures.get("died", 0) + pool.failures.get("exited", 0) - failures0.get("died", 0) - failures0.get("exited", 0)
+    assert died == kills
+    # a request on a killed worker is retried once; only a second death in a row makes a 503
+    assert len(errors) <= kills and pool.retries - retries0 <= kills
+    print(f"\n{kills} kills, {len(served)} answers, {len(errors)} 503s, {pool.retries - retries0} retried, 0 wrong")
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+    text = httpx.get(f"{server.url}/metrics").text
+    assert metric(text, "tileship_workers", state="standby") == 1
+    assert metric(text, "tileship_worker_retries_total") == pool.retries
+
+
+def test_a_wedged_worker_is_killed_and_the_standby_answers(server):
+    w = wait_workers(server)
+    victim = w["serving"][0]
+    os.kill(victim, signal.SIGSTOP)  # alive but never answering
+    try:
+        with httpx.Client() as c:
+            t0 = time.monotonic()
+            st, msg = add_binary(server.url, c, np.ones(8, np.float32), np.ones(8, np.float32))
+            assert st == 503 and "did not answer within 3 s" in msg, (st, msg)
+            assert time.monotonic() - t0 < 10
+            st, out = add_binary(server.url, c, np.ones(8, np.float32), np.ones(8, np.float32))
+            assert st == 200 and (out == 2).all()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+    assert victim not in server.service.workers.status()["serving"]
+    assert server.service.workers.failures.get("wedged", 0) >= 1
+    wait_workers(server, not_pids=(victim, w["standby"]))
+
+
+def test_reload_with_workers_is_a_clear_409_and_serving_goes_on(server, cpu_release_build):
+    r = httpx.post(f"{server.url}/v2/repository/reload", timeout=30)
+    assert r.status_code == 409, r.text
+    body = r.json()
+    assert body["stage"] == "workers" and "not available with --workers" in body["error"]
+    assert body["serving"] == cpu_release_build.release_id
+    with httpx.Client() as c:
+        st, out = add_binary(server.url, c, np.ones(8, np.float32), np.ones(8, np.float32))
+    assert st == 200 and (out == 2).all()
+
+
+def test_workers_stop_with_the_server(cpu_release_build):
+    with workers_server(cpu_release_build.path, workers=2) as srv:
+        w = srv.service.workers.status()
+        assert len(w["serving"]) == 2
+        pids = [*w["serving"], w["standby"]]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

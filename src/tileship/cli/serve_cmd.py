@@ -58,6 +58,14 @@ def serve(
                                                "a preset (tiny, 7b-2layer) or a JSON file (docs/serving.md); needs the "
                                                "repository's "
                                                "examples/llama (not installed by pip)"),
+    ray: bool = typer.Option(False, "--ray", help="serve SOURCE (a registry) from a Ray Serve fleet with rolling "
+                                                  "activation (docs/ray.md); needs `pip install 'tileship[ray]'`"),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="the Ray cluster, e.g. HOST:6379 (implies --ray)"),
+    replicas: int = typer.Option(2, help="--ray: replicas (one GPU each where the cluster has GPUs)"),
+    min_replicas: int = typer.Option(1, help="--ray with --max-replicas: the autoscaling floor"),
+    max_replicas: int | None = typer.Option(None, help="--ray: autoscale on ongoing requests up to this many replicas"),
+    canary_requests: int = typer.Option(50, help="--ray: canary-replica requests judged before the rest roll"),
+    canary_seconds: float = typer.Option(5.0, help="--ray: and at least this many seconds of canary traffic"),
 ) -> None:
     """Serve a release over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port; tritonclient works).
 
@@ -105,6 +113,12 @@ def serve(
                          max_connections=max_connections, header_timeout_s=header_timeout, keep_alive_s=keep_alive,
                          diagnostics_interval_s=diagnostics_interval, diagnostics_keep=diagnostics_keep,
                          grpc_port=grpc_port)
+    if ray or ray_address:
+        from tileship.cli.serve_ray import serve_fleet
+
+        raise typer.Exit(serve_fleet(config, host=host, port=port, address=ray_address, replicas=replicas,
+                                     min_replicas=min_replicas, max_replicas=max_replicas,
+                                     canary_requests=canary_requests, canary_seconds=canary_seconds))
     raise typer.Exit(run(config, host=host, port=port, log_level=log_level))
 
 

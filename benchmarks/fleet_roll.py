@@ -1,0 +1,233 @@
+"""Rolling activation on a `tileship serve --ray` fleet under a bounded loopback load (issue 19, item 2).
+
+A local Ray cluster (``num_cpus=2``), a fleet of ``--replicas`` replicas on a registry holding the
+CPU catalog release and copies of it under other versions (distinct release ids, same kernels),
+and ``--clients`` client threads sending ``add`` requests with random inputs over loopback,
+checking every answer against ``x + y``. The registry's active release is then moved ``--rolls``
+times (A -> B -> C -> A ...); each roll goes canary replica -> judged window -> the rest. Then one
+bad release (an ``add`` kernel that computes A - B on every 97th element: warm-up catches it on
+the canary) is activated and must be rolled back on its own, the registry's pointer with it.
+
+Reported: per roll the time from the registry change to fully rolled (the fleet's own clock),
+and over the whole run the requests sent, failed (any status but 200 or a dropped connection),
+wrong (values that are not x + y) and answered by the bad release (must be 0), per release id.
+
+    python benchmarks/fleet_roll.py --rolls 5 --out benchmarks/results/cpu/fleet_roll.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+BAD_OPS = '''
+import tilelang.language as T
+from tileship.declare.spec import Operator, TensorArg
+
+
+def wrong_add_kernel(N, dtype="float32"):
+    @T.prim_func
+    def main(A: T.Tensor((N,), dtype), B: T.Tensor((N,), dtype), C: T.Tensor((N,), dtype)):
+        with T.Kernel(T.ceildiv(N, 256)) as bx:
+            for i in T.Parallel(256):
+                idx = bx * 256 + i
+                if idx < N:
+                    C[idx] = T.if_then_else(idx % 97 == 0, A[idx] - B[idx], A[idx] + B[idx])
+
+    return main
+
+
+def add_reference(a, b):
+    import torch
+
+    return torch.add(a, b)
+
+
+add = Operator(name="add", factory=wrong_add_kernel, reference=add_reference,
+               inputs=(TensorArg("A", ("N",)), TensorArg("B", ("N",))), outputs=(TensorArg("C", ("N",)),),
+               dtypes=("float32",), targets=("c",), shapes=({"N": 4096},))
+'''
+
+
+def build_bad_release(root: Path) -> Path:
+    """A release whose ``add`` kernel is wrong (the reference is right): warm-up refuses it."""
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import Project, load_operators
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "fleet_bad_ops.py").write_text(BAD_OPS)
+    proj = Project(model="fleet-bad", model_version="1", operator_modules=("fleet_bad_ops",), targets=("c",), root=root)
+    result = build(proj, load_operators(proj), root / "out", BuildOptions(jobs=2))
+    assert result.ok, [r.error for r in result.failed]
+    return Path(result.path)
+
+
+class Load:
+    """``clients`` threads sending ``add`` requests until ``stop`` (at most ``max_requests``)."""
+
+    def __init__(self, url: str, clients: int = 4, n: int = 256, max_requests: int = 1_000_000) -> None:
+        self.url, self.clients, self.n, self.max_requests = url, clients, n, max_requests
+        self.sent = 0
+        self.failed: list[str] = []
+        self.wrong: list[str] = []
+        self.by_release: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        self.halt = threading.Event()
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def _client(self, seed: int) -> None:
+        import httpx
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        with httpx.Client(timeout=60.0) as c:
+            while not self.halt.is_set():
+                with self.lock:
+                    if self.sent >= self.max_requests:
+                        return
+                    self.sent += 1
+                x, y = rng.standard_normal(self.n).astype(np.float32), rng.standard_normal(self.n).astype(np.float32)
+                body = {"inputs": [{"name": k, "shape": [self.n], "datatype": "FP32", "data": v.tolist()}
+                                   for k, v in (("A", x), ("B", y))]}
+                try:
+                    r = c.post(self.url + "/v2/models/add/infer", json=body)
+                except Exception as exc:  # a connection the fleet dropped counts as failed
+                    with self.lock:
+                        self.failed.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                with self.lock:
+                    if r.status_code != 200:
+                        self.failed.append(f"{r.status_code}: {r.text[:300]}")
+                        continue
+                    got = np.asarray(r.json()["outputs"][0]["data"], dtype=np.float32)
+                    release = r.headers.get("x-tileship-release", "?")
+                    self.by_release[release] += 1
+                    if not np.allclose(got, x + y, atol=1e-5):
+                        self.wrong.append(f"release {release}: {int((~np.isclose(got, x + y, atol=1e-5)).sum())} "
+                                          f"of {self.n} elements differ")
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.halt.set()
+        for t in self.threads:
+            t.join(120)
+
+    def summary(self) -> dict[str, Any]:
+        with self.lock:
+            return {"sent": self.sent, "ok": sum(self.by_release.values()), "failed": len(self.failed),
+                    "wrong": len(self.wrong), "by_release": dict(self.by_release),
+                    "failures": self.failed[:10], "wrong_examples": self.wrong[:10]}
+
+
+def roll_to(fleet: Any, registry: Any, release: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Activate ``release`` in the registry; wait for the fleet to finish the roll it starts; its record."""
+    before = len(fleet.status()["rolls"])
+    registry.activate(release)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rolls = fleet.status()["rolls"]
+        if len(rolls) > before:
+            return rolls[before]  # type: ignore[no-any-return]
+        time.sleep(0.1)
+    raise TimeoutError(f"the fleet did not finish rolling to {release} within {timeout} s: {fleet.status()['roll']}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rolls", type=int, default=5)
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--window-requests", type=int, default=50)
+    ap.add_argument("--window-seconds", type=float, default=3.0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    import ray
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from serve_load import build_cpu_release, free_port
+
+    from tileship.release import bundle
+    from tileship.release.registry import Registry
+    from tileship.serve import ServeConfig
+    from tileship.serve.canary import CanaryPolicy
+    from tileship.serve.fleet_plan import FleetPolicy
+    from tileship.serve.ray_fleet import Fleet, FleetOptions
+
+    tmp = Path(tempfile.mkdtemp(prefix="tileship-fleet-roll-"))
+    a = build_cpu_release(tmp / "a")
+    reg = Registry(tmp / "registry")
+    ids = [reg.publish(a)]
+    for i in (2, 3):  # the same kernels under another model version: another release id
+        import shutil
+
+        dest = tmp / f"v{i}"
+        shutil.copytree(a, dest)
+        rel = json.loads((dest / "release.json").read_text())
+        rel["model"]["version"] = f"fleet-{i}"
+        (dest / "release.json").write_text(json.dumps(rel, indent=1, sort_keys=True))
+        bundle.write_manifest(dest)
+        ids.append(reg.publish(dest))
+    bad = reg.publish(build_bad_release(tmp / "bad"))
+    reg.activate(ids[0])
+
+    t0 = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    policy = FleetPolicy(CanaryPolicy(window_requests=args.window_requests, window_seconds=args.window_seconds))
+    fleet = Fleet(ServeConfig(source=reg.root), FleetOptions(replicas=args.replicas, replica_cpus=0.5, policy=policy))
+    url = fleet.start("127.0.0.1", free_port())
+    started_s = time.perf_counter() - t0
+    rolls = []
+    try:
+        with Load(url, clients=args.clients) as load:
+            time.sleep(2.0)
+            for k in range(args.rolls):
+                rolls.append(roll_to(fleet, reg, ids[(k + 1) % len(ids)]))
+                time.sleep(1.0)
+            bad_roll = roll_to(fleet, reg, bad)
+            time.sleep(1.0)
+        status = fleet.status()
+    finally:
+        fleet.stop()
+        ray.shutdown()
+    result = {"benchmark": "fleet_roll", "host": platform.node(), "cpus": 2, "replicas": args.replicas,
+              "clients": args.clients, "window": {"requests": args.window_requests, "seconds": args.window_seconds},
+              "fleet_start_s": round(started_s, 2), "rolls": rolls, "bad_canary": bad_roll,
+              "registry_active_after": reg.active().release_id, "load": load.summary(),
+              "answered_by_bad_release": load.by_release.get(bad, 0),
+              "per_release": status["per_release"]}
+    good = [r["seconds"] for r in rolls if r["outcome"] == "rolled"]
+    lines = [f"fleet of {args.replicas} replicas on a local Ray cluster (num_cpus=2), {args.clients} clients, "
+             f"window {args.window_requests} canary requests and {args.window_seconds:g} s; fleet up in {started_s:.1f} s",
+             *(f"roll {i + 1}: {r['previous'][:8]} -> {r['release'][:8]}: {r['outcome']} in {r['seconds']:.2f} s"
+               for i, r in enumerate(rolls)),
+             f"time to fully rolled: min {min(good):.2f} s, max {max(good):.2f} s over {len(good)} rolls" if good else "",
+             f"bad canary {bad[:8]}: {bad_roll['outcome']} in {bad_roll['seconds']:.2f} s: {bad_roll['reason'][:200]}",
+             f"registry active after: {result['registry_active_after']}",
+             f"requests: {load.summary()['sent']} sent, {load.summary()['ok']} ok, {load.summary()['failed']} failed, "
+             f"{load.summary()['wrong']} wrong, {result['answered_by_bad_release']} by the bad release; "
+             f"by release {dict(load.by_release)}"]
+    text = "\n".join(x for x in lines if x)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        args.out.with_suffix(".txt").write_text(text + "\n")
+    s = load.summary()
+    return 0 if s["failed"] == 0 and s["wrong"] == 0 and not result["answered_by_bad_release"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

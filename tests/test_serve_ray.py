@@ -113,7 +113,8 @@ def test_plan_aborts_the_canary_when_the_registry_moves_on() -> None:
 def test_deployment_options_fixed_or_autoscaled() -> None:
     assert FleetOptions(replicas=3).deployment_options(64, 1)["num_replicas"] == 3
     auto = FleetOptions(min_replicas=2, max_replicas=6, target_ongoing=8).deployment_options(64, 0)
-    assert auto["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 8}
+    assert auto["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 8,
+                                          "upscale_delay_s": 10.0, "downscale_delay_s": 60.0}
     assert "num_replicas" not in auto and auto["ray_actor_options"]["num_gpus"] == 0
     with pytest.raises(DeclarationError, match="--min-replicas"):
         FleetOptions(min_replicas=4, max_replicas=2).deployment_options(64, 0)

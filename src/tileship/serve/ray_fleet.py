@@ -48,6 +48,8 @@ class FleetOptions:
     min_replicas: int = 1
     max_replicas: int | None = None
     target_ongoing: float = 4.0
+    upscale_delay_s: float = 10.0    # load above the target this long adds replicas
+    downscale_delay_s: float = 60.0  # and below it this long removes them (never under min_replicas)
     replica_cpus: float = 1.0
     poll_s: float = 0.25
     policy: FleetPolicy = FleetPolicy()
@@ -61,7 +63,9 @@ class FleetOptions:
                 raise DeclarationError(f"autoscaling bounds: need 1 <= --min-replicas ({self.min_replicas}) "
                                        f"<= --max-replicas ({self.max_replicas})")
             opts["autoscaling_config"] = {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
-                                          "target_ongoing_requests": self.target_ongoing}
+                                          "target_ongoing_requests": self.target_ongoing,
+                                          "upscale_delay_s": self.upscale_delay_s,
+                                          "downscale_delay_s": self.downscale_delay_s}
         elif self.replicas < 1:
             raise DeclarationError(f"--replicas must be >= 1, got {self.replicas}")
         else:

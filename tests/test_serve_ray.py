@@ -204,3 +204,30 @@ def test_a_bad_canary_is_rolled_back_with_the_registry_and_no_request_fails(flee
     st = f.status()
     assert st["stable"] == before and all(x["release"] == before for x in st["replicas"].values())
     assert any(e["event"] == "rolled_back" and e["release"] == bad for e in st["events"])
+
+
+def test_cli_refuses_what_a_fleet_cannot_honour_before_starting_ray(cpu_release: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tileship.cli import app
+
+    reg = Registry(tmp_path / "registry")
+    reg.activate(reg.publish(cpu_release))
+    res = CliRunner().invoke(app, ["serve", str(reg.root), "--ray", "--workers", "2"])
+    assert res.exit_code == 1 and "--workers cannot be combined with --ray yet" in res.output, res.output
+    res = CliRunner().invoke(app, ["serve", str(reg.root), "--ray", "--min-replicas", "3", "--max-replicas", "2"])
+    assert res.exit_code == 1 and "need 1 <= --min-replicas (3) <= --max-replicas (2)" in res.output, res.output
+    res = CliRunner().invoke(app, ["serve", str(cpu_release), "--ray"])
+    assert res.exit_code == 1 and "serves a registry directory" in res.output, res.output
+
+
+def test_missing_ray_serve_names_the_extra(monkeypatch) -> None:
+    import sys
+
+    from tileship.errors import TileshipError
+    from tileship.serve.ray_fleet import require_serve
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(TileshipError, match="needs Ray Serve") as info:
+        require_serve()
+    assert "pip install 'tileship[ray]'" in str(info.value.hint)

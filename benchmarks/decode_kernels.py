@@ -16,6 +16,9 @@ spread; a speedup whose difference is under the spread is reported as not resolv
   gqa_decode (q [B, 32, 128], KV cache [B, S, 8, 128], lengths = S):
     tileship, kernel as above
     sdpa          F.scaled_dot_product_attention(enable_gqa=True) over the valid length (the reference)
+  gqa_decode_paged (pages of 64, the sample's lengths and random page order):
+    tileship, reference (gather the pages, then masked SDPA)
+    contiguous_tileship  gqa_decode on the same cache gathered contiguous (what paging costs)
   add_rmsnorm (x, residual [M, N], w [N] -> (rms_norm(x + residual), x + residual)):
     tileship, kernel as above
     eager_pair    x + residual, then F.rms_norm (the reference: two kernels)
@@ -42,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("release", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=50, help="timed calls per repeat")
-    ap.add_argument("--ops", default="w4a16_linear,gqa_decode,add_rmsnorm")
+    ap.add_argument("--ops", default="w4a16_linear,gqa_decode,add_rmsnorm,gqa_decode_paged")
     ap.add_argument("--routing", choices=("pinned", "evidence"), default="pinned")
     return ap.parse_args(argv)
 
@@ -189,6 +192,41 @@ def gqa_rows(release: Any, timer: Timer, hbm: float) -> list[dict[str, Any]]:
     return rows
 
 
+def paged_rows(release: Any, timer: Timer, hbm: float) -> list[dict[str, Any]]:
+    """gqa_decode_paged vs the contiguous gqa_decode on the same (gathered) cache, and vs its reference."""
+    import torch
+
+    if "gqa_decode_paged" not in release.ops:
+        return []
+    runner = release.op("gqa_decode_paged")
+    contiguous = release.ops.get("gqa_decode")
+    rows = []
+    for entry in sorted((e for e in runner.entries if e.spec is not None), key=lambda e: e.spec.id):
+        spec = entry.spec
+        if spec.dynamic_dim or spec.target != "cuda-sm90a":
+            continue
+        dims = spec.dim_map()
+        q, k, v, table, lengths = runner.sample_inputs(dims, spec.dtype, "cuda", seed=0)
+        from tileship.catalog.gqa_paged import gather_pages
+
+        kc, vc = gather_pages(k, table, lengths), gather_pages(v, table, lengths)
+        out, decision = runner.call(q, k, v, table, lengths)
+        ref = runner.reference(q.double(), k.double(), v.double(), table, lengths)
+        t = {"tileship": timer(lambda: runner(q, k, v, table, lengths)),
+             "reference": timer(lambda: runner.reference(q, k, v, table, lengths)),
+             "contiguous_tileship": timer(lambda: contiguous(q, kc, vc, lengths)) if contiguous is not None else None}
+        kv_bytes = 2 * int(lengths.sum()) * dims["HKV"] * dims["D"] * q.element_size()
+        row = {"op": "gqa_decode_paged", "spec": spec.id, "B": dims["B"], "S": dims["S"], "dtype": spec.dtype,
+               "lengths": lengths.tolist(), "path": decision.path, "reason": decision.reason,
+               "max_abs_err": float((out.double() - ref).abs().max()), "times": t,
+               "speedup_vs": {n: speedup(x, t["tileship"]) for n, x in t.items() if n != "tileship"},
+               "bytes": kv_bytes, "pct_hbm": {n: 100 * kv_bytes / (x["us"] * 1e-6) / hbm for n, x in t.items() if x}}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("times", "lengths")}), flush=True)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def add_rmsnorm_rows(release: Any, timer: Timer, hbm: float) -> list[dict[str, Any]]:
     """add_rmsnorm vs the unfused eager pair (the reference) and the same pair under torch.compile."""
     import torch
@@ -251,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         result["rows"] += gqa_rows(release, timer, hbm)
     if "add_rmsnorm" in ops:
         result["rows"] += add_rmsnorm_rows(release, timer, hbm)
+    if "gqa_decode_paged" in ops:
+        result["rows"] += paged_rows(release, timer, hbm)
     args.out.write_text(json.dumps(result, indent=1))
     return 0
 

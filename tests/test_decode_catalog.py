@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tileship
-from tileship.catalog import add_rmsnorm, cpu_decode, gqa_decode, w4a16
+from tileship.catalog import add_rmsnorm, cpu_decode, gqa_decode, gqa_paged, w4a16
 from tileship.declare.spec import expand
 
 
@@ -67,7 +67,8 @@ def test_gqa_reference_ignores_positions_past_each_length() -> None:
     assert torch.allclose(out[0:1], manual, atol=1e-6)
 
 
-@pytest.mark.parametrize("op", [w4a16.w4a16, gqa_decode.gqa, add_rmsnorm.add_rmsnorm], ids=lambda o: o.name)
+@pytest.mark.parametrize("op", [w4a16.w4a16, gqa_decode.gqa, add_rmsnorm.add_rmsnorm, gqa_paged.gqa_paged],
+                         ids=lambda o: o.name)
 def test_cuda_declarations_expand(op) -> None:
     specs = expand(op)
     assert specs and all(s.target == "cuda-sm90a" for s in specs)
@@ -127,6 +128,37 @@ def test_cpu_twins_run_their_kernels(twins_release) -> None:
     k[0, 7:] = 0.0
     v[0, 7:] = 0.0
     assert torch.allclose(o, gqa_decode.gqa_decode_reference(q, k, v, lengths), atol=1e-5)
+
+
+def test_paged_twin_reads_only_the_pages_a_sequence_uses(twins_release) -> None:
+    release = tileship.load(twins_release.path)
+    torch.manual_seed(11)
+    page, n_pages = gqa_paged.PAGE, 14
+    q = torch.randn(3, 4, 16)
+    k, v = torch.randn(n_pages, page, 2, 16), torch.randn(n_pages, page, 2, 16)
+    lengths = torch.tensor([70, 256, 1], dtype=torch.int32)
+    table = torch.tensor([[5, 9, -7, 99], [0, 1, 2, 3], [13, 1000, -1, 4]], dtype=torch.int32)  # junk past a length
+    contiguous_k = gqa_paged.gather_pages(k, table, lengths)
+    contiguous_v = gqa_paged.gather_pages(v, table, lengths)
+    want = gqa_decode.gqa_decode_reference(q, contiguous_k, contiguous_v, lengths)
+    used = {5, 9, 0, 1, 2, 3, 13}
+    for p in set(range(n_pages)) - used:  # pages no sequence uses, and rows past a length, hold NaN
+        k[p], v[p] = float("nan"), float("nan")
+    k[9, 70 - page:], v[9, 70 - page:] = float("nan"), float("nan")
+    o, decision = release.op("gqa_decode_paged_cpu").call(q, k, v, table, lengths)
+    assert decision.path == "kernel", decision
+    assert not bool(torch.isnan(o).any())
+    assert torch.allclose(o, want, atol=1e-5)
+    assert torch.allclose(gqa_paged.gqa_decode_paged_reference(q, k, v, table, lengths), want, atol=1e-6)
+
+
+def test_paged_sample_poisons_unused_pages() -> None:
+    dims = {"B": 3, "S": 256, "P": 14, "PAGE": 64, "HQ": 4, "HKV": 2, "D": 16}
+    q, k, v, table, lengths = gqa_paged.gqa_decode_paged_sample(dims, "float32", "cpu")
+    assert lengths.tolist() == [256, 256 - 96 - 5, 256]
+    used = {int(p) for b in range(3) for p in table[b, : -(-int(lengths[b]) // 64)]}
+    assert all(bool(torch.isnan(k[p]).all()) != (p in used) for p in range(14))
+    assert not bool(torch.isnan(gqa_paged.gqa_decode_paged_reference(q, k, v, table, lengths)).any())
 
 
 def test_add_rmsnorm_twin_returns_the_norm_and_the_new_residual(twins_release) -> None:

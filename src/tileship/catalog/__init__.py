@@ -6,8 +6,10 @@
 - ``w4a16``: weight-only int4 linear (int4 packed 8 per int32, group-128 scales) for the Llama-3-8B
   projections: a GEMV for decode batches, tensor cores for larger and dynamic M (CUDA).
 - ``gqa_decode``: GQA decode attention over a KV cache with per-sequence lengths, split-KV (CUDA).
-- ``cpu``: kernels written for TileLang's ``"c"`` target so CPU-only CI runs real TileLang code,
-  among them twins of ``w4a16`` and ``gqa_decode`` with the same contract and reference.
+- ``gqa_paged``: the same over a paged KV cache (pages of 64 and a block table) (CUDA).
+- ``add_rmsnorm``: residual add + RMSNorm in one pass, returning the norm and the new residual (CUDA).
+- ``cpu``, ``cpu_decode``: kernels written for TileLang's ``"c"`` target so CPU-only CI runs real
+  TileLang code, among them twins of the decode operators with the same contract and reference.
 
 The demo builds ``gemm``, ``rmsnorm``, ``attention`` and ``cpu``; ``benchmarks/decode/tileship.toml``
 is the project that builds the decode operators (``benchmarks/gpu_decode.sh``).

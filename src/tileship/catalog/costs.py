@@ -42,6 +42,13 @@ def w4a16_linear(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
     return 2.0 * m * n * k, float(n * k // 2 + n * (k // 128) * size + (m * k + m * n) * size)
 
 
+def gqa_decode_paged(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
+    """As ``gqa_decode`` plus the block table: every sequence at its full capacity S (an upper
+    bound: the sample's odd sequences are shorter, so achieved rates read low for B > 1)."""
+    flops, nbytes = gqa_decode(dims, dtype)
+    return flops, nbytes + 4.0 * dims["B"] * (dims["S"] // 64)
+
+
 def gqa_decode(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
     """One query token per sequence over a full cache of S positions (the sample's lengths)."""
     b, s, hq, hkv, d = dims["B"], dims["S"], dims["HQ"], dims["HKV"], dims["D"]

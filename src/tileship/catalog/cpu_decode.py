@@ -1,4 +1,4 @@
-"""``"c"``-target twins of the decode operators (W4A16, GQA decode, fused add + RMSNorm).
+"""``"c"``-target twins of the decode operators (W4A16, GQA decode contiguous and paged, add + RMSNorm).
 
 Same contract, same reference, same sample hook as the CUDA ones.
 
@@ -13,6 +13,7 @@ import tilelang.language as T
 from tileship.catalog import costs
 from tileship.catalog.add_rmsnorm import EPS, add_rms_norm_reference, add_rms_norm_sample
 from tileship.catalog.gqa_decode import gqa_decode_reference, gqa_decode_sample
+from tileship.catalog.gqa_paged import PAGE, gqa_decode_paged_reference, gqa_decode_paged_sample, gqa_paged
 from tileship.catalog.w4a16 import w4a16_reference, w4a16_sample
 from tileship.declare.spec import Operator, TensorArg, Tolerance
 
@@ -35,14 +36,13 @@ def w4a16_cpu(M: Any, N: int, K: int, dtype: str = "float32") -> Any:
     return main
 
 
-def gqa_decode_cpu(B: int, S: int, HQ: int, HKV: int, D: int, dtype: str = "float32") -> Any:
-    """The CUDA catalog's GQA decode (same contract and reference), online softmax per (b, h)."""
+def _gqa_cpu_body(B: int, HQ: int, HKV: int, D: int, S: int, dtype: str, row: Any) -> Any:
+    """A macro: online softmax per (b, h) over positions ``row(K, aux, b, s)`` of K and V."""
     group = HQ // HKV
     scale = D**-0.5
 
-    @T.prim_func
-    def main(Q: T.Tensor((B, HQ, D), dtype), K: T.Tensor((B, S, HKV, D), dtype), V: T.Tensor((B, S, HKV, D), dtype),
-             lengths: T.Tensor((B,), "int32"), O: T.Tensor((B, HQ, D), dtype)):
+    @T.macro
+    def body(Q, K, V, aux, lengths, O):
         with T.Kernel(B, HQ) as (b, h):
             st = T.alloc_local((4,), "float32")  # running max, denominator, score, correction
             acc = T.alloc_local((D,), "float32")
@@ -53,15 +53,42 @@ def gqa_decode_cpu(B: int, S: int, HQ: int, HKV: int, D: int, dtype: str = "floa
             for s in T.serial(T.min(lengths[b], S)):
                 st[2] = 0.0
                 for d in T.serial(D):
-                    st[2] += T.cast(Q[b, h, d], "float32") * T.cast(K[b, s, h // group, d], "float32")
+                    st[2] += T.cast(Q[b, h, d], "float32") * T.cast(row(K, aux, b, s, h // group, d), "float32")
                 st[2] = st[2] * scale
                 st[3] = T.exp(st[0] - T.max(st[0], st[2]))
                 st[0] = T.max(st[0], st[2])
                 st[1] = st[1] * st[3] + T.exp(st[2] - st[0])
                 for d in T.serial(D):
-                    acc[d] = acc[d] * st[3] + T.exp(st[2] - st[0]) * T.cast(V[b, s, h // group, d], "float32")
+                    acc[d] = acc[d] * st[3] + T.exp(st[2] - st[0]) * T.cast(row(V, aux, b, s, h // group, d), "float32")
             for d in T.serial(D):
                 O[b, h, d] = T.cast(acc[d] / st[1], dtype)
+
+    return body
+
+
+def gqa_decode_cpu(B: int, S: int, HQ: int, HKV: int, D: int, dtype: str = "float32") -> Any:
+    """The CUDA catalog's GQA decode (same contract and reference), online softmax per (b, h)."""
+    body = _gqa_cpu_body(B, HQ, HKV, D, S, dtype, lambda kv, aux, b, s, g, d: kv[b, s, g, d])
+
+    @T.prim_func
+    def main(Q: T.Tensor((B, HQ, D), dtype), K: T.Tensor((B, S, HKV, D), dtype), V: T.Tensor((B, S, HKV, D), dtype),
+             lengths: T.Tensor((B,), "int32"), O: T.Tensor((B, HQ, D), dtype)):
+        body(Q, K, V, lengths, lengths, O)
+
+    return main
+
+
+def gqa_decode_paged_cpu(B: int, S: int, P: int, HQ: int, HKV: int, D: int, page: int = PAGE,
+                         dtype: str = "float32") -> Any:
+    """The CUDA catalog's paged GQA decode (same contract and reference): position s of sequence b
+    is row s % page of page ``block_table[b, s // page]``."""
+    body = _gqa_cpu_body(B, HQ, HKV, D, S, dtype, lambda kv, table, b, s, g, d: kv[table[b, s // page], s % page, g, d])
+
+    @T.prim_func
+    def main(Q: T.Tensor((B, HQ, D), dtype), K: T.Tensor((P, page, HKV, D), dtype),
+             V: T.Tensor((P, page, HKV, D), dtype), block_table: T.Tensor((B, S // page), "int32"),
+             lengths: T.Tensor((B,), "int32"), O: T.Tensor((B, HQ, D), dtype)):
+        body(Q, K, V, block_table, lengths, O)
 
     return main
 
@@ -127,4 +154,19 @@ add_rmsnorm_cpu_op = Operator(
     shapes=({"M": 1, "N": 256}, {"M": 8, "N": 256}),
     tolerances={"float32": Tolerance(atol=1e-5, rtol=1e-5)},
     sample=add_rms_norm_sample,
+)
+
+gqa_decode_paged_cpu_op = Operator(
+    name="gqa_decode_paged_cpu",
+    factory=gqa_decode_paged_cpu,
+    reference=gqa_decode_paged_reference,
+    cost=costs.gqa_decode_paged,
+    inputs=gqa_paged.inputs,
+    outputs=gqa_paged.outputs,
+    dtypes=("float32",),
+    targets=("c",),
+    params={"PAGE": "page"},
+    shapes=({"B": 3, "S": 256, "P": 14, "PAGE": PAGE, "HQ": 4, "HKV": 2, "D": 16},),
+    tolerances={"float32": Tolerance(atol=1e-4, rtol=1e-4)},
+    sample=gqa_decode_paged_sample,
 )

@@ -211,3 +211,48 @@ def test_workers_stop_with_the_server(cpu_release_build):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "bool", "uint8"])
+def test_the_shared_buffer_round_trips_every_dtype(dtype):
+    from tileship.serve import worker_wire as wire
+
+    buf = wire.Buffer.create(1 << 16)
+    try:
+        t = (torch.arange(24) % 5).reshape(2, 3, 4).to(getattr(torch, dtype))
+        d = buf.put(wire.ALIGN * 3, t.transpose(0, 2))  # non-contiguous on purpose
+        got = buf.view(d, copy=True)
+        assert got.dtype == t.dtype and torch.equal(got, t.transpose(0, 2))
+        raw = memoryview(bytearray(t.view(torch.uint8).numpy().tobytes()) if dtype != "bool" else t.numpy().tobytes())
+        d2 = buf.put_raw(0, raw, [2, 3, 4], dtype)
+        assert torch.equal(buf.view(d2), t)
+    finally:
+        buf.close()
+
+
+def test_a_sticky_fault_in_a_worker_call_is_a_fatal_reply(tmp_path):
+    """The worker answers a sticky device error with ``fatal`` (then exits 3); other errors are 400/500."""
+    from types import SimpleNamespace
+
+    from tileship.errors import CallError
+    from tileship.serve import worker
+    from tileship.serve import worker_wire as wire
+
+    def runner(exc: Exception) -> Any:
+        def call(*args: Any) -> Any:
+            raise exc
+        return SimpleNamespace(call=call)
+
+    ops = {"poisoned": runner(RuntimeError("CUDA error: an illegal memory access was encountered")),
+           "wrong": runner(CallError("wrong rank", operator="wrong", argument="A")), "bug": runner(ValueError("oops"))}
+    served = SimpleNamespace(release=SimpleNamespace(ops=ops), devices=dict.fromkeys(ops, "cpu"))
+    buf = wire.Buffer.create(1 << 12)
+    try:
+        arg = buf.put(0, torch.ones(4))
+        reply = {n: worker._call(served, buf, {"id": 1, "name": n, "args": [arg], "out": [64, 1024]}) for n in ops}
+    finally:
+        buf.close()
+    assert reply["poisoned"]["fatal"] and reply["poisoned"]["status"] == 503
+    assert "illegal memory access" in reply["poisoned"]["error"]
+    assert reply["wrong"] == {"id": 1, "status": 400, "error": "wrong(A): wrong rank"}
+    assert reply["bug"]["status"] == 500 and "ValueError: oops" in reply["bug"]["error"]

@@ -89,11 +89,12 @@ def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
 
 def main(fd: int) -> int:
     sock = socket.socket(fileno=fd)
+    reader = wire.Reader(sock)
     try:
-        start = wire.recv(sock)
+        start = reader.frame()
         assert start["op"] == "start", start
-        first = wire.recv(sock)
-        buf = wire.Buffer(wire.recv_fd(sock), int(first["size"]))
+        first = reader.frame()
+        buf = wire.Buffer(reader.fd(), int(first["size"]))
     except (wire.PeerGone, OSError):
         return 0
     try:
@@ -108,7 +109,7 @@ def main(fd: int) -> int:
                      "warm_failures": w.failures})
     while True:
         try:
-            msg = wire.recv(sock)
+            msg = reader.frame()
         except (wire.PeerGone, OSError):
             return 0
         op = msg.get("op")
@@ -119,7 +120,7 @@ def main(fd: int) -> int:
                 sock.close()
                 os._exit(EXIT_FATAL)  # the device context is poisoned: nothing here may run again
         elif op == "map":
-            fd_new = wire.recv_fd(sock)
+            fd_new = reader.fd()
             buf.close()
             buf = wire.Buffer(fd_new, int(msg["size"]))
         elif op == "stop":

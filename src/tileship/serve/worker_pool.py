@@ -25,7 +25,7 @@ from typing import Any
 from tileship.errors import WorkerError
 from tileship.runtime.dispatch import Decision
 from tileship.serve.validate import BadRequest
-from tileship.serve.workers import Worker, WorkerDied
+from tileship.serve.workers import Raw, Worker, WorkerDied
 
 #: times a worker that failed to start is started again before the pool gives up on it
 START_ATTEMPTS = 3
@@ -212,7 +212,7 @@ class WorkerPool:
                     if reply["status"] == 500:
                         raise WorkerError(f"worker {w.pid}: {reply['error']}", hint=reply.get("traceback"))
                     raise BadRequest(int(reply["status"]), reply["error"])
-                outs = [w.buf.view(d).clone() for d in reply["outs"]]  # the buffer is reused by the next call
+                outs = [w.buf.view(d, copy=True) for d in reply["outs"]]  # the buffer is reused by the next call
             finally:
                 self._give_back(w)
             path, reason, spec = reply["decision"]
@@ -245,7 +245,10 @@ def execute_remote(service: Any, served: Any, name: str, plan: Any, kserve_id: s
     if rel.release_id != pool.release_id:
         raise BadRequest(503, f"release {rel.release_id} is not loaded in the workers (they serve {pool.release_id})")
     decl = rel.declarations[name]
-    outs, decision = pool.call(name, plan.arguments("cpu"), sum(protocol.output_bytes(decl, plan).values()))
+    args = [protocol.to_tensor(inp, "cpu").item() if i in plan.scalars
+            else Raw(inp.raw, list(inp.shape), protocol.DATATYPES[inp.datatype]) if inp.raw is not None
+            else protocol.to_tensor(inp, "cpu") for i, inp in enumerate(plan.inputs)]
+    outs, decision = pool.call(name, args, sum(protocol.output_bytes(decl, plan).values()))
     out_names = [n for n, _ in decl["outputs"]]
     outputs = [(n, outs[out_names.index(n)], binary) for n, binary in plan.outputs]
     return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),

@@ -4,12 +4,15 @@ Transport: one Unix stream socket per worker (a ``socketpair``; the worker gets 
 inherited fd). Each message is a frame: 4 bytes little-endian length, then that many bytes of
 JSON (orjson). Tensors never travel in frames: they sit in one shared-memory buffer per worker
 (an anonymous ``memfd``, mapped by both processes; its fd goes over the socket with
-``SCM_RIGHTS`` right after a ``map`` frame), and frames carry only where they are.
+``SCM_RIGHTS`` on a ``map`` frame), and frames carry only where they are. Both ends read with
+one ``recvmsg`` per frame when it fits (``Reader``); a call's receive timeout is the kernel's
+``SO_RCVTIMEO``, so waiting costs no extra ``poll``.
 
 Front-end -> worker:
 
     {"op": "start", "path", "reference_only", "options": {...}}   then {"op": "map", "size"} + fd
     {"op": "map", "size": n} + fd         replace the buffer (it grew); the old mapping is dropped
+                                          (the fd rides as SCM_RIGHTS on the frame's own bytes)
     {"op": "call", "id": k, "name": op, "args": [Arg...], "out": [offset, capacity]}
     {"op": "stop"}                        exit 0 (so does end-of-file on the socket)
 
@@ -33,6 +36,7 @@ so the buffer needs no locking.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import socket
@@ -54,37 +58,57 @@ class PeerGone(ConnectionError):
 
 
 def send(sock: socket.socket, msg: dict[str, Any], fd: int | None = None) -> None:
-    """One frame; with ``fd``, the descriptor follows in a 1-byte SCM_RIGHTS message."""
+    """One frame; with ``fd``, the descriptor rides on the frame (SCM_RIGHTS)."""
     data = orjson.dumps(msg)
-    sock.sendall(_LEN.pack(len(data)) + data)
-    if fd is not None:
-        socket.send_fds(sock, [b"F"], [fd])
+    frame = _LEN.pack(len(data)) + data
+    if fd is None:
+        sock.sendall(frame)
+    elif socket.send_fds(sock, [frame], [fd]) != len(frame):
+        raise PeerGone("a map frame went out in part")
 
 
-def _exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
+def set_timeout(sock: socket.socket, seconds: float | None) -> None:
+    """The kernel's receive timeout (None: wait for ever); past it ``Reader.frame`` raises TimeoutError."""
+    s = seconds or 0.0
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(s), int((s % 1) * 1e6)))
+
+
+class Reader:
+    """Frames (and the fds that ride on them) from a blocking socket, one ``recvmsg`` per frame
+    when it fits. ``frame`` raises PeerGone on end-of-file, TimeoutError past ``set_timeout``."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.fds: list[int] = []
+
+    def _more(self) -> None:
+        try:
+            data, anc, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * _LEN.size))
+        except BlockingIOError:  # SO_RCVTIMEO passed
+            raise TimeoutError("no answer within the receive timeout") from None
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                self.fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4]))
+        if not data:
             raise PeerGone("the peer closed the socket")
-        got += k
-    return buf
+        self.buf += data
 
+    def frame(self) -> dict[str, Any]:
+        while len(self.buf) < 4:
+            self._more()
+        (n,) = _LEN.unpack_from(self.buf)
+        while len(self.buf) < 4 + n:
+            self._more()
+        msg: dict[str, Any] = orjson.loads(memoryview(self.buf)[4:4 + n])
+        del self.buf[:4 + n]
+        return msg
 
-def recv(sock: socket.socket) -> dict[str, Any]:
-    """The next frame. Raises PeerGone on end-of-file, TimeoutError past the socket's timeout."""
-    (n,) = _LEN.unpack(_exact(sock, 4))
-    msg: dict[str, Any] = orjson.loads(_exact(sock, n))
-    return msg
-
-
-def recv_fd(sock: socket.socket) -> int:
-    """The descriptor sent after a ``map`` frame."""
-    data, fds, _, _ = socket.recv_fds(sock, 1, 1)
-    if not data or not fds:
-        raise PeerGone("the peer closed the socket before sending the buffer")
-    return fds[0]
+    def fd(self) -> int:
+        """The descriptor of the ``map`` frame just read."""
+        if not self.fds:
+            raise PeerGone("a map frame came without its descriptor")
+        return self.fds.pop(0)
 
 
 class Buffer:
@@ -111,24 +135,47 @@ class Buffer:
             pass
         os.close(self.fd)
 
+    def put_raw(self, off: int, raw: memoryview, shape: list[int], dtype: str) -> dict[str, Any]:
+        """Copy bytes (a binary input's slice of the request body) to ``off``; their descriptor."""
+        self.mm[off:off + len(raw)] = raw
+        return {"off": off, "shape": shape, "dtype": dtype}
+
     def put(self, off: int, t: Any) -> dict[str, Any]:
-        """Copy tensor ``t`` (any device) to ``off``; its descriptor."""
+        """Copy tensor ``t`` (any device) to ``off``; its descriptor. A CPU tensor goes through
+        numpy's buffer (one memcpy, no torch op per call: those cost microseconds each)."""
         import torch
 
         t = t.detach()
-        flat = t.contiguous().reshape(-1)
-        n = flat.numel() * flat.element_size()
-        if n:
+        desc = {"off": off, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        n = t.numel() * t.element_size()
+        if not n:
+            return desc
+        if t.device.type == "cpu" and t.dtype != torch.bfloat16:
+            self.mm[off:off + n] = memoryview(t.contiguous().numpy()).cast("B")
+        else:
+            flat = t.contiguous().reshape(-1)
             self.u8[off:off + n].copy_(flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat)
-        return {"off": off, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        return desc
 
-    def view(self, d: dict[str, Any]) -> Any:
-        """The tensor a descriptor names: a view of the buffer (no copy)."""
+    def view(self, d: dict[str, Any], *, copy: bool = False) -> Any:
+        """The tensor a descriptor names: a view of the buffer (no copy), or a copy of it."""
+        import numpy as np
         import torch
 
         dt = getattr(torch, d["dtype"])
-        n = nbytes(d["shape"], dt)
-        return self.u8[d["off"]:d["off"] + n].view(dt).reshape(d["shape"])
+        count = nbytes(d["shape"], dt) // dt.itemsize
+        if dt == torch.bfloat16:  # numpy has no bfloat16
+            t = self.u8[d["off"]:d["off"] + count * 2].view(dt).reshape(d["shape"])
+            return t.clone() if copy else t
+        a = np.frombuffer(self.mm, dtype=_numpy_dtype(dt), count=count, offset=d["off"]).reshape(d["shape"])
+        return torch.from_numpy(a.copy() if copy else a)
+
+
+@functools.cache
+def _numpy_dtype(dtype: Any) -> Any:
+    import numpy as np
+
+    return np.dtype(str(dtype).removeprefix("torch."))
 
 
 def nbytes(shape: list[int], dtype: Any) -> int:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tileship.errors import WorkerError
 from tileship.serve import worker_wire as wire
@@ -27,6 +27,26 @@ BUFFER_BYTES = 1 << 20
 
 class WorkerDied(Exception):
     """The worker went away during the call (its answer will never come)."""
+
+
+class Raw(NamedTuple):
+    """A binary input as the request carried it: its bytes in the body, copied once into the buffer."""
+
+    raw: memoryview
+    shape: list[int]
+    dtype: str
+
+    def numel(self) -> int:
+        return len(self.raw) // _itemsize(self.dtype)
+
+    def element_size(self) -> int:
+        return _itemsize(self.dtype)
+
+
+def _itemsize(dtype: str) -> int:
+    import torch
+
+    return int(getattr(torch, dtype).itemsize)
 
 
 @dataclass
@@ -43,6 +63,15 @@ class Worker:
     dead: bool = False
     seq: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.reader = wire.Reader(self.sock)
+
+    def _timeout(self, seconds: float) -> None:
+        if seconds != self.timeout_s:
+            wire.set_timeout(self.sock, seconds)
+            self.timeout_s = seconds
 
     @classmethod
     def spawn(cls, path: str, reference_only: bool, options: dict[str, Any]) -> Worker:
@@ -57,9 +86,9 @@ class Worker:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the worker has loaded and warmed its release. Raises WorkerError."""
-        self.sock.settimeout(timeout_s)
+        self._timeout(timeout_s)
         try:
-            msg = wire.recv(self.sock)
+            msg = self.reader.frame()
         except (wire.PeerGone, OSError) as exc:
             raise WorkerError(f"worker {self.pid} exited while loading (status {self.proc.poll()}): {exc}") from None
         if msg.get("op") != "ready":
@@ -75,17 +104,20 @@ class Worker:
             need = out_off + wire.align(out_bytes + wire.ALIGN * 4)
             self._fit(need)
             for a, n in zip(args, sizes, strict=True):
-                if hasattr(a, "numel"):
+                if isinstance(a, Raw):
+                    descs.append(self.buf.put_raw(off, a.raw, a.shape, a.dtype))
+                    off = wire.align(off + n)
+                elif hasattr(a, "numel"):
                     descs.append(self.buf.put(off, a))
                     off = wire.align(off + n)
                 else:
                     descs.append({"value": a})
             self.seq += 1
-            self.sock.settimeout(timeout_s)
+            self._timeout(timeout_s)
             try:
                 wire.send(self.sock, {"op": "call", "id": self.seq, "name": name, "args": descs,
                                       "out": [out_off, self.buf.size - out_off]})
-                reply = wire.recv(self.sock)
+                reply = self.reader.frame()
             except (wire.PeerGone, BrokenPipeError, ConnectionResetError) as exc:
                 raise WorkerDied(f"worker {self.pid} went away during the call ({type(exc).__name__})") from None
             if reply.get("id") != self.seq:

@@ -144,6 +144,17 @@ def roll_to(fleet: Any, registry: Any, release: str, timeout: float = 120.0) -> 
     raise TimeoutError(f"the fleet did not finish rolling to {release} within {timeout} s: {fleet.status()['roll']}")
 
 
+def phases(events: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per roll, seconds from its start to each later event of it (canary_serving, canary_promoted, rolled...)."""
+    out: list[dict[str, float]] = []
+    for ev in events:
+        if ev["event"] == "roll_start":
+            out.append({"_t": ev["t"]})
+        elif out and ev["event"] in ("canary_serving", "canary_promoted", "rolled", "rolled_back", "aborted"):
+            out[-1][ev["event"]] = round(ev["t"] - out[-1]["_t"], 3)
+    return [{k: v for k, v in p.items() if k != "_t"} for p in out]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rolls", type=int, default=5)
@@ -207,12 +218,13 @@ def main() -> int:
               "fleet_start_s": round(started_s, 2), "rolls": rolls, "bad_canary": bad_roll,
               "registry_active_after": reg.active().release_id, "load": load.summary(),
               "answered_by_bad_release": load.by_release.get(bad, 0),
-              "per_release": status["per_release"]}
+              "per_release": status["per_release"], "phases": phases(status["events"]), "events": status["events"]}
     good = [r["seconds"] for r in rolls if r["outcome"] == "rolled"]
     lines = [f"fleet of {args.replicas} replicas on a local Ray cluster (num_cpus=2), {args.clients} clients, "
              f"window {args.window_requests} canary requests and {args.window_seconds:g} s; fleet up in {started_s:.1f} s",
-             *(f"roll {i + 1}: {r['previous'][:8]} -> {r['release'][:8]}: {r['outcome']} in {r['seconds']:.2f} s"
-               for i, r in enumerate(rolls)),
+             *(f"roll {i + 1}: {r['previous'][:8]} -> {r['release'][:8]}: {r['outcome']} in {r['seconds']:.2f} s "
+               f"(canary serving after {p.get('canary_serving', 0):.2f} s, promoted after "
+               f"{p.get('canary_promoted', 0):.2f} s)" for i, (r, p) in enumerate(zip(rolls, result["phases"][:len(rolls)], strict=True))),
              f"time to fully rolled: min {min(good):.2f} s, max {max(good):.2f} s over {len(good)} rolls" if good else "",
              f"bad canary {bad[:8]}: {bad_roll['outcome']} in {bad_roll['seconds']:.2f} s: {bad_roll['reason'][:200]}",
              f"registry active after: {result['registry_active_after']}",

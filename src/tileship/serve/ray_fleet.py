@@ -184,10 +184,12 @@ class FleetReplica:
 
     async def _sync_loop(self) -> None:
         while True:
+            report = self._report()
             try:
-                want = await self.controller.sync.remote(self.id, self._report())
+                want = await self.controller.sync.remote(self.id, report)
                 self._follow(want["release"], want["path"])
             except Exception as exc:  # the controller restarting: keep serving what is loaded
+                self.failed.update(report["failed"])  # a load failure must reach it (samples may be lost)
                 self.service.log.event("fleet_sync_failed", "warning", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(self.poll_s)
 
@@ -204,12 +206,16 @@ class FleetReplica:
         task.add_done_callback(self.service.background.discard)
 
     async def _load(self, release: str, path: Path) -> None:
+        holder = self.service.holder
+        before = holder.current
         try:
-            self.service.holder.source = path
+            holder.source = path
             status, body = await self.service.reload(trigger="fleet")
             if status != 200:
                 self.tried.add(release)
                 self.failed[release] = f"{body.get('stage')}: {body.get('error')}"
+                if before is not None:  # a reload by hand (SIGHUP, /v2/repository/reload) re-reads what serves
+                    holder.source = before.target.path
         finally:
             self.loading = None
 

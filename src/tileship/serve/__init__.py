@@ -9,7 +9,7 @@
     model      a whole model (``--llama``) swapped onto each release the holder prepares
     server     uvicorn in the foreground (``run``) or on a background thread (``BackgroundServer``)
     jsonlog    one JSON object per log line
-    ray_fleet  ``serve --ray``: these apps as Ray Serve replicas; fleet_plan rolls a registry change
+    ray_fleet  ``serve --ray``: these apps as Ray Serve replicas (ray_replica); fleet_plan rolls a registry change
                through them (canary replica, judged, then the rest, or a rollback); Ray imported lazily
 
 docs/serving.md describes the routes, the error table and the policies.

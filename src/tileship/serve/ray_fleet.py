@@ -1,10 +1,10 @@
 """``tileship serve --ray``: a Ray Serve fleet of KServe v2 servers with rolling activation.
 
-Each replica is the ``tileship serve`` app itself (``serve.routes.create_app`` over a
-``Service``), wrapped with ``@serve.ingress``: the same routes, protocol, validation, metrics and
-hot swap. A replica loads the release the fleet assigns it straight from the registry (no JIT),
-and warms it before Ray Serve routes a request to it (``__serve_build_asgi_app__`` awaits the
-load). It asks for one GPU when the cluster has one.
+Each replica (``serve.ray_replica``) is the ``tileship serve`` app itself
+(``serve.routes.create_app`` over a ``Service``), wrapped with ``@serve.ingress``: the same
+routes, protocol, validation, metrics and hot swap. A replica loads the release the fleet assigns
+it straight from the registry (no JIT), and warms it before Ray Serve routes a request to it
+(``__serve_build_asgi_app__`` awaits the load). It asks for one GPU when the cluster has one.
 
 ``FleetController`` (a named Ray actor) drives ``serve.fleet_plan.FleetPlan``: it polls the
 registry's active release and rolls a change through the replicas, canary first. Replicas
@@ -20,7 +20,6 @@ Ray is optional (the ``tileship[ray]`` extra): nothing here imports it before a 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import sys
 import time
@@ -31,11 +30,9 @@ from typing import Any
 from tileship.errors import DeclarationError, RegistryError, TileshipError
 from tileship.serve.config import ServeConfig
 from tileship.serve.fleet_plan import FleetPlan, FleetPolicy
+from tileship.serve.ray_replica import CONTROLLER, NAMESPACE, FleetReplica
 
-CONTROLLER = "tileship-fleet"
-NAMESPACE = "tileship"
 APP = "tileship"
-MAX_SAMPLES = 20000      # per replica between two syncs (a stalled controller must not grow a replica's memory)
 
 
 @dataclass(frozen=True)
@@ -136,126 +133,6 @@ class FleetController:
             return
         back = self.registry.rollback()
         self.log.event("fleet_registry_rollback", "warning", refused=release, active=back.release_id, reason=reason)
-
-
-class FleetReplica:
-    """One replica: the ``tileship serve`` app on the release the controller assigns it."""
-
-    def __init__(self, config: ServeConfig, poll_s: float) -> None:
-        self.config, self.poll_s = config, poll_s
-        self.samples: list[list[Any]] = []
-        self.failed: dict[str, str] = {}      # release -> why it could not load (sent once)
-        self.tried: set[str] = set()          # releases that failed to load while still assigned
-        self.loading: str | None = None
-        self.service: Any = None
-
-    async def __serve_build_asgi_app__(self) -> Any:
-        import ray
-        from ray import serve
-
-        from tileship.serve.routes import create_app
-
-        self.id = serve.get_replica_context().replica_id.unique_id
-        self.node = ray.util.get_node_ip_address()
-        self.controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
-        want = await self.controller.sync.remote(self.id, self._report())
-        source = Path(want["path"]) if want["path"] else self.config.source
-        app = create_app(dataclasses.replace(self.config, source=source))
-        self.service = app.state.service
-        await self.service.initial_load()  # loaded and warmed before Ray Serve routes a request here
-        self.task = asyncio.create_task(self._sync_loop())
-        return _Recorder(app, self._record, self.controller)
-
-    def check_health(self) -> None:
-        """Ray Serve restarts a replica whose process is poisoned (a sticky device error)."""
-        if self.service is not None and self.service.holder.fatal is not None:
-            raise RuntimeError(f"device failure: {self.service.holder.fatal}")
-
-    def _record(self, model: str, release: str, seconds: float, error: bool) -> None:
-        if len(self.samples) < MAX_SAMPLES:
-            self.samples.append([model, release, seconds, error])
-
-    def _report(self) -> dict[str, Any]:
-        cur = self.service.holder.current if self.service is not None else None
-        samples, self.samples = self.samples, []
-        failed, self.failed = self.failed, {}
-        return {"release": cur.release_id if cur is not None else None, "failed": failed, "samples": samples,
-                "node": getattr(self, "node", "")}
-
-    async def _sync_loop(self) -> None:
-        while True:
-            report = self._report()
-            try:
-                want = await self.controller.sync.remote(self.id, report)
-                self._follow(want["release"], want["path"])
-            except Exception as exc:  # the controller restarting: keep serving what is loaded
-                self.failed.update(report["failed"])  # a load failure must reach it (samples may be lost)
-                self.service.log.event("fleet_sync_failed", "warning", error=f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(self.poll_s)
-
-    def _follow(self, release: str | None, path: str | None) -> None:
-        cur = self.service.holder.current
-        if release is None or path is None or (cur is not None and cur.release_id == release):
-            self.tried.clear()
-            return
-        if release in self.tried or self.loading is not None:
-            return
-        self.loading = release
-        task = asyncio.create_task(self._load(release, Path(path)))
-        self.service.background.add(task)
-        task.add_done_callback(self.service.background.discard)
-
-    async def _load(self, release: str, path: Path) -> None:
-        holder = self.service.holder
-        before = holder.current
-        try:
-            holder.source = path
-            status, body = await self.service.reload(trigger="fleet")
-            if status != 200:
-                self.tried.add(release)
-                self.failed[release] = f"{body.get('stage')}: {body.get('error')}"
-                if before is not None:  # a reload by hand (SIGHUP, /v2/repository/reload) re-reads what serves
-                    holder.source = before.target.path
-        finally:
-            self.loading = None
-
-
-class _Recorder:
-    """ASGI wrapper: one sample per answered inference request (model, release, seconds, error).
-    An error is a 5xx other than 503 (overload and not-ready are the fleet's, not the release's)
-    or a kernel fault the reference answered (reason ``circuit_open``), as ``serve.canary`` counts.
-    ``GET /v2/tileship/fleet`` answers the controller's status (any replica answers it)."""
-
-    def __init__(self, app: Any, record: Any, controller: Any) -> None:
-        self.app, self.record, self.controller = app, record, controller
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/v2/tileship/fleet" and scope["method"] == "GET":
-            from starlette.responses import JSONResponse
-
-            await JSONResponse(await self.controller.status.remote())(scope, receive, send)
-            return
-        if scope["type"] != "http" or not scope["path"].endswith("/infer"):
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        seen: dict[str, Any] = {}
-
-        async def watch(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                seen["status"], seen["headers"] = message["status"], dict(message.get("headers") or [])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watch)
-        finally:
-            headers = seen.get("headers", {})
-            release = headers.get(b"x-tileship-release", b"none").decode()
-            parts = scope["path"].split("/")
-            if release != "none" and len(parts) > 3:
-                status = seen.get("status", 500)
-                error = (status >= 500 and status != 503) or headers.get(b"x-tileship-reason") == b"circuit_open"
-                self.record(parts[3], release, time.perf_counter() - t0, error)
 
 
 class Fleet:

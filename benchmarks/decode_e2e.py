@@ -750,17 +750,42 @@ def profile_shares(run: Callable[[int], Any], attribution_run: Callable[[], Any]
 def attribute(kernels: list[tuple[str, float]], sequence: list[tuple[str, str | None]], replays: int) -> tuple[list[tuple[str, float, str | None]], str]:
     """Give each device kernel (name, us), in execution order, the category of the op that launched it.
 
-    ``sequence``: (name, category) in launch order for ``len(kernels) / replays`` launches (one
-    non-graph step, or the profiled calls themselves with ``replays`` 1). Kernel i takes
-    ``sequence[i % len]`` when the counts match (a replay runs the captured launches in order), else
-    each name takes its category when every launch of that name had the same one; the rest None."""
+    ``sequence``: (name, category) in launch order for one non-graph step (or the profiled calls
+    themselves with ``replays`` 1). Kernel i takes ``sequence[i % len]`` when the counts match (a
+    replay runs the captured launches in order). When a replay has a few kernels more or fewer
+    than the step (a memset, a copy the graph dropped), each replay's names are aligned with the
+    step's (``difflib``, longest matching runs) and the matched kernels take their launch's
+    category; the rest, and every kernel when replays differ in length, fall back to their name
+    (when every launch of that name had one category), else None."""
+    import difflib
+
     if sequence and len(kernels) == replays * len(sequence):
         return ([(n, t, sequence[i % len(sequence)][1]) for i, (n, t) in enumerate(kernels)],
                 "launch order of a profiled non-graph step (kernel counts match)")
     by_name: dict[str, set[str | None]] = {}
     for n, c in sequence:
         by_name.setdefault(n, set()).add(c)
-    out = [(n, t, next(iter(by_name[n])) if len(by_name.get(n, ())) == 1 else None) for n, t in kernels]
+
+    def named(n: str) -> str | None:
+        return next(iter(by_name[n])) if len(by_name.get(n, ())) == 1 else None
+
+    per = len(kernels) // replays if replays and len(kernels) % replays == 0 else 0
+    if sequence and per:
+        step = [n for n, _ in sequence]
+        out: list[tuple[str, float, str | None]] = []
+        matched = 0
+        for r in range(replays):
+            chunk = kernels[r * per:(r + 1) * per]
+            cats: list[str | None] = [named(n) for n, _ in chunk]
+            blocks = difflib.SequenceMatcher(a=[n for n, _ in chunk], b=step, autojunk=False).get_matching_blocks()
+            for blk in blocks:
+                for j in range(blk.size):
+                    cats[blk.a + j] = sequence[blk.b + j][1]
+                matched += blk.size
+            out += [(n, t, c) for (n, t), c in zip(chunk, cats, strict=True)]
+        return out, (f"launch order aligned by name ({per} kernels per replay vs {len(sequence)} launches in the "
+                     f"non-graph step; {matched / replays:g} per replay matched, the rest by name)")
+    out = [(n, t, named(n)) for n, t in kernels]
     return out, (f"by kernel name ({len(kernels) / max(replays, 1):g} kernels per replay vs {len(sequence)} launches in the "
                  "non-graph step; a name launched under several ops falls back to name patterns)")
 

@@ -249,12 +249,19 @@ def test_profile_attribution_follows_the_launching_op_into_graph_replays():
     out = de.summarize(records, 2, "graph replays", how)
     assert out["ms_per_step"]["attention"] == 0.01 and out["ms_per_step"]["norm"] == 0.002 and out["ms_per_step"]["w4a16"] == 0.006
     assert out["shares"]["other"] == pytest.approx(1 / 20) and out["kernels_per_step"] == 5
-    # counts differ (an extra memset): by name; main_kernel came from two ops, so it cannot be placed
-    records, how = de.attribute([*replay, ("Memset (Device)", 0.5)], seq, 1)
+    # counts differ (an extra memset in the replay): aligned by name, so each main_kernel still gets its op
+    records, how = de.attribute([*replay[:3], ("Memset (Device)", 0.5), *replay[3:]], seq, 1)
+    assert how.startswith("launch order aligned")
+    assert [c for _, _, c in records] == ["rope/cache-write", "norm", "attention", None, "w4a16", None]
+    # and with a launch the graph dropped (no index_copy in the replay), over two replays
+    records, how = de.attribute(replay[1:] * 2, seq, 2)
+    assert [c for _, _, c in records[:4]] == ["norm", "attention", "w4a16", None] and records[4:] == records[:4]
+    # replays of different lengths: by name; main_kernel came from two ops, so it cannot be placed
+    records, how = de.attribute([*replay, ("Memset (Device)", 0.5)] + replay, seq, 2)
     assert how.startswith("by kernel name")
     cats = {n: c for n, _, c in records}
     assert cats["main_kernel"] is None and cats["nvjet_hsh_64x8_2cta"] == "w4a16" and cats["Memset (Device)"] is None
-    assert de.summarize(records, 1, "x", how)["ms_per_step"]["other"] == pytest.approx((12.0 + 1.0 + 0.5) / 1e3)
+    assert de.summarize(records, 2, "x", how)["ms_per_step"]["other"] == pytest.approx((12.0 + 1.0 + 0.5 + 12 + 1) / 2e3, abs=1e-4)
     # name patterns for kernels no op claims
     assert de.classify("fmha_cutlassF_f16_aligned_64x128_rf_sm80") == "attention"
     assert de.classify("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1") == "norm"

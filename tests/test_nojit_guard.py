@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,6 +52,27 @@ def test_every_compile_entry_point_is_guarded_or_reviewed() -> None:
     assert not new, f"TileLang has compile entry points the no-JIT guard does not cover: {sorted(new)}; " \
                     "add them to nojit.GUARDED (or to REVIEWED here with why)"
     assert guarded - compile_entry_points() == set(), "GUARDED names something TileLang no longer has"
+
+
+#: names a caller may reach a compile function by, besides ``GUARDED`` itself
+ALIASES = ["tilelang.lower", "tilelang.compile", "tilelang.contrib.compile_cuda", "tilelang.contrib.nvcc.compile_cuda",
+           "tilelang.contrib.nvrtc.compile_cuda", "tilelang.jit.compile"]
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_every_entry_point_raises_whether_tilelang_was_imported_before_the_guard_or_after(order: str) -> None:
+    """In a fresh interpreter: ``install()`` imports nothing; every ``GUARDED`` entry point (NVRTC and
+    CuTeDSL included) and every alias raises CompileForbidden and is counted, the compile modules
+    imported before the guard went up as much as those imported after it."""
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests)])}
+    r = subprocess.run([sys.executable, str(tests / "nojit_child.py"), order, *ALIASES], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["unavailable"] == {}, f"guarded modules that could not be imported, so were not checked: {got}"
+    assert got["not_raising"] == [], f"compile entry points that did not raise under the guard: {got['not_raising']}"
+    assert got["attempts"] == len(nojit.GUARDED) + len(ALIASES)
 
 
 @pytest.mark.parametrize("call", [

@@ -48,7 +48,7 @@ class Launcher:
 
 def resolve(kernel: Any, outs: Sequence[tuple[tuple[int, ...], Any]] | None, args: tuple[Any, ...],
             device: Any) -> Launcher:
-    """The fast launcher of ``kernel`` (TileLang's JITKernel) for calls shaped like ``args``.
+    """The fast launcher of ``kernel`` (``runtime.artifact``'s, or TileLang's JITKernel) for calls shaped like ``args``.
 
     ``outs`` is each output's (shape, torch dtype) from the declaration, None when unknown;
     ``device`` the inputs' device. Never raises; a refusal says why."""
@@ -57,7 +57,7 @@ def resolve(kernel: Any, outs: Sequence[tuple[tuple[int, ...], Any]] | None, arg
         return Launcher(None, f"not a TileLang kernel ({type(kernel).__name__})")
     if outs is None:
         return Launcher(None, "the declaration gives no output shapes for these arguments")
-    kind = type(adapter).__name__
+    kind = _BACKENDS.get(getattr(adapter, "backend", None) or type(adapter).__name__, type(adapter).__name__)
     try:
         problem = _check_outputs(adapter, outs, args)
         if problem:
@@ -71,6 +71,10 @@ def resolve(kernel: Any, outs: Sequence[tuple[tuple[int, ...], Any]] | None, arg
     except Exception as exc:  # anything TileLang's internals do differently from 0.1.15
         return Launcher(None, f"cannot resolve the entry point: {type(exc).__name__}: {exc}")
     return Launcher(None, f"execution backend {kind} on {device} is served by TileLang's adapter")
+
+
+#: tileship's own kernels (``runtime.artifact``) name their backend; TileLang's adapters by their class
+_BACKENDS = {"tvm_ffi": "TVMFFIKernelAdapter", "cython": "CythonKernelAdapter"}
 
 
 def _check_outputs(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tuple[Any, ...]) -> str:
@@ -156,6 +160,8 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
         shape = shapes[buf]
         dyn.append(shape[dim] if ref == 0 else math.prod(shape[dim + 1:]) * scale)  # contiguous strides
     addr = ctypes.cast(adapter.lib.call, ctypes.c_void_p).value
+    if addr is None:
+        return Launcher(None, "the library's call entry point is a null pointer")
     proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * len(places)),
                              *([ctypes.c_int64] * len(dyn)), ctypes.c_void_p)
     fn = proto(addr)

@@ -22,7 +22,7 @@ from typing import Any
 from tileship import env
 from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
 from tileship.declare.spec import Specialization, Target
-from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, translate
+from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch
 from tileship.release import evidence, evidence_seal, integrity, tuning
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
 from tileship.runtime.references import import_references, import_sample, use_sources
@@ -31,30 +31,12 @@ _log = logging.getLogger("tileship.load")
 
 
 def load_artifact(spec_dir: Path, spec_id: str) -> Any:
-    """dlopen one specialization from its bundle directory; returns TileLang's kernel object."""
-    from tilelang import tvm
-    from tilelang.engine.param import load_kernel_params
-    from tilelang.jit.adapter.base import CachedTextSource
-    from tilelang.jit.kernel import JITKernel
+    """dlopen one specialization from its bundle directory through its runtime (``runtime.artifact``:
+    ctypes for the "c" target, the tvm-ffi runtime module for CUDA), never through TileLang's
+    Python, whose import brings its compilers in. Raises ArtifactLoadError naming the specialization."""
+    from tileship.runtime import artifact
 
-    try:
-        art = json.loads((spec_dir / "artifact.json").read_text())
-        func = tvm.ir.load_json((spec_dir / "signature.json").read_text())
-        params = load_kernel_params((spec_dir / "params.json").read_text())
-        return JITKernel.from_database(
-            func=func,
-            host_kernel_source=CachedTextSource(path=str(spec_dir / "host_kernel.cu")),
-            device_kernel_source=CachedTextSource(path=str(spec_dir / "device_kernel.cu")),
-            kernel_lib_path=str(spec_dir / art["library"]),
-            params=params,
-            target=Target(art["target"]).tilelang(),
-            target_host=None,
-            out_idx=art["out_idx"],
-            execution_backend=art["execution_backend"],
-            pass_configs=art.get("pass_configs") or None,
-        )
-    except Exception as exc:
-        raise translate(exc, spec_id=spec_id) from exc
+    return artifact.load(spec_dir, spec_id)
 
 
 def _device_state() -> dict[str, Any]:

@@ -1,0 +1,206 @@
+"""Load one compiled specialization straight into the runtime: never through TileLang's Python.
+
+``load(spec_dir, spec_id)`` reads ``artifact.json`` and ``signature.json`` (``runtime.signature``)
+and opens the library with the runtime its execution backend was built for:
+
+    cython   (the CPU "c" target) ``ctypes.CDLL`` of the library; its ``init`` runs once and
+             every call goes to its exported ``call(buffers and scalars..., symbolic dims...,
+             stream)``, the C ABI TileLang's host wrapper generates.
+    tvm_ffi  (CUDA) ``tvm_ffi.load_module``: the tvm-ffi runtime module; TVM's runtime library
+             (``libtvm_runtime.so``, shipped inside the installed TileLang wheel, which registers
+             the CUDA module loader) is ``dlopen``-ed first, without importing any Python of
+             TileLang or TVM.
+
+Importing ``tilelang`` executes its ``__init__``, which imports the JIT, the lowering engine,
+the autotuner and ``contrib.nvcc`` (324 modules in 0.1.15): this module never does, so a
+serving process that loads a release holds no compile entry point at all
+(``tests/test_nojit_imports.py``). The no-JIT guard (``runtime.nojit``) stays as the second
+fence for whatever else imports TileLang.
+
+The kernel objects expose what the fast launcher (``runtime.launch``) reads: ``adapter``
+(themselves), ``params``, ``result_idx``, ``dynamic_symbolic_map``, ``lib`` (cython) or
+``_get_executable()`` and ``_ffi_callee_allocated_output_abi`` (tvm_ffi). Calling one directly
+(``kernel(*inputs)``) allocates the outputs and returns them, as TileLang's kernel does.
+
+Raises ``ArtifactLoadError`` naming the specialization; never compiles.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from tileship.errors import ArtifactLoadError, translate
+from tileship.runtime import signature as sig
+from tileship.runtime.signature import Signature, Sym
+
+BACKENDS = ("cython", "tvm_ffi")
+_SCALAR_CTYPES = {"float16": ctypes.c_float, "bfloat16": ctypes.c_float, "float32": ctypes.c_float,
+                  "float64": ctypes.c_double, "int8": ctypes.c_int8, "int16": ctypes.c_int16, "int32": ctypes.c_int32,
+                  "int64": ctypes.c_int64, "uint8": ctypes.c_uint8, "uint32": ctypes.c_uint32,
+                  "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}
+_runtime_lock = threading.Lock()
+_runtime: ctypes.CDLL | None = None
+
+
+def load(spec_dir: Path, spec_id: str) -> CKernel | FFIKernel:
+    """Open the specialization in ``spec_dir`` (a verified snapshot). Raises ArtifactLoadError."""
+    try:
+        art = json.loads((spec_dir / "artifact.json").read_text())
+        backend = art.get("execution_backend")
+        if backend not in BACKENDS:
+            raise ArtifactLoadError(f"execution backend {backend!r} cannot be loaded without TileLang's JIT "
+                                    f"(supported: {', '.join(BACKENDS)})", spec_id=spec_id,
+                                    hint="build with the target's default backend")
+        try:
+            signature = sig.read((spec_dir / "signature.json").read_text(), art.get("out_idx"))
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ArtifactLoadError(f"signature.json is not a readable PrimFunc: {type(exc).__name__}: {exc}",
+                                    spec_id=spec_id, hint="rebuild the release with this tileship") from exc
+        library = spec_dir / art["library"]
+        if backend == "cython":
+            return CKernel(library, signature, art["target"])
+        return FFIKernel(library, signature, art["target"])
+    except ArtifactLoadError:
+        raise
+    except Exception as exc:
+        raise translate(exc, spec_id=spec_id) from exc
+
+
+class _Kernel:
+    backend = ""
+
+    def __init__(self, library: Path, signature: Signature, target: str) -> None:
+        self.library = library
+        self.signature = signature
+        self.target = target
+        self.params = signature.params
+        self.result_idx = list(signature.result_idx)
+        self.dynamic_symbolic_map = signature.dynamic_symbolic_map
+        self.adapter = self  # the fast launcher reads the fields above through ``kernel.adapter``
+
+    def _place(self, inputs: tuple[Any, ...]) -> list[Any]:
+        """Inputs in parameter order, outputs allocated from the declared shapes (dims read from the inputs)."""
+        import torch
+
+        n_in = len(self.params) - len(self.result_idx)
+        if len(inputs) != n_in:
+            raise ValueError(f"the kernel takes {n_in} inputs, {len(inputs)} were given")
+        slots: list[Any] = [None] * len(self.params)
+        it = iter(inputs)
+        for i in range(len(self.params)):
+            if i not in self.result_idx:
+                slots[i] = next(it)
+        for i, p in enumerate(self.params):
+            if not p.is_scalar and i not in self.result_idx and isinstance(slots[i], torch.Tensor):
+                self._check(i, p, slots[i])
+        device = next((a.device for a in inputs if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        for i in self.result_idx:
+            shape = [self._dim(d, slots) for d in self.params[i].shape or ()]
+            slots[i] = torch.empty(shape, dtype=self.params[i].torch_dtype(), device=device)
+        return slots
+
+    def _dim(self, d: int | Sym, slots: list[Any]) -> int:
+        if isinstance(d, int):
+            return d
+        kind, buf, axis, scale = self.dynamic_symbolic_map[d]
+        t = slots[buf]
+        return int(t.shape[axis]) if kind == 0 else int(t.stride(axis)) * scale
+
+    def _check(self, i: int, p: sig.Param, t: Any) -> None:
+        if t.dtype != p.torch_dtype():
+            raise ValueError(f"parameter {p.name}: dtype {t.dtype}, the kernel's is {p.dtype}")
+        shape = p.shape or ()
+        mismatch = len(t.shape) != len(shape)
+        if mismatch or any(isinstance(d, int) and d != n for d, n in zip(shape, t.shape, strict=True)):
+            raise ValueError(f"parameter {p.name}: shape {tuple(t.shape)}, the kernel's is "
+                             f"{tuple(str(d) for d in shape)}")
+
+    def _outputs(self, slots: list[Any]) -> Any:
+        outs = [slots[i] for i in self.result_idx]
+        return outs[0] if len(outs) == 1 else outs
+
+
+class CKernel(_Kernel):
+    """A "c"-target specialization: TileLang's host wrapper library, called through ctypes."""
+
+    backend = "cython"
+
+    def __init__(self, library: Path, signature: Signature, target: str) -> None:
+        super().__init__(library, signature, target)
+        self.lib = ctypes.CDLL(str(library))
+        self.lib.get_last_error.restype = ctypes.c_char_p
+        if self.lib.init() != 0:
+            raise RuntimeError(f"the library's init failed: {self.lib.get_last_error().decode(errors='replace')}")
+        self._call = self.lib.call
+        self._call.restype = ctypes.c_int32
+
+    def __call__(self, *inputs: Any) -> Any:
+        import torch
+
+        slots = self._place(inputs)
+        args: list[Any] = []
+        for p, v in zip(self.params, slots, strict=True):
+            if isinstance(v, torch.Tensor):
+                args.append(ctypes.c_void_p(v.data_ptr()))
+            elif p.is_scalar:
+                args.append(_SCALAR_CTYPES[p.dtype](v))
+            else:
+                raise ValueError(f"parameter {p.name}: a tensor is required, got {type(v).__name__}")
+        args.extend(ctypes.c_int64(self._dim(s, slots)) for s, _ in self.signature.dynamic)
+        args.append(ctypes.c_void_p(0))  # the stream: none on the CPU
+        rc = self._call(*args)
+        if rc != 0:
+            raise RuntimeError(f"kernel call failed ({rc}): {self.lib.get_last_error().decode(errors='replace')}")
+        return self._outputs(slots)
+
+
+class FFIKernel(_Kernel):
+    """A tvm-ffi specialization (CUDA): the library's ``main`` through the tvm-ffi runtime module."""
+
+    backend = "tvm_ffi"
+
+    def __init__(self, library: Path, signature: Signature, target: str) -> None:
+        super().__init__(library, signature, target)
+        import tvm_ffi
+
+        _load_tvm_runtime()
+        self.executable = tvm_ffi.load_module(str(library))
+        self._ffi_callee_allocated_output_abi = signature.callee_allocated_outputs
+
+    def _get_executable(self) -> Any:
+        return self.executable
+
+    def __call__(self, *inputs: Any) -> Any:
+        import torch
+
+        if self._ffi_callee_allocated_output_abi:
+            anchor = next((a for a in inputs if isinstance(a, torch.Tensor)), None)
+            if anchor is None:
+                anchor = torch.empty(0, device="cuda")
+            res = self.executable(*inputs, anchor)
+            return res if len(self.result_idx) == 1 else list(res)
+        slots = self._place(inputs)
+        self.executable(*slots)
+        return self._outputs(slots)
+
+
+def _load_tvm_runtime() -> None:
+    """dlopen TVM's runtime library from the installed TileLang wheel (global symbols: it registers
+    the module loaders a CUDA library needs), once. ``find_spec`` locates the package without running it."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            return
+        spec = importlib.util.find_spec("tilelang")
+        if spec is None or not spec.submodule_search_locations:
+            raise OSError("TileLang is not installed: its libtvm_runtime.so loads tvm-ffi CUDA modules")
+        lib = Path(next(iter(spec.submodule_search_locations))) / "lib" / "libtvm_runtime.so"
+        _runtime = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+
+
+__all__ = ["BACKENDS", "CKernel", "FFIKernel", "load"]

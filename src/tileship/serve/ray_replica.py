@@ -108,9 +108,10 @@ class FleetReplica:
 
 
 class _Recorder:
-    """ASGI wrapper: one sample per answered inference request (model, release, seconds, error).
-    An error is a 5xx other than 503 (overload and not-ready are the fleet's, not the release's)
-    or a kernel fault the reference answered (reason ``circuit_open``), as ``serve.canary`` counts.
+    """ASGI wrapper: one sample per inference request a release answered (model, release, seconds,
+    error). An error is a 5xx other than 503 or a kernel fault the reference answered (reason
+    ``circuit_open``), as ``serve.canary`` counts; a 4xx (the request's fault) and a 503 (overload,
+    not ready: the fleet's, not the release's) are not samples.
     ``GET /v2/tileship/fleet`` answers the controller's status (any replica answers it)."""
 
     def __init__(self, app: Any, record: Any, controller: Any) -> None:
@@ -139,7 +140,8 @@ class _Recorder:
             headers = seen.get("headers", {})
             release = headers.get(b"x-tileship-release", b"none").decode()
             parts = scope["path"].split("/")
-            if release != "none" and len(parts) > 3:
-                status = seen.get("status", 500)
-                error = (status >= 500 and status != 503) or headers.get(b"x-tileship-reason") == b"circuit_open"
+            status = seen.get("status", 500)
+            # 4xx (the request's fault) and 503 (overload, not ready) say nothing about the release
+            if release != "none" and len(parts) > 3 and not 400 <= status < 500 and status != 503:
+                error = status >= 500 or headers.get(b"x-tileship-reason") == b"circuit_open"
                 self.record(parts[3], release, time.perf_counter() - t0, error)

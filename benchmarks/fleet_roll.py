@@ -57,14 +57,23 @@ add = Operator(name="add", factory=wrong_add_kernel, reference=add_reference,
 '''
 
 
-def build_bad_release(root: Path) -> Path:
-    """A release whose ``add`` kernel is wrong (the reference is right): warm-up refuses it."""
+#: an ``add`` whose kernel is right at the sizes warm-up tries (N <= 256 of its range) and returns NaN
+#: from N = 1024 on: the server recomputes those calls on the reference and opens the circuit (reason
+#: ``circuit_open``), so clients get right answers while the canary's error count climbs
+FAULTY_OPS = BAD_OPS.replace("idx % 97 == 0, A[idx] - B[idx]", "N >= 1024, T.sqrt(0.0 - 1.0 - A[idx] * A[idx])").replace(
+    'shapes=({"N": 4096},))', 'ranges=(DynamicRange("N", 1, 65536),))').replace(
+    "from tileship.declare.spec import Operator, TensorArg", "from tileship.declare.spec import DynamicRange, Operator, TensorArg")
+
+
+def build_bad_release(root: Path, source: str = BAD_OPS, module: str = "fleet_bad_ops") -> Path:
+    """A release whose ``add`` kernel is wrong (the reference is right): by default one that
+    warm-up refuses (``BAD_OPS``); ``FAULTY_OPS``: one that faults only under traffic."""
     from tileship.build.builder import BuildOptions, build
     from tileship.declare.project import Project, load_operators
 
     root.mkdir(parents=True, exist_ok=True)
-    (root / "fleet_bad_ops.py").write_text(BAD_OPS)
-    proj = Project(model="fleet-bad", model_version="1", operator_modules=("fleet_bad_ops",), targets=("c",), root=root)
+    (root / f"{module}.py").write_text(source)
+    proj = Project(model="fleet-bad", model_version="1", operator_modules=(module,), targets=("c",), root=root)
     result = build(proj, load_operators(proj), root / "out", BuildOptions(jobs=2))
     assert result.ok, [r.error for r in result.failed]
     return Path(result.path)

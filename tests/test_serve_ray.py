@@ -142,8 +142,9 @@ def _ray() -> Any:
 
 @pytest.fixture(scope="module")
 def fleet(cpu_release_build, tmp_path_factory):
-    """A fleet of 2 replicas on a registry with A active and B, C (same kernels) and BAD published."""
-    from benchmarks.fleet_roll import build_bad_release
+    """A fleet of 2 replicas on a registry with A active and B, C (same kernels), BAD (refused at
+    warm-up) and FAULTY (NaN from N = 1024 on: faults only under traffic) published."""
+    from benchmarks.fleet_roll import FAULTY_OPS, build_bad_release
     from benchmarks.serve_load import free_port
 
     ray = _ray()
@@ -152,12 +153,14 @@ def fleet(cpu_release_build, tmp_path_factory):
     ids = [reg.publish(cpu_release_build.path)] + [
         reg.publish(copy_release(cpu_release_build.path, tmp / v, version=v)) for v in ("fleet-b", "fleet-c")]
     bad = reg.publish(build_bad_release(tmp / "bad"))
+    faulty = reg.publish(build_bad_release(tmp / "faulty", FAULTY_OPS, "fleet_faulty_ops"))
     reg.activate(ids[0])
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
     policy = FleetPolicy(CanaryPolicy(window_requests=20, window_seconds=1.5))
-    f = Fleet(ServeConfig(source=reg.root), FleetOptions(replicas=2, replica_cpus=0.5, policy=policy))
+    f = Fleet(ServeConfig(source=reg.root, diagnostics_dir=tmp / "diagnostics"),
+              FleetOptions(replicas=2, replica_cpus=0.5, policy=policy))
     f.start("127.0.0.1", free_port())
-    yield f, reg, ids, bad
+    yield f, reg, ids, bad, faulty
     f.stop()
     ray.shutdown()
 
@@ -166,7 +169,7 @@ def test_three_rolls_under_load_lose_no_request_and_serve_no_wrong_answer(fleet)
     import httpx
     from benchmarks.fleet_roll import Load, roll_to
 
-    f, reg, ids, _ = fleet
+    f, reg, ids, _, _ = fleet
     st = httpx.get(f.url + "/v2/tileship/fleet", timeout=30).json()
     assert st["stable"] == ids[0] and len(st["replicas"]) == 2
     t0 = time.monotonic()
@@ -190,7 +193,7 @@ def test_three_rolls_under_load_lose_no_request_and_serve_no_wrong_answer(fleet)
 def test_a_bad_canary_is_rolled_back_with_the_registry_and_no_request_fails(fleet) -> None:
     from benchmarks.fleet_roll import Load, roll_to
 
-    f, reg, ids, bad = fleet
+    f, reg, ids, bad, _ = fleet
     before = reg.active().release_id
     with Load(f.url, clients=2, max_requests=2000) as load:
         time.sleep(0.5)
@@ -204,6 +207,27 @@ def test_a_bad_canary_is_rolled_back_with_the_registry_and_no_request_fails(flee
     st = f.status()
     assert st["stable"] == before and all(x["release"] == before for x in st["replicas"].values())
     assert any(e["event"] == "rolled_back" and e["release"] == bad for e in st["events"])
+
+
+def test_a_canary_whose_kernel_faults_under_traffic_is_rolled_back_on_its_errors(fleet) -> None:
+    from benchmarks.fleet_roll import Load, roll_to
+
+    f, reg, ids, _, faulty = fleet
+    before = reg.active().release_id
+    with Load(f.url, clients=2, n=2048, max_requests=2000) as load:  # N = 2048: the kernel returns NaN
+        time.sleep(0.5)
+        r = roll_to(f, reg, faulty, timeout=60)
+        time.sleep(1.0)
+    assert r["outcome"] == "rolled_back", r
+    assert r["reason"].startswith("errors: the canary had "), r["reason"]
+    assert reg.active().release_id == before
+    s = load.summary()  # the faulting calls were answered by the reference: right values, status 200
+    assert s["failed"] == 0 and s["wrong"] == 0, s
+    st = f.status()
+    assert st["per_release"][faulty]["errors"] >= 1 and st["stable"] == before
+    assert all(x["release"] == before for x in st["replicas"].values())
+    ev = next(e for e in st["events"] if e["event"] == "rolled_back" and e["release"] == faulty)
+    assert ev["verdict"]["numbers"]["errors"]["canary"] >= 1
 
 
 def test_cli_refuses_what_a_fleet_cannot_honour_before_starting_ray(cpu_release: Path, tmp_path: Path) -> None:

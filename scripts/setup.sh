@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install tileship with its pinned dependencies. Idempotent.
+# Create .venv and install tileship with the tested set of dependencies (constraints.txt pins what
+# pyproject.toml declares as ranges). Idempotent.
 # torch is installed first and pinned to 2.13.0 (the CPU build on this machine's disk);
 # a range would pull a multi-GB CUDA build from the registry.
 set -euo pipefail
@@ -10,10 +11,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 stamp=.venv/.tileship-installed
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[serve,test,ray]"  # ray: tests/test_build_ray.py runs, never skips, here and in CI
+  # ray: tests/test_build_ray.py runs, never skips, here and in CI; build: pip-tools for tileship toolchain
+  python -m pip install -q -c constraints.txt -e ".[serve,test,ray,build]"
   echo "$want" > "$stamp"
 fi

@@ -4,6 +4,7 @@ stages, and no test fixture, fault-injection kernel, load generator or example m
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -112,11 +113,18 @@ def test_the_plain_install_brings_no_web_server_test_tools_or_compiler(wheel_fil
     """``pip install tileship`` (no extras): the runtime only; the server is ``tileship[serve]``."""
     meta = next(v for k, v in wheel_files.items() if k.endswith(".dist-info/METADATA")).decode()
     requires = [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
-    plain = {r.split(";")[0].split("==")[0].split(">")[0].split("[")[0].strip().lower() for r in requires if "extra ==" not in r}
-    serve = {r.split("==")[0].strip().lower() for r in requires if 'extra == "serve"' in r}
+    plain = {_name(r) for r in requires if "extra ==" not in r}
+    serve = {_name(r) for r in requires if 'extra == "serve"' in r}
     assert "tilelang" in plain and "torch" in plain
     for name in ("starlette", "uvicorn", "httptools", "fastapi", "pydantic", "pytest", "hypothesis", "tritonclient",
                  "nvidia-cuda-nvcc", "ray"):
         assert name not in plain, f"{name} is installed by a plain `pip install tileship`"
     assert {"starlette", "uvicorn", "orjson", "prometheus-client"} <= serve, serve
     assert "tileship/py.typed" in wheel_files
+    pinned = [r for r in requires if "==" in r.split(";")[0] and 'extra == "test"' not in r]
+    assert not pinned, f"the runtime or an extra a model server installs pins with == (ranges; constraints.txt pins): {pinned}"
+
+
+def _name(requirement: str) -> str:
+    """The distribution a Requires-Dist line names (``ray[serve]>=2.60,<3; extra == "ray"`` -> ``ray``)."""
+    return re.split(r"[\s\[<>=!~;]", requirement.strip(), maxsplit=1)[0].lower()

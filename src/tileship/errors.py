@@ -14,6 +14,7 @@
     ├── CompileForbidden               something tried to compile while a release was serving
     ├── CallError                      a call no path can serve (wrong arity, rank, mixed devices; names the argument)
     ├── KernelMismatch                 a model checkpoint names other kernels (release id, kernel revision) than the model runs
+    ├── UnsupportedTileLang            the installed TileLang is outside the supported range (names both)
     ├── VerificationError              verification could not run (not: a kernel that failed it)
     ├── RegistryError                  registry operations (unknown release, refused activation)
     └── WorkerError                    a serving worker process (``serve --workers``) failed to start or to answer
@@ -130,6 +131,16 @@ class KernelMismatch(TileshipError):
         super().__init__(message, hint=hint)
         self.expected = expected
         self.found = found
+
+
+class UnsupportedTileLang(TileshipError):
+    """The installed TileLang (``installed``; None: not installed) is outside the range tileship
+    supports (``supported``, a specifier such as ``>=0.1.15,<0.1.16``)."""
+
+    def __init__(self, message: str, *, installed: str | None, supported: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.installed = installed
+        self.supported = supported
 
 
 class VerificationError(TileshipError):

@@ -23,6 +23,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tileship import tilelang_version
+
+# before TileLang is imported: a release outside the supported range fails here, naming both versions
+tilelang_version.check()
+
 COMMANDS: list[list[str]] = []
 _orig_popen_init = subprocess.Popen.__init__
 

@@ -34,9 +34,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tileship import tilelang_version
 from tileship.errors import ArtifactLoadError, translate
 from tileship.runtime import signature as sig
 from tileship.runtime.signature import Signature, Sym
+
+# TileLang's runtime library and its artifacts' ABI are what this module relies on: a TileLang outside
+# the supported range fails here, naming both versions (a release whose lock names another TileLang
+# never gets here: that is blocking drift, and its references serve)
+tilelang_version.check()
 
 BACKENDS = ("cython", "tvm_ffi")
 _SCALAR_CTYPES = {"float16": ctypes.c_float, "bfloat16": ctypes.c_float, "float32": ctypes.c_float,

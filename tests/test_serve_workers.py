@@ -17,9 +17,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from test_serve import assert_close, client, infer, metric
+from test_serve import assert_close, client, copy_release, infer, metric, point
 from traffic import ClosedLoop
 
+from tileship.release import bundle
 from tileship.serve import BackgroundServer, ServeConfig
 
 
@@ -36,6 +37,23 @@ def wait_workers(srv: BackgroundServer, *, standby: bool = True, timeout: float 
             return w
         time.sleep(0.05)
     raise AssertionError(f"workers not ready within {timeout} s: {body}")
+
+
+def wait_gone(pids: list[int], timeout: float = 15.0) -> bool:
+    """True once none of ``pids`` is a process any more (they were stopped and reaped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 @contextlib.contextmanager
@@ -192,15 +210,66 @@ def test_a_wedged_worker_is_killed_and_the_standby_answers(server):
     wait_workers(server, not_pids=(victim, w["standby"]))
 
 
-def test_reload_with_workers_is_a_clear_409_and_serving_goes_on(server, cpu_release_build):
-    r = httpx.post(f"{server.url}/v2/repository/reload", timeout=30)
-    assert r.status_code == 409, r.text
-    body = r.json()
-    assert body["stage"] == "workers" and "not available with --workers" in body["error"]
-    assert body["serving"] == cpu_release_build.release_id
-    with httpx.Client() as c:
-        st, out = add_binary(server.url, c, np.ones(8, np.float32), np.ones(8, np.float32))
-    assert st == 200 and (out == 2).all()
+def test_hot_swap_rolls_the_workers_under_load_with_no_failed_request(cpu_release_build, tmp_path):
+    """Reload to release B under a closed loop: B's workers start (standby first) while A's serve, then
+    traffic moves; 0 failed or wrong answers, late requests name B, A's workers stop. A bad release is a
+    409 that leaves B's workers in place."""
+    a = copy_release(cpu_release_build.path, tmp_path / "a")
+    b = copy_release(cpu_release_build.path, tmp_path / "b", version="2")
+    bad = copy_release(cpu_release_build.path, tmp_path / "bad", version="3")
+    (bad / "release.json").write_text((bad / "release.json").read_text() + " ")
+    id_a, id_b = bundle.read_manifest(a)["release_id"], bundle.read_manifest(b)["release_id"]
+    link = tmp_path / "current"
+    point(link, a)
+    wrong: list[str] = []
+
+    def call(url: str, rng: Any, c: httpx.Client) -> tuple[float, int, str]:
+        x, y = rng.standard_normal((2, 257), dtype=np.float32)
+        sent = time.monotonic()
+        r = c.post(f"{url}/v2/models/add/infer", timeout=30, json={"inputs": [
+            {"name": "A", "shape": [257], "datatype": "FP32", "data": x.tolist()},
+            {"name": "B", "shape": [257], "datatype": "FP32", "data": y.tolist()}]})
+        if r.status_code != 200:
+            return sent, r.status_code, r.text
+        if not np.array_equal(np.array(r.json()["outputs"][0]["data"], dtype=np.float32), x + y):
+            wrong.append("wrong values")
+        return sent, 200, r.headers["x-tileship-release"]
+
+    with workers_server(link, workers=1) as srv:
+        pool = srv.service.workers
+        pool.grace_s = 0.5
+        old = pool.status()
+        loop = ClosedLoop(call, clients=3)
+        served, failures = loop.start(srv.url)
+        try:
+            point(link, b)
+            r = httpx.post(f"{srv.url}/v2/repository/reload", timeout=300)
+            swapped_at = time.monotonic()
+            assert r.status_code == 200, r.text
+            assert (r.json()["result"], r.json()["release"], r.json()["previous"]) == ("swapped", id_b, id_a)
+            time.sleep(1.0)
+        finally:
+            loop.stop()
+        assert not failures and not wrong, (failures[:3], wrong[:3])
+        errors = [x for x in served if x[1] != 200]
+        assert not errors, errors[:3]
+        assert {rid for _, _, rid in served} == {id_a, id_b}
+        late = {rid for sent, _, rid in served if sent > swapped_at + 0.05}
+        assert late == {id_b}
+        new = wait_workers(srv)
+        assert new["release"] == id_b and not set([*new["serving"], new["standby"]]) & set([*old["serving"], old["standby"]])
+        deadline = time.monotonic() + 10
+        while pool.status()["draining"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pool.status()["draining"]
+        assert wait_gone([*old["serving"], old["standby"]]), "A's workers still run"
+        point(link, bad)
+        r = httpx.post(f"{srv.url}/v2/repository/reload", timeout=300)
+        assert r.status_code == 409 and r.json()["serving"] == id_b
+        assert pool.status()["serving"] == new["serving"]
+        with httpx.Client() as c:
+            st, out = add_binary(srv.url, c, np.ones(8, np.float32), np.ones(8, np.float32))
+        assert st == 200 and (out == 2).all()
 
 
 def test_workers_stop_with_the_server(cpu_release_build):
@@ -208,9 +277,7 @@ def test_workers_stop_with_the_server(cpu_release_build):
         w = srv.service.workers.status()
         assert len(w["serving"]) == 2
         pids = [*w["serving"], w["standby"]]
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert wait_gone(pids)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "bool", "uint8"])

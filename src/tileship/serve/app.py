@@ -129,15 +129,6 @@ class Service:
     async def reload(self, trigger: str) -> tuple[int, dict[str, Any]]:
         """Re-read the source; swap only a release that loaded and warmed cleanly. One at a time."""
         await self._loaded.wait()
-        if self.workers is not None:
-            cur = self.holder.current
-            self.metrics.reloads.labels("failed").inc()
-            self.log.event("reload", "warning", trigger=trigger, result="refused", reason="workers")
-            return 409, {"result": "failed", "stage": "workers",
-                         "error": f"hot swap is not available with --workers {self.config.workers} yet: the workers "
-                                  "keep serving the release they loaded",
-                         "hint": "restart `tileship serve` to serve a new release (or run it with --workers 0)",
-                         "serving": cur.release_id if cur else None}
         if self.holder.fatal is not None:
             return 503, {"result": "failed", "stage": "fatal", "error": f"the process is exiting after a device failure ({self.holder.fatal})"}
         return await self._load_and_swap(trigger=trigger, accept_warm_failures=self.holder.current is None)
@@ -166,6 +157,14 @@ class Service:
                 detail = "; ".join(f"{s}: {e}" for s, e in sorted(served.warm.failures.items()))
                 return self._failed(str(target.path), "warmup", f"warm-up failed for {len(served.warm.failures)} specializations: {detail}",
                                     trigger, stage_metric="warmup")
+            if self.workers is not None and self.workers.release_id is not None:
+                # --workers: the new release's workers start (standby first) while the old ones serve
+                try:
+                    fresh = await asyncio.to_thread(self.workers.roll, str(target.path), target.reference_only,
+                                                    served.release_id)
+                except Exception as exc:
+                    return self._failed(str(target.path), "workers", exc, trigger)
+                self.workers.switch(fresh, str(target.path), target.reference_only, served.release_id)
             old = h.swap(served)
             m = self.metrics
             m.load_seconds.set(served.load_seconds)

@@ -13,6 +13,14 @@ was on a worker that died is retried once on the next worker (inference is idemp
 second death, a wedge or a sticky fault is a 503 naming the worker. With no standby ready, a
 request waits up to ``wait_s`` for a serving worker, then gets a 503. Readiness: at least one
 serving worker is ready.
+
+Hot swap (``roll`` then ``switch``). The new release's workers start one at a time, the new
+standby first, while the old ones keep serving; a worker that fails to load fails the reload
+(the old workers serve on). ``switch`` (on the event loop, next to the holder's swap) makes
+them current; the old serving workers keep answering the requests that started on the old
+release and are stopped once none is in flight and ``grace_s`` has passed. Calls are routed
+by the release their request started on, so no request fails across a swap; one that
+reaches the pool after its release's workers stopped gets a 503 naming both releases.
 """
 
 from __future__ import annotations
@@ -42,9 +50,14 @@ class WorkerPool:
         self.serving: list[Worker] = []
         self.standby: Worker | None = None
         self.starting = 0
-        self.idle: queue.Queue[Worker] = queue.Queue()
+        #: per release: the serving workers free for a call
+        self.idle: dict[str, queue.Queue[Worker]] = {}
         self.target: tuple[str, bool] | None = None
         self.release_id: str | None = None
+        #: swapped-out releases: their workers (still answering requests that started there), since when
+        self.draining: dict[str, tuple[list[Worker], float]] = {}
+        self.inflight: dict[str, int] = {}
+        self.grace_s = 5.0
         self.failures: dict[str, int] = {}
         self.retries = 0
         self.last_error: str | None = None
@@ -71,6 +84,7 @@ class WorkerPool:
     def start(self, path: str, reference_only: bool, release_id: str) -> None:
         """Start N serving workers and the standby on ``path`` (returns at once), and the monitor."""
         self.target, self.release_id = (path, reference_only), release_id
+        self.idle[release_id] = queue.Queue()
         for _ in range(self.n + 1):
             self._spawn()
         threading.Thread(target=self._monitor, name="tileship-worker-monitor", daemon=True).start()
@@ -105,7 +119,7 @@ class WorkerPool:
                 role = "closed"
             elif len(self.serving) < self.n:
                 self.serving.append(w)
-                self.idle.put(w)
+                self.idle[w.release].put(w)
                 role = "serving"
             elif self.standby is None:
                 self.standby, role = w, "standby"
@@ -118,13 +132,25 @@ class WorkerPool:
                        load_s=round(w.info.get("load_s", 0.0), 4), warmup_s=round(w.info.get("warm_s", 0.0), 4))
 
     def _monitor(self) -> None:
-        """Replace workers that exit while nobody is talking to them (an idle one, the standby)."""
+        """Replace workers that exit while nobody is talking to them (an idle one, the standby);
+        stop the workers of a swapped-out release once nothing runs on it."""
         while not self._closed.wait(0.05):
             with self.lock:
-                gone = [w for w in [*self.serving, self.standby] if w is not None and not w.busy and not w.dead
+                old = [w for ws, _ in self.draining.values() for w in ws]
+                gone = [w for w in [*self.serving, self.standby, *old] if w is not None and not w.busy and not w.dead
                         and w.proc.poll() is not None]
+                done = [rid for rid, (_, since) in self.draining.items()
+                        if not self.inflight.get(rid) and time.monotonic() - since > self.grace_s]
+                stop = [w for rid in done for w in self.draining.pop(rid)[0]]
+                for rid in done:
+                    self.idle.pop(rid, None)
             for w in gone:
                 self._fail(w, "exited", f"exited with status {w.proc.returncode} while idle")
+            for w in stop:
+                w.dead = True
+                w.stop()
+            if done:
+                self.log.event("workers_retired", releases=done, pids=[w.pid for w in stop])
 
     def _fail(self, w: Worker, reason: str, detail: str) -> None:
         """Retire ``w`` for good: the standby takes its place, a new standby starts. Idempotent."""
@@ -134,6 +160,9 @@ class WorkerPool:
                 return
             w.dead = True
             promoted = None
+            for ws, _ in self.draining.values():
+                if w in ws:
+                    ws.remove(w)
             if w is self.standby:
                 self.standby = None
             elif w in self.serving:
@@ -141,7 +170,7 @@ class WorkerPool:
                 if self.standby is not None:
                     promoted, self.standby = self.standby, None
                     self.serving.append(promoted)
-                    self.idle.put(promoted)
+                    self.idle[promoted.release].put(promoted)
         w.kill()
         if self._failed is not None:
             self._failed.labels(reason).inc()
@@ -156,17 +185,62 @@ class WorkerPool:
     def close(self) -> None:
         self._closed.set()
         with self.lock:
-            workers = [*self.serving, *([self.standby] if self.standby else [])]
-            self.serving, self.standby = [], None
+            workers = [*self.serving, *([self.standby] if self.standby else []),
+                       *(w for ws, _ in self.draining.values() for w in ws)]
+            self.serving, self.standby, self.draining = [], None, {}
         for w in workers:
             w.stop()
 
+    # -- hot swap ------------------------------------------------------------------------
+    def roll(self, path: str, reference_only: bool, release_id: str) -> list[Worker]:
+        """Start the workers of a new release one at a time (the standby first) while the old ones
+        serve; returns them (standby first) for ``switch``. Raises WorkerError, stopping the
+        ones it started, when one cannot load or loads another release."""
+        fresh: list[Worker] = []
+        try:
+            for _ in range(self.n + 1):
+                w = Worker.spawn(path, reference_only, self.options)
+                fresh.append(w)
+                w.wait_ready(self.start_timeout_s)
+                if w.release != release_id:
+                    raise WorkerError(f"worker {w.pid} loaded release {w.release}, the front-end prepared {release_id}")
+                self.log.event("worker_ready", pid=w.pid, role="standby" if len(fresh) == 1 else "serving",
+                               release=w.release, rolling=True, load_s=round(w.info.get("load_s", 0.0), 4))
+        except Exception:
+            for w in fresh:
+                w.kill()
+            raise
+        return fresh
+
+    def switch(self, fresh: list[Worker], path: str, reference_only: bool, release_id: str) -> None:
+        """Make ``fresh`` (from ``roll``) the current workers; the old serving ones drain, the old
+        standby stops. Call on the event loop, right next to the holder's swap."""
+        with self.lock:
+            old_id, old_serving, old_standby = self.release_id, self.serving, self.standby
+            self.standby, self.serving = fresh[0], fresh[1:]
+            q: queue.Queue[Worker] = queue.Queue()
+            self.idle[release_id] = q
+            for w in self.serving:
+                q.put(w)
+            self.target, self.release_id = (path, reference_only), release_id
+            if old_id is not None and old_id != release_id:
+                self.draining[old_id] = (old_serving, time.monotonic())
+        if old_standby is not None:
+            old_standby.dead = True
+            threading.Thread(target=old_standby.stop, daemon=True).start()
+        self.log.event("workers_swapped", release=release_id, previous=old_id, serving=[w.pid for w in self.serving],
+                       standby=fresh[0].pid, draining=[w.pid for w in old_serving])
+
     # -- calls ---------------------------------------------------------------------------
-    def _take(self) -> Worker:
+    def _take(self, release_id: str) -> Worker:
         deadline = time.monotonic() + self.wait_s
+        q = self.idle.get(release_id)
+        if q is None:
+            raise BadRequest(503, f"release {release_id} is no longer loaded in the workers (they serve "
+                                  f"{self.release_id}); retry")
         while True:
             try:
-                w = self.idle.get(timeout=max(0.0, deadline - time.monotonic()))
+                w = q.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise BadRequest(503, f"no worker is ready: none answered within {self.wait_s:g} s "
                                       f"({self.readiness()[1]})") from None
@@ -178,14 +252,24 @@ class WorkerPool:
     def _give_back(self, w: Worker) -> None:
         with self.lock:
             w.busy = False
-            if not w.dead:
-                self.idle.put(w)
+            q = self.idle.get(w.release)
+            if not w.dead and q is not None:
+                q.put(w)
 
-    def call(self, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
-        """Run ``name`` on a serving worker; (output tensors on the CPU, decision). Raises BadRequest
-        (400 for a bad call, 503 after a failover that could not be retried), WorkerError (500)."""
+    def call(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
+        """Run ``name`` on a worker of ``release_id``; (output tensors on the CPU, decision). Raises
+        BadRequest (400 for a bad call, 503 after a failover that could not be retried), WorkerError (500)."""
+        with self.lock:
+            self.inflight[release_id] = self.inflight.get(release_id, 0) + 1
+        try:
+            return self._call(release_id, name, args, out_bytes)
+        finally:
+            with self.lock:
+                self.inflight[release_id] -= 1
+
+    def _call(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
         for attempt in (1, 2):
-            w = self._take()
+            w = self._take(release_id)
             try:
                 reply = w.call(name, args, out_bytes, self.timeout_s)
             except WorkerDied as exc:
@@ -229,7 +313,8 @@ class WorkerPool:
 
     def status(self) -> dict[str, Any]:
         with self.lock:
-            return {"workers": self.n, "serving": [w.pid for w in self.serving],
+            return {"workers": self.n, "release": self.release_id, "serving": [w.pid for w in self.serving],
+                    "draining": {rid: [w.pid for w in ws] for rid, (ws, _) in self.draining.items()},
                     "standby": self.standby.pid if self.standby else None, "starting": self.starting,
                     "failures": dict(self.failures), "retries": self.retries, "last_failover": self.last_failover}
 
@@ -242,13 +327,11 @@ def execute_remote(service: Any, served: Any, name: str, plan: Any, kserve_id: s
 
     pool: WorkerPool = service.workers
     rel = served.release
-    if rel.release_id != pool.release_id:
-        raise BadRequest(503, f"release {rel.release_id} is not loaded in the workers (they serve {pool.release_id})")
     decl = rel.declarations[name]
     args = [protocol.to_tensor(inp, "cpu").item() if i in plan.scalars
             else Raw(inp.raw, list(inp.shape), protocol.DATATYPES[inp.datatype]) if inp.raw is not None
             else protocol.to_tensor(inp, "cpu") for i, inp in enumerate(plan.inputs)]
-    outs, decision = pool.call(name, args, sum(protocol.output_bytes(decl, plan).values()))
+    outs, decision = pool.call(rel.release_id, name, args, sum(protocol.output_bytes(decl, plan).values()))
     out_names = [n for n, _ in decl["outputs"]]
     outputs = [(n, outs[out_names.index(n)], binary) for n, binary in plan.outputs]
     return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),

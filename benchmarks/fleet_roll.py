@@ -4,9 +4,11 @@ A local Ray cluster (``num_cpus=2``), a fleet of ``--replicas`` replicas on a re
 CPU catalog release and copies of it under other versions (distinct release ids, same kernels),
 and ``--clients`` client threads sending ``add`` requests with random inputs over loopback,
 checking every answer against ``x + y``. The registry's active release is then moved ``--rolls``
-times (A -> B -> C -> A ...); each roll goes canary replica -> judged window -> the rest. Then one
-bad release (an ``add`` kernel that computes A - B on every 97th element: warm-up catches it on
-the canary) is activated and must be rolled back on its own, the registry's pointer with it.
+times (A -> B -> C -> A ...); each roll goes canary replica -> judged window -> the rest. Then two
+bad releases are activated and must be rolled back on their own, the registry's pointer with them:
+an ``add`` kernel that computes A - B on every 97th element (warm-up catches it on the canary),
+and one that returns NaN from N = 1024 on (warm-up passes; under a load at N = 2048 the canary's
+calls open the circuit and are answered by the reference, and the error rule rolls it back).
 
 Reported: per roll the time from the registry change to fully rolled (the fleet's own clock),
 and over the whole run the requests sent, failed (any status but 200 or a dropped connection),
@@ -201,6 +203,7 @@ def main() -> int:
         bundle.write_manifest(dest)
         ids.append(reg.publish(dest))
     bad = reg.publish(build_bad_release(tmp / "bad"))
+    faulty = reg.publish(build_bad_release(tmp / "faulty", FAULTY_OPS, "fleet_faulty_ops"))
     reg.activate(ids[0])
 
     t0 = time.perf_counter()
@@ -218,6 +221,10 @@ def main() -> int:
                 time.sleep(1.0)
             bad_roll = roll_to(fleet, reg, bad)
             time.sleep(1.0)
+        with Load(url, clients=args.clients, n=2048) as faulty_load:  # N >= 1024: the faulty kernel's NaN
+            time.sleep(1.0)
+            faulty_roll = roll_to(fleet, reg, faulty)
+            time.sleep(1.0)
         status = fleet.status()
     finally:
         fleet.stop()
@@ -225,6 +232,8 @@ def main() -> int:
     result = {"benchmark": "fleet_roll", "host": platform.node(), "cpus": 2, "replicas": args.replicas,
               "clients": args.clients, "window": {"requests": args.window_requests, "seconds": args.window_seconds},
               "fleet_start_s": round(started_s, 2), "rolls": rolls, "bad_canary": bad_roll,
+              "faulty_canary": faulty_roll, "faulty_load": faulty_load.summary(),
+              "faulty_release_errors": status["per_release"].get(faulty, {}).get("errors", 0),
               "registry_active_after": reg.active().release_id, "load": load.summary(),
               "answered_by_bad_release": load.by_release.get(bad, 0),
               "per_release": status["per_release"], "phases": phases(status["events"]), "events": status["events"]}
@@ -236,6 +245,10 @@ def main() -> int:
                f"{p.get('canary_promoted', 0):.2f} s)" for i, (r, p) in enumerate(zip(rolls, result["phases"][:len(rolls)], strict=True))),
              f"time to fully rolled: min {min(good):.2f} s, max {max(good):.2f} s over {len(good)} rolls" if good else "",
              f"bad canary {bad[:8]}: {bad_roll['outcome']} in {bad_roll['seconds']:.2f} s: {bad_roll['reason'][:200]}",
+             f"faulty canary {faulty[:8]} (NaN from N=1024; load at N=2048): {faulty_roll['outcome']} in "
+             f"{faulty_roll['seconds']:.2f} s: {faulty_roll['reason'][:200]}; its requests: "
+             f"{faulty_load.summary()['sent']} sent, {faulty_load.summary()['failed']} failed, "
+             f"{faulty_load.summary()['wrong']} wrong",
              f"registry active after: {result['registry_active_after']}",
              f"requests: {load.summary()['sent']} sent, {load.summary()['ok']} ok, {load.summary()['failed']} failed, "
              f"{load.summary()['wrong']} wrong, {result['answered_by_bad_release']} by the bad release; "
@@ -247,7 +260,9 @@ def main() -> int:
         args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         args.out.with_suffix(".txt").write_text(text + "\n")
     s = load.summary()
-    return 0 if s["failed"] == 0 and s["wrong"] == 0 and not result["answered_by_bad_release"] else 1
+    fs = faulty_load.summary()
+    clean = s["failed"] == 0 and s["wrong"] == 0 and fs["failed"] == 0 and fs["wrong"] == 0
+    return 0 if clean and not result["answered_by_bad_release"] and faulty_roll["outcome"] == "rolled_back" else 1
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ The plan (``serve.fleet_plan``) is tested with a fake clock and no Ray: promote,
 load failure or an error excess, abort when the registry moves during the canary. The fleet
 (``serve.ray_fleet``) runs on a local Ray cluster (``num_cpus=2``) with "c"-target releases
 and a bounded loopback load (``benchmarks/fleet_roll.py``'s): three rolls lose no request and
-serve no wrong answer; a release whose kernel disagrees with its reference is rolled back on its
-own, the registry's pointer with it. CI installs the ``tileship[ray]`` extra and sets
+serve no wrong answer; a release whose kernel disagrees with its reference (caught at warm-up) and
+one whose kernel returns NaN only under traffic (caught by the error rule) are rolled back on their
+own, the registry's pointer with them. CI installs the ``tileship[ray]`` extra and sets
 TILESHIP_REQUIRE_RAY=1, so there the Ray tests run.
 """
 

@@ -63,6 +63,13 @@ def default_root() -> Path:
     return env.home() / "registry"
 
 
+def _publish_failed(src: Path, exc: OSError, root: Path) -> RegistryError:
+    """The error of a publish the filesystem refused (a directory's copy or an archive's unpacking)."""
+    cause = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
+    return RegistryError(f"publishing {src} failed: {cause} ({exc.filename or root}); the registry is unchanged",
+                         hint="free space on the registry's filesystem and publish again")
+
+
 class Registry:
     """A registry rooted at ``root`` (created on first write). Every method is safe to call
     from several processes at once: changes are serialized by a file lock."""
@@ -150,7 +157,11 @@ class Registry:
                 with tempfile.TemporaryDirectory(dir=self.root, prefix=".unpack-") as tmp:
                     try:
                         unpacked = bundle.unpack(src, Path(tmp))
-                    except (tarfile.TarError, OSError) as exc:
+                    except OSError as exc:
+                        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                            raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive ({exc})") from None
+                        raise _publish_failed(src, exc, self.root) from None
+                    except tarfile.TarError as exc:
                         raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive ({exc})") from None
                     return self._publish_dir(unpacked, replace)
             return self._publish_dir(src, replace)
@@ -160,9 +171,7 @@ class Registry:
             return self._publish_checked(src, replace)
         except OSError as exc:
             self.gc()
-            cause = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-            raise RegistryError(f"publishing {src} failed: {cause} ({exc.filename or self.root}); the registry is "
-                                "unchanged", hint="free space on the registry's filesystem and publish again") from None
+            raise _publish_failed(src, exc, self.root) from None
 
     def _publish_checked(self, src: Path, replace: bool) -> str:
         manifest = bundle.check_integrity(src)

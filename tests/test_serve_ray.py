@@ -231,6 +231,15 @@ def test_a_canary_whose_kernel_faults_under_traffic_is_rolled_back_on_its_errors
     assert ev["verdict"]["numbers"]["errors"]["canary"] >= 1
 
 
+def test_a_second_fleet_on_the_same_cluster_is_refused(fleet) -> None:
+    from tileship.errors import TileshipError
+
+    f, reg, *_ = fleet
+    with pytest.raises(TileshipError, match="a tileship fleet already runs on this Ray cluster"):
+        Fleet(ServeConfig(source=reg.root)).start("127.0.0.1", 0)
+    assert f.status()["stable"] == reg.active().release_id  # the running fleet is untouched
+
+
 def test_cli_refuses_what_a_fleet_cannot_honour_before_starting_ray(cpu_release: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -166,9 +166,18 @@ class Fleet:
             ray.init(address=self.options.address or None, namespace=NAMESPACE, include_dashboard=False,
                      logging_level="warning")
             self.opened = True
+        try:
+            ray.get_actor(CONTROLLER, namespace=NAMESPACE)
+        except ValueError:
+            pass  # none: the usual case
+        else:
+            if self.opened:
+                ray.shutdown()
+            raise TileshipError(f"a tileship fleet already runs on this Ray cluster (actor {NAMESPACE}/{CONTROLLER})",
+                                hint="stop that `tileship serve --ray` first (one fleet per cluster)")
         serve.start(http_options={"host": host, "port": port})
         actor = ray.remote(num_cpus=0)(FleetController)
-        self.controller = actor.options(name=CONTROLLER, namespace=NAMESPACE, get_if_exists=True).remote(
+        self.controller = actor.options(name=CONTROLLER, namespace=NAMESPACE).remote(
             str(Path(self.config.source).resolve()), self.options.policy, self.options.poll_s)
         ray.get(self.controller.start.remote())
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0

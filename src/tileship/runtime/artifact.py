@@ -6,10 +6,11 @@ and opens the library with the runtime its execution backend was built for:
     cython   (the CPU "c" target) ``ctypes.CDLL`` of the library; its ``init`` runs once and
              every call goes to its exported ``call(buffers and scalars..., symbolic dims...,
              stream)``, the C ABI TileLang's host wrapper generates.
-    tvm_ffi  (CUDA) ``tvm_ffi.load_module``: the tvm-ffi runtime module; TVM's runtime library
-             (``libtvm_runtime.so``, shipped inside the installed TileLang wheel, which registers
-             the CUDA module loader) is ``dlopen``-ed first, without importing any Python of
-             TileLang or TVM.
+    tvm_ffi  (CUDA) ``tvm_ffi.load_module``: the tvm-ffi runtime module; the native libraries
+             of the installed TileLang wheel that register what such a library calls by name
+             (``libtvm_runtime.so``: the CUDA module loader; ``libtilelang.so``: the TMA
+             descriptor helpers) are ``dlopen``-ed first, without importing any Python of
+             TileLang or TVM (``_load_tvm_runtime`` says what that maps).
 
 Importing ``tilelang`` executes its ``__init__``, which imports the JIT, the lowering engine,
 the autotuner and ``contrib.nvcc`` (324 modules in 0.1.15): this module never does, so a
@@ -196,17 +197,25 @@ class FFIKernel(_Kernel):
 
 
 def _load_tvm_runtime() -> None:
-    """dlopen TVM's runtime library from the installed TileLang wheel (global symbols: it registers
-    the module loaders a CUDA library needs), once. ``find_spec`` locates the package without running it."""
+    """dlopen, once and with global symbols, the two native libraries of the installed TileLang wheel
+    that a tvm-ffi CUDA library needs at load and first call: ``libtvm_runtime.so`` registers the
+    CUDA module loader (``ffi.Module.load_from_bytes.cuda``) and ``__tvm_set_device``;
+    ``libtilelang.so`` registers the TMA descriptor helpers (``__tvm_tensormap_create_tiled`` /
+    ``_im2col``) that TileLang's generated host code looks up by name. ``libtilelang.so`` links TVM's
+    native compiler (``libtvm_compiler.so``), so its functions are mapped and registered in tvm-ffi's
+    function registry, reachable only by name through ``tvm_ffi.get_global_func``: no Python module
+    of TileLang or TVM is imported. ``find_spec`` locates the package without running it."""
     global _runtime
     with _runtime_lock:
         if _runtime is not None:
             return
         spec = importlib.util.find_spec("tilelang")
         if spec is None or not spec.submodule_search_locations:
-            raise OSError("TileLang is not installed: its libtvm_runtime.so loads tvm-ffi CUDA modules")
-        lib = Path(next(iter(spec.submodule_search_locations))) / "lib" / "libtvm_runtime.so"
-        _runtime = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+            raise OSError("TileLang is not installed: its native runtime libraries load tvm-ffi CUDA modules")
+        libdir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+        runtime = ctypes.CDLL(str(libdir / "libtvm_runtime.so"), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(libdir / "libtilelang.so"), mode=ctypes.RTLD_GLOBAL)
+        _runtime = runtime
 
 
 __all__ = ["BACKENDS", "CKernel", "FFIKernel", "load"]

@@ -8,6 +8,8 @@ setup:
 demo: setup
 	.venv/bin/tileship demo --out .tileship/demo
 
-# the test suite (CPU; GPU tests are marked `gpu` and run on the GPU test host)
+# type check (mypy src, the catalog included; seconds) and the test suite (CPU; GPU tests are marked
+# `gpu` and run on the GPU test host)
 test: setup
+	.venv/bin/python -m mypy src
 	.venv/bin/python -m pytest -q

@@ -19,7 +19,7 @@ def sample_points(spec: Specialization, *, block: int = 128, grid: int = 0,
     dims = spec.dim_map()
     dyn = spec.dynamic_dim
     if dyn is None:
-        return [{d: int(dims[d]) for d, _ in spec.dims}]  # type: ignore[arg-type]
+        return [{d: _static(dims[d]) for d, _ in spec.dims}]
     lo, hi = dims[dyn]  # type: ignore[misc]
     top = hi if limit is None else max(lo, min(hi, limit))
     sizes = [lo, min(top, max(lo, block + 3)), min(top, max(lo, (lo + top) // 2)), top]
@@ -30,8 +30,15 @@ def sample_points(spec: Specialization, *, block: int = 128, grid: int = 0,
                 sizes.append(v)
             v *= grid
         sizes = sorted(set(sizes))
-    return [{d: (s if d == dyn else int(dims[d])) for d, _ in spec.dims}
-            for s in dict.fromkeys(sizes)]  # type: ignore[arg-type]
+    return [{d: (s if d == dyn else _static(dims[d])) for d, _ in spec.dims}
+            for s in dict.fromkeys(sizes)]
+
+
+def _static(size: int | tuple[int, int]) -> int:
+    """A static dim's size; a specialization has one dynamic dim (a (min, max) range) at most."""
+    if isinstance(size, tuple):
+        raise ValueError(f"a second dynamic dim {size}: a specialization has one dynamic dim at most")
+    return int(size)
 
 
 def verification_points(spec: Specialization, *, block: int = 128, grid: int = 4,
@@ -83,7 +90,7 @@ def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, 
                                  f"{tuple(getattr(t, 'shape', ()))}; declared {dt} {shape}")
         return got
     g = torch.Generator(device=device).manual_seed(seed)
-    out = []
+    out: list[Any] = []  # tensors, and Python numbers for the scalar arguments
     for i, (shape, name) in enumerate(zip(shapes, names, strict=True)):
         dt = getattr(torch, name)
         if i in scalars:

@@ -146,8 +146,9 @@ def describe_device(fp: Mapping[str, Any] | None) -> str:
 
 
 def _matches(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] | None, keys: tuple[str, ...]) -> bool:
-    return bool(recorded) and bool(current) and all(recorded.get(k) == current.get(k)
-                                                    for k in keys)  # type: ignore[union-attr]
+    if not recorded or not current:
+        return False
+    return all(recorded.get(k) == current.get(k) for k in keys)
 
 
 def _entry(ev: Mapping[str, Any] | None, spec_id: str, lock_digest: str,

@@ -242,7 +242,8 @@ def _hash_copy(root_fd: int, root: Path, rel: str, want: str, copy_to: Path | No
     """Hash (and copy) one file; returns its bytes when it is an artifact description to check."""
     fd = _open_regular(root_fd, rel, root)
     h = hashlib.sha256()
-    out = None
+    out: int | None = None
+    dest: Path | None = None
     keep = bytearray() if re.fullmatch(r"specs/[^/]+/artifact\.json", rel) else None
     try:
         if copy_to is not None:
@@ -253,8 +254,8 @@ def _hash_copy(root_fd: int, root: Path, rel: str, want: str, copy_to: Path | No
             h.update(chunk)
             if keep is not None:
                 keep += chunk
-            if out is not None:
-                _write_all(out, chunk, copy_to / rel)
+            if out is not None and dest is not None:
+                _write_all(out, chunk, dest)
         if out is not None and durable:
             os.fsync(out)
     finally:

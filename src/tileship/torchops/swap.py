@@ -287,22 +287,19 @@ def _cover(path: str, kind: str, release: Release, ops: TorchOps, op_name: str, 
     fixed = {decl_inputs[i][1][pos]: size for i, pos, size in where}
     dt = str(dtype).removeprefix("torch.")
     runner = release.ops[op_name]
-    same_dtype = [e for e in runner.entries if e.spec is not None and e.spec.dtype == dt]
-    matched = [e for e in same_dtype
-               if all(_holds(e.spec.dim_map().get(d), v) for d, v in fixed.items())]  # type: ignore[union-attr]
+    same_dtype = [(e, e.spec) for e in runner.entries if e.spec is not None and e.spec.dtype == dt]
+    matched = [(e, s) for e, s in same_dtype if all(_holds(s.dim_map().get(d), v) for d, v in fixed.items())]
     want = ", ".join(f"{d}={v}" for d, v in fixed.items())
     if not same_dtype:
         have = sorted({e.spec.dtype for e in runner.entries if e.spec is not None})
         return SwapRecord(path, kind, False, op_name,
                           f"no {op_name} specialization in {dt} (the release has {', '.join(have) or 'none'})"), None
     if not matched:
-        have = sorted({", ".join(f"{d}={_show(e.spec.dim_map()[d])}" for d in fixed)
-                       for e in same_dtype})  # type: ignore[union-attr]
+        have = sorted({", ".join(f"{d}={_show(s.dim_map()[d])}" for d in fixed) for _, s in same_dtype})
         return SwapRecord(path, kind, False, op_name,
                           f"no {op_name} specialization for {want} in {dt} (the release has: {'; '.join(have)})"), None
-    specs = tuple(e.decision.spec_id or e.spec.id
-                  for e in matched)  # type: ignore[union-attr]  # the release's id (its directory)
-    serving = tuple(sorted({_serving(e) for e in matched}))
+    specs = tuple(e.decision.spec_id or s.id for e, s in matched)  # the release's id (its directory)
+    serving = tuple(sorted({_serving(e) for e, _ in matched}))
     reason = f"{op_name} covers {want} in {dt} ({len(specs)} specialization{'s' if len(specs) > 1 else ''}; now serving {', '.join(serving)})"
     return SwapRecord(path, kind, True, op_name, reason, specs, serving), make(ops[op_name])
 

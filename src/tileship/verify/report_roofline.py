@@ -41,8 +41,10 @@ def _plot(op: str, rows: Sequence[Mapping[str, Any]], ceilings: Mapping[str, Any
             grid = [lo * (hi / lo) ** (i / 63) for i in range(64)]
             ax.plot(grid, [min(peak_f, x * peak_b) for x in grid], lw=1, alpha=0.6,
                     label=f"{dev} roof ({dt}: {peak_f / 1e12:.1f} TFLOP/s, {peak_b / 1e12:.2f} TB/s)")
-    for name, style in (("kernel", dict(marker="o", color="tab:blue")),
-                        ("reference", dict(marker="o", facecolors="none", edgecolors="tab:orange"))):
+    styles: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("kernel", {"marker": "o", "color": "tab:blue"}),
+        ("reference", {"marker": "o", "facecolors": "none", "edgecolors": "tab:orange"}))
+    for name, style in styles:
         pts = [(r["intensity"], r[name]["flops_per_s"]) for r in rows if name in r]
         if pts:
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=22, label=name, **style)

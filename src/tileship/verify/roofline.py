@@ -14,6 +14,7 @@ compute otherwise) and the share of that bound's ceiling each path reaches.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -63,7 +64,7 @@ def measure_ceilings(device: str) -> dict[str, Any]:
     nbytes = CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES
     src = torch.empty(nbytes // 2, dtype=torch.float16, device=device)
     dst = torch.empty_like(src)
-    bytes_per_s = 2 * nbytes / timer(lambda s=src, d=dst: d.copy_(s), reps)
+    bytes_per_s = 2 * nbytes / timer(functools.partial(dst.copy_, src), reps)
     del src, dst
     n = CUDA_GEMM if cuda else CPU_GEMM
     flops: dict[str, float] = {}
@@ -71,7 +72,7 @@ def measure_ceilings(device: str) -> dict[str, Any]:
         dt = getattr(torch, name)
         a = torch.randn(n, n, device=device).to(dt)
         b = torch.randn(n, n, device=device).to(dt)
-        flops[name] = 2 * n**3 / timer(lambda a=a, b=b: torch.matmul(a, b), reps)
+        flops[name] = 2 * n**3 / timer(functools.partial(torch.matmul, a, b), reps)
         del a, b
     if cuda:
         torch.cuda.empty_cache()

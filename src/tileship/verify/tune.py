@@ -179,7 +179,7 @@ def _decide(
     passed: Mapping[str, Mapping[str, str | None]],
     key: str,
 ) -> dict[str, Any]:
-    def summary(xs: list[float]) -> dict[str, float]:
+    def summary(xs: list[float]) -> dict[str, Any]:
         return {"median_us": _median(xs), "spread_us": round_spread(xs), "round_medians_us": list(xs)}
 
     ref = summary(medians[""])

@@ -27,6 +27,8 @@ import yaml
 from tileship.errors import LockError
 
 LOCK_SCHEMA = 1
+#: a container image digest, as ``lock --image-digest`` and ``publish --image-digest`` take it
+IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 NATIVE_LIBS = ("libtilelang.so", "libtvm_runtime.so", "libtvm_compiler.so")
 
 
@@ -145,7 +147,7 @@ def make_lock(*, env: Mapping[str, Any], revision: str, sources: Mapping[str, st
               toolchain: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Assemble the lock mapping. ``operators`` are ``spec.describe()`` outputs by name. ``toolchain``
     (a build through ``tileship build --toolchain``): its wheels' names, versions and sha256."""
-    if image_digest is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", image_digest):
+    if image_digest is not None and not IMAGE_DIGEST.fullmatch(image_digest):
         raise LockError(f"image digest {image_digest!r} is not sha256:<64 hex>", hint="pass the digest your registry shows, e.g. sha256:3f5...")
     out = {
         "schema": LOCK_SCHEMA,

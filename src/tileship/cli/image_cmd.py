@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("image"), "--out", "-o", help="the build context directory"),
     ) -> None:
         """Write a Dockerfile + .dockerignore build context for RELEASE. No image is built here: build it
-        elsewhere, then record its digest with `tileship lock --image-digest` / `tileship build --image-digest`."""
+        elsewhere, then record its digest with `tileship publish RELEASE --image-digest`."""
         from tileship.errors import BuildError
         from tileship.release.image import BaseImage, known_base, write_context
 

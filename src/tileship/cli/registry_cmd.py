@@ -55,11 +55,14 @@ def register(app: typer.Typer) -> None:
         bundle: Path = typer.Argument(..., help="a release directory (from `tileship build`) or a `tileship pack` archive"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
         replace: bool = typer.Option(False, help="overwrite a published copy of the same id whose evidence or build log differs"),
+        image_digest: str | None = typer.Option(None, help="the image built from this release (tileship image), sha256:<hex>: recorded next to it, the release unchanged"),
     ) -> None:
         """Copy a release into the registry (integrity checked; atomic). Does not activate it."""
         reg = _registry(registry)
-        rid = reg.publish(bundle, replace=replace)
+        rid = reg.publish(bundle, replace=replace, image_digest=image_digest)
         console.print(f"[green]published[/] {rid} -> {reg.path_of(rid)}")
+        if image_digest is not None:
+            console.print(f"image {image_digest} recorded for {rid} (a server in another image reports the mismatch)")
 
     @app.command("activate")
     @handle_errors

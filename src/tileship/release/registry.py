@@ -7,6 +7,7 @@ Layout (default ``$TILESHIP_HOME/registry``)::
                              (the highest n is current) before the older copy is removed, so
                              there is no instant without a valid copy of the id
     active.json              {"schema", "release_id", "reference_only", "history": [...]}
+    images/<release id>.json the image the release ships in (``publish --image-digest``; ``release.images``)
     .lock                    serializes every change (filelock)
     .reserve                 64 KiB kept free so that the pointer can be rewritten on a full disk
 
@@ -39,7 +40,7 @@ from filelock import FileLock, Timeout
 
 from tileship import env
 from tileship.errors import BundleError, RegistryError
-from tileship.release import bundle, integrity
+from tileship.release import bundle, images, integrity
 from tileship.release.records import (  # noqa: F401 (re-exported)
     POINTER_SCHEMA,
     RESERVE,
@@ -143,15 +144,19 @@ class Registry:
         return sorted(out, key=lambda r: (r.published_at, r.release_id))
 
     # -- changing ---------------------------------------------------------------
-    def publish(self, source: Path | str, *, replace: bool = False) -> str:
+    def publish(self, source: Path | str, *, replace: bool = False, image_digest: str | None = None) -> str:
         """Copy a release bundle (directory or ``tileship pack`` archive) into the registry. Returns its id.
 
         Integrity is checked before and after the copy; the copy appears whole or not at all.
         Publishing the identical release again is a no-op. A release with the same id but
         other non-identity files (newer evidence, build log) is refused unless ``replace``.
-        Raises BundleIntegrityError (names the file) or RegistryError.
+        ``image_digest`` (``sha256:<64 hex>``, checked before anything is copied): record the image
+        the release ships in (``release.images``; replaces an earlier record; the release itself is
+        not changed). Raises BundleIntegrityError (names the file) or RegistryError.
         """
         src = Path(source)
+        if image_digest is not None:
+            images.check_digest(image_digest)
         with self._locked():
             if src.is_file():
                 with tempfile.TemporaryDirectory(dir=self.root, prefix=".unpack-") as tmp:
@@ -163,8 +168,16 @@ class Registry:
                         raise _publish_failed(src, exc, self.root) from None
                     except tarfile.TarError as exc:
                         raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive ({exc})") from None
-                    return self._publish_dir(unpacked, replace)
-            return self._publish_dir(src, replace)
+                    rid = self._publish_dir(unpacked, replace)
+            else:
+                rid = self._publish_dir(src, replace)
+            if image_digest is not None:
+                images.record(self.root, rid, image_digest)
+            return rid
+
+    def image_digest(self, release_id: str) -> str | None:
+        """The image digest recorded for a published release (``publish --image-digest``), or None."""
+        return images.recorded(self.root, self.resolve(release_id))
 
     def _publish_dir(self, src: Path, replace: bool) -> str:
         try:

@@ -90,11 +90,13 @@ class Served:
 
 
 def image_check(release: Release) -> dict[str, Any]:
-    """The image this server runs in (``TILESHIP_IMAGE_DIGEST``) against the one the release's lock
-    pins: {"running", "pinned", "mismatch"}; a mismatch only when both are known and differ."""
+    """The image this server runs in (``TILESHIP_IMAGE_DIGEST``) against the one the release is pinned
+    to (``release.images.pinned``: the registry's ``publish --image-digest`` record, else the lock's):
+    {"running", "pinned", "mismatch"}; a mismatch only when both are known and differ."""
     from tileship import env
+    from tileship.release import images
 
-    running, pinned = env.image_digest(), (release.lock or {}).get("image_digest")
+    running, pinned = env.image_digest(), images.pinned(release.path, release.lock)
     return {"running": running, "pinned": pinned, "mismatch": bool(running and pinned and running != pinned)}
 
 

@@ -102,3 +102,51 @@ def test_scalars_symbolic_strides_and_the_callee_allocated_abi(stamp: dict[str, 
     assert [(str(v), t) for v, t in sig.dynamic] == [("m", (0, 0, 0, 1)), ("s", (1, 0, 0, 1))]
     assert sig.callee_allocated_outputs is callee
     assert sig.params[0].torch_dtype() == torch.float16
+
+
+@pytest.fixture(scope="module")
+def cuda_specs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real nvcc builds of a one-output (add) and a two-output (add_rmsnorm) CUDA kernel."""
+    from tileship.build.builder import compile_one
+    from tileship.catalog import add_rmsnorm, elementwise
+    from tileship.declare.spec import expand
+
+    root = tmp_path_factory.mktemp("cuda-abi")
+    out = {}
+    for op in (elementwise.add_cuda, add_rmsnorm.add_rmsnorm):
+        spec = next(s for s in expand(op) if s.target == "cuda-sm90a" and s.dtype == "float16")
+        r = compile_one(op, spec, root / spec.id, timeout_s=300)
+        assert r.ok, r.error
+        out[op.name] = root / spec.id
+    return out
+
+
+@pytest.mark.parametrize("op, n_inputs", [("add_cuda", 2), ("add_rmsnorm", 3)])
+def test_a_cuda_build_records_the_callee_allocated_abi_its_library_takes(cuda_specs, op: str, n_inputs: int) -> None:
+    """TileLang decides the output ABI inside the compile; the bundle must say what it decided, and the
+    loader's convention must match the argument count the generated host code checks."""
+    d = cuda_specs[op]
+    art = json.loads((d / "artifact.json").read_text())
+    assert art["callee_allocated_outputs"] is True
+    sig = signature.read((d / "signature.json").read_text(), art["out_idx"])
+    assert sig.callee_allocated_outputs is True  # the stamp is in the signature as well
+    got = artifact._ffi_abi(d, art, sig, d.name)
+    assert got.callee_allocated_outputs is True
+    assert f'"main: num_args should be {n_inputs + 1}"' in (d / "host_kernel.cu").read_text()
+
+
+def test_a_convention_that_disagrees_with_the_library_is_refused_at_load(cuda_specs, tmp_path: Path) -> None:
+    """A two-output kernel called with caller-allocated outputs would get 5 arguments where its main
+    takes 4 (inputs + allocator anchor): the loader refuses it, naming both counts."""
+    import shutil
+
+    d = tmp_path / "spec"
+    shutil.copytree(cuda_specs["add_rmsnorm"], d)
+    art = json.loads((d / "artifact.json").read_text())
+    art["callee_allocated_outputs"] = False
+    sig = signature.read((d / "signature.json").read_text(), art["out_idx"])
+    with pytest.raises(ArtifactLoadError, match="main takes 4 arguments, the signature gives 5"):
+        artifact._ffi_abi(d, art, sig, d.name)
+    # a bundle that predates the record: TileLang's CUDA rule (outputs -> callee-allocated) applies
+    del art["callee_allocated_outputs"]
+    assert artifact._ffi_abi(d, art, sig, d.name).callee_allocated_outputs is True

@@ -114,6 +114,7 @@ def main(job_path: str) -> int:
 
         from tileship.declare.factory import reconcile_out_idx, resolve, trace
         from tileship.declare.spec import Specialization, Target
+        from tileship.runtime.signature import CALLEE_ALLOCATED_OUTPUTS
 
         if job.get("sys_path"):
             sys.path.insert(0, job["sys_path"])
@@ -123,13 +124,20 @@ def main(job_path: str) -> int:
         func = trace(op, spec)
         out_idx, positions = reconcile_out_idx(op, info, func)
         (out / "func.json").write_text(_portable(tvm.ir.save_json(func)))
-        # The loader needs only the signature (params, buffer map, attrs); dropping the body
-        # makes loading ~10x cheaper and means a release never re-traces the kernel.
-        sig = tvm.tirx.PrimFunc(func.params, tvm.tirx.Evaluate(0), func.ret_type, func.buffer_map, func.attrs)
-        (out / "signature.json").write_text(_portable(tvm.ir.save_json(sig)))
         pass_configs = op.compile_pass_configs()
         kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(),
                                   pass_configs=pass_configs or None)
+        # Whether the library allocates its outputs (tvm-ffi's callee-allocated ABI) is decided inside
+        # the compile, from the execution backend: it is read back from the compiled kernel and
+        # stamped on the signature (and named in artifact.json), never re-derived at load time.
+        callee = bool(getattr(kernel.adapter, "_ffi_callee_allocated_output_abi", False))
+        attrs = func.attrs
+        if callee:
+            attrs = func.with_attr(CALLEE_ALLOCATED_OUTPUTS, 1).attrs
+        # The loader needs only the signature (params, buffer map, attrs); dropping the body
+        # makes loading ~10x cheaper and means a release never re-traces the kernel.
+        sig = tvm.tirx.PrimFunc(func.params, tvm.tirx.Evaluate(0), func.ret_type, func.buffer_map, attrs)
+        (out / "signature.json").write_text(_portable(tvm.ir.save_json(sig)))
         entries = glob.glob(str(cache / "*" / "*" / "kernels" / "*"))
         if len(entries) != 1:
             raise RuntimeError(f"expected one TileLang cache entry, found {len(entries)}")
@@ -149,6 +157,7 @@ def main(job_path: str) -> int:
             "execution_backend": kernel.execution_backend,
             "library": lib_name,
             "out_idx": positions,
+            "callee_allocated_outputs": callee,
             "target": spec.target,
             "pass_configs": dict(sorted(pass_configs.items())),
             "factory": info.to_json(),

@@ -27,7 +27,6 @@ LLAMA3_8B = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
 DECODE_M = (1, 4, 8, 16, 32)
 #: nibble j of each int32 word holds element PERM[j] of its 8 (one LOP3 decodes a pair in order)
 PERM = (0, 2, 4, 6, 1, 3, 5, 7)
-_INV = tuple(PERM.index(e) for e in range(8))
 
 
 def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
@@ -92,7 +91,9 @@ def dequantize(qweight: Any, scales: Any) -> Any:
     n = qweight.shape[0]
     shifts = torch.arange(8, dtype=torch.int32, device=qweight.device) * 4
     nibbles = (qweight.unsqueeze(-1) >> shifts) & 0xF  # [N, K/8, 8] in nibble order
-    q = nibbles[:, :, list(_INV)].reshape(n, -1).to(torch.float32) - 8.0
+    # nibbles 0-3 hold elements 0,2,4,6 and nibbles 4-7 elements 1,3,5,7 (PERM): a transpose, no
+    # index tensor, so the reference is capturable in a CUDA graph (no host-to-device copy)
+    q = nibbles.reshape(n, -1, 2, 4).transpose(-1, -2).reshape(n, -1).to(torch.float32) - 8.0
     s = scales.to(torch.float32).repeat_interleave(GROUP, dim=1)
     return (q * s).to(scales.dtype)
 

@@ -29,8 +29,10 @@ Raises ``ArtifactLoadError`` naming the specialization; never compiles.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib.util
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,8 @@ def load(spec_dir: Path, spec_id: str) -> CKernel | FFIKernel:
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise ArtifactLoadError(f"signature.json is not a readable PrimFunc: {type(exc).__name__}: {exc}",
                                     spec_id=spec_id, hint="rebuild the release with this tileship") from exc
+        if backend == "tvm_ffi":
+            signature = _ffi_abi(spec_dir, art, signature, spec_id)
         library = spec_dir / art["library"]
         if backend == "cython":
             return CKernel(library, signature, art["target"])
@@ -194,6 +198,35 @@ class FFIKernel(_Kernel):
         slots = self._place(inputs)
         self.executable(*slots)
         return self._outputs(slots)
+
+
+_NUM_ARGS = re.compile(r'"main: num_args should be (\d+)"')
+
+
+def _ffi_abi(spec_dir: Path, art: dict[str, Any], signature: Signature, spec_id: str) -> Signature:
+    """The tvm-ffi calling convention, checked against the library's own argument count.
+
+    Whether the library allocates its outputs (``callee_allocated_outputs``) is read from
+    ``artifact.json`` (what the compile decided), else from the signature's stamp; a bundle that
+    names neither was built by a tileship that did not record it, and TileLang 0.1.x's CUDA
+    backend makes every kernel with outputs callee-allocated. The generated host code states how
+    many arguments ``main`` takes (``host_kernel.cu``); a convention that disagrees with it is an
+    ArtifactLoadError here, never a kernel that writes its output into an input at call time."""
+    callee = art.get("callee_allocated_outputs")
+    if callee is None:
+        callee = signature.callee_allocated_outputs or bool(signature.result_idx)
+    signature = dataclasses.replace(signature, callee_allocated_outputs=bool(callee) and bool(signature.result_idx))
+    n = len(signature.params)
+    want = n - len(signature.result_idx) + 1 if signature.callee_allocated_outputs else n
+    host = spec_dir / "host_kernel.cu"
+    found = _NUM_ARGS.search(host.read_text(errors="replace")) if host.is_file() else None
+    if found is not None and int(found.group(1)) != want:
+        raise ArtifactLoadError(
+            f"the library's main takes {found.group(1)} arguments, the signature gives {want} "
+            f"({'callee' if signature.callee_allocated_outputs else 'caller'}-allocated outputs, "
+            f"{n} parameters, {len(signature.result_idx)} outputs)", spec_id=spec_id,
+            hint="rebuild the release with this tileship")
+    return signature
 
 
 def _load_tvm_runtime() -> None:

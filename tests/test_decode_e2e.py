@@ -267,3 +267,26 @@ def test_profile_attribution_follows_the_launching_op_into_graph_replays():
     assert de.classify("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1") == "norm"
     assert de.classify("sm90_xmma_gemm_f16f16_f16f32") == "linear/gemm" and de.classify("gemv2T_kernel_val") == "linear/gemm"
     assert de.classify("main_kernel") is None
+
+
+@torch.inference_mode()
+def test_the_compiled_step_writes_the_cache_in_place_and_matches_eager():
+    """compile+graph mode compiles a layer's two halves around the eager in-place cache write: the
+    compiled step must produce the eager step's logits and write the same rows of the same storage."""
+    p = de.make_path("torch_fp16", TINY, _weights())
+    prompt = _prompt()
+    states = []
+    for compiled in (False, True):
+        st = de.new_state(TINY, B, CAP, TINY.layers, torch.float32, "cpu")
+        de.prefill(p, TINY, st, prompt)
+        ptrs = [t.data_ptr() for t in (*st.k, *st.v)]
+        stepper = de.make_stepper(p, TINY, st, compiled=compiled)
+        logits = [stepper.step().clone() for _ in range(3)]
+        assert [t.data_ptr() for t in (*st.k, *st.v)] == ptrs  # the cache is written where it lives
+        states.append((st, logits))
+    (eager, le), (comp, lc) = states
+    for a, b in zip(le, lc, strict=True):
+        assert de.rel_l2(b, a) < 1e-4
+    for layer in range(TINY.layers):
+        assert torch.allclose(comp.k[layer], eager.k[layer], atol=1e-5) and torch.allclose(comp.v[layer], eager.v[layer], atol=1e-5)
+    assert comp.lengths.tolist() == eager.lengths.tolist() == [PLEN + 3] * B

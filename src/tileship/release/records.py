@@ -16,7 +16,7 @@ from tileship.errors import RegistryError
 from tileship.release import integrity
 
 POINTER_SCHEMA = 1
-_TMP_PREFIX = ".active.tmp-"
+POINTER_TMP_PREFIX = ".active.tmp-"
 RESERVE = ".reserve"
 RESERVE_BYTES = 64 * 1024
 
@@ -148,7 +148,7 @@ def make_reserve(root: Path) -> None:
 
 
 def _write_pointer_once(pointer: Path, state: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=pointer.parent, prefix=_TMP_PREFIX)
+    fd, tmp = tempfile.mkstemp(dir=pointer.parent, prefix=POINTER_TMP_PREFIX)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(state, indent=2, sort_keys=True) + "\n")

@@ -25,12 +25,9 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import re
-import shutil
 import tarfile
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,7 +37,7 @@ from filelock import FileLock, Timeout
 
 from tileship import env
 from tileship.errors import BundleError, RegistryError
-from tileship.release import bundle, images, integrity
+from tileship.release import bundle, images, integrity, layout
 from tileship.release.records import (  # noqa: F401 (re-exported)
     POINTER_SCHEMA,
     RESERVE,
@@ -55,8 +52,6 @@ from tileship.release.records import (  # noqa: F401 (re-exported)
 POINTER = "active.json"
 HISTORY_LIMIT = 32
 LOCK_TIMEOUT_S = 60.0
-_TMP_PREFIX = ".active.tmp-"
-_LEFTOVER = re.compile(r"\.tmp|^\.incoming-|^\.trash-|^\.unpack-")
 
 
 def default_root() -> Path:
@@ -203,9 +198,9 @@ class Registry:
                 raise RegistryError(f"release {rid} is already published with other evidence or build log ({dest})",
                                     hint="pass --replace to overwrite the published copy")
             # the complete new copy appears (one rename) before the old one goes: no window without it
-            newer = self.releases_dir / f"{rid}@{_version(dest) + 1}"
+            newer = self.releases_dir / f"{rid}@{layout.version(dest) + 1}"
             bundle.copy_release(src, newer)
-            self._drop(dest)
+            layout.drop(dest)
         else:
             bundle.copy_release(src, dest)
         return rid
@@ -258,24 +253,10 @@ class Registry:
         return sorted(self._versions())
 
     def _versions(self) -> dict[str, list[Path]]:
-        """Published copies per release id, current (highest ``@n``) first."""
-        out: dict[str, list[Path]] = {}
-        if not self.releases_dir.is_dir():
-            return out
-        for p in self.releases_dir.iterdir():
-            m = integrity.RELEASE_DIR_RE.fullmatch(p.name) or re.fullmatch(r"([0-9A-Za-z_-]+)(@[0-9]+)?", p.name)
-            if m and p.is_dir() and not _LEFTOVER.search(p.name):
-                out.setdefault(m.group(1), []).append(p)
-        return {rid: sorted(ps, key=_version, reverse=True) for rid, ps in out.items()}
+        return layout.versions(self.releases_dir)
 
     def _current(self, rid: str) -> Path:
         return (self._versions().get(rid) or [self.releases_dir / rid])[0]
-
-    def _drop(self, path: Path) -> None:
-        """Remove a directory: renamed aside first (atomic), then deleted (a kill leaves a ``.trash-``)."""
-        trash = self.releases_dir / f".trash-{uuid.uuid4().hex[:8]}"
-        os.replace(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
 
     def collect(self) -> list[str]:
         """``gc`` under the registry lock (what ``tileship gc`` runs). Returns what was removed."""
@@ -288,19 +269,7 @@ class Registry:
 
         Called (under the lock) at the start of every change; ``tileship gc`` runs it alone.
         """
-        removed = []
-        for d in (self.root, self.releases_dir):
-            if not d.is_dir():
-                continue
-            for p in d.iterdir():
-                if _LEFTOVER.search(p.name) or p.name.startswith(_TMP_PREFIX):
-                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-                    removed.append(p.name)
-        for copies in self._versions().values():
-            for old in copies[1:]:
-                self._drop(old)
-                removed.append(old.name)
-        return sorted(removed)
+        return layout.collect_leftovers(self.root, self.releases_dir)
 
     def _check_activatable(self, rid: str) -> None:
         root = self._current(rid)
@@ -353,9 +322,3 @@ def _read_or_none(path: Path) -> bytes | None:
         return path.read_bytes()
     except FileNotFoundError:
         return None
-
-
-def _version(path: Path) -> int:
-    """``n`` of ``<id>@<n>``; 0 for the first copy ``<id>``."""
-    _, _, n = path.name.partition("@")
-    return int(n) if n.isdigit() else 0

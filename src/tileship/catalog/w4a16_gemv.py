@@ -16,6 +16,14 @@ import tilelang.language as T
 from tileship.catalog.w4a16_device import DEVICE_SRC, GROUP, device_types
 
 
+@T.macro
+def warp_sum(acc, i, red, kr):
+    """``red[0]`` = the sum of ``acc[i]`` over the 32 lanes of the warp (lane index ``kr``)."""
+    with T.attr(T.comm_reducer(lambda x, y: x + y, [T.cast(0, "float32")]), "reduce_scope",
+                T.reinterpret(T.uint64(0), dtype="handle")):
+        T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
+
+
 def w4a16_gemv(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, n_warps: int = 4, nw: int = 2,
                unroll: bool = True) -> Any:
     """y[M, N] = x[M, K] @ W^T for a static M; ``nw`` words of 8 weights per lane per K step."""
@@ -43,9 +51,7 @@ def w4a16_gemv(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, n_
                               T.address_of(S[(bx * n_warps + ni) * rows, ko * 2 * nw + kr // 16]), K // GROUP,
                               T.access_ptr(acc, "rw"))
             for i in T.unroll(rows * M):
-                with T.attr(T.comm_reducer(lambda x, y: x + y, [T.cast(0, "float32")]), "reduce_scope",
-                            T.reinterpret(T.uint64(0), dtype="handle")):
-                    T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
+                warp_sum(acc, i, red, kr)
                 if kr == 0:
                     C[i % M, (bx * n_warps + ni) * rows + i // M] = T.cast(red[0], dtype)
 
@@ -91,9 +97,7 @@ def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k
                               T.address_of(S[bx * rows, wy * per_warp * 8 + kr // 4]), K // GROUP,
                               T.access_ptr(acc, "rw"))
                 for i in T.unroll(rows * M):
-                    with T.attr(T.comm_reducer(lambda x, y: x + y, [T.cast(0, "float32")]), "reduce_scope",
-                                T.reinterpret(T.uint64(0), dtype="handle")):
-                        T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
+                    warp_sum(acc, i, red, kr)
                     if kr == 0:
                         part[wy, i] = red[0]
                 if wy == 0 and kr < rows * M:
@@ -108,9 +112,7 @@ def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k
                               T.address_of(S[(bx * n_warps + wy) * rows, kr // 4]), K // GROUP,
                               T.access_ptr(acc, "rw"))
                 for i in T.unroll(rows * M):
-                    with T.attr(T.comm_reducer(lambda x, y: x + y, [T.cast(0, "float32")]), "reduce_scope",
-                                T.reinterpret(T.uint64(0), dtype="handle")):
-                        T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
+                    warp_sum(acc, i, red, kr)
                     if kr == 0:
                         C[i % M, (bx * n_warps + wy) * rows + i // M] = T.cast(red[0], dtype)
 

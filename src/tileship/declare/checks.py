@@ -173,20 +173,12 @@ def check_operator(decl: Operator) -> None:
             raise DeclarationError(
                 f"must be a Tolerance(atol, rtol), got {type(tol).__name__}", operator=op, field=f"tolerances.{key}"
             )
-    if decl.sample is not None and not callable(decl.sample):
-        raise DeclarationError(
-            "sample is not callable",
-            operator=op,
-            field="sample",
-            hint="pass sample=fn(dims, dtype, device) returning one tensor per input",
-        )
-    if decl.cost is not None and not callable(decl.cost):
-        raise DeclarationError(
-            "cost is not callable",
-            operator=op,
-            field="cost",
-            hint="pass cost=fn(dims, dtype) returning (flops, bytes) of one call",
-        )
+    for name, value, hint in (
+        ("sample", decl.sample, "pass sample=fn(dims, dtype, device) returning one tensor per input"),
+        ("cost", decl.cost, "pass cost=fn(dims, dtype) returning (flops, bytes) of one call"),
+    ):
+        if value is not None and not callable(value):
+            raise DeclarationError(f"{name} is not callable", operator=op, field=name, hint=hint)
     _check_factory(decl, op)
 
 

@@ -130,7 +130,7 @@ def test_a_cuda_build_records_the_callee_allocated_abi_its_library_takes(cuda_sp
     assert art["callee_allocated_outputs"] is True
     sig = signature.read((d / "signature.json").read_text(), art["out_idx"])
     assert sig.callee_allocated_outputs is True  # the stamp is in the signature as well
-    got = artifact._ffi_abi(d, art, sig, d.name)
+    got = artifact.ffi_abi(d, art, sig, d.name)
     assert got.callee_allocated_outputs is True
     assert f'"main: num_args should be {n_inputs + 1}"' in (d / "host_kernel.cu").read_text()
 
@@ -146,7 +146,7 @@ def test_a_convention_that_disagrees_with_the_library_is_refused_at_load(cuda_sp
     art["callee_allocated_outputs"] = False
     sig = signature.read((d / "signature.json").read_text(), art["out_idx"])
     with pytest.raises(ArtifactLoadError, match="main takes 4 arguments, the signature gives 5"):
-        artifact._ffi_abi(d, art, sig, d.name)
+        artifact.ffi_abi(d, art, sig, d.name)
     # a bundle that predates the record: TileLang's CUDA rule (outputs -> callee-allocated) applies
     del art["callee_allocated_outputs"]
-    assert artifact._ffi_abi(d, art, sig, d.name).callee_allocated_outputs is True
+    assert artifact.ffi_abi(d, art, sig, d.name).callee_allocated_outputs is True

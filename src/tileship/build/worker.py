@@ -137,7 +137,8 @@ def main(job_path: str) -> int:
         # The loader needs only the signature (params, buffer map, attrs); dropping the body
         # makes loading ~10x cheaper and means a release never re-traces the kernel.
         sig = tvm.tirx.PrimFunc(func.params, tvm.tirx.Evaluate(0), func.ret_type, func.buffer_map, attrs)
-        (out / "signature.json").write_text(_portable(tvm.ir.save_json(sig)))
+        sig_text = _portable(tvm.ir.save_json(sig))
+        (out / "signature.json").write_text(sig_text)
         entries = glob.glob(str(cache / "*" / "*" / "kernels" / "*"))
         if len(entries) != 1:
             raise RuntimeError(f"expected one TileLang cache entry, found {len(entries)}")
@@ -164,6 +165,11 @@ def main(job_path: str) -> int:
             "tilelang": tilelang.__version__,
         }
         (out / "artifact.json").write_text(json.dumps(artifact, indent=2, sort_keys=True) + "\n")
+        if kernel.execution_backend == "tvm_ffi":  # the loader's ABI check, here: a mismatch fails the build
+            from tileship.runtime import artifact as runtime_artifact
+            from tileship.runtime import signature as runtime_signature
+
+            runtime_artifact.ffi_abi(out, artifact, runtime_signature.read(sig_text, positions), job["spec_id"])
         result.update(ok=True, backend=kernel.execution_backend)
     except BaseException as exc:  # report everything; the parent decides
         result.update(error=f"{type(exc).__name__}: {exc}".splitlines()[0][:2000], traceback=traceback.format_exc())

@@ -71,7 +71,7 @@ def load(spec_dir: Path, spec_id: str) -> CKernel | FFIKernel:
             raise ArtifactLoadError(f"signature.json is not a readable PrimFunc: {type(exc).__name__}: {exc}",
                                     spec_id=spec_id, hint="rebuild the release with this tileship") from exc
         if backend == "tvm_ffi":
-            signature = _ffi_abi(spec_dir, art, signature, spec_id)
+            signature = ffi_abi(spec_dir, art, signature, spec_id)
         library = spec_dir / art["library"]
         if backend == "cython":
             return CKernel(library, signature, art["target"])
@@ -203,7 +203,7 @@ class FFIKernel(_Kernel):
 _NUM_ARGS = re.compile(r'"main: num_args should be (\d+)"')
 
 
-def _ffi_abi(spec_dir: Path, art: dict[str, Any], signature: Signature, spec_id: str) -> Signature:
+def ffi_abi(spec_dir: Path, art: dict[str, Any], signature: Signature, spec_id: str) -> Signature:
     """The tvm-ffi calling convention, checked against the library's own argument count.
 
     Whether the library allocates its outputs (``callee_allocated_outputs``) is read from
@@ -251,4 +251,4 @@ def _load_tvm_runtime() -> None:
         _runtime = runtime
 
 
-__all__ = ["BACKENDS", "CKernel", "FFIKernel", "load"]
+__all__ = ["BACKENDS", "CKernel", "FFIKernel", "ffi_abi", "load"]

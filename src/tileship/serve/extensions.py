@@ -43,7 +43,7 @@ _BUCKETS = ("success", "fail", "queue", "compute_input", "compute_infer", "compu
 
 #: the extensions ``GET /v2`` claims: only those that work
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
-              "model_configuration"]
+              "model_configuration", "logging", "system_shared_memory"]
 
 
 class _Row:

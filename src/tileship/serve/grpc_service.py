@@ -11,9 +11,9 @@ INVALID_ARGUMENT for a request that does not fit the model (names, datatypes, sh
 sizes), NOT_FOUND for an unknown model or version, UNAVAILABLE while not ready, overloaded or
 for an unloaded model, RESOURCE_EXHAUSTED past a request limit, DEADLINE_EXCEEDED past the
 request timeout, FAILED_PRECONDITION for a load that failed, UNIMPLEMENTED for streaming,
-shared memory, trace and log settings. A bug is INTERNAL naming the request id (the client's
-``x-request-id`` metadata when printable, else a fresh one; echoed as trailing metadata) and is
-logged with its traceback, as REST's 500s are.
+shared memory and trace (``LogSettings`` is Triton's logging extension, ``serve.log_settings``).
+A bug is INTERNAL naming the request id (the client's ``x-request-id`` metadata when printable,
+else a fresh one; echoed as trailing metadata) and is logged with its traceback, as REST's 500s are.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tileship import __version__
-from tileship.serve import calls, extensions, grpc_codec
+from tileship.serve import calls, extensions, grpc_codec, log_settings
 from tileship.serve.middleware import valid_request_id
 from tileship.serve.validate import BadRequest, short
 
@@ -219,7 +219,17 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     CudaSharedMemoryRegister = _unimplemented("the CUDA shared-memory extension")
     CudaSharedMemoryUnregister = _unimplemented("the CUDA shared-memory extension")
     TraceSetting = _unimplemented("the trace extension")
-    LogSettings = _unimplemented("the logging extension over gRPC")
+
+    @_rpc
+    async def LogSettings(self, request: Any, context: Any, rid: str) -> Any:
+        """Triton's logging extension (``serve.log_settings``): an empty request reads the settings."""
+        doc = {k: getattr(v, v.WhichOneof("parameter_choice")) if v.WhichOneof("parameter_choice") else None
+               for k, v in request.settings.items()}
+        now = log_settings.apply(self.service, doc) if doc else self.service.log.settings.to_json()
+        value = pb.LogSettingsResponse.SettingValue
+        return pb.LogSettingsResponse(settings={
+            k: value(bool_param=v) if isinstance(v, bool) else value(uint32_param=v) if isinstance(v, int)
+            else value(string_param=v) for k, v in now.items()})
 
 
 async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server, int]:

@@ -2,7 +2,8 @@
 
 Every line has ``ts`` (unix seconds), ``level`` and ``event``; request lines add
 ``request_id`` (the client's ``x-request-id`` when it sent one). uvicorn's own messages go
-through ``UvicornJsonFormatter`` so the whole stream parses line by line.
+through ``UvicornJsonFormatter`` so the whole stream parses line by line. Which levels are
+written is ``JsonLog.settings`` (``serve.log_settings``: Triton's logging extension).
 """
 
 from __future__ import annotations
@@ -14,15 +15,21 @@ import threading
 import time
 from typing import Any, TextIO
 
+from tileship.serve.log_settings import LogSettings
+
 
 class JsonLog:
-    """Thread-safe writer of JSON lines to ``stream`` (default: stderr)."""
+    """Thread-safe writer of JSON lines to ``stream`` (default: stderr), of the levels ``settings`` allows."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream
         self._lock = threading.Lock()
+        self.settings = LogSettings()
 
-    def event(self, event: str, level: str = "info", **fields: Any) -> None:
+    def event(self, event: str, level: str = "info", *, always: bool = False, **fields: Any) -> None:
+        """One line, when ``settings`` allows ``level`` or ``always`` (a change of the settings themselves)."""
+        if not (always or self.settings.allows(level)):
+            return
         record = {"ts": round(time.time(), 6), "level": level, "event": event, **fields}
         line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
         stream = self._stream or sys.stderr

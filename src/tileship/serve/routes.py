@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tileship import __version__, env
-from tileship.serve import canary_http, extensions
+from tileship.serve import canary_http, extensions, log_settings
 from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served, image_check
@@ -165,6 +165,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v2/tileship/canary", canary_http.endpoint, methods=["GET", "POST", "DELETE"]),
         Route("/v2/tileship/telemetry", telemetry, methods=["GET"]),
+        Route("/v2/logging", log_settings.endpoint, methods=["GET", "POST"]),
     ]
     handlers = {HTTPException: http_error, Exception: internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

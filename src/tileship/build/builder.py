@@ -122,7 +122,8 @@ def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: flo
         return SpecResult(spec, True, seconds, log=_tail(output), commands=commands)
     shutil.rmtree(out, ignore_errors=True)
     if not result:
-        error = f"compiler process died with exit status {proc.returncode}" + (f" (signal {-proc.returncode})" if proc.returncode < 0 else "")
+        error = f"compiler process died with exit status {proc.returncode}" + (
+            f" (signal {-proc.returncode})" if proc.returncode < 0 else "")
     else:
         error = result.get("error", "unknown error")
     log = _tail(output + ("\n" + result["traceback"] if result.get("traceback") else ""))
@@ -140,7 +141,8 @@ def _tail(text: str) -> str:
     return text if len(text) <= LOG_LIMIT else "[... truncated ...]\n" + text[-LOG_LIMIT:]
 
 
-def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options: BuildOptions | None = None) -> BuildResult:
+def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
+          options: BuildOptions | None = None) -> BuildResult:
     """Lock the environment and compile every specialization into ``out_root/<release id>``.
 
     Atomic: the release directory appears complete or not at all. Raises BuildError only
@@ -163,8 +165,9 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options
         shipped, imports = sources.ship(ops, project.root, staging)
         descs = {name: {**describe(op), "sources": shipped[name], "reference_imports": imports[name],
                         pins.KEY: pins.pin(op, shipped[name])} for name, op in ops.items()}
-        lock = make_lock(env=env, revision=kernel_revision(revision_root(project, ops)), sources=source_digest(ops), operators=descs,
-                         targets=list(project.targets), model={"name": project.model, "version": project.model_version},
+        lock = make_lock(env=env, revision=kernel_revision(revision_root(project, ops)), sources=source_digest(ops),
+                         operators=descs, targets=list(project.targets),
+                         model={"name": project.model, "version": project.model_version},
                          image_digest=opts.image_digest, toolchain=tool)
         (staging / "tileship.lock").write_text(dump_lock(lock))
         results: list[SpecResult] = []
@@ -199,8 +202,9 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path, options
         bundle.write_json_atomic(staging / "build-log.json", {
             "seconds": round(time.perf_counter() - t0, 3), "jobs": opts.jobs, "timeout_s": opts.timeout_s,
             **({"ray": opts.ray.address or "local"} if opts.ray is not None else {}),
-            "specializations": {r.spec.id: {"ok": r.ok, "seconds": round(r.seconds, 3), "timed_out": r.timed_out, "error": r.error,
-                                            "commands": [" ".join(c) for c in r.commands], "log": r.log} for r in results}})
+            "specializations": {r.spec.id: {"ok": r.ok, "seconds": round(r.seconds, 3), "timed_out": r.timed_out,
+                                            "error": r.error, "commands": [" ".join(c) for c in r.commands],
+                                            "log": r.log} for r in results}})
         manifest = bundle.write_manifest(staging)
         final = out_root / manifest["release_id"]
         if final.exists():

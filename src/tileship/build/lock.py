@@ -133,22 +133,26 @@ def kernel_revision(root: Path | None) -> str:
     """``<short commit>[-dirty]`` of the git tree holding the operator sources, or ``unversioned``."""
     cwd = str(root or Path.cwd())
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              timeout=10)
         if head.returncode != 0:
             return "unversioned"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
+                               text=True, timeout=10)
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unversioned"
 
 
-def make_lock(*, env: Mapping[str, Any], revision: str, sources: Mapping[str, str], operators: Mapping[str, Mapping[str, Any]],
-              targets: list[str], model: Mapping[str, str], image_digest: str | None = None,
+def make_lock(*, env: Mapping[str, Any], revision: str, sources: Mapping[str, str],
+              operators: Mapping[str, Mapping[str, Any]], targets: list[str], model: Mapping[str, str],
+              image_digest: str | None = None,
               toolchain: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Assemble the lock mapping. ``operators`` are ``spec.describe()`` outputs by name. ``toolchain``
     (a build through ``tileship build --toolchain``): its wheels' names, versions and sha256."""
     if image_digest is not None and not IMAGE_DIGEST.fullmatch(image_digest):
-        raise LockError(f"image digest {image_digest!r} is not sha256:<64 hex>", hint="pass the digest your registry shows, e.g. sha256:3f5...")
+        raise LockError(f"image digest {image_digest!r} is not sha256:<64 hex>",
+                        hint="pass the digest your registry shows, e.g. sha256:3f5...")
     out = {
         "schema": LOCK_SCHEMA,
         "model": dict(model),
@@ -250,17 +254,22 @@ class DriftReport:
 #: driver are not inside the artifacts: they change how references compute or how a
 #: rebuild would compile, so they are reported, not blocking.
 RULES: dict[str, tuple[bool, str]] = {
-    "backend.tilelang": (True, "artifacts were compiled by another TileLang: compiled artifacts are not trusted; serving will use the reference"),
-    "backend.tilelang_native_libs": (True, "hash differs: compiled artifacts are not trusted; serving will use the reference"),
-    "backend.apache_tvm_ffi": (True, "the kernels' FFI ABI may differ: compiled artifacts are not trusted; serving will use the reference"),
+    "backend.tilelang": (True, "artifacts were compiled by another TileLang: compiled artifacts are not trusted; "
+                               "serving will use the reference"),
+    "backend.tilelang_native_libs": (True, "hash differs: compiled artifacts are not trusted; "
+                                           "serving will use the reference"),
+    "backend.apache_tvm_ffi": (True, "the kernels' FFI ABI may differ: compiled artifacts are not trusted; "
+                                     "serving will use the reference"),
     "backend.platform": (True, "artifacts are native code for another platform: serving will use the reference"),
     "backend.z3_solver": (False, "used only while compiling: a rebuild may differ; served artifacts unaffected"),
     "backend.nvcc": (False, "used only while compiling: a rebuild may produce other code; served artifacts unaffected"),
-    "backend.host_cxx": (False, "used only while compiling host wrappers: a rebuild may differ; served artifacts unaffected"),
+    "backend.host_cxx": (False, "used only while compiling host wrappers: a rebuild may differ; "
+                                "served artifacts unaffected"),
     "framework.python": (False, "artifacts carry no Python ABI; reference and glue run on this Python"),
     "framework.torch": (False, "the reference path runs on this torch: its numerics and speed may differ; re-verify"),
     "framework.torch_cuda": (False, "the reference path's CUDA libraries differ; re-verify"),
-    "gpu.compute_capability": (True, "the GPU arch differs from the one locked: compiled artifacts are not trusted; serving will use the reference"),
+    "gpu.compute_capability": (True, "the GPU arch differs from the one locked: compiled artifacts are not trusted; "
+                                     "serving will use the reference"),
     "gpu.name": (False, "another GPU model of the same arch: verification evidence may not transfer"),
     "gpu.sm_count": (False, "another SM count: speed evidence may not transfer"),
     "gpu.driver": (False, "another driver: recorded evidence was taken on a different driver"),

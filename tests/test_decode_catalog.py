@@ -182,3 +182,21 @@ def test_cpu_twins_share_the_cuda_contract() -> None:
     assert [a.dtype for a in cpu_decode.w4a16_cpu_op.inputs] == [a.dtype for a in w4a16.w4a16.inputs]
     assert cpu_decode.gqa_decode_cpu_op.reference is gqa_decode.gqa_decode_reference
     assert [a.dims for a in cpu_decode.gqa_decode_cpu_op.inputs] == [a.dims for a in gqa_decode.gqa.inputs]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_dequantize_in_the_scales_dtype_is_the_float32_product_rounded(dtype) -> None:
+    """dequantize multiplies in the scales' dtype: q (-8..7) is exact there and one product is
+    correctly rounded, so it must equal, bit for bit, the product taken in float32 and rounded."""
+    from tileship.catalog import w4a16
+
+    g = torch.Generator().manual_seed(3)
+    n, k = 48, 1024
+    qw = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32, generator=g)
+    scales = (torch.rand(n, k // w4a16.GROUP, generator=g) * 2 + 1e-3).to(dtype)
+    nib = torch.stack([(qw >> (4 * j)) & 0xF for j in range(8)], dim=-1)  # nibble order
+    elems = torch.empty_like(nib)
+    elems[..., list(w4a16.PERM)] = nib  # nibble j holds element PERM[j]
+    want = ((elems.reshape(n, k).float() - 8) * scales.float().repeat_interleave(w4a16.GROUP, dim=1)).to(dtype)
+    got = w4a16.dequantize(qw, scales)
+    assert got.dtype == dtype and torch.equal(got, want)

@@ -93,9 +93,10 @@ def dequantize(qweight: Any, scales: Any) -> Any:
     nibbles = (qweight.unsqueeze(-1) >> shifts) & 0xF  # [N, K/8, 8] in nibble order
     # nibbles 0-3 hold elements 0,2,4,6 and nibbles 4-7 elements 1,3,5,7 (PERM): a transpose, no
     # index tensor, so the reference is capturable in a CUDA graph (no host-to-device copy)
-    q = nibbles.reshape(n, -1, 2, 4).transpose(-1, -2).reshape(n, -1).to(torch.float32) - 8.0
-    s = scales.to(torch.float32).repeat_interleave(GROUP, dim=1)
-    return (q * s).to(scales.dtype)
+    q = nibbles.reshape(n, -1, 2, 4).transpose(-1, -2).reshape(n, -1, GROUP).to(scales.dtype) - 8
+    # q (-8..7) is exact in every float dtype and q * scale is one correctly rounded product, the
+    # same bits as computing it in float32 and rounding; each group's scale broadcast, not repeated
+    return (q * scales.unsqueeze(-1)).reshape(n, -1)
 
 
 def w4a16_reference(x: Any, qweight: Any, scales: Any) -> Any:

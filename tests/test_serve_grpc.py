@@ -141,7 +141,7 @@ def _extra_bad() -> list[tuple[str, Any, str, list[str]]]:
     cases.append(("unknown-output", r, "INVALID_ARGUMENT", ["unknown output 'D'", "produces C"]))
     r = _raw(A=("FP32", [4], F4), B=("FP32", [4], F4))
     r.inputs[0].parameters["shared_memory_region"].string_param = "r0"
-    cases.append(("shared-memory", r, "INVALID_ARGUMENT", ["shared-memory extension is not supported"]))
+    cases.append(("shared-memory", r, "INVALID_ARGUMENT", ["input A", "needs shared_memory_byte_size"]))
     r = _raw(A=("FP32", [4], F4), B=("FP32", [4], F4))
     r.inputs[1].contents.fp32_contents.extend([1, 2, 3, 4])
     cases.append(("raw-and-contents", r, "INVALID_ARGUMENT", ["input B: has 'contents'", "raw_input_contents"]))
@@ -242,7 +242,6 @@ def test_health_metadata_and_config_match_rest(server, gc, cpu_release_build):
 
 
 def test_what_is_not_supported_is_unimplemented(gc):
-    _fails(gc.get_system_shared_memory_status, "UNIMPLEMENTED", "shared-memory extension is not supported")
     _fails(gc.get_cuda_shared_memory_status, "UNIMPLEMENTED", "CUDA shared-memory")
     _fails(gc.get_trace_settings, "UNIMPLEMENTED", "trace")
 

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.dispatch import Decision, OpRunner, Release
-from tileship.serve import calls, extensions, protocol, validate
+from tileship.serve import calls, extensions, protocol, shm, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_body
 from tileship.serve.config import ServeConfig
@@ -71,6 +71,7 @@ class Service:
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
         self.unloaded: set[str] = set()  # models unloaded through the repository extension
+        self.shm = shm.Regions()  # Triton's system shared-memory regions (serve.shm), closed at shutdown
         self.grpc_port: int | None = None  # the bound gRPC port, while the gRPC endpoint listens
 
     def _start_pool(self) -> None:

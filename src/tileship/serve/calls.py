@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
-from tileship.serve import extensions, protocol, validate
+from tileship.serve import extensions, protocol, shm, validate
 from tileship.serve.canary_stats import Timed
 from tileship.serve.validate import BadRequest
 
@@ -105,11 +105,12 @@ async def run(service: Service, call: Call) -> Answer:
         if name in service.unloaded:
             raise extensions.ModelUnloaded(name, call.protocol)
         req, bytes_in = await call.read()
+        encode = shm.attach(service.shm, req, call.encode)  # shared-memory inputs and outputs (400/404)
         t_body = time.perf_counter()
         kserve_id = req.id
         if whole is not None:
             job: Callable[[], Any] = functools.partial(execute_model, service, served, whole, whole.plan(req), req.id,
-                                                       call.encode)
+                                                       encode)
         else:
             decl = rel.declarations[name]
             plan = protocol.plan_call(req, name, decl)
@@ -118,7 +119,7 @@ async def run(service: Service, call: Call) -> Answer:
                 raise BadRequest(400, f"shape outside the declared set: {dims} (declared: "
                                       f"{protocol.declared_shapes_text(decl)}); this server runs with --strict-shapes")
             validate.check_outputs(name, protocol.output_bytes(decl, plan), config.limits)
-            job = functools.partial(service.executor, service, served, name, plan, req.id, call.encode)
+            job = functools.partial(service.executor, service, served, name, plan, req.id, encode)
         t_submit = time.perf_counter()
         fut = service.slots.submit(timed := Timed(job))
         try:

@@ -37,8 +37,10 @@ class Encoded:
 
 
 def encode_response(*, model: str, version: str, request_id: str | None, parameters: Mapping[str, Any],
-                    outputs: Sequence[tuple[str, Any, bool]], allow_nonfinite: bool = False) -> Encoded:
-    """Encode ``(name, cpu tensor, binary)`` outputs as an inference response.
+                    outputs: Sequence[tuple[str, Any, bool]], allow_nonfinite: bool = False,
+                    shm: Mapping[str, Mapping[str, Any]] | None = None) -> Encoded:
+    """Encode ``(name, cpu tensor, binary)`` outputs as an inference response. An output named
+    in ``shm`` was written to shared memory (``serve.shm``): its entry carries those parameters, no data.
 
     JSON cannot carry NaN/Infinity: a JSON output holding them raises ``BadRequest(422)`` unless
     the request set ``parameters.allow_nonfinite`` (then they are written as bare tokens)."""
@@ -53,7 +55,9 @@ def encode_response(*, model: str, version: str, request_id: str | None, paramet
         if dt is None:
             raise TypeError(f"output {name} has dtype {t.dtype}, which the protocol cannot carry")
         entry: dict[str, Any] = {"name": name, "datatype": dt, "shape": list(t.shape)}
-        if binary:
+        if shm and name in shm:
+            entry["parameters"] = dict(shm[name])
+        elif binary:
             arr = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).contiguous().numpy()
             mv = memoryview(arr).cast("B")
             entry["parameters"] = {"binary_data_size": mv.nbytes}

@@ -21,8 +21,9 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2 as pb
 
+from tileship.serve import shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE
-from tileship.serve.protocol import InferRequest, InputTensor
+from tileship.serve.protocol import InferRequest, InputTensor, check_shm_size
 from tileship.serve.validate import BadRequest, RequestLimits, check_shape, short
 
 #: HTTP status of a BadRequest / HTTPException -> gRPC status code (500 and anything else: INTERNAL)
@@ -41,11 +42,14 @@ CONTENTS: Mapping[str, str] = {
 
 
 def code_for(status: int, error: BaseException | None = None) -> grpc.StatusCode:
-    """The gRPC code of an answer. An unloaded model is ``UNAVAILABLE`` (REST keeps its 400)."""
+    """The gRPC code of an answer. An unloaded model is ``UNAVAILABLE`` (REST keeps its 400), a
+    shared-memory region registered twice ``ALREADY_EXISTS``."""
     from tileship.serve.extensions import ModelUnloaded
 
     if isinstance(error, ModelUnloaded):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(error, shm.RegionExists):
+        return grpc.StatusCode.ALREADY_EXISTS
     return CODES.get(status, grpc.StatusCode.INTERNAL)
 
 
@@ -57,31 +61,45 @@ def parse(req: Any, limits: RequestLimits | None = None) -> InferRequest:
     if not req.inputs:
         raise BadRequest(400, "'inputs' must be a non-empty list of tensors")
     raw = req.raw_input_contents
-    if raw and len(raw) != len(req.inputs):
-        raise BadRequest(400, f"raw_input_contents holds {len(raw)} entries but the request has {len(req.inputs)} "
-                              "inputs; send one entry per input, in the order of the inputs")
-    _no_shared_memory(req.parameters, "the request")
+    # raw_input_contents holds one entry per input that is not in shared memory, in order (as Triton)
+    refs = [shm.ref_of(_params(t.parameters), f"input {t.name}" if len(t.name) <= 256 else f"inputs[{i}]")
+            for i, t in enumerate(req.inputs)]
+    carried = sum(r is None for r in refs)
+    if raw and len(raw) != carried:
+        raise BadRequest(400, f"raw_input_contents holds {len(raw)} entries but the request has {carried} "
+                              "inputs not in shared memory; send one entry per such input, in the order of the inputs")
+    if shm.REGION in req.parameters:
+        raise BadRequest(400, f"parameters.{shm.REGION} belongs to an input or an output, not to the request "
+                              "(the shared-memory extension)")
     inputs = []
+    k = 0
     for i, t in enumerate(req.inputs):
-        inputs.append(_input(t, i, raw[i] if raw else None, limits))
+        one = None
+        if raw and refs[i] is None:
+            one, k = raw[k], k + 1
+        inputs.append(_input(t, i, one, limits, refs[i]))
     outputs: list[tuple[str, bool | None]] = []
+    shm_outputs: dict[str, shm.Ref] = {}
     for j, o in enumerate(req.outputs):
         if not o.name:
             raise BadRequest(400, f"outputs[{j}].name must be a non-empty string")
         if "classification" in o.parameters:
             raise BadRequest(400, f"output {short(o.name)}: the classification extension is not supported")
-        _no_shared_memory(o.parameters, f"output {short(o.name)}")
+        ref = shm.ref_of(_params(o.parameters), f"output {short(o.name)}")
+        if ref is not None:
+            shm_outputs[o.name] = ref
         outputs.append((o.name, True))
     # raw bytes carry NaN/Infinity as they are: no JSON token rule applies
-    return InferRequest(req.id or None, inputs, outputs, binary_output=True, allow_nonfinite=True)
+    return InferRequest(req.id or None, inputs, outputs, binary_output=True, allow_nonfinite=True,
+                        shm_outputs=shm_outputs)
 
 
-def _no_shared_memory(params: Any, where: str) -> None:
-    if "shared_memory_region" in params:
-        raise BadRequest(400, f"{where}: the shared-memory extension is not supported: send tensor data in the request")
+def _params(m: Any) -> dict[str, Any]:
+    """An ``InferParameter`` map as plain values (the REST form)."""
+    return {k: getattr(v, which) for k, v in m.items() if (which := v.WhichOneof("parameter_choice"))}
 
 
-def _input(t: Any, i: int, raw: bytes | None, limits: RequestLimits) -> InputTensor:
+def _input(t: Any, i: int, raw: bytes | None, limits: RequestLimits, ref: shm.Ref | None = None) -> InputTensor:
     name = t.name
     if not name:
         raise BadRequest(400, f"inputs[{i}].name must be a non-empty string")
@@ -90,10 +108,14 @@ def _input(t: Any, i: int, raw: bytes | None, limits: RequestLimits) -> InputTen
     dt = t.datatype
     if dt not in DATATYPES:
         raise BadRequest(400, f"input {name}: unsupported datatype {short(dt)} (supported: {', '.join(DATATYPES)})")
-    _no_shared_memory(t.parameters, f"input {name}")
     shape = check_shape(name, list(t.shape), limits)
     count = math.prod(shape)
-    inp = InputTensor(name, dt, shape)
+    inp = InputTensor(name, dt, shape, shm=ref)
+    if ref is not None:
+        if t.HasField("contents"):
+            raise BadRequest(400, f"input {name}: has {shm.REGION} and also 'contents'; send one")
+        check_shm_size(inp, count)
+        return inp
     if raw is not None:
         if t.HasField("contents"):
             raise BadRequest(400, f"input {name}: has 'contents' while the request uses raw_input_contents; send "
@@ -127,20 +149,28 @@ def _parameter(p: Any, v: Any) -> None:
 
 
 def encode(*, model: str, version: str, request_id: str | None, parameters: Mapping[str, Any],
-           outputs: Sequence[tuple[str, Any, bool]], allow_nonfinite: bool = False) -> Any:
+           outputs: Sequence[tuple[str, Any, bool]], allow_nonfinite: bool = False,
+           shm: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
     """``(name, cpu tensor, binary)`` outputs as a ModelInferResponse; every tensor as raw bytes
-    (``binary`` and ``allow_nonfinite`` do not apply). Same signature as ``protocol.encode_response``."""
+    (``binary`` and ``allow_nonfinite`` do not apply). Same signature as ``protocol.encode_response``.
+    Outputs named in ``shm`` (written to shared memory) come last, with those parameters and no
+    raw contents, so the i-th raw entry stays the i-th output's (tritonclient reads them by position)."""
     import torch
 
     resp = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id or "")
     for k, v in parameters.items():
         _parameter(resp.parameters[k], v)
-    for name, t, _binary in outputs:
+    shm = shm or {}
+    for name, t, _binary in sorted(outputs, key=lambda o: o[0] in shm):
         dt = KSERVE.get(str(t.dtype).removeprefix("torch."))
         if dt is None:
             raise TypeError(f"output {name} has dtype {t.dtype}, which the protocol cannot carry")
-        resp.outputs.add(name=name, datatype=dt, shape=list(t.shape))
-        resp.raw_output_contents.append(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        out = resp.outputs.add(name=name, datatype=dt, shape=list(t.shape))
+        if name in shm:
+            for k, v in shm[name].items():
+                _parameter(out.parameters[k], v)
+        else:
+            resp.raw_output_contents.append(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return resp
 
 

@@ -10,8 +10,9 @@ Every error is a gRPC status with a message naming what was wrong (``grpc_codec.
 INVALID_ARGUMENT for a request that does not fit the model (names, datatypes, shapes, byte
 sizes), NOT_FOUND for an unknown model or version, UNAVAILABLE while not ready, overloaded or
 for an unloaded model, RESOURCE_EXHAUSTED past a request limit, DEADLINE_EXCEEDED past the
-request timeout, FAILED_PRECONDITION for a load that failed, UNIMPLEMENTED for streaming,
-shared memory and trace (``LogSettings`` is Triton's logging extension, ``serve.log_settings``).
+request timeout, FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory
+region registered twice, UNIMPLEMENTED for streaming, CUDA shared memory and trace
+(``LogSettings`` is Triton's logging extension, ``serve.log_settings``).
 A bug is INTERNAL naming the request id (the client's ``x-request-id`` metadata when printable,
 else a fresh one; echoed as trailing metadata) and is logged with its traceback, as REST's 500s are.
 """
@@ -212,9 +213,23 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         extensions.unload_model(self.service, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    SystemSharedMemoryStatus = _unimplemented("the system shared-memory extension")
-    SystemSharedMemoryRegister = _unimplemented("the system shared-memory extension")
-    SystemSharedMemoryUnregister = _unimplemented("the system shared-memory extension")
+    # -- Triton's system shared memory (serve.shm; the same registry as the REST routes) ----------
+    @_rpc
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any, rid: str) -> Any:
+        rows = self.service.shm.status(request.name or None)
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={r["name"]: pb.SystemSharedMemoryStatusResponse.RegionStatus(**r) for r in rows})
+
+    @_rpc
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any, rid: str) -> Any:
+        self.service.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any, rid: str) -> Any:
+        self.service.shm.unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
     CudaSharedMemoryStatus = _unimplemented("the CUDA shared-memory extension")
     CudaSharedMemoryRegister = _unimplemented("the CUDA shared-memory extension")
     CudaSharedMemoryUnregister = _unimplemented("the CUDA shared-memory extension")

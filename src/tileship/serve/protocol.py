@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tileship.declare.dims import SAME, DimExpr, bind
+from tileship.serve import shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE, Encoded, encode_response, tensor_metadata  # noqa: F401 (re-exported)
 from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, flatten, short
 from tileship.serve.validate import output_bytes as _output_bytes
@@ -35,6 +36,7 @@ class InputTensor:
     shape: tuple[int, ...]
     data: Any = None            # JSON data (possibly nested lists)
     raw: memoryview | None = None  # binary extension: this input's bytes inside the body
+    shm: shm.Ref | None = None     # shared-memory extension: where its bytes are (``shm.attach`` sets ``raw``)
 
 
 @dataclass
@@ -44,6 +46,8 @@ class InferRequest:
     outputs: list[tuple[str, bool | None]]  # requested (name, binary); binary None -> request default
     binary_output: bool
     allow_nonfinite: bool = False
+    #: outputs requested into shared memory (their names are in ``outputs`` too)
+    shm_outputs: dict[str, shm.Ref] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,8 +102,9 @@ def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimit
     if not isinstance(head, dict):
         raise BadRequest(400, f"the inference request must be a JSON object, got {type(head).__name__}")
     params = _object(head.get("parameters", {}), "parameters")
-    if "shared_memory_region" in params:
-        raise BadRequest(400, "the shared-memory extension is not supported: send tensor data in the request")
+    if shm.REGION in params:
+        raise BadRequest(400, f"parameters.{shm.REGION} belongs to an input or an output, not to the request "
+                              "(the shared-memory extension)")
     binary_output = _bool(params.get("binary_data_output", False), "parameters.binary_data_output")
     allow_nonfinite = _bool(params.get(ALLOW_NONFINITE, False), f"parameters.{ALLOW_NONFINITE}")
     if nonfinite and not allow_nonfinite:
@@ -131,6 +136,7 @@ def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimit
                          f"byte size mismatch: the inputs declare {offset} bytes of binary data but the body carries "
                          f"{len(blob)} after the JSON header")
     outputs: list[tuple[str, bool | None]] = []
+    shm_outputs: dict[str, shm.Ref] = {}
     raw_outputs = head.get("outputs", [])
     if not isinstance(raw_outputs, list):
         raise BadRequest(400, "'outputs' must be a list")
@@ -142,15 +148,16 @@ def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimit
         op = _object(o.get("parameters", {}), f"outputs[{j}].parameters")
         if "classification" in op:
             raise BadRequest(400, f"output {name}: the classification extension is not supported")
-        if "shared_memory_region" in op:
-            raise BadRequest(400, f"output {name}: the shared-memory extension is not supported")
+        ref = shm.ref_of(op, f"output {short(name)}")
+        if ref is not None:
+            shm_outputs[name] = ref
         outputs.append((name,
                         _bool(op["binary_data"], f"outputs[{j}].parameters.binary_data")
                         if "binary_data" in op else None))
     rid = head.get("id")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest(400, "'id' must be a string")
-    return InferRequest(rid, inputs, outputs, binary_output, allow_nonfinite)
+    return InferRequest(rid, inputs, outputs, binary_output, allow_nonfinite, shm_outputs)
 
 
 def _object(v: Any, where: str) -> dict[str, Any]:
@@ -179,10 +186,15 @@ def _parse_input(t: Any, i: int, limits: RequestLimits) -> tuple[InputTensor, in
         raise BadRequest(400, f"input {name}: unsupported datatype {short(dt)} (supported: {', '.join(DATATYPES)})")
     shape = list(check_shape(name, t.get("shape"), limits))
     params = _object(t.get("parameters", {}), f"input {name}: parameters")
-    if "shared_memory_region" in params:
-        raise BadRequest(400, f"input {name}: the shared-memory extension is not supported")
     inp = InputTensor(name, dt, tuple(shape))
     count = math.prod(shape)
+    inp.shm = shm.ref_of(params, f"input {name}")
+    if inp.shm is not None:
+        check_shm_size(inp, count)
+        if "data" in t or "binary_data_size" in params:
+            raise BadRequest(400, f"input {name}: has {shm.REGION} and also "
+                                  f"{'data' if 'data' in t else 'binary_data_size'}; send one")
+        return inp, None
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -203,6 +215,15 @@ def _parse_input(t: Any, i: int, limits: RequestLimits) -> tuple[InputTensor, in
                          f"byte size mismatch: input {name} has shape {shape} ({count} elements) but 'data' holds "
                          f"{len(inp.data)}")
     return inp, None
+
+
+def check_shm_size(inp: InputTensor, count: int) -> None:
+    """BadRequest 400 when a shared-memory input's byte size is not its shape x datatype."""
+    assert inp.shm is not None
+    want = count * ITEMSIZE[inp.datatype]
+    if inp.shm.byte_size != want:
+        raise BadRequest(400, f"byte size mismatch: input {inp.name} has {shm.BYTE_SIZE} {inp.shm.byte_size} but "
+                              f"shape {list(inp.shape)} x {inp.datatype} needs {want} bytes")
 
 
 # -- checking against the declaration ----------------------------------------------

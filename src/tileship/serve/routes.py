@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tileship import __version__, env
-from tileship.serve import canary_http, extensions, log_settings
+from tileship.serve import canary_http, extensions, log_settings, shm_http
 from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served, image_check
@@ -141,6 +141,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
             if service.workers is not None:
                 await asyncio.to_thread(service.workers.close)
             service.diagnostics.close()
+            service.shm.close()
             service.log.event("stop")
 
     routes = [
@@ -164,6 +165,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         Route("/v2/repository/models/{name}/unload", extensions.unload, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v2/tileship/canary", canary_http.endpoint, methods=["GET", "POST", "DELETE"]),
+        *shm_http.ROUTES,
         Route("/v2/tileship/telemetry", telemetry, methods=["GET"]),
         Route("/v2/logging", log_settings.endpoint, methods=["GET", "POST"]),
     ]

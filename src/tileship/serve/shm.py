@@ -1,0 +1,248 @@
+"""Triton's system shared memory extension: registered windows of ``/dev/shm`` files that
+inference requests read inputs from and write outputs into, instead of carrying the bytes.
+
+    Regions    the registry of one server: register, unregister, status, close (thread-safe)
+    Region     one registered window: an mmap of ``/dev/shm/<key>``, bounds-checked views
+    Ref        where one tensor lies: (region, offset, byte_size), from a tensor's parameters
+    ref_of     the Ref in a tensor's parameters, or None
+    attach     a parsed request's shared-memory inputs -> views; its outputs -> an Encoder
+               that writes them into their regions first (``calls.run`` calls it for REST and gRPC)
+
+Contract: nothing a client sends makes the server read or write outside a registered window.
+Registration maps ``[0, offset + byte_size)`` of the file and refuses a window past the end of
+the file; every view is checked against the window, and against the file's size at that
+moment (a file truncated after registration would otherwise fault the process on access).
+Every refusal is ``BadRequest``: 400 for a malformed or out-of-bounds value, 404 for an unknown
+region, 409 for a name registered twice; the message names the field and the region.
+
+A view handed to a running call keeps its mapping alive: unregistering (or stopping) closes
+the region at once for new requests, and the memory is unmapped when the last view is dropped.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import stat
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tileship.serve.validate import BadRequest, short
+
+if TYPE_CHECKING:
+    from tileship.serve.protocol import InferRequest
+
+#: where POSIX shm_open names live on Linux
+SHM_DIR = "/dev/shm"
+#: regions one server holds at once (each holds a file descriptor and a mapping)
+MAX_REGIONS = 1024
+REGION = "shared_memory_region"
+OFFSET = "shared_memory_offset"
+BYTE_SIZE = "shared_memory_byte_size"
+_KEY = re.compile(r"/?([^/\x00]{1,255})")
+
+
+class RegionExists(BadRequest):
+    """A region name registered twice (409; gRPC ALREADY_EXISTS)."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor's bytes in a region: ``byte_size`` bytes at ``offset`` from the window's start."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+def _nonneg(v: Any, where: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise BadRequest(400, f"{where} must be a non-negative integer, got {short(v)}")
+    return v
+
+
+def ref_of(params: Mapping[str, Any], where: str) -> Ref | None:
+    """The shared-memory Ref in a tensor's ``params`` (None without ``shared_memory_region``).
+    ``where`` names the tensor in messages ("input A"). Raises BadRequest 400 for a malformed one."""
+    if REGION not in params:
+        extra = [k for k in (OFFSET, BYTE_SIZE) if k in params]
+        if extra:
+            raise BadRequest(400, f"{where}: {extra[0]} is given without {REGION}")
+        return None
+    region = params[REGION]
+    if not isinstance(region, str) or not region:
+        raise BadRequest(400, f"{where}: {REGION} must be a non-empty string, got {short(region)}")
+    if BYTE_SIZE not in params:
+        raise BadRequest(400, f"{where}: {REGION} {short(region)} needs {BYTE_SIZE}")
+    return Ref(region, _nonneg(params.get(OFFSET, 0), f"{where}: {OFFSET}"),
+               _nonneg(params[BYTE_SIZE], f"{where}: {BYTE_SIZE}"))
+
+
+def _path(key: Any) -> str:
+    m = _KEY.fullmatch(key) if isinstance(key, str) else None
+    if m is None or m.group(1) in (".", ".."):
+        raise BadRequest(400, f"shared-memory key {short(key)} is not a POSIX shared-memory name (\"/name\", one "
+                              "component of at most 255 characters)")
+    return os.path.join(SHM_DIR, m.group(1))
+
+
+class Region:
+    """One registered window ``[offset, offset + byte_size)`` of ``/dev/shm/<key>``.
+
+    Raises BadRequest 400 when the key names no regular file there or the window runs past its end."""
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        path = _path(key)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise BadRequest(400, f"shared-memory key {short(key)} does not exist: no file {path} (create it with "
+                                  "shm_open, e.g. tritonclient.utils.shared_memory.create_shared_memory_region)"
+                             ) from None
+        except OSError as exc:
+            raise BadRequest(400, f"shared-memory key {short(key)} cannot be opened read-write: {exc.strerror}"
+                             ) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise BadRequest(400, f"shared-memory key {short(key)} is not a shared-memory object")
+            if byte_size < 1:
+                raise BadRequest(400, f"region {short(name)}: byte_size must be at least 1, got {byte_size}")
+            if offset + byte_size > st.st_size:
+                raise BadRequest(400, f"region {short(name)}: offset {offset} + byte_size {byte_size} runs past the "
+                                      f"end of {short(key)}, which holds {st.st_size} bytes")
+            self.mm = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd, self.name, self.key, self.offset, self.byte_size = fd, name, key, offset, byte_size
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def view(self, ref: Ref, where: str) -> memoryview:
+        """A writable view of ``ref``'s bytes. BadRequest 404 once unregistered, 400 out of bounds."""
+        with self._lock:
+            if self.closed:
+                raise BadRequest(404, f"{where}: unknown shared-memory region {short(ref.region)} (unregistered)")
+            end = ref.offset + ref.byte_size
+            if end > self.byte_size:
+                raise BadRequest(400, f"{where}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the "
+                                      f"end of shared-memory region {short(ref.region)} ({self.byte_size} bytes)")
+            size = os.fstat(self.fd).st_size
+            if self.offset + end > size:  # truncated since registration: touching it would fault
+                raise BadRequest(400, f"{where}: shared-memory region {short(ref.region)} shrank to {size} bytes "
+                                      f"since it was registered; register it again")
+            return memoryview(self.mm)[self.offset + ref.offset:self.offset + end]
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self.mm.close()
+            except BufferError:
+                pass  # a running call still holds a view: unmapped when the last one is dropped
+            os.close(self.fd)
+
+
+class Regions:
+    """The registered regions of one server, by name. Thread-safe; ``close`` unregisters all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._regions: dict[str, Region] = {}
+
+    def register(self, name: Any, key: Any, offset: Any, byte_size: Any) -> None:
+        """Map a window of ``/dev/shm/<key>`` under ``name``. BadRequest 400 for a bad value or
+        window, 409 (``RegionExists``) when ``name`` is registered already."""
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise BadRequest(400, f"a region name must be a string of 1 to 256 characters, got {short(name)}")
+        offset = _nonneg(offset, f"region {short(name)}: offset")
+        byte_size = _nonneg(byte_size, f"region {short(name)}: byte_size")
+        with self._lock:
+            if name in self._regions:
+                raise RegionExists(409, f"shared-memory region {short(name)} is already registered (key "
+                                        f"{short(self._regions[name].key)}); unregister it first")
+            if len(self._regions) >= MAX_REGIONS:
+                raise BadRequest(400, f"{MAX_REGIONS} shared-memory regions are registered, the limit; unregister some")
+            self._regions[name] = Region(name, key, offset, byte_size)
+
+    def unregister(self, name: str | None) -> None:
+        """Close ``name`` (every region when None). BadRequest 404 for a name not registered."""
+        with self._lock:
+            if name is None:
+                gone = list(self._regions.values())
+                self._regions.clear()
+            else:
+                if name not in self._regions:
+                    raise BadRequest(404, f"unknown shared-memory region {short(name)}: {self._known()}")
+                gone = [self._regions.pop(name)]
+        for r in gone:
+            r.close()
+
+    def status(self, name: str | None) -> list[dict[str, Any]]:
+        """``name``, key, offset, byte_size of ``name`` (of every region when None); 404 unknown."""
+        with self._lock:
+            if name is None:
+                return [r.status() for _, r in sorted(self._regions.items())]
+            return [self._get(name, "").status()]
+
+    def view(self, ref: Ref, where: str) -> memoryview:
+        """``Region.view`` of the region ``ref`` names; BadRequest 404 for an unknown one."""
+        with self._lock:
+            region = self._get(ref.region, f"{where}: ")
+        return region.view(ref, where)
+
+    def close(self) -> None:
+        self.unregister(None)
+
+    def _get(self, name: str, where: str) -> Region:
+        r = self._regions.get(name)
+        if r is None:
+            raise BadRequest(404, f"{where}unknown shared-memory region {short(name)}: {self._known()}")
+        return r
+
+    def _known(self) -> str:
+        return f"registered: {', '.join(sorted(self._regions))}" if self._regions else "none is registered"
+
+
+def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
+    """Point ``req``'s shared-memory inputs at their bytes (views, no copy) and check every
+    shared-memory output's window; the Encoder to use: ``encode`` itself when no output goes
+    to shared memory, else one that writes those outputs into their regions and hands ``encode``
+    their parameters (``shm=``) instead of their data. Raises BadRequest (400/404)."""
+    for inp in req.inputs:
+        if inp.shm is not None:
+            inp.raw = regions.view(inp.shm, f"input {inp.name}")
+    if not req.shm_outputs:
+        return encode
+    for name, ref in req.shm_outputs.items():
+        regions.view(ref, f"output {name}").release()
+    outs = dict(req.shm_outputs)
+
+    def write_then_encode(**kw: Any) -> Any:
+        import torch
+
+        params: dict[str, dict[str, Any]] = {}
+        for name, t, _binary in kw["outputs"]:
+            ref = outs.get(name)
+            if ref is None:
+                continue
+            nbytes = t.numel() * t.element_size()
+            if nbytes != ref.byte_size:
+                raise BadRequest(400, f"byte size mismatch: output {name} is {list(t.shape)} x "
+                                      f"{str(t.dtype).removeprefix('torch.')} = {nbytes} bytes but {BYTE_SIZE} is "
+                                      f"{ref.byte_size}")
+            dest = torch.frombuffer(regions.view(ref, f"output {name}"), dtype=torch.uint8)
+            dest.copy_(t.contiguous().reshape(-1).view(torch.uint8))
+            params[name] = {REGION: ref.region, BYTE_SIZE: ref.byte_size} | ({OFFSET: ref.offset} if ref.offset else {})
+        return encode(**kw, shm=params)
+
+    return write_then_encode

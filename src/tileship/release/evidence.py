@@ -213,7 +213,8 @@ def pinned_mark(points: Sequence[Mapping[str, Any]], passed: bool) -> tuple[str,
     slower = [p for p in points if verdict(p) == REFERENCE_FASTER]
     if slower:
         shown = ", ".join(_dims_text(p["dims"]) for p in slower[:4]) + (" ..." if len(slower) > 4 else "")
-        return "reference", f"reference faster beyond the noise band at {len(slower)} of {len(points)} verified shapes ({shown})"
+        return "reference", (f"reference faster beyond the noise band at {len(slower)} of {len(points)} verified "
+                             f"shapes ({shown})")
     if not any(verdict(p) for p in points):
         return "kernel", "passed (not timed)"
     return "kernel", "passed; never measurably slower than the reference"

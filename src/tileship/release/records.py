@@ -73,7 +73,8 @@ def verification_status(root: Path) -> tuple[str, str]:
     excused = [sid for sid in failed if sid in losers]  # tuning never routes to them: they cannot serve
     failed = [sid for sid in failed if sid not in losers]
     if failed:
-        return "failed", f"{len(failed)} of {len(specs)} specializations failed verification: {', '.join(failed[:5])}" + (" ..." if len(failed) > 5 else "")
+        shown = ", ".join(failed[:5]) + (" ..." if len(failed) > 5 else "")
+        return "failed", f"{len(failed)} of {len(specs)} specializations failed verification: {shown}"
     device = (data.get("device") or {}).get("name", "?")
     lost = f"; {len(excused)} failed candidates never win a tuned bucket" if excused else ""
     return "passed", f"{len(specs) - len(excused)} specializations passed on {device}{lost}"

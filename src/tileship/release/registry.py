@@ -159,10 +159,12 @@ class Registry:
                         unpacked = bundle.unpack(src, Path(tmp))
                     except OSError as exc:
                         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                            raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive ({exc})") from None
+                            raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive "
+                                                f"({exc})") from None
                         raise _publish_failed(src, exc, self.root) from None
                     except tarfile.TarError as exc:
-                        raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive ({exc})") from None
+                        raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive "
+                                            f"({exc})") from None
                     rid = self._publish_dir(unpacked, replace)
             else:
                 rid = self._publish_dir(src, replace)
@@ -188,7 +190,8 @@ class Registry:
         dest = self._current(rid)
         if dest.is_dir():
             try:
-                same = bundle.read_manifest(dest) == manifest and _read_or_none(dest / bundle.SIGNATURE) == _read_or_none(src / bundle.SIGNATURE)
+                same = (bundle.read_manifest(dest) == manifest
+                        and _read_or_none(dest / bundle.SIGNATURE) == _read_or_none(src / bundle.SIGNATURE))
             except BundleError:
                 same = False
             if same:

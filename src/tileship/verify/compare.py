@@ -111,7 +111,8 @@ def check_output(out: Any, ref: Any, *, atol: float, rtol: float) -> Check:
     if tuple(out.shape) != tuple(ref.shape):
         return Check(int(out.numel()), 0, 0, 0, None, None, None,
                      failure=f"output shape {tuple(out.shape)} != reference shape {tuple(ref.shape)}")
-    unwritten = poison_mask(out) if str(out.dtype).removeprefix("torch.") in POISON_BITS else torch.zeros(out.shape, dtype=torch.bool, device=out.device)
+    unwritten = (poison_mask(out) if str(out.dtype).removeprefix("torch.") in POISON_BITS
+                 else torch.zeros(out.shape, dtype=torch.bool, device=out.device))
     o = out.to(torch.float64)
     r = ref.to(device=out.device, dtype=torch.float64)
     ref_bad = int((~torch.isfinite(r)).sum())
@@ -135,7 +136,8 @@ def check_output(out: Any, ref: Any, *, atol: float, rtol: float) -> Check:
     if ref_bad:
         failure = f"the reference produced {ref_bad} non-finite values: the inputs are outside the operator's domain"
     elif n_unw:
-        failure = f"{n_unw} of {numel} elements never written (still hold the NaN poison), first at flat index {first(unwritten)}"
+        failure = (f"{n_unw} of {numel} elements never written (still hold the NaN poison), "
+                   f"first at flat index {first(unwritten)}")
     elif n_nf:
         failure = f"{n_nf} of {numel} elements are NaN/Inf, first at flat index {first(nonfinite)}"
     elif n_mis:
@@ -160,5 +162,6 @@ def disagreement(out: Any, ref: Any, atol: float, rtol: float) -> str | None:
     bad = (err > atol + rtol * r.abs()) & finite
     n = int(bad.sum())
     if n:
-        return f"{n} of {bad.numel()} elements differ from the reference (max |err| {float(err[finite].max()):.3g}, atol {atol}, rtol {rtol})"
+        return (f"{n} of {bad.numel()} elements differ from the reference "
+                f"(max |err| {float(err[finite].max()):.3g}, atol {atol}, rtol {rtol})")
     return None

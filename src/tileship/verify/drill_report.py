@@ -52,7 +52,8 @@ def summarize(records: list[Record], windows: list[Window], samples: list[Sample
     switches_ok = all(r["switch"]["status"] == 200 and r["switch"]["result"] == "swapped" for r in rows
                       if "switch" in r)
     phases_loaded = all(r["requests"] > 0 for r in rows if "expected" in r)
-    passed = (totals["failed"] == totals["dropped"] == totals["mismatched"] == totals["stale"] == 0) and switches_ok and phases_loaded
+    passed = ((totals["failed"] == totals["dropped"] == totals["mismatched"] == totals["stale"] == 0)
+              and switches_ok and phases_loaded)
     return {
         "passed": passed, "release_new": new, "release_old": old, "server": url, "server_ready": ready,
         "totals": totals, "switches_ok": switches_ok, "every_phase_had_load": phases_loaded, "windows": rows,
@@ -92,7 +93,8 @@ def render_text(report: dict[str, Any]) -> str:
         f"{t['mismatched']}, "
         f"served by the wrong state {t['stale']}   (compile attempts at serve time: {report.get('compile_attempts')})",
         "",
-        f"{'window':<26}{'s':>7}{'req':>7}{'req/s':>8}{'fail':>6}{'drop':>6}{'wrong':>6}{'stale':>6}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}",
+        f"{'window':<26}{'s':>7}{'req':>7}{'req/s':>8}{'fail':>6}{'drop':>6}{'wrong':>6}{'stale':>6}"
+        f"{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}",
     ]
     for w in report["windows"]:
         lat = w["latency_ms"]
@@ -100,8 +102,9 @@ def render_text(report: dict[str, Any]) -> str:
         def f(v: float | None) -> str:
             return "-" if v is None else f"{v:.2f}"
 
-        lines.append(f"{w['name']:<26}{w['seconds']:>7.2f}{w['requests']:>7}{w['throughput_rps']:>8.1f}{w['failed']:>6}{w['dropped']:>6}"
-                     f"{w['mismatched']:>6}{w.get('stale', '-'):>6}{f(lat['p50']):>9}{f(lat['p99']):>9}{f(lat['max']):>9}")
+        lines.append(f"{w['name']:<26}{w['seconds']:>7.2f}{w['requests']:>7}{w['throughput_rps']:>8.1f}"
+                     f"{w['failed']:>6}{w['dropped']:>6}{w['mismatched']:>6}{w.get('stale', '-'):>6}"
+                     f"{f(lat['p50']):>9}{f(lat['p99']):>9}{f(lat['max']):>9}")
     lines += ["", "switches:"]
     for w in report["windows"]:
         if "switch" in w:

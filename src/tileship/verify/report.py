@@ -35,11 +35,13 @@ def rows_for(spec: Specialization, entry: Mapping[str, Any] | None, *, skipped: 
     label = f"{spec.dtype} {spec.shape_key}"
     if entry is None:
         path = "kernel" if Target(spec.target).device_type == "cpu" else "reference"
-        why = f"unverified ({skipped or 'no evidence'})" + ("; CPU kernels run unverified" if path == "kernel" else "; allow_unverified runs the kernel")
-        return [{"spec_id": spec.id, "label": label, "dims": spec.shape_key, "passed": None, "failure": None, "timing": None,
-                 "pinned": (path, why), "evidence": (path, why), "point": {}}]
+        tail = "; CPU kernels run unverified" if path == "kernel" else "; allow_unverified runs the kernel"
+        why = f"unverified ({skipped or 'no evidence'})" + tail
+        return [{"spec_id": spec.id, "label": label, "dims": spec.shape_key, "passed": None, "failure": None,
+                 "timing": None, "pinned": (path, why), "evidence": (path, why), "point": {}}]
     out = []
-    for p in entry.get("points", []) or [{"dims": {}, "passed": False, "failure": entry.get("failure"), "timing": None}]:
+    no_points: list[dict[str, Any]] = [{"dims": {}, "passed": False, "failure": entry.get("failure"), "timing": None}]
+    for p in entry.get("points", []) or no_points:
         if not entry.get("passed"):
             failed = ("reference", f"verification_failed: {entry.get('failure')}")
             pinned = evidence = failed
@@ -48,9 +50,10 @@ def rows_for(spec: Specialization, entry: Mapping[str, Any] | None, *, skipped: 
             evidence = ev_mod.choice_at(entry, p.get("dims", {}))
         dims = p.get("dims", {})
         dyn = spec.dynamic_dim
-        out.append({"spec_id": spec.id, "label": label, "dims": _dims(dims), "short": f"{dyn}={dims[dyn]}" if dyn in dims else _dims(dims),
-                    "passed": p.get("passed"),
-                    "failure": p.get("failure"), "timing": p.get("timing"), "pinned": pinned, "evidence": evidence, "point": p})
+        short = f"{dyn}={dims[dyn]}" if dyn in dims else _dims(dims)
+        out.append({"spec_id": spec.id, "label": label, "dims": _dims(dims), "short": short, "passed": p.get("passed"),
+                    "failure": p.get("failure"), "timing": p.get("timing"), "pinned": pinned, "evidence": evidence,
+                    "point": p})
     return out
 
 
@@ -70,7 +73,8 @@ def _group_axis(ax: Any, rows: Sequence[Mapping[str, Any]]) -> None:
         if i == len(rows) or rows[i]["spec_id"] != rows[start]["spec_id"]:
             if i < len(rows):
                 ax.axvline(i - 0.5, color="#cccccc", lw=0.8)
-            ax.text((start + i - 1) / 2, 1.01, rows[start]["label"], transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=7)
+            ax.text((start + i - 1) / 2, 1.01, rows[start]["label"], transform=ax.get_xaxis_transform(), ha="center",
+                    va="bottom", fontsize=7)
             start = i
 
 
@@ -97,8 +101,8 @@ def plot_speedup(rows: Sequence[Mapping[str, Any]], path: Path, *, policy: str, 
         vals.append(s)
         lo.append(max(0.0, s - max(ref - noise, 1e-9) / (k + noise)))
         hi.append(max(0.0, (ref + noise) / max(k - noise, 1e-9) - s))
-    ax.bar(range(len(rows)), [0.0 if math.isnan(v) else v for v in vals], yerr=[lo, hi], color=[_bar_color(r, policy) for r in rows],
-           ecolor="#333333", capsize=2, width=0.7)
+    ax.bar(range(len(rows)), [0.0 if math.isnan(v) else v for v in vals], yerr=[lo, hi],
+           color=[_bar_color(r, policy) for r in rows], ecolor="#333333", capsize=2, width=0.7)
     ax.axhline(1.0, color="#333333", lw=1, ls="--")
     finite = [v for v in vals if not math.isnan(v) and v > 0]
     if finite:
@@ -107,8 +111,10 @@ def plot_speedup(rows: Sequence[Mapping[str, Any]], path: Path, *, policy: str, 
     ax.set_ylabel("reference time / kernel time")
     ax.set_title(title, fontsize=10, pad=16)
     _group_axis(ax, rows)
-    ax.legend(handles=[Patch(color=KERNEL_COLOR, label=f"kernel serves ({policy})"), Patch(color=REFERENCE_COLOR, label=f"reference serves ({policy})"),
-                       Patch(color=FAILED_COLOR, label="failed verification"), Patch(color=UNTIMED_COLOR, label="not timed")],
+    ax.legend(handles=[Patch(color=KERNEL_COLOR, label=f"kernel serves ({policy})"),
+                       Patch(color=REFERENCE_COLOR, label=f"reference serves ({policy})"),
+                       Patch(color=FAILED_COLOR, label="failed verification"),
+                       Patch(color=UNTIMED_COLOR, label="not timed")],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path)
@@ -119,7 +125,8 @@ def _failure_kind(row: Mapping[str, Any]) -> str | None:
     text = row.get("failure") or ""
     if row["passed"] is not False:
         return None
-    for needle, label in (("never written", "unwritten"), ("NaN/Inf", "NaN/Inf"), ("raised", "raised"), ("poisoned", "no poison")):
+    for needle, label in (("never written", "unwritten"), ("NaN/Inf", "NaN/Inf"), ("raised", "raised"),
+                          ("poisoned", "no poison")):
         if needle in text:
             return label
     return None
@@ -139,14 +146,16 @@ def plot_error(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str) -> 
     kinds = [_failure_kind(r) for r in rows]
     kern = [top if kind else (max(floor, r["point"].get("tol_ratio") or floor) if r["passed"] is not None else math.nan)
             for r, kind in zip(rows, kinds, strict=True)]
-    refs = [max(floor, r["point"].get("reference_tol_ratio") or floor) if r["passed"] is not None else math.nan for r in rows]
+    refs = [max(floor, r["point"].get("reference_tol_ratio") or floor) if r["passed"] is not None else math.nan
+            for r in rows]
     top = max(top, *[v * 2 for v in kern if not math.isnan(v)])
     bars = ax.bar(range(len(rows)), [0.0 if math.isnan(v) else v for v in kern], width=0.7, label="kernel",
                   color=[FAILED_COLOR if r["passed"] is False else "#4c78a8" for r in rows])
     for bar, kind in zip(bars, kinds, strict=True):
         if kind:
             bar.set_hatch("///")
-            ax.text(bar.get_x() + bar.get_width() / 2, 2e-3, kind, ha="center", va="bottom", fontsize=7, color="white", fontweight="bold", rotation=90)
+            ax.text(bar.get_x() + bar.get_width() / 2, 2e-3, kind, ha="center", va="bottom", fontsize=7, color="white",
+                    fontweight="bold", rotation=90)
     ax.scatter(range(len(rows)), refs, marker="_", s=160, color="#222222", zorder=3, label="reference (its dtype)")
     ax.axhline(1.0, color=FAILED_COLOR, lw=1, ls="--", label="tolerance")
     ax.set_yscale("log")
@@ -168,11 +177,12 @@ th { background: #f4f4f4; } .num { text-align: right; font-variant-numeric: tabu
 .banner { padding: 8px 12px; border-radius: 4px; margin: 8px 0; } .warn { background: #fff3cd; } .bad { background: #f7d4d8; } .good { background: #e3f4ef; }
 .side { display: flex; gap: 32px; flex-wrap: wrap; } img { max-width: 100%; display: block; margin: 8px 0; }
 .muted { color: #666; font-size: 12px; }
-"""
+"""  # noqa: E501 (the stylesheet goes into the page as written)
 
 
 def _kv_table(title: str, items: Sequence[tuple[str, Any]]) -> str:
-    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape('-' if v is None else str(v))}</td></tr>" for k, v in items)
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape('-' if v is None else str(v))}</td></tr>"
+                   for k, v in items)
     return f"<div><h3>{html.escape(title)}</h3><table>{body}</table></div>"
 
 
@@ -194,13 +204,15 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
     from tileship.verify import report_roofline
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise VerificationError("the report needs matplotlib, which is not installed", hint="pip install 'matplotlib==3.11.2'")
+        raise VerificationError("the report needs matplotlib, which is not installed",
+                                hint="pip install 'matplotlib==3.11.2'")
     root = Path(path)
     manifest = bundle.check_integrity(root)
     rid = manifest["release_id"]
     dest = Path(out) if out is not None else Path.cwd() / f"tileship-report-{rid}"
     if dest.resolve() == root.resolve() or root.resolve() in dest.resolve().parents:
-        raise VerificationError(f"{dest}: the report cannot go inside the release (extra files break its integrity)", hint="pass --out elsewhere")
+        raise VerificationError(f"{dest}: the report cannot go inside the release (extra files break its integrity)",
+                                hint="pass --out elsewhere")
     dest.mkdir(parents=True, exist_ok=True)
     rel = json.loads((root / "release.json").read_text())
     lock = read_lock(root / "tileship.lock")
@@ -215,44 +227,52 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
             skipped[sid] = "build failed"
 
     parts = [f"<h1>tileship verification report: release {html.escape(rid)}</h1>",
-             f"<p class='muted'>model {html.escape(str(rel['model'].get('name')))} v{html.escape(str(rel['model'].get('version')))}, "
-             f"kernel revision {html.escape(str(rel.get('kernel_revision')))}, routing policy <b>{html.escape(policy)}</b>"
+             f"<p class='muted'>model {html.escape(str(rel['model'].get('name')))} "
+             f"v{html.escape(str(rel['model'].get('version')))}, "
+             f"kernel revision {html.escape(str(rel.get('kernel_revision')))}, "
+             f"routing policy <b>{html.escape(policy)}</b>"
              + (f", evidence taken {html.escape(str(ev.get('created')))}" if ev else "") + "</p>"]
     if ev is None:
-        parts.append("<div class='banner warn'>This release has no verification evidence: on a GPU it serves the PyTorch reference "
-                     "unless unverified kernels are allowed. Run <code>tileship verify</code> on the serving GPU.</div>")
+        parts.append("<div class='banner warn'>This release has no verification evidence: on a GPU it serves the "
+                     "PyTorch reference unless unverified kernels are allowed. Run <code>tileship verify</code> on the "
+                     "serving GPU.</div>")
     else:
         failed = sorted(s for s, e in ev_specs.items() if not e.get("passed"))
         stale = ev.get("lock_digest") != digest or ev.get("release_id") not in (None, rid)
         if stale:
-            parts.append("<div class='banner bad'>The evidence was taken against another lock or release: loading ignores it.</div>")
+            parts.append("<div class='banner bad'>The evidence was taken against another lock or release: "
+                         "loading ignores it.</div>")
         if failed:
-            parts.append(f"<div class='banner bad'>{len(failed)} specialization(s) failed verification and serve the reference: "
-                         f"{html.escape(', '.join(failed))}</div>")
+            parts.append(f"<div class='banner bad'>{len(failed)} specialization(s) failed verification and serve the "
+                         f"reference: {html.escape(', '.join(failed))}</div>")
         else:
             parts.append(f"<div class='banner good'>All {len(ev_specs)} verified specializations passed.</div>")
     dev = (ev or {}).get("device") or {}
     host = (ev or {}).get("host") or {}
     opts = (ev or {}).get("options") or {}
     fw, be = lock.get("framework", {}), lock.get("backend", {})
-    parts.append("<div class='side'>"
-                 + _kv_table("Device fingerprint", [("GPU", dev.get("name", "none")), ("compute capability", dev.get("compute_capability")),
-                                                    ("SMs", dev.get("sm_count")), ("memory MiB", dev.get("memory_mib")), ("driver", dev.get("driver")),
-                                                    ("CUDA runtime", dev.get("cuda_runtime")), ("torch", dev.get("torch") or host.get("torch")),
-                                                    ("CPU", host.get("cpu_model")), ("CPU cores", host.get("cpu_count"))])
-                 + _kv_table("Lock", [("digest", digest), ("evidence lock digest", (ev or {}).get("lock_digest")),
-                                      ("tilelang", be.get("tilelang")), ("apache-tvm-ffi", be.get("apache_tvm_ffi")), ("nvcc", be.get("nvcc")),
-                                      ("platform", be.get("platform")), ("python", fw.get("python")), ("torch (build)", fw.get("torch")),
-                                      ("targets", ", ".join(lock.get("device_arch", {}).get("targets", []))), ("image", lock.get("image_digest"))])
-                 + _kv_table("Method", [("seeds", opts.get("seeds")), ("reference precision", opts.get("reference_dtype")),
-                                        ("outputs", "NaN-poisoned before each run" + ("" if opts.get("strict_poison", True) else " (not strict)")),
-                                        ("timing", f"warm-up {opts.get('warmup_ms')} ms, {opts.get('budget_ms')} ms x 2 per path, median"
-                                         if opts.get("timing") else "off"),
-                                        ("noise band", f"repeat difference, at least {opts.get('noise_floor', 0) * 100:g}% of the faster"),
-                                        ("tolerance overrides", json.dumps(opts.get("tolerance_overrides") or {}))])
-                 + "</div>")
+    device_table = _kv_table("Device fingerprint", [
+        ("GPU", dev.get("name", "none")), ("compute capability", dev.get("compute_capability")),
+        ("SMs", dev.get("sm_count")), ("memory MiB", dev.get("memory_mib")), ("driver", dev.get("driver")),
+        ("CUDA runtime", dev.get("cuda_runtime")), ("torch", dev.get("torch") or host.get("torch")),
+        ("CPU", host.get("cpu_model")), ("CPU cores", host.get("cpu_count"))])
+    lock_table = _kv_table("Lock", [
+        ("digest", digest), ("evidence lock digest", (ev or {}).get("lock_digest")),
+        ("tilelang", be.get("tilelang")), ("apache-tvm-ffi", be.get("apache_tvm_ffi")), ("nvcc", be.get("nvcc")),
+        ("platform", be.get("platform")), ("python", fw.get("python")), ("torch (build)", fw.get("torch")),
+        ("targets", ", ".join(lock.get("device_arch", {}).get("targets", []))), ("image", lock.get("image_digest"))])
+    timing = (f"warm-up {opts.get('warmup_ms')} ms, {opts.get('budget_ms')} ms x 2 per path, median"
+              if opts.get("timing") else "off")
+    method_table = _kv_table("Method", [
+        ("seeds", opts.get("seeds")), ("reference precision", opts.get("reference_dtype")),
+        ("outputs", "NaN-poisoned before each run" + ("" if opts.get("strict_poison", True) else " (not strict)")),
+        ("timing", timing),
+        ("noise band", f"repeat difference, at least {opts.get('noise_floor', 0) * 100:g}% of the faster"),
+        ("tolerance overrides", json.dumps(opts.get("tolerance_overrides") or {}))])
+    parts.append("<div class='side'>" + device_table + lock_table + method_table + "</div>")
     if skipped:
-        parts.append("<p class='muted'>Not verified: " + html.escape("; ".join(f"{s} ({w})" for s, w in sorted(skipped.items()))) + "</p>")
+        not_verified = "; ".join(f"{s} ({w})" for s, w in sorted(skipped.items()))
+        parts.append("<p class='muted'>Not verified: " + html.escape(not_verified) + "</p>")
 
     by_op: dict[str, list[dict[str, Any]]] = {}
     for sid, spec in specs.items():
@@ -262,7 +282,8 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
         if op in rel.get("operators", {}):
             parts.append(f"<p class='muted'>{html.escape(signature(rel['operators'][op]))}</p>")
         if any(r["timing"] for r in rows):
-            plot_speedup(rows, dest / f"{op}-speedup.png", policy=policy, title=f"{op}: speedup of the kernel over the reference, by shape")
+            plot_speedup(rows, dest / f"{op}-speedup.png", policy=policy,
+                         title=f"{op}: speedup of the kernel over the reference, by shape")
             parts.append(f"<img src='{html.escape(op)}-speedup.png' alt='{html.escape(op)} speedup by shape'>")
         elif any(r["passed"] is not None for r in rows):
             parts.append("<p class='muted'>Not timed (verified with --no-timing, or every shape failed first).</p>")
@@ -272,11 +293,12 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
         entries = [(sid, ev_specs[sid]) for sid, spec in specs.items() if spec.op == op and sid in ev_specs]
         parts.append(report_roofline.section(op, entries, (ev or {}).get("ceilings"), dest))
         parts.append(_op_table(rows, policy))
-    parts.append("<p class='muted'>Speedup = reference median / kernel median per call, as served (the kernel allocates its output). "
-                 "Whiskers span the noise band (the difference between two repeats of the same measurement); a difference inside it is "
-                 "no difference and keeps the kernel. Error = the worst element's |out - ref| / (atol + rtol |ref|) against a "
-                 "float64 reference: at most 1 passes; NaN/Inf and unwritten (still poisoned) elements never pass. "
-                 "<i>pinned</i> serves the kernel only where it was never measurably slower; <i>evidence</i> picks per shape.</p>")
+    parts.append("<p class='muted'>Speedup = reference median / kernel median per call, as served (the kernel "
+                 "allocates its output). Whiskers span the noise band (the difference between two repeats of the same "
+                 "measurement); a difference inside it is no difference and keeps the kernel. Error = the worst "
+                 "element's |out - ref| / (atol + rtol |ref|) against a float64 reference: at most 1 passes; NaN/Inf "
+                 "and unwritten (still poisoned) elements never pass. <i>pinned</i> serves the kernel only where it "
+                 "was never measurably slower; <i>evidence</i> picks per shape.</p>")
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tileship report {html.escape(rid)}</title>"
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
     index = dest / "index.html"
@@ -298,9 +320,10 @@ def signature(desc: Mapping[str, Any]) -> str:
 
 
 def _op_table(rows: Sequence[Mapping[str, Any]], policy: str) -> str:
-    head = ("<tr><th>specialization</th><th>shape</th><th>result</th><th>kernel us (p10-p90)</th><th>reference us (p10-p90)</th>"
-            "<th>noise us</th><th>speedup</th><th>worst err/tol</th><th>rel L2 err</th>"
-            f"<th>pinned{' (policy)' if policy == 'pinned' else ''}</th><th>evidence{' (policy)' if policy == 'evidence' else ''}</th></tr>")
+    head = ("<tr><th>specialization</th><th>shape</th><th>result</th><th>kernel us (p10-p90)</th>"
+            "<th>reference us (p10-p90)</th><th>noise us</th><th>speedup</th><th>worst err/tol</th><th>rel L2 err</th>"
+            f"<th>pinned{' (policy)' if policy == 'pinned' else ''}</th>"
+            f"<th>evidence{' (policy)' if policy == 'evidence' else ''}</th></tr>")
     body = []
     for r in rows:
         t, p = r["timing"], r["point"]
@@ -313,8 +336,8 @@ def _op_table(rows: Sequence[Mapping[str, Any]], policy: str) -> str:
                  _us(t.get("noise_us")) if t else "-", f"{t['speedup']:.2f}x" if t and t.get("speedup") else "-",
                  f"{p['tol_ratio']:.3g}" if p.get("tol_ratio") is not None else "-",
                  f"{p['rel_l2_err']:.2e}" if p.get("rel_l2_err") is not None else "-"]
-        tds = "".join(f"<td class='{'num' if 3 <= i <= 8 else ''}{' fail' if i == 2 and r['passed'] is False else ''}'>{html.escape(c)}</td>"
-                      for i, c in enumerate(cells))
+        tds = "".join(f"<td class='{'num' if 3 <= i <= 8 else ''}{' fail' if i == 2 and r['passed'] is False else ''}'>"
+                      f"{html.escape(c)}</td>" for i, c in enumerate(cells))
         for pol in ("pinned", "evidence"):
             path, why = r[pol]
             tds += f"<td class='{path}'><b>{html.escape(path)}</b>: {html.escape(why)}</td>"

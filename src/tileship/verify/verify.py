@@ -175,7 +175,8 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 failure = f"reference raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
             if len(outs) != len(outputs) or len(refs) != len(outputs):
-                failure = f"the kernel returned {len(outs)} and the reference {len(refs)} outputs; {len(outputs)} are declared"
+                failure = (f"the kernel returned {len(outs)} and the reference {len(refs)} outputs; "
+                           f"{len(outputs)} are declared")
                 break
             for i, (o, r, n) in enumerate(zip(outs, refs, native, strict=True)):
                 t = out_tols[i]
@@ -289,7 +290,8 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
                 skipped[sid] = "no CUDA GPU here"
                 continue
             if tuple(torch.cuda.get_device_capability(0)) != target.compute_capability:
-                skipped[sid] = f"built for {target.arch}, this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}"
+                skipped[sid] = (f"built for {target.arch}, this GPU is "
+                                f"sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}")
                 continue
         desc = rel["operators"][spec.op]
         if spec.op not in references:

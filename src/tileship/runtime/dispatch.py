@@ -291,8 +291,9 @@ class OpRunner:
         dev = args[0].device
         if entry.kernel is not None and entry.spec is not None and not rt.capability_matches(
                 dev, Target(entry.spec.target).compute_capability):  # another GPU model than the one built for
-            entry = Entry(entry.spec, None, Decision(REFERENCE, self._index.device_reasons.get(dev.type, "device_not_covered"),
-                                                     entry.decision.spec_id), detail=f"{dev} has another capability")
+            reason = self._index.device_reasons.get(dev.type, "device_not_covered")
+            entry = Entry(entry.spec, None, Decision(REFERENCE, reason, entry.decision.spec_id),
+                          detail=f"{dev} has another capability")
         sizes = {d: v for d, v in (entry.spec.dims if entry.spec else ()) if isinstance(v, int)}
         outs = rt.expected_outputs(self.shape.outputs, self.shape.out_dtypes, self._tdtypes, args, {**sizes, **bound})
         launcher = resolve_launcher(entry.kernel, outs, full, dev) if entry.kernel is not None else None

@@ -65,18 +65,21 @@ class Release:
             if desc and desc.get("outputs") and not runner.shape.outputs:
                 exprs = desc.get("tensor_dtypes") or {}
                 outs = tuple((str(n), tuple(str(d) for d in dims)) for n, dims, *_ in desc["outputs"])
-                runner.shape = replace(runner.shape, outputs=outs, out_dtypes=tuple(exprs.get(n, "same") for n, _ in outs))
+                out_dtypes = tuple(exprs.get(n, "same") for n, _ in outs)
+                runner.shape = replace(runner.shape, outputs=outs, out_dtypes=out_dtypes)
                 runner._memo.clear()
 
     def op(self, name: str) -> OpRunner:
         try:
             return self.ops[name]
         except KeyError:
-            raise CallError(f"unknown operator (this release has: {', '.join(sorted(self.ops))})", operator=name) from None
+            raise CallError(f"unknown operator (this release has: {', '.join(sorted(self.ops))})",
+                            operator=name) from None
 
     def decisions(self) -> dict[str, dict[str, str]]:
         """Per operator, per specialization: the path it will take and why."""
-        return {name: {e.spec.id: f"{e.decision.path}:{e.decision.reason}" for e in r.entries if e.spec} for name, r in self.ops.items()}
+        return {name: {e.spec.id: f"{e.decision.path}:{e.decision.reason}" for e in r.entries if e.spec}
+                for name, r in self.ops.items()}
 
     def counters(self) -> dict[str, dict[str, int]]:
         return {name: r.snapshot() for name, r in self.ops.items()}

@@ -201,13 +201,15 @@ def _tuned_entries(ctx: _Context, members: list[tuple[str, dict[str, Any], Speci
     for sid, info, spec in members:
         cid = spec.candidate or "default"
         if cid not in won:
-            out.append(Entry(spec, None, Decision(REFERENCE, tuning.NOT_SELECTED, sid), detail="lost every tuned bucket"))
+            out.append(Entry(spec, None, Decision(REFERENCE, tuning.NOT_SELECTED, sid),
+                             detail="lost every tuned bucket"))
             continue
         reason, kernel = _prepare(ctx, sid, info, spec)
         if reason is not None:
             out.append(Entry(spec, None, Decision(REFERENCE, reason, sid)))
         elif group.get("dynamic_dim") is None:
-            out.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid), detail=f"tuned: {group['points'][0].get('why', '')}"))
+            out.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid),
+                             detail=f"tuned: {group['points'][0].get('why', '')}"))
         else:
             rule = tuning.TunedRule(group, cid)
             out.append(Entry(spec, kernel, Decision(KERNEL, KERNEL, sid), detail=rule.summary, choose=rule))

@@ -212,7 +212,8 @@ def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outpu
                 else:  # symbolic: the dispatcher raises for disagreeing dims, so the tracer may assume they agree
                     torch._check(size == sizes[d], lambda d=d,
                                  arg=arg: f"{name}({arg}): dim {d} disagrees with an earlier input")
-        for _arg, e, size in derived:  # a derived dim whose base no input gives plainly (the dispatcher checks the rest)
+        # a derived dim whose base no input gives plainly (the dispatcher checks the rest)
+        for _arg, e, size in derived:
             sizes.setdefault(e.base, e.inverse(size))
         same = next((a.dtype for (_, _, dt), a in zip(inputs, args, strict=True) if dt == SAME), args[0].dtype)
         outs = tuple(args[0].new_empty(tuple(DimExpr.parse(d).apply(sizes[DimExpr.parse(d).base]) for d in dims),

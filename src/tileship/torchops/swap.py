@@ -83,7 +83,8 @@ class KernelLinear(nn.Module):
         self.refresh()
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, op={self.op}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, op={self.op}")
 
 
 class KernelRMSNorm(nn.Module):
@@ -169,7 +170,8 @@ class SwapReport:
                 "layers": [r.to_json() for r in self.records]}
 
     def __str__(self) -> str:
-        head = f"release {self.release_id} (kernel revision {self.kernel_revision}): {len(self.replaced)} of {len(self.records)} candidate layers replaced"
+        head = (f"release {self.release_id} (kernel revision {self.kernel_revision}): "
+                f"{len(self.replaced)} of {len(self.records)} candidate layers replaced")
         lines = [head]
         for r in self.records:
             lines.append(f"  {'replaced' if r.replaced else 'kept    '}  {r.kind:9s} {r.module}: {r.reason}")
@@ -300,7 +302,8 @@ def _cover(path: str, kind: str, release: Release, ops: TorchOps, op_name: str, 
                           f"no {op_name} specialization for {want} in {dt} (the release has: {'; '.join(have)})"), None
     specs = tuple(e.decision.spec_id or s.id for e, s in matched)  # the release's id (its directory)
     serving = tuple(sorted({_serving(e) for e, _ in matched}))
-    reason = f"{op_name} covers {want} in {dt} ({len(specs)} specialization{'s' if len(specs) > 1 else ''}; now serving {', '.join(serving)})"
+    reason = (f"{op_name} covers {want} in {dt} ({len(specs)} specialization{'s' if len(specs) > 1 else ''}; "
+              f"now serving {', '.join(serving)})")
     return SwapRecord(path, kind, True, op_name, reason, specs, serving), make(ops[op_name])
 
 

@@ -13,7 +13,8 @@
     ├── ArtifactLoadError              a compiled artifact could not be loaded into this process
     ├── CompileForbidden               something tried to compile while a release was serving
     ├── CallError                      a call no path can serve (wrong arity, rank, mixed devices; names the argument)
-    ├── KernelMismatch                 a model checkpoint names other kernels (release id, kernel revision) than the model runs
+    ├── KernelMismatch                 a model checkpoint names other kernels (release id, kernel revision)
+    │                                  than the model runs
     ├── UnsupportedTileLang            the installed TileLang is outside the supported range (names both)
     ├── VerificationError              verification could not run (not: a kernel that failed it)
     ├── RegistryError                  registry operations (unknown release, refused activation)
@@ -42,7 +43,8 @@ class TileshipError(Exception):
 class DeclarationError(TileshipError):
     """An operator declaration or the project file is invalid; ``field`` names what."""
 
-    def __init__(self, message: str, *, operator: str | None = None, field: str | None = None, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, operator: str | None = None, field: str | None = None,
+                 hint: str | None = None) -> None:
         where = ".".join(p for p in (operator, field) if p)
         super().__init__(f"{where}: {message}" if where else message, hint=hint)
         self.operator = operator

@@ -23,7 +23,8 @@ from tileship.errors import TileshipError
 
 #: the source checkout's root when this package is ``<root>/src/tileship``, else None (an installed wheel)
 _ROOT = Path(__file__).resolve().parents[2]
-CHECKOUT: Path | None = _ROOT if (_ROOT / "pyproject.toml").is_file() and (_ROOT / "src" / "tileship").is_dir() else None
+CHECKOUT: Path | None = (_ROOT if (_ROOT / "pyproject.toml").is_file() and (_ROOT / "src" / "tileship").is_dir()
+                         else None)
 
 
 class MissingExtra(TileshipError):
@@ -45,7 +46,8 @@ def import_extra(module: str, *, needed_by: str, path: str) -> ModuleType:
         if str(CHECKOUT) not in sys.path:
             sys.path.append(str(CHECKOUT))
         return importlib.import_module(module)
-    raise MissingExtra(f"{needed_by} needs {module} ({path} in the tileship repository), which `pip install` does not install",
+    raise MissingExtra(f"{needed_by} needs {module} ({path} in the tileship repository), "
+                       "which `pip install` does not install",
                        hint=f"run it from a source checkout (`pip install -e .`, or PYTHONPATH=src), "
                             f"or put the checkout's root on PYTHONPATH so that `import {module}` works")
 

@@ -33,8 +33,9 @@ def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float,
 
         require_ray()  # BuildError naming the extra, before anything is locked or shipped
         farm = RayFarm(address=ray_address, progress=True)
-    with (nullcontext() if farm else Progress(TextColumn("[bold]building[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                              TextColumn("{task.description}"), console=console, transient=False)) as progress:
+    with (nullcontext() if farm else Progress(TextColumn("[bold]building[/]"), BarColumn(), MofNCompleteColumn(),
+                                              TimeElapsedColumn(), TextColumn("{task.description}"), console=console,
+                                              transient=False)) as progress:
         task = progress.add_task("", total=total) if progress else None
 
         def tick(r: object) -> None:
@@ -47,7 +48,8 @@ def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float,
     for col in ("specialization", "status", "seconds", "error"):
         table.add_column(col)
     for r in result.results:
-        table.add_row(r.spec.id, "[green]built[/]" if r.ok else "[red]failed[/]", f"{r.seconds:.1f}", (r.error or "")[:90])
+        table.add_row(r.spec.id, "[green]built[/]" if r.ok else "[red]failed[/]", f"{r.seconds:.1f}",
+                      (r.error or "")[:90])
     console.print(table)
     console.print(f"{len(result.built)} built, {len(result.failed)} failed in {result.seconds:.1f} s -> {result.path}"
                   + (f" (signed by {result.key_id})" if result.key_id else ""))
@@ -57,7 +59,8 @@ def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float,
         try:
             ref = capture_build(result.path)
             if ref is not None:
-                console.print(f"[yellow]diagnostics {ref.id}[/]: compiler commands and logs of the failures -> {ref.archive}")
+                console.print(f"[yellow]diagnostics {ref.id}[/]: compiler commands and logs of the failures "
+                              f"-> {ref.archive}")
         except OSError as exc:
             console.print(f"[yellow]no diagnostics bundle[/]: {exc}")
     return result
@@ -67,18 +70,21 @@ def register(app: typer.Typer) -> None:
     @app.command("build")
     @handle_errors
     def build_cmd(
-        project: Path | None = typer.Option(None, help="project file (default: search from cwd, else the built-in catalog)"),
-        out: Path | None = typer.Option(None, "--out", "-o", help="releases are written to OUT/<release id> (default .tileship/builds)"),
+        project: Path | None = typer.Option(None, help="project file (default: search from cwd, else the built-in "
+                                            "catalog)"),
+        out: Path | None = typer.Option(None, "--out", "-o",
+                                        help="releases are written to OUT/<release id> (default .tileship/builds)"),
         jobs: int = typer.Option(os.cpu_count() or 1, "--jobs", "-j", help="parallel compiles"),
         timeout: float = typer.Option(300.0, help="seconds before one specialization's compile is killed"),
         sign: Path | None = typer.Option(None, help="ed25519 private key (PEM) to sign the manifest with"),
         image_digest: str | None = typer.Option(None, help="container image digest to pin, sha256:<hex>"),
         toolchain: Path | None = typer.Option(None, help="compile in this hermetic toolchain venv (`tileship toolchain "
                                               "create`): its locked wheels' nvcc and headers, never the system's"),
-        ray: bool = typer.Option(False, "--ray", help="compile each specialization as a task on a Ray cluster (a local one "
-                                 "unless --ray-address or RAY_ADDRESS names one); needs `pip install 'tileship[ray]'`"),
-        ray_address: str | None = typer.Option(None, "--ray-address", help="the Ray cluster to build on, e.g. HOST:6379 or "
-                                               "ray://HOST:10001 (implies --ray); see docs/ray.md"),
+        ray: bool = typer.Option(False, "--ray", help="compile each specialization as a task on a Ray cluster "
+                                 "(a local one unless --ray-address or RAY_ADDRESS names one); "
+                                 "needs `pip install 'tileship[ray]'`"),
+        ray_address: str | None = typer.Option(None, "--ray-address", help="the Ray cluster to build on, e.g. "
+                                               "HOST:6379 or ray://HOST:10001 (implies --ray); see docs/ray.md"),
     ) -> None:
         """Compile every (operator x shape x target) ahead of time into a release bundle.
 

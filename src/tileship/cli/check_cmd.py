@@ -18,11 +18,12 @@ def register(app: typer.Typer) -> None:
         """Compare the running environment with a lock. Exit 1 on blocking drift, 0 otherwise.
 
         Blocking: a reference module that differs from the one the release pinned (the fallback
-        changed since verification: `load` refuses it), TileLang version, its native-lib hashes, apache-tvm-ffi, platform, GPU arch
-        (the compiled artifacts depend on them). Informational: Python, torch, nvcc, z3, C++
-        compiler, driver, GPU name/SM count (not inside the artifacts; they change references,
-        rebuilds or speed evidence). A lock built with ``--toolchain`` names its wheels: a
-        toolchain that differs (or none) is reported with what it means for a rebuild.
+        changed since verification: `load` refuses it), TileLang version, its native-lib hashes,
+        apache-tvm-ffi, platform, GPU arch (the compiled artifacts depend on them). Informational:
+        Python, torch, nvcc, z3, C++ compiler, driver, GPU name/SM count (not inside the
+        artifacts; they change references, rebuilds or speed evidence). A lock built with
+        ``--toolchain`` names its wheels: a toolchain that differs (or none) is reported with
+        what it means for a rebuild.
         """
         from tileship.build import pins
         from tileship.build.lock import RULES, DriftReport, capture_environment, compare, read_lock
@@ -40,14 +41,16 @@ def register(app: typer.Typer) -> None:
             return
         for d in report.differences:
             style = "bold red" if d.blocking else "yellow"
-            console.print(f"[{style}]{'BLOCKING' if d.blocking else 'info'}[/] {d.field}: locked {d.locked!r} -> running {d.current!r}\n    {d.consequence}")
+            console.print(f"[{style}]{'BLOCKING' if d.blocking else 'info'}[/] {d.field}: "
+                          f"locked {d.locked!r} -> running {d.current!r}\n    {d.consequence}")
         blocking = sorted(f for f, (b, _) in RULES.items() if b)
         console.print(f"[dim]blocking fields: {', '.join(blocking)}[/]")
         if any(d.blocking for d in references):
             console.print(f"[bold red]reference drift[/]: {pins.CONSEQUENCE}; `load` refuses this release "
                           "(TILESHIP_ALLOW_REFERENCE_DRIFT=1 serves it anyway)")
         if any(d.blocking for d in report.differences if d not in references):
-            console.print("[bold red]blocking drift[/]: compiled artifacts are not trusted here; serving will use the reference")
+            console.print("[bold red]blocking drift[/]: compiled artifacts are not trusted here; "
+                          "serving will use the reference")
         if report.blocking:
             raise typer.Exit(1)
         console.print("[green]only informational drift[/]: artifacts remain trusted")

@@ -30,10 +30,14 @@ def register(app: typer.Typer) -> None:
     @app.command("diagnose")
     @handle_errors
     def diagnose(
-        release: str | None = typer.Argument(None, help="a release directory or a registry release id (default: the active release)"),
-        spec: str | None = typer.Option(None, "--spec", help="one specialization id (default: those in trouble, else all)"),
-        out: Path | None = typer.Option(None, "--out", "-o", help="where bundles go (default: $TILESHIP_HOME/diagnostics)"),
-        load: bool = typer.Option(True, help="load the release here too, recording load errors, drift and routing decisions"),
+        release: str | None = typer.Argument(None, help="a release directory or a registry release id "
+                                             "(default: the active release)"),
+        spec: str | None = typer.Option(None, "--spec",
+                                        help="one specialization id (default: those in trouble, else all)"),
+        out: Path | None = typer.Option(None, "--out", "-o",
+                                        help="where bundles go (default: $TILESHIP_HOME/diagnostics)"),
+        load: bool = typer.Option(True, help="load the release here too, recording load errors, drift and routing "
+                                  "decisions"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
     ) -> None:
         """Write a diagnostics bundle: kernel sources, SASS/PTX, compiler commands and logs, the
@@ -62,7 +66,8 @@ def register(app: typer.Typer) -> None:
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
         new: str | None = typer.Option(None, "--new", help="release N (default: the active one)"),
         old: str | None = typer.Option(None, "--old", help="release N-1 (default: the one rollback would return to)"),
-        out: Path = typer.Option(Path("drill-report"), "--out", "-o", help="where drill.json, drill.txt, server.log go"),
+        out: Path = typer.Option(Path("drill-report"), "--out", "-o",
+                                 help="where drill.json, drill.txt, server.log go"),
         url: str | None = typer.Option(None, help="use a running server that follows REGISTRY instead of starting one"),
         port: int = typer.Option(0, help="port for the started server (0: a free one)"),
         phase_seconds: float = typer.Option(5.0, help="seconds of load in each phase"),
@@ -70,7 +75,8 @@ def register(app: typer.Typer) -> None:
         op: list[str] = typer.Option([], "--op", help="operators to load (default: all that both releases serve)"),
         per_op: int = typer.Option(4, help="request shapes per operator"),
         max_request_mib: float = typer.Option(48.0, help="skip request shapes larger than this"),
-        server_arg: list[str] = typer.Option([], "--server-arg", help="extra argument for `tileship serve` (repeatable)"),
+        server_arg: list[str] = typer.Option([], "--server-arg",
+                                             help="extra argument for `tileship serve` (repeatable)"),
         startup_timeout: float = typer.Option(600.0, help="seconds to wait for the server to become ready"),
     ) -> None:
         """Rehearse a rollback under load: N -> N-1 -> reference -> N through the registry and
@@ -80,10 +86,12 @@ def register(app: typer.Typer) -> None:
         from tileship.verify.drill import DrillOptions, run_drill
 
         if phase_seconds <= 0 or concurrency < 1 or per_op < 1 or max_request_mib <= 0:
-            raise typer.BadParameter("--phase-seconds and --max-request-mib must be > 0; --concurrency and --per-op >= 1")
+            raise typer.BadParameter("--phase-seconds and --max-request-mib must be > 0; "
+                                     "--concurrency and --per-op >= 1")
         opts = DrillOptions(registry=registry or default_root(), new=new, old=old, out_dir=out, url=url, port=port,
-                            server_args=tuple(server_arg), phase_seconds=phase_seconds, concurrency=concurrency, ops=tuple(op),
-                            per_op=per_op, max_request_bytes=int(max_request_mib * (1 << 20)), startup_timeout_s=startup_timeout)
+                            server_args=tuple(server_arg), phase_seconds=phase_seconds, concurrency=concurrency,
+                            ops=tuple(op), per_op=per_op, max_request_bytes=int(max_request_mib * (1 << 20)),
+                            startup_timeout_s=startup_timeout)
         report = run_drill(opts)
         typer.echo((out / "drill.txt").read_text(), nl=False)
         console.print(f"report: {out / 'drill.json'}, {out / 'drill.txt'}")

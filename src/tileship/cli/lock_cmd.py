@@ -11,7 +11,8 @@ def register(app: typer.Typer) -> None:
     @app.command("lock")
     @handle_errors
     def lock(
-        project: Path | None = typer.Option(None, help="tileship.toml / pyproject.toml (default: search from cwd, else the built-in catalog)"),
+        project: Path | None = typer.Option(None, help="tileship.toml / pyproject.toml (default: search from cwd, "
+                                            "else the built-in catalog)"),
         out: Path = typer.Option(Path("tileship.lock"), "--out", "-o", help="where to write the lock"),
         image_digest: str | None = typer.Option(None, help="container image digest, sha256:<hex>"),
     ) -> None:
@@ -27,8 +28,10 @@ def register(app: typer.Typer) -> None:
         collected = {n: collect(o, proj.root) for n, o in ops.items()}
         descs = {n: {**describe(o), "reference_imports": collected[n][1], pins.KEY: pins.pin(o, collected[n][0])}
                  for n, o in ops.items()}
-        lk = make_lock(env=capture_environment(), revision=kernel_revision(revision_root(proj, ops)), sources=source_digest(ops), operators=descs,
-                       targets=list(proj.targets), model={"name": proj.model, "version": proj.model_version}, image_digest=image_digest)
+        lk = make_lock(env=capture_environment(), revision=kernel_revision(revision_root(proj, ops)),
+                       sources=source_digest(ops), operators=descs, targets=list(proj.targets),
+                       model={"name": proj.model, "version": proj.model_version}, image_digest=image_digest)
         write_lock(lk, out)
-        console.print(dump_lock({k: lk[k] for k in ("kernel_revision", "framework", "device_arch", "image_digest")}).rstrip())
+        summary = {k: lk[k] for k in ("kernel_revision", "framework", "device_arch", "image_digest")}
+        console.print(dump_lock(summary).rstrip())
         console.print(f"[green]wrote[/] {out} ({len(ops)} operators)")

@@ -45,17 +45,22 @@ def register(app: typer.Typer) -> None:
             table.add_column(col)
         for r in rows:
             mark = ("[bold green]* ref-only[/]" if r.reference_only else "[bold green]*[/]") if r.active else ""
-            ver = {"passed": "[green]passed[/]", "failed": "[red]FAILED[/]", "unreadable": "[red]unreadable[/]"}.get(r.verification, "[yellow]unverified[/]")
-            table.add_row(mark, r.release_id, r.model, r.kernel_revision, ver, "[green]ok[/]" if r.integrity_ok else f"[red]BROKEN[/] {r.integrity_error}")
+            ver = {"passed": "[green]passed[/]", "failed": "[red]FAILED[/]",
+                   "unreadable": "[red]unreadable[/]"}.get(r.verification, "[yellow]unverified[/]")
+            integrity = "[green]ok[/]" if r.integrity_ok else f"[red]BROKEN[/] {r.integrity_error}"
+            table.add_row(mark, r.release_id, r.model, r.kernel_revision, ver, integrity)
         console.print(table)
 
     @app.command("publish")
     @handle_errors
     def publish(
-        bundle: Path = typer.Argument(..., help="a release directory (from `tileship build`) or a `tileship pack` archive"),
+        bundle: Path = typer.Argument(..., help="a release directory (from `tileship build`) or a `tileship pack` "
+                                      "archive"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
-        replace: bool = typer.Option(False, help="overwrite a published copy of the same id whose evidence or build log differs"),
-        image_digest: str | None = typer.Option(None, help="the image built from this release (tileship image), sha256:<hex>: recorded next to it, the release unchanged"),
+        replace: bool = typer.Option(False, help="overwrite a published copy of the same id whose evidence or build "
+                                     "log differs"),
+        image_digest: str | None = typer.Option(None, help="the image built from this release (tileship image), "
+                                                "sha256:<hex>: recorded next to it, the release unchanged"),
     ) -> None:
         """Copy a release into the registry (integrity checked; atomic). Does not activate it."""
         reg = _registry(registry)
@@ -67,8 +72,10 @@ def register(app: typer.Typer) -> None:
     @app.command("activate")
     @handle_errors
     def activate(
-        release_id: str | None = typer.Argument(None, help="release id (or a unique prefix); with --reference, default: the active one"),
-        reference: bool = typer.Option(False, "--reference", help="serve every operator through its PyTorch reference only"),
+        release_id: str | None = typer.Argument(None, help="release id (or a unique prefix); with --reference, "
+                                                "default: the active one"),
+        reference: bool = typer.Option(False, "--reference",
+                                       help="serve every operator through its PyTorch reference only"),
         force: bool = typer.Option(False, "--force", help="activate even if integrity or verification checks fail"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
     ) -> None:

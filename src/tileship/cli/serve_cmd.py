@@ -40,7 +40,8 @@ def serve(
     allow_unverified: bool | None = typer.Option(None, "--allow-unverified/--no-allow-unverified",
                                                     help="run GPU kernels that have no verification evidence"),
     reference_only: bool = typer.Option(False,
-                                        help="serve every operator through its PyTorch reference (load no native code)"),
+                                        help="serve every operator through its PyTorch reference (load no native "
+                                             "code)"),
     check_finite: bool = typer.Option(True,
                                       help="recompute kernel outputs holding NaN/Inf on the reference and open the "
                                            "circuit"),
@@ -60,7 +61,8 @@ def serve(
                                                "examples/llama (not installed by pip)"),
     ray: bool = typer.Option(False, "--ray", help="serve SOURCE (a registry) from a Ray Serve fleet with rolling "
                                                   "activation (docs/ray.md); needs `pip install 'tileship[ray]'`"),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="the Ray cluster, e.g. HOST:6379 (implies --ray)"),
+    ray_address: str | None = typer.Option(None, "--ray-address",
+                                           help="the Ray cluster, e.g. HOST:6379 (implies --ray)"),
     replicas: int = typer.Option(2, help="--ray: replicas (one GPU each where the cluster has GPUs)"),
     min_replicas: int = typer.Option(1, help="--ray with --max-replicas: the autoscaling floor"),
     max_replicas: int | None = typer.Option(None, help="--ray: autoscale on ongoing requests up to this many replicas"),

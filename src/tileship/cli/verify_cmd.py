@@ -85,7 +85,8 @@ def verify_cmd(
         p = point  # PointResult
         t = p.timing  # type: ignore[attr-defined]
         dims = ",".join(f"{k}={v}" for k, v in p.dims.items())  # type: ignore[attr-defined]
-        speed = f"kernel {t.kernel.median_us:.1f} us vs reference {t.reference.median_us:.1f} us ({t.verdict})" if t else ""
+        speed = (f"kernel {t.kernel.median_us:.1f} us vs reference {t.reference.median_us:.1f} us ({t.verdict})"
+                 if t else "")
         state = "[green]ok[/]" if p.passed else "[red]FAIL[/]"  # type: ignore[attr-defined]
         console.print(f"  {spec_id} @ {dims}: {state} {speed}")
 
@@ -102,7 +103,8 @@ def verify_cmd(
     for v in result.verdicts:
         doc = result.evidence["specializations"][v.spec.id]
         last = v.points[-1] if v.points else None
-        speed = f"{last.timing.kernel.median_us:.1f}/{last.timing.reference.median_us:.1f} us" if last and last.timing else "-"
+        speed = (f"{last.timing.kernel.median_us:.1f}/{last.timing.reference.median_us:.1f} us"
+                 if last and last.timing else "-")
         ratios = [r for p in v.points if (r := p.worst("tol_ratio")) is not None]
         table.add_row(v.spec.id, str(len(v.points)), "[green]passed[/]" if v.passed else "[red]FAILED[/]",
                       _fmt(max(ratios) if ratios else None, ".3f"), speed, doc["route"])

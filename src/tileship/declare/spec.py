@@ -170,15 +170,18 @@ def describe(op: Operator) -> dict[str, Any]:
         "dtypes": list(op.dtypes),
         "targets": list(op.targets),
         "shapes": [dict(sorted(s.items())) for s in op.shapes],
-        "ranges": [{"dim": r.dim, "min": r.min, "max": r.max, "fixed": dict(sorted(r.fixed.items()))} for r in op.ranges],
+        "ranges": [{"dim": r.dim, "min": r.min, "max": r.max, "fixed": dict(sorted(r.fixed.items()))}
+                   for r in op.ranges],
         "config": dict(sorted(op.config.items())),
         # only operators with candidates carry the key: the description (and the lock) of the others is unchanged
-        **({"candidates": [{"id": cid, "config": cfg} for cid, cfg in cands]} if (cands := op.candidate_configs()) else {}),
+        **({"candidates": [{"id": cid, "config": cfg} for cid, cfg in cands]}
+           if (cands := op.candidate_configs()) else {}),
         "pass_configs": dict(sorted(op.compile_pass_configs().items())),
         "pass_configs_overridden": sorted(k for k in op.pass_configs if k in info.decorator_pass_configs
                                           and info.decorator_pass_configs[k] != op.pass_configs[k]),
         "tolerances": {dt: {"atol": op.tolerance(dt).atol, "rtol": op.tolerance(dt).rtol} for dt in op.dtypes},
-        "output_tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in sorted(op.tolerances.items()) if k not in DTYPES},
+        "output_tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in sorted(op.tolerances.items())
+                              if k not in DTYPES},
         "tensor_dtypes": {a.name: a.dtype for a in op.inputs + op.outputs},
         "scalars": [a.name for a in op.inputs if isinstance(a, ScalarArg)],
         "factory": info.qualname,

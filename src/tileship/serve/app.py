@@ -1,10 +1,11 @@
 """The serving state (``Service``): admission control, the inference worker, hot swap, errors.
 
-Request path (``serve.calls.run``, shared with the gRPC endpoint; ``Service.infer`` is its REST side): Content-Type (415) -> body read, before admission (size limit -> 413,
+Request path (``serve.calls.run``, shared with the gRPC endpoint; ``Service.infer`` is its REST
+side): Content-Type (415) -> body read, before admission (size limit -> 413,
 ``body_timeout_s`` -> 408) -> parse + check against the declaration and the request limits
 (400, 413 for outputs past ``--max-output-mib``) -> admission (``serve.admission``: at most
-``max_inflight`` calls, else 503) -> the operator call on a worker thread (``worker_threads``, default 1: kernel calls are
-serialized; on CUDA the stream is synchronized before outputs are copied back) with a
+``max_inflight`` calls, else 503) -> the operator call on a worker thread (``worker_threads``,
+default 1: kernel calls are serialized; on CUDA the stream is synchronized before outputs are copied back) with a
 deadline (``request_timeout_s`` -> 504) -> response naming the release, kernel revision,
 path and reason. Errors are JSON ``{"error": message}``; a 500 means a bug in tileship or
 in an operator's reference, and carries a request id and, when one was written, a
@@ -51,8 +52,9 @@ class Service:
             from tileship.extras import llama_example
 
             bind = llama_example().LlamaHost(config.llama).bind
-        self.holder = ReleaseHolder(config.source, config.loader or self._default_loader, force_reference=config.reference_only,
-                                    warmup_limit=config.warmup_limit, after_load=self._after_load, bind_models=bind)
+        self.holder = ReleaseHolder(config.source, config.loader or self._default_loader,
+                                    force_reference=config.reference_only, warmup_limit=config.warmup_limit,
+                                    after_load=self._after_load, bind_models=bind)
         # with --workers N, each request thread talks to one worker process at a time
         threads = config.workers or max(1, config.worker_threads)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tileship-infer")
@@ -131,7 +133,8 @@ class Service:
         """Re-read the source; swap only a release that loaded and warmed cleanly. One at a time."""
         await self._loaded.wait()
         if self.holder.fatal is not None:
-            return 503, {"result": "failed", "stage": "fatal", "error": f"the process is exiting after a device failure ({self.holder.fatal})"}
+            return 503, {"result": "failed", "stage": "fatal",
+                         "error": f"the process is exiting after a device failure ({self.holder.fatal})"}
         return await self._load_and_swap(trigger=trigger, accept_warm_failures=self.holder.current is None)
 
     async def _load_and_swap(self, *, trigger: str, accept_warm_failures: bool) -> tuple[int, dict[str, Any]]:
@@ -147,7 +150,8 @@ class Service:
                 self.metrics.reloads.labels("unchanged").inc()
                 self.log.event("reload", trigger=trigger, result="unchanged", release=rid)
                 return 200, {"result": "unchanged", "release": rid, "reference_only": target.reference_only}
-            self.log.event("load_start", trigger=trigger, source=str(target.path), release=rid, reference_only=target.reference_only)
+            self.log.event("load_start", trigger=trigger, source=str(target.path), release=rid,
+                           reference_only=target.reference_only)
             try:
                 served = await asyncio.to_thread(h.prepare, target)
             except Exception as exc:
@@ -156,8 +160,8 @@ class Service:
                 self.metrics.warmup_failures.labels(sid.split(".", 1)[0]).inc()
             if served.warm.failures and not accept_warm_failures:
                 detail = "; ".join(f"{s}: {e}" for s, e in sorted(served.warm.failures.items()))
-                return self._failed(str(target.path), "warmup", f"warm-up failed for {len(served.warm.failures)} specializations: {detail}",
-                                    trigger, stage_metric="warmup")
+                failed = f"warm-up failed for {len(served.warm.failures)} specializations: {detail}"
+                return self._failed(str(target.path), "warmup", failed, trigger, stage_metric="warmup")
             if self.workers is not None and self.workers.release_id is not None:
                 # --workers: the new release's workers start (standby first) while the old ones serve
                 try:
@@ -178,8 +182,9 @@ class Service:
                 self.log.event("image_digest_mismatch", "warning", release=rel.release_id, **image)
             ready, body = h.readiness()
             m.ready.set(1 if ready else 0)
-            self.log.event("swap" if old is not None else "ready", trigger=trigger, release=rel.release_id, previous=old.release_id if old else None,
-                           kernel_revision=rel.kernel_revision, load_s=round(served.load_seconds, 4), warmup_s=round(served.warm.seconds, 4),
+            self.log.event("swap" if old is not None else "ready", trigger=trigger, release=rel.release_id,
+                           previous=old.release_id if old else None, kernel_revision=rel.kernel_revision,
+                           load_s=round(served.load_seconds, 4), warmup_s=round(served.warm.seconds, 4),
                            warmup_calls=served.warm.calls, warmup_failures=served.warm.failures, reason=body["reason"],
                            notes=list(rel.notes), diagnostics_id=served.diagnostics_id)
             m.reloads.labels("swapped").inc()
@@ -187,15 +192,19 @@ class Service:
                          "reference_only": served.target.reference_only, "load_seconds": served.load_seconds,
                          "warmup_seconds": served.warm.seconds, "warmup_failures": served.warm.failures}
 
-    def _failed(self, source: str, stage: str, error: BaseException | str, trigger: str, stage_metric: str = "load") -> tuple[int, dict[str, Any]]:
+    def _failed(self, source: str, stage: str, error: BaseException | str, trigger: str,
+                stage_metric: str = "load") -> tuple[int, dict[str, Any]]:
         fail = self.holder.fail(source, stage, error)
         self.metrics.load_failures.labels(stage_metric).inc()
         self.metrics.reloads.labels("failed").inc()
         self.metrics.ready.set(1 if self.holder.readiness()[0] else 0)
         cur = self.holder.current
-        tb = traceback.format_exception(error) if isinstance(error, BaseException) and not hasattr(error, "hint") else None
-        self.log.event("load_failed", "error", trigger=trigger, source=source, stage=stage, error=fail["error"], hint=fail["hint"],
-                       serving=cur.release_id if cur else None, traceback="".join(tb) if tb else None)
+        tb = None
+        if isinstance(error, BaseException) and not hasattr(error, "hint"):  # not one of ours: keep its traceback
+            tb = traceback.format_exception(error)
+        self.log.event("load_failed", "error", trigger=trigger, source=source, stage=stage, error=fail["error"],
+                       hint=fail["hint"], serving=cur.release_id if cur else None,
+                       traceback="".join(tb) if tb else None)
         return 409, {"result": "failed", "error": fail["error"], "stage": stage, "hint": fail["hint"],
                      "serving": cur.release_id if cur else None}
 
@@ -224,13 +233,15 @@ class Service:
         def on_served(served: Served) -> None:
             request.scope["tileship.served"] = served
 
-        answer = await calls.run(self, calls.Call(request.path_params["name"], request.path_params.get("version"), rid, read,
-                                                  protocol.encode_response, lambda e: e.size, "rest", on_served))
+        call = calls.Call(request.path_params["name"], request.path_params.get("version"), rid, read,
+                          protocol.encode_response, lambda e: e.size, "rest", on_served)
+        answer = await calls.run(self, call)
         if answer.status != 200:
             body: dict[str, Any] = {"error": answer.message}
             if answer.diagnostics_id:
                 body["diagnostics_id"] = answer.diagnostics_id
-            return JSONResponse(body, status_code=answer.status, headers={"retry-after": "1"} if answer.status == 503 else None)
+            retry = {"retry-after": "1"} if answer.status == 503 else None
+            return JSONResponse(body, status_code=answer.status, headers=retry)
         encoded, decision = answer.encoded, answer.decision
         assert answer.served is not None and decision is not None
         headers = self._release_headers(answer.served, decision, rid)
@@ -256,13 +267,17 @@ class Service:
     def capture(self, served: Served | None, exc: BaseException, call: Any = None) -> str | None:
         """Queue a bundle (off the event loop, one per reason a minute); its id, or None when none is written."""
         try:
+            detail = validate.short(f"{type(exc).__name__}: {exc}", 500)
             return self.diagnostics.submit(f"serve_error:{type(exc).__name__}", served.release if served else None,
-                                           exc=exc, call=call, detail=validate.short(f"{type(exc).__name__}: {exc}", 500))
+                                           exc=exc, call=call, detail=detail)
         except Exception:  # diagnostics must never mask the original error
             return None
 
-    def log_internal(self, rid: str, exc: BaseException, model: str = "_unknown", served: Served | None = None) -> tuple[str, str | None]:
-        """Log a bug with its traceback and queue a bundle; (the client's message naming the request id, diagnostics id)."""
+    def log_internal(self, rid: str, exc: BaseException, model: str = "_unknown",
+                     served: Served | None = None) -> tuple[str, str | None]:
+        """Log a bug with its traceback and queue a bundle.
+
+        Returns (the client's message naming the request id, the diagnostics id)."""
         diag = self.capture(served, exc)
         what = validate.short(f"{type(exc).__name__}: {exc}", 300)
         self.log.event("error", "error", request_id=rid, model=model, error=what,
@@ -274,19 +289,21 @@ class Service:
         msg, diag = self.log_internal(rid, exc)
         return JSONResponse({"error": msg, **({"diagnostics_id": diag} if diag else {})}, status_code=500)
 
-    def count_error(self, status: int, message: str, call: calls.Call, labels: list[str], t0: float, kserve_id: str | None) -> None:
+    def count_error(self, status: int, message: str, call: calls.Call, labels: list[str], t0: float,
+                    kserve_id: str | None) -> None:
         """An inference request answered with an error: metrics, statistics, one log line."""
         self.metrics.requests.labels(labels[0], labels[1], labels[2], str(status)).inc()
         if labels[0] != "_unknown":
             self.stats.record(labels[0], labels[1], False, time.perf_counter() - t0)
         self.metrics.latency.labels(labels[0], labels[1], labels[2]).observe(time.perf_counter() - t0)
-        self.log.event("infer", "warning" if status < 500 else "error", request_id=call.request_id, id=kserve_id, model=labels[0],
-                       version=labels[1], status=status, protocol=call.protocol, path="none", error=message,
-                       ms=round((time.perf_counter() - t0) * 1e3, 3))
+        self.log.event("infer", "warning" if status < 500 else "error", request_id=call.request_id, id=kserve_id,
+                       model=labels[0], version=labels[1], status=status, protocol=call.protocol, path="none",
+                       error=message, ms=round((time.perf_counter() - t0) * 1e3, 3))
 
     def _release_headers(self, served: Served, decision: Decision, rid: str) -> list[tuple[bytes, bytes]]:
         rel = served.release
-        h = [(b"x-tileship-release", rel.release_id.encode()), (b"x-tileship-kernel-revision", rel.kernel_revision.encode()),
+        h = [(b"x-tileship-release", rel.release_id.encode()),
+             (b"x-tileship-kernel-revision", rel.kernel_revision.encode()),
              (b"x-tileship-path", decision.path.encode()), (b"x-tileship-reason", decision.reason.encode())]
         if decision.spec_id:
             h.append((b"x-tileship-spec", decision.spec_id.encode()))

@@ -289,7 +289,8 @@ class ReleaseHolder:
         if cur.target.reference_only:
             reason = "ready: reference-only by policy: every operator serves the PyTorch reference"
         elif rel.drift.blocking:
-            reason = f"ready: blocking drift ({rel.drift.reason}); the drift policy allows reference serving, so every operator serves the PyTorch reference"
+            reason = (f"ready: blocking drift ({rel.drift.reason}); the drift policy allows reference serving, "
+                      "so every operator serves the PyTorch reference")
         else:
             kernels = sum(1 for r in rel.ops.values() for e in r.entries if e.kernel is not None)
             reason = f"ready: {kernels} kernel specializations loaded and warmed"

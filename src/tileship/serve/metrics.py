@@ -56,7 +56,8 @@ class ServeMetrics:
         self.load_seconds = Gauge("tileship_release_load_seconds",
                                   "Seconds the last successful release load took (integrity, lock, dlopen)", registry=r)
         self.warmup_seconds = Gauge("tileship_release_warmup_seconds",
-                                    "Seconds the last successful warm-up took (one call per specialization)", registry=r)
+                                    "Seconds the last successful warm-up took (one call per specialization)",
+                                    registry=r)
         self.load_failures = Counter("tileship_release_load_failures", "Release loads that failed, by stage",
                                      ("stage",), registry=r)
         self.warmup_failures = Counter("tileship_warmup_failures",

@@ -42,7 +42,8 @@ def pick_split(B: int, S: int, HKV: int = H_KV, block_N: int = 64) -> int:
 def split_plan(B: int, S: int, HQ: int, HKV: int, D: int, block_N: int, block_H: int) -> tuple[int, int]:
     """(splits per (sequence, kv head), positions per split, a whole number of KV tiles)."""
     if HQ % HKV or HQ // HKV > block_H or D > 256:
-        raise ValueError(f"gqa_decode needs HQ % HKV == 0, HQ/HKV <= {block_H} and D <= 256 (HQ={HQ}, HKV={HKV}, D={D})")
+        raise ValueError(f"gqa_decode needs HQ % HKV == 0, HQ/HKV <= {block_H} and D <= 256 "
+                         f"(HQ={HQ}, HKV={HKV}, D={D})")
     if S % block_N:
         raise ValueError(f"gqa_decode needs the cache capacity S to be a multiple of {block_N}, got {S}")
     num_split = pick_split(B, S, HKV, block_N)

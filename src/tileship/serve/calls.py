@@ -117,7 +117,7 @@ async def run(service: Service, call: Call) -> Answer:
             if not plan.declared and config.strict_shapes:
                 dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
                 raise BadRequest(400, f"shape outside the declared set: {dims} (declared: "
-                                      f"{protocol.declared_shapes_text(decl)}); this server runs with --strict-shapes")
+                                      f"{validate.declared_shapes_text(decl)}); this server runs with --strict-shapes")
             validate.check_outputs(name, protocol.output_bytes(decl, plan), config.limits)
             job = functools.partial(service.executor, service, served, name, plan, req.id, encode)
         t_submit = time.perf_counter()

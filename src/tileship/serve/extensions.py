@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tileship.serve import protocol
+from tileship.serve import protocol, validate
 from tileship.serve.validate import BadRequest, short
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def model_metadata(service: Service, cur: Served, name: str) -> dict[str, Any]:
     return {"name": name, "versions": [cur.release_id], "platform": "tileship",
             "inputs": protocol.tensor_metadata(decl, "inputs"), "outputs": protocol.tensor_metadata(decl, "outputs"),
             "parameters": {"datatypes": [protocol.KSERVE[d] for d in decl["dtypes"]], "device": cur.devices[name],
-                           "declared_shapes": protocol.declared_shapes_text(decl),
+                           "declared_shapes": validate.declared_shapes_text(decl),
                            "kernel_revision": cur.release.kernel_revision,
                            "strict_shapes": service.config.strict_shapes}}
 
@@ -176,7 +176,7 @@ def model_config(service: Service, cur: Served, name: str) -> dict[str, Any]:
     else:
         decl = cur.release.declarations[name]
         ins, outs = protocol.tensor_metadata(decl, "inputs"), protocol.tensor_metadata(decl, "outputs")
-        dtypes, shapes = [protocol.KSERVE[d] for d in decl["dtypes"]], protocol.declared_shapes_text(decl)
+        dtypes, shapes = [protocol.KSERVE[d] for d in decl["dtypes"]], validate.declared_shapes_text(decl)
     device = cur.models[name].device if name in cur.models else cur.devices.get(name, "cpu")
     params = {"release": cur.release_id, "kernel_revision": cur.release.kernel_revision,
               "datatypes": ",".join(dtypes), "declared_shapes": shapes,

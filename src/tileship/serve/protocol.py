@@ -21,7 +21,7 @@ from typing import Any
 from tileship.declare.dims import SAME, DimExpr, bind
 from tileship.serve import shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE, Encoded, encode_response, tensor_metadata  # noqa: F401 (re-exported)
-from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, flatten, short
+from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, flatten, in_declared_set, short
 from tileship.serve.validate import output_bytes as _output_bytes
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -307,31 +307,11 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
                     tuple(i for i, inp in enumerate(ordered) if inp.name in scalar_names), req.allow_nonfinite)
 
 
-def in_declared_set(decl: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
-    """True when ``dims`` match a declared static shape or lie in a declared dynamic range."""
-    for s in decl.get("shapes", ()):
-        if all(dims.get(d) == v for d, v in s.items()):
-            return True
-    for r in decl.get("ranges", ()):
-        v = dims.get(r["dim"])
-        if v is not None and r["min"] <= v <= r["max"] and all(dims.get(d) == x for d, x in r["fixed"].items()):
-            return True
-    return False
-
-
 def output_bytes(decl: Mapping[str, Any], plan: CallPlan) -> dict[str, int]:
     """Bytes of each output of ``plan``'s call (``validate.output_bytes`` with this call's dtypes)."""
     itemsize = {d: ITEMSIZE[KSERVE[d]] for d in decl["dtypes"] if d in KSERVE}
     itemsize[SAME] = ITEMSIZE[KSERVE[plan.dtype]]
     return _output_bytes(decl, plan.dims, itemsize)
-
-
-def declared_shapes_text(decl: Mapping[str, Any]) -> str:
-    parts = [",".join(f"{d}={v}" for d, v in s.items()) for s in decl.get("shapes", ())]
-    for r in decl.get("ranges", ()):
-        fixed = "".join(f",{d}={v}" for d, v in r["fixed"].items())
-        parts.append(f"{r['dim']}={r['min']}..{r['max']}{fixed}")
-    return "; ".join(parts)
 
 
 # -- tensors -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ is allocated for a request, so that no input can raise anything but ``BadRequest
     short         a value for an error message, cut to a few dozen characters
     RequestLimits ranks, dims, elements, nesting of ``data``, output bytes (``--max-output-mib``)
     output_bytes  the bytes a planned call will produce, from the declaration's output dims
+    in_declared_set, declared_shapes_text  whether dims are in the declared shapes and ranges; their text
 
 Contract: every function here raises only ``BadRequest``.
 """
@@ -155,3 +156,24 @@ def check_outputs(model: str, sizes: Mapping[str, int], limits: RequestLimits) -
         each = ", ".join(f"{n}={b}" for n, b in sizes.items())
         raise BadRequest(413, f"model {model}: this call would produce {total} bytes of outputs ({each}); the limit "
                               f"is {limits.max_output_bytes} bytes (--max-output-mib)")
+
+
+def in_declared_set(decl: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
+    """True when ``dims`` match a declared static shape or lie in a declared dynamic range."""
+    for s in decl.get("shapes", ()):
+        if all(dims.get(d) == v for d, v in s.items()):
+            return True
+    for r in decl.get("ranges", ()):
+        v = dims.get(r["dim"])
+        if v is not None and r["min"] <= v <= r["max"] and all(dims.get(d) == x for d, x in r["fixed"].items()):
+            return True
+    return False
+
+
+def declared_shapes_text(decl: Mapping[str, Any]) -> str:
+    """The declared shapes and ranges, as an error message or the model config names them."""
+    parts = [",".join(f"{d}={v}" for d, v in s.items()) for s in decl.get("shapes", ())]
+    for r in decl.get("ranges", ()):
+        fixed = "".join(f",{d}={v}" for d, v in r["fixed"].items())
+        parts.append(f"{r['dim']}={r['min']}..{r['max']}{fixed}")
+    return "; ".join(parts)

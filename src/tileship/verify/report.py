@@ -169,15 +169,18 @@ def plot_error(rows: Sequence[Mapping[str, Any]], path: Path, *, title: str) -> 
 
 
 _CSS = """
-body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222; max-width: 1500px; }
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222;
+       max-width: 1500px; }
 h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32px; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 12px; margin: 8px 0; } td, th { border: 1px solid #ddd; padding: 3px 6px; text-align: left; }
+table { border-collapse: collapse; font-size: 12px; margin: 8px 0; }
+td, th { border: 1px solid #ddd; padding: 3px 6px; text-align: left; }
 th { background: #f4f4f4; } .num { text-align: right; font-variant-numeric: tabular-nums; }
 .kernel { background: #e3f4ef; } .reference { background: #fbe9dc; } .fail { background: #f7d4d8; }
-.banner { padding: 8px 12px; border-radius: 4px; margin: 8px 0; } .warn { background: #fff3cd; } .bad { background: #f7d4d8; } .good { background: #e3f4ef; }
+.banner { padding: 8px 12px; border-radius: 4px; margin: 8px 0; }
+.warn { background: #fff3cd; } .bad { background: #f7d4d8; } .good { background: #e3f4ef; }
 .side { display: flex; gap: 32px; flex-wrap: wrap; } img { max-width: 100%; display: block; margin: 8px 0; }
 .muted { color: #666; font-size: 12px; }
-"""  # noqa: E501 (the stylesheet goes into the page as written)
+"""
 
 
 def _kv_table(title: str, items: Sequence[tuple[str, Any]]) -> str:

@@ -78,13 +78,16 @@ def _ab(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return g.standard_normal(N).astype(np.float32), g.standard_normal(N).astype(np.float32)
 
 
-def _mapped(key: str) -> bool:
-    """Whether the server (it runs in this process) maps /dev/shm/<key>: a second mapping, next to
-    the one tritonclient's helper made."""
-    with open("/proc/self/maps") as f:
-        n = sum(line.rstrip().endswith("/dev/shm/" + key.lstrip("/")) for line in f)
-    assert n in (1, 2), n
-    return n == 2
+def _fds(key: str) -> int:
+    """File descriptors this process (client and server both run in it) holds on /dev/shm/<key>."""
+    path = "/dev/shm/" + key.lstrip("/")
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == path
+        except OSError:  # closed while listing
+            pass
+    return n
 
 
 # -- round trips ----------------------------------------------------------------------------------
@@ -99,6 +102,7 @@ def test_http_inputs_and_output_in_shared_memory(hc, regions, server):
     hin, in_name, in_key = regions.create(2 * NBYTES)
     hout, out_name, out_key = regions.create(NBYTES)
     shm.set_shared_memory_region(hin, [a, b])  # A at 0, B at NBYTES
+    client_in, client_out = _fds(in_key), _fds(out_key)  # the client helper's own descriptors
     hc.register_system_shared_memory(in_name, in_key, 2 * NBYTES)
     hc.register_system_shared_memory(out_name, out_key, NBYTES)
     status = {r["name"]: r for r in hc.get_system_shared_memory_status()}
@@ -122,10 +126,10 @@ def test_http_inputs_and_output_in_shared_memory(hc, regions, server):
 
     hc.unregister_system_shared_memory(in_name)
     assert [r["name"] for r in hc.get_system_shared_memory_status()] == [out_name]
-    assert not _mapped(in_key) and _mapped(out_key)
+    assert _fds(in_key) == client_in and _fds(out_key) == client_out + 1  # the server holds one, until unregistered
     hc.unregister_system_shared_memory()
     assert hc.get_system_shared_memory_status() == []
-    assert not _mapped(out_key)
+    assert _fds(out_key) == client_out
 
 
 def test_grpc_inputs_and_output_in_shared_memory(gc, hc, regions):
@@ -352,41 +356,67 @@ def test_grpc_hostile_infer_requests(gc, regions):
 def test_a_file_truncated_after_registration_is_refused_not_a_crash(hc, server, regions):
     h, name, key = regions.create(NBYTES)
     hc.register_system_shared_memory(name, key, NBYTES)
-    os.truncate("/dev/shm/" + key.lstrip("/"), 16)  # touching the mapping past 16 bytes would SIGBUS the server
+    os.truncate("/dev/shm/" + key.lstrip("/"), 16)  # a mapping touched past 16 bytes would SIGBUS the server
     r = _post(server, "/v2/models/add/infer", _infer_doc(_sm(name, NBYTES)))
     assert r.status_code == 400 and f"region '{name}' shrank to 16 bytes" in r.json()["error"], r.text
     assert hc.is_server_ready()
 
 
-def test_stopping_the_server_unmaps_every_region(cpu_release_build, tmp_path, regions):
+def test_stopping_the_server_closes_every_region(cpu_release_build, tmp_path, regions):
     _, name, key = regions.create(64)
+    client = _fds(key)
     cfg = ServeConfig(source=cpu_release_build.path, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO())
     with serving(cfg, ready=False) as srv:  # regions do not wait for the release
         r = _post(srv, REG.format(name), {"key": key, "offset": 0, "byte_size": 64})
         assert r.status_code == 200, r.text
-        assert _mapped(key)
-    assert not _mapped(key)
+        assert _fds(key) == client + 1
+    assert _fds(key) == client
 
 
-def test_unregistering_a_region_a_call_still_reads_keeps_its_view_valid(regions):
-    """The registry alone: a view taken before unregister stays readable (unmapped when dropped);
-    new lookups of the name fail with 404."""
+def test_inputs_are_copied_out_and_an_unregistered_region_is_404(regions):
+    """The registry alone: a read returns a copy (later writes to the region do not change it),
+    writes land in the window, and after unregister the name is 404 and its descriptor closed."""
     from tileship.serve import shm as server_shm
     from tileship.serve.validate import BadRequest
 
     h, name, key = regions.create(64)
     shm.set_shared_memory_region(h, [np.arange(16, dtype=np.float32)])
+    client = _fds(key)
     reg = server_shm.Regions()
     reg.register(name, key, 0, 64)
     ref = server_shm.Ref(name, 16, 32)
-    view = reg.view(ref, "input A")
+    got = reg.read(ref, "input A")
+    shm.set_shared_memory_region(h, [np.zeros(16, dtype=np.float32)])
+    assert (np.frombuffer(got, np.float32) == np.arange(4, 12, dtype=np.float32)).all()
+    reg.write(ref, np.full(8, 7, np.float32), "output C")
+    assert (shm.get_contents_as_numpy(h, np.float32, [16]) == np.array([0] * 4 + [7] * 8 + [0] * 4)).all()
     reg.unregister(name)
-    assert (np.frombuffer(view, np.float32) == np.arange(4, 12, dtype=np.float32)).all()
-    with pytest.raises(BadRequest) as e:
-        reg.view(ref, "input A")
-    assert e.value.status == 404 and "input A: unknown shared-memory region" in e.value.message
-    del view
-    assert not _mapped(key)
+    for call in (lambda: reg.read(ref, "input A"), lambda: reg.write(ref, b"x" * 32, "output C")):
+        with pytest.raises(BadRequest) as e:
+            call()
+        assert e.value.status == 404 and "unknown shared-memory region" in e.value.message
+    assert _fds(key) == client
+
+
+def test_a_file_truncated_under_a_registered_window_never_faults_a_read_or_write(regions):
+    """Truncated at any point after registration: reads and writes give a 400 naming the region
+    (pread/pwrite, no mapping), and a write never extends the client's file."""
+    from tileship.serve import shm as server_shm
+    from tileship.serve.validate import BadRequest
+
+    _, name, key = regions.create(64)
+    reg = server_shm.Regions()
+    reg.register(name, key, 0, 64)
+    path = "/dev/shm/" + key.lstrip("/")
+    for size in (48, 16, 0):
+        os.truncate(path, size)
+        for call in (lambda: reg.read(server_shm.Ref(name, 0, 64), "input A"),
+                     lambda: reg.write(server_shm.Ref(name, 0, 64), b"\0" * 64, "output C")):
+            with pytest.raises(BadRequest) as e:
+                call()
+            assert e.value.status == 400 and f"shrank to {size} bytes" in e.value.message
+        assert os.path.getsize(path) == size
+    reg.close()
 
 
 def test_docs_shm_example_runs(server, hc):

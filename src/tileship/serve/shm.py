@@ -2,26 +2,27 @@
 inference requests read inputs from and write outputs into, instead of carrying the bytes.
 
     Regions    the registry of one server: register, unregister, status, close (thread-safe)
-    Region     one registered window: an mmap of ``/dev/shm/<key>``, bounds-checked views
+    Region     one registered window of ``/dev/shm/<key>``: bounds-checked reads and writes
     Ref        where one tensor lies: (region, offset, byte_size), from a tensor's parameters
     ref_of     the Ref in a tensor's parameters, or None
-    attach     a parsed request's shared-memory inputs -> views; its outputs -> an Encoder
+    attach     a parsed request's shared-memory inputs -> their bytes; its outputs -> an Encoder
                that writes them into their regions first (``calls.run`` calls it for REST and gRPC)
 
-Contract: nothing a client sends makes the server read or write outside a registered window.
-Registration maps ``[0, offset + byte_size)`` of the file and refuses a window past the end of
-the file; every view is checked against the window, and against the file's size at that
-moment (a file truncated after registration would otherwise fault the process on access).
+Contract: nothing a client sends makes the server read or write outside a registered window,
+or fault. Registration opens the file and refuses a window past its end; every read and write is
+checked against the window and done with ``pread``/``pwrite`` on the file, never through a
+mapping: a file the client truncates or shrinks at any instant gives a short read (a 400 naming
+the region), never a SIGBUS in the server. Inputs are copied out of the region once, when the
+request is parsed, so the call never touches client memory that may change under it.
 Every refusal is ``BadRequest``: 400 for a malformed or out-of-bounds value, 404 for an unknown
 region, 409 for a name registered twice; the message names the field and the region.
 
-A view handed to a running call keeps its mapping alive: unregistering (or stopping) closes
-the region at once for new requests, and the memory is unmapped when the last view is dropped.
+Unregistering (or stopping) closes the region at once; a read or write in progress on it
+finishes first (each holds the region's lock).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import stat
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 #: where POSIX shm_open names live on Linux
 SHM_DIR = "/dev/shm"
-#: regions one server holds at once (each holds a file descriptor and a mapping)
+#: regions one server holds at once (each holds a file descriptor)
 MAX_REGIONS = 1024
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -114,7 +115,6 @@ class Region:
             if offset + byte_size > st.st_size:
                 raise BadRequest(400, f"region {short(name)}: offset {offset} + byte_size {byte_size} runs past the "
                                       f"end of {short(key)}, which holds {st.st_size} bytes")
-            self.mm = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             raise
@@ -125,30 +125,52 @@ class Region:
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
-    def view(self, ref: Ref, where: str) -> memoryview:
-        """A writable view of ``ref``'s bytes. BadRequest 404 once unregistered, 400 out of bounds."""
+    def read(self, ref: Ref, where: str) -> bytearray:
+        """A copy of ``ref``'s bytes. BadRequest 404 once unregistered, 400 out of bounds or shrunk."""
         with self._lock:
-            if self.closed:
-                raise BadRequest(404, f"{where}: unknown shared-memory region {short(ref.region)} (unregistered)")
-            end = ref.offset + ref.byte_size
-            if end > self.byte_size:
-                raise BadRequest(400, f"{where}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the "
-                                      f"end of shared-memory region {short(ref.region)} ({self.byte_size} bytes)")
-            size = os.fstat(self.fd).st_size
-            if self.offset + end > size:  # truncated since registration: touching it would fault
-                raise BadRequest(400, f"{where}: shared-memory region {short(ref.region)} shrank to {size} bytes "
-                                      f"since it was registered; register it again")
-            return memoryview(self.mm)[self.offset + ref.offset:self.offset + end]
+            start = self._start(ref, where)
+            buf = bytearray(ref.byte_size)
+            got = os.preadv(self.fd, [buf], start)
+            if got != ref.byte_size:  # the file is shorter than at registration
+                raise self._shrunk(ref, where)
+            return buf
+
+    def write(self, ref: Ref, data: Any, where: str) -> None:
+        """Write ``data`` (a bytes-like object of ``ref.byte_size`` bytes) at ``ref``; same errors as ``read``.
+        Never extends the file: a file shorter than the window is refused."""
+        with self._lock:
+            start = self._start(ref, where)
+            if os.fstat(self.fd).st_size < start + ref.byte_size:
+                raise self._shrunk(ref, where)
+            mv = memoryview(data).cast("B")
+            done = 0
+            while done < len(mv):
+                done += os.pwrite(self.fd, mv[done:], start + done)
+
+    def check(self, ref: Ref, where: str) -> None:
+        """Raise what ``read``/``write`` would for ``ref``'s window, touching nothing."""
+        with self._lock:
+            self._start(ref, where)
+
+    def _start(self, ref: Ref, where: str) -> int:
+        if self.closed:
+            raise BadRequest(404, f"{where}: unknown shared-memory region {short(ref.region)} (unregistered)")
+        end = ref.offset + ref.byte_size
+        if end > self.byte_size:
+            raise BadRequest(400, f"{where}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the "
+                                  f"end of shared-memory region {short(ref.region)} ({self.byte_size} bytes)")
+        return self.offset + ref.offset
+
+    def _shrunk(self, ref: Ref, where: str) -> BadRequest:
+        size = os.fstat(self.fd).st_size
+        return BadRequest(400, f"{where}: shared-memory region {short(ref.region)} shrank to {size} bytes "
+                               f"since it was registered; register it again")
 
     def close(self) -> None:
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-            try:
-                self.mm.close()
-            except BufferError:
-                pass  # a running call still holds a view: unmapped when the last one is dropped
             os.close(self.fd)
 
 
@@ -194,11 +216,21 @@ class Regions:
                 return [r.status() for _, r in sorted(self._regions.items())]
             return [self._get(name, "").status()]
 
-    def view(self, ref: Ref, where: str) -> memoryview:
-        """``Region.view`` of the region ``ref`` names; BadRequest 404 for an unknown one."""
+    def read(self, ref: Ref, where: str) -> bytearray:
+        """``Region.read`` of the region ``ref`` names; BadRequest 404 for an unknown one."""
+        return self._region(ref, where).read(ref, where)
+
+    def write(self, ref: Ref, data: Any, where: str) -> None:
+        """``Region.write`` of the region ``ref`` names; BadRequest 404 for an unknown one."""
+        self._region(ref, where).write(ref, data, where)
+
+    def check(self, ref: Ref, where: str) -> None:
+        """``Region.check`` of the region ``ref`` names; BadRequest 404 for an unknown one."""
+        self._region(ref, where).check(ref, where)
+
+    def _region(self, ref: Ref, where: str) -> Region:
         with self._lock:
-            region = self._get(ref.region, f"{where}: ")
-        return region.view(ref, where)
+            return self._get(ref.region, f"{where}: ")
 
     def close(self) -> None:
         self.unregister(None)
@@ -214,17 +246,17 @@ class Regions:
 
 
 def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
-    """Point ``req``'s shared-memory inputs at their bytes (views, no copy) and check every
+    """Copy ``req``'s shared-memory inputs out of their regions and check every
     shared-memory output's window; the Encoder to use: ``encode`` itself when no output goes
     to shared memory, else one that writes those outputs into their regions and hands ``encode``
     their parameters (``shm=``) instead of their data. Raises BadRequest (400/404)."""
     for inp in req.inputs:
         if inp.shm is not None:
-            inp.raw = regions.view(inp.shm, f"input {inp.name}")
+            inp.raw = memoryview(regions.read(inp.shm, f"input {inp.name}"))
     if not req.shm_outputs:
         return encode
     for name, ref in req.shm_outputs.items():
-        regions.view(ref, f"output {name}").release()
+        regions.check(ref, f"output {name}")
     outs = dict(req.shm_outputs)
 
     def write_then_encode(**kw: Any) -> Any:
@@ -240,8 +272,7 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
                 raise BadRequest(400, f"byte size mismatch: output {name} is {list(t.shape)} x "
                                       f"{str(t.dtype).removeprefix('torch.')} = {nbytes} bytes but {BYTE_SIZE} is "
                                       f"{ref.byte_size}")
-            dest = torch.frombuffer(regions.view(ref, f"output {name}"), dtype=torch.uint8)
-            dest.copy_(t.contiguous().reshape(-1).view(torch.uint8))
+            regions.write(ref, t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), f"output {name}")
             params[name] = {REGION: ref.region, BYTE_SIZE: ref.byte_size} | ({OFFSET: ref.offset} if ref.offset else {})
         return encode(**kw, shm=params)
 

@@ -150,3 +150,23 @@ def test_a_convention_that_disagrees_with_the_library_is_refused_at_load(cuda_sp
     # a bundle that predates the record: TileLang's CUDA rule (outputs -> callee-allocated) applies
     del art["callee_allocated_outputs"]
     assert artifact.ffi_abi(d, art, sig, d.name).callee_allocated_outputs is True
+
+
+def test_a_cuda_kernel_with_scalars_and_a_dynamic_dim_passes_the_build_time_abi_check(tmp_path: Path) -> None:
+    """Scalars are arguments of the tvm-ffi ``main`` and a dynamic dim is not: the check the build
+    now runs (``ffi_abi``) must count them as the generated host code does, or such user kernels
+    would stop building."""
+    import cuda_scalar_ops
+
+    from tileship.build.builder import compile_one
+    from tileship.declare.spec import expand
+
+    tests_dir = str(Path(__file__).parent)
+    for spec in expand(cuda_scalar_ops.scaled_cuda):
+        r = compile_one(cuda_scalar_ops.scaled_cuda, spec, tmp_path / spec.id, timeout_s=300, sys_path=tests_dir)
+        assert r.ok, r.error
+        art = json.loads((tmp_path / spec.id / "artifact.json").read_text())
+        sig = artifact.ffi_abi(tmp_path / spec.id, art, signature.read((tmp_path / spec.id / "signature.json").read_text(),
+                                                                       art["out_idx"]), spec.id)
+        assert sig.callee_allocated_outputs and [p.name for p in sig.params] == ["A", "s", "n", "B"]
+        assert '"main: num_args should be 4"' in (tmp_path / spec.id / "host_kernel.cu").read_text()

@@ -48,3 +48,18 @@ def cpu_release(cpu_release_build, tmp_path: Path) -> Path:
     dest = tmp_path / cpu_release_build.release_id
     shutil.copytree(cpu_release_build.path, dest)
     return dest
+
+
+@pytest.fixture(scope="module")
+def grpc_server(cpu_release_build, tmp_path_factory: pytest.TempPathFactory):
+    """A server of the CPU release on 127.0.0.1, REST and gRPC, ready; one per test module."""
+    import io
+
+    from test_serve import serving
+
+    from tileship.serve import ServeConfig
+
+    cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path_factory.mktemp("diag"),
+                      log_stream=io.StringIO())
+    with serving(cfg) as srv:
+        yield srv

@@ -35,11 +35,8 @@ from tileship.serve.extensions import EXTENSIONS
 
 
 @pytest.fixture(scope="module")
-def server(cpu_release_build, tmp_path_factory) -> Iterator[BackgroundServer]:
-    cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path_factory.mktemp("diag"),
-                      log_stream=io.StringIO())
-    with serving(cfg) as srv:
-        yield srv
+def server(grpc_server: BackgroundServer) -> BackgroundServer:
+    return grpc_server
 
 
 @pytest.fixture

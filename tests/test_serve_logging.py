@@ -3,7 +3,6 @@ gRPC LogSettings RPC, checked with tritonclient against one server on 127.0.0.1.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,12 +10,12 @@ import grpc
 import httpx
 import pytest
 import tritonclient.grpc as tg
-from test_serve import client, log_lines, serving
+from test_serve import client, log_lines
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from tileship.serve import BackgroundServer, ServeConfig
+from tileship.serve import BackgroundServer
 from tileship.serve.log_settings import MAX_VERBOSE
 
 DEFAULT = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True, "log_verbose_level": 0,
@@ -27,11 +26,8 @@ BAD = {"inputs": [{"name": "A", "shape": [3], "datatype": "FP32", "data": [1, 2,
 
 
 @pytest.fixture(scope="module")
-def server(cpu_release_build, tmp_path_factory) -> Iterator[BackgroundServer]:
-    cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path_factory.mktemp("diag"),
-                      log_stream=io.StringIO())
-    with serving(cfg) as srv:
-        yield srv
+def server(grpc_server: BackgroundServer) -> BackgroundServer:
+    return grpc_server
 
 
 @pytest.fixture

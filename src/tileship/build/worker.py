@@ -67,7 +67,7 @@ def find_operator(module: str, name: str) -> Any:
         raise BuildError(f"module {module} declares no Operator named {name!r} (it declares: "
                          f"{', '.join(sorted(v.name for v in found)) or 'none'})",
                          hint="declare the Operator at module level in a module the project lists")
-    return op if op.outputs else infer_outputs(op)
+    return infer_outputs(op) if op.infers_outputs else op
 
 
 _SOURCE_NAME = re.compile(r'("type": "ir\.SourceName",\s*"data": )("(?:[^"\\]|\\.)*")')
@@ -130,7 +130,7 @@ def main(job_path: str) -> int:
         # Whether the library allocates its outputs (tvm-ffi's callee-allocated ABI) is decided inside
         # the compile, from the execution backend: it is read back from the compiled kernel and
         # stamped on the signature (and named in artifact.json), never re-derived at load time.
-        callee = bool(getattr(kernel.adapter, "_ffi_callee_allocated_output_abi", False))
+        callee = bool(getattr(kernel.adapter, "_ffi_callee_allocated_output_abi", False)) and bool(positions)
         attrs = func.attrs
         if callee:
             attrs = func.with_attr(CALLEE_ALLOCATED_OUTPUTS, 1).attrs

@@ -161,10 +161,12 @@ def check_operator(decl: Operator) -> None:
                         hint=f"declare static shapes=[...] for {r.dim}, "
                         "or make the dynamic dim one that is not divided",
                     )
+    _check_mutates(decl, op)
+    compared = [a.name for a in decl.outputs] + list(decl.mutates)
     for key, tol in decl.tolerances.items():
-        if key not in DTYPES and key not in {a.name for a in decl.outputs}:
+        if key not in DTYPES and key not in compared:
             raise DeclarationError(
-                f"{key!r} is neither a dtype nor an output name (outputs: {', '.join(a.name for a in decl.outputs)})",
+                f"{key!r} is neither a dtype nor an output or mutated input name (those: {', '.join(compared)})",
                 operator=op,
                 field=f"tolerances.{key}",
                 hint='key by operator dtype ("float16") or by output name ("mean")',
@@ -180,6 +182,30 @@ def check_operator(decl: Operator) -> None:
         if value is not None and not callable(value):
             raise DeclarationError(f"{name} is not callable", operator=op, field=name, hint=hint)
     _check_factory(decl, op)
+
+
+def _check_mutates(decl: Operator, op: str) -> None:
+    """``mutates`` names tensor inputs, each once; an output or a scalar cannot be updated in place."""
+    if isinstance(decl.mutates, str):
+        raise DeclarationError(f"must be a tuple of input names, got the string {decl.mutates!r}", operator=op,
+                               field="mutates", hint=f'write mutates=("{decl.mutates}",) (note the comma)')
+    inputs = {a.name: a for a in decl.inputs}
+    outputs = {a.name for a in decl.outputs}
+    for name in decl.mutates:
+        f = f"mutates.{name}"
+        if not isinstance(name, str):
+            raise DeclarationError(f"must be an input name, got {type(name).__name__}", operator=op, field="mutates")
+        if name in outputs:
+            raise DeclarationError(f"{name} is an output: the kernel writes outputs anyway", operator=op, field=f,
+                                   hint="name the inputs the kernel updates in place; leave outputs in outputs=")
+        if name not in inputs:
+            raise DeclarationError(f"{name!r} is not an input (inputs: {', '.join(inputs)})", operator=op, field=f,
+                                   hint="list the names of the input tensors the kernel updates in place")
+        if isinstance(inputs[name], ScalarArg):
+            raise DeclarationError(f"{name} is a ScalarArg: a scalar is passed by value and cannot be updated in "
+                                   "place", operator=op, field=f, hint="declare it as a TensorArg")
+    if len(set(decl.mutates)) != len(decl.mutates):
+        raise DeclarationError(f"names an input twice: {list(decl.mutates)}", operator=op, field="mutates")
 
 
 def _check_factory(decl: Operator, op: str) -> None:

@@ -152,7 +152,7 @@ def reconcile_out_idx(op: Any, info: FactoryInfo, func: Any) -> tuple[list[int] 
     n = len(func.params)
     attr = kernel_out_idx(func)
     own = attr
-    declared = op.out_idx if op.outputs else None
+    declared = None if op.infers_outputs else op.out_idx
     if info.decorator_out_idx is not None:
         raw = info.decorator_out_idx
         deco = sorted(int(i) % n for i in ([raw] if isinstance(raw, int) else raw))

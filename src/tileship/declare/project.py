@@ -152,7 +152,7 @@ def load_operators(project: Project) -> dict[str, Operator]:
             if op.module != mod_name:  # re-exported: build workers look it up where it was found
                 op = dataclasses.replace(op, module=mod_name)
             op.check()
-            if not op.outputs:
+            if op.infers_outputs:
                 op = infer_outputs(op)
             if op.name in ops and ops[op.name] != op:
                 raise DeclarationError(f"operator name declared twice (second in {mod_name})",

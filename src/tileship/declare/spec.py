@@ -6,8 +6,10 @@ points and/or ``T.dynamic`` ranges), dtypes, tolerances and targets. Nothing her
 TileLang or torch: declarations are checked, hashed and expanded into ``Specialization``
 values without either.
 
-Call convention: ``op(*inputs) -> output`` (or a tuple when several outputs). The factory's
-prim_func takes ``inputs + outputs`` in declaration order, so ``out_idx`` is the tail.
+Call convention: ``op(*inputs) -> output`` (or a tuple when several outputs; None when none). The
+factory's prim_func takes ``inputs + outputs`` in declaration order, so ``out_idx`` is the tail.
+Inputs named in ``mutates`` are updated in place by the kernel and the reference alike (a KV-cache
+append): ordinary caller-owned buffers, never allocated by the kernel; ``docs/declaring.md``.
 
 Each tensor has its own dtype (``"same"``: the operator dtype of the specialization, or a
 literal such as ``"int32"``) and its dims may be derived from a base dim (``"K/8"``); see
@@ -77,6 +79,9 @@ class Operator:
     #: shape: a list of dicts, a ``Space(...)``, or ``"factory"`` (the factory's ``@autotune`` configs).
     #: ``tileship tune`` picks the winner per shape bucket on the target GPU (``tileship.declare.candidates``)
     candidates: Any = ()
+    #: input names the kernel (and the reference) update in place, e.g. ``("k_cache", "v_cache")``; an
+    #: operator that mutates inputs may declare no outputs (its outputs are then not read from the kernel)
+    mutates: tuple[str, ...] = ()
     #: the module declaring this operator, where build workers look it up (default: the module
     #: the ``Operator(...)`` call runs in; ``load_operators`` sets the one it found it in)
     module: str | None = field(default=None, compare=False)
@@ -111,6 +116,12 @@ class Operator:
                 except ValueError:
                     seen.setdefault(d)
         return tuple(seen)
+
+    @property
+    def infers_outputs(self) -> bool:
+        """True when ``outputs`` is omitted and read from the kernel's ``T.empty`` tensors; an operator
+        that mutates inputs and declares no outputs has none."""
+        return not self.outputs and not self.mutates
 
     @property
     def out_idx(self) -> list[int]:
@@ -184,6 +195,8 @@ def describe(op: Operator) -> dict[str, Any]:
                               if k not in DTYPES},
         "tensor_dtypes": {a.name: a.dtype for a in op.inputs + op.outputs},
         "scalars": [a.name for a in op.inputs if isinstance(a, ScalarArg)],
+        # only operators that mutate inputs carry the key: the description (and the lock) of the others is unchanged
+        **({"mutates": list(op.mutates)} if op.mutates else {}),
         "factory": info.qualname,
         "factory_info": info.to_json(),
         "module": op.module,

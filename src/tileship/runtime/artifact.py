@@ -21,7 +21,8 @@ fence for whatever else imports TileLang.
 The kernel objects expose what the fast launcher (``runtime.launch``) reads: ``adapter``
 (themselves), ``params``, ``result_idx``, ``dynamic_symbolic_map``, ``lib`` (cython) or
 ``_get_executable()`` and ``_ffi_callee_allocated_output_abi`` (tvm_ffi). Calling one directly
-(``kernel(*inputs)``) allocates the outputs and returns them, as TileLang's kernel does.
+(``kernel(*inputs)``) allocates the outputs and returns them, as TileLang's kernel does (None for a
+kernel without outputs: one that only updates inputs in place, passed as ordinary buffers).
 
 Raises ``ArtifactLoadError`` naming the specialization; never compiles.
 """
@@ -132,7 +133,10 @@ class _Kernel:
                              f"{tuple(str(d) for d in shape)}")
 
     def _outputs(self, slots: list[Any]) -> Any:
+        """The output, a list of several, or None for a kernel with none (it updates inputs in place)."""
         outs = [slots[i] for i in self.result_idx]
+        if not outs:
+            return None
         return outs[0] if len(outs) == 1 else outs
 
 

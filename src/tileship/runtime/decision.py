@@ -67,6 +67,9 @@ class OpShape:
     #: (the fast launcher and an up-front ``out=`` check then have no shapes to go by)
     outputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
     out_dtypes: tuple[str, ...] = ()
+    #: positions of the inputs the operator updates in place (``Operator.mutates``): the kernel and
+    #: the reference both write them; with no outputs declared the operator returns None
+    mutates: tuple[int, ...] = ()
 
     def input_dtypes(self, op_dtype: str) -> list[str]:
         """Each input's dtype name in a specialization of ``op_dtype``."""

@@ -34,6 +34,11 @@ Reasons (``Decision.reason``):
     not_selected         a candidate that tuning did not pick for this shape (another one serves it)
     disabled_by_policy   an operator switched this specialization (or the release) off
     circuit_open         the kernel raised or returned non-finite values at serve time
+
+An operator that updates inputs in place (``Operator.mutates``, e.g. a KV-cache append) is
+dispatched the same way: the kernel and the reference both write the caller's tensors (the
+reference serves non-contiguous or misaligned ones, writing through the view), and one with no
+declared outputs returns None on either path.
 """
 
 from __future__ import annotations
@@ -74,7 +79,8 @@ class OpRunner:
     Circuit breaker: a kernel that raises is disabled (``circuit_open``) and the reference
     answers. With ``check_finite`` on, a kernel output holding NaN/Inf is recomputed by the
     reference; when the reference's is finite, the specialization is disabled the same way
-    and the reference's answer returned (the wrong one never is). Off by default: the check
+    and the reference's answer returned (the wrong one never is); inputs updated in place
+    (``OpShape.mutates``) are not checked. Off by default: the check
     costs a device sync per call; when off the call path is unchanged. ``on_fault(entry,
     reason, detail)`` is called (synchronously, exceptions logged and swallowed) each time a
     specialization is disabled that way; ``fault_args()`` gives the failing call's arguments.
@@ -295,7 +301,8 @@ class OpRunner:
             entry = Entry(entry.spec, None, Decision(REFERENCE, reason, entry.decision.spec_id),
                           detail=f"{dev} has another capability")
         sizes = {d: v for d, v in (entry.spec.dims if entry.spec else ()) if isinstance(v, int)}
-        outs = rt.expected_outputs(self.shape.outputs, self.shape.out_dtypes, self._tdtypes, args, {**sizes, **bound})
+        outs = (() if self.shape.mutates and not self.shape.outputs else  # updates inputs in place, returns None
+                rt.expected_outputs(self.shape.outputs, self.shape.out_dtypes, self._tdtypes, args, {**sizes, **bound}))
         launcher = resolve_launcher(entry.kernel, outs, full, dev) if entry.kernel is not None else None
         if launcher is not None and launcher.fn is None:
             _log.info("%s: TileLang's adapter serves %s (%s)", self.name, entry.decision.spec_id, launcher.why)

@@ -5,7 +5,8 @@ dtypes, shapes): count the arguments, walk the parameters to place inputs and ou
 resolve every symbolic dim from the tensors, pick the device and the stream, and (the
 ``cython`` backend) build ``ctypes`` objects. ``resolve`` does that work once per key and
 returns a launcher ``launch(args, out) -> output`` that only allocates the outputs (torch's
-caching allocator, or the caller's ``out`` tensors) and calls the compiled function:
+caching allocator, or the caller's ``out`` tensors) and calls the compiled function (a kernel
+with no outputs, one that only updates inputs in place, returns None):
 
     tvm_ffi  the module's entry function, torch tensors passed straight through (TVM-FFI reads
              torch's current stream of the tensors' device through the DLPack exchange API).
@@ -135,14 +136,14 @@ def _tvm_ffi(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], device: 
         def tail(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
             o = out if out is not None else [empty(s, dtype=d, device=device) for s, d in shapes]
             fn(*args, *o)
-            return o[0] if single else list(o)
+            return o[0] if single else (list(o) or None)
 
         return Launcher(tail, kind="tvm_ffi")
 
     def placed(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
         o = out if out is not None else [empty(s, dtype=d, device=device) for s, d in shapes]
         fn(*[(o[j] if is_out else args[j]) for is_out, j in places])
-        return o[0] if single else list(o)
+        return o[0] if single else (list(o) or None)
 
     return Launcher(placed, kind="tvm_ffi")
 
@@ -206,7 +207,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
             rc = fn(*[(o[j] if is_out else args[j]).data_ptr() for is_out, j in places], *tail_args)
         if rc != 0:
             raise failed(rc)
-        return o[0] if single else list(o)
+        return o[0] if single else (list(o) or None)
 
     return Launcher(launch, kind="ctypes")
 

@@ -226,9 +226,11 @@ def op_shape(desc: dict[str, Any], name: str) -> OpShape:
     inputs = tuple((n, tuple(d)) for n, d, *_ in desc["inputs"])
     outputs = tuple((str(n), tuple(str(d) for d in dims)) for n, dims, *_ in desc["outputs"])
     scalars = set(desc.get("scalars") or ())
+    mutates = set(desc.get("mutates") or ())
     return OpShape(name, inputs, len(desc["outputs"]), tuple(exprs.get(n, "same") for n, _ in inputs),
                    tuple(i for i, (n, _) in enumerate(inputs) if n in scalars), outputs=outputs,
-                   out_dtypes=tuple(exprs.get(n, "same") for n, _ in outputs))
+                   out_dtypes=tuple(exprs.get(n, "same") for n, _ in outputs),
+                   mutates=tuple(i for i, (n, _) in enumerate(inputs) if n in mutates))
 
 
 __all__ = ["load", "load_artifact", "BundleIntegrityError"]

@@ -162,9 +162,11 @@ def misaligned(tensors: Sequence[Any]) -> bool:
 
 
 def all_finite(out: Any) -> bool:
-    """True when no floating output holds NaN/Inf (a device sync on CUDA)."""
+    """True when no floating output holds NaN/Inf (a device sync on CUDA); True for None (no outputs)."""
     import torch
 
+    if out is None:
+        return True
     for t in out if isinstance(out, (tuple, list)) else (out,):
         if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
             return False

@@ -128,6 +128,7 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
 
     from tileship.declare.inputs import sample_points
     from tileship.declare.spec import Tolerance, tensor_tolerance
+    from tileship.verify.mutated import OnClones, mutated_positions
 
     t0 = time.perf_counter()
     report = WarmReport()
@@ -141,14 +142,15 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
             dims = sample_points(spec, limit=limit)[-1]
             args = runner.sample_inputs(dims, spec.dtype, device, seed)
             problem = None
+            decl = release.declarations[name]
+            mut = mutated_positions(decl)  # inputs updated in place: each path on its own clones, compared whole
             try:
-                out = entry.kernel(*args)  # type: ignore[misc]
-                outs = out if isinstance(out, (tuple, list)) else (out,)
-                refs = runner.reference(*args)
-                refs = refs if isinstance(refs, (tuple, list)) else (refs,)
+                outs = OnClones(entry.kernel, mut)(*args)  # type: ignore[arg-type]
+                refs = OnClones(runner.reference, mut)(*args)
                 if device == "cuda":
                     torch.cuda.synchronize()
-                for (o_name, *_), o, r in zip(release.declarations[name]["outputs"], outs, refs, strict=True):
+                names = [n for n, *_ in decl["outputs"]] + [decl["inputs"][i][0] for i in mut]
+                for o_name, o, r in zip(names, outs, refs, strict=True):
                     t = tensor_tolerance(release.declarations[name], o_name, spec.dtype) if tol else Tolerance(0.0, 0.0)
                     problem = problem or disagreement(o, r, t.atol, t.rtol)
             except Exception as exc:

@@ -10,10 +10,15 @@ device of the first input), so ``torch.compile(..., fullgraph=True)`` traces
 through without running anything and without guarding on sizes: shapes the release does
 not cover are a runtime decision of the dispatcher, not a recompilation.
 
-Each operator also gets an ``out=`` form, ``torch.ops.tileship_<release id>.<operator>_out(...,
-out)`` (``ops.out("gemm")``), a custom op that mutates ``out`` (one tensor, or a list for several
-outputs) and returns nothing: ``OpRunner.call(..., out=out)``, so a wrong ``out`` is a CallError
-naming it and either path writes into it.
+An operator that updates inputs in place (``mutates``) declares them in its schema (``Tensor(a!)``)
+and in ``mutates_args``, and returns None when it has no outputs: ``torch.compile`` functionalizes
+the call and writes the results back into the caller's tensors.
+
+Each operator (with outputs, updating no input in place) also gets an ``out=`` form,
+``torch.ops.tileship_<release id>.<operator>_out(..., out)`` (``ops.out("gemm")``), a custom op
+that mutates ``out`` (one tensor, or a list for several outputs) and returns nothing:
+``OpRunner.call(..., out=out)``, so a wrong ``out`` is a CallError naming it and either path writes
+into it.
 
 Registering the same release id again (a second ``load`` in the process) rebinds the
 existing ops to the newly loaded release; another release gets its own namespace, so two
@@ -118,8 +123,8 @@ def register(release: Release) -> TorchOps:
                 exprs = decl.get("tensor_dtypes") or {}
                 ops[name] = _define(ns, name, decl["inputs"], decl["outputs"],
                                     {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]},
-                                    decl.get("scalars") or ())
-                if f"{name}_out" not in release.ops:
+                                    decl.get("scalars") or (), decl.get("mutates") or ())
+                if f"{name}_out" not in release.ops and decl["outputs"] and not decl.get("mutates"):
                     out_ops[name] = _define_out(ns, name, decl["inputs"], len(decl["outputs"]),
                                                 exprs, decl.get("scalars") or ())
         torch_ops = TorchOps(release.release_id, release.kernel_revision, ns, ops, out_ops)
@@ -133,17 +138,21 @@ def registered(release_id: str) -> TorchOps | None:
 
 
 def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequence[Sequence[Any]],
-            dtypes: Mapping[str, str] | None = None, scalars: Sequence[str] = ()) -> Any:
+            dtypes: Mapping[str, str] | None = None, scalars: Sequence[str] = (), mutates: Sequence[str] = ()) -> Any:
+    """The custom op of one operator; inputs in ``mutates`` are ``Tensor(x!)`` in its schema (each its own
+    alias set) and in ``mutates_args``, so functionalization under ``torch.compile`` keeps the writes."""
     qual = f"{ns}::{name}"
+    marks = {n: chr(ord("a") + i) for i, n in enumerate(mutates)}
     dtypes = dtypes or {}
     in_decl = tuple((str(n), tuple(str(d) for d in dims), dtypes.get(str(n), SAME)) for n, dims, *_ in inputs)
     out_dims = tuple(tuple(str(d) for d in dims) for _, dims, *_ in outputs)
     out_dtypes = tuple(dtypes.get(str(n), SAME) for n, *_ in outputs)
-    args = ", ".join(f"{_schema_type(dt) if n in scalars else 'Tensor'} {n}" for n, _, dt in in_decl)
+    args = ", ".join(f"{_schema_type(dt) if n in scalars else f'Tensor({marks[n]}!)' if n in marks else 'Tensor'} {n}"
+                     for n, _, dt in in_decl)
     in_decl = tuple((n, ds, dt) for n, ds, dt in in_decl if n not in scalars)
     pick = [i for i, (n, *_) in enumerate(inputs) if n not in scalars]
     ret = "Tensor" if len(out_dims) == 1 else "(" + ", ".join("Tensor" for _ in out_dims) + ")"
-    op = torch.library.custom_op(qual, _implementation(qual, len(out_dims)), mutates_args=(),
+    op = torch.library.custom_op(qual, _implementation(qual, len(out_dims)), mutates_args=tuple(mutates),
                                  schema=f"({args}) -> {ret}")
     fake = _fake(name, in_decl, out_dims, out_dtypes)
     op.register_fake(fake if not scalars else lambda *a: fake(*(a[i] for i in pick)))
@@ -181,6 +190,8 @@ def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
                             "cannot do",
                             operator=runner.name, hint="turn check_finite off for the runners of a model you capture")
         out, _ = runner.call(*args)
+        if n_outputs == 0:  # an operator that only updates inputs in place
+            return None
         if n_outputs == 1:
             # compiled graphs assume the fake's contiguous layout; a reference (SDPA's flash
             # path, for one) may return another layout
@@ -219,6 +230,8 @@ def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outpu
         outs = tuple(args[0].new_empty(tuple(DimExpr.parse(d).apply(sizes[DimExpr.parse(d).base]) for d in dims),
                                        dtype=same if dt == SAME else getattr(torch, dt))
                      for dims, dt in zip(outputs, out_dtypes or (SAME,) * len(outputs), strict=True))
+        if not outs:
+            return None
         return outs[0] if len(outs) == 1 else outs
 
     return fake

@@ -63,12 +63,14 @@ def poison_mask(t: Any) -> Any:
 
 
 def poisoned_call(kernel: Callable[..., Any], args: Sequence[Any],
-                  outputs: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[list[Any], bool]:
+                  outputs: Sequence[tuple[tuple[int, ...], Any]], *, mutated: int = 0) -> tuple[list[Any], bool]:
     """Run ``kernel(*args)`` with every output it allocates pre-filled with the poison.
 
     ``outputs``: (shape, torch dtype) of each output, for the CUDA allocator. Returns the
-    outputs and whether each was confirmed to be a poisoned block. Raises what the kernel
-    raises; on CUDA synchronizes, so a launch error surfaces here.
+    outputs (``[]`` for a kernel returning None) and whether each was confirmed to be a poisoned
+    block; the last ``mutated`` results are inputs updated in place (``verify.mutated.OnClones``),
+    caller-owned, so not checked. Raises what the kernel raises; on CUDA synchronizes, so a launch
+    error surfaces here.
     """
     import torch
 
@@ -98,9 +100,9 @@ def poisoned_call(kernel: Callable[..., Any], args: Sequence[Any],
         torch.empty = real_empty
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    outs = list(result) if isinstance(result, (list, tuple)) else [result]
+    outs = [] if result is None else list(result) if isinstance(result, (list, tuple)) else [result]
     ours = {t.data_ptr() for t in made} | handed_back
-    return outs, all(o.data_ptr() in ours for o in outs)
+    return outs, all(o.data_ptr() in ours for o in outs[:len(outs) - mutated])
 
 
 def check_output(out: Any, ref: Any, *, atol: float, rtol: float) -> Check:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tileship.declare.inputs import sample_points
 from tileship.declare.spec import tensor_tolerance
 from tileship.runtime.dispatch import Release
 from tileship.verify.compare import disagreement
+from tileship.verify.mutated import OnClones, mutated_positions
+
+
+def _take(call: Any, decisions: list[Any], *args: Any) -> Any:
+    """The output of ``call(*args)`` (``OpRunner.call``: output, decision), the decision kept in ``decisions``."""
+    out, decision = call(*args)
+    decisions.append(decision)
+    return out
 
 
 def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict[str, Any]]:
@@ -33,13 +42,15 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
                                  "reason": "no GPU here: " + entry.decision.reason, "err": "-", "ok": None})
                     continue
                 args = runner.sample_inputs(dims, spec.dtype, device, seed)
-                out, d = runner.call(*args)
-                outs = out if isinstance(out, (tuple, list)) else (out,)
-                ref = runner.reference(*[a.double() if torch.is_tensor(a) and a.is_floating_point() else a
-                                         for a in args])
-                refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+                mut = mutated_positions(decl)  # inputs updated in place: compared whole, each path on clones
+                decisions: list[Any] = []
+                outs = OnClones(functools.partial(_take, runner.call, decisions), mut)(*args)
+                d = decisions[0]
+                refs = OnClones(runner.reference, mut)(*[a.double() if torch.is_tensor(a) and a.is_floating_point()
+                                                         else a for a in args])
                 ok, worst = True, 0.0
-                for (o_name, *_), o, r in zip(decl["outputs"], outs, refs, strict=True):
+                names = [n for n, *_ in decl["outputs"]] + [decl["inputs"][i][0] for i in mut]
+                for o_name, o, r in zip(names, outs, refs, strict=True):
                     t = tensor_tolerance(decl, o_name, spec.dtype)
                     worst = max(worst, float((o.double() - r.double()).abs().max()) if o.numel() else 0.0)
                     ok = ok and disagreement(o, r, t.atol, t.rtol) is None

@@ -48,6 +48,7 @@ from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import bundle
 from tileship.release import evidence as ev_mod
 from tileship.verify.compare import Check, check_output, poisoned_call
+from tileship.verify.mutated import OnClones, mutated_positions
 from tileship.verify.results import PointResult, SpecVerdict, VerifyResult
 from tileship.verify.timing import NOISE_FLOOR, Timing, _stats, measure, rotation_sets
 
@@ -110,7 +111,7 @@ def _reference_in(reference: Callable[..., Any], args: Sequence[Any], dtype: str
     up = [a.to(getattr(torch, dtype)) if dtype is not None and torch.is_tensor(a) and a.dtype.is_floating_point
           else a for a in args]
     out = reference(*up)
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    return [] if out is None else list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any],
@@ -122,7 +123,9 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
 
     Each output is poisoned, compared and sized with its own dtype; its tolerance is, in order:
     ``tolerance``, the ``options`` override for the operator dtype, the declared per-output
-    override, the declared one of the operator dtype. ``sample`` (the operator's hook) makes the inputs."""
+    override, the declared one of the operator dtype. ``sample`` (the operator's hook) makes the inputs.
+    Inputs the operator updates in place (``mutates``) are compared whole after the outputs, kernel and
+    reference each run on their own clones of them (``verify.mutated``); timing runs both in place."""
     import torch
 
     device = Target(spec.target).device_type
@@ -131,6 +134,10 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     in_dtypes = tensor_dtypes(desc, "inputs", spec.dtype)
     scalars = [i for i, (n, _) in enumerate(inputs) if n in set(desc.get("scalars") or ())]
     out_dtypes = [getattr(torch, n) for n in tensor_dtypes(desc, "outputs", spec.dtype)]
+    mut = mutated_positions(desc)
+    outputs += [inputs[i] for i in mut]
+    out_dtypes += [getattr(torch, in_dtypes[i]) for i in mut]
+    kernel_v, reference_v = (OnClones(kernel, mut), OnClones(reference, mut)) if mut else (kernel, reference)
     override = options.tolerances.get(spec.op, {}).get(spec.dtype)
     tol = tolerance or override or tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"},
                                                     "", spec.dtype)
@@ -147,6 +154,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
         failure = None
         first_args: list[Any] | None = None
         out_specs = [(shape_at(ds, dims), odt) for (_, ds), odt in zip(outputs, out_dtypes, strict=True)]
+        out_specs = out_specs[:len(out_specs) - len(mut)]  # what the kernel allocates
         for base in options.seeds:
             seed = point_seed(base, spec.id, dims)
             try:
@@ -157,20 +165,20 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 break
             first_args = first_args or args
             try:
-                outs, ok_poison = poisoned_call(kernel, args, out_specs)
+                outs, ok_poison = poisoned_call(kernel_v, args, out_specs, mutated=len(mut))
             except Exception as exc:  # noqa: BLE001 -- a kernel that raises fails verification; the message is the evidence
                 failure = f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
             confirmed = confirmed and ok_poison
             try:
                 try:
-                    refs = _reference_in(reference, args, ref_dtype)
+                    refs = _reference_in(reference_v, args, ref_dtype)
                 except (RuntimeError, NotImplementedError, TypeError):
                     if ref_dtype == "float32":
                         raise
                     ref_dtype = "float32"  # e.g. no float64 implementation on this device
-                    refs = _reference_in(reference, args, ref_dtype)
-                native = _reference_in(reference, args, None)
+                    refs = _reference_in(reference_v, args, ref_dtype)
+                native = _reference_in(reference_v, args, None)
             except Exception as exc:  # noqa: BLE001 -- a reference that raises cannot vouch for the kernel
                 failure = f"reference raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break

@@ -54,3 +54,9 @@ def gqa_decode(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
     b, s, hq, hkv, d = dims["B"], dims["S"], dims["HQ"], dims["HKV"], dims["D"]
     size = ITEMSIZE[dtype]
     return 4.0 * b * hq * s * d, float(2 * b * s * hkv * d * size + 2 * b * hq * d * size + 4 * b)
+
+
+def kv_append(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
+    """A copy (no flops): the new K and V rows read once and written once into the cache, and the positions."""
+    b, hkv, d = dims["B"], dims["HKV"], dims["D"]
+    return 0.0, float(4 * b * hkv * d * ITEMSIZE[dtype] + 4 * b)

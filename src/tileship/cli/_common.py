@@ -1,11 +1,12 @@
-"""Shared CLI helpers: project resolution, error printing."""
+"""Shared CLI helpers: project resolution, error printing, the options several commands take."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -15,6 +16,44 @@ from tileship.errors import TileshipError
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``--project``: the project a command reads (``tileship.declare.project.find_project``)
+ProjectOption = Annotated[Path | None, typer.Option(help="tileship.toml / pyproject.toml (default: search from cwd, "
+                                                         "else the built-in catalog)")]
+#: ``--out`` and ``--jobs`` of the commands that build (``build``, ``promote``)
+BuildOutOption = Annotated[Path | None, typer.Option("--out", "-o", help="releases are written to OUT/<release id> "
+                                                                         "(default .tileship/builds)")]
+JobsOption = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles")]
+#: the release directory that ``verify``, ``tune`` and ``explain`` read their evidence from
+ReleaseDir = Annotated[Path, typer.Argument(help="release directory")]
+#: ``--limit``: how far ``verify`` and ``tune`` go into a ``T.dynamic`` range
+LimitOption = Annotated[int | None, typer.Option(help="cap on T.dynamic sizes (default: up to the declared maximum)")]
+#: ``--verifier-key``: who signs the evidence ``verify`` and ``tune`` write
+VerifierKeyOption = Annotated[Path | None, typer.Option(help="ed25519 private key of the verifier role that signs the "
+                                                             "evidence (default: $TILESHIP_VERIFIER_KEY; none: "
+                                                             "unsigned)")]
+
+
+class Device(StrEnum):
+    """``--device``: which specializations a command runs on this machine."""
+
+    all = "all"
+    cuda = "cuda"
+    cpu = "cpu"
+
+    def devices(self) -> tuple[str, ...]:
+        return ("cuda", "cpu") if self is Device.all else (self.value,)
+
+
+def parse_seeds(seeds: str) -> tuple[int, ...]:
+    """``--seeds 0,1,2`` -> (0, 1, 2). Raises BadParameter on a non-integer or an empty list."""
+    try:
+        out = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{seeds!r}: expected comma-separated integers", param_hint="--seeds") from None
+    if not out:
+        raise typer.BadParameter("at least one seed is needed", param_hint="--seeds")
+    return out
 
 
 def handle_errors(fn: F) -> F:

@@ -5,7 +5,15 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, default_out, handle_errors, resolve_project
+from tileship.cli._common import (
+    BuildOutOption,
+    JobsOption,
+    ProjectOption,
+    console,
+    default_out,
+    handle_errors,
+    resolve_project,
+)
 
 
 def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float, sign: Path | None,
@@ -70,11 +78,9 @@ def register(app: typer.Typer) -> None:
     @app.command("build")
     @handle_errors
     def build_cmd(
-        project: Path | None = typer.Option(None, help="project file (default: search from cwd, else the built-in "
-                                            "catalog)"),
-        out: Path | None = typer.Option(None, "--out", "-o",
-                                        help="releases are written to OUT/<release id> (default .tileship/builds)"),
-        jobs: int = typer.Option(os.cpu_count() or 1, "--jobs", "-j", help="parallel compiles"),
+        project: ProjectOption = None,
+        out: BuildOutOption = None,
+        jobs: JobsOption = os.cpu_count() or 1,
         timeout: float = typer.Option(300.0, help="seconds before one specialization's compile is killed"),
         sign: Path | None = typer.Option(None, help="ed25519 private key (PEM) to sign the manifest with"),
         image_digest: str | None = typer.Option(None, help="container image digest to pin, sha256:<hex>"),

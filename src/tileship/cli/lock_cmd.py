@@ -4,15 +4,14 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, handle_errors, resolve_project
+from tileship.cli._common import ProjectOption, console, handle_errors, resolve_project
 
 
 def register(app: typer.Typer) -> None:
     @app.command("lock")
     @handle_errors
     def lock(
-        project: Path | None = typer.Option(None, help="tileship.toml / pyproject.toml (default: search from cwd, "
-                                            "else the built-in catalog)"),
+        project: ProjectOption = None,
         out: Path = typer.Option(Path("tileship.lock"), "--out", "-o", help="where to write the lock"),
         image_digest: str | None = typer.Option(None, help="container image digest, sha256:<hex>"),
     ) -> None:

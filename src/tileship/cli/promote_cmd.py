@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from tileship.cli._common import console, default_out, handle_errors
+from tileship.cli._common import BuildOutOption, JobsOption, ProjectOption, console, default_out, handle_errors
 
 EXIT_ROLLED_BACK = 3
 
@@ -34,10 +34,9 @@ def say_decision(d: dict[str, Any]) -> None:
 @handle_errors
 def promote_cmd(
     release: Path | None = typer.Argument(None, help="a built release directory (default: build the project first)"),
-    project: Path | None = typer.Option(None, help="project file to build (default: search from cwd, else the "
-                                                   "built-in catalog)"),
-    out: Path | None = typer.Option(None, "--out", "-o", help="build into OUT/<release id> (default .tileship/builds)"),
-    jobs: int = typer.Option(os.cpu_count() or 1, "--jobs", "-j", help="parallel compiles"),
+    project: ProjectOption = None,
+    out: BuildOutOption = None,
+    jobs: JobsOption = os.cpu_count() or 1,
     registry: Path | None = typer.Option(None, "--registry", help="registry directory (default: $TILESHIP_HOME/"
                                                                   "registry)"),
     server: str | None = typer.Option(None, help="URL of a running `tileship serve` (http://127.0.0.1:PORT): "

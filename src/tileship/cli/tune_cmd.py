@@ -3,27 +3,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
-from tileship.cli._common import console, handle_errors
+from tileship.cli._common import Device, LimitOption, ReleaseDir, VerifierKeyOption, console, handle_errors, parse_seeds
 
 
 @handle_errors
 def tune_cmd(
-    release: Path = typer.Argument(..., help="release directory"),
+    release: ReleaseDir,
     seeds: str = typer.Option("0,1", help="comma-separated base seeds for the correctness check"),
-    limit: int | None = typer.Option(None, help="cap on T.dynamic sizes (default: up to the declared maximum)"),
+    limit: LimitOption = None,
     budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run of one path"),
     rounds: int = typer.Option(5, help="timing rounds per bucket (their spread is the noise band)"),
     flush: bool = typer.Option(True, help="overwrite a cache-sized buffer before every timing sample"),
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
-    device: str = typer.Option("all", help="tune cuda, cpu or all groups this machine can run"),
+    device: Device = typer.Option(Device.all, help="tune cuda, cpu or all groups this machine can run"),
     only: list[str] = typer.Option([], help="operator name or group id (repeatable; default all)"),
-    verifier_key: Path | None = typer.Option(None, help="ed25519 private key of the verifier role that signs the "
-                                                          "evidence (default: $TILESHIP_VERIFIER_KEY; none: "
-                                                          "unsigned)"),
+    verifier_key: VerifierKeyOption = None,
 ) -> None:
     """Tune a release on this machine: per shape bucket, verify every candidate (poisoned outputs,
     float64 reference), time the passing ones and the reference as served (CUDA events, L2 flushed
@@ -32,18 +28,17 @@ def tune_cmd(
     (release id unchanged; a signature is removed: re-sign). Exit 1: nothing could be tuned."""
     from tileship.verify.tune import TuneOptions, tune_release
 
-    if device not in ("all", "cuda", "cpu"):
-        raise typer.BadParameter(f"{device!r}: use cuda, cpu or all", param_hint="--device")
+    seed_list = parse_seeds(seeds)
+    if rounds < 2:
+        raise typer.BadParameter("two rounds at least are needed (the noise band is their spread)",
+                                 param_hint="--rounds")
     try:
-        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
         extra: dict[str, list[int]] = {}
         for b in bucket:
             op, size = b.split("=", 1)
             extra.setdefault(op, []).append(int(size))
     except ValueError:
-        raise typer.BadParameter("expected integers: --seeds 0,1 and --bucket OP=SIZE") from None
-    if not seed_list or rounds < 2:
-        raise typer.BadParameter("at least one seed and two rounds are needed (the noise band is their spread)")
+        raise typer.BadParameter("expected OP=SIZE with an integer SIZE", param_hint="--bucket") from None
 
     def progress(gid: str, group: dict) -> None:
         for p in group["points"]:
@@ -61,7 +56,7 @@ def tune_cmd(
         rounds=rounds,
         flush=flush,
         buckets=extra,
-        devices=("cuda", "cpu") if device == "all" else (device,),
+        devices=device.devices(),
         only=tuple(only),
         on_group=progress,
     )
@@ -78,7 +73,7 @@ def tune_cmd(
 
 @handle_errors
 def explain_cmd(
-    release: Path = typer.Argument(..., help="release directory"),
+    release: ReleaseDir,
     op: str = typer.Argument(..., help="operator name"),
     dims: list[str] = typer.Argument(..., help="DIM=SIZE for every dim, e.g. M=16 N=4096 K=4096"),
     dtype: str | None = typer.Option(None, help="operator dtype (default: each declared one)"),

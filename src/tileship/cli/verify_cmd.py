@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, handle_errors
+from tileship.cli._common import Device, LimitOption, ReleaseDir, VerifierKeyOption, console, handle_errors, parse_seeds
 
 
 def parse_tolerances(values: list[str]) -> dict[str, dict[str, object]]:
@@ -35,9 +35,9 @@ def _fmt(v: float | None, spec: str = ".2e") -> str:
 
 @handle_errors
 def verify_cmd(
-    release: Path = typer.Argument(..., help="release directory"),
+    release: ReleaseDir,
     seeds: str = typer.Option("0,1,2", help="comma-separated base seeds; each shape gets fresh inputs per seed"),
-    limit: int | None = typer.Option(None, help="cap on T.dynamic sizes (default: up to the declared maximum)"),
+    limit: LimitOption = None,
     grid: int = typer.Option(4, help="ratio between verified T.dynamic sizes besides the edges; 0: edge sizes only"),
     timing: bool = typer.Option(True, help="time kernel vs reference (needed for routing by speed)"),
     budget_ms: float = typer.Option(100.0, help="measured milliseconds per timing run (each path is timed twice)"),
@@ -47,13 +47,11 @@ def verify_cmd(
                                         help="precision of the reference the kernel is compared with: float64 or "
                                              "float32"),
     tolerance: list[str] = typer.Option([], help="override a declared tolerance: OP:DTYPE=ATOL,RTOL (repeatable)"),
-    device: str = typer.Option("all", help="verify cuda, cpu or all specializations this machine can run"),
+    device: Device = typer.Option(Device.all, help="verify cuda, cpu or all specializations this machine can run"),
     only: list[str] = typer.Option([], help="operator name or specialization id (repeatable; default all)"),
     strict_poison: bool = typer.Option(True, help="fail a run whose outputs could not be confirmed poisoned"),
     json_out: Path | None = typer.Option(None, help="also write the evidence JSON here"),
-    verifier_key: Path | None = typer.Option(None, help="ed25519 private key of the verifier role that signs the "
-                                                          "evidence (default: $TILESHIP_VERIFIER_KEY; none: "
-                                                          "unsigned)"),
+    verifier_key: VerifierKeyOption = None,
 ) -> None:
     """Verify a release on this machine's GPU (and CPU): correctness at every declared shape
     against a float64 reference with NaN-poisoned outputs, kernel vs reference timing, and a
@@ -71,14 +69,7 @@ def verify_cmd(
 
     if reference_dtype not in ("float64", "float32"):
         raise typer.BadParameter(f"{reference_dtype!r}: use float64 or float32", param_hint="--reference-dtype")
-    if device not in ("all", "cuda", "cpu"):
-        raise typer.BadParameter(f"{device!r}: use cuda, cpu or all", param_hint="--device")
-    try:
-        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-    except ValueError:
-        raise typer.BadParameter(f"{seeds!r}: expected comma-separated integers", param_hint="--seeds") from None
-    if not seed_list:
-        raise typer.BadParameter("at least one seed is needed", param_hint="--seeds")
+    seed_list = parse_seeds(seeds)
     signed = (release / "manifest.sig").exists()
 
     def progress(spec_id: str, point: object) -> None:
@@ -94,7 +85,7 @@ def verify_cmd(
                          warmup_ms=warmup_ms,
                          max_repeats=max(max_repeats, 5), reference_dtype=reference_dtype,
                          tolerances=parse_tolerances(tolerance),  # type: ignore[arg-type]
-                         devices=("cuda", "cpu") if device == "all" else (device,), only=tuple(only),
+                         devices=device.devices(), only=tuple(only),
                          strict_poison=strict_poison, on_point=progress)
     result = verify(release, opts, verifier_key=verifier_key)
     table = Table(title=f"release {result.release_id}: verification")

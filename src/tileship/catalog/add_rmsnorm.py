@@ -15,13 +15,13 @@ import tilelang.language as T
 import torch
 
 from tileship.catalog import costs
+from tileship.catalog.rmsnorm import EPS, rms_scale
 from tileship.declare.spec import DynamicRange, Operator, TensorArg
-
-EPS = 1e-6
 
 
 def add_rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps: float = EPS) -> Any:
     """One row per block: (y, h) for x, residual [M, N] and w [N]. ``M`` may be ``T.dynamic``."""
+    scale = rms_scale(N, eps, dtype)
 
     @T.prim_func
     def main(X: T.Tensor((M, N), dtype), R: T.Tensor((M, N), dtype), W: T.Tensor((N,), dtype),
@@ -40,13 +40,7 @@ def add_rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps
                 h_tile[i, j] = T.cast(T.cast(h_tile[i, j], "float32") + T.cast(r_tile[i, j], "float32"), dtype)
             T.copy(h_tile, H[row, 0])
             T.copy(h_tile, hf)
-            for i, j in T.Parallel(1, N):
-                sq[i, j] = hf[i, j] * hf[i, j]
-            T.reduce_sum(sq, ss, dim=1)
-            for i in T.Parallel(1):
-                ss[i] = T.rsqrt(ss[i] / N + eps)
-            for i, j in T.Parallel(1, N):
-                r_tile[i, j] = T.cast(hf[i, j] * ss[i] * T.cast(w_tile[j], "float32"), dtype)
+            scale(hf, sq, ss, w_tile, r_tile)  # r_tile, read, now holds y
             T.copy(r_tile, Y[row, 0])
 
     return main

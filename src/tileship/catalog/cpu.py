@@ -6,17 +6,17 @@ import tilelang.language as T
 import torch
 
 from tileship.catalog import costs
+from tileship.catalog.rmsnorm import EPS, rms_norm_reference
 from tileship.declare.spec import DynamicRange, Operator, TensorArg
 
-EPS = 1e-6
 
-
-def vector_add(N: Any, dtype: str = "float32", block: int = 256) -> Any:
-    """C = A + B; ``N`` may be ``T.dynamic``."""
+def vector_add(N: Any, dtype: str = "float32", block: int = 256, threads: int | None = None) -> Any:
+    """C = A + B, ``block`` elements a grid step; ``N`` may be ``T.dynamic``. ``threads``: a CTA's
+    threads on CUDA (``elementwise.add_cuda``); None on the ``"c"`` target."""
 
     @T.prim_func
     def main(A: T.Tensor((N,), dtype), B: T.Tensor((N,), dtype), C: T.Tensor((N,), dtype)):
-        with T.Kernel(T.ceildiv(N, block)) as bx:
+        with T.Kernel(T.ceildiv(N, block), threads=threads) as bx:
             for i in T.Parallel(block):
                 if bx * block + i < N:
                     C[bx * block + i] = A[bx * block + i] + B[bx * block + i]
@@ -42,11 +42,8 @@ def rms_norm_cpu(M: Any, N: int, dtype: str = "float32", eps: float = EPS) -> An
 
 
 def add_reference(a: Any, b: Any) -> Any:
+    """PyTorch's own op."""
     return torch.add(a, b)
-
-
-def rms_norm_cpu_reference(x: Any, w: Any) -> Any:
-    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, EPS)
 
 
 add = Operator(
@@ -66,7 +63,7 @@ add = Operator(
 rmsnorm_cpu = Operator(
     name="rmsnorm_cpu",
     factory=rms_norm_cpu,
-    reference=rms_norm_cpu_reference,
+    reference=rms_norm_reference,
     cost=costs.rmsnorm,
     inputs=(TensorArg("X", ("M", "N")), TensorArg("W", ("N",))),
     outputs=(TensorArg("Y", ("M", "N")),),

@@ -6,16 +6,16 @@ They let a CPU-only machine (CI) build, load and call W4A16 and GQA decode throu
 pipeline (per-tensor dtypes, derived dims, int32 inputs) that the CUDA kernels ship through.
 """
 
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import tilelang.language as T
 
-from tileship.catalog import costs
-from tileship.catalog.add_rmsnorm import EPS, add_rms_norm_reference, add_rms_norm_sample
-from tileship.catalog.gqa_decode import gqa_decode_reference, gqa_decode_sample
-from tileship.catalog.gqa_paged import PAGE, gqa_decode_paged_reference, gqa_decode_paged_sample, gqa_paged
-from tileship.catalog.w4a16 import w4a16_reference, w4a16_sample
-from tileship.declare.spec import Operator, TensorArg, Tolerance
+from tileship.catalog import add_rmsnorm, gqa_decode, gqa_paged, w4a16
+from tileship.catalog.gqa_paged import PAGE
+from tileship.catalog.rmsnorm import EPS
+from tileship.declare.spec import Operator, Tolerance
 
 
 def w4a16_cpu(M: Any, N: int, K: int, dtype: str = "float32") -> Any:
@@ -112,61 +112,20 @@ def add_rms_norm_cpu(M: int, N: int, dtype: str = "float32") -> Any:
     return main
 
 
-w4a16_cpu_op = Operator(
-    name="w4a16_cpu",
-    factory=w4a16_cpu,
-    reference=w4a16_reference,
-    cost=costs.w4a16_linear,
-    inputs=(TensorArg("x", ("M", "K")), TensorArg("qweight", ("N", "K/8"), dtype="int32"),
-            TensorArg("scales", ("N", "K/128"))),
-    outputs=(TensorArg("y", ("M", "N")),),
-    dtypes=("float32",),
-    targets=("c",),
-    shapes=({"M": 1, "N": 64, "K": 256}, {"M": 4, "N": 32, "K": 512}),
-    tolerances={"float32": Tolerance(atol=1e-4, rtol=1e-4)},
-    sample=w4a16_sample,
-)
+def _twin(op: Operator, name: str, factory: Callable[..., Any], shapes: tuple[Mapping[str, int], ...],
+          tol: float) -> Operator:
+    """``op``'s ``"c"``-target twin: its contract, reference, sample hook and cost; ``factory``'s
+    kernel, float32 only, static ``shapes`` only, ``tol`` as both tolerances."""
+    return dataclasses.replace(op, name=name, factory=factory, dtypes=("float32",), targets=("c",), shapes=shapes,
+                               ranges=(), config={}, pass_configs={},
+                               tolerances={"float32": Tolerance(atol=tol, rtol=tol)}, module=__name__)
 
-gqa_decode_cpu_op = Operator(
-    name="gqa_decode_cpu",
-    factory=gqa_decode_cpu,
-    reference=gqa_decode_reference,
-    cost=costs.gqa_decode,
-    inputs=(TensorArg("q", ("B", "HQ", "D")), TensorArg("k_cache", ("B", "S", "HKV", "D")),
-            TensorArg("v_cache", ("B", "S", "HKV", "D")), TensorArg("lengths", ("B",), dtype="int32")),
-    outputs=(TensorArg("o", ("B", "HQ", "D")),),
-    dtypes=("float32",),
-    targets=("c",),
-    shapes=({"B": 2, "S": 64, "HQ": 4, "HKV": 2, "D": 16},),
-    tolerances={"float32": Tolerance(atol=1e-4, rtol=1e-4)},
-    sample=gqa_decode_sample,
-)
 
-add_rmsnorm_cpu_op = Operator(
-    name="add_rmsnorm_cpu",
-    factory=add_rms_norm_cpu,
-    reference=add_rms_norm_reference,
-    cost=costs.add_rmsnorm,
-    inputs=(TensorArg("X", ("M", "N")), TensorArg("residual", ("M", "N")), TensorArg("W", ("N",))),
-    outputs=(TensorArg("Y", ("M", "N")), TensorArg("H", ("M", "N"))),
-    dtypes=("float32",),
-    targets=("c",),
-    shapes=({"M": 1, "N": 256}, {"M": 8, "N": 256}),
-    tolerances={"float32": Tolerance(atol=1e-5, rtol=1e-5)},
-    sample=add_rms_norm_sample,
-)
-
-gqa_decode_paged_cpu_op = Operator(
-    name="gqa_decode_paged_cpu",
-    factory=gqa_decode_paged_cpu,
-    reference=gqa_decode_paged_reference,
-    cost=costs.gqa_decode_paged,
-    inputs=gqa_paged.inputs,
-    outputs=gqa_paged.outputs,
-    dtypes=("float32",),
-    targets=("c",),
-    params={"PAGE": "page"},
-    shapes=({"B": 3, "S": 256, "P": 14, "PAGE": PAGE, "HQ": 4, "HKV": 2, "D": 16},),
-    tolerances={"float32": Tolerance(atol=1e-4, rtol=1e-4)},
-    sample=gqa_decode_paged_sample,
-)
+w4a16_cpu_op = _twin(w4a16.w4a16, "w4a16_cpu", w4a16_cpu, ({"M": 1, "N": 64, "K": 256}, {"M": 4, "N": 32, "K": 512}),
+                     1e-4)
+gqa_decode_cpu_op = _twin(gqa_decode.gqa, "gqa_decode_cpu", gqa_decode_cpu,
+                          ({"B": 2, "S": 64, "HQ": 4, "HKV": 2, "D": 16},), 1e-4)
+add_rmsnorm_cpu_op = _twin(add_rmsnorm.add_rmsnorm, "add_rmsnorm_cpu", add_rms_norm_cpu,
+                           ({"M": 1, "N": 256}, {"M": 8, "N": 256}), 1e-5)
+gqa_decode_paged_cpu_op = _twin(gqa_paged.gqa_paged, "gqa_decode_paged_cpu", gqa_decode_paged_cpu,
+                                ({"B": 3, "S": 256, "P": 14, "PAGE": PAGE, "HQ": 4, "HKV": 2, "D": 16},), 1e-4)

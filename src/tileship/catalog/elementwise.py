@@ -4,41 +4,19 @@
 then times, at N=1024, TileLang's adapter, the tileship kernel path and ``torch.add`` side by side.
 """
 
-from typing import Any
+import dataclasses
 
-import tilelang.language as T
-import torch
+from tileship.catalog import cpu
+from tileship.declare.spec import DynamicRange
 
-from tileship.catalog import costs
-from tileship.declare.spec import DynamicRange, Operator, TensorArg
-
-
-def vector_add_cuda(N: Any, dtype: str = "float16", block: int = 1024, threads: int = 256) -> Any:
-    """C = A + B, ``block`` elements per CTA; ``N`` may be ``T.dynamic``."""
-
-    @T.prim_func
-    def main(A: T.Tensor((N,), dtype), B: T.Tensor((N,), dtype), C: T.Tensor((N,), dtype)):
-        with T.Kernel(T.ceildiv(N, block), threads=threads) as bx:
-            for i in T.Parallel(block):
-                if bx * block + i < N:
-                    C[bx * block + i] = A[bx * block + i] + B[bx * block + i]
-
-    return main
-
-
-def add_reference(a: Any, b: Any) -> Any:
-    """PyTorch's own op."""
-    return torch.add(a, b)
-
-
-add_cuda = Operator(
+#: the CPU catalog's ``add`` (kernel, contract, reference) on CUDA: 1024 elements a CTA of 256 threads
+add_cuda = dataclasses.replace(
+    cpu.add,
     name="add_cuda",
-    factory=vector_add_cuda,
-    reference=add_reference,
-    cost=costs.add,
-    inputs=(TensorArg("A", ("N",)), TensorArg("B", ("N",))),
-    outputs=(TensorArg("C", ("N",)),),
     dtypes=("float16", "float32"),
     targets=("cuda-sm90a",),
+    config={"block": 1024, "threads": 256},
     ranges=(DynamicRange("N", 1, 1 << 26),),
+    shapes=(),
+    module=__name__,
 )

@@ -11,8 +11,27 @@ from tileship.declare.spec import DynamicRange, Operator, TensorArg
 EPS = 1e-6
 
 
+def rms_scale(N: int, eps: float, dtype: str) -> Any:
+    """A macro: ``out = x * rsqrt(mean(x^2) + eps) * w`` for one row, ``x`` held in the fp32 fragment
+    ``xf`` [1, N], ``w`` [N] in shared memory, ``out`` [1, N] in ``dtype``; ``sq`` [1, N] and ``ss`` [1]
+    are fp32 scratch (``ss`` ends as the row's inverse RMS)."""
+
+    @T.macro
+    def scale(xf, sq, ss, w_tile, out):
+        for i, j in T.Parallel(1, N):
+            sq[i, j] = xf[i, j] * xf[i, j]
+        T.reduce_sum(sq, ss, dim=1)
+        for i in T.Parallel(1):
+            ss[i] = T.rsqrt(ss[i] / N + eps)
+        for i, j in T.Parallel(1, N):
+            out[i, j] = T.cast(xf[i, j] * ss[i] * T.cast(w_tile[j], "float32"), dtype)
+
+    return scale
+
+
 def rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps: float = EPS) -> Any:
     """y = x * rsqrt(mean(x^2) + eps) * w, row-wise. ``M`` may be ``T.dynamic``."""
+    scale = rms_scale(N, eps, dtype)
 
     @T.prim_func
     def main(X: T.Tensor((M, N), dtype), W: T.Tensor((N,), dtype), Y: T.Tensor((M, N), dtype)):
@@ -25,13 +44,7 @@ def rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps: fl
             T.copy(X[row, 0], x_tile)
             T.copy(W, w_tile)
             T.copy(x_tile, xf)
-            for i, j in T.Parallel(1, N):
-                sq[i, j] = xf[i, j] * xf[i, j]
-            T.reduce_sum(sq, ss, dim=1)
-            for i in T.Parallel(1):
-                ss[i] = T.rsqrt(ss[i] / N + eps)
-            for i, j in T.Parallel(1, N):
-                x_tile[i, j] = T.cast(xf[i, j] * ss[i] * T.cast(w_tile[j], "float32"), dtype)
+            scale(xf, sq, ss, w_tile, x_tile)
             T.copy(x_tile, Y[row, 0])
 
     return main

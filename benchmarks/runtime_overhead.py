@@ -11,6 +11,7 @@
      reference       tileship's reference path (the dispatcher, then the PyTorch reference)
      torch           PyTorch's own op: the operator's reference called directly (``torch.add``,
                      ``F.rms_norm``), and ``torch.add(out=)`` for an add
+   and, per operator, ``reference - torch``: what the dispatcher adds on the reference route.
    Each round times ``--calls`` back-to-back calls with ``time.perf_counter_ns`` (one device
    sync at the ends on CUDA: a device-bound row shows device time); rows are interleaved and
    their order rotated per round. A row reports the median and the spread (max - min) of its
@@ -63,7 +64,8 @@ def floor_fn(kernel, args, outs):
     import ctypes
 
     adapter = getattr(kernel, "adapter", None)
-    kind = type(adapter).__name__
+    backends = {"tvm_ffi": "TVMFFIKernelAdapter", "cython": "CythonKernelAdapter"}  # runtime.artifact's kernels
+    kind = backends.get(getattr(adapter, "backend", None) or "", type(adapter).__name__)
     idx = list(getattr(adapter, "result_idx", []))
     params, ins = [], iter(args)
     for i in range(len(args) + len(outs)):
@@ -156,7 +158,9 @@ def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
             row = {"spec_id": spec.id, "dims": dims, "launcher": launcher,
                    "rows": {k: {"median_us": round(statistics.median(v), 3), "spread_us": round(max(v) - min(v), 3),
                                 "rounds_us": [round(x, 3) for x in v]} for k, v in per.items()},
-                   "kernel_minus": {k: compare(per["kernel"], per[k]) for k in per if k != "kernel"}}
+                   "kernel_minus": {k: compare(per["kernel"], per[k]) for k in per if k != "kernel"},
+                   # the dispatcher's cost on the reference route: the same reference, through it and direct
+                   "reference_minus_torch": compare(per["reference"], per["torch"])}
             results.append(row)
             break  # one shape per operator
     return results
@@ -248,6 +252,7 @@ def main() -> int:
         for k, v in r["rows"].items():
             vs = "" if k == "kernel" else f"   kernel - {k}: {_fmt(r['kernel_minus'][k])}"
             print(f"  {k:16s} {v['median_us']:9.3f} ({v['spread_us']:.3f}){vs}")
+        print(f"  reference - torch (the dispatcher on the reference route): {_fmt(r['reference_minus_torch'])}")
     if load_rows:
         print(f"\n{'specialization':55s} {'bundle ms':>10s} {'JIT empty ms':>13s} {'JIT warm-cache ms':>18s}")
         for r in load_rows:

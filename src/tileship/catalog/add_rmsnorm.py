@@ -31,8 +31,6 @@ def add_rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps
             r_tile = T.alloc_shared((1, N), dtype)
             w_tile = T.alloc_shared((N,), dtype)
             hf = T.alloc_fragment((1, N), "float32")
-            sq = T.alloc_fragment((1, N), "float32")
-            ss = T.alloc_fragment((1,), "float32")
             T.copy(X[row, 0], h_tile)
             T.copy(R[row, 0], r_tile)
             T.copy(W, w_tile)
@@ -40,7 +38,7 @@ def add_rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps
                 h_tile[i, j] = T.cast(T.cast(h_tile[i, j], "float32") + T.cast(r_tile[i, j], "float32"), dtype)
             T.copy(h_tile, H[row, 0])
             T.copy(h_tile, hf)
-            scale(hf, sq, ss, w_tile, r_tile)  # r_tile, read, now holds y
+            scale(hf, w_tile, r_tile)  # r_tile, read, now holds y
             T.copy(r_tile, Y[row, 0])
 
     return main

@@ -1,13 +1,26 @@
 """Kernels for TileLang's ``"c"`` target: real TileLang code that runs on a CPU-only machine."""
 
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import tilelang.language as T
 import torch
 
-from tileship.catalog import costs
-from tileship.catalog.rmsnorm import EPS, rms_norm_reference
-from tileship.declare.spec import DynamicRange, Operator, TensorArg
+from tileship.catalog import costs, rmsnorm
+from tileship.catalog.rmsnorm import EPS
+from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
+
+
+def twin(op: Operator, name: str, factory: Callable[..., Any], shapes: tuple[Mapping[str, int], ...], *,
+         module: str, tol: float | None = None, **changes: Any) -> Operator:
+    """``op``'s ``"c"``-target twin, declared in ``module``: its contract, reference, sample hook and
+    cost; ``factory``'s kernel, float32 only, static ``shapes`` only unless ``changes`` says otherwise,
+    ``tol`` as both tolerances (None: the defaults)."""
+    tolerances = {} if tol is None else {"float32": Tolerance(atol=tol, rtol=tol)}
+    fields: dict[str, Any] = {"dtypes": ("float32",), "targets": ("c",), "ranges": (), "config": {},
+                              "pass_configs": {}, "tolerances": tolerances, **changes}
+    return dataclasses.replace(op, name=name, factory=factory, shapes=shapes, module=module, **fields)
 
 
 def vector_add(N: Any, dtype: str = "float32", block: int = 256, threads: int | None = None) -> Any:
@@ -60,16 +73,5 @@ add = Operator(
     shapes=({"N": 4096},),
 )
 
-rmsnorm_cpu = Operator(
-    name="rmsnorm_cpu",
-    factory=rms_norm_cpu,
-    reference=rms_norm_reference,
-    cost=costs.rmsnorm,
-    inputs=(TensorArg("X", ("M", "N")), TensorArg("W", ("N",))),
-    outputs=(TensorArg("Y", ("M", "N")),),
-    dtypes=("float32",),
-    targets=("c",),
-    config={"eps": EPS},
-    ranges=(DynamicRange("M", 1, 4096, {"N": 1024}),),
-    shapes=({"M": 64, "N": 256},),
-)
+rmsnorm_cpu = twin(rmsnorm.rmsnorm, "rmsnorm_cpu", rms_norm_cpu, ({"M": 64, "N": 256},), module=__name__,
+                   config={"eps": EPS}, ranges=(DynamicRange("M", 1, 4096, {"N": 1024}),))

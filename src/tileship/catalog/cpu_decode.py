@@ -6,16 +6,14 @@ They let a CPU-only machine (CI) build, load and call W4A16 and GQA decode throu
 pipeline (per-tensor dtypes, derived dims, int32 inputs) that the CUDA kernels ship through.
 """
 
-import dataclasses
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import tilelang.language as T
 
 from tileship.catalog import add_rmsnorm, gqa_decode, gqa_paged, w4a16
+from tileship.catalog.cpu import twin
 from tileship.catalog.gqa_paged import PAGE
 from tileship.catalog.rmsnorm import EPS
-from tileship.declare.spec import Operator, Tolerance
 
 
 def w4a16_cpu(M: Any, N: int, K: int, dtype: str = "float32") -> Any:
@@ -112,20 +110,12 @@ def add_rms_norm_cpu(M: int, N: int, dtype: str = "float32") -> Any:
     return main
 
 
-def _twin(op: Operator, name: str, factory: Callable[..., Any], shapes: tuple[Mapping[str, int], ...],
-          tol: float) -> Operator:
-    """``op``'s ``"c"``-target twin: its contract, reference, sample hook and cost; ``factory``'s
-    kernel, float32 only, static ``shapes`` only, ``tol`` as both tolerances."""
-    return dataclasses.replace(op, name=name, factory=factory, dtypes=("float32",), targets=("c",), shapes=shapes,
-                               ranges=(), config={}, pass_configs={},
-                               tolerances={"float32": Tolerance(atol=tol, rtol=tol)}, module=__name__)
-
-
-w4a16_cpu_op = _twin(w4a16.w4a16, "w4a16_cpu", w4a16_cpu, ({"M": 1, "N": 64, "K": 256}, {"M": 4, "N": 32, "K": 512}),
-                     1e-4)
-gqa_decode_cpu_op = _twin(gqa_decode.gqa, "gqa_decode_cpu", gqa_decode_cpu,
-                          ({"B": 2, "S": 64, "HQ": 4, "HKV": 2, "D": 16},), 1e-4)
-add_rmsnorm_cpu_op = _twin(add_rmsnorm.add_rmsnorm, "add_rmsnorm_cpu", add_rms_norm_cpu,
-                           ({"M": 1, "N": 256}, {"M": 8, "N": 256}), 1e-5)
-gqa_decode_paged_cpu_op = _twin(gqa_paged.gqa_paged, "gqa_decode_paged_cpu", gqa_decode_paged_cpu,
-                                ({"B": 3, "S": 256, "P": 14, "PAGE": PAGE, "HQ": 4, "HKV": 2, "D": 16},), 1e-4)
+w4a16_cpu_op = twin(w4a16.w4a16, "w4a16_cpu", w4a16_cpu, ({"M": 1, "N": 64, "K": 256}, {"M": 4, "N": 32, "K": 512}),
+                    module=__name__, tol=1e-4)
+gqa_decode_cpu_op = twin(gqa_decode.gqa, "gqa_decode_cpu", gqa_decode_cpu,
+                         ({"B": 2, "S": 64, "HQ": 4, "HKV": 2, "D": 16},), module=__name__, tol=1e-4)
+add_rmsnorm_cpu_op = twin(add_rmsnorm.add_rmsnorm, "add_rmsnorm_cpu", add_rms_norm_cpu,
+                          ({"M": 1, "N": 256}, {"M": 8, "N": 256}), module=__name__, tol=1e-5)
+gqa_decode_paged_cpu_op = twin(gqa_paged.gqa_paged, "gqa_decode_paged_cpu", gqa_decode_paged_cpu,
+                               ({"B": 3, "S": 256, "P": 14, "PAGE": PAGE, "HQ": 4, "HKV": 2, "D": 16},),
+                               module=__name__, tol=1e-4)

@@ -11,23 +11,23 @@ The reference gathers the pages into a contiguous cache (positions past a length
 ``gqa_decode``'s reference: masked SDPA (GQA). PyTorch has no paged attention of its own.
 """
 
+import dataclasses
 from typing import Any
 
 import tilelang.language as T
 import torch
 
-from tileship.catalog import costs
+from tileship.catalog import costs, gqa_decode
 from tileship.catalog.gqa_decode import (
     H_KV,
     H_Q,
     HEAD_DIM,
-    PASS_CONFIGS,
     attend_split,
     combine_splits,
     gqa_decode_reference,
     split_plan,
 )
-from tileship.declare.spec import Operator, TensorArg, Tolerance
+from tileship.declare.spec import TensorArg
 
 PAGE = 64
 
@@ -102,7 +102,10 @@ def gqa_decode_paged_sample(dims: dict[str, int], dtype: str, device: Any) -> tu
     return q.to(device), k.to(device), v.to(device), table.to(device), lengths.to(device)
 
 
-gqa_paged = Operator(
+#: ``gqa_decode``'s operator over a paged cache: its output, dtypes, target, tolerances and pass
+#: configs (the kernel is its split-KV kernel); the cache, the inputs and the reference are the pages'
+gqa_paged = dataclasses.replace(
+    gqa_decode.gqa,
     name="gqa_decode_paged",
     factory=gqa_decode_paged,
     reference=gqa_decode_paged_reference,
@@ -110,13 +113,9 @@ gqa_paged = Operator(
     inputs=(TensorArg("q", ("B", "HQ", "D")), TensorArg("k_pages", ("P", "PAGE", "HKV", "D")),
             TensorArg("v_pages", ("P", "PAGE", "HKV", "D")), TensorArg("block_table", ("B", "S/64"), dtype="int32"),
             TensorArg("lengths", ("B",), dtype="int32")),
-    outputs=(TensorArg("o", ("B", "HQ", "D")),),
-    dtypes=("float16", "bfloat16"),
-    targets=("cuda-sm90a",),
     params={"PAGE": "page"},
     shapes=tuple({"B": b, "S": s, "P": b * s // PAGE + 16, "PAGE": PAGE, "HQ": H_Q, "HKV": H_KV, "D": HEAD_DIM}
                  for b, s in ((1, 8192), (1, 32768), (8, 8192), (32, 1024))),
-    tolerances={"float16": Tolerance(atol=2e-3, rtol=1e-2), "bfloat16": Tolerance(atol=1.6e-2, rtol=2e-2)},
-    pass_configs=PASS_CONFIGS,
     sample=gqa_decode_paged_sample,
+    module=__name__,
 )

@@ -13,11 +13,12 @@ EPS = 1e-6
 
 def rms_scale(N: int, eps: float, dtype: str) -> Any:
     """A macro: ``out = x * rsqrt(mean(x^2) + eps) * w`` for one row, ``x`` held in the fp32 fragment
-    ``xf`` [1, N], ``w`` [N] in shared memory, ``out`` [1, N] in ``dtype``; ``sq`` [1, N] and ``ss`` [1]
-    are fp32 scratch (``ss`` ends as the row's inverse RMS)."""
+    ``xf`` [1, N], ``w`` [N] in shared memory, ``out`` [1, N] in ``dtype``; fp32 statistics."""
 
     @T.macro
-    def scale(xf, sq, ss, w_tile, out):
+    def scale(xf, w_tile, out):
+        sq = T.alloc_fragment((1, N), "float32")
+        ss = T.alloc_fragment((1,), "float32")
         for i, j in T.Parallel(1, N):
             sq[i, j] = xf[i, j] * xf[i, j]
         T.reduce_sum(sq, ss, dim=1)
@@ -39,12 +40,10 @@ def rms_norm(M: Any, N: int, dtype: str = "float16", threads: int = 128, eps: fl
             x_tile = T.alloc_shared((1, N), dtype)
             w_tile = T.alloc_shared((N,), dtype)
             xf = T.alloc_fragment((1, N), "float32")
-            sq = T.alloc_fragment((1, N), "float32")
-            ss = T.alloc_fragment((1,), "float32")
             T.copy(X[row, 0], x_tile)
             T.copy(W, w_tile)
             T.copy(x_tile, xf)
-            scale(xf, sq, ss, w_tile, x_tile)
+            scale(xf, w_tile, x_tile)
             T.copy(x_tile, Y[row, 0])
 
     return main

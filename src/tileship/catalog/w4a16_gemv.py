@@ -24,6 +24,14 @@ def warp_sum(acc, i, red, kr):
         T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
 
 
+def device_step(fn: str, K: int, A: Any, B: Any, S: Any, acc: Any, row: Any, b_col: Any, a_col: Any, s_col: Any) -> Any:
+    """The call of the device function ``fn`` (``w4a16_device``): packed weights from ``B[row, b_col]``,
+    activations from ``A[0, a_col]`` and scales from ``S[row, s_col]``, each with its row stride, the
+    products added to ``acc``. A plain function, not a macro: its indices stay expressions, not lets."""
+    return T.call_extern("handle", fn, T.address_of(B[row, b_col]), K // 8, T.address_of(A[0, a_col]), K,
+                         T.address_of(S[row, s_col]), K // GROUP, T.access_ptr(acc, "rw"))
+
+
 def w4a16_gemv(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, n_warps: int = 4, nw: int = 2,
                unroll: bool = True) -> Any:
     """y[M, N] = x[M, K] @ W^T for a static M; ``nw`` words of 8 weights per lane per K step."""
@@ -45,11 +53,8 @@ def w4a16_gemv(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, n_
             for i in T.unroll(rows * M):
                 acc[i] = 0.0
             for ko in (T.unroll if unroll else T.serial)(K // block_k):
-                T.call_extern("handle", step,
-                              T.address_of(B[(bx * n_warps + ni) * rows, ko * 32 * nw + kr]), K // 8,
-                              T.address_of(A[0, (ko * 32 * nw + kr) * 8]), K,
-                              T.address_of(S[(bx * n_warps + ni) * rows, ko * 2 * nw + kr // 16]), K // GROUP,
-                              T.access_ptr(acc, "rw"))
+                device_step(step, K, A, B, S, acc, (bx * n_warps + ni) * rows, ko * 32 * nw + kr,
+                            (ko * 32 * nw + kr) * 8, ko * 2 * nw + kr // 16)
             for i in T.unroll(rows * M):
                 warp_sum(acc, i, red, kr)
                 if kr == 0:
@@ -91,11 +96,8 @@ def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k
                 acc[i] = 0.0
             if k_warps > 1:
                 part = T.alloc_shared((k_warps, rows * M), "float32")
-                T.call_extern("handle", fn,
-                              T.address_of(B[bx * rows, wy * per_warp * 128 + kr * 4]), K // 8,
-                              T.address_of(A[0, wy * per_warp * 1024 + kr * 32]), K,
-                              T.address_of(S[bx * rows, wy * per_warp * 8 + kr // 4]), K // GROUP,
-                              T.access_ptr(acc, "rw"))
+                device_step(fn, K, A, B, S, acc, bx * rows, wy * per_warp * 128 + kr * 4,
+                            wy * per_warp * 1024 + kr * 32, wy * per_warp * 8 + kr // 4)
                 for i in T.unroll(rows * M):
                     warp_sum(acc, i, red, kr)
                     if kr == 0:
@@ -106,11 +108,7 @@ def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k
                         tot[0] += part[w, kr]
                     C[kr % M, bx * rows + kr // M] = T.cast(tot[0], dtype)
             else:
-                T.call_extern("handle", fn,
-                              T.address_of(B[(bx * n_warps + wy) * rows, kr * 4]), K // 8,
-                              T.address_of(A[0, kr * 32]), K,
-                              T.address_of(S[(bx * n_warps + wy) * rows, kr // 4]), K // GROUP,
-                              T.access_ptr(acc, "rw"))
+                device_step(fn, K, A, B, S, acc, (bx * n_warps + wy) * rows, kr * 4, kr * 32, kr // 4)
                 for i in T.unroll(rows * M):
                     warp_sum(acc, i, red, kr)
                     if kr == 0:

@@ -200,6 +200,56 @@ def test_many_threads_at_once_count_exactly(release):
         assert sum(e.fast_calls.value() for e in runner.entries) == n_threads * per_thread
 
 
+def test_threads_on_the_reference_route_count_every_call_once_while_its_reason_changes():
+    """The reference route bumps one counter per call (its telemetry row); the counts by reason are
+    those rows summed. A decision change racing the calls moves later calls to the new reason's row
+    and never loses or double-counts one."""
+    spec = Specialization("double", "float32", (("N", (1, 1 << 20)),), "c")
+    entry = Entry(spec, None, Decision(REFERENCE, "slower_than_reference", spec.id))
+    op = OpRunner(OpShape("double", (("A", ("N",)),), 1), lambda a: a * 2, [entry])
+    per_thread, n_threads = 400, 8
+    start = threading.Barrier(n_threads + 1)
+    errors: list[str] = []
+
+    def worker(tid: int) -> None:
+        a = torch.full((64,), float(tid))
+        start.wait()
+        for i in range(per_thread):
+            out = op(a) if i % 2 else op.call(a)[0]
+            if not torch.equal(out, a * 2):
+                errors.append(f"t{tid} i{i}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    start.wait()
+    op.disable(entry, "disabled_by_policy")  # while the workers run
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    counts = op.snapshot()
+    assert set(counts) <= {"reference:slower_than_reference", "reference:disabled_by_policy"}, counts
+    assert sum(counts.values()) == n_threads * per_thread, counts
+    assert op(torch.randn(64)) is not None and op.call(torch.randn(64))[1].reason == "disabled_by_policy"
+    assert op.snapshot().get("reference:disabled_by_policy", 0) == counts.get("reference:disabled_by_policy", 0) + 2
+    (row_json,) = [r for r in op.telemetry.to_json(0)["rows"] if r["reason"] == "disabled_by_policy"]
+    assert row_json["calls"] == op.snapshot()["reference:disabled_by_policy"]
+
+
+def test_kernel_calls_split_into_fast_and_adapter_calls(release):
+    add = release.op("add")
+    a, b = torch.randn(4096), torch.randn(4096)
+    for _ in range(3):
+        add(a, b)  # the fast launcher
+    entry = next(e for e in add.entries if e.spec.id == "add.float32.N4096.c")
+    real = entry.kernel
+    entry.kernel = lambda *args: real(*args)  # the adapter path: not the kernel the launcher was resolved from
+    add(a, b)
+    add.call(a, b)
+    assert (entry.calls.value(), entry.adapter_calls.value(), entry.fast_calls.value()) == (5, 2, 3)
+    assert add.snapshot() == {"kernel:kernel": 5}
+
+
 # -- the circuit breaker on both paths ------------------------------------------------------------
 class Flaky:
     """Runs (x * 2) until ``fail`` is set, then raises like a failed launch."""

@@ -36,11 +36,11 @@ class Entry:
     kernel: Callable[..., Any] | None
     decision: Decision
     detail: str = ""
-    #: kernel calls served by this specialization
+    #: kernel calls served by this specialization, by any launcher
     calls: Counter = field(default_factory=Counter)
-    #: of those, the calls a fast launcher served (``runtime.launch``); the rest went through
-    #: TileLang's adapter (``OpRunner.launchers()`` says why, per key)
-    fast_calls: Counter = field(default_factory=Counter)
+    #: of those, the calls TileLang's adapter served (no fast launcher for the key:
+    #: ``OpRunner.launchers()`` says why). A fast launch bumps ``calls`` only: one counter per call
+    adapter_calls: Counter = field(default_factory=Counter)
     #: the loaded TileLang kernel object (sources, params) when one was loaded
     artifact: Any = None
     #: optional per-size rule (evidence routing of a T.dynamic range): ``choose(bound_dims)``
@@ -50,6 +50,28 @@ class Entry:
 
     def kernel_calls(self) -> int:
         return self.calls.value()
+
+    @property
+    def fast_calls(self) -> FastCalls:
+        """The kernel calls a fast launcher served (``runtime.launch``): ``calls`` less ``adapter_calls``."""
+        return FastCalls(self)
+
+
+class FastCalls:
+    """``Entry.fast_calls``, derived at read time; ``value()`` is exact once the calls counted have
+    returned (a call racing the read may be seen in one of the two counts and not yet in the other)."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: Entry) -> None:
+        self._entry = entry
+
+    def value(self) -> int:
+        adapter = self._entry.adapter_calls.value()  # read first: ``calls`` then includes every adapter call read
+        return max(0, self._entry.calls.value() - adapter)
+
+    def __repr__(self) -> str:
+        return f"FastCalls({self.value()})"
 
 
 @dataclass(frozen=True)

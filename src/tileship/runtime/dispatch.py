@@ -11,9 +11,9 @@ declaration's shapes (or the caller's ``out=``), no TileLang adapter per call. W
 be resolved the adapter serves the key and ``launchers()`` says why. ``Entry.fast_calls``
 counts the kernel calls the fast launcher served.
 
-Every call the reference serves is also recorded, with its host time, in the runner's bounded
-``telemetry`` table by (dtypes, shapes, reason) (``runtime.telemetry``); the kernel path records
-nothing beyond ``Entry.calls``.
+Every call the reference serves is counted once, in the runner's bounded ``telemetry`` table by
+(dtypes, shapes, reason), one call in ``SAMPLE`` timed (``runtime.telemetry``); ``snapshot()``'s
+counts by reason are those rows summed when read. A kernel call bumps ``Entry.calls`` only.
 
 Reasons (``Decision.reason``):
     kernel               the compiled kernel ran
@@ -54,7 +54,6 @@ import tileship.runtime.route as rt
 from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
-from tileship.runtime.counter import Counter
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
@@ -100,6 +99,7 @@ class OpRunner:
         self._tdecl = tuple(shape.inputs[i] for i in tpos)
         self._tdtypes = tuple((shape.dtypes or (SAME,) * self._n)[i] for i in tpos)
         self._tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]] = lambda args: args
+        self._plain = not self._scalars  # every argument is a tensor: the hot path skips ``_tensors``
         if self._scalars:  # scalars add their Python type to the key, never their value
             pick = itemgetter(*tpos)
             self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
@@ -109,9 +109,8 @@ class OpRunner:
         self.sample: Callable[..., Any] | None = None
         self._memo: dict[tuple[Any, ...], Route] = {}
         self._lock = threading.Lock()
-        # reference calls by reason (Counter: no lock per call)
-        self._ref_counts: dict[str, Counter] = {}
-        #: reference calls by (dtypes, shapes, reason), bounded (``runtime.telemetry``)
+        #: reference calls by (dtypes, shapes, reason), bounded (``runtime.telemetry``); the counts by
+        #: reason (``snapshot``) are its rows summed when read, so a reference call bumps one counter
         self.telemetry = ShapeTable()
         self._same = tuple(e == SAME for e in self._tdtypes)
         self._index = SpecIndex(shape, entries, tpos, self._tdecl, device_reasons or {})
@@ -133,18 +132,16 @@ class OpRunner:
         entry = route.entry
         kernel = entry.kernel
         if kernel is None:
-            row = route.ref_row
-            if row is None or row.reason != entry.decision.reason:  # first reference call here, or a new reason
+            decision, row = route.ref  # the telemetry row cached for a decision (one atomic read)
+            if decision is not entry.decision:  # first reference call here, or a new decision since
                 row = self._ref_row(route)
-            if row.tick() % SAMPLE:
-                res = self.reference(*args)
-            else:  # one call in SAMPLE is timed for telemetry
-                t0 = time.perf_counter_ns()
-                res = self.reference(*args)
-                row.timed(time.perf_counter_ns() - t0)
-            route.ref_add()
+            if row.tick() % SAMPLE:  # the call's one counter bump
+                return self.reference(*args)
+            t0 = time.perf_counter_ns()  # one call in SAMPLE is timed for telemetry
+            res = self.reference(*args)
+            row.timed(time.perf_counter_ns() - t0)
             return res
-        for a in self._tensors(args):
+        for a in (args if self._plain else self._tensors(args)):
             if not a.is_contiguous():
                 return self._reference(args, "non_contiguous", entry, route=route)[0]
             if a.data_ptr() % 16:  # route.ALIGNMENT, inlined
@@ -152,13 +149,15 @@ class OpRunner:
         try:
             if kernel is route.kernel:
                 res = route.launch(args, None)  # type: ignore[misc]
-                entry.fast_calls.add()
             else:
                 res = kernel(*args)
+                entry.calls.add()
+                entry.adapter_calls.add()  # after ``calls``: see ``Entry.fast_calls``
+                return res
         except Exception as exc:  # the circuit breaker, the same as call()'s
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry, route=route)[0]
-        entry.calls.add()
+        entry.calls.add()  # a fast launch's one counter bump
         return res
 
     def call(self, *args: Any, out: Any = None) -> tuple[Any, Decision]:
@@ -188,11 +187,14 @@ class OpRunner:
     def _call_plain(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:
         """``call`` without the non-finite check."""
         route = self._route(args)
-        tensors = self._tensors(args)
+        tensors = args if self._plain else self._tensors(args)
         outs = None if out is None else check_out(out, route, tensors, self.shape.n_outputs, self.name)
         entry = route.entry
         kernel = entry.kernel
         if kernel is None:
+            d = entry.decision
+            if outs is None and d.path == REFERENCE:  # as ``__call__`` serves it (one counter bump)
+                return self._sampled(route, args), d
             return self._reference(args, entry.decision.reason, entry, outs, out, route)
         for a in tensors:
             if not a.is_contiguous():
@@ -201,15 +203,13 @@ class OpRunner:
         if misaligned(tensors) or (fast and outs is not None and route.writes_out and misaligned(outs)):
             return self._reference(args, "misaligned", entry, outs, out, route)
         try:
-            if fast:
-                res = route.launch(args, outs)  # type: ignore[misc]
-                entry.fast_calls.add()
-            else:
-                res = kernel(*args)
+            res = route.launch(args, outs) if fast else kernel(*args)  # type: ignore[misc]
         except Exception as exc:  # the circuit breaker: this specialization goes to the reference
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry, outs, out, route)
         entry.calls.add()  # Counter: atomic under the GIL, no lock on the hot path
+        if not fast:
+            entry.adapter_calls.add()  # after ``calls``: see ``Entry.fast_calls``
         if outs is not None:
             res = out if fast else fill_out(outs, res, out, self.name)
         return res, entry.decision
@@ -226,7 +226,6 @@ class OpRunner:
             if rt.all_finite(ref):  # else the inputs make both paths non-finite: nothing to blame the kernel for
                 entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
                 self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
-                self._ref_counter("circuit_open").add()
                 self.telemetry.record(self._route(args).shape, "circuit_open", ns)
                 res, d = ref, Decision(REFERENCE, "circuit_open", d.spec_id)
         return (res if outs is None else fill_out(outs, res, out, self.name)), d
@@ -253,19 +252,25 @@ class OpRunner:
         finally:
             _fault_call.args = None
 
-    def _ref_row(self, route: Route) -> Any:
-        """Cache on ``route`` the telemetry row and the reason counter of its entry's current reason."""
-        reason = route.entry.decision.reason
-        route.ref_add = self._ref_counter(reason).add
-        route.ref_row = row = self.telemetry.row(route.shape, reason)
-        return row
+    def _sampled(self, route: Route, args: tuple[Any, ...]) -> Any:
+        """The reference's answer for a key its entry sends there, counted in the key's telemetry row."""
+        decision, row = route.ref
+        if decision is not route.entry.decision:
+            row = self._ref_row(route)
+        if row.tick() % SAMPLE:
+            return self.reference(*args)
+        t0 = time.perf_counter_ns()
+        res = self.reference(*args)
+        row.timed(time.perf_counter_ns() - t0)
+        return res
 
-    def _ref_counter(self, reason: str) -> Counter:
-        c = self._ref_counts.get(reason)
-        if c is None:
-            with self._lock:
-                c = self._ref_counts.setdefault(reason, Counter())
-        return c
+    def _ref_row(self, route: Route) -> Any:
+        """Cache on ``route`` the telemetry row of its entry's current decision, stored with that
+        decision as one tuple: threads racing a decision change never pair a row with another reason."""
+        decision = route.entry.decision
+        row = self.telemetry.row(route.shape, decision.reason)
+        route.ref = (decision, row)
+        return row
 
     def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry, outs: tuple[Any, ...] | None = None,
                    given: Any = None, route: Route | None = None) -> tuple[Any, Decision]:
@@ -274,7 +279,6 @@ class OpRunner:
         ns = time.perf_counter_ns() - t0
         if outs is not None:
             res = fill_out(outs, res, given, self.name)
-        self._ref_counter(reason).add()
         self.telemetry.record(route.shape if route is not None else None, reason, ns)
         d = entry.decision
         if d.path != REFERENCE or d.reason != reason:
@@ -335,9 +339,7 @@ class OpRunner:
 
     def snapshot(self) -> dict[str, int]:
         """Calls so far by ``path:reason``."""
-        with self._lock:
-            refs = dict(self._ref_counts)
-        counts = {(REFERENCE, reason): n for reason, c in refs.items() if (n := c.value())}
+        counts = {(REFERENCE, reason): n for reason, n in self.telemetry.calls_by_reason().items() if n}
         n = sum(e.kernel_calls() for e in self.entries)
         if n:
             counts[(KERNEL, KERNEL)] = n

@@ -16,6 +16,9 @@ with no outputs, one that only updates inputs in place, returns None):
     cython   the library's ``call`` symbol through one ``ctypes`` prototype: data pointers,
              the symbolic dims of this key as int64, a NULL stream (the CPU "c" target).
 
+Outputs are allocated with ``torch.empty(size=shape, ...)``: a shape passed positionally takes
+torch's argument parser a slower way (``benchmarks/dispatch_breakdown.py`` times both).
+
 ``resolve`` never raises: a kernel it cannot serve this way returns ``Launcher(None, why)``
 and the dispatcher calls the adapter as before, recording why.
 """
@@ -132,16 +135,25 @@ def _tvm_ffi(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], device: 
     shapes = [(s, d) for s, d in outs]
     n_args = len(adapter.params) - len(outs)
     places = _places(adapter, n_args)
-    if all(not is_out for is_out, _ in places[:n_args]):  # inputs first, outputs at the tail: the common form
+    if all(not is_out for is_out, _ in places[:n_args]) and single:  # inputs first, one output: the common form
+        (s0, d0), = shapes
+
+        def tail1(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
+            o = empty(size=s0, dtype=d0, device=device) if out is None else out[0]
+            fn(*args, o)
+            return o
+
+        return Launcher(tail1, kind="tvm_ffi")
+    if all(not is_out for is_out, _ in places[:n_args]):  # inputs first, outputs at the tail
         def tail(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
-            o = out if out is not None else [empty(s, dtype=d, device=device) for s, d in shapes]
+            o = out if out is not None else [empty(size=s, dtype=d, device=device) for s, d in shapes]
             fn(*args, *o)
             return o[0] if single else (list(o) or None)
 
         return Launcher(tail, kind="tvm_ffi")
 
     def placed(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
-        o = out if out is not None else [empty(s, dtype=d, device=device) for s, d in shapes]
+        o = out if out is not None else [empty(size=s, dtype=d, device=device) for s, d in shapes]
         fn(*[(o[j] if is_out else args[j]) for is_out, j in places])
         return o[0] if single else (list(o) or None)
 
@@ -182,7 +194,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
         if n_args == 2:
             def launch2(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
                 a, b = args
-                o = empty(s0, dtype=d0, device=dev) if out is None else out[0]
+                o = empty(size=s0, dtype=d0, device=dev) if out is None else out[0]
                 rc = fn(a.data_ptr(), b.data_ptr(), o.data_ptr(), *tail_args)
                 if rc:
                     raise failed(rc)
@@ -191,7 +203,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
             return Launcher(launch2, kind="ctypes")
 
         def launch1(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
-            o = empty(s0, dtype=d0, device=dev) if out is None else out[0]
+            o = empty(size=s0, dtype=d0, device=dev) if out is None else out[0]
             rc = fn(args[0].data_ptr(), o.data_ptr(), *tail_args)
             if rc:
                 raise failed(rc)
@@ -200,7 +212,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
         return Launcher(launch1, kind="ctypes")
 
     def launch(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
-        o = out if out is not None else [empty(s, dtype=d, device=dev) for s, d in outs]
+        o = out if out is not None else [empty(size=s, dtype=d, device=dev) for s, d in outs]
         if in_order:
             rc = fn(*[a.data_ptr() for a in args], *[t.data_ptr() for t in o], *tail_args)
         else:

@@ -54,7 +54,7 @@ class Route:
     resolved from: the fast launcher runs only while ``entry.kernel is kernel`` (a disabled or
     swapped kernel is never bypassed)."""
 
-    __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out", "shape", "ref_row", "ref_add")
+    __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out", "shape", "ref")
 
     def __init__(self, entry: Entry, outs: OutSpecs | None, launcher: Launcher | None = None) -> None:
         self.entry = entry
@@ -69,9 +69,9 @@ class Route:
         self.writes_out = launcher.writes_out if launcher is not None else False
         #: the key's ``runtime.telemetry.Shape`` (set by the dispatcher); reference calls are recorded under it
         self.shape: Any = None
-        #: the reference path's cached telemetry row and reason counter (``OpRunner._ref_row``)
-        self.ref_row: Any = None
-        self.ref_add: Any = None
+        #: (decision, telemetry row): the reference path's row, cached for the entry's decision then
+        #: (``OpRunner._ref_row``); a new decision, e.g. a circuit opening, means a new row
+        self.ref: tuple[Any, Any] = (None, None)
 
     @property
     def decision(self) -> Any:

@@ -3,7 +3,8 @@
 Each ``OpRunner`` owns one ``ShapeTable``. The first call of a memo key (``OpRunner._resolve``,
 the slow path) makes a ``Shape`` (the inputs' dtypes and shapes, and the base dims bound from
 them, declared or not) and attaches it to the key's ``Route``, which then caches the row of its
-reason: a call the reference serves costs one counter bump, and one call in ``SAMPLE`` is timed
+reason: a call the reference serves costs one counter bump (the dispatcher's per-reason counts
+are these rows summed at read time, ``calls_by_reason``), and one call in ``SAMPLE`` is timed
 (under a lock); the seconds reported are those samples scaled to all calls. The
 kernel path records nothing (kernel calls are counted per specialization by ``Entry.calls``,
 which the dispatcher bumps anyway; ``kernel_calls`` below is their sum, not a per-shape count).
@@ -152,6 +153,16 @@ class ShapeTable:
             live = list(self._rows.values())
         rows = [c for r in live if (c := r.snapshot()).calls]
         return sorted(rows, key=lambda r: (-r.calls, r.shape.dtypes, r.shape.shapes, r.reason))  # type: ignore[union-attr]
+
+    def calls_by_reason(self) -> dict[str, int]:
+        """Reference calls per reason, every row and ``other`` summed (exact): the dispatcher's
+        per-reason counts, aggregated here at read time so that a call bumps one counter only."""
+        with self._lock:
+            live = [*self._rows.values(), *self._other.values()]
+        out: dict[str, int] = {}
+        for r in live:
+            out[r.reason] = out.get(r.reason, 0) + r._count.value()
+        return out
 
     def other(self) -> dict[str, Row]:
         with self._lock:

@@ -6,7 +6,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tileship.catalog import costs
+from tileship.catalog import costs, flash
 from tileship.declare.spec import Operator, TensorArg, Tolerance
 
 
@@ -16,23 +16,20 @@ def flash_attention(B: int, H: int, S: int, D: int, dtype: str = "float16", bloc
     acc_t = "float32"
     scale = (1.0 / math.sqrt(D)) * 1.44269504  # fold log2(e): exp2 instead of exp
     shape = (B, H, S, D)
+    tiles = flash.qkv_tiles(block_M, block_N, D, dtype)
+    state = flash.softmax_state(block_M)
+    accumulate = flash.softmax_accumulate(block_M, block_N, scale)
 
     @T.prim_func
     def main(Q: T.Tensor(shape, dtype), K: T.Tensor(shape, dtype), V: T.Tensor(shape, dtype),
              O: T.Tensor(shape, dtype)):
         with T.Kernel(T.ceildiv(S, block_M), H, B, threads=threads) as (bm, h, b):
-            q_s = T.alloc_shared((block_M, D), dtype)
-            k_s = T.alloc_shared((block_N, D), dtype)
-            v_s = T.alloc_shared((block_N, D), dtype)
+            q_s, k_s, v_s = tiles()
             o_s = T.alloc_shared((block_M, D), dtype)
             s = T.alloc_fragment((block_M, block_N), acc_t)
             p = T.alloc_fragment((block_M, block_N), dtype)
             o = T.alloc_fragment((block_M, D), acc_t)
-            m_new = T.alloc_fragment((block_M,), acc_t)
-            m_old = T.alloc_fragment((block_M,), acc_t)
-            corr = T.alloc_fragment((block_M,), acc_t)
-            rowsum = T.alloc_fragment((block_M,), acc_t)
-            denom = T.alloc_fragment((block_M,), acc_t)
+            m_new, m_old, corr, rowsum, denom = state()
 
             T.copy(Q[b, h, bm * block_M:(bm + 1) * block_M, :], q_s)
             T.fill(o, 0)
@@ -51,11 +48,7 @@ def flash_attention(B: int, H: int, S: int, D: int, dtype: str = "float16", bloc
                     m_new[i] = T.max(m_new[i], m_old[i])
                 for i in T.Parallel(block_M):
                     corr[i] = T.exp2(m_old[i] * scale - m_new[i] * scale)
-                for i, j in T.Parallel(block_M, block_N):
-                    s[i, j] = T.exp2(s[i, j] * scale - m_new[i] * scale)
-                T.reduce_sum(s, rowsum, dim=1)
-                for i in T.Parallel(block_M):
-                    denom[i] = denom[i] * corr[i] + rowsum[i]
+                accumulate(s, m_new, corr, rowsum, denom)
                 for i, j in T.Parallel(block_M, D):
                     o[i, j] *= corr[i]
                 T.copy(s, p)

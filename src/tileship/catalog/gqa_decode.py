@@ -21,7 +21,7 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tileship.catalog import costs
+from tileship.catalog import costs, flash
 from tileship.declare.spec import Operator, TensorArg, Tolerance
 
 H_Q, H_KV, HEAD_DIM = 32, 8, 128
@@ -65,20 +65,17 @@ def attend_split(HQ: int, HKV: int, D: int, dtype: str, block_N: int, block_H: i
     acc_t = "float32"
     scale = (1.0 / D) ** 0.5 * 1.44269504  # log2(e) folded in: exp2 domain
     neg_inf = -T.infinity(acc_t)
+    tiles = flash.qkv_tiles(block_H, block_N, D, dtype)
+    state = flash.softmax_state(block_H)
+    accumulate = flash.softmax_accumulate(block_H, block_N, scale)
 
     @T.macro
     def attend(Q, K, V, aux, o_part, lse_part, sid, g, bid, seqlen):
-        q_s = T.alloc_shared((block_H, D), dtype)
-        k_s = T.alloc_shared((block_N, D), dtype)
-        v_s = T.alloc_shared((block_N, D), dtype)
+        q_s, k_s, v_s = tiles()
         p_s = T.alloc_shared((block_H, block_N), dtype)
         s_acc = T.alloc_fragment((block_H, block_N), acc_t)
         o_acc = T.alloc_fragment((block_H, D), acc_t)
-        m_new = T.alloc_fragment((block_H,), acc_t)
-        m_old = T.alloc_fragment((block_H,), acc_t)
-        corr = T.alloc_fragment((block_H,), acc_t)
-        row_sum = T.alloc_fragment((block_H,), acc_t)
-        denom = T.alloc_fragment((block_H,), acc_t)
+        m_new, m_old, corr, row_sum, denom = state()
         start = sid * split_len
         n_valid = T.min(seqlen - start, split_len)
         if n_valid > 0:
@@ -98,11 +95,7 @@ def attend_split(HQ: int, HKV: int, D: int, dtype: str, block_N: int, block_H: i
                 for i in T.Parallel(block_H):
                     m_new[i] = T.max(m_new[i], m_old[i])
                     corr[i] = T.exp2(m_old[i] * scale - m_new[i] * scale)
-                for i, j in T.Parallel(block_H, block_N):
-                    s_acc[i, j] = T.exp2(s_acc[i, j] * scale - m_new[i] * scale)
-                T.reduce_sum(s_acc, row_sum, dim=1)
-                for i in T.Parallel(block_H):
-                    denom[i] = denom[i] * corr[i] + row_sum[i]
+                accumulate(s_acc, m_new, corr, row_sum, denom)
                 T.copy(s_acc, p_s)
                 for i, j in T.Parallel(block_H, D):
                     o_acc[i, j] *= corr[i]

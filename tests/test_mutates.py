@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tileship
-from tileship.catalog import cpu_cache, kv_append
+from tileship.catalog import cpu_cache, kv_append, kv_append_paged
 from tileship.declare.spec import Operator, ScalarArg, TensorArg, describe, expand
 from tileship.errors import DeclarationError, TileshipError
 
@@ -192,10 +192,26 @@ def test_serve_warm_up_and_the_demo_accept_the_kernel(cache_release) -> None:
     from tileship.verify.demo import exercise
 
     release = tileship.load(cache_release.path)
-    report = warm_up(release, {"kv_append_cpu": "cpu"})
-    assert report.failures == {} and report.calls == 2
+    report = warm_up(release, {"kv_append_cpu": "cpu", "kv_append_paged_cpu": "cpu"})
+    assert report.failures == {} and report.calls == 3
     rows = exercise(release)
     assert rows and all(r["ok"] and r["path"] == "kernel" for r in rows), rows
+
+
+def test_the_paged_twin_writes_the_slot_its_table_names_and_nothing_else(cache_release) -> None:
+    runner = tileship.load(cache_release.path).op("kv_append_paged_cpu")
+    dims = {"B": 3, "S": 256, "P": 14, "PAGE": 64, "HKV": 2, "D": 16}
+    k, v, k_new, v_new, table, pos = kv_append_paged.kv_append_paged_sample(dims, "float32", "cpu")
+    table[1, 1] = 99  # not a page of the pool: sequence 1 appends at 70, in that entry: nothing written
+    pos = torch.tensor([130, 70, 255], dtype=torch.int32)
+    before_k = k.clone()
+    rk, rv = k.clone(), v.clone()
+    out, decision = runner.call(k, v, k_new, v_new, table, pos)
+    assert out is None and decision.path == "kernel", decision
+    kv_append_paged.kv_append_paged_reference(rk, rv, k_new, v_new, table, pos)
+    assert torch.equal(k, rk) and torch.equal(v, rv)
+    written = (k != before_k).any(dim=(2, 3)).nonzero().tolist()  # [page, row] slots
+    assert written == sorted([[int(table[0, 2]), 2], [int(table[2, 3]), 63]]), written
 
 
 # -- verify ---------------------------------------------------------------------------------------------
@@ -224,6 +240,23 @@ def _wrong(how: str) -> Any:
         return None
 
     return kernel
+
+
+def test_verify_fails_a_paged_kernel_that_writes_the_right_row_of_the_wrong_page(cache_release) -> None:
+    from tileship.verify.verify import VerifyOptions, verify_spec
+
+    def wrong_page(k, v, k_new, v_new, table, pos):
+        p = pos.long()
+        pg = table.long()[torch.arange(p.shape[0]), p // 64]
+        k[(pg + 1) % k.shape[0], p % 64] = k_new
+        v[pg, p % 64] = v_new
+
+    desc = json.loads((cache_release.path / "release.json").read_text())["operators"]["kv_append_paged_cpu"]
+    spec = expand(cpu_cache.kv_append_paged_cpu_op)[0]
+    v = verify_spec(spec, wrong_page, kv_append_paged.kv_append_paged_reference, desc,
+                    options=VerifyOptions(seeds=(0,), timing=False), sample=kv_append_paged.kv_append_paged_sample)
+    assert not v.passed and "output k_pages" in v.failure, v.failure
+    assert [c.passed for _, c in v.points[0].checks] == [False, True]  # k_pages wrong, v_pages right
 
 
 @pytest.mark.parametrize("how, where", [("nothing", "output k_cache"), ("wrong row", "output k_cache"),
@@ -308,6 +341,20 @@ def test_the_cuda_kernel_builds_with_caller_owned_caches(tmp_path: Path) -> None
         assert "(0 <= p) && (p < 1024)" in src, "the store is not guarded by the position check"
         assert "*(uint4*)(K + " in src and "*(uint4*)(V + " in src, "the row copy is not 16-byte vectorized"
         assert (d / "kernel.cubin").stat().st_size > 0
+
+
+def test_the_paged_cuda_kernel_builds_with_caller_owned_pools(tmp_path: Path) -> None:
+    from tileship.build.builder import compile_one
+
+    op = kv_append_paged.kv_append_paged_op
+    spec = next(s for s in expand(op) if s.dtype == "float16" and dict(s.dims)["B"] == 32)
+    r = compile_one(op, spec, tmp_path / spec.id, timeout_s=300)
+    assert r.ok, r.error
+    art = json.loads((tmp_path / spec.id / "artifact.json").read_text())
+    assert (art["out_idx"], art["callee_allocated_outputs"]) == ([], False)
+    assert '"main: num_args should be 6"' in (tmp_path / spec.id / "host_kernel.cu").read_text()
+    src = (tmp_path / spec.id / "device_kernel.cu").read_text()
+    assert "(0 <= p) && (p < 1024)" in src and "< 528)" in src, "position and page guards"
 
 
 def test_the_cuda_factory_refuses_a_cache_int32_cannot_index() -> None:

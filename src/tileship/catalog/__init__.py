@@ -9,7 +9,8 @@
 - ``gqa_paged``: the same over a paged KV cache (pages of 64 and a block table) (CUDA).
 - ``add_rmsnorm``: residual add + RMSNorm in one pass, returning the norm and the new residual (CUDA).
 - ``kv_append``: the KV-cache append that goes with ``gqa_decode``: new K/V rows written in place at
-  per-sequence positions (``mutates``, no outputs) (CUDA); ``cpu_cache`` is its ``"c"`` twin.
+  per-sequence positions (``mutates``, no outputs) (CUDA); ``kv_append_paged``: the same into
+  ``gqa_paged``'s pages of 64 (CUDA); ``cpu_cache`` holds their ``"c"`` twins.
 - ``cpu``, ``cpu_decode``: kernels written for TileLang's ``"c"`` target so CPU-only CI runs real
   TileLang code, among them twins of the decode operators with the same contract and reference.
 

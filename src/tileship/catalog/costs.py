@@ -60,3 +60,9 @@ def kv_append(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
     """A copy (no flops): the new K and V rows read once and written once into the cache, and the positions."""
     b, hkv, d = dims["B"], dims["HKV"], dims["D"]
     return 0.0, float(4 * b * hkv * d * ITEMSIZE[dtype] + 4 * b)
+
+
+def kv_append_paged(dims: Mapping[str, int], dtype: str) -> tuple[float, float]:
+    """As ``kv_append`` plus one block-table entry read per sequence."""
+    flops, nbytes = kv_append(dims, dtype)
+    return flops, nbytes + 4.0 * dims["B"]

@@ -195,7 +195,8 @@ def execute(service: Service, served: Served, name: str, plan: protocol.CallPlan
     tensors = plan.arguments(device)
     try:
         out, decision = runner.call(*tensors)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
+        # None: an operator that only updates inputs in place (``mutates``); it answers with no outputs
+        outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
         if device != "cpu":
             import torch
 

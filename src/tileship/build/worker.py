@@ -125,8 +125,6 @@ def main(job_path: str) -> int:
         out_idx, positions = reconcile_out_idx(op, info, func)
         (out / "func.json").write_text(_portable(tvm.ir.save_json(func)))
         pass_configs = op.compile_pass_configs()
-        if os.environ.get("TILESHIP_DEV_CALLER_OUTPUTS") == "1" and out_idx is not None:
-            out_idx = None  # development experiment: outputs stay parameters the caller allocates
         kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(),
                                   pass_configs=pass_configs or None)
         # Whether the library allocates its outputs (tvm-ffi's callee-allocated ABI) is decided inside

@@ -214,6 +214,28 @@ def test_the_paged_twin_writes_the_slot_its_table_names_and_nothing_else(cache_r
     assert written == sorted([[int(table[0, 2]), 2], [int(table[2, 3]), 63]]), written
 
 
+def test_served_over_http_it_runs_the_kernel_and_answers_with_no_outputs(cache_release, tmp_path) -> None:
+    import io
+
+    import httpx
+
+    from tileship.serve import BackgroundServer, ServeConfig
+
+    srv = BackgroundServer(ServeConfig(source=cache_release.path, diagnostics_dir=tmp_path / "diag",
+                                       log_stream=io.StringIO())).start()
+    try:
+        assert srv.wait_ready(), srv.service.holder.readiness()[1]  # the warm-up call of each kernel agreed
+        names = ("k_cache", "v_cache", "k_new", "v_new", "pos")
+        inputs = [{"name": n, "shape": list(t.shape), "datatype": "INT32" if t.dtype == torch.int32 else "FP32",
+                   "data": t.flatten().tolist()} for n, t in zip(names, _sample(), strict=True)]
+        r = httpx.post(srv.url + "/v2/models/kv_append_cpu/infer", json={"inputs": inputs}, timeout=30.0)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["outputs"] == [] and body["parameters"]["tileship_path"] == "kernel", body
+    finally:
+        srv.stop()
+
+
 # -- verify ---------------------------------------------------------------------------------------------
 
 def test_verify_passes_the_real_kernel_comparing_the_whole_caches(cache_release) -> None:

@@ -27,6 +27,8 @@ def serve(
     threads: int = typer.Option(1, help="worker threads running operator calls (1: kernel calls are serialized)"),
     workers: int = typer.Option(0, help="run the calls in this many worker processes, plus one warm standby that "
                                         "takes over when a worker dies, wedges or faults (0: in this process)"),
+    gpus: str | None = typer.Option(None, help="with --workers: spread the worker processes over these GPUs, e.g. "
+                                               "0,1 (each worker sees only its own, through CUDA_VISIBLE_DEVICES)"),
     worker_timeout: float | None = typer.Option(None, help="seconds a worker may take to answer a call before it is "
                                                            "killed and replaced (default: --timeout)"),
     timeout: float = typer.Option(30.0, help="seconds an admitted request may take to run (504 after)"),
@@ -79,7 +81,7 @@ def serve(
     from tileship.errors import DeclarationError, TileshipError
 
     try:
-        from tileship.serve import ServeConfig, run
+        from tileship.serve import ServeConfig, gpu_map, run
         from tileship.serve.validate import RequestLimits
     except ModuleNotFoundError as exc:  # the serve extra is not installed
         raise TileshipError(f"tileship serve needs {exc.name}, which is not installed",
@@ -97,6 +99,10 @@ def serve(
                                "be > 0; --max-inflight, --threads, --max-connections and --keep-alive >= 1")
     if workers < 0 or (worker_timeout is not None and worker_timeout <= 0):
         raise DeclarationError("--workers must be >= 0 and --worker-timeout > 0")
+    gpu_list = gpu_map.parse(gpus)
+    if gpu_list and not workers:
+        raise DeclarationError("--gpus spreads worker processes over GPUs: give --workers N too",
+                               hint="e.g. --workers 2 --gpus 0,1")
     if workers and llama is not None:
         raise DeclarationError("--llama is not served with --workers yet", hint="drop --workers (or --llama)")
     spec = None
@@ -105,7 +111,7 @@ def serve(
 
         spec = llama_example().parse_spec(llama)
     config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight,
-                         worker_threads=threads, workers=workers, worker_timeout_s=worker_timeout,
+                         worker_threads=threads, workers=workers, gpus=gpu_list, worker_timeout_s=worker_timeout,
                          request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes,
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,

@@ -86,8 +86,14 @@ class Service:
         options = {"trusted_keys": [str(k) for k in c.trusted_keys] if c.trusted_keys is not None else None,
                    "drift_policy": c.drift_policy, "allow_unverified": c.allow_unverified,
                    "check_finite": c.check_finite, "warmup_limit": c.warmup_limit}
+        if c.gpus:
+            import torch
+
+            from tileship.serve import gpu_map
+
+            gpu_map.check_visible(c.gpus, torch.cuda.device_count())
         self.workers = WorkerPool(c.workers, options, log=self.log, registry=self.metrics.registry,
-                                  timeout_s=c.worker_timeout_s or c.request_timeout_s)
+                                  timeout_s=c.worker_timeout_s or c.request_timeout_s, gpus=c.gpus)
         self.executor = execute_remote
 
     # -- loading -------------------------------------------------------------------------

@@ -20,6 +20,8 @@ class ServeConfig:
     worker_threads: int = 1
     #: worker processes running the calls (``serve.worker_pool``; plus one warm standby); 0: in this process
     workers: int = 0
+    #: ``--gpus``: the devices the workers are spread over (``serve.gpu_map``); (): they share the front-end's
+    gpus: tuple[int, ...] = ()
     #: seconds a worker may take to answer one call before it is killed and replaced (None: ``request_timeout_s``)
     worker_timeout_s: float | None = None
     request_timeout_s: float = 30.0

@@ -106,7 +106,7 @@ def main(fd: int) -> int:
     w = served.warm
     wire.send(sock, {"op": "ready", "release": served.release_id, "pid": os.getpid(),
                      "load_s": served.load_seconds, "warm_s": w.seconds, "warm_calls": w.calls,
-                     "warm_failures": w.failures})
+                     "warm_failures": w.failures, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
     while True:
         try:
             msg = reader.frame()

@@ -32,6 +32,7 @@ from typing import Any
 
 from tileship.errors import WorkerError
 from tileship.runtime.dispatch import Decision
+from tileship.serve import gpu_map
 from tileship.serve.validate import BadRequest
 from tileship.serve.workers import Raw, Worker, WorkerDied
 
@@ -43,8 +44,9 @@ class WorkerPool:
     """Serving workers (``idle`` holds the ones free for a call), one standby, the monitor."""
 
     def __init__(self, n: int, options: dict[str, Any], *, log: Any, registry: Any = None, timeout_s: float = 30.0,
-                 start_timeout_s: float = 300.0, wait_s: float = 10.0) -> None:
-        self.n, self.options, self.log = n, options, log
+                 start_timeout_s: float = 300.0, wait_s: float = 10.0, gpus: tuple[int, ...] = ()) -> None:
+        self.n, self.options, self.log, self.gpus = n, options, log, gpus
+        self.pending_gpus: list[int | None] = []  # the devices of the workers starting now
         self.timeout_s, self.start_timeout_s, self.wait_s = timeout_s, start_timeout_s, wait_s
         self.lock = threading.Lock()
         self.serving: list[Worker] = []
@@ -97,8 +99,12 @@ class WorkerPool:
     def _start_one(self, attempt: int) -> None:
         assert self.target is not None
         t0, w = time.monotonic(), None
+        with self.lock:
+            live = [x.gpu for x in self.serving] + [self.standby.gpu if self.standby else None] + self.pending_gpus
+            gpu = gpu_map.pick(self.gpus, live)
+            self.pending_gpus.append(gpu)
         try:
-            w = Worker.spawn(*self.target, self.options)
+            w = Worker.spawn(*self.target, self.options, gpu)
             w.wait_ready(self.start_timeout_s)
             if w.release != self.release_id:
                 raise WorkerError(f"worker {w.pid} loaded release {w.release}, the front-end serves {self.release_id}")
@@ -107,6 +113,7 @@ class WorkerPool:
                 w.kill()
             with self.lock:
                 self.starting -= 1
+                self.pending_gpus.remove(gpu)
                 self.last_error = str(exc)
             self.log.event("worker_start_failed", "error", attempt=attempt, error=str(exc))
             if attempt < START_ATTEMPTS and not self._closed.is_set():
@@ -115,6 +122,7 @@ class WorkerPool:
             return
         with self.lock:
             self.starting -= 1
+            self.pending_gpus.remove(gpu)
             if self._closed.is_set():
                 role = "closed"
             elif len(self.serving) < self.n:
@@ -128,8 +136,9 @@ class WorkerPool:
         if role in ("closed", "surplus"):
             w.stop()
             return
-        self.log.event("worker_ready", pid=w.pid, role=role, release=w.release, start_s=round(time.monotonic() - t0, 3),
-                       load_s=round(w.info.get("load_s", 0.0), 4), warmup_s=round(w.info.get("warm_s", 0.0), 4))
+        self.log.event("worker_ready", pid=w.pid, role=role, release=w.release, gpu=w.gpu,
+                       start_s=round(time.monotonic() - t0, 3), load_s=round(w.info.get("load_s", 0.0), 4),
+                       warmup_s=round(w.info.get("warm_s", 0.0), 4))
 
     def _monitor(self) -> None:
         """Replace workers that exit while nobody is talking to them (an idle one, the standby);
@@ -199,7 +208,7 @@ class WorkerPool:
         fresh: list[Worker] = []
         try:
             for _ in range(self.n + 1):
-                w = Worker.spawn(path, reference_only, self.options)
+                w = Worker.spawn(path, reference_only, self.options, gpu_map.pick(self.gpus, [x.gpu for x in fresh]))
                 fresh.append(w)
                 w.wait_ready(self.start_timeout_s)
                 if w.release != release_id:
@@ -316,7 +325,8 @@ class WorkerPool:
             return {"workers": self.n, "release": self.release_id, "serving": [w.pid for w in self.serving],
                     "draining": {rid: [w.pid for w in ws] for rid, (ws, _) in self.draining.items()},
                     "standby": self.standby.pid if self.standby else None, "starting": self.starting,
-                    "failures": dict(self.failures), "retries": self.retries, "last_failover": self.last_failover}
+                    "failures": dict(self.failures), "retries": self.retries, "last_failover": self.last_failover,
+                    "gpus": {w.pid: w.gpu for w in [*self.serving, self.standby] if w is not None}}
 
 
 def execute_remote(service: Any, served: Any, name: str, plan: Any, kserve_id: str | None,

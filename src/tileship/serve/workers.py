@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tileship.errors import WorkerError
+from tileship.serve import gpu_map
 from tileship.serve import worker_wire as wire
 
 #: first size of a worker's shared buffer; it grows to fit the largest call seen
@@ -57,6 +58,8 @@ class Worker:
     sock: socket.socket
     buf: wire.Buffer
     pid: int = 0
+    #: the GPU it is pinned to (``--gpus``: its CUDA_VISIBLE_DEVICES), None: the front-end's devices
+    gpu: int | None = None
     release: str = ""
     ready_at: float = 0.0
     busy: bool = False
@@ -74,12 +77,12 @@ class Worker:
             self.timeout_s = seconds
 
     @classmethod
-    def spawn(cls, path: str, reference_only: bool, options: dict[str, Any]) -> Worker:
+    def spawn(cls, path: str, reference_only: bool, options: dict[str, Any], gpu: int | None = None) -> Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         proc = subprocess.Popen([sys.executable, "-m", "tileship.serve.worker", str(theirs.fileno())],
-                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=gpu_map.environment(gpu))
         theirs.close()
-        w = cls(proc, ours, wire.Buffer.create(BUFFER_BYTES), pid=proc.pid)
+        w = cls(proc, ours, wire.Buffer.create(BUFFER_BYTES), pid=proc.pid, gpu=gpu)
         wire.send(ours, {"op": "start", "path": path, "reference_only": reference_only, "options": options})
         wire.send(ours, {"op": "map", "size": w.buf.size}, fd=w.buf.fd)
         return w

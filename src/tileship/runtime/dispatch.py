@@ -79,8 +79,8 @@ class OpRunner:
     answers. With ``check_finite`` on, a kernel output holding NaN/Inf is recomputed by the
     reference; when the reference's is finite, the specialization is disabled the same way
     and the reference's answer returned (the wrong one never is); inputs updated in place
-    (``OpShape.mutates``) are not checked. Off by default: the check
-    costs a device sync per call; when off the call path is unchanged. ``on_fault(entry,
+    (``OpShape.mutates``) are not checked, but restored (cloned per call) before that rerun. Off by
+    default: the check costs a device sync per call; when off the call path is unchanged. ``on_fault(entry,
     reason, detail)`` is called (synchronously, exceptions logged and swallowed) each time a
     specialization is disabled that way; ``fault_args()`` gives the failing call's arguments.
     """
@@ -218,8 +218,11 @@ class OpRunner:
         """``call`` with the non-finite check (``check_finite`` on)."""
         outs = None if out is None else check_out(out, self._route(args), self._tensors(args),
                                                   self.shape.n_outputs, self.name)
+        saved = [args[i].clone() for i in self.shape.mutates]  # the reference reruns on the inputs as they were
         res, d = self._call_plain(args, None)
         if d.path == KERNEL and not rt.all_finite(res):
+            for i, before in zip(self.shape.mutates, saved, strict=True):
+                args[i].copy_(before)
             t0 = time.perf_counter_ns()
             ref = self.reference(*args)
             ns = time.perf_counter_ns() - t0

@@ -78,7 +78,7 @@ CPU_MODES = ("eager", "compile")
 LINEARS = ("qkv", "o", "gate_up", "down")
 CATEGORIES = ("linear/gemm", "w4a16", "attention", "norm", "rope/cache-write", "other")
 #: role -> default release operator name (override with --ops role=name; an empty name: never use one)
-DEFAULT_OPS = {"rmsnorm": "rmsnorm", "attention": "gqa_decode", "linear": "gemm", "w4a16": "w4a16_linear",
+DEFAULT_OPS = {"rmsnorm": "rmsnorm", "attention": "gqa_decode", "linear": "linear", "w4a16": "w4a16_linear",
                "add_rmsnorm": "add_rmsnorm"}
 ROLE_CATEGORY = {"rmsnorm": "norm", "attention": "attention", "linear": "linear/gemm", "w4a16": "w4a16",
                  "add_rmsnorm": "norm"}
@@ -384,19 +384,22 @@ def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: An
         for n in (*LINEARS, "lm_head"):
             nn_, kk = shapes[n]
             decl = release.declarations[names["linear"]]["inputs"] if op is not None else None
-            if op is not None and _covers(release, names["linear"], dtype_name, {decl[1][1][1]: nn_, decl[1][1][0]: kk}):
+            # F.linear's layout (x [M, K], weight [N, K]) takes the weight as it is; a GEMM's (B [K, N]) W^T
+            as_is = decl is not None and tuple(decl[1][1]) == ("N", "K")
+            fixed = {"N": nn_, "K": kk} if as_is else ({decl[1][1][1]: nn_, decl[1][1][0]: kk} if decl else {})
+            if op is not None and _covers(release, names["linear"], dtype_name, fixed):
                 gemm = op
 
                 def lin(x: Any, wt: Any, gemm: Any = gemm) -> Any:
                     return gemm(x, wt)
 
                 linear[n] = lin
-                # the GEMM op takes B = W^T (K, N); only covered linears keep that copy
+                # only covered linears keep their own copy of the weight (W^T for a GEMM)
                 if n == "lm_head":
-                    tree["lm_head"] = (weights["lm_head"].t().contiguous(),)
+                    tree["lm_head"] = (weights["lm_head"] if as_is else weights["lm_head"].t().contiguous(),)
                 else:
                     for lw, t in zip(weights["layers"], tree["layers"], strict=True):
-                        t[n] = (lw[n].t().contiguous(),)
+                        t[n] = (lw[n] if as_is else lw[n].t().contiguous(),)
                 plan[f"linear.{n}"] = {"impl": f"tileship:{names['linear']}", "reason": f"declares N={nn_}, K={kk}; {why}"}
             else:
                 reason = why if op is None else f"{names['linear']} declares no {dtype_name} specialization with N={nn_}, K={kk}"

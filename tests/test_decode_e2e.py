@@ -124,9 +124,11 @@ def test_w4a16_path_is_the_int4_model_and_close_to_fp16_within_the_int4_error():
     assert 0.25 * w_err < err < 1.25 * (4 * TINY.layers + 1) ** 0.5 * w_err, (err, w_err)
 
 
-def _fake_release(release_id: str) -> Any:
+def _fake_release(release_id: str, linear_nk: tuple[tuple[int, int], ...] = ()) -> Any:
     """A release with an in-process rmsnorm "kernel" (M 1..64, N 256, eps 1e-5) and reference-only
-    gqa_decode and w4a16_linear: the dispatcher's real code, no TileLang artifact."""
+    gqa_decode and w4a16_linear: the dispatcher's real code, no TileLang artifact. With
+    ``linear_nk``, also a ``linear`` operator in F.linear's layout (x [M, K], weight [N, K]) whose
+    in-process "kernel" covers M 1..64 at those (N, K)."""
     from tileship.declare.spec import Specialization
     from tileship.runtime.dispatch import KERNEL, Decision, Entry, OpRunner, OpShape, Release
 
@@ -152,6 +154,14 @@ def _fake_release(release_id: str) -> Any:
         "gqa_decode": OpRunner(OpShape("gqa_decode", tuple((n, tuple(d)) for n, d in decls["gqa_decode"]["inputs"]), 1), gqa, []),
         "w4a16_linear": OpRunner(OpShape("w4a16_linear", tuple((n, tuple(d)) for n, d in decls["w4a16_linear"]["inputs"]), 1), w4, []),
     }
+    if linear_nk:
+        def lin(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(x, w)
+
+        decls["linear"] = {"inputs": [["X", ["M", "K"]], ["W", ["N", "K"]]], "outputs": [["Y", ["M", "N"]]]}
+        lspecs = [Specialization("linear", "float32", (("M", (1, 64)), ("N", n), ("K", k)), "c") for n, k in linear_nk]
+        ops["linear"] = OpRunner(OpShape("linear", (("X", ("M", "K")), ("W", ("N", "K"))), 1), lin,
+                                 [Entry(sp, lin, Decision(KERNEL, KERNEL, sp.id)) for sp in lspecs])
     return Release(release_id=release_id, path=None, kernel_revision="test", model={}, lock={}, lock_digest="", drift=None, ops=ops,
                    declarations=decls)
 
@@ -166,7 +176,7 @@ def test_release_operators_run_as_custom_ops_and_their_decisions_are_counted():
     ts = de.make_path("tileship_fp16", TINY, weights, release=release)
     w4 = de.make_path("tileship_w4a16", TINY, weights, release=release, quantized=quantized, packer=packer)
     assert ts.plan["rmsnorm"]["impl"] == "tileship:rmsnorm" and ts.plan["decode_attention"]["impl"] == "tileship:gqa_decode"
-    assert ts.plan["linear.o"]["impl"].startswith("torch:") and "no 'gemm'" in ts.plan["linear.o"]["reason"]
+    assert ts.plan["linear.o"]["impl"].startswith("torch:") and "no 'linear'" in ts.plan["linear.o"]["reason"]
     assert w4.plan["linear.down"]["impl"] == "tileship:w4a16_linear"
     assert ts.rmsnorm is getattr(torch.ops, ns).rmsnorm.default
     # eps differs from the declared one: the norm stays on PyTorch, and the plan says why
@@ -190,6 +200,31 @@ def test_release_operators_run_as_custom_ops_and_their_decisions_are_counted():
         assert counts["gqa_decode"] == {"reference:device_not_covered": n}
         if path is w4:
             assert counts["w4a16_linear"] == {"reference:device_not_covered": 4 * n + 1}
+
+
+@torch.inference_mode()
+def test_a_linear_operator_in_f_linear_layout_takes_the_weights_as_they_are():
+    """The fp16 path's linear role with an operator declared as F.linear (weight [N, K]): the
+    covered layers call it with the untransposed weight (logits equal the torch path's), an
+    (N, K) it does not declare stays on F.linear and the plan names why."""
+    weights = _weights()
+    shapes = TINY.linear_shapes()
+    covered = tuple(shapes[n] for n in ("o", "gate_up", "down"))  # not qkv's (N, K), which lm_head shares
+    release = _fake_release("dec0de0000000002", linear_nk=covered)
+    ts = de.make_path("tileship_fp16", TINY, weights, release=release)
+    assert all(ts.plan[f"linear.{n}"]["impl"] == "tileship:linear" for n in ("o", "gate_up", "down")), ts.plan
+    for n in ("qkv", "lm_head"):
+        assert ts.plan[f"linear.{n}"]["impl"].startswith("torch:"), ts.plan
+        assert "declares no float32 specialization" in ts.plan[f"linear.{n}"]["reason"]
+    out = []
+    for p in (ts, de.make_path("torch_fp16", TINY, weights)):
+        st = de.new_state(TINY, B, CAP, TINY.layers, torch.float32, "cpu")
+        de.prefill(p, TINY, st, _prompt())
+        before = release.counters()
+        out.append((de.make_stepper(p, TINY, st, compiled=False).step(), de.counters_delta(before, release.counters())))
+    (got, counts), (want, _) = out
+    assert de.rel_l2(got, want) < 1e-5
+    assert counts["linear"] == {"kernel:kernel": 3 * TINY.layers}
 
 
 def test_main_writes_the_documented_json(tmp_path: Path):

@@ -1,0 +1,110 @@
+"""fp16/bf16 ``linear`` for decode batches: ``y = x @ W^T`` (``F.linear``'s layout), a GEMV.
+
+At decode sizes (M of 1 to 8 rows against a weight of millions) a linear layer reads its
+weight once and does almost nothing with it: the time is the weight's bytes over the memory
+bandwidth. cuBLAS reaches 55-67% of the H200's copy bandwidth on Llama-3-8B's qkv, o and down
+projections at M=1 (``../shared/GPU_HOST.md``, 2026-11-30), which leaves room for a kernel
+that only streams.
+
+The kernel: a block of ``k_threads`` threads owns ``rows`` output rows of every one of the M
+activation rows. Each thread issues all its 16-byte weight loads (``rows`` x K / (8 k_threads)
+of them, coalesced along K) before any arithmetic, then multiplies in fp32 and the block sums
+each output with one all-reduce. No shared-memory tiles, no tensor cores: at M <= 8 they have
+nothing to do. The reference is ``F.linear`` (cuBLAS on CUDA): PyTorch's best path for a
+dense fp16/bf16 linear; evidence routing serves whichever is faster per shape, on the GPU
+that measured it.
+"""
+
+from typing import Any
+
+import tilelang.language as T
+import torch
+
+from tileship.catalog import costs
+from tileship.declare.spec import Operator, TensorArg, Tolerance
+
+#: (name, N, K) of the linear layers of one Llama-3-8B decoder layer, and its LM head
+LLAMA3_8B = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
+             ("down", 4096, 14336), ("lm_head", 128256, 4096))
+#: the decode batches compiled as static specializations
+DECODE_M = (1, 2, 4, 8)
+VEC = 8  # fp16/bf16 elements in one 16-byte load
+
+
+def plan(M: int, N: int, K: int) -> tuple[int, int]:
+    """(rows a block, threads a block along K) for one shape: K / (8 threads) 16-byte loads a row
+    per thread (4 at K=4096, 7 at 14336), one row a block past M=2 (the accumulators are M x rows).
+    A K that no block of 32 or more threads divides is left for ``linear_gemv`` to refuse."""
+    k_threads = 128 if K <= 8192 else 256
+    rows = 2 if M <= 2 and N % 2 == 0 else 1
+    while k_threads > 32 and K % (k_threads * VEC):
+        k_threads //= 2
+    return rows, k_threads
+
+
+def linear_gemv(M: int, N: int, K: int, dtype: str = "float16") -> Any:
+    """The GEMV for one static shape (``plan`` picks the block)."""
+    rows, k_threads = plan(M, N, K)
+    if K % (k_threads * VEC) or N % rows:
+        raise ValueError(f"linear_gemv needs K % {k_threads * VEC} == 0 (K={K}, N={N})")
+    steps = K // (k_threads * VEC)
+
+    @T.prim_func
+    def main(X: T.Tensor((M, K), dtype), W: T.Tensor((N, K), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(N // rows, threads=k_threads) as bx:
+            tk = T.get_thread_binding(0)
+            w_reg = T.alloc_local((rows * steps * VEC,), dtype)
+            x_reg = T.alloc_local((VEC,), dtype)
+            acc = T.alloc_local((M * rows,), "float32")
+            red = T.alloc_local((1,), "float32")
+            for r in T.unroll(rows):
+                for s in T.unroll(steps):
+                    for v in T.vectorized(VEC):
+                        w_reg[(r * steps + s) * VEC + v] = W[bx * rows + r, (s * k_threads + tk) * VEC + v]
+            for i in T.unroll(M * rows):
+                acc[i] = 0.0
+            for s in T.unroll(steps):
+                for m in T.unroll(M):
+                    for v in T.vectorized(VEC):
+                        x_reg[v] = X[m, (s * k_threads + tk) * VEC + v]
+                    for r in T.unroll(rows):
+                        for v in T.unroll(VEC):
+                            acc[m * rows + r] += (T.cast(w_reg[(r * steps + s) * VEC + v], "float32")
+                                                  * T.cast(x_reg[v], "float32"))
+            for i in T.unroll(M * rows):
+                with T.attr(T.comm_reducer(lambda x, y: x + y, [T.cast(0, "float32")]), "reduce_scope",
+                            T.reinterpret(T.uint64(0), dtype="handle")):
+                    T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], tk, dtype="handle"))
+                if tk == 0:
+                    Y[i // rows, bx * rows + i % rows] = T.cast(red[0], dtype)
+
+    return main
+
+
+def linear_reference(x: Any, weight: Any) -> Any:
+    """``F.linear`` without a bias: cuBLAS on CUDA, in x's dtype."""
+    return torch.nn.functional.linear(x, weight)
+
+
+def linear_sample(dims: dict[str, int], dtype: str, device: Any) -> tuple[Any, Any]:
+    """Activations ~ N(0, 1), weights ~ N(0, 1) / sqrt(K): outputs are O(1) whatever K is."""
+    m, n, k = dims["M"], dims["N"], dims["K"]
+    dt = getattr(torch, dtype)
+    x = torch.randn(m, k, device=device).to(dt)
+    w = (torch.randn(n, k, device=device) / k**0.5).to(dt)
+    return x, w
+
+
+linear = Operator(
+    name="linear",
+    factory=linear_gemv,
+    reference=linear_reference,
+    cost=costs.gemm,
+    inputs=(TensorArg("x", ("M", "K")), TensorArg("weight", ("N", "K"))),
+    outputs=(TensorArg("y", ("M", "N")),),
+    dtypes=("float16", "bfloat16"),
+    targets=("cuda-sm90a",),
+    shapes=tuple({"M": m, "N": n, "K": k} for _, n, k in LLAMA3_8B for m in DECODE_M),
+    tolerances={"float16": Tolerance(atol=1e-2, rtol=1e-2), "bfloat16": Tolerance(atol=4e-2, rtol=4e-2)},
+    sample=linear_sample,
+)

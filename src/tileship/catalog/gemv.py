@@ -21,11 +21,9 @@ import tilelang.language as T
 import torch
 
 from tileship.catalog import costs
+from tileship.catalog.w4a16 import LLAMA3_8B
 from tileship.declare.spec import Operator, TensorArg, Tolerance
 
-#: (name, N, K) of the linear layers of one Llama-3-8B decoder layer, and its LM head
-LLAMA3_8B = (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
-             ("down", 4096, 14336), ("lm_head", 128256, 4096))
 #: the decode batches compiled as static specializations
 DECODE_M = (1, 2, 4, 8)
 VEC = 8  # fp16/bf16 elements in one 16-byte load

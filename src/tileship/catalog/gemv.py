@@ -41,8 +41,12 @@ def plan(M: int, N: int, K: int) -> tuple[int, int]:
 
 
 def linear_gemv(M: int, N: int, K: int, dtype: str = "float16") -> Any:
-    """The GEMV for one static shape (``plan`` picks the block)."""
-    rows, k_threads = plan(M, N, K)
+    """The GEMV for one static shape, the block as ``plan`` picks it."""
+    return gemv_kernel(M, N, K, dtype, *plan(M, N, K))
+
+
+def gemv_kernel(M: int, N: int, K: int, dtype: str, rows: int, k_threads: int) -> Any:
+    """The GEMV with ``rows`` output rows and ``k_threads`` threads along K a block."""
     if K % (k_threads * VEC) or N % rows:
         raise ValueError(f"linear_gemv needs K % {k_threads * VEC} == 0 (K={K}, N={N})")
     steps = K // (k_threads * VEC)

@@ -87,12 +87,12 @@ def test_reference_compiles_in_one_graph_without_host_sync() -> None:
     """No .item() and no data-dependent shape: fullgraph tracing would break on either (and a CUDA
     graph capture could not hold it)."""
     k, v, k_new, v_new, pos = _sample()
-    k2, v2 = k.clone(), v.clone()
+    k0, k2, v2 = k.clone(), k.clone(), v.clone()
     torch._dynamo.reset()
     torch.compile(kv_append.kv_append_reference, fullgraph=True, backend="aot_eager")(k, v, k_new, v_new, pos)
     kv_append.kv_append_reference(k2, v2, k_new, v_new, pos)
     assert torch.equal(k, k2) and torch.equal(v, v2)
-    assert not torch.equal(k, _sample()[0]), "the compiled reference wrote nothing"
+    assert not torch.equal(k, k0), "the compiled reference wrote nothing"
 
 
 # -- a real "c"-target build -> load -> call ----------------------------------------------------------
@@ -382,3 +382,19 @@ def test_the_paged_cuda_kernel_builds_with_caller_owned_pools(tmp_path: Path) ->
 def test_the_cuda_factory_refuses_a_cache_int32_cannot_index() -> None:
     with pytest.raises(ValueError, match="int32"):
         kv_append.kv_append(64, 32768, 8, 128)
+
+
+def test_the_samples_follow_the_verification_seed() -> None:
+    """make_inputs seeds the RNG the samples draw from: one seed, the same inputs; another, others."""
+    from tileship.declare.inputs import make_inputs
+
+    decl = [(a.name, a.dims) for a in kv_append.INPUTS]
+    dtypes = [a.dtype_for("float32") for a in kv_append.INPUTS]
+
+    def draw(seed: int) -> list[torch.Tensor]:
+        return make_inputs(decl, DIMS, "float32", "cpu", seed, dtypes=dtypes, sample=kv_append.kv_append_sample)
+
+    a, b, c = draw(1), draw(1), draw(2)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(a[0], c[0])
+    assert int(a[4][-1]) == DIMS["S"] - 1 and a[4].dtype == torch.int32

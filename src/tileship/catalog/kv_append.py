@@ -64,17 +64,18 @@ def kv_append_reference(k_cache: Any, v_cache: Any, k_new: Any, v_new: Any, pos:
 
 
 def kv_append_sample(dims: dict[str, int], dtype: str, device: Any) -> tuple[Any, Any, Any, Any, Any]:
-    """Caches full of N(0, 1) values and new rows of N(0, 1) + 4 (never equal to what they replace,
-    so a kernel that writes nothing fails), positions spread over the capacity, the last one S - 1."""
+    """Caches full of N(0, 1) values and new rows of N(0, 1) +- 4 (not what they replace, so a kernel
+    that writes nothing fails), random positions, the last sequence's S - 1 (the capacity's edge).
+    Drawn on ``device`` from the RNG that ``make_inputs`` seeds: each verification seed differs."""
     b, s, h, d = dims["B"], dims["S"], dims["HKV"], dims["D"]
     dt = getattr(torch, dtype)
-    gen = torch.Generator().manual_seed(b * 7919 + s)
-    k = torch.randn(b, s, h, d, generator=gen).to(dt)
-    v = torch.randn(b, s, h, d, generator=gen).to(dt)
-    k_new = (torch.randn(b, h, d, generator=gen) + 4.0).to(dt)
-    v_new = (torch.randn(b, h, d, generator=gen) - 4.0).to(dt)
-    pos = torch.tensor([(i * 37 + 5) % s if i < b - 1 else s - 1 for i in range(b)], dtype=torch.int32)
-    return k.to(device), v.to(device), k_new.to(device), v_new.to(device), pos.to(device)
+    k = torch.randn(b, s, h, d, device=device).to(dt)
+    v = torch.randn(b, s, h, d, device=device).to(dt)
+    k_new = (torch.randn(b, h, d, device=device) + 4.0).to(dt)
+    v_new = (torch.randn(b, h, d, device=device) - 4.0).to(dt)
+    pos = torch.randint(0, s, (b,), device=device, dtype=torch.int32)
+    pos[-1] = s - 1
+    return k, v, k_new, v_new, pos
 
 
 kv_append_op = Operator(

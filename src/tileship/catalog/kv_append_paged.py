@@ -68,17 +68,18 @@ def kv_append_paged_reference(k_pages: Any, v_pages: Any, k_new: Any, v_new: Any
 
 def kv_append_paged_sample(dims: dict[str, int], dtype: str, device: Any) -> tuple[Any, ...]:
     """Pools of N(0, 1), pages dealt at random from the pool (every slot owned by one sequence), new
-    rows of N(0, 1) +- 4 (never what they replace), positions spread over the capacity, the last S - 1."""
+    rows of N(0, 1) +- 4 (not what they replace), random positions, the last sequence's S - 1. Drawn
+    on ``device`` from the RNG that ``make_inputs`` seeds: each verification seed differs."""
     b, s, p, h, d, page = dims["B"], dims["S"], dims["P"], dims["HKV"], dims["D"], dims["PAGE"]
     dt = getattr(torch, dtype)
-    gen = torch.Generator().manual_seed(b * 7919 + s + p)
-    k = torch.randn(p, page, h, d, generator=gen).to(dt)
-    v = torch.randn(p, page, h, d, generator=gen).to(dt)
-    k_new = (torch.randn(b, h, d, generator=gen) + 4.0).to(dt)
-    v_new = (torch.randn(b, h, d, generator=gen) - 4.0).to(dt)
-    table = torch.randperm(p, generator=gen)[: b * (s // page)].reshape(b, s // page).to(torch.int32)
-    pos = torch.tensor([(i * 101 + 5) % s if i < b - 1 else s - 1 for i in range(b)], dtype=torch.int32)
-    return tuple(t.to(device) for t in (k, v, k_new, v_new, table, pos))
+    k = torch.randn(p, page, h, d, device=device).to(dt)
+    v = torch.randn(p, page, h, d, device=device).to(dt)
+    k_new = (torch.randn(b, h, d, device=device) + 4.0).to(dt)
+    v_new = (torch.randn(b, h, d, device=device) - 4.0).to(dt)
+    table = torch.randperm(p, device=device)[: b * (s // page)].reshape(b, s // page).to(torch.int32)
+    pos = torch.randint(0, s, (b,), device=device, dtype=torch.int32)
+    pos[-1] = s - 1
+    return k, v, k_new, v_new, table, pos
 
 
 kv_append_paged_op = Operator(

@@ -28,7 +28,7 @@ def test_the_plan_divides_every_declared_shape(m: int) -> None:
         assert n % rows == 0 and k % (threads * gemv.VEC) == 0, (m, n, k, rows, threads)
         loads = rows * k // (threads * gemv.VEC)  # 16-byte weight loads in flight per thread
         assert 1 <= loads <= 16, (m, n, k, loads)
-        assert rows == (2 if m <= 2 else 1)
+        assert rows == 1 and threads == (256 if k > 8192 else 128)
 
 
 def test_a_shape_the_plan_cannot_divide_is_refused() -> None:
@@ -48,7 +48,7 @@ def test_the_cuda_kernel_builds_with_16_byte_streamed_weights(tmp_path: Path) ->
     from tileship.build.builder import compile_one
     from tileship.runtime import artifact, signature
 
-    for dtype, m in (("float16", 1), ("bfloat16", 4)):
+    for dtype, m in (("float16", 1), ("bfloat16", 2)):
         spec = next(s for s in expand(gemv.linear) if s.dtype == dtype and s.dim_map()["M"] == m
                     and s.dim_map()["K"] == 14336)
         d = tmp_path / spec.id

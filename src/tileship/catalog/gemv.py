@@ -24,20 +24,22 @@ from tileship.catalog import costs
 from tileship.catalog.w4a16 import LLAMA3_8B
 from tileship.declare.spec import Operator, TensorArg, Tolerance
 
-#: the decode batches compiled as static specializations
-DECODE_M = (1, 2, 4, 8)
+#: the decode batches compiled as static specializations: past M=2 cuBLAS wins (M=4: 0.62-0.94x,
+#: M=8: 0.33-0.71x of cuBLAS at every block shape, ``benchmarks/results/h200/round4b/gemv_sweep.json``)
+DECODE_M = (1, 2)
 VEC = 8  # fp16/bf16 elements in one 16-byte load
 
 
 def plan(M: int, N: int, K: int) -> tuple[int, int]:
-    """(rows a block, threads a block along K) for one shape: K / (8 threads) 16-byte loads a row
-    per thread (4 at K=4096, 7 at 14336), one row a block past M=2 (the accumulators are M x rows).
-    A K that no block of 32 or more threads divides is left for ``linear_gemv`` to refuse."""
+    """(rows a block, threads a block along K) for one shape: one row a block, K / (8 threads)
+    16-byte loads a row per thread (4 at K=4096, 7 at 14336). Measured at M=1 on the H200
+    (``benchmarks/dev/gemv_sweep.py``): one row a block is the fastest or within 0.3 us of it on
+    all five projections, 256 threads at K=14336 (36.8 vs 37.9 us with 128). A K that no block of
+    32 or more threads divides is left for ``linear_gemv`` to refuse."""
     k_threads = 128 if K <= 8192 else 256
-    rows = 2 if M <= 2 and N % 2 == 0 else 1
     while k_threads > 32 and K % (k_threads * VEC):
         k_threads //= 2
-    return rows, k_threads
+    return 1, k_threads
 
 
 def linear_gemv(M: int, N: int, K: int, dtype: str = "float16") -> Any:

@@ -11,8 +11,10 @@ operator and side it reports, over the pooled rounds (each round: ``--calls`` ba
                         with pre-packed arguments and a preallocated output (paired within a round)
     kernel, reference   the rows themselves
 
-as the median and the range (min..max). ``after - before`` is the difference of the medians,
-reported only when the two ranges do not overlap; otherwise "not resolved".
+as the median and the range (min..max), and each run's median. A round can land on a burst of
+other work on the machine, so the comparison is made on the runs: ``after - before`` is the
+difference of the medians of the run medians, reported only when the two sides' run medians do
+not overlap (every after run below every before run, or above); otherwise "not resolved".
 
     git archive COMMIT src | tar -x -C /tmp/before
     python benchmarks/runtime_overhead_ab.py --release REL --before /tmp/before/src --after src \
@@ -43,9 +45,9 @@ def run_side(src: Path, release: Path, rounds: int, calls: int) -> dict:
         return json.loads(out.read_text())
 
 
-def series(runs: list[dict]) -> dict[str, dict[str, list[float]]]:
-    """Per specialization: each metric's per-round values, pooled over the runs."""
-    out: dict[str, dict[str, list[float]]] = {}
+def series(runs: list[dict]) -> dict[str, dict[str, list[list[float]]]]:
+    """Per specialization: each metric's per-round values, one list per run."""
+    out: dict[str, dict[str, list[list[float]]]] = {}
     for run in runs:
         for row in run["per_call"]:
             r = {k: v["rounds_us"] for k, v in row["rows"].items()}
@@ -53,16 +55,19 @@ def series(runs: list[dict]) -> dict[str, dict[str, list[float]]]:
             pairs = {"reference - torch": ("reference", "torch"), "kernel - floor": ("kernel", "floor")}
             for name, (a, b) in pairs.items():
                 if a in r and b in r:
-                    m.setdefault(name, []).extend(x - y for x, y in zip(r[a], r[b], strict=True))
+                    m.setdefault(name, []).append([x - y for x, y in zip(r[a], r[b], strict=True)])
             for k in ("kernel", "reference", "torch", "floor"):
                 if k in r:
-                    m.setdefault(k, []).extend(r[k])
+                    m.setdefault(k, []).append(r[k])
     return out
 
 
-def stats(v: list[float]) -> dict:
+def stats(runs: list[list[float]]) -> dict:
+    v = [x for run in runs for x in run]
+    meds = [statistics.median(run) for run in runs]
     return {"median_us": round(statistics.median(v), 3), "min_us": round(min(v), 3), "max_us": round(max(v), 3),
-            "rounds": len(v)}
+            "rounds": len(v), "run_medians_us": [round(m, 3) for m in meds],
+            "median_of_run_medians_us": round(statistics.median(meds), 3)}
 
 
 def main() -> int:
@@ -89,21 +94,24 @@ def main() -> int:
         summary[spec] = {}
         for metric in s["before"][spec]:
             b, a = stats(s["before"][spec][metric]), stats(s["after"][spec][metric])
-            apart = a["max_us"] < b["min_us"] or a["min_us"] > b["max_us"]
-            change = round(a["median_us"] - b["median_us"], 3) if apart else "not resolved"
+            am, bm = a["run_medians_us"], b["run_medians_us"]
+            apart = max(am) < min(bm) or min(am) > max(bm)
+            change = round(a["median_of_run_medians_us"] - b["median_of_run_medians_us"], 3) if apart else "not resolved"
             summary[spec][metric] = {"before": b, "after": a, "after_minus_before_us": change}
     result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "order": order, "load_average_1m": load,
               "cpus": os.cpu_count(), "before_src": str(args.before), "after_src": str(args.after),
-              "rule": "median and range (min..max) of the pooled rounds; after - before only when the ranges do not "
+              "rule": "median and range (min..max) of the pooled rounds, and each run's median; after - before is the "
+                      "difference of the medians of the run medians, only when the two sides' run medians do not "
                       "overlap, else 'not resolved'; differences within a round are paired",
               "summary": summary, "runs": runs}
     for spec, metrics in summary.items():
         print(spec)
         for metric, v in metrics.items():
             b, a = v["before"], v["after"]
-            print(f"  {metric:18s} before {b['median_us']:7.3f} ({b['min_us']:.3f}..{b['max_us']:.3f})  "
-                  f"after {a['median_us']:7.3f} ({a['min_us']:.3f}..{a['max_us']:.3f})  "
-                  f"after - before: {v['after_minus_before_us']}")
+            print(f"  {metric:18s} before {b['median_us']:7.3f} ({b['min_us']:.3f}..{b['max_us']:.3f}; runs "
+                  f"{min(b['run_medians_us']):.3f}..{max(b['run_medians_us']):.3f})  after {a['median_us']:7.3f} "
+                  f"({a['min_us']:.3f}..{a['max_us']:.3f}; runs {min(a['run_medians_us']):.3f}.."
+                  f"{max(a['run_medians_us']):.3f})  after - before: {v['after_minus_before_us']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -236,6 +236,31 @@ def test_threads_on_the_reference_route_count_every_call_once_while_its_reason_c
     assert row_json["calls"] == op.snapshot()["reference:disabled_by_policy"]
 
 
+def test_call_samples_the_reference_route_as_op_name_does(monkeypatch):
+    """``.call`` (what the torch custom ops use) serves a memoized reference key as ``op(name)(...)``
+    does: every call counted, one in SAMPLE timed, not all of them."""
+    import time
+
+    import tileship.runtime.dispatch as dispatch
+
+    spec = Specialization("double", "float32", (("N", (1, 1 << 20)),), "c")
+    entry = Entry(spec, None, Decision(REFERENCE, "slower_than_reference", spec.id))
+    op = OpRunner(OpShape("double", (("A", ("N",)),), 1), lambda a: a * 2, [entry])
+    a = torch.randn(64)
+    assert op.call(a)[1] == entry.decision  # memoized; the row's first call is timed
+    stamps: list[int] = []
+    real = time.perf_counter_ns
+    monkeypatch.setattr(dispatch.time, "perf_counter_ns", lambda: stamps.append(1) or real())
+    for _ in range(2 * dispatch.SAMPLE - 1):
+        out, d = op.call(a)
+        assert torch.equal(out, a * 2) and d == entry.decision
+    monkeypatch.undo()
+    assert len(stamps) == 2, "one call in SAMPLE is timed (two clock reads)"
+    assert op.snapshot() == {"reference:slower_than_reference": 2 * dispatch.SAMPLE}
+    (row,) = op.telemetry.to_json(0)["rows"]
+    assert row["calls"] == 2 * dispatch.SAMPLE and row["seconds"] > 0
+
+
 def test_kernel_calls_split_into_fast_and_adapter_calls(release):
     add = release.op("add")
     a, b = torch.randn(4096), torch.randn(4096)

@@ -33,6 +33,7 @@ def variants(M: int, K: int) -> list[tuple[int, int]]:
 def build(job: tuple) -> tuple[tuple, str | None]:
     try:
         import tilelang
+
         from tileship.catalog.gemv import gemv_kernel
 
         tilelang.compile(gemv_kernel(*job), out_idx=[2], target=TARGET)
@@ -57,6 +58,7 @@ def main() -> None:
     print(f"compiled {len(jobs)} variants in {time.time() - t0:.1f}s, {len(errors)} failed", flush=True)
     import tilelang
     import torch
+
     from tileship.catalog.gemv import gemv_kernel, plan
 
     flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")

@@ -59,6 +59,7 @@ def build(job: tuple) -> tuple[tuple, str | None]:
     B, S, dtype, cfg = job
     try:
         import tilelang
+
         from tileship.catalog.gqa_decode import PASS_CONFIGS
 
         tilelang.compile(make(B, S, dtype, cfg), out_idx=[4], target=TARGET, pass_configs=PASS_CONFIGS)
@@ -102,6 +103,7 @@ def main() -> None:
     print(f"compiled {len(jobs)} variants in {time.time() - t0:.1f}s, {len(errors)} failed", flush=True)
     import tilelang
     import torch
+
     from tileship.catalog.gqa_decode import PASS_CONFIGS, gqa_decode_reference, gqa_decode_sample
 
     timeit = timer(torch)

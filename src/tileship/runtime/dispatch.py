@@ -135,7 +135,7 @@ class OpRunner:
             decision, row = route.ref  # the telemetry row cached for a decision (one atomic read)
             if decision is not entry.decision:  # first reference call here, or a new decision since
                 row = self._ref_row(route)
-            if row.tick() % SAMPLE:  # the call's one counter bump
+            if next(row.it) % SAMPLE:  # the call's one counter bump (``Counter.it``)
                 return self.reference(*args)
             t0 = time.perf_counter_ns()  # one call in SAMPLE is timed for telemetry
             res = self.reference(*args)
@@ -157,7 +157,7 @@ class OpRunner:
         except Exception as exc:  # the circuit breaker, the same as call()'s
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry, route=route)[0]
-        entry.calls.add()  # a fast launch's one counter bump
+        next(entry.calls.it)  # a fast launch's one counter bump (``Counter.it``: cheaper than add())
         return res
 
     def call(self, *args: Any, out: Any = None) -> tuple[Any, Decision]:
@@ -260,7 +260,7 @@ class OpRunner:
         decision, row = route.ref
         if decision is not route.entry.decision:
             row = self._ref_row(route)
-        if row.tick() % SAMPLE:
+        if next(row.it) % SAMPLE:
             return self.reference(*args)
         t0 = time.perf_counter_ns()
         res = self.reference(*args)

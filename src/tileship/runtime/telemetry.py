@@ -82,7 +82,7 @@ class Row:
     one call in ``SAMPLE`` (``timed``, under a lock); ``snapshot()`` returns a row whose ``calls``
     is exact and whose ``ns`` is the sampled time scaled to all calls."""
 
-    __slots__ = ("shape", "reason", "calls", "ns", "tick", "_count", "_timed", "_timed_ns")
+    __slots__ = ("shape", "reason", "calls", "ns", "tick", "it", "_count", "_timed", "_timed_ns")
 
     def __init__(self, shape: Shape | None, reason: str) -> None:
         self.shape = shape
@@ -92,6 +92,8 @@ class Row:
         self._count = Counter()
         #: count one call; returns a running index (``index % SAMPLE == 0``: time this one)
         self.tick = self._count.add
+        #: the same count's iterator: ``next(row.it)`` is ``tick()`` without the method-wrapper (``Counter.it``)
+        self.it = self._count.it
         self._timed = 0
         self._timed_ns = 0
 

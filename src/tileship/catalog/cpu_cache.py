@@ -10,11 +10,10 @@ from typing import Any
 
 import tilelang.language as T
 
-from tileship.catalog import costs
+from tileship.catalog import kv_append
 from tileship.catalog import kv_append_paged as paged
+from tileship.catalog.cpu import twin
 from tileship.catalog.gqa_paged import PAGE
-from tileship.catalog.kv_append import INPUTS, MUTATES, kv_append_reference, kv_append_sample
-from tileship.declare.spec import Operator, Tolerance
 
 
 def kv_append_cpu(B: int, S: int, HKV: int, D: int, dtype: str = "float32") -> Any:
@@ -51,31 +50,12 @@ def kv_append_paged_cpu(B: int, S: int, P: int, HKV: int, D: int, page: int = PA
     return main
 
 
-kv_append_cpu_op = Operator(
-    name="kv_append_cpu",
-    factory=kv_append_cpu,
-    reference=kv_append_reference,
-    cost=costs.kv_append,
-    inputs=INPUTS,
-    mutates=MUTATES,
-    dtypes=("float32",),
-    targets=("c",),
-    shapes=({"B": 3, "S": 16, "HKV": 2, "D": 8}, {"B": 1, "S": 64, "HKV": 2, "D": 16}),
-    tolerances={"float32": Tolerance(0.0, 0.0)},  # a copy: bit-exact
-    sample=kv_append_sample,
-)
+# the CUDA operators are reached through their modules: a project listing this module builds every
+# Operator in its namespace (``load_operators``), and only the twins are to be built from it
+kv_append_cpu_op = twin(kv_append.kv_append_op, "kv_append_cpu", kv_append_cpu,
+                        ({"B": 3, "S": 16, "HKV": 2, "D": 8}, {"B": 1, "S": 64, "HKV": 2, "D": 16}),
+                        module=__name__, tol=0.0)  # a copy: bit-exact
 
-kv_append_paged_cpu_op = Operator(
-    name="kv_append_paged_cpu",
-    factory=kv_append_paged_cpu,
-    reference=paged.kv_append_paged_reference,
-    cost=costs.kv_append_paged,
-    inputs=paged.INPUTS,
-    mutates=paged.MUTATES,
-    dtypes=("float32",),
-    targets=("c",),
-    params={"PAGE": "page"},
-    shapes=({"B": 3, "S": 256, "P": 14, "PAGE": PAGE, "HKV": 2, "D": 16},),
-    tolerances={"float32": Tolerance(0.0, 0.0)},
-    sample=paged.kv_append_paged_sample,
-)
+kv_append_paged_cpu_op = twin(paged.kv_append_paged_op, "kv_append_paged_cpu", kv_append_paged_cpu,
+                              ({"B": 3, "S": 256, "P": 14, "PAGE": PAGE, "HKV": 2, "D": 16},),
+                              module=__name__, tol=0.0)

@@ -32,6 +32,13 @@ def matmul(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 128, b
     return main
 
 
+def matmul_fields(a: str, b: str, c: str, b_dims: tuple[str, str] = ("K", "N")) -> dict[str, Any]:
+    """The contract of an fp16/bf16 matmul on Hopper (``gemm``, ``gemv.linear``): ``c`` [M, N] = ``a`` [M, K]
+    times ``b`` of ``b_dims`` ([K, N]; ``F.linear``'s weight: [N, K]), priced by ``costs.gemm``."""
+    return {"inputs": (TensorArg(a, ("M", "K")), TensorArg(b, b_dims)), "outputs": (TensorArg(c, ("M", "N")),),
+            "cost": costs.gemm, "dtypes": ("float16", "bfloat16"), "targets": ("cuda-sm90a",)}
+
+
 def gemm_reference(a: Any, b: Any) -> Any:
     """The PyTorch path: cuBLAS (or the CPU BLAS) in the input dtype."""
     return torch.matmul(a, b)
@@ -41,11 +48,7 @@ gemm = Operator(
     name="gemm",
     factory=matmul,
     reference=gemm_reference,
-    cost=costs.gemm,
-    inputs=(TensorArg("A", ("M", "K")), TensorArg("B", ("K", "N"))),
-    outputs=(TensorArg("C", ("M", "N")),),
-    dtypes=("float16", "bfloat16"),
-    targets=("cuda-sm90a",),
+    **matmul_fields("A", "B", "C"),
     config={"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 3, "threads": 256},
     ranges=(
         DynamicRange("M", 1, 8192, {"N": 4096, "K": 4096}),

@@ -20,9 +20,9 @@ from typing import Any
 import tilelang.language as T
 import torch
 
-from tileship.catalog import costs
+from tileship.catalog.gemm import matmul_fields
 from tileship.catalog.w4a16 import LLAMA3_8B
-from tileship.declare.spec import Operator, TensorArg, Tolerance
+from tileship.declare.spec import Operator, Tolerance
 
 #: the decode batches compiled as static specializations: past M=2 cuBLAS wins (M=4: 0.62-0.94x,
 #: M=8: 0.33-0.71x of cuBLAS at every block shape, ``benchmarks/results/h200/round4b/gemv_sweep.json``)
@@ -103,11 +103,7 @@ linear = Operator(
     name="linear",
     factory=linear_gemv,
     reference=linear_reference,
-    cost=costs.gemm,
-    inputs=(TensorArg("x", ("M", "K")), TensorArg("weight", ("N", "K"))),
-    outputs=(TensorArg("y", ("M", "N")),),
-    dtypes=("float16", "bfloat16"),
-    targets=("cuda-sm90a",),
+    **matmul_fields("x", "weight", "y", b_dims=("N", "K")),
     shapes=tuple({"M": m, "N": n, "K": k} for _, n, k in LLAMA3_8B for m in DECODE_M),
     tolerances={"float16": Tolerance(atol=1e-2, rtol=1e-2), "bfloat16": Tolerance(atol=4e-2, rtol=4e-2)},
     sample=linear_sample,

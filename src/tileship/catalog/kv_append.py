@@ -16,6 +16,7 @@ elements (16 bytes) per thread at H_kv 8, D 128, 128 threads. The reference is P
 (``index_put_``): graph-capturable, no ``.item()``.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import tilelang.language as T
@@ -29,6 +30,16 @@ INPUTS = (TensorArg("k_cache", ("B", "S", "HKV", "D")), TensorArg("v_cache", ("B
           TensorArg("k_new", ("B", "HKV", "D")), TensorArg("v_new", ("B", "HKV", "D")),
           TensorArg("pos", ("B",), dtype="int32"))
 MUTATES = ("k_cache", "v_cache")
+
+
+def append_fields(inputs: tuple[TensorArg, ...], mutates: tuple[str, ...], *, reference: Callable[..., Any],
+                  sample: Callable[..., Any], cost: Callable[..., Any]) -> dict[str, Any]:
+    """The fields a KV-cache append on Hopper declares (``kv_append``, ``kv_append_paged``): ``inputs``,
+    the caches among them updated in place (``mutates``, no outputs), its reference, sample hook and
+    cost; fp16/bf16, compared bit-exact (the kernel copies rows)."""
+    return {"inputs": inputs, "mutates": mutates, "reference": reference, "sample": sample, "cost": cost,
+            "dtypes": ("float16", "bfloat16"), "targets": ("cuda-sm90a",),
+            "tolerances": {"float16": Tolerance(0.0, 0.0), "bfloat16": Tolerance(0.0, 0.0)}}
 
 
 def kv_append(B: int, S: int, HKV: int = H_KV, D: int = HEAD_DIM, dtype: str = "float16", threads: int = 128) -> Any:
@@ -81,14 +92,7 @@ def kv_append_sample(dims: dict[str, int], dtype: str, device: Any) -> tuple[Any
 kv_append_op = Operator(
     name="kv_append",
     factory=kv_append,
-    reference=kv_append_reference,
-    cost=costs.kv_append,
-    inputs=INPUTS,
-    mutates=MUTATES,
-    dtypes=("float16", "bfloat16"),
-    targets=("cuda-sm90a",),
     shapes=tuple({"B": b, "S": s, "HKV": H_KV, "D": HEAD_DIM}
                  for b, s in ((1, 1024), (1, 8192), (1, 32768), (8, 1024), (8, 8192), (32, 1024), (32, 8192))),
-    tolerances={"float16": Tolerance(0.0, 0.0), "bfloat16": Tolerance(0.0, 0.0)},  # a copy: bit-exact
-    sample=kv_append_sample,
+    **append_fields(INPUTS, MUTATES, reference=kv_append_reference, sample=kv_append_sample, cost=costs.kv_append),
 )

@@ -18,7 +18,8 @@ import torch
 from tileship.catalog import costs
 from tileship.catalog.gqa_decode import H_KV, HEAD_DIM
 from tileship.catalog.gqa_paged import PAGE
-from tileship.declare.spec import Operator, TensorArg, Tolerance
+from tileship.catalog.kv_append import append_fields
+from tileship.declare.spec import Operator, TensorArg
 
 INPUTS = (TensorArg("k_pages", ("P", "PAGE", "HKV", "D")), TensorArg("v_pages", ("P", "PAGE", "HKV", "D")),
           TensorArg("k_new", ("B", "HKV", "D")), TensorArg("v_new", ("B", "HKV", "D")),
@@ -85,15 +86,9 @@ def kv_append_paged_sample(dims: dict[str, int], dtype: str, device: Any) -> tup
 kv_append_paged_op = Operator(
     name="kv_append_paged",
     factory=kv_append_paged,
-    reference=kv_append_paged_reference,
-    cost=costs.kv_append_paged,
-    inputs=INPUTS,
-    mutates=MUTATES,
-    dtypes=("float16", "bfloat16"),
-    targets=("cuda-sm90a",),
     params={"PAGE": "page"},
     shapes=tuple({"B": b, "S": s, "P": b * s // PAGE + 16, "PAGE": PAGE, "HKV": H_KV, "D": HEAD_DIM}
                  for b, s in ((1, 8192), (1, 32768), (8, 8192), (32, 1024))),
-    tolerances={"float16": Tolerance(0.0, 0.0), "bfloat16": Tolerance(0.0, 0.0)},  # a copy: bit-exact
-    sample=kv_append_paged_sample,
+    **append_fields(INPUTS, MUTATES, reference=kv_append_paged_reference, sample=kv_append_paged_sample,
+                    cost=costs.kv_append_paged),
 )

@@ -45,6 +45,13 @@ class Device(StrEnum):
         return ("cuda", "cpu") if self is Device.all else (self.value,)
 
 
+#: ``--device`` of ``verify`` and ``tune``
+DeviceOption = Annotated[Device, typer.Option(help="run the cuda, cpu or all specializations this machine can run")]
+#: ``--seeds`` of ``verify`` and ``tune`` (the default is each command's), read with ``parse_seeds``
+SeedsOption = Annotated[str, typer.Option(help="comma-separated base seeds of the correctness check; each shape "
+                                               "gets fresh inputs per seed")]
+
+
 def parse_seeds(seeds: str) -> tuple[int, ...]:
     """``--seeds 0,1,2`` -> (0, 1, 2). Raises BadParameter on a non-integer or an empty list."""
     try:

@@ -5,19 +5,29 @@ from __future__ import annotations
 
 import typer
 
-from tileship.cli._common import Device, LimitOption, ReleaseDir, VerifierKeyOption, console, handle_errors, parse_seeds
+from tileship.cli._common import (
+    Device,
+    DeviceOption,
+    LimitOption,
+    ReleaseDir,
+    SeedsOption,
+    VerifierKeyOption,
+    console,
+    handle_errors,
+    parse_seeds,
+)
 
 
 @handle_errors
 def tune_cmd(
     release: ReleaseDir,
-    seeds: str = typer.Option("0,1", help="comma-separated base seeds for the correctness check"),
+    seeds: SeedsOption = "0,1",
     limit: LimitOption = None,
     budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run of one path"),
     rounds: int = typer.Option(5, help="timing rounds per bucket (their spread is the noise band)"),
     flush: bool = typer.Option(True, help="overwrite a cache-sized buffer before every timing sample"),
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
-    device: Device = typer.Option(Device.all, help="tune cuda, cpu or all groups this machine can run"),
+    device: DeviceOption = Device.all,
     only: list[str] = typer.Option([], help="operator name or group id (repeatable; default all)"),
     verifier_key: VerifierKeyOption = None,
 ) -> None:

@@ -4,7 +4,17 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import Device, LimitOption, ReleaseDir, VerifierKeyOption, console, handle_errors, parse_seeds
+from tileship.cli._common import (
+    Device,
+    DeviceOption,
+    LimitOption,
+    ReleaseDir,
+    SeedsOption,
+    VerifierKeyOption,
+    console,
+    handle_errors,
+    parse_seeds,
+)
 
 
 def parse_tolerances(values: list[str]) -> dict[str, dict[str, object]]:
@@ -36,7 +46,7 @@ def _fmt(v: float | None, spec: str = ".2e") -> str:
 @handle_errors
 def verify_cmd(
     release: ReleaseDir,
-    seeds: str = typer.Option("0,1,2", help="comma-separated base seeds; each shape gets fresh inputs per seed"),
+    seeds: SeedsOption = "0,1,2",
     limit: LimitOption = None,
     grid: int = typer.Option(4, help="ratio between verified T.dynamic sizes besides the edges; 0: edge sizes only"),
     timing: bool = typer.Option(True, help="time kernel vs reference (needed for routing by speed)"),
@@ -47,7 +57,7 @@ def verify_cmd(
                                         help="precision of the reference the kernel is compared with: float64 or "
                                              "float32"),
     tolerance: list[str] = typer.Option([], help="override a declared tolerance: OP:DTYPE=ATOL,RTOL (repeatable)"),
-    device: Device = typer.Option(Device.all, help="verify cuda, cpu or all specializations this machine can run"),
+    device: DeviceOption = Device.all,
     only: list[str] = typer.Option([], help="operator name or specialization id (repeatable; default all)"),
     strict_poison: bool = typer.Option(True, help="fail a run whose outputs could not be confirmed poisoned"),
     json_out: Path | None = typer.Option(None, help="also write the evidence JSON here"),

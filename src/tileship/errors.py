@@ -27,6 +27,11 @@ result, a verification verdict. Exceptions from TileLang/TVM are translated in o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+V = TypeVar("V")
+
 
 class TileshipError(Exception):
     """Base of every tileship error. ``hint`` says how to fix it."""
@@ -123,6 +128,16 @@ class CallError(TileshipError):
         super().__init__(f"{where}: {message}", hint=hint)
         self.operator = operator
         self.argument = argument
+
+
+def lookup(table: Mapping[str, V], name: str, what: str, where: str) -> V:
+    """``table[name]``, or a CallError for operator ``name`` saying ``what`` and what ``where`` has instead
+    (``lookup(ops, "gemm", "unknown operator", "this release")``: "gemm: unknown operator (this release
+    has: add, rmsnorm)")."""
+    try:
+        return table[name]
+    except KeyError:
+        raise CallError(f"{what} ({where} has: {', '.join(sorted(table))})", operator=name) from None
 
 
 class KernelMismatch(TileshipError):

@@ -5,31 +5,21 @@ from __future__ import annotations
 
 import typer
 
-from tileship.cli._common import (
-    Device,
-    DeviceOption,
-    LimitOption,
-    ReleaseDir,
-    SeedsOption,
-    VerifierKeyOption,
-    console,
-    handle_errors,
-    parse_seeds,
-)
+from tileship.cli import _common as common
 
 
-@handle_errors
+@common.handle_errors
 def tune_cmd(
-    release: ReleaseDir,
-    seeds: SeedsOption = "0,1",
-    limit: LimitOption = None,
+    release: common.ReleaseDir,
+    seeds: common.SeedsOption = "0,1",
+    limit: common.LimitOption = None,
     budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run of one path"),
     rounds: int = typer.Option(5, help="timing rounds per bucket (their spread is the noise band)"),
     flush: bool = typer.Option(True, help="overwrite a cache-sized buffer before every timing sample"),
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
-    device: DeviceOption = Device.all,
+    device: common.DeviceOption = common.Device.all,
     only: list[str] = typer.Option([], help="operator name or group id (repeatable; default all)"),
-    verifier_key: VerifierKeyOption = None,
+    verifier_key: common.VerifierKeyOption = None,
 ) -> None:
     """Tune a release on this machine: per shape bucket, verify every candidate (poisoned outputs,
     float64 reference), time the passing ones and the reference as served (CUDA events, L2 flushed
@@ -38,7 +28,7 @@ def tune_cmd(
     (release id unchanged; a signature is removed: re-sign). Exit 1: nothing could be tuned."""
     from tileship.verify.tune import TuneOptions, tune_release
 
-    seed_list = parse_seeds(seeds)
+    seed_list = common.parse_seeds(seeds)
     if rounds < 2:
         raise typer.BadParameter("two rounds at least are needed (the noise band is their spread)",
                                  param_hint="--rounds")
@@ -54,7 +44,7 @@ def tune_cmd(
         for p in group["points"]:
             dims = ",".join(f"{k}={v}" for k, v in p["dims"].items())
             won = p["winner"] or "reference"
-            console.print(
+            common.console.print(
                 f"  {gid} @ {dims}: [bold]{won}[/] (reference {p['reference']['median_us']:.2f} us, "
                 f"noise {p['noise_us']:.2f} us)"
             )
@@ -73,7 +63,7 @@ def tune_cmd(
     data = tune_release(release, opts, verifier_key=verifier_key)
     points = [p for g in data["tuning"].values() for p in g["points"]]
     kernels = sum(1 for p in points if p["winner"])
-    console.print(
+    common.console.print(
         f"tuned {len(data['tuning'])} groups, {len(points)} buckets: a kernel wins {kernels}, the reference "
         f"{len(points) - kernels} (release {data['release_id']}; evidence in "
         f"{release / 'evidence' / 'verification.json'}, "
@@ -81,9 +71,9 @@ def tune_cmd(
     )
 
 
-@handle_errors
+@common.handle_errors
 def explain_cmd(
-    release: ReleaseDir,
+    release: common.ReleaseDir,
     op: str = typer.Argument(..., help="operator name"),
     dims: list[str] = typer.Argument(..., help="DIM=SIZE for every dim, e.g. M=16 N=4096 K=4096"),
     dtype: str | None = typer.Option(None, help="operator dtype (default: each declared one)"),
@@ -98,7 +88,7 @@ def explain_cmd(
         raise typer.BadParameter("expected DIM=SIZE, e.g. M=16", param_hint="DIMS") from None
     lines, found = explain(release, op, sizes, dtype=dtype)
     for line in lines:
-        console.print(line, markup=False)
+        common.console.print(line, markup=False)
     if not found:
         raise typer.Exit(1)
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from tileship.errors import CallError
+from tileship.errors import lookup
 
 if TYPE_CHECKING:
     from tileship.runtime.dispatch import OpRunner
@@ -70,11 +70,7 @@ class Release:
                 runner._memo.clear()
 
     def op(self, name: str) -> OpRunner:
-        try:
-            return self.ops[name]
-        except KeyError:
-            raise CallError(f"unknown operator (this release has: {', '.join(sorted(self.ops))})",
-                            operator=name) from None
+        return lookup(self.ops, name, "unknown operator", "this release")
 
     def decisions(self) -> dict[str, dict[str, str]]:
         """Per operator, per specialization: the path it will take and why."""

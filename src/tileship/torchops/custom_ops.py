@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from tileship.declare.dims import SAME, DimExpr
-from tileship.errors import CallError
+from tileship.errors import CallError, lookup
 from tileship.runtime.dispatch import OpRunner, Release
 
 PREFIX = "tileship_"
@@ -73,22 +73,14 @@ class TorchOps:
                                  f"{', '.join(sorted(self.ops))})") from None
 
     def __getitem__(self, name: str) -> Any:
-        try:
-            return self.ops[name]
-        except KeyError:
-            raise CallError(f"unknown operator (release {self.release_id} has: {', '.join(sorted(self.ops))})",
-                            operator=name) from None
+        return lookup(self.ops, name, "unknown operator", f"release {self.release_id}")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.ops)
 
     def out(self, name: str) -> Any:
         """The ``out=`` form of ``name``: ``ops.out("add")(a, b, out=c)`` writes into ``c``."""
-        try:
-            return self.out_ops[name]
-        except KeyError:
-            raise CallError(f"no out= form (release {self.release_id} has: {', '.join(sorted(self.out_ops))})",
-                            operator=name) from None
+        return lookup(self.out_ops, name, "no out= form", f"release {self.release_id}")
 
     def runner(self, name: str) -> OpRunner:
         """The OpRunner serving ``name`` now (the latest registered load of this release)."""

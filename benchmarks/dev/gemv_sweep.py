@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -58,25 +57,11 @@ def main() -> None:
     print(f"compiled {len(jobs)} variants in {time.time() - t0:.1f}s, {len(errors)} failed", flush=True)
     import tilelang
     import torch
+    from w4a16_sweep import timer  # same method: L2 flushed, median of 60 after 5 warm-ups
 
     from tileship.catalog.gemv import gemv_kernel, plan
 
-    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-
-    def timeit(fn: Any, reps: int = 60) -> tuple[float, float, float]:
-        for _ in range(5):
-            fn()
-        ts = []
-        for _ in range(reps):
-            flush.zero_()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) * 1000.0)
-        ts.sort()
-        return statistics.median(ts), ts[len(ts) // 10], ts[(9 * len(ts)) // 10]
+    timeit = timer(torch)
 
     rows: list[dict[str, Any]] = []
     for dt in args.dtypes.split(","):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -68,27 +67,6 @@ def build(job: tuple) -> tuple[tuple, str | None]:
         return job[:3] + (json.dumps(cfg, sort_keys=True),), f"{type(e).__name__}: {e}"[-400:]
 
 
-def timer(torch: Any) -> Any:
-    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-
-    def timeit(fn: Any, reps: int = 60) -> tuple[float, float, float]:
-        for _ in range(5):
-            fn()
-        ts = []
-        for _ in range(reps):
-            flush.zero_()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) * 1000.0)
-        ts.sort()
-        return statistics.median(ts), ts[len(ts) // 10], ts[(9 * len(ts)) // 10]
-
-    return timeit
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -103,6 +81,7 @@ def main() -> None:
     print(f"compiled {len(jobs)} variants in {time.time() - t0:.1f}s, {len(errors)} failed", flush=True)
     import tilelang
     import torch
+    from w4a16_sweep import timer  # same method: L2 flushed, median of 60 after 5 warm-ups
 
     from tileship.catalog.gqa_decode import PASS_CONFIGS, gqa_decode_reference, gqa_decode_sample
 

@@ -285,3 +285,34 @@ def test_state_dict_carries_the_kernel_stamp(release, cpu_release_build, tmp_pat
         load(plain, path)
     load_state_dict(plain, sd, allow_kernel_mismatch=True)
     again.load_state_dict(tiny().state_dict())
+
+
+class _SeenOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every op that reaches torch's dispatcher (a custom op call shows as its own name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_swapped_layers_skip_the_dispatcher_in_eager_but_not_for_autograd(release):
+    from tileship.torchops.custom_ops import EagerOp
+    from tileship.torchops.swap import swap
+
+    model = tiny()
+    swap(model, release, names=NAMES)
+    q = model.layers[0].attn.q_proj
+    assert isinstance(q.op, EagerOp)
+    x = torch.randn(SEQ, HIDDEN)
+    want = x @ q.weight.detach().t()
+    with torch.no_grad(), _SeenOps() as seen:
+        assert_close(q(x), want)
+    assert not any("tileship_" in n for n in seen.names), seen.names  # the implementation ran directly
+    with _SeenOps() as seen:  # grad mode on, an input requires grad: autograd must see the custom op
+        assert_close(q(x.requires_grad_()).detach(), want)
+    assert any(n.startswith(f"tileship_{release.release_id}.gemm") for n in seen.names), seen.names
+    assert release.counters()["gemm"] == {"kernel:kernel": 2}  # both calls dispatched by tileship, on the kernel

@@ -24,6 +24,12 @@ Registering the same release id again (a second ``load`` in the process) rebinds
 existing ops to the newly loaded release; another release gets its own namespace, so two
 releases can serve side by side.
 
+Eager hot loops: ``ops.eager("gemm")`` is the same operator without torch's dispatcher, which costs
+about 12 us a call on the CPU (a decode step of a small model makes dozens of calls). It runs the
+implementation directly, and hands the call to the custom op while ``torch.compile`` traces or
+when autograd would record it, so compiled graphs and gradients see the custom op as before.
+``swap`` gives the replaced layers this form.
+
 CUDA graphs: the implementation does no host synchronisation, and allocates outputs only
 through torch's caching allocator (TileLang allocates ``out_idx`` outputs with
 ``torch.empty``; the reference is torch). Under graph replay the Python dispatcher does not
@@ -50,6 +56,8 @@ _lock = threading.Lock()
 _runners: dict[str, OpRunner] = {}
 #: namespace -> the TorchOps of the release registered under it
 _registered: dict[str, TorchOps] = {}
+#: "namespace::op" -> the implementation behind the custom op (what ``EagerOp`` calls directly)
+_impls: dict[str, Callable[..., Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -82,9 +90,38 @@ class TorchOps:
         """The ``out=`` form of ``name``: ``ops.out("add")(a, b, out=c)`` writes into ``c``."""
         return lookup(self.out_ops, name, "no out= form", f"release {self.release_id}")
 
+    def eager(self, name: str) -> EagerOp:
+        """``name`` for eager hot loops: the implementation without torch's dispatcher (see the module doc)."""
+        op = self[name]
+        return EagerOp(op, _impls[f"{self.namespace}::{name}"])
+
     def runner(self, name: str) -> OpRunner:
         """The OpRunner serving ``name`` now (the latest registered load of this release)."""
         return _runners[f"{self.namespace}::{name}"]
+
+
+class EagerOp:
+    """One custom op's implementation, called directly in eager mode; the custom op itself while
+    ``torch.compile`` traces, or when grad mode is on and a tensor argument requires grad.
+    ``__call__`` is the hot path: two flag reads before the implementation."""
+
+    __slots__ = ("impl", "op")
+
+    def __init__(self, op: Any, impl: Callable[..., Any]) -> None:
+        self.op = op
+        self.impl = impl
+
+    def __call__(self, *args: Any) -> Any:
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(args)):
+            return self.op(*args)
+        return self.impl(*args)
+
+    def __repr__(self) -> str:
+        return f"eager({self.op})"
+
+
+def _any_requires_grad(args: tuple[Any, ...]) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def namespace_of(release_id: str) -> str:
@@ -144,7 +181,8 @@ def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequen
     in_decl = tuple((n, ds, dt) for n, ds, dt in in_decl if n not in scalars)
     pick = [i for i, (n, *_) in enumerate(inputs) if n not in scalars]
     ret = "Tensor" if len(out_dims) == 1 else "(" + ", ".join("Tensor" for _ in out_dims) + ")"
-    op = torch.library.custom_op(qual, _implementation(qual, len(out_dims)), mutates_args=tuple(mutates),
+    impl = _impls[qual] = _implementation(qual, len(out_dims))
+    op = torch.library.custom_op(qual, impl, mutates_args=tuple(mutates),
                                  schema=f"({args}) -> {ret}")
     fake = _fake(name, in_decl, out_dims, out_dtypes)
     op.register_fake(fake if not scalars else lambda *a: fake(*(a[i] for i in pick)))
@@ -239,4 +277,4 @@ def mark_dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
     return t
 
 
-__all__ = ["PREFIX", "TorchOps", "mark_dynamic", "namespace_of", "register", "registered"]
+__all__ = ["PREFIX", "EagerOp", "TorchOps", "mark_dynamic", "namespace_of", "register", "registered"]

@@ -304,7 +304,7 @@ def _cover(path: str, kind: str, release: Release, ops: TorchOps, op_name: str, 
     serving = tuple(sorted({_serving(e) for e, _ in matched}))
     reason = (f"{op_name} covers {want} in {dt} ({len(specs)} specialization{'s' if len(specs) > 1 else ''}; "
               f"now serving {', '.join(serving)})")
-    return SwapRecord(path, kind, True, op_name, reason, specs, serving), make(ops[op_name])
+    return SwapRecord(path, kind, True, op_name, reason, specs, serving), make(ops.eager(op_name))
 
 
 def _check_signature(release: Release, kind: str, op_name: str) -> None:

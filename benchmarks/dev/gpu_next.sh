@@ -5,7 +5,8 @@
 #                runtime_overhead on the tuned release, with the dispatcher of 0eb4bfa/b315eee
 #                (issues 13 and 14: 95% within 1.05x; the round-5 attempt was cut short by the budget)
 #   STAGE=eager: the catalog release built here, then model_e2e.py in eager mode at decode batches 1 and 8
-#                (issue 14: the eager tileship/PyTorch ratio at batch 1, 1.56 when last measured, target <= 1.0)
+#                (issue 14: the eager tileship/PyTorch ratio at batch 1, 1.56 when last measured, target <= 1.0),
+#                and benchmarks/dev/eager_profile.py (per-layer host time, swapped vs PyTorch; torch.profiler tables)
 # Only OUT_DIR/all_STAGE.tgz comes back (the device tool returns at most 8 files).
 set -u
 out=${1:?usage: gpu_next.sh OUT_DIR tune|eager}
@@ -26,5 +27,8 @@ else
   echo "verify rc=$?"
   PYTHONPATH=$PYTHONPATH:$PWD timeout $(( 570 - SECONDS )) python3 benchmarks/model_e2e.py --release "$rel" \
     --out "$d/model_e2e_eager.json" --modes eager --decode-batches 1,8 --require-evidence > "$d/model_e2e_eager.log" 2>&1
-  echo "model_e2e rc=$?"; tail -20 "$d/model_e2e_eager.log"
+  echo "model_e2e rc=$?"; grep -v "^  replaced\|^  kept" "$d/model_e2e_eager.log" | tail -12
+  PYTHONPATH=$PYTHONPATH:$PWD timeout 120 python3 benchmarks/dev/eager_profile.py --release "$rel" --out "$d" \
+    > "$d/eager_profile.log" 2>&1
+  echo "eager_profile rc=$?"; grep -A9 "^release" "$d/eager_profile.log"
 fi

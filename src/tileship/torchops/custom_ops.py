@@ -58,6 +58,8 @@ _runners: dict[str, OpRunner] = {}
 _registered: dict[str, TorchOps] = {}
 #: "namespace::op" -> the implementation behind the custom op (what ``EagerOp`` calls directly)
 _impls: dict[str, Callable[..., Any]] = {}
+#: "namespace::op" -> True for an operator with one output that updates no input (``EagerOp``'s direct call)
+_direct: dict[str, bool] = {}
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,8 @@ class TorchOps:
     def eager(self, name: str) -> EagerOp:
         """``name`` for eager hot loops: the implementation without torch's dispatcher (see the module doc)."""
         op = self[name]
-        return EagerOp(op, _impls[f"{self.namespace}::{name}"])
+        qual = f"{self.namespace}::{name}"
+        return EagerOp(op, _impls[qual], qual, _direct.get(qual, False))
 
     def runner(self, name: str) -> OpRunner:
         """The OpRunner serving ``name`` now (the latest registered load of this release)."""
@@ -101,19 +104,28 @@ class TorchOps:
 
 
 class EagerOp:
-    """One custom op's implementation, called directly in eager mode; the custom op itself while
+    """One custom op called without torch's dispatcher in eager mode; the custom op itself while
     ``torch.compile`` traces, or when grad mode is on and a tensor argument requires grad.
-    ``__call__`` is the hot path: two flag reads before the implementation."""
+    ``__call__`` is the hot path: for an operator with one output that updates no input, the
+    runner serving the op now (``_runners``, rebound on re-registration) is called directly,
+    and the output is what its path returned (as the reference itself would return it); with
+    ``check_finite`` on, or for other operators, the custom op's implementation runs (it
+    refuses ``check_finite`` under CUDA graph capture and returns contiguous outputs)."""
 
-    __slots__ = ("impl", "op")
+    __slots__ = ("direct", "impl", "op", "qual")
 
-    def __init__(self, op: Any, impl: Callable[..., Any]) -> None:
+    def __init__(self, op: Any, impl: Callable[..., Any], qual: str, direct: bool) -> None:
         self.op = op
         self.impl = impl
+        self.qual = qual
+        self.direct = direct
 
     def __call__(self, *args: Any) -> Any:
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(args)):
             return self.op(*args)
+        runner = _runners[self.qual]
+        if self.direct and not runner.check_finite:
+            return runner(*args)
         return self.impl(*args)
 
     def __repr__(self) -> str:
@@ -182,6 +194,7 @@ def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequen
     pick = [i for i, (n, *_) in enumerate(inputs) if n not in scalars]
     ret = "Tensor" if len(out_dims) == 1 else "(" + ", ".join("Tensor" for _ in out_dims) + ")"
     impl = _impls[qual] = _implementation(qual, len(out_dims))
+    _direct[qual] = len(out_dims) == 1 and not mutates
     op = torch.library.custom_op(qual, impl, mutates_args=tuple(mutates),
                                  schema=f"({args}) -> {ret}")
     fake = _fake(name, in_decl, out_dims, out_dtypes)

@@ -71,7 +71,7 @@ class KernelLinear(nn.Module):
         self.op = op
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.op(x.reshape(-1, self.in_features), self.weight_t).view(*x.shape[:-1], self.out_features)
+        y = self.op(x.reshape(-1, self.in_features), self.weight_t).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     @torch.no_grad()
@@ -97,7 +97,7 @@ class KernelRMSNorm(nn.Module):
         self.op = op
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x.reshape(-1, x.shape[-1]), self.weight).view(x.shape)
+        return self.op(x.reshape(-1, x.shape[-1]), self.weight).reshape(x.shape)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, op={self.op}"

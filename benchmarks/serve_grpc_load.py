@@ -11,6 +11,8 @@ as bytes, so no client-side protobuf work is timed. Phases:
 3. gRPC, ``--clients`` concurrent aio calls for ``--duration`` s (at most ``--max-requests``).
 4. the floor: the same sequential client against a bare grpc.aio echo server in another process.
 Then /metrics: compile attempts (must be 0). Helpers come from ``serve_load.py`` (the REST one).
+When torch sees a GPU and ``--op`` has CUDA specializations, the in-process numbers run on the device
+(inputs moved there once for ``call``; ``full`` moves them per call; every call synchronized).
 
     python benchmarks/serve_grpc_load.py --op add --dims N=4096 --out benchmarks/results/cpu/serve_grpc_load_add.json
     python benchmarks/serve_grpc_load.py --op rmsnorm_cpu --dims M=1,N=1024 --out benchmarks/results/cpu/serve_grpc_load_rmsnorm.json
@@ -50,23 +52,31 @@ def make_request(release: Any, op: str, dims: dict[str, int], dtype: str) -> tup
     return req, tensors
 
 
-def in_process(release: Any, op: str, wire: bytes, tensors: list[Any], n: int) -> dict[str, Any]:
+def in_process(release: Any, op: str, wire: bytes, tensors: list[Any], n: int, device: str = "cpu") -> dict[str, Any]:
+    """``call``: the operator on tensors already on ``device``; ``full``: parse, tensors to the device,
+    call, (synchronize,) copy back, encode. On CUDA each call is synchronized, as the server's is."""
+    import torch
     from tritonclient.grpc import service_pb2 as pb
 
     from tileship.serve import grpc_codec, protocol
 
     runner, decl = release.ops[op], release.declarations[op]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    dev_args = [t.to(device) for t in tensors]
     for _ in range(3):
-        runner.call(*tensors)
+        runner.call(*dev_args)
+    sync()
     call_t, full_t = [], []
     for _ in range(n):
         t0 = time.perf_counter()
-        out, decision = runner.call(*tensors)
+        out, decision = runner.call(*dev_args)
+        sync()
         call_t.append(time.perf_counter() - t0)
     for i in range(n + 3):
         t0 = time.perf_counter()
         plan = protocol.plan_call(grpc_codec.parse(pb.ModelInferRequest.FromString(wire)), op, decl)
-        out, decision = runner.call(*plan.arguments("cpu"))
+        out, decision = runner.call(*plan.arguments(device))
+        sync()
         resp = grpc_codec.encode(model=op, version=release.release_id, request_id=None, parameters={},
                                  outputs=[(plan.outputs[0][0], out.detach().cpu(), True)]).SerializeToString()
         if i >= 3:
@@ -217,9 +227,10 @@ def main() -> int:
     try:
         ready = wait_ready(url, proc, 600)
         release = load(release_dir)
+        device = "cuda" if torch.cuda.is_available() and any(e.spec is not None and e.spec.target != "c" for e in release.ops[a.op].entries) else "cpu"
         req, tensors = make_request(release, a.op, dims, a.dtype)
         wire = req.SerializeToString()
-        inproc = in_process(release, a.op, wire, tensors, a.seq)
+        inproc = in_process(release, a.op, wire, tensors, a.seq, device)
         ref = inproc.pop("output")
         seq, first = sequential(target, wire, a.seq)
         resp = pb.ModelInferResponse.FromString(first)
@@ -242,7 +253,8 @@ def main() -> int:
         "config": {"op": a.op, "dims": dims, "dtype": a.dtype, "clients": a.clients, "duration_s": a.duration,
                    "seq": a.seq, "request_bytes": len(wire), "response_bytes": inproc["response_bytes"]},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
-                        "platform": platform.platform(), "grpcio": __import__("grpc").__version__,
+                        "platform": platform.platform(), "grpcio": __import__("grpc").__version__, "device": device,
+                        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
                         "load_average_1m": round(os.getloadavg()[0], 2)},
         "release_id": release.release_id, "ready": {k: ready.get(k) for k in ("ready", "reason", "device")},
         "in_process": inproc, "grpc_sequential": seq, "tritonclient_grpc_sequential": triton, "grpc_load": loaded,
@@ -253,7 +265,7 @@ def main() -> int:
     }
     result["ok"] = loaded["errors"] == 0 and compiles == 0 and diff == 0.0
     ip = inproc
-    print(f"serve_grpc_load: {a.op} {dims} {a.dtype}; request {len(wire)} B; release {release.release_id}")
+    print(f"serve_grpc_load: {a.op} {dims} {a.dtype} on {device}; request {len(wire)} B; release {release.release_id}")
     print(f"  in-process call only          p50 {ip['call']['p50_us']:>9.1f} us  p99 {ip['call']['p99_us']:>9.1f} us ({ip['decision']})")
     print(f"  in-process parse+call+encode  p50 {ip['full']['p50_us']:>9.1f} us  p99 {ip['full']['p99_us']:>9.1f} us")
     print(f"  gRPC 1 client (raw bytes)     p50 {seq['p50_us']:>9.1f} us  p99 {seq['p99_us']:>9.1f} us  overhead p50 "

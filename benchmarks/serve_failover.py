@@ -3,9 +3,10 @@
 The release holds ``fault_copy`` (``benchmarks/fault_kernel.py``: a copy, except that an input
 whose first element is ``POISON`` makes the kernel write ~4 GiB past its output). Built for
 cuda-sm90a when torch sees a GPU (the GPU host: a sticky CUDA error, the worker's context is
-lost), else for "c" (the fault is a SIGSEGV of the worker, so the front-end sees a death, not a
-fatal reply). Two servers run as child processes, ``--workers 0`` and ``--workers 1``; one client
-process talks raw keep-alive HTTP/1.1 (``serve_load.Conn``) with binary tensors. Phases:
+lost), else for "c" (the fault is a SIGSEGV of the worker: a crash, not a fatal reply; the
+front-end answers 503 and does not retry the poison on the standby). Two servers run as child
+processes, ``--workers 0`` and ``--workers 1``; one client process talks raw keep-alive HTTP/1.1
+(``serve_load.Conn``) with binary tensors. Phases:
 
 1. hop: ``--rounds`` x ``--per-round`` sequential copies of N floats to each server, alternating
    rounds; p50/p99 per mode and the p50 difference (on the GPU: the hop of a CUDA call).
@@ -255,7 +256,7 @@ def main() -> int:
                               "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "host": platform.node(),
                               "cpus": os.cpu_count(), "release": str(release), "build_s": build_s,
                               "request": f"{OP}, FP32, N={a.n}, binary tensors", "fault": "sticky CUDA error (illegal address)"
-                              if device == "cuda" else "SIGSEGV of the worker (the \"c\" target): a death, not a fatal reply"}
+                              if device == "cuda" else "SIGSEGV of the worker (\"c\" target): a crash, a 503, not retried"}
     rc = 1
     try:
         t = time.perf_counter()

@@ -8,11 +8,13 @@ outputs are copied out of the buffer and encoded by the front-end's transport.
 Failover. A worker that dies (kill -9 or any exit: end-of-file on its socket during a call, or
 the monitor seeing it exit while idle), reports a sticky device fault (it then exits 3), or does
 not answer within ``worker_timeout_s`` (it is killed) is replaced at once by the standby,
-which is already loaded and warmed; a new standby starts in the background. The request that
-was on a worker that died is retried once on the next worker (inference is idempotent); a
-second death, a wedge or a sticky fault is a 503 naming the worker. With no standby ready, a
-request waits up to ``wait_s`` for a serving worker, then gets a 503. Readiness: at least one
-serving worker is ready.
+which is already loaded and warmed; a new standby starts in the background. A death during a
+call is judged by how the process ended (``workers.ending``): killed from outside (SIGKILL,
+SIGTERM, ...), its request is retried once on the next worker (inference is idempotent); crashed
+by itself (SIGSEGV, SIGABRT, ..., a nonzero exit), it is a 503 naming the worker and the signal,
+not retried: the request may be what crashed it (and would crash the standby). A second death,
+a wedge or a sticky fault is a 503 naming the worker. With no standby ready, a request waits up
+to ``wait_s`` for a serving worker, then gets a 503. Readiness: a serving worker is ready.
 
 Hot swap (``roll`` then ``switch``). The new release's workers start one at a time, the new
 standby first, while the old ones keep serving; a worker that fails to load fails the reload
@@ -34,7 +36,7 @@ from tileship.errors import WorkerError
 from tileship.runtime.dispatch import Decision
 from tileship.serve import gpu_map
 from tileship.serve.validate import BadRequest
-from tileship.serve.workers import Raw, Worker, WorkerDied
+from tileship.serve.workers import Raw, Worker, WorkerDied, ending
 
 #: times a worker that failed to start is started again before the pool gives up on it
 START_ATTEMPTS = 3
@@ -77,8 +79,7 @@ class WorkerPool:
         g.labels("serving").set_function(lambda: len(self.serving))
         g.labels("standby").set_function(lambda: 1 if self.standby is not None else 0)
         g.labels("starting").set_function(lambda: self.starting)
-        self._failed = Counter("tileship_worker_failures", "Workers replaced, by reason", ("reason",),
-                               registry=registry)
+        self._failed = Counter("tileship_worker_failures", "Workers replaced, by reason", ["reason"], registry=registry)
         self._retried = Counter("tileship_worker_retries", "Requests retried on another worker after one died",
                                 registry=registry)
 
@@ -282,7 +283,11 @@ class WorkerPool:
             try:
                 reply = w.call(name, args, out_bytes, self.timeout_s)
             except WorkerDied as exc:
-                self._fail(w, "died", str(exc))
+                end = ending(w.proc)
+                self._fail(w, "crashed" if end.crashed else "died", f"{exc}: {end.what}")
+                if end.crashed:
+                    raise BadRequest(503, f"worker failure: worker {w.pid} crashed ({end.what}) running this request; "
+                                          "not retried, since the request may be what crashed it") from None
                 if attempt == 1:
                     self.retries += 1
                     if self._retried is not None:

@@ -4,13 +4,15 @@
 a fresh shared buffer, ``wait_ready`` waits for its release to be loaded and warmed, ``call``
 writes a request's tensors into the buffer and exchanges one frame each way
 (``serve.worker_wire``); a worker that closes its socket mid-call raises ``WorkerDied``, one
-that does not answer in time ``TimeoutError``. The pool (``serve.worker_pool``) decides what
-follows.
+that does not answer in time ``TimeoutError``. ``ending`` reads how a dead worker ended: killed
+from outside, or crashed by itself (then the request it ran may be the cause). The pool
+(``serve.worker_pool``) decides what follows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
@@ -26,8 +28,39 @@ from tileship.serve import worker_wire as wire
 BUFFER_BYTES = 1 << 20
 
 
+#: a process stopped from outside (kill -9, the OOM killer, a supervisor, Ctrl-C): not the request's doing
+KILLED = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+#: a process that faulted by itself (a bad memory access, an abort, a trap): the request may be the cause
+CRASHED = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS,
+                     signal.SIGTRAP})
+
+
 class WorkerDied(Exception):
     """The worker went away during the call (its answer will never come)."""
+
+
+class Ending(NamedTuple):
+    """How a worker process ended (``ending``)."""
+
+    #: by its own fault (a CRASHED signal, a nonzero exit status): the request it ran may be what did it
+    crashed: bool
+    #: "SIGSEGV", "SIGKILL", "exit status 1", or "no exit status within 1 s"
+    what: str
+
+
+def ending(proc: subprocess.Popen[bytes], wait_s: float = 1.0) -> Ending:
+    """Wait up to ``wait_s`` for ``proc`` to exit and say how it ended. A signal in ``KILLED``, any
+    other signal, exit status 0 or no status in time is not a crash. Never raises."""
+    try:
+        rc = proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        return Ending(False, f"no exit status within {wait_s:g} s")
+    if rc >= 0:
+        return Ending(rc != 0, f"exit status {rc}")
+    try:
+        return Ending(-rc in CRASHED, signal.Signals(-rc).name)
+    except ValueError:
+        return Ending(False, f"signal {-rc}")
 
 
 class Raw(NamedTuple):

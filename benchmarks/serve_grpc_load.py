@@ -235,7 +235,7 @@ def main() -> int:
         seq, first = sequential(target, wire, a.seq)
         resp = pb.ModelInferResponse.FromString(first)
         got = torch.frombuffer(bytearray(resp.raw_output_contents[0]), dtype=ref.dtype).reshape(list(resp.outputs[0].shape))
-        diff = float((got.double() - ref.double()).abs().max())
+        diff = float((got.double() - ref.double().cpu()).abs().max())  # the in-process output may be on the GPU
         names = [n for n, _ in release.ops[a.op].shape.inputs]
         triton = tritonclient_sequential(target, a.op, tensors, names, min(a.seq, 300))
         loaded = asyncio.run(concurrent(target, wire, a.clients, a.duration, a.max_requests))

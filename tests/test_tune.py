@@ -250,3 +250,45 @@ def test_explain_cli_and_tuning_survives_integrity(tuned_release, tmp_path):
 
     with pytest.raises(BundleIntegrityError):
         load(copy)  # an edited winner is a tampered release
+
+
+def _point_after(times: dict[str, list[float]], confirm: int) -> tuple[dict, dict[str, int]]:
+    """time_and_decide over scripted per-round medians (path -> one value per call, in call order)."""
+    from tileship.verify.tune import TuneOptions, time_and_decide
+
+    calls = {c: 0 for c in times}
+
+    def time_one(c: str) -> float:
+        calls[c] += 1
+        return times[c][calls[c] - 1]
+
+    passed = {"k": {"{}": None}}
+    point = time_and_decide({}, [1], ["", "k"], passed, "{}", time_one, TuneOptions(rounds=5, confirm_rounds=confirm))
+    return point, calls
+
+
+def test_a_disturbed_round_does_not_hand_the_bucket_to_the_reference():
+    # the kernel is 10 us every round; the reference 12.9 us, but three of the first five rounds
+    # were disturbed, so their band (2 x MAD: 3.8 us) swallows the 2.9 us gap: the reference keeps it
+    ref = [12.9, 16.5, 11.0, 9.6, 14.5] + [12.9, 12.8, 13.0, 12.9, 12.9]
+    kern = [10.0] * 10
+    kept, calls = _point_after({"": ref, "k": kern}, confirm=0)
+    assert kept["winner"] is None and kept["rounds"] == 5 and calls == {"": 5, "k": 5}
+    assert "reference keeps it" in kept["why"]
+    won, calls = _point_after({"": ref, "k": kern}, confirm=5)  # five more rounds: the band narrows
+    assert won["winner"] == "k" and won["rounds"] == 10 and calls == {"": 10, "k": 10}
+    assert len(won["reference"]["round_medians_us"]) == 10  # the decision stands on all ten rounds
+
+
+def test_confirmation_rounds_run_only_where_the_noise_decided():
+    from tileship.verify.timing import NOISE_FLOOR
+
+    clear, calls = _point_after({"": [13.0] * 10, "k": [10.0] * 10}, confirm=5)  # a clear win: no more rounds
+    assert clear["winner"] == "k" and calls == {"": 5, "k": 5}
+    tie = [10.0 * (1 - NOISE_FLOOR / 2)] * 10  # within the noise floor: a tie is the reference's, no more rounds
+    same, calls = _point_after({"": [10.0] * 10, "k": tie}, confirm=5)
+    assert same["winner"] is None and calls == {"": 5, "k": 5}
+    slower, calls = _point_after({"": [10.0] * 10, "k": [12.0] * 10}, confirm=5)
+    assert slower["winner"] is None and calls == {"": 5, "k": 5}
+    still, calls = _point_after({"": [12.9, 16.5, 11.0, 9.6, 14.5] * 2, "k": [10.0] * 10}, confirm=5)
+    assert still["winner"] is None and still["rounds"] == 10  # the noise did not go away: the reference keeps it

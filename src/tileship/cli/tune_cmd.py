@@ -15,6 +15,8 @@ def tune_cmd(
     limit: common.LimitOption = None,
     budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run of one path"),
     rounds: int = typer.Option(5, help="timing rounds per bucket (their spread is the noise band)"),
+    confirm_rounds: int = typer.Option(5, min=0, help="more rounds where only the noise band kept the reference "
+                                                      "(0: never)"),
     flush: bool = typer.Option(True, help="overwrite a cache-sized buffer before every timing sample"),
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
     device: common.DeviceOption = common.Device.all,
@@ -46,7 +48,7 @@ def tune_cmd(
             won = p["winner"] or "reference"
             common.console.print(
                 f"  {gid} @ {dims}: [bold]{won}[/] (reference {p['reference']['median_us']:.2f} us, "
-                f"noise {p['noise_us']:.2f} us)"
+                f"noise {p['noise_us']:.2f} us, {p.get('rounds', rounds)} rounds)"
             )
 
     opts = TuneOptions(
@@ -54,6 +56,7 @@ def tune_cmd(
         limit=limit,
         budget_ms=budget_ms,
         rounds=rounds,
+        confirm_rounds=confirm_rounds,
         flush=flush,
         buckets=extra,
         devices=device.devices(),

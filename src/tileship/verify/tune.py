@@ -13,7 +13,10 @@ range the powers of two plus its edges):
    the median of its round medians and its spread twice their median absolute deviation
    (``timing.round_spread``); the larger spread of two paths is their noise band;
 3. the fastest candidate wins only when it beats the reference by more than that band
-   (``tileship.release.tuning``); otherwise the reference keeps the bucket.
+   (``tileship.release.tuning``); otherwise the reference keeps the bucket. When only the band
+   kept the reference (the candidate's median is faster by more than ``NOISE_FLOOR``: one
+   disturbed round can widen the band past a real gap), ``confirm_rounds`` more rounds run and
+   the rule is applied again to all of them.
 
 The table, with every number behind each decision, goes into the release's evidence next to
 verification (``evidence/verification.json``: hashed, bound to the lock digest and the device
@@ -51,6 +54,8 @@ class TuneOptions:
     min_repeats: int = 5
     max_repeats: int = 40
     rounds: int = 5
+    #: more rounds for a bucket whose reference was kept only by the noise band (0: never)
+    confirm_rounds: int = 5
     #: overwrite a cache-sized buffer before every timing sample
     flush: bool = True
     #: cap on the sizes of a T.dynamic dim (None: up to the declared maximum)
@@ -142,24 +147,21 @@ def tune_group(
             )
 
         sets = rotation_sets(fresh(0), fresh, device=device, out_bytes=0)
-        medians: dict[str, list[float]] = {c: [] for c in ["", *ok]}
-        order = ["", *ok]
-        for r in range(options.rounds):
-            rot = order[r % len(order) :] + order[: r % len(order)]  # who goes first changes every round
-            for c in rot:
-                st = measure(
-                    runners[c],
-                    sets,
-                    device=device,
-                    warmup_ms=options.warmup_ms,
-                    budget_ms=options.budget_ms,
-                    min_repeats=options.min_repeats,
-                    max_repeats=options.max_repeats,
-                    flush=flush,
-                )
-                medians[c].append(st.median_us)
-        del sets
-        table_points.append(_decide(dims, bucket, medians, passed, key))
+
+        def time_one(c: str, sets: list[Any] = sets, flush: Any = flush) -> float:
+            return measure(
+                runners[c],
+                sets,
+                device=device,
+                warmup_ms=options.warmup_ms,
+                budget_ms=options.budget_ms,
+                min_repeats=options.min_repeats,
+                max_repeats=options.max_repeats,
+                flush=flush,
+            ).median_us
+
+        table_points.append(time_and_decide(dims, bucket, ["", *ok], passed, key, time_one, options))
+        del sets, time_one  # the inputs are freed before the next point's are made
     del flush
     group = {
         "op": spec0.op,
@@ -170,6 +172,47 @@ def tune_group(
         "points": table_points,
     }
     return group, verdicts
+
+
+def time_and_decide(
+    dims: dict[str, int],
+    bucket: list[int],
+    order: list[str],
+    passed: Mapping[str, Mapping[str, str | None]],
+    key: str,
+    time_one: Callable[[str], float],
+    options: TuneOptions,
+) -> dict[str, Any]:
+    """Time the paths of ``order`` ("" is the reference) in ``options.rounds`` rotating rounds
+    (``time_one(path)`` -> its median us) and decide the bucket (``_decide``). When the noise band
+    alone kept the reference (the fastest candidate is faster by more than ``NOISE_FLOOR`` of the
+    reference, but not by more than the band: a disturbed round widened it), ``confirm_rounds``
+    more rounds run and the decision is taken again over all of them; ``rounds`` in the result
+    says how many rounds stand behind it."""
+    medians: dict[str, list[float]] = {c: [] for c in order}
+
+    def run(first: int, n: int) -> None:
+        for r in range(first, first + n):
+            rot = order[r % len(order) :] + order[: r % len(order)]  # who goes first changes every round
+            for c in rot:
+                medians[c].append(time_one(c))
+
+    run(0, options.rounds)
+    point = _decide(dims, bucket, medians, passed, key)
+    if options.confirm_rounds and _noise_kept_reference(point):
+        run(options.rounds, options.confirm_rounds)
+        point = _decide(dims, bucket, medians, passed, key)
+    point["rounds"] = len(medians[""])
+    return point
+
+
+def _noise_kept_reference(point: Mapping[str, Any]) -> bool:
+    """The reference kept the bucket although a candidate's median beat it by a real margin."""
+    if point["winner"] is not None:
+        return False
+    ref_us = point["reference"]["median_us"]
+    timed = [v["median_us"] for v in point["candidates"].values() if "median_us" in v]
+    return bool(timed) and ref_us - min(timed) > NOISE_FLOOR * ref_us
 
 
 def _decide(
@@ -314,6 +357,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             "budget_ms": options.budget_ms,
             "warmup_ms": options.warmup_ms,
             "rounds": options.rounds,
+            "confirm_rounds": options.confirm_rounds,
             "flush": options.flush,
             "limit": options.limit,
             "noise_floor": NOISE_FLOOR,

@@ -121,3 +121,38 @@ def test_tampered_pack_refused(cpu_release_build, tmp_path):
     lib.write_bytes(bytes(data))
     with pytest.raises(BundleIntegrityError, match="kernel_lib.so"):
         bundle.pack(root, tmp_path / "x.tar.gz")
+
+
+def test_pinned_source_mtimes(tmp_path):
+    from tileship.build.worker import SOURCE_MTIME, pin_source_mtimes
+
+    src, obj = tmp_path / "k.cu", tmp_path / "k.o"
+    src.write_text("// kernel\n")
+    obj.write_bytes(b"\0")
+    pin_source_mtimes(["nvcc", "-o", str(obj), str(src), str(tmp_path / "gone.cu")])
+    assert src.stat().st_mtime == SOURCE_MTIME  # the compiler's input: pinned
+    assert obj.stat().st_mtime != SOURCE_MTIME  # not a source: left alone; a missing file: no error
+
+
+def test_two_cuda_builds_seconds_apart_are_the_same_bytes(tmp_path):
+    """nvcc's -lineinfo writes the source file's mtime into the cubin's line table: without the
+    worker pinning it, the same inputs built a second later gave another cubin and release id."""
+    import filecmp
+    import os
+    import time
+
+    if shutil.which("nvcc") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have nvcc 13.0 (README): this is a real CUDA build")
+        pytest.skip("no nvcc here")
+    proj = Project(model="tc", model_version="1", operator_modules=("toolchain_ops",), targets=("cuda-sm90a",),
+                   root=TESTS)
+    first = build(proj, load_operators(proj), tmp_path / "a", BuildOptions(jobs=1))
+    time.sleep(2.1)
+    second = build(proj, load_operators(proj), tmp_path / "b", BuildOptions(jobs=1))
+    assert first.ok and second.ok
+    assert first.release_id == second.release_id
+    files = sorted(p.relative_to(first.path) for p in (first.path / "specs").rglob("*") if p.is_file())
+    assert any(f.name == "kernel.cubin" for f in files)
+    differ = [str(f) for f in files if not filecmp.cmp(first.path / f, second.path / f, shallow=False)]
+    assert differ == []

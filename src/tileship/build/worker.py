@@ -3,7 +3,9 @@
 Run by ``build`` under a timeout, so a crash or a hang here never takes the build down.
 Writes the artifact files into ``job["out"]`` and a JSON result on the last stdout line.
 Every subprocess TileLang starts (nvcc, the host C++ compiler) is recorded with its full
-command line, so a failure can be reproduced by hand.
+command line, so a failure can be reproduced by hand. Two builds of the same inputs give the
+same bytes: temp-file names are seeded by the specialization id, and every source file a
+command names gets a fixed mtime before the compiler runs (nvcc's line table records it).
 """
 
 from __future__ import annotations
@@ -32,8 +34,24 @@ COMMANDS: list[list[str]] = []
 _orig_popen_init = subprocess.Popen.__init__
 
 
+#: the modification time every compiler input is given before the compiler runs: nvcc's
+#: ``-lineinfo`` (always on in TileLang) writes each source file's mtime into the cubin's line
+#: table, so two builds of the same inputs a second apart would differ byte-wise
+SOURCE_MTIME = 315532800  # 1980-01-01, the zip epoch
+SOURCE_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".h", ".hpp")
+
+
+def pin_source_mtimes(args: list[str]) -> None:
+    """Set ``SOURCE_MTIME`` on every existing source file named in a command line."""
+    for arg in args:
+        if arg.endswith(SOURCE_SUFFIXES) and os.path.isfile(arg):
+            os.utime(arg, (SOURCE_MTIME, SOURCE_MTIME))
+
+
 def _recording_popen_init(self: Any, args: Any, *a: Any, **kw: Any) -> None:
-    COMMANDS.append([str(x) for x in args] if isinstance(args, (list, tuple)) else [str(args)])
+    command = [str(x) for x in args] if isinstance(args, (list, tuple)) else [str(args)]
+    COMMANDS.append(command)
+    pin_source_mtimes(command)
     _orig_popen_init(self, args, *a, **kw)
 
 

@@ -294,6 +294,9 @@ def main() -> int:
             "fault_under_1s": bool(sticky) and all(s is not None and s < FAILOVER_GOAL_S * 1e3 for s in sticky),
             "wrong_200": sum((fo.get(k) or {}).get("wrong_200", 0) for k in ("kill9_answers", "fault_answers")),
             "failed": {k: (fo.get(k) or {}).get("failed") for k in ("kill9_answers", "fault_answers")},
+            # issue 16: a replacement standby ready within its imports + 2 s
+            "ready_beyond_imports_s": [round(e["start_s"] - e["import_s"], 3) for e in result.get("worker_events", [])
+                                       if e.get("event") == "worker_ready" and "import_s" in e],
         }
         text = json.dumps(result, indent=2)
         print(text)

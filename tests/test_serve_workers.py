@@ -323,3 +323,13 @@ def test_a_sticky_fault_in_a_worker_call_is_a_fatal_reply(tmp_path):
     assert "illegal memory access" in reply["poisoned"]["error"]
     assert reply["wrong"] == {"id": 1, "status": 400, "error": "wrong(A): wrong rank"}
     assert reply["bug"]["status"] == 500 and "ValueError: oops" in reply["bug"]["error"]
+
+
+def test_worker_start_up_is_timed_in_parts(server):
+    """issue 16's standby target is 'imports + under 2 s': the imports are timed apart from the load."""
+    ready = [json.loads(line) for line in server.logs.getvalue().splitlines()  # type: ignore[attr-defined]
+             if line.startswith("{") and '"worker_ready"' in line]
+    assert ready, server.logs.getvalue()[-2000:]  # type: ignore[attr-defined]
+    for e in ready:
+        assert e["import_s"] > 0 and e["load_s"] > 0 and e["warmup_s"] >= 0
+        assert e["start_s"] >= e["import_s"] + e["load_s"], e  # the parts fit inside the whole start

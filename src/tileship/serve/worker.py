@@ -7,6 +7,11 @@ integrity, lock and no-JIT checks), says ``ready``, then answers one call at a t
 socket closes. A call's inputs are views of the shared buffer (on the CPU the kernel reads
 them in place; on CUDA they are copied to the device), its outputs are copied into the buffer.
 
+Start-up is timed in two parts, reported in ``ready`` and in the front-end's ``worker_ready`` log
+line: ``import_s``, importing torch and TileLang (first, while the front-end sends the start
+frame; TileLang only where it is installed), and ``load_s``, loading the release, then
+``warm_s``, warming it up.
+
 Exit status: 0 when told to stop or when the front-end goes away, 1 when the release could not
 be loaded, 3 (``EXIT_FATAL``) after a sticky device fault: this process's device context is
 poisoned, the front-end moves traffic to its standby.
@@ -14,9 +19,11 @@ poisoned, the front-end moves traffic to its standby.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -87,7 +94,19 @@ def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
             "decision": [decision.path, decision.reason, decision.spec_id]}
 
 
+def _import_libraries() -> float:
+    """Import torch and, where installed, TileLang; the seconds it took."""
+    t0 = time.perf_counter()
+    for name in ("torch", "tilelang"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    return time.perf_counter() - t0
+
+
 def main(fd: int) -> int:
+    import_s = _import_libraries()
     sock = socket.socket(fileno=fd)
     reader = wire.Reader(sock)
     try:
@@ -105,7 +124,7 @@ def main(fd: int) -> int:
         return 1
     w = served.warm
     wire.send(sock, {"op": "ready", "release": served.release_id, "pid": os.getpid(),
-                     "load_s": served.load_seconds, "warm_s": w.seconds, "warm_calls": w.calls,
+                     "import_s": import_s, "load_s": served.load_seconds, "warm_s": w.seconds, "warm_calls": w.calls,
                      "warm_failures": w.failures, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
     while True:
         try:

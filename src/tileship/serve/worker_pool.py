@@ -138,8 +138,8 @@ class WorkerPool:
             w.stop()
             return
         self.log.event("worker_ready", pid=w.pid, role=role, release=w.release, gpu=w.gpu,
-                       start_s=round(time.monotonic() - t0, 3), load_s=round(w.info.get("load_s", 0.0), 4),
-                       warmup_s=round(w.info.get("warm_s", 0.0), 4))
+                       start_s=round(time.monotonic() - t0, 3), import_s=round(w.info.get("import_s", 0.0), 4),
+                       load_s=round(w.info.get("load_s", 0.0), 4), warmup_s=round(w.info.get("warm_s", 0.0), 4))
 
     def _monitor(self) -> None:
         """Replace workers that exit while nobody is talking to them (an idle one, the standby);

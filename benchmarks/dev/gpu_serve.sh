@@ -12,6 +12,7 @@
 # Steps run in priority order, each under `timeout`, cut to what is left of ~285 s; a step that no longer fits is
 # skipped with a line saying so. GPU-only steps are skipped, with the reason, when torch sees no GPU.
 # Only OUT_DIR/all_serve.tgz comes back (the device tool returns at most 8 files).
+# ONLY="failover ..." runs just the steps named (the fault release is built either way).
 set -u
 out=${1:?usage: gpu_serve.sh OUT_DIR}
 PY=${PY:-python3}
@@ -64,6 +65,9 @@ git log -1 --format='code %h %s' > "$d/code.txt" 2>/dev/null || true
 # -- step NAME MAX_S CMD...: under timeout, cut to the budget left; log in $d/NAME.log ----------------------------
 step() {
   local name=$1 max=$2; shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then  # ONLY="failover": just those steps
+    echo "$name: SKIPPED (not in ONLY=$ONLY)" | tee -a "$d/steps.txt"; return 0
+  fi
   local left=$(( BUDGET_S - SECONDS )) t0=$SECONDS rc
   max=$(( max * ${STEP_SCALE:-1} ))  # STEP_SCALE=3 for a slow, shared machine (the CPU dry run)
   local lim=$(( max < left ? max : left ))

@@ -156,3 +156,44 @@ def test_two_cuda_builds_seconds_apart_are_the_same_bytes(tmp_path):
     assert any(f.name == "kernel.cubin" for f in files)
     differ = [str(f) for f in files if not filecmp.cmp(first.path / f, second.path / f, shallow=False)]
     assert differ == []
+
+
+def _log(root: Path, name: str, seconds: dict[str, float], mtime: float) -> None:
+    import os
+
+    d = root / name
+    d.mkdir()
+    (d / "build-log.json").write_text(json.dumps({"specializations": {
+        k: {"ok": v >= 0, "seconds": abs(v)} for k, v in seconds.items()}}))
+    os.utime(d / "build-log.json", (mtime, mtime))
+
+
+def test_longest_first_follows_the_newest_logs(tmp_path):
+    from types import SimpleNamespace
+
+    from tileship.build import schedule
+
+    jobs = [("op", SimpleNamespace(id=i)) for i in ("a", "b", "c", "d", "e", "new")]
+    assert schedule.longest_first(jobs, tmp_path) == jobs  # no history: declaration order
+    _log(tmp_path, "old", {"a": 1.0, "b": 50.0, "c": 9.0, "d": 3.0, "e": 3.0}, 1000)
+    _log(tmp_path, "newer", {"b": 2.0, "c": -99.0}, 2000)  # b got faster; c failed there: its old time stands
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "build-log.json").write_text("{not json")  # skipped, not an error
+    order = [spec.id for _, spec in schedule.longest_first(jobs, tmp_path)]
+    assert order == ["new", "c", "d", "e", "b", "a"]  # untimed first, then longest first (ties as declared)
+
+
+def test_a_rebuild_starts_the_longest_compile_first(cpu_project, tmp_path):
+    from tileship.declare.project import load_operators
+
+    ops = load_operators(cpu_project)
+    first = build(cpu_project, ops, tmp_path, BuildOptions(jobs=1))
+    log = json.loads((first.path / "build-log.json").read_text())
+    ids = sorted(log["specializations"])
+    for rank, spec_id in enumerate(ids):  # make the timings say: the last id by name is the longest
+        log["specializations"][spec_id]["seconds"] = float(rank + 1)
+    (first.path / "build-log.json").write_text(json.dumps(log))
+    started: list[str] = []
+    second = build(cpu_project, ops, tmp_path, BuildOptions(jobs=1, on_progress=lambda r: started.append(r.spec.id)))
+    assert started == ids[::-1]  # one worker: finishing order is starting order
+    assert second.release_id == first.release_id  # the order changes nothing in the release

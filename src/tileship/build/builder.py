@@ -1,7 +1,8 @@
 """Ahead-of-time build: every (operator x shape x target) compiled into a release bundle.
 
 No GPU needed. Each specialization compiles in its own process (``tileship.build.worker``)
-under a timeout, in parallel, so one crash or hang never takes the build down; failures are
+under a timeout, in parallel (the longest first, by the last builds' timings: ``build.schedule``),
+so one crash or hang never takes the build down; failures are
 values (``SpecResult``) recorded with the compiler commands and the full log in
 ``build-log.json``, never mixed with anything measured at serve time.
 """
@@ -26,7 +27,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from tileship.build import pins, sources
+from tileship.build import pins, schedule, sources
 from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock
 from tileship.declare.project import Project, revision_root, source_digest
 from tileship.declare.spec import Operator, Specialization, describe, expand
@@ -157,6 +158,7 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
         raise BuildError(f"no specialization to build for targets {list(project.targets)}",
                          hint="check the project's targets against each operator's targets")
     out_root.mkdir(parents=True, exist_ok=True)
+    specs = schedule.longest_first(specs, out_root)  # the start order only: the release is the same
     staging = out_root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir()
     try:

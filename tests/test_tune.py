@@ -254,7 +254,7 @@ def test_explain_cli_and_tuning_survives_integrity(tuned_release, tmp_path):
 
 def _point_after(times: dict[str, list[float]], confirm: int) -> tuple[dict, dict[str, int]]:
     """time_and_decide over scripted per-round medians (path -> one value per call, in call order)."""
-    from tileship.verify.tune import TuneOptions, time_and_decide
+    from tileship.verify.tune_rule import time_and_decide
 
     calls = {c: 0 for c in times}
 
@@ -263,7 +263,7 @@ def _point_after(times: dict[str, list[float]], confirm: int) -> tuple[dict, dic
         return times[c][calls[c] - 1]
 
     passed = {"k": {"{}": None}}
-    point = time_and_decide({}, [1], ["", "k"], passed, "{}", time_one, TuneOptions(rounds=5, confirm_rounds=confirm))
+    point = time_and_decide({}, [1], ["", "k"], passed, "{}", time_one, 5, confirm)
     return point, calls
 
 

@@ -28,7 +28,6 @@ Never compiles.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,7 +40,8 @@ from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import bundle, evidence_seal, tuning
 from tileship.release import evidence as ev_mod
-from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets, round_spread
+from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets
+from tileship.verify.tune_rule import time_and_decide
 from tileship.verify.verify import VerifyOptions, open_for_evidence, verify_spec
 
 
@@ -160,7 +160,8 @@ def tune_group(
                 flush=flush,
             ).median_us
 
-        table_points.append(time_and_decide(dims, bucket, ["", *ok], passed, key, time_one, options))
+        table_points.append(time_and_decide(dims, bucket, ["", *ok], passed, key, time_one,
+                                            options.rounds, options.confirm_rounds))
         del sets, time_one  # the inputs are freed before the next point's are made
     del flush
     group = {
@@ -172,97 +173,6 @@ def tune_group(
         "points": table_points,
     }
     return group, verdicts
-
-
-def time_and_decide(
-    dims: dict[str, int],
-    bucket: list[int],
-    order: list[str],
-    passed: Mapping[str, Mapping[str, str | None]],
-    key: str,
-    time_one: Callable[[str], float],
-    options: TuneOptions,
-) -> dict[str, Any]:
-    """Time the paths of ``order`` ("" is the reference) in ``options.rounds`` rotating rounds
-    (``time_one(path)`` -> its median us) and decide the bucket (``_decide``). When the noise band
-    alone kept the reference (the fastest candidate is faster by more than ``NOISE_FLOOR`` of the
-    reference, but not by more than the band: a disturbed round widened it), ``confirm_rounds``
-    more rounds run and the decision is taken again over all of them; ``rounds`` in the result
-    says how many rounds stand behind it."""
-    medians: dict[str, list[float]] = {c: [] for c in order}
-
-    def run(first: int, n: int) -> None:
-        for r in range(first, first + n):
-            rot = order[r % len(order) :] + order[: r % len(order)]  # who goes first changes every round
-            for c in rot:
-                medians[c].append(time_one(c))
-
-    run(0, options.rounds)
-    point = _decide(dims, bucket, medians, passed, key)
-    if options.confirm_rounds and _noise_kept_reference(point):
-        run(options.rounds, options.confirm_rounds)
-        point = _decide(dims, bucket, medians, passed, key)
-    point["rounds"] = len(medians[""])
-    return point
-
-
-def _noise_kept_reference(point: Mapping[str, Any]) -> bool:
-    """The reference kept the bucket although a candidate's median beat it by a real margin."""
-    if point["winner"] is not None:
-        return False
-    ref_us = point["reference"]["median_us"]
-    timed = [v["median_us"] for v in point["candidates"].values() if "median_us" in v]
-    return bool(timed) and ref_us - min(timed) > NOISE_FLOOR * ref_us
-
-
-def _decide(
-    dims: dict[str, int],
-    bucket: list[int],
-    medians: Mapping[str, list[float]],
-    passed: Mapping[str, Mapping[str, str | None]],
-    key: str,
-) -> dict[str, Any]:
-    def summary(xs: list[float]) -> dict[str, Any]:
-        return {"median_us": _median(xs), "spread_us": round_spread(xs), "round_medians_us": list(xs)}
-
-    ref = summary(medians[""])
-    cands: dict[str, Any] = {}
-    for cid, fails in passed.items():
-        failure = fails.get(key)
-        cands[cid] = {"passed": failure is None, "failure": failure}
-        if cid in medians:
-            cands[cid].update(summary(medians[cid]))
-    timed = sorted((v["median_us"], c) for c, v in cands.items() if "median_us" in v)
-    winner, why, noise = None, "no candidate passed verification here", 0.0
-    if timed:
-        best_us, best = timed[0]
-        noise = max(ref["spread_us"], cands[best]["spread_us"], NOISE_FLOOR * min(best_us, ref["median_us"]))
-        if ref["median_us"] - best_us > noise:
-            winner, why = (
-                best,
-                f"{best} faster than the reference by {ref['median_us'] - best_us:.2f} us > noise {noise:.2f} us",
-            )
-        else:
-            how = "slower than" if best_us > ref["median_us"] + noise else "within the noise of"
-            why = (
-                f"the fastest candidate, {best}, is {how} the reference ({best_us:.2f} vs {ref['median_us']:.2f} us, "
-                f"noise {noise:.2f} us): the reference keeps it"
-            )
-    return {
-        "dims": dims,
-        "bucket": bucket,
-        "reference": ref,
-        "candidates": cands,
-        "noise_us": noise,
-        "winner": winner,
-        "why": why,
-    }
-
-
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2) if n else math.nan
 
 
 def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, write: bool = True,

@@ -1,0 +1,114 @@
+"""The rule that decides one bucket of ``tileship tune``: rounds of timings in, a winner (or the
+reference) out, with every number behind it.
+
+``time_and_decide`` runs the rounds (who goes first rotates every round) through a caller's
+``time_one(path) -> median us`` and applies the rule: a path's time is the median of its round
+medians, its spread twice their median absolute deviation (``timing.round_spread``); the fastest
+verified candidate wins only when it beats the reference by more than the larger spread of the
+two (never less than ``NOISE_FLOOR`` of the faster median). When that band alone kept the
+reference, confirmation rounds run and the rule is applied to all rounds. Pure: no device, no
+files; ``tileship.verify.tune`` supplies the timings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tileship.verify.timing import NOISE_FLOOR, round_spread
+
+
+def time_and_decide(
+    dims: dict[str, int],
+    bucket: list[int],
+    order: list[str],
+    passed: Mapping[str, Mapping[str, str | None]],
+    key: str,
+    time_one: Callable[[str], float],
+    rounds: int,
+    confirm_rounds: int,
+) -> dict[str, Any]:
+    """Time the paths of ``order`` ("" is the reference) in ``rounds`` rotating rounds
+    (``time_one(path)`` -> its median us) and decide the bucket (``_decide``). When the noise band
+    alone kept the reference (the fastest candidate is faster by more than ``NOISE_FLOOR`` of the
+    reference, but not by more than the band: a disturbed round widened it), ``confirm_rounds``
+    more rounds run and the decision is taken again over all of them; ``rounds`` in the result
+    says how many rounds stand behind it."""
+    medians: dict[str, list[float]] = {c: [] for c in order}
+
+    def run(first: int, n: int) -> None:
+        for r in range(first, first + n):
+            rot = order[r % len(order) :] + order[: r % len(order)]  # who goes first changes every round
+            for c in rot:
+                medians[c].append(time_one(c))
+
+    run(0, rounds)
+    point = _decide(dims, bucket, medians, passed, key)
+    if confirm_rounds and _noise_kept_reference(point):
+        run(rounds, confirm_rounds)
+        point = _decide(dims, bucket, medians, passed, key)
+    point["rounds"] = len(medians[""])
+    return point
+
+
+def _noise_kept_reference(point: Mapping[str, Any]) -> bool:
+    """The reference kept the bucket although a candidate's median beat it by a real margin."""
+    if point["winner"] is not None:
+        return False
+    ref_us = point["reference"]["median_us"]
+    timed = [v["median_us"] for v in point["candidates"].values() if "median_us" in v]
+    return bool(timed) and ref_us - min(timed) > NOISE_FLOOR * ref_us
+
+
+def _decide(
+    dims: dict[str, int],
+    bucket: list[int],
+    medians: Mapping[str, list[float]],
+    passed: Mapping[str, Mapping[str, str | None]],
+    key: str,
+) -> dict[str, Any]:
+    def summary(xs: list[float]) -> dict[str, Any]:
+        return {"median_us": _median(xs), "spread_us": round_spread(xs), "round_medians_us": list(xs)}
+
+    ref = summary(medians[""])
+    cands: dict[str, Any] = {}
+    for cid, fails in passed.items():
+        failure = fails.get(key)
+        cands[cid] = {"passed": failure is None, "failure": failure}
+        if cid in medians:
+            cands[cid].update(summary(medians[cid]))
+    timed = sorted((v["median_us"], c) for c, v in cands.items() if "median_us" in v)
+    winner, why, noise = None, "no candidate passed verification here", 0.0
+    if timed:
+        best_us, best = timed[0]
+        noise = max(ref["spread_us"], cands[best]["spread_us"], NOISE_FLOOR * min(best_us, ref["median_us"]))
+        if ref["median_us"] - best_us > noise:
+            winner, why = (
+                best,
+                f"{best} faster than the reference by {ref['median_us'] - best_us:.2f} us > noise {noise:.2f} us",
+            )
+        else:
+            how = "slower than" if best_us > ref["median_us"] + noise else "within the noise of"
+            why = (
+                f"the fastest candidate, {best}, is {how} the reference ({best_us:.2f} vs {ref['median_us']:.2f} us, "
+                f"noise {noise:.2f} us): the reference keeps it"
+            )
+    return {
+        "dims": dims,
+        "bucket": bucket,
+        "reference": ref,
+        "candidates": cands,
+        "noise_us": noise,
+        "winner": winner,
+        "why": why,
+    }
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2) if n else math.nan
+
+
+__all__ = ["time_and_decide"]

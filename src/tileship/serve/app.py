@@ -78,7 +78,8 @@ class Service:
 
     def _start_pool(self) -> None:
         from tileship.errors import DeclarationError
-        from tileship.serve.worker_pool import WorkerPool, execute_remote
+        from tileship.serve.calls import execute_remote
+        from tileship.serve.worker_pool import WorkerPool
 
         c = self.config
         if c.llama is not None:

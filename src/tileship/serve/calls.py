@@ -7,7 +7,7 @@ REST checks Content-Type and reads the body here, outside admission) -> plan aga
 declaration (400), ``--strict-shapes`` (400), output bytes (413) -> admission (503) -> the
 call on a worker thread with a deadline (504) -> ``call.encode`` on the worker -> metrics,
 statistics, canary window and one log line. The call itself is ``service.executor``: ``execute``
-here, or ``serve.worker_pool.execute_remote`` (the same contract, in a worker process) with
+here, or ``execute_remote`` (the same contract, in a worker process: ``serve.worker_pool``) with
 ``--workers N``. Every outcome is an ``Answer``; nothing raises
 out of ``run``: a bug is a logged 500 carrying the request id.
 
@@ -209,6 +209,24 @@ def execute(service: Service, served: Served, name: str, plan: protocol.CallPlan
         raise
     out_names = [n for n, _ in rel.declarations[name]["outputs"]]
     outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
+    return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),
+                  outputs=outputs, allow_nonfinite=plan.allow_nonfinite), decision
+
+
+def execute_remote(service: Any, served: Any, name: str, plan: Any, kserve_id: str | None,
+                   encode: Any) -> tuple[Any, Decision]:
+    """``calls.execute`` for ``--workers N``: same contract, the call runs in a worker process."""
+    from tileship.serve.workers import Raw
+
+    pool = service.workers  # a serve.worker_pool.WorkerPool
+    rel = served.release
+    decl = rel.declarations[name]
+    args = [protocol.to_tensor(inp, "cpu").item() if i in plan.scalars
+            else Raw(inp.raw, list(inp.shape), protocol.DATATYPES[inp.datatype]) if inp.raw is not None
+            else protocol.to_tensor(inp, "cpu") for i, inp in enumerate(plan.inputs)]
+    outs, decision = pool.call(rel.release_id, name, args, sum(protocol.output_bytes(decl, plan).values()))
+    out_names = [n for n, _ in decl["outputs"]]
+    outputs = [(n, outs[out_names.index(n)], binary) for n, binary in plan.outputs]
     return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),
                   outputs=outputs, allow_nonfinite=plan.allow_nonfinite), decision
 

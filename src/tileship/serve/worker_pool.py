@@ -1,6 +1,6 @@
 """N serving worker processes and one warm standby, behind ``calls.run`` (``--workers N``).
 
-``execute_remote`` is what ``calls.run`` runs on its request thread instead of the in-process
+``calls.execute_remote`` is what ``calls.run`` runs on its request thread instead of the in-process
 ``calls.execute``: the request's tensors (CPU views of the body) go into an idle serving
 worker's shared buffer, one frame goes out and one comes back (``serve.worker_wire``), the
 outputs are copied out of the buffer and encoded by the front-end's transport.
@@ -36,7 +36,7 @@ from tileship.errors import WorkerError
 from tileship.runtime.dispatch import Decision
 from tileship.serve import gpu_map
 from tileship.serve.validate import BadRequest
-from tileship.serve.workers import Raw, Worker, WorkerDied, ending
+from tileship.serve.workers import Worker, WorkerDied, ending
 
 #: times a worker that failed to start is started again before the pool gives up on it
 START_ATTEMPTS = 3
@@ -332,22 +332,3 @@ class WorkerPool:
                     "standby": self.standby.pid if self.standby else None, "starting": self.starting,
                     "failures": dict(self.failures), "retries": self.retries, "last_failover": self.last_failover,
                     "gpus": {w.pid: w.gpu for w in [*self.serving, self.standby] if w is not None}}
-
-
-def execute_remote(service: Any, served: Any, name: str, plan: Any, kserve_id: str | None,
-                   encode: Any) -> tuple[Any, Decision]:
-    """``calls.execute`` for ``--workers N``: same contract, the call runs in a worker process."""
-    from tileship.serve import protocol
-    from tileship.serve.calls import _parameters
-
-    pool: WorkerPool = service.workers
-    rel = served.release
-    decl = rel.declarations[name]
-    args = [protocol.to_tensor(inp, "cpu").item() if i in plan.scalars
-            else Raw(inp.raw, list(inp.shape), protocol.DATATYPES[inp.datatype]) if inp.raw is not None
-            else protocol.to_tensor(inp, "cpu") for i, inp in enumerate(plan.inputs)]
-    outs, decision = pool.call(rel.release_id, name, args, sum(protocol.output_bytes(decl, plan).values()))
-    out_names = [n for n, _ in decl["outputs"]]
-    outputs = [(n, outs[out_names.index(n)], binary) for n, binary in plan.outputs]
-    return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),
-                  outputs=outputs, allow_nonfinite=plan.allow_nonfinite), decision

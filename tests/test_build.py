@@ -151,7 +151,9 @@ def test_two_cuda_builds_seconds_apart_are_the_same_bytes(tmp_path):
     time.sleep(2.1)
     second = build(proj, load_operators(proj), tmp_path / "b", BuildOptions(jobs=1))
     assert first.ok and second.ok
-    assert first.release_id == second.release_id
+    revisions = {json.loads((r.path / "release.json").read_text())["kernel_revision"] for r in (first, second)}
+    if len(revisions) == 1:  # a commit between the two builds (a shared checkout) changes the id, not the bytes
+        assert first.release_id == second.release_id
     files = sorted(p.relative_to(first.path) for p in (first.path / "specs").rglob("*") if p.is_file())
     assert any(f.name == "kernel.cubin" for f in files)
     differ = [str(f) for f in files if not filecmp.cmp(first.path / f, second.path / f, shallow=False)]

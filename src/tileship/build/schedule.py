@@ -49,16 +49,16 @@ def past_seconds(out_root: Path) -> dict[str, float]:
     return seconds
 
 
-def longest_first(jobs: Sequence[T], out_root: Path, spec_of: Any = lambda job: job[1]) -> list[T]:
-    """``jobs`` (each holding a Specialization; ``spec_of`` picks it) in the order to start them."""
+def longest_first(jobs: Sequence[T], out_root: Path) -> list[T]:
+    """``jobs`` (tuples whose second item is the Specialization) in the order to start them."""
     seconds = past_seconds(out_root)
-    order = {id(job): i for i, job in enumerate(jobs)}
 
-    def key(job: T) -> tuple[int, float, int]:
-        s = seconds.get(spec_of(job).id)
-        return (0, 0.0, order[id(job)]) if s is None else (1, -s, order[id(job)])
+    def key(item: tuple[int, Any]) -> tuple[int, float, int]:
+        i, job = item
+        s = seconds.get(job[1].id)
+        return (0, 0.0, i) if s is None else (1, -s, i)
 
-    return sorted(jobs, key=key)
+    return [job for _, job in sorted(enumerate(jobs), key=key)]
 
 
 __all__ = ["HISTORY", "longest_first", "past_seconds"]

@@ -37,6 +37,11 @@ def vector_add(N: Any, dtype: str = "float32", block: int = 256, threads: int | 
     return main
 
 
+def add_reference(a: Any, b: Any) -> Any:
+    """PyTorch's own op."""
+    return torch.add(a, b)
+
+
 def rms_norm_cpu(M: Any, N: int, dtype: str = "float32", eps: float = EPS) -> Any:
     """Row-wise RMSNorm with weight; one row per grid step, fp32 accumulation."""
 
@@ -52,11 +57,6 @@ def rms_norm_cpu(M: Any, N: int, dtype: str = "float32", eps: float = EPS) -> An
                 Y[row, j] = T.cast(T.cast(X[row, j], "float32") * acc[0] * T.cast(W[j], "float32"), dtype)
 
     return main
-
-
-def add_reference(a: Any, b: Any) -> Any:
-    """PyTorch's own op."""
-    return torch.add(a, b)
 
 
 add = Operator(

@@ -8,7 +8,8 @@
 #            /tmp/raysite, then the measurement (about 300 s, cut at DEADLINE=390 s):
 #     1. a Ray head on this machine: `ray start --head --num-cpus=16` (token auth with a fresh token)
 #     2. `tileship build -j 16` of benchmarks/dev/ray_farm/tileship.toml (118 sm_90a specializations, 40 of
-#        them GEMM candidates), then `tileship build --ray-address 127.0.0.1:PORT` of the same project
+#        them GEMM candidates), then `tileship build --ray-address 127.0.0.1:PORT` of the same project, each
+#        into an output folder seeded with the previous H200 build's log (longest first; HISTORY=0: not)
 #     3. a serial sample (about 9 specializations, compile_one one at a time) for the parallel efficiency
 #     4. benchmarks/dev/ray_farm_h200.py summary: wall, per minute, built/failed, per node, same release
 #        (id and every identity file), efficiency = serial seconds / (16 x build seconds)
@@ -86,7 +87,16 @@ for _ in $(seq 120); do grep -q "Ray runtime started" "$d/ray_start.log" && brea
 echo "ray_start $t0 $(date +%s.%N) $(grep -q 'Ray runtime started' "$d/ray_start.log"; echo $?)" >> "$d/times.txt"
 if ! grep -q "Ray runtime started" "$d/ray_start.log"; then echo "the Ray head did not start:"; tail -20 "$d/ray_start.log"; exit 4; fi
 echo "ray head up (pgid $raypid) after $(tail -1 "$d/times.txt" | awk '{printf "%.1f", $3 - $2}') s"
-# 2. the same project built locally, then on the farm
+# 2. the same project built locally, then on the farm. Each output folder starts with the build log of the
+#    previous H200 build (benchmarks/dev/ray_farm/h200_build_log.json, from round6/ray/local.log) in a
+#    folder of its own, so both builds start their compiles longest first (build/schedule.py), as a rebuild
+#    into a used output folder does; HISTORY=0 starts them in declaration order (the first-build case)
+if [ "${HISTORY:-1}" != 0 ]; then
+  for root in /tmp/rf-local /tmp/rf-ray; do
+    mkdir -p "$root/previous-h200-build" && cp benchmarks/dev/ray_farm/h200_build_log.json "$root/previous-h200-build/build-log.json"
+  done
+  echo "history: seeded from benchmarks/dev/ray_farm/h200_build_log.json" | tee -a "$d/steps.txt"
+fi
 step local 150 python3 -m tileship.cli build --project "$project" --out /tmp/rf-local -j "$jobs" > "$d/local.log" 2>&1
 tail -1 "$d/local.log"
 step ray 150 python3 -m tileship.cli build --project "$project" --out /tmp/rf-ray -j "$jobs" \

@@ -91,6 +91,21 @@ def serial_estimate(data: dict[str, Any]) -> dict[str, Any] | None:
             "total_s": round(total, 1), "per_minute": round(data["specializations"] / total * 60, 2)}
 
 
+def paired_efficiency(data: dict[str, Any], build: dict[str, Any]) -> dict[str, Any] | None:
+    """A cross-check of ``parallel_efficiency`` that does not depend on which specializations the
+    serial sample drew: utilization x the mean, over the sampled specializations, of (seconds alone /
+    seconds in this build). It splits the loss into idle cores (utilization) and compiles slowed by
+    their neighbours (the mean ratio)."""
+    during = build.get("task_seconds") or {}
+    ratios = [s["seconds"] / during[s["spec"]] for s in data.get("samples", [])
+              if s.get("ok") and during.get(s.get("spec"))]
+    if not ratios or build.get("utilization") is None:
+        return None
+    mean = statistics.mean(ratios)
+    return {"samples": len(ratios), "alone_over_in_build": round(mean, 3),
+            "efficiency": round(build["utilization"] * mean, 3)}
+
+
 def _tree(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -111,6 +126,7 @@ def _build(log: Path, times: dict[str, dict[str, float]], name: str) -> dict[str
     if blog.exists():
         per = json.loads(blog.read_text())["specializations"]
         out["task_seconds_sum"] = round(sum(v["seconds"] for v in per.values()), 1)
+        out["task_seconds"] = {k: v["seconds"] for k, v in per.items() if v["ok"]}
         out["failures"] = {k: v["error"] for k, v in per.items() if not v["ok"]}
     try:  # the git revision the release records: a commit between the two builds changes the id
         out["kernel_revision"] = json.loads((path / "release.json").read_text())["kernel_revision"]
@@ -151,6 +167,7 @@ def summary(args: argparse.Namespace) -> int:
                     b["parallel_efficiency"] = round(est["total_s"] / (args.cores * b["build_s"]), 3)
                     b["utilization"] = (round(b["task_seconds_sum"] / (args.cores * b["build_s"]), 3)
                                         if "task_seconds_sum" in b else None)
+                    b["paired_efficiency"] = paired_efficiency(json.loads((d / "serial.json").read_text()), b)
     res["target"] = "ray parallel efficiency >= 0.8 on 16 cores with candidates; ray/local >= 0.8; same release"
     (d / "summary.json").write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
     for k in ("local", "ray"):
@@ -160,7 +177,8 @@ def summary(args: argparse.Namespace) -> int:
             continue
         print(f"{k}: {b['built']} built, {b['failed']} failed in {b['build_s']:.1f} s ({b['per_minute']:.1f}/min, "
               f"command {b['command_wall_s']} s), efficiency {b.get('parallel_efficiency')} "
-              f"(speedup {b.get('speedup_vs_serial')} on {args.cores}), utilization {b.get('utilization')}"
+              f"(speedup {b.get('speedup_vs_serial')} on {args.cores}), utilization {b.get('utilization')}, "
+              f"paired {b.get('paired_efficiency')}"
               + (f"; per node: {b['per_node']}" if b.get("per_node") else ""))
     print(f"ray/local {res.get('ray_vs_local')}   same release id {res.get('same_release_id')}   identity files "
           f"identical {res.get('identity_files_identical')}   serial estimate {res.get('serial_estimate')}")

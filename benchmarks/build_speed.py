@@ -41,7 +41,7 @@ for job in jobs:
     tilelang.compile(trace(op, spec), out_idx=op.out_idx, target=Target(spec.target).tilelang(), pass_configs=dict(op.pass_configs) or None)
     out[job["spec_id"]] = time.perf_counter() - t
 print(json.dumps(out))
-'''
+'''  # noqa: E501
 
 
 def main() -> int:
@@ -82,16 +82,19 @@ def main() -> int:
                       "per_spec_s": {r.spec.id: round(r.seconds, 3) for r in res.results}}
     all_ids = list(runs[1]["per_spec_s"])
     sample = [s for s in specializations(proj, chosen_ops) if s.id in all_ids]
-    jobs_json = [{"spec_id": s.id, "module": ops[s.op].module or ops[s.op].factory.__module__, "op": s.op, "spec": s.to_json()} for s in sample]
+    jobs_json = [{"spec_id": s.id, "module": ops[s.op].module or ops[s.op].factory.__module__, "op": s.op,
+                  "spec": s.to_json()} for s in sample]
     env = dict(os.environ, TILELANG_CACHE_DIR=tempfile.mkdtemp(prefix="tl-bench-"))
     if proj.root is not None:  # the child imports the project's operator modules too
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(proj.root), env.get("PYTHONPATH", "")) if p)
-    child = subprocess.run([sys.executable, "-c", INPROC, json.dumps(jobs_json)], capture_output=True, text=True, env=env, timeout=3600)
+    child = subprocess.run([sys.executable, "-c", INPROC, json.dumps(jobs_json)], capture_output=True, text=True,
+                           env=env, timeout=3600)
     inproc = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {}
     rows = []
     for sid in all_ids:
         iso = runs[1]["per_spec_s"][sid]
-        rows.append({"spec_id": sid, "isolated_build_s": iso, "tilelang_compile_inprocess_s": round(inproc.get(sid, float("nan")), 3),
+        rows.append({"spec_id": sid, "isolated_build_s": iso,
+                     "tilelang_compile_inprocess_s": round(inproc.get(sid, float("nan")), 3),
                      "ratio": round(iso / inproc[sid], 2) if sid in inproc else None})
     result = {"host": platform.node(), "cpus": os.cpu_count(), "targets": args.targets, "specializations": len(all_ids),
               "project": str(args.project) if args.project else "builtin",
@@ -103,11 +106,13 @@ def main() -> int:
         result["median_isolation_overhead_s"] = round(statistics.median(
             [r["isolated_build_s"] - r["tilelang_compile_inprocess_s"] for r in rows if r["ratio"]]), 3)
     print(f"{len(all_ids)} specializations on {os.cpu_count()} CPUs")
-    print(f"serial (-j1): {runs[1]['per_minute']:.1f}/min   parallel (-j{args.jobs}): {runs[args.jobs]['per_minute']:.1f}/min   "
+    print(f"serial (-j1): {runs[1]['per_minute']:.1f}/min   parallel (-j{args.jobs}): "
+          f"{runs[args.jobs]['per_minute']:.1f}/min   "
           f"ratio {result['parallel_speedup']:.2f}x")
     print(f"{'specialization':55s} {'isolated s':>10s} {'in-process s':>12s} {'ratio':>6s}")
     for r in rows:
-        print(f"{r['spec_id']:55s} {r['isolated_build_s']:10.2f} {r['tilelang_compile_inprocess_s']:12.2f} {r['ratio'] or float('nan'):6.2f}")
+        print(f"{r['spec_id']:55s} {r['isolated_build_s']:10.2f} {r['tilelang_compile_inprocess_s']:12.2f} "
+              f"{r['ratio'] or float('nan'):6.2f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
@@ -142,15 +147,18 @@ def ray_vs_local(args: argparse.Namespace, proj, ops) -> int:
     local = statistics.mean(r["local"]["per_minute"] for r in rounds)
     farm = statistics.mean(r["ray"]["per_minute"] for r in rounds)
     result = {"host": platform.node(), "cpus": os.cpu_count(), "jobs": args.jobs, "targets": args.targets,
-              "project": str(args.project) if args.project else "builtin", "specializations": rounds[0]["local"]["built"],
-              "ray_version": ray.__version__, "ray_init_s": round(init_s, 2), "rounds": rounds,
-              "local_per_minute": round(local, 2), "ray_per_minute": round(farm, 2),
-              "ray_vs_local": round(farm / local, 3), "same_release_id": len(ids) == 1, "target": ">= 0.8"}
-    print(f"{result['specializations']} specializations on {os.cpu_count()} CPUs (Ray cluster start {init_s:.1f} s, not counted)")
+              "project": str(args.project) if args.project else "builtin",
+              "specializations": rounds[0]["local"]["built"], "ray_version": ray.__version__,
+              "ray_init_s": round(init_s, 2), "rounds": rounds, "local_per_minute": round(local, 2),
+              "ray_per_minute": round(farm, 2), "ray_vs_local": round(farm / local, 3),
+              "same_release_id": len(ids) == 1, "target": ">= 0.8"}
+    print(f"{result['specializations']} specializations on {os.cpu_count()} CPUs (Ray cluster start {init_s:.1f} s, "
+          "not counted)")
     for i, r in enumerate(rounds):
         print(f"round {i + 1}: local -j{args.jobs} {r['local']['per_minute']:.1f}/min ({r['local']['wall_s']:.1f} s)   "
               f"ray ({args.jobs} CPUs) {r['ray']['per_minute']:.1f}/min ({r['ray']['wall_s']:.1f} s)")
-    print(f"mean: local -j{args.jobs} {local:.1f}/min   ray {farm:.1f}/min   ray/local {result['ray_vs_local']:.2f}x (target >= 0.8)   "
+    print(f"mean: local -j{args.jobs} {local:.1f}/min   ray {farm:.1f}/min   ray/local {result['ray_vs_local']:.2f}x "
+          "(target >= 0.8)   "
           f"same release id: {result['same_release_id']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -83,15 +83,19 @@ DEFAULT_OPS = {"rmsnorm": "rmsnorm", "attention": "gqa_decode", "linear": "linea
 ROLE_CATEGORY = {"rmsnorm": "norm", "attention": "attention", "linear": "linear/gemm", "w4a16": "w4a16",
                  "add_rmsnorm": "norm"}
 #: declared input ranks a role's operator must have (else it is not used, and the plan says so)
-ROLE_RANKS = {"rmsnorm": (2, 1), "attention": (3, 4, 4, 1), "linear": (2, 2), "w4a16": (2, 2, 2), "add_rmsnorm": (2, 2, 1)}
+ROLE_RANKS = {"rmsnorm": (2, 1), "attention": (3, 4, 4, 1), "linear": (2, 2), "w4a16": (2, 2, 2),
+              "add_rmsnorm": (2, 2, 1)}
 GROUP = 128
 #: nibble j of each int32 holds element NIBBLE_ORDER[j] of its group of 8
 NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 RATIO_DIRECTION = {
-    "ratio": "tileship_ms / torch_ms (tileship_fp16 decode step over torch_fp16's; below 1: tileship faster; model_e2e's convention)",
+    "ratio": "tileship_ms / torch_ms (tileship_fp16 decode step over torch_fp16's; below 1: tileship faster; "
+             "model_e2e's convention)",
     "ratio_w4a16": "w4a16_ms / torch_ms (below 1: tileship_w4a16 faster)",
-    "ratio_w4a16_vs_torch": "torch_ms / w4a16_ms (a speedup: above 1: tileship_w4a16 faster; issue 12 target >= 2 at batch 1)",
-    "ratio_fp16_vs_torch": "torch_ms / tileship_ms (a speedup: above 1: tileship_fp16 faster; issue 12 target >= 1.05 at batch 1)",
+    "ratio_w4a16_vs_torch": "torch_ms / w4a16_ms (a speedup: above 1: tileship_w4a16 faster; issue 12 target >= 2 at "
+                            "batch 1)",
+    "ratio_fp16_vs_torch": "torch_ms / tileship_ms (a speedup: above 1: tileship_fp16 faster; issue 12 target >= 1.05 "
+                           "at batch 1)",
     "tokens_per_s": "batch / decode step seconds (one new token per sequence per step)",
     "prefill": "same directions for prefill ms (eager forward over the prompt)",
 }
@@ -127,7 +131,8 @@ class Config:
 
 
 def random_weights(cfg: Config, dtype: Any, device: Any, seed: int = 0) -> dict[str, Any]:
-    """{"embed", "norm", "lm_head", "layers": [{"attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down"}]}, weights [N, K]."""
+    """{"embed", "norm", "lm_head", "layers": [{"attn_norm", "qkv", "o", "mlp_norm",
+    "gate_up", "down"}]}, weights [N, K]."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
@@ -215,7 +220,11 @@ def packing() -> tuple[Callable[..., Any], Callable[..., Any], str]:
 
         return quantize, dequantize, "tileship.catalog.w4a16"
     except Exception as exc:  # noqa: BLE001  # not written yet, or a half-written module: say so, use ours
-        return quantize_fallback, dequantize_fallback, f"fallback in benchmarks/decode_e2e.py ({type(exc).__name__}: {exc})"[:300]
+        return (
+            quantize_fallback,
+            dequantize_fallback,
+            f"fallback in benchmarks/decode_e2e.py ({type(exc).__name__}: {exc})"[:300],
+        )
 
 
 # -- one path's operators -----------------------------------------------------------------------
@@ -238,8 +247,8 @@ def sdpa_decode(q: Any, k_cache: Any, v_cache: Any, valid: Any, mask: Any) -> An
     """q [B, Hq, D], caches [B, S, Hkv, D], mask [B, 1, 1, S] bool -> [B, Hq, D]."""
     import torch
 
-    o = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-                                                         attn_mask=mask, enable_gqa=True)
+    o = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k_cache.transpose(1, 2),
+                                                         v_cache.transpose(1, 2), attn_mask=mask, enable_gqa=True)
     return o.squeeze(2)
 
 
@@ -303,13 +312,15 @@ def _release_op(release: Any, torch_ops: Any, role: str, name: str, dtype_name: 
     specs = [e for e in runner.entries if e.spec is not None]
     in_dtype = [e for e in specs if e.spec.dtype == dtype_name]
     serving = sorted({f"{e.decision.path}:{e.decision.reason}" for e in in_dtype})
-    why = (f"{name}: {len(in_dtype)} specialization(s) in {dtype_name} (now serving {', '.join(serving) or 'none'}) of {len(specs)}; "
+    why = (f"{name}: {len(in_dtype)} specialization(s) in {dtype_name} (now serving {', '.join(serving) or 'none'}) of "
+           f"{len(specs)}; "
            "the dispatcher decides per call")
     return torch_ops[name], why
 
 
 def _covers(release: Any, name: str, dtype_name: str, fixed: Mapping[str, int]) -> bool:
-    """Whether a specialization of ``name`` in ``dtype_name`` has these fixed dims (static or in a range's fixed dims)."""
+    """Whether a specialization of ``name`` in ``dtype_name`` has these fixed dims (static or
+    in a range's fixed dims)."""
     for e in release.ops[name].entries:
         s = e.spec
         if s is None or s.dtype != dtype_name:
@@ -320,9 +331,11 @@ def _covers(release: Any, name: str, dtype_name: str, fixed: Mapping[str, int]) 
     return False
 
 
-def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: Any = None, ops_names: Mapping[str, str] | None = None,
-              quantized: Mapping[str, Any] | None = None, packer: tuple[Callable[..., Any], Callable[..., Any], str] | None = None) -> PathOps:
-    """Build one path over shared fp16 ``weights`` (and ``quantized``: the same tree with (qweight, scales) per linear)."""
+def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: Any = None,
+              ops_names: Mapping[str, str] | None = None, quantized: Mapping[str, Any] | None = None,
+              packer: tuple[Callable[..., Any], Callable[..., Any], str] | None = None) -> PathOps:
+    """Build one path over shared fp16 ``weights`` (and ``quantized``: the same tree with
+    (qweight, scales) per linear)."""
     import torch
 
     names = {**DEFAULT_OPS, **(ops_names or {})}
@@ -338,11 +351,14 @@ def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: An
     plan["rmsnorm"] = {"impl": "torch:F.rms_norm", "reason": "the PyTorch path"}
     attention: Callable[..., Any] = sdpa_decode
     needs_mask = True
-    plan["decode_attention"] = {"impl": "torch:sdpa(enable_gqa, bool mask over the cache capacity)", "reason": "the PyTorch path"}
-    plan["prefill_attention"] = {"impl": "torch:sdpa(is_causal, enable_gqa)", "reason": "every path: no causal GQA prefill operator is used here"}
+    plan["decode_attention"] = {"impl": "torch:sdpa(enable_gqa, bool mask over the cache capacity)",
+                                "reason": "the PyTorch path"}
+    plan["prefill_attention"] = {"impl": "torch:sdpa(is_causal, enable_gqa)",
+                                 "reason": "every path: no causal GQA prefill operator is used here"}
     linear = {n: torch_linear for n in (*LINEARS, "lm_head")}
     tree: dict[str, Any] = {"embed": weights["embed"], "norm": weights["norm"], "lm_head": (weights["lm_head"],),
-                            "layers": [{"attn_norm": lw["attn_norm"], "mlp_norm": lw["mlp_norm"], **{n: (lw[n],) for n in LINEARS}}
+                            "layers": [{"attn_norm": lw["attn_norm"], "mlp_norm": lw["mlp_norm"],
+                                        **{n: (lw[n],) for n in LINEARS}}
                                        for lw in weights["layers"]]}
     for n in (*LINEARS, "lm_head"):
         plan[f"linear.{n}"] = {"impl": "torch:F.linear (cuBLAS)", "reason": "the PyTorch path"}
@@ -355,7 +371,8 @@ def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: An
     if op is not None:
         want = release.declarations[names["rmsnorm"]].get("config", {}).get("eps")
         if want is None or float(want) != float(cfg.eps):
-            op, why = None, f"{names['rmsnorm']} declares eps {want}, the model uses {cfg.eps:g} (--rms-eps): its result would differ"
+            op, why = None, (f"{names['rmsnorm']} declares eps {want}, the model uses {cfg.eps:g} (--rms-eps): "
+                             "its result would differ")
     if op is not None:
         rmsnorm = op
     plan["rmsnorm"] = {"impl": f"tileship:{names['rmsnorm']}" if op is not None else "torch:F.rms_norm", "reason": why}
@@ -376,7 +393,10 @@ def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: An
             return gqa(q, k_cache, v_cache, valid)
 
         needs_mask = False
-    plan["decode_attention"] = {"impl": f"tileship:{names['attention']}" if op is not None else plan["decode_attention"]["impl"], "reason": why}
+    plan["decode_attention"] = {
+        "impl": f"tileship:{names['attention']}" if op is not None else plan["decode_attention"]["impl"],
+        "reason": why,
+    }
 
     shapes = cfg.linear_shapes()
     if name == "tileship_fp16":
@@ -400,9 +420,14 @@ def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: An
                 else:
                     for lw, t in zip(weights["layers"], tree["layers"], strict=True):
                         t[n] = (lw[n] if as_is else lw[n].t().contiguous(),)
-                plan[f"linear.{n}"] = {"impl": f"tileship:{names['linear']}", "reason": f"declares N={nn_}, K={kk}; {why}"}
+                plan[f"linear.{n}"] = {"impl": f"tileship:{names['linear']}",
+                                       "reason": f"declares N={nn_}, K={kk}; {why}"}
             else:
-                reason = why if op is None else f"{names['linear']} declares no {dtype_name} specialization with N={nn_}, K={kk}"
+                reason = (
+                    why
+                    if op is None
+                    else f"{names['linear']} declares no {dtype_name} specialization with N={nn_}, K={kk}"
+                )
                 plan[f"linear.{n}"] = {"impl": "torch:F.linear (cuBLAS)", "reason": reason}
     else:  # tileship_w4a16
         if quantized is None or packer is None:
@@ -429,7 +454,8 @@ def make_path(name: str, cfg: Config, weights: Mapping[str, Any], *, release: An
     return PathOps(name, rmsnorm, attention, needs_mask, linear, tree, plan, fused)
 
 
-def w4a16_reference_path(cfg: Config, weights: Mapping[str, Any], quantized: Mapping[str, Any], packer: tuple[Any, Any, str]) -> PathOps:
+def w4a16_reference_path(cfg: Config, weights: Mapping[str, Any], quantized: Mapping[str, Any],
+                         packer: tuple[Any, Any, str]) -> PathOps:
     """The int4 model with every operator on its reference: dequantize + matmul, torch norms and attention."""
     return make_path("tileship_w4a16", cfg, weights, release=None, quantized=quantized, packer=packer)
 
@@ -472,7 +498,8 @@ def new_state(cfg: Config, batch: int, capacity: int, layers: int, dtype: Any, d
                  lengths=torch.zeros(batch, dtype=torch.int32, device=device),
                  tokens=torch.zeros(batch, dtype=torch.int64, device=device),
                  row_base=torch.arange(batch, dtype=torch.int64, device=device) * capacity,
-                 positions=torch.arange(capacity, dtype=torch.int32, device=device), cos=cos, sin=sin, capacity=capacity, layers=layers)
+                 positions=torch.arange(capacity, dtype=torch.int32, device=device), cos=cos, sin=sin,
+                 capacity=capacity, layers=layers)
 
 
 def layer_qkv(p: PathOps, cfg: Config, x: Any, w: Mapping[str, Any], cos: Any, sin: Any) -> tuple[Any, Any, Any]:
@@ -509,9 +536,10 @@ def layer_out(p: PathOps, cfg: Config, x: Any, w: Mapping[str, Any], q: Any, k_c
     return x + p.linear["down"](torch.nn.functional.silu(gate) * up, *w["down"])
 
 
-def decode_layer(p: PathOps, cfg: Config, x: Any, w: Mapping[str, Any], k_cache: Any, v_cache: Any, write_at: Any, valid: Any, mask: Any,
-                 cos: Any, sin: Any) -> Any:
-    """One decoder layer for one new token per sequence: x [B, H] -> [B, H]; writes k/v at ``write_at`` (flat row b*S + lengths[b])."""
+def decode_layer(p: PathOps, cfg: Config, x: Any, w: Mapping[str, Any], k_cache: Any, v_cache: Any, write_at: Any,
+                 valid: Any, mask: Any, cos: Any, sin: Any) -> Any:
+    """One decoder layer for one new token per sequence: x [B, H] -> [B, H]; writes k/v at
+    ``write_at`` (flat row b*S + lengths[b])."""
     q, k, v = layer_qkv(p, cfg, x, w, cos, sin)
     write_kv(cfg, k_cache, v_cache, write_at, k, v)
     return layer_out(p, cfg, x, w, q, k_cache, v_cache, valid, mask)
@@ -524,7 +552,8 @@ def head(p: PathOps, x: Any, norm_w: Any, lm: tuple[Any, ...]) -> Any:
 
 @dataclass
 class Stepper:
-    """A decode step of one path over one State: ``step()`` runs it (eager or with compiled parts) and returns the logits."""
+    """A decode step of one path over one State: ``step()`` runs it (eager or with compiled
+    parts) and returns the logits."""
 
     p: PathOps
     cfg: Config
@@ -594,7 +623,8 @@ def prefill(p: PathOps, cfg: Config, st: State, prompt: Any) -> Any:
         v = v.reshape(b, n, cfg.n_kv_heads, cfg.head_dim)
         st.k[i][:, :n].copy_(k)
         st.v[i][:, :n].copy_(v)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=True)
         del q, k, v
         x = x + p.linear["o"](o.transpose(1, 2).reshape(b * n, cfg.q_size), *w["o"]).view(b, n, cfg.hidden)
         del o
@@ -610,7 +640,8 @@ def prefill(p: PathOps, cfg: Config, st: State, prompt: Any) -> Any:
 
 
 def sdpa_backends(cfg: Config, batch: int, capacity: int, dtype: Any) -> dict[str, Any]:
-    """Which SDPA backends accept the torch path's decode call (q [B,Hq,1,D], cache views [B,Hkv,S,D], bool mask, enable_gqa)."""
+    """Which SDPA backends accept the torch path's decode call (q [B,Hq,1,D], cache views
+    [B,Hkv,S,D], bool mask, enable_gqa)."""
     import torch
 
     q = torch.empty(batch, cfg.n_heads, 1, cfg.head_dim, dtype=dtype, device="cuda")
@@ -627,7 +658,9 @@ def sdpa_backends(cfg: Config, batch: int, capacity: int, dtype: Any) -> dict[st
             out[name] = bool(fn(params, False)) if fn is not None else None
         except Exception as exc:  # noqa: BLE001
             out[name] = f"{type(exc).__name__}: {exc}"[:200]
-    out["note"] = "math is the fallback when none of these accepts the call; profile.top_kernels names the kernel that ran"
+    out["note"] = (
+        "math is the fallback when none of these accepts the call; profile.top_kernels names the kernel that ran"
+    )
     return out
 
 
@@ -643,7 +676,8 @@ def rel_l2(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def counters_delta(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+def counters_delta(before: Mapping[str, Mapping[str, int]],
+                   after: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for op, counts in after.items():
         d = {k: v - before.get(op, {}).get(k, 0) for k, v in counts.items()}
@@ -681,7 +715,8 @@ class Clock:
         return (time.perf_counter() - t) * 1e3 / iters
 
 
-def capture(step: Callable[[], Any], before_capture: Callable[[], Any], warmup: int = 3) -> tuple[Callable[[], Any], Any, Any]:
+def capture(step: Callable[[], Any], before_capture: Callable[[], Any],
+            warmup: int = 3) -> tuple[Callable[[], Any], Any, Any]:
     """Warm ``step`` up on a side stream, call ``before_capture`` (a counter snapshot, after any
     state reset), capture one call in a CUDAGraph: (replay, static logits, the snapshot)."""
     import torch
@@ -703,8 +738,11 @@ _CLASSES = (
     ("w4a16", re.compile(r"w4a16|int4|_weight_int4pack|dequant|bitwise_and|rshift", re.I)),
     ("attention", re.compile(r"attention|attn|fmha|flash|sdpa|softmax|\bmha", re.I)),
     ("norm", re.compile(r"rms_?norm|rsqrt|layer_?norm", re.I)),
-    ("linear/gemm", re.compile(r"gemm|gemv|nvjet|xmma|cutlass|cublas|splitkreduce|s16816|wgmma|matmul|aten::(?:mm|addmm|bmm|linear)$", re.I)),
-    ("rope/cache-write", re.compile(r"index_put|index_copy|scatter|rope|rotary|_cat_|_cat$|aten::cat$|\bcos\b|_cos_|_sin_|\bsin\b", re.I)),
+    ("linear/gemm",
+     re.compile(r"gemm|gemv|nvjet|xmma|cutlass|cublas|splitkreduce|s16816|wgmma|matmul|aten::(?:mm|addmm|bmm|linear)$",
+                re.I)),
+    ("rope/cache-write",
+     re.compile(r"index_put|index_copy|scatter|rope|rotary|_cat_|_cat$|aten::cat$|\bcos\b|_cos_|_sin_|\bsin\b", re.I)),
 )
 
 
@@ -783,7 +821,8 @@ def profile_shares(run: Callable[[int], Any], attribution_run: Callable[[], Any]
     return summarize(records, replays, source, attribution)
 
 
-def attribute(kernels: list[tuple[str, float]], sequence: list[tuple[str, str | None]], replays: int) -> tuple[list[tuple[str, float, str | None]], str]:
+def attribute(kernels: list[tuple[str, float]], sequence: list[tuple[str, str | None]],
+              replays: int) -> tuple[list[tuple[str, float, str | None]], str]:
     """Give each device kernel (name, us), in execution order, the category of the op that launched it.
 
     ``sequence``: (name, category) in launch order for one non-graph step (or the profiled calls
@@ -822,11 +861,14 @@ def attribute(kernels: list[tuple[str, float]], sequence: list[tuple[str, str | 
         return out, (f"launch order aligned by name ({per} kernels per replay vs {len(sequence)} launches in the "
                      f"non-graph step; {matched / replays:g} per replay matched, the rest by name)")
     out = [(n, t, named(n)) for n, t in kernels]
-    return out, (f"by kernel name ({len(kernels) / max(replays, 1):g} kernels per replay vs {len(sequence)} launches in the "
-                 "non-graph step; a name launched under several ops falls back to name patterns)")
+    return out, (
+        f"by kernel name ({len(kernels) / max(replays, 1):g} kernels per replay vs {len(sequence)} launches in the "
+        "non-graph step; a name launched under several ops falls back to name patterns)"
+    )
 
 
-def summarize(records: list[tuple[str, float, str | None]], replays: int, source: str, attribution: str) -> dict[str, Any]:
+def summarize(records: list[tuple[str, float, str | None]], replays: int, source: str,
+              attribution: str) -> dict[str, Any]:
     """records: (kernel name, microseconds, category from its launching op or None: then by name, else "other")."""
     per_cat = dict.fromkeys(CATEGORIES, 0.0)
     per_kernel: dict[str, list[Any]] = {}
@@ -843,14 +885,16 @@ def summarize(records: list[tuple[str, float, str | None]], replays: int, source
             "shares": {c: round(v / total, 4) for c, v in per_cat.items()},
             "ms_per_step": {c: round(v / replays / 1e3, 4) for c, v in per_cat.items()},
             "kernels_per_step": round(len(records) / replays, 2),
-            "top_kernels": [{"category": k.split("|", 1)[0], "name": k.split("|", 1)[1][:160], "ms_per_step": round(v[0] / replays / 1e3, 4),
+            "top_kernels": [{"category": k.split("|", 1)[0], "name": k.split("|", 1)[1][:160],
+                             "ms_per_step": round(v[0] / replays / 1e3, 4),
                              "calls_per_step": round(v[1] / replays, 2)} for k, v in top]}
 
 
 # -- the benchmark ----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--release", type=Path, help="the CUDA release directory (without one, the tileship paths run PyTorch/reference ops only)")
+    ap.add_argument("--release", type=Path,
+                    help="the CUDA release directory (without one, the tileship paths run PyTorch/reference ops only)")
     ap.add_argument("--out", required=True, type=Path, help="JSON results (rewritten after every case)")
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--layers", type=int, default=32)
@@ -860,25 +904,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--intermediate", type=int, default=14336)
     ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--rms-eps", type=float, default=1e-5, help="the model's RMSNorm eps; a release rmsnorm is used only when it declares the same")
+    ap.add_argument("--rms-eps", type=float, default=1e-5,
+                    help="the model's RMSNorm eps; a release rmsnorm is used only when it declares the same")
     ap.add_argument("--rope-theta", type=float, default=500000.0)
     ap.add_argument("--init-scale", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--contexts", default="1024,8192", help="cache capacities S_cap; the prompt is S_cap - --decode-room tokens")
-    ap.add_argument("--decode-room", type=int, default=64, help="cache positions left after the prompt (bounds --iters and --check-steps)")
+    ap.add_argument("--contexts", default="1024,8192",
+                    help="cache capacities S_cap; the prompt is S_cap - --decode-room tokens")
+    ap.add_argument("--decode-room", type=int, default=64,
+                    help="cache positions left after the prompt (bounds --iters and --check-steps)")
     ap.add_argument("--paths", default=",".join(PATHS))
-    ap.add_argument("--modes", default="compile+graph", help=f"any of {', '.join(GPU_MODES)} (on a CPU: {', '.join(CPU_MODES)})")
+    ap.add_argument("--modes", default="compile+graph",
+                    help=f"any of {', '.join(GPU_MODES)} (on a CPU: {', '.join(CPU_MODES)})")
     ap.add_argument("--iters", type=int, default=32, help="decode replays per timed repeat (<= --decode-room)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prefill-repeats", type=int, default=1)
     ap.add_argument("--check-batch", type=int, default=1, help="the batch at which correctness is checked")
-    ap.add_argument("--check-steps", type=int, default=64, help="greedy steps compared between tileship_fp16 and torch_fp16")
-    ap.add_argument("--logit-steps", type=int, default=8, help="decode steps whose W4A16 logits are compared with the reference")
-    ap.add_argument("--w4a16-tol", type=float, default=2e-2, help="max rel L2 of tileship_w4a16 logits vs the int4 model on the reference")
+    ap.add_argument("--check-steps", type=int, default=64,
+                    help="greedy steps compared between tileship_fp16 and torch_fp16")
+    ap.add_argument("--logit-steps", type=int, default=8,
+                    help="decode steps whose W4A16 logits are compared with the reference")
+    ap.add_argument("--w4a16-tol", type=float, default=2e-2,
+                    help="max rel L2 of tileship_w4a16 logits vs the int4 model on the reference")
     ap.add_argument("--profile-replays", type=int, default=3, help="0: no profile")
-    ap.add_argument("--ops", default="", help="role=operator overrides, roles: " + ", ".join(f"{k} (default {v})" for k, v in DEFAULT_OPS.items()))
-    ap.add_argument("--require-evidence", action="store_true", help="load without allow_unverified (kernels need verification evidence)")
+    ap.add_argument("--ops", default="",
+                    help="role=operator overrides, roles: " + ", ".join(f"{k} (default {v})"
+                                                                         for k, v in DEFAULT_OPS.items()))
+    ap.add_argument("--require-evidence", action="store_true",
+                    help="load without allow_unverified (kernels need verification evidence)")
     ap.add_argument("--deadline-s", type=float, default=420.0,
                     help="skip the cases not started after this many seconds (0: none); recorded as skipped and failed")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only dry-runs the script (modes eager, compile)")
@@ -886,15 +940,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_from(args: argparse.Namespace) -> Config:
-    return Config(hidden=args.hidden, layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim,
-                  intermediate=args.intermediate, vocab=args.vocab, eps=args.rms_eps, rope_theta=args.rope_theta, init_scale=args.init_scale)
+    return Config(hidden=args.hidden, layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads,
+                  head_dim=args.head_dim, intermediate=args.intermediate, vocab=args.vocab, eps=args.rms_eps,
+                  rope_theta=args.rope_theta, init_scale=args.init_scale)
 
 
 def _gib(n: float) -> float:
     return round(n / 2**30, 3)
 
 
-def fit_layers(cfg: Config, batch: int, capacity: int, prompt: int, dtype_bytes: int, cuda: bool) -> tuple[int, str | None]:
+def fit_layers(cfg: Config, batch: int, capacity: int, prompt: int, dtype_bytes: int,
+               cuda: bool) -> tuple[int, str | None]:
     """How many layers fit this case's KV cache and prefill activations in free device memory (all when they fit)."""
     if not cuda:
         return cfg.layers, None
@@ -903,13 +959,19 @@ def fit_layers(cfg: Config, batch: int, capacity: int, prompt: int, dtype_bytes:
     free, _ = torch.cuda.mem_get_info()
     kv_per_layer = 2 * batch * capacity * cfg.kv_size * dtype_bytes
     tokens = batch * prompt
-    acts = tokens * (4 * cfg.hidden + (cfg.q_size + 2 * cfg.kv_size) * 2 + 2 * cfg.intermediate * 2 + cfg.intermediate) * dtype_bytes
+    acts = (
+        tokens
+        * (4 * cfg.hidden + (cfg.q_size + 2 * cfg.kv_size) * 2 + 2 * cfg.intermediate * 2 + cfg.intermediate)
+        * dtype_bytes
+    )
     room = free - acts - 2 * 2**30
     n = min(cfg.layers, int(room // kv_per_layer)) if kv_per_layer else cfg.layers
     if n >= cfg.layers:
         return cfg.layers, None
-    return max(n, 1), (f"{max(n, 1)} of {cfg.layers} layers: free {_gib(free)} GiB, KV {_gib(kv_per_layer)} GiB per layer, "
-                       f"prefill activations ~{_gib(acts)} GiB")
+    return max(n, 1), (
+        f"{max(n, 1)} of {cfg.layers} layers: free {_gib(free)} GiB, KV {_gib(kv_per_layer)} GiB per layer, "
+        f"prefill activations ~{_gib(acts)} GiB"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -949,7 +1011,8 @@ def main(argv: list[str] | None = None) -> int:
 
         release = tileship.load(args.release, allow_unverified=not args.require_evidence)
     else:
-        notes.append("no --release: the tileship paths run PyTorch / reference operators only (a dry run, not a tileship measurement)")
+        notes.append("no --release: the tileship paths run PyTorch / reference operators only (a dry run, not a "
+                     "tileship measurement)")
     if cuda:  # start CUPTI before any capture, so that kernels of graphs captured later are traced
         with contextlib.suppress(Exception), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
             torch.zeros(1, device=device).add_(1)
@@ -960,18 +1023,24 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "host": {"gpu": torch.cuda.get_device_name(0) if cuda else platform.processor(), "torch": torch.__version__,
                  "python": platform.python_version(), "device": device},
-        "release": None if release is None else {"id": release.release_id, "kernel_revision": release.kernel_revision, "path": str(args.release),
-                                                 "status": release.status(), "decisions": release.decisions()},
-        "config": {**cfg.__dict__, "dtype": args.dtype, "batches": args.batches, "contexts": args.contexts, "decode_room": args.decode_room,
-                   "paths": paths, "modes": modes, "iters": args.iters, "repeats": args.repeats, "prefill_repeats": args.prefill_repeats,
+        "release": None if release is None else {"id": release.release_id, "kernel_revision": release.kernel_revision,
+                                                 "path": str(args.release), "status": release.status(),
+                                                 "decisions": release.decisions()},
+        "config": {**cfg.__dict__, "dtype": args.dtype, "batches": args.batches, "contexts": args.contexts,
+                   "decode_room": args.decode_room, "paths": paths, "modes": modes, "iters": args.iters,
+                   "repeats": args.repeats, "prefill_repeats": args.prefill_repeats,
                    "ops": names, "allow_unverified": not args.require_evidence, "check_batch": args.check_batch,
-                   "check_steps": args.check_steps, "logit_steps": args.logit_steps, "w4a16_tolerance_rel_l2": args.w4a16_tol,
-                   "compile": "torch.compile of each layer's two halves (before and after the in-place KV-cache write, which runs eagerly) "
+                   "check_steps": args.check_steps, "logit_steps": args.logit_steps,
+                   "w4a16_tolerance_rel_l2": args.w4a16_tol, "compile": "torch.compile of each layer's two halves "
+                                                                        "(before and after the in-place KV-cache "
+                                                                        "write, which runs eagerly) "
                               "and of the head, default inductor, dynamic=False, fullgraph=True; "
-                              "step (embedding, index math, layers, head, argmax, lengths += 1) captured in one torch.cuda.CUDAGraph",
+                              "step (embedding, index math, layers, head, argmax, lengths += 1) captured in one "
+                              "torch.cuda.CUDAGraph",
                    "prefill_mode": "eager (no compile, no graph), CUDA events"},
         "ratio_direction": RATIO_DIRECTION,
-        "ratio_note": "ratio = tileship ms / torch ms in the same mode (below 1: tileship faster); ratio_w4a16_vs_torch = torch ms / w4a16 ms",
+        "ratio_note": "ratio = tileship ms / torch ms in the same mode (below 1: tileship faster); "
+                      "ratio_w4a16_vs_torch = torch ms / w4a16 ms",
         "notes": notes,
         "dtypes": {},
     }
@@ -992,17 +1061,21 @@ def main(argv: list[str] | None = None) -> int:
             qw, sc = quantized["layers"][0]["down"]
             n, k = cfg.linear_shapes()["down"]
             if qw.dtype != torch.int32 or tuple(qw.shape) != (n, k // 8) or tuple(sc.shape) != (n, k // GROUP):
-                raise TypeError(f"qweight {qw.dtype} {tuple(qw.shape)}, scales {tuple(sc.shape)}; expected int32 ({n}, {k // 8}), ({n}, {k // GROUP})")
+                raise TypeError(f"qweight {qw.dtype} {tuple(qw.shape)}, scales {tuple(sc.shape)}; expected int32 ({n}, "
+                                f"{k // 8}), ({n}, {k // GROUP})")
         except (TypeError, ValueError) as exc:
             if packer[0] is quantize_fallback:
                 raise
-            notes.append(f"{packer[2]}: quantize() does not give (qweight [N,K/8] int32, scales [N,K/128]) ({exc}); the fallback packs instead")
-            packer = (quantize_fallback, dequantize_fallback, "fallback in benchmarks/decode_e2e.py (the catalog's contract differs)")
+            notes.append(f"{packer[2]}: quantize() does not give (qweight [N,K/8] int32, scales [N,K/128]) ({exc}); "
+                         "the fallback packs instead")
+            packer = (quantize_fallback, dequantize_fallback,
+                      "fallback in benchmarks/decode_e2e.py (the catalog's contract differs)")
             quantized = quantize_weights(weights, packer[0])
     clock.sync()
     result["weights_s"] = round(time.perf_counter() - t, 1)
     result["w4a16_packing"] = packer[2]
-    path_ops = {p: make_path(p, cfg, weights, release=release, ops_names=names, quantized=quantized, packer=packer) for p in paths}
+    path_ops = {p: make_path(p, cfg, weights, release=release, ops_names=names, quantized=quantized,
+                             packer=packer) for p in paths}
     ref4 = w4a16_reference_path(cfg, weights, quantized, packer) if quantized is not None else None
     entry: dict[str, Any] = {"plans": {p: po.plan for p, po in path_ops.items()},
                              "weights_gib": {p: _gib(po.weight_bytes()) for p, po in path_ops.items()}, "cases": {}}
@@ -1020,7 +1093,8 @@ def main(argv: list[str] | None = None) -> int:
             flush()
             continue
         try:
-            entry["cases"][name] = run_case(args, cfg, path_ops, ref4, release, batch, capacity, modes, clock, roles, failures)
+            entry["cases"][name] = run_case(args, cfg, path_ops, ref4, release, batch, capacity, modes, clock, roles,
+                                            failures)
         except Exception as exc:  # noqa: BLE001  # one case failing (out of memory) must not lose the others
             traceback.print_exc()
             entry["cases"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -1042,8 +1116,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if not failures else 1
 
 
-def run_case(args: argparse.Namespace, cfg: Config, path_ops: Mapping[str, PathOps], ref4: PathOps | None, release: Any, batch: int,
-             capacity: int, modes: list[str], clock: Clock, roles: Mapping[str, str], failures: list[str]) -> dict[str, Any]:
+def run_case(args: argparse.Namespace, cfg: Config, path_ops: Mapping[str, PathOps], ref4: PathOps | None, release: Any,
+             batch: int, capacity: int, modes: list[str], clock: Clock, roles: Mapping[str, str],
+             failures: list[str]) -> dict[str, Any]:
     import torch
 
     cuda = clock.cuda
@@ -1056,11 +1131,12 @@ def run_case(args: argparse.Namespace, cfg: Config, path_ops: Mapping[str, PathO
     steps = min(args.check_steps, room)
     dtype_bytes = torch.finfo(getattr(torch, args.dtype)).bits // 8
     layers, layers_note = fit_layers(cfg, batch, capacity, plen, dtype_bytes, cuda)
-    prompt = torch.randint(0, cfg.vocab, (batch, plen), generator=torch.Generator().manual_seed(args.seed + 1)).to(args.device)
+    prompt = torch.randint(0, cfg.vocab, (batch, plen),
+                           generator=torch.Generator().manual_seed(args.seed + 1)).to(args.device)
     name = f"decode_b{batch}_ctx{capacity}"
     case: dict[str, Any] = {"batch": batch, "context": capacity, "prompt": plen, "layers": layers, "iters": iters,
-                            "kv_cache_gib": _gib(2 * layers * batch * capacity * cfg.kv_size * dtype_bytes), "paths": {}, "modes": {},
-                            "prefill": {"mode": "eager"}}
+                            "kv_cache_gib": _gib(2 * layers * batch * capacity * cfg.kv_size * dtype_bytes),
+                            "paths": {}, "modes": {}, "prefill": {"mode": "eager"}}
     if layers_note:
         case["layers_note"] = layers_note
     if cuda:
@@ -1102,12 +1178,14 @@ def run_case(args: argparse.Namespace, cfg: Config, path_ops: Mapping[str, PathO
             for mode in modes:
                 row = case["modes"].setdefault(mode, {"paths": {}})
                 try:
-                    pm = run_mode(args, cfg, p, st, mode, plen, first, iters, steps if check else 0, clock, release, roles)
+                    pm = run_mode(args, cfg, p, st, mode, plen, first, iters, steps if check else 0, clock, release,
+                                  roles)
                 except Exception as exc:  # noqa: BLE001  # a compile or capture error: keep the other paths and modes
                     traceback.print_exc()
                     pm = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
                     failures.append(f"{name} {mode} {pname}: {type(exc).__name__}")
-                greedy.setdefault(mode, {})[pname] = {"tokens": pm.pop("_tokens", None), "logits": pm.pop("_logits", None),
+                greedy.setdefault(mode, {})[pname] = {"tokens": pm.pop("_tokens", None),
+                                                      "logits": pm.pop("_logits", None),
                                                       "prefill_logits": prefill_logits, "first": first}
                 pm["prefill_ms"] = pe["prefill_ms"]
                 row["paths"][pname] = pm
@@ -1117,10 +1195,14 @@ def run_case(args: argparse.Namespace, cfg: Config, path_ops: Mapping[str, PathO
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated()
             own = p.weight_bytes()
-            pe["memory"] = {"peak_gib": _gib(peak), "resident_at_start_gib": _gib(resident), "path_weights_gib": _gib(own),
-                            "peak_path_gib": _gib(peak - resident + own),
-                            "note": "peak_gib: max_memory_allocated since this path started (every path's weights are resident); "
-                                    "peak_path_gib = peak - resident at start + this path's own weights: what the path alone needs"}
+            pe["memory"] = {
+                "peak_gib": _gib(peak),
+                "resident_at_start_gib": _gib(resident),
+                "path_weights_gib": _gib(own),
+                "peak_path_gib": _gib(peak - resident + own),
+                "note": "peak_gib: max_memory_allocated since this path started (every path's weights are resident); "
+                "peak_path_gib = peak - resident at start + this path's own weights: what the path alone needs",
+            }
             for mode in modes:
                 if pname in case["modes"][mode]["paths"]:
                     case["modes"][mode]["paths"][pname]["peak_mem_gib"] = pe["memory"]["peak_path_gib"]
@@ -1129,12 +1211,14 @@ def run_case(args: argparse.Namespace, cfg: Config, path_ops: Mapping[str, PathO
             case["w4a16_logits"] = w4a16_check(args, cfg, ref4, prompt, plen, capacity, layers, greedy, clock)
             for mode, r in case["w4a16_logits"].items():
                 if not r.get("ok"):
-                    failures.append(f"{name} {mode}: tileship_w4a16 logits vs the int4 reference: {r.get('error') or r.get('max_rel_l2')}"
+                    failures.append(f"{name} {mode}: tileship_w4a16 logits vs the int4 reference: "
+                                    f"{r.get('error') or r.get('max_rel_l2')}"
                                     f" > {args.w4a16_tol:g}")
     # the rows: model_e2e's fields plus the W4A16 ones
     for p in ("torch_fp16", "tileship_fp16", "tileship_w4a16"):
         if p in case["paths"] and "prefill_ms" in case["paths"][p]:
-            case["prefill"][{"torch_fp16": "torch_ms", "tileship_fp16": "tileship_ms", "tileship_w4a16": "w4a16_ms"}[p]] = case["paths"][p]["prefill_ms"]
+            case["prefill"][{"torch_fp16": "torch_ms", "tileship_fp16": "tileship_ms",
+                             "tileship_w4a16": "w4a16_ms"}[p]] = case["paths"][p]["prefill_ms"]
     _ratios(case["prefill"])
     for mode, row in case["modes"].items():
         for p, key in (("torch_fp16", "torch_ms"), ("tileship_fp16", "tileship_ms"), ("tileship_w4a16", "w4a16_ms")):
@@ -1144,8 +1228,11 @@ def run_case(args: argparse.Namespace, cfg: Config, path_ops: Mapping[str, PathO
         if check and "torch_fp16" in greedy.get(mode, {}) and "tileship_fp16" in greedy.get(mode, {}):
             row["greedy_match"] = greedy_check(greedy[mode]["torch_fp16"], greedy[mode]["tileship_fp16"], steps)
             if not row["greedy_match"].get("match"):
-                failures.append(f"{name} {mode}: tileship_fp16 greedy tokens differ from torch_fp16 ({row['greedy_match']})")
-        print(f"{name:22s} {mode:14s} torch {row.get('torch_ms', float('nan')):8.3f} ms  tileship {row.get('tileship_ms', float('nan')):8.3f} ms "
+                failures.append(
+                    f"{name} {mode}: tileship_fp16 greedy tokens differ from torch_fp16 ({row['greedy_match']})"
+                )
+        print(f"{name:22s} {mode:14s} torch {row.get('torch_ms', float('nan')):8.3f} ms  tileship "
+              f"{row.get('tileship_ms', float('nan')):8.3f} ms "
               f"(ratio {row.get('ratio', float('nan')):.3f})  w4a16 {row.get('w4a16_ms', float('nan')):8.3f} ms "
               f"(torch/w4a16 {row.get('ratio_w4a16_vs_torch', float('nan')):.3f})", flush=True)
     return case
@@ -1161,8 +1248,8 @@ def _ratios(row: dict[str, Any]) -> None:
         row["ratio_w4a16_vs_torch"] = round(t / w, 4)
 
 
-def run_mode(args: argparse.Namespace, cfg: Config, p: PathOps, st: State, mode: str, plen: int, first: Any, iters: int, steps: int,
-             clock: Clock, release: Any, roles: Mapping[str, str]) -> dict[str, Any]:
+def run_mode(args: argparse.Namespace, cfg: Config, p: PathOps, st: State, mode: str, plen: int, first: Any, iters: int,
+             steps: int, clock: Clock, release: Any, roles: Mapping[str, str]) -> dict[str, Any]:
     """Compile (or not), capture (or not), check, time and profile one path's decode step in one mode."""
     import torch
 
@@ -1218,7 +1305,8 @@ def run_mode(args: argparse.Namespace, cfg: Config, p: PathOps, st: State, mode:
         samples.append(clock.ms(run, iters))
     step_ms = statistics.median(samples)
     batch = st.tokens.shape[0]
-    out.update(step_ms=round(step_ms, 4), tokens_per_s=round(batch * 1e3 / step_ms, 1), step_samples_ms=[round(s, 4) for s in samples])
+    out.update(step_ms=round(step_ms, 4), tokens_per_s=round(batch * 1e3 / step_ms, 1),
+               step_samples_ms=[round(s, 4) for s in samples])
     if args.profile_replays > 0:
         n = min(args.profile_replays, iters)
         reset(st, plen, first)
@@ -1246,7 +1334,8 @@ def greedy_check(a: Mapping[str, Any], b: Mapping[str, Any], steps: int) -> dict
     if ta is None or tb is None:
         return {"match": False, "error": "a path produced no tokens"}
     neq = (ta != tb).any(dim=0).nonzero()
-    res: dict[str, Any] = {"steps": steps, "match": not len(neq), "compared": "prefill token + decode steps, batch row 0.. all"}
+    res: dict[str, Any] = {"steps": steps, "match": not len(neq),
+                           "compared": "prefill token + decode steps, batch row 0.. all"}
     if len(neq):
         i = int(neq[0])
         res["first_mismatch_step"] = i  # 0: the prefill's token
@@ -1258,10 +1347,10 @@ def greedy_check(a: Mapping[str, Any], b: Mapping[str, Any], steps: int) -> dict
     return res
 
 
-def w4a16_check(args: argparse.Namespace, cfg: Config, ref4: PathOps, prompt: Any, plen: int, capacity: int, layers: int,
-                greedy: Mapping[str, Mapping[str, Any]], clock: Clock) -> dict[str, Any]:
-    """tileship_w4a16's logits (prefill, then --logit-steps decode steps) vs the int4 model on the reference, teacher-forced
-    with tileship_w4a16's own tokens, eager."""
+def w4a16_check(args: argparse.Namespace, cfg: Config, ref4: PathOps, prompt: Any, plen: int, capacity: int,
+                layers: int, greedy: Mapping[str, Mapping[str, Any]], clock: Clock) -> dict[str, Any]:
+    """tileship_w4a16's logits (prefill, then --logit-steps decode steps) vs the int4 model on the reference,
+    teacher-forced with tileship_w4a16's own tokens, eager."""
     import torch
 
     out: dict[str, Any] = {}
@@ -1283,9 +1372,10 @@ def w4a16_check(args: argparse.Namespace, cfg: Config, ref4: PathOps, prompt: An
                 errs.append(rel_l2(logs[:, i], lg))
                 st.tokens.copy_(toks[:, i + 1].to(args.device))  # teacher forcing: the w4a16 path's own next token
             worst = max(errs)
-            out[mode] = {"rel_l2_per_step": [round(e, 6) for e in errs], "max_rel_l2": round(worst, 6), "tolerance": args.w4a16_tol,
-                         "ok": worst <= args.w4a16_tol, "steps": n,
-                         "reference": "same int4 weights; dequantize + F.linear, F.rms_norm, masked SDPA; eager; step 0 = prefill"}
+            out[mode] = {"rel_l2_per_step": [round(e, 6) for e in errs], "max_rel_l2": round(worst, 6),
+                         "tolerance": args.w4a16_tol, "ok": worst <= args.w4a16_tol, "steps": n,
+                         "reference": "same int4 weights; dequantize + F.linear, F.rms_norm, masked SDPA; eager; step "
+                                      "0 = prefill"}
     del st
     clock.sync()
     return out

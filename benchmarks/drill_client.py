@@ -52,11 +52,13 @@ def encode_request(inputs: list[tuple[str, tuple[str, ...]]], args: list[Any], o
     """A KServe v2 request with every tensor as raw bytes (binary data extension)."""
     import torch
 
-    head: dict[str, Any] = {"inputs": [], "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}
+    head: dict[str, Any] = {"inputs": [],
+                            "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}
     blobs = []
     for (name, _), a in zip(inputs, args, strict=True):
         raw = (a.view(torch.int16) if a.dtype == torch.bfloat16 else a).contiguous().numpy().tobytes()
-        head["inputs"].append({"name": name, "shape": list(a.shape), "datatype": KSERVE[str(a.dtype).removeprefix("torch.")],
+        head["inputs"].append({"name": name, "shape": list(a.shape),
+                               "datatype": KSERVE[str(a.dtype).removeprefix("torch.")],
                                "parameters": {"binary_data_size": len(raw)}})
         blobs.append(raw)
     text = json.dumps(head, separators=(",", ":")).encode()
@@ -104,11 +106,13 @@ def check_answer(sample: Sample, got: dict[str, Any]) -> str | None:
         err = (o - exp).abs()
         bad = int((err > atol + rtol * exp.abs()).sum())
         if bad:
-            return f"output {name}: {bad} of {err.numel()} elements off (max |err| {float(err.max()):.3g}, atol {atol}, rtol {rtol})"
+            return (f"output {name}: {bad} of {err.numel()} elements off (max |err| {float(err.max()):.3g}, "
+                    f"atol {atol}, rtol {rtol})")
     return None
 
 
-def run_client(url: str, samples: list[Sample], idx: int, stop: threading.Event, records: list[Record], opts: DrillOptions) -> None:
+def run_client(url: str, samples: list[Sample], idx: int, stop: threading.Event, records: list[Record],
+               opts: DrillOptions) -> None:
     import httpx
 
     i = idx
@@ -133,7 +137,8 @@ def run_client(url: str, samples: list[Sample], idx: int, stop: threading.Event,
             except Exception as exc:  # an undecodable answer is a wrong answer
                 head, problem = {}, f"undecodable response: {type(exc).__name__}: {exc}"
             p = head.get("parameters") or {}
-            records.append(Record(t0, t1, s.op, 200, problem is None, release=p.get("tileship_release") or r.headers.get("x-tileship-release"),
+            records.append(Record(t0, t1, s.op, 200, problem is None,
+                                  release=p.get("tileship_release") or r.headers.get("x-tileship-release"),
                                   path=p.get("tileship_path") or r.headers.get("x-tileship-path"),
                                   reason=p.get("tileship_reason") or r.headers.get("x-tileship-reason"),
                                   error=None if problem is None else f"{s.spec_id} {s.dims}: {problem}"))

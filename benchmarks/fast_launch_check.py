@@ -29,7 +29,8 @@ def main(path: str) -> int:
             if spec is None or spec.target == "c":
                 continue
             if entry.kernel is None:
-                if entry.decision.reason == "not_selected":  # a candidate that tuning has not chosen: not loaded by design
+                # a candidate that tuning has not chosen: not loaded by design
+                if entry.decision.reason == "not_selected":
                     print(f"{spec.id}: skipped ({entry.detail})")
                     continue
                 print(f"{spec.id}: NOT LOADED ({entry.decision.reason}: {entry.detail})")

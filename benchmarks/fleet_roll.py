@@ -62,9 +62,11 @@ add = Operator(name="add", factory=wrong_add_kernel, reference=add_reference,
 #: an ``add`` whose kernel is right at the sizes warm-up tries (N <= 256 of its range) and returns NaN
 #: from N = 1024 on: the server recomputes those calls on the reference and opens the circuit (reason
 #: ``circuit_open``), so clients get right answers while the canary's error count climbs
-FAULTY_OPS = BAD_OPS.replace("idx % 97 == 0, A[idx] - B[idx]", "N >= 1024, T.sqrt(0.0 - 1.0 - A[idx] * A[idx])").replace(
+FAULTY_OPS = BAD_OPS.replace("idx % 97 == 0, A[idx] - B[idx]",
+                             "N >= 1024, T.sqrt(0.0 - 1.0 - A[idx] * A[idx])").replace(
     'shapes=({"N": 4096},))', 'ranges=(DynamicRange("N", 1, 65536),))').replace(
-    "from tileship.declare.spec import Operator, TensorArg", "from tileship.declare.spec import DynamicRange, Operator, TensorArg")
+    "from tileship.declare.spec import Operator, TensorArg",
+    "from tileship.declare.spec import DynamicRange, Operator, TensorArg")
 
 
 def build_bad_release(root: Path, source: str = BAD_OPS, module: str = "fleet_bad_ops") -> Path:
@@ -239,11 +241,14 @@ def main() -> int:
               "per_release": status["per_release"], "phases": phases(status["events"]), "events": status["events"]}
     good = [r["seconds"] for r in rolls if r["outcome"] == "rolled"]
     lines = [f"fleet of {args.replicas} replicas on a local Ray cluster (num_cpus=2), {args.clients} clients, "
-             f"window {args.window_requests} canary requests and {args.window_seconds:g} s; fleet up in {started_s:.1f} s",
+             f"window {args.window_requests} canary requests and {args.window_seconds:g} s; fleet up in "
+             f"{started_s:.1f} s",
              *(f"roll {i + 1}: {r['previous'][:8]} -> {r['release'][:8]}: {r['outcome']} in {r['seconds']:.2f} s "
                f"(canary serving after {p.get('canary_serving', 0):.2f} s, promoted after "
-               f"{p.get('canary_promoted', 0):.2f} s)" for i, (r, p) in enumerate(zip(rolls, result["phases"][:len(rolls)], strict=True))),
-             f"time to fully rolled: min {min(good):.2f} s, max {max(good):.2f} s over {len(good)} rolls" if good else "",
+               f"{p.get('canary_promoted', 0):.2f} s)"
+               for i, (r, p) in enumerate(zip(rolls, result["phases"][:len(rolls)], strict=True))),
+             (f"time to fully rolled: min {min(good):.2f} s, max {max(good):.2f} s over {len(good)} rolls"
+              if good else ""),
              f"bad canary {bad[:8]}: {bad_roll['outcome']} in {bad_roll['seconds']:.2f} s: {bad_roll['reason'][:200]}",
              f"faulty canary {faulty[:8]} (NaN from N=1024; load at N=2048): {faulty_roll['outcome']} in "
              f"{faulty_roll['seconds']:.2f} s: {faulty_roll['reason'][:200]}; its requests: "

@@ -86,9 +86,10 @@ def worker(release: str, n: int, device: str) -> int:
     warm_ok = bool(torch.equal(x, y))
     t5 = time.perf_counter()
     name = torch.cuda.get_device_properties(0).name if cuda else "cpu"
-    send({"event": "ready", "wall_start": t_wall, "import_torch_s": t1 - t0, "import_tilelang_s": t2 - t1, "import_tileship_s": t3 - t2,
-          "load_s": t4 - t3, "warm_s": t5 - t4, "warm_ok": warm_ok, "path": d.path, "reason": d.reason, "release_id": rel.release_id,
-          "device": name, "torch": torch.__version__, "tilelang": getattr(sys.modules.get("tilelang"), "__version__", None),
+    send({"event": "ready", "wall_start": t_wall, "import_torch_s": t1 - t0, "import_tilelang_s": t2 - t1,
+          "import_tileship_s": t3 - t2, "load_s": t4 - t3, "warm_s": t5 - t4, "warm_ok": warm_ok, "path": d.path,
+          "reason": d.reason, "release_id": rel.release_id, "device": name, "torch": torch.__version__,
+          "tilelang": getattr(sys.modules.get("tilelang"), "__version__", None),
           "load_errors": rel.load_errors, "notes": rel.notes})
     last_exc: BaseException | None = None
     last_call: Any = None
@@ -114,16 +115,16 @@ def worker(release: str, n: int, device: str) -> int:
                 ref = diagnostics.capture(rel, spec_id=op.entries[0].decision.spec_id, exc=last_exc, call=last_call,
                                           out_dir=req["out"], reason="sticky_cuda_error")
                 summary = json.loads((Path(ref.path) / "summary.json").read_text())
-                send({"id": rid, "diagnostics_id": ref.id, "path": str(ref.path), "files": summary["files"], "notes": summary["notes"],
-                      "tools": summary["tools"], "s": time.perf_counter() - t})
+                send({"id": rid, "diagnostics_id": ref.id, "path": str(ref.path), "files": summary["files"],
+                      "notes": summary["notes"], "tools": summary["tools"], "s": time.perf_counter() - t})
             elif cmd == "exit":
                 send({"id": rid, "bye": True})
                 return 0
         except Exception as exc:  # report it; the parent decides
             last_exc = exc
             text = f"{type(exc).__name__}: {exc}".strip()
-            send({"id": rid, "ok": False, "ready": False, "error": text.splitlines()[0][:500], "sticky": is_sticky_text(text),
-                  "s": time.perf_counter() - t})
+            send({"id": rid, "ok": False, "ready": False, "error": text.splitlines()[0][:500],
+                  "sticky": is_sticky_text(text), "s": time.perf_counter() - t})
     return 0
 
 
@@ -139,7 +140,8 @@ class Worker:
         env["TILESHIP_ALLOW_UNVERIFIED"] = "1"  # the fault kernel has no verification evidence, by design
         self.spawn_wall = time.time()
         self.spawn = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(release), "--n", str(n), "--device", device],
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(release), "--n",
+                                      str(n), "--device", device],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -200,12 +202,15 @@ def timings(ready: dict[str, Any], w: Worker, t_from: float) -> dict[str, float]
     imp = ready["import_torch_s"] + ready["import_tilelang_s"] + ready["import_tileship_s"]
     total = ready["ready_at"] - t_from
     return {"total_s": total, "python_startup_s": startup, "import_s": imp, "import_torch_s": ready["import_torch_s"],
-            "import_tilelang_s": ready["import_tilelang_s"], "import_tileship_s": ready["import_tileship_s"], "load_s": ready["load_s"],
-            "warm_s": ready["warm_s"], "beyond_import_s": total - startup - imp}
+            "import_tilelang_s": ready["import_tilelang_s"], "import_tileship_s": ready["import_tileship_s"],
+            "load_s": ready["load_s"], "warm_s": ready["warm_s"], "beyond_import_s": total - startup - imp}
 
 
 def build_release(out: Path, device: str) -> Path:
-    if not any((Path(p) / "nvcc").exists() for p in os.environ.get("PATH", "").split(os.pathsep)) and Path("/usr/local/cuda/bin/nvcc").exists():
+    if (
+        not any((Path(p) / "nvcc").exists() for p in os.environ.get("PATH", "").split(os.pathsep))
+        and Path("/usr/local/cuda/bin/nvcc").exists()
+    ):
         os.environ["PATH"] = "/usr/local/cuda/bin" + os.pathsep + os.environ.get("PATH", "")
     sys.path.insert(0, str(SRC))
     from tileship.build.builder import BuildOptions, build
@@ -216,19 +221,26 @@ def build_release(out: Path, device: str) -> Path:
                    allow_unverified=True, root=BENCH)
     result = build(proj, load_operators(proj), out, BuildOptions(jobs=1, timeout_s=600))
     if not result.ok:
-        raise SystemExit(f"building the fault kernel failed: {[(r.spec.id, r.error, r.log[-2000:]) for r in result.failed]}")
+        raise SystemExit(
+            f"building the fault kernel failed: {[(r.spec.id, r.error, r.log[-2000:]) for r in result.failed]}"
+        )
     return result.path
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("fault-recovery"))
-    ap.add_argument("--release", type=Path, help="a release holding fault_copy for this GPU (default: build one into OUT/build)")
+    ap.add_argument("--release", type=Path,
+                    help="a release holding fault_copy for this GPU (default: build one into OUT/build)")
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--n", type=int, default=4096, help="elements per call")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a worker may take to become ready")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu: a dry run of this script with the \"c\" target (the fault is a SIGSEGV, not a CUDA error)")
+    ap.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help='cpu: a dry run of this script with the "c" target (the fault is a SIGSEGV, not a CUDA error)',
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -237,16 +249,20 @@ def main() -> int:
     t = time.perf_counter()
     release = a.release or build_release(a.out / "build", a.device)
     build_s = time.perf_counter() - t if a.release is None else None
-    report: dict[str, Any] = {"device_kind": a.device, "release": str(release), "build_s": build_s, "n": a.n, "goal_beyond_import_s": GOAL_BEYOND_IMPORT_S,
-                              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rounds": [], "problems": []}
+    report: dict[str, Any] = {"device_kind": a.device, "release": str(release), "build_s": build_s, "n": a.n,
+                              "goal_beyond_import_s": GOAL_BEYOND_IMPORT_S,
+                              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rounds": [],
+                              "problems": []}
     problems: list[str] = report["problems"]
     k = 0
     w = Worker(release, a.n, a.out / f"worker-{k}.log", a.device)
     ready = w.wait_ready(a.timeout)
     report["cold_start"] = timings(ready, w, w.spawn)
-    report["worker"] = {key: ready[key] for key in ("release_id", "device", "torch", "tilelang", "path", "reason", "warm_ok", "load_errors", "notes")}
+    report["worker"] = {key: ready[key] for key in ("release_id", "device", "torch", "tilelang", "path", "reason",
+                                                    "warm_ok", "load_errors", "notes")}
     if ready["path"] != "kernel" or not ready["warm_ok"]:
-        problems.append(f"the warm-up call ran the {ready['path']} path ({ready['reason']}), warm_ok={ready['warm_ok']}: the fault kernel is not serving")
+        problems.append(f"the warm-up call ran the {ready['path']} path ({ready['reason']}), "
+                        f"warm_ok={ready['warm_ok']}: the fault kernel is not serving")
     for r in range(a.restarts):
         rnd: dict[str, Any] = {"round": r}
         good = [w.request("call") for _ in range(5)]
@@ -286,7 +302,11 @@ def main() -> int:
         report["median"]["detect_s"] = statistics.median(rd["detect_s"] for rd in report["rounds"])
         report["median"]["kill_s"] = statistics.median(rd["kill_s"] for rd in report["rounds"])
         report["goal_met"] = report["median"]["beyond_import_s"] < GOAL_BEYOND_IMPORT_S
-    report["fault"] = {"readiness_after_fault": any(rd["readiness_after_fault"] for rd in report["rounds"]) if report["rounds"] else None}
+    report["fault"] = {
+        "readiness_after_fault": any(rd["readiness_after_fault"] for rd in report["rounds"])
+        if report["rounds"]
+        else None
+    }
     report["passed"] = not problems and bool(report["rounds"])
     (a.out / "fault_recovery.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     text = render(report)
@@ -298,23 +318,29 @@ def main() -> int:
 def render(rep: dict[str, Any]) -> str:
     wk = rep.get("worker", {})
     lines = [f"sticky CUDA error recovery: {'PASSED' if rep['passed'] else 'FAILED'}  ({rep['created']})",
-             f"device {wk.get('device')}, torch {wk.get('torch')}, tilelang {wk.get('tilelang')}, release {wk.get('release_id')}"
+             f"device {wk.get('device')}, torch {wk.get('torch')}, tilelang {wk.get('tilelang')}, release "
+             f"{wk.get('release_id')}"
              + (f", built in {rep['build_s']:.1f} s" if rep.get("build_s") else ""), ""]
     c = rep["cold_start"]
     lines.append(f"cold start: {c['total_s']:.2f} s = python {c['python_startup_s']:.2f} + import {c['import_s']:.2f} "
-                 f"(torch {c['import_torch_s']:.2f}, tilelang {c['import_tilelang_s']:.2f}, tileship {c['import_tileship_s']:.2f}) "
+                 f"(torch {c['import_torch_s']:.2f}, tilelang {c['import_tilelang_s']:.2f}, tileship "
+                 f"{c['import_tileship_s']:.2f}) "
                  f"+ load {c['load_s'] * 1e3:.0f} ms + warm {c['warm_s'] * 1e3:.0f} ms + other")
-    lines.append(f"{'round':>5} {'fault':>6} {'detect':>8} {'kill':>7} {'restart':>8} {'python':>7} {'import':>7} {'load':>7} {'warm':>7} "
+    lines.append(f"{'round':>5} {'fault':>6} {'detect':>8} {'kill':>7} {'restart':>8} {'python':>7} {'import':>7} "
+                 f"{'load':>7} {'warm':>7} "
                  f"{'beyond import':>14}")
     for rd in rep["rounds"]:
         s = rd["restart"]
         fault = "yes" if rd["poisoned_call"].get("ok") is False and not rd["readiness_after_fault"] else "NO"
-        lines.append(f"{rd['round']:>5} {fault:>6} {rd['detect_s'] * 1e3:>6.0f}ms {rd['kill_s'] * 1e3:>5.0f}ms {s['total_s']:>7.2f}s "
-                     f"{s['python_startup_s']:>6.2f}s {s['import_s']:>6.2f}s {s['load_s'] * 1e3:>5.0f}ms {s['warm_s'] * 1e3:>5.0f}ms "
+        lines.append(f"{rd['round']:>5} {fault:>6} {rd['detect_s'] * 1e3:>6.0f}ms {rd['kill_s'] * 1e3:>5.0f}ms "
+                     f"{s['total_s']:>7.2f}s "
+                     f"{s['python_startup_s']:>6.2f}s {s['import_s']:>6.2f}s {s['load_s'] * 1e3:>5.0f}ms "
+                     f"{s['warm_s'] * 1e3:>5.0f}ms "
                      f"{s['beyond_import_s']:>13.2f}s")
     if "median" in rep:
         m = rep["median"]
-        lines += ["", f"median restart-to-ready {m['total_s']:.2f} s; beyond python startup + import: {m['beyond_import_s']:.2f} s "
+        lines += ["", f"median restart-to-ready {m['total_s']:.2f} s; beyond python startup + import: "
+                      f"{m['beyond_import_s']:.2f} s "
                       f"(goal < {rep['goal_beyond_import_s']:.0f} s: {'met' if rep['goal_met'] else 'NOT met'})"]
     if rep["rounds"]:
         r0 = rep["rounds"][0]
@@ -322,7 +348,8 @@ def render(rep: dict[str, Any]) -> str:
         lines.append(f"probe after the fault: ready={r0['readiness_after_fault']} ({r0['probe'].get('error')})")
     d = rep.get("diagnostics")
     if d:
-        lines.append(f"diagnostics after the fault: {d.get('diagnostics_id')} ({len(d.get('files', []))} files, tools {d.get('tools')}) "
+        lines.append(f"diagnostics after the fault: {d.get('diagnostics_id')} ({len(d.get('files', []))} files, tools "
+                     f"{d.get('tools')}) "
                      f"{d.get('error') or ''}")
     lines += [f"PROBLEM: {p}" for p in rep["problems"]]
     return "\n".join(lines) + "\n"

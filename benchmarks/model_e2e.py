@@ -26,7 +26,7 @@ host-sync check (one tileship forward under torch.cuda.set_sync_debug_mode("erro
     PYTHONPATH=/tmp/site:$PWD/src:$PWD python3 benchmarks/model_e2e.py --release DIR --out model_e2e.json   # $PWD: examples/llama
 
 Exit status 0 when every output is within tolerance and nothing failed; 1 otherwise.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile-graph", choices=("capture", "reduce-overhead"), default="capture",
                     help="compile+graph: capture the compiled forward in a CUDAGraph, or use mode='reduce-overhead'")
-    ap.add_argument("--require-evidence", action="store_true", help="load without allow_unverified (kernels need verification evidence)")
+    ap.add_argument("--require-evidence", action="store_true",
+                    help="load without allow_unverified (kernels need verification evidence)")
     ap.add_argument("--names", default="", help="layer kind=operator overrides, e.g. rmsnorm=rmsnorm_cpu")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only dry-runs the script (no graph modes)")
     return ap.parse_args(argv)
@@ -167,12 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     cases += [(f"decode_b{b}", int(b), 1) for b in args.decode_batches.split(",") if b]
     timer = Timer(device)
     result: dict[str, Any] = {
-        "host": {"gpu": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor(), "torch": torch.__version__,
-                 "python": platform.python_version()},
+        "host": {"gpu": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor(),
+                 "torch": torch.__version__, "python": platform.python_version()},
         "release": {"id": release.release_id, "kernel_revision": release.kernel_revision, "status": release.status(),
                     "decisions": release.decisions()},
-        "config": {**cfg.__dict__, "head_dim": cfg.head_dim, "modes": modes, "iters": args.iters, "repeats": args.repeats,
-                   "compile_graph": args.compile_graph, "allow_unverified": not args.require_evidence},
+        "config": {**cfg.__dict__, "head_dim": cfg.head_dim, "modes": modes, "iters": args.iters,
+                   "repeats": args.repeats, "compile_graph": args.compile_graph,
+                   "allow_unverified": not args.require_evidence},
         "decode_note": "decode_bB = forward of B sequences of 1 new token, no KV cache; attention at S=1 is not in the "
                        "catalog and runs the reference (SDPA) in both models",
         "ratio_note": "ratio = tileship ms / torch ms in the same mode (below 1: tileship faster)",
@@ -249,15 +251,22 @@ def main(argv: list[str] | None = None) -> int:
                     for label, model in models.items():
                         try:
                             compiled = graphed[label] if mode == "compile+graph" else plain[label]
-                            fn, out, extra = _prepare(mode, label, model, compiled, x, seq, args.compile_graph, compile_s, release, timer)
+                            fn, out, extra = _prepare(mode, label, model, compiled, x, seq, args.compile_graph,
+                                                      compile_s, release, timer)
                             row.update(extra)
                             err = rel_l2(out.float(), want.float())
                             row[f"{label}_rel_l2"] = err
-                            row[f"{label}_ms"] = round(timer.ms_per_call(fn, args.iters if seq == 1 else max(5, args.iters // 2), args.repeats), 4)
+                            row[f"{label}_ms"] = round(
+                                timer.ms_per_call(
+                                    fn, args.iters if seq == 1 else max(5, args.iters // 2), args.repeats
+                                ),
+                                4,
+                            )
                             if label == "tileship" and not err <= tol:
                                 failures.append(f"{dtype_name} {name} {mode}: rel L2 {err:.2e} > {tol:.0e}")
                             del fn, out
-                        except Exception as exc:  # noqa: BLE001  # one mode failing (a compile error) must not lose the others
+                        # one mode failing (a compile error) must not lose the others
+                        except Exception as exc:  # noqa: BLE001
                             row[f"{label}_error"] = f"{type(exc).__name__}: {exc}"[:2000]
                             traceback.print_exc()
                             failures.append(f"{dtype_name} {name} {mode} {label}: {type(exc).__name__}")
@@ -267,14 +276,16 @@ def main(argv: list[str] | None = None) -> int:
                         row["ratio"] = round(row["tileship_ms"] / row["torch_ms"], 3)
                         row["ok"] = row["tileship_rel_l2"] <= tol
                     print(f"{dtype_name:9s} {name:22s} {mode:14s} torch {row.get('torch_ms', float('nan')):9.3f} ms  "
-                          f"tileship {row.get('tileship_ms', float('nan')):9.3f} ms  ratio {row.get('ratio', float('nan')):6.3f}  "
+                          f"tileship {row.get('tileship_ms', float('nan')):9.3f} ms  ratio "
+                          f"{row.get('ratio', float('nan')):6.3f}  "
                           f"rel_l2 {row.get('tileship_rel_l2', float('nan')):.2e}", flush=True)
             flush()
         entry["compile_s"] = {k: round(v, 1) for k, v in compile_s.items()}
         entry["counters_total"] = release.counters()
         entry["dynamo_stats"] = dict(counters["stats"])
         if not any(c.get("kernel:kernel") for c in entry["counters_total"].values()):
-            failures.append(f"{dtype_name}: no tileship kernel ran (see release.status and release.decisions): the ratios compare torch with torch")
+            failures.append(f"{dtype_name}: no tileship kernel ran (see release.status and release.decisions): the "
+                            "ratios compare torch with torch")
         del ref, ts, plain, graphed, models
         torch._dynamo.reset()
         if device == "cuda":
@@ -288,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if not failures else 1
 
 
-def _prepare(mode: str, label: str, model: Any, compiled: Any, x: Any, seq: int, compile_graph: str, compile_s: dict[str, float],
-             release: Any, timer: Timer) -> tuple[Callable[[], Any], Any, dict[str, Any]]:
+def _prepare(mode: str, label: str, model: Any, compiled: Any, x: Any, seq: int, compile_graph: str,
+             compile_s: dict[str, float], release: Any, timer: Timer) -> tuple[Callable[[], Any], Any, dict[str, Any]]:
     """(a no-argument forward to time, its output, extra facts) for one model in one mode."""
     import torch
 

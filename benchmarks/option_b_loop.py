@@ -79,7 +79,8 @@ class Load:
         else:
             a = self.rng.standard_normal((size, 4096)).astype(np.float16).tobytes()
             ins = [{"name": "A", "shape": [size, 4096], "datatype": "FP16", "parameters": {"binary_data_size": len(a)}},
-                   {"name": "B", "shape": [4096, 4096], "datatype": "FP16", "parameters": {"binary_data_size": len(self.b)}}]
+                   {"name": "B", "shape": [4096, 4096], "datatype": "FP16",
+                    "parameters": {"binary_data_size": len(self.b)}}]
             out, data = "C", a + self.b
         head = json.dumps({"inputs": ins, "outputs": [{"name": out, "parameters": {"binary_data": True}}]}).encode()
         return head + data, len(head)
@@ -222,8 +223,10 @@ def run(args: argparse.Namespace, log: dict[str, Any]) -> bool:
     for extra in setup.get("also", []):
         shutil.copy(extra, work / extra.name)
         sys.modules.pop(extra.stem, None)
-    (work / "tileship.toml").write_text(f'model = "option-b-loop"\nmodel_version = "1"\noperators = ["{setup["module"]}"]\n'
-                                        f'targets = {json.dumps(setup["targets"])}\nrouting = "evidence"\n')
+    (work / "tileship.toml").write_text(
+        f'model = "option-b-loop"\nmodel_version = "1"\noperators = ["{setup["module"]}"]\n'
+        f'targets = {json.dumps(setup["targets"])}\nrouting = "evidence"\n'
+    )
     sys.modules.pop(setup["module"], None)  # import the copy next to the project file (the releases ship it)
     sys.path.insert(0, str(work))
     project = work / "tileship.toml"

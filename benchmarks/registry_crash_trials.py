@@ -234,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                "settings": {k: v for k, v in vars(args).items() if k != "out"},
                "ops": [asdict(r) for r in rows], "ok": ok}
         (args.out / "registry_crash_trials.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        lines = [f"{r.op:9s} {r.trials:4d} kills {r.mid_operation:4d} mid-operation {r.left_by_kill:4d} left-temporaries "
-                 f"{r.inconsistent} inconsistent {r.leftovers_after_next} leftovers-after-next {r.seconds:.1f} s"
-                 for r in rows]
+        lines = [
+            f"{r.op:9s} {r.trials:4d} kills {r.mid_operation:4d} mid-operation {r.left_by_kill:4d} left-temporaries "
+            f"{r.inconsistent} inconsistent {r.leftovers_after_next} leftovers-after-next {r.seconds:.1f} s"
+            for r in rows
+        ]
         (args.out / "registry_crash_trials.txt").write_text("\n".join([doc["command"], *lines, f"ok: {ok}"]) + "\n")
     print("ok" if ok else "FAILED")
     return 0 if ok else 1

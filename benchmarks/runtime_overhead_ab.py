@@ -96,7 +96,8 @@ def main() -> int:
             b, a = stats(s["before"][spec][metric]), stats(s["after"][spec][metric])
             am, bm = a["run_medians_us"], b["run_medians_us"]
             apart = max(am) < min(bm) or min(am) > max(bm)
-            change = round(a["median_of_run_medians_us"] - b["median_of_run_medians_us"], 3) if apart else "not resolved"
+            change = round(a["median_of_run_medians_us"] - b["median_of_run_medians_us"],
+                           3) if apart else "not resolved"
             summary[spec][metric] = {"before": b, "after": a, "after_minus_before_us": change}
     result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "order": order, "load_average_1m": load,
               "cpus": os.cpu_count(), "before_src": str(args.before), "after_src": str(args.after),

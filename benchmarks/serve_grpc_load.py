@@ -16,7 +16,7 @@ When torch sees a GPU and ``--op`` has CUDA specializations, the in-process numb
 
     python benchmarks/serve_grpc_load.py --op add --dims N=4096 --out benchmarks/results/cpu/serve_grpc_load_add.json
     python benchmarks/serve_grpc_load.py --op rmsnorm_cpu --dims M=1,N=1024 --out benchmarks/results/cpu/serve_grpc_load_rmsnorm.json
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ async def main():
     await s.start()
     await s.wait_for_termination()
 asyncio.run(main())
-"""
+"""  # noqa: E501
 
 
 def echo_floor(size: int, n: int) -> dict[str, Any]:
@@ -218,8 +218,8 @@ def main() -> int:
     release_dir = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-grpc-rel-")))
     port, gport = free_port(), free_port()
     url, target = f"http://127.0.0.1:{port}", f"127.0.0.1:{gport}"
-    cmd = [sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(release_dir), "--port", str(port),
-           "--grpc-port", str(gport), "--max-inflight", str(max(64, a.clients * 2))]
+    cmd = [sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(release_dir), "--port",
+           str(port), "--grpc-port", str(gport), "--max-inflight", str(max(64, a.clients * 2))]
     log_path = Path(tempfile.mkdtemp(prefix="serve-grpc-log-")) / "server.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     with log_path.open("wb") as log:
@@ -227,14 +227,20 @@ def main() -> int:
     try:
         ready = wait_ready(url, proc, 600)
         release = load(release_dir)
-        device = "cuda" if torch.cuda.is_available() and any(e.spec is not None and e.spec.target != "c" for e in release.ops[a.op].entries) else "cpu"
+        device = (
+            "cuda"
+            if torch.cuda.is_available()
+            and any(e.spec is not None and e.spec.target != "c" for e in release.ops[a.op].entries)
+            else "cpu"
+        )
         req, tensors = make_request(release, a.op, dims, a.dtype)
         wire = req.SerializeToString()
         inproc = in_process(release, a.op, wire, tensors, a.seq, device)
         ref = inproc.pop("output")
         seq, first = sequential(target, wire, a.seq)
         resp = pb.ModelInferResponse.FromString(first)
-        got = torch.frombuffer(bytearray(resp.raw_output_contents[0]), dtype=ref.dtype).reshape(list(resp.outputs[0].shape))
+        got = torch.frombuffer(bytearray(resp.raw_output_contents[0]),
+                               dtype=ref.dtype).reshape(list(resp.outputs[0].shape))
         diff = float((got.double() - ref.double().cpu()).abs().max())  # the in-process output may be on the GPU
         names = [n for n, _ in release.ops[a.op].shape.inputs]
         triton = tritonclient_sequential(target, a.op, tensors, names, min(a.seq, 300))
@@ -266,16 +272,20 @@ def main() -> int:
     result["ok"] = loaded["errors"] == 0 and compiles == 0 and diff == 0.0
     ip = inproc
     print(f"serve_grpc_load: {a.op} {dims} {a.dtype} on {device}; request {len(wire)} B; release {release.release_id}")
-    print(f"  in-process call only          p50 {ip['call']['p50_us']:>9.1f} us  p99 {ip['call']['p99_us']:>9.1f} us ({ip['decision']})")
+    print(f"  in-process call only          p50 {ip['call']['p50_us']:>9.1f} us  p99 {ip['call']['p99_us']:>9.1f} us "
+          f"({ip['decision']})")
     print(f"  in-process parse+call+encode  p50 {ip['full']['p50_us']:>9.1f} us  p99 {ip['full']['p99_us']:>9.1f} us")
     print(f"  gRPC 1 client (raw bytes)     p50 {seq['p50_us']:>9.1f} us  p99 {seq['p99_us']:>9.1f} us  overhead p50 "
           f"{result['overhead_p50_us']['vs_in_process_full']:.1f} us over parse+call+encode, "
           f"{result['overhead_p50_us']['vs_in_process_call']:.1f} us over the call")
-    print(f"  bare grpc.aio echo, 1 client  p50 {floor['p50_us']:>9.1f} us  p99 {floor['p99_us']:>9.1f} us  (grpcio alone, same bytes)")
+    print(f"  bare grpc.aio echo, 1 client  p50 {floor['p50_us']:>9.1f} us  p99 {floor['p99_us']:>9.1f} us  (grpcio "
+          "alone, same bytes)")
     print(f"  tritonclient.grpc 1 client    p50 {triton['p50_us']:>9.1f} us  p99 {triton['p99_us']:>9.1f} us")
     print(f"  gRPC {loaded['clients']} clients {loaded['duration_s']} s: {loaded['requests']} requests, "
-          f"{loaded['throughput_rps']} req/s, p50 {loaded['p50_us']:.1f} us, p99 {loaded['p99_us']:.1f} us, codes {loaded['codes']}")
-    print(f"  compile attempts {compiles}; max |gRPC - in-process| {diff}; load average {result['environment']['load_average_1m']}; "
+          f"{loaded['throughput_rps']} req/s, p50 {loaded['p50_us']:.1f} us, p99 {loaded['p99_us']:.1f} us, codes "
+          f"{loaded['codes']}")
+    print(f"  compile attempts {compiles}; max |gRPC - in-process| {diff}; load average "
+          f"{result['environment']['load_average_1m']}; "
           f"ok: {result['ok']}")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

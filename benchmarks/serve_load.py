@@ -51,7 +51,8 @@ def summary_us(xs: list[float]) -> dict[str, Any]:
 
 # -- the request -----------------------------------------------------------------------------
 
-def make_request(release: Any, op: str, dims: dict[str, int], dtype: str, binary: bool) -> tuple[bytes, dict[str, str], list[Any]]:
+def make_request(release: Any, op: str, dims: dict[str, int], dtype: str,
+                 binary: bool) -> tuple[bytes, dict[str, str], list[Any]]:
     """(body, extra headers, the CPU tensors it carries)."""
     import torch
 
@@ -62,7 +63,8 @@ def make_request(release: Any, op: str, dims: dict[str, int], dtype: str, binary
     out_name = release.declarations[op]["outputs"][0][0]
     inputs, blobs = [], []
     for (name, _), t in zip(runner.shape.inputs, tensors, strict=True):
-        entry: dict[str, Any] = {"name": name, "shape": list(t.shape), "datatype": KSERVE[str(t.dtype).removeprefix("torch.")]}
+        entry: dict[str, Any] = {"name": name, "shape": list(t.shape),
+                                 "datatype": KSERVE[str(t.dtype).removeprefix("torch.")]}
         if binary:
             raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).contiguous().numpy().tobytes()
             entry["parameters"] = {"binary_data_size": len(raw)}
@@ -70,7 +72,8 @@ def make_request(release: Any, op: str, dims: dict[str, int], dtype: str, binary
         else:
             entry["data"] = t.reshape(-1).tolist()
         inputs.append(entry)
-    head = json.dumps({"inputs": inputs, "outputs": [{"name": out_name, "parameters": {"binary_data": binary}}]}).encode()
+    head = json.dumps({"inputs": inputs, "outputs": [{"name": out_name,
+                                                      "parameters": {"binary_data": binary}}]}).encode()
     headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
     if binary:
         headers["Inference-Header-Content-Length"] = str(len(head))
@@ -79,7 +82,8 @@ def make_request(release: Any, op: str, dims: dict[str, int], dtype: str, binary
 
 # -- in-process --------------------------------------------------------------------------------
 
-def in_process(release: Any, op: str, body: bytes, headers: dict[str, str], tensors: list[Any], device: str, n: int) -> dict[str, Any]:
+def in_process(release: Any, op: str, body: bytes, headers: dict[str, str], tensors: list[Any], device: str,
+               n: int) -> dict[str, Any]:
     import torch
 
     from tileship.serve import protocol
@@ -130,7 +134,8 @@ class Conn:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
             self.writer.transport.set_write_buffer_limits(high=1 << 22)
         assert self.reader is not None
-        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}", f"Content-Length: {len(body)}"] + [f"{k}: {v}" for k, v in headers.items()]
+        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}",
+                f"Content-Length: {len(body)}"] + [f"{k}: {v}" for k, v in headers.items()]
         self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
         self.writer.write(body)
         await self.writer.drain()
@@ -156,8 +161,8 @@ class Conn:
         self.reader = self.writer = None
 
 
-async def http_phase(host: str, port: int, path: str, body: bytes, headers: dict[str, str], clients: int, duration: float,
-                     max_requests: int) -> dict[str, Any]:
+async def http_phase(host: str, port: int, path: str, body: bytes, headers: dict[str, str], clients: int,
+                     duration: float, max_requests: int) -> dict[str, Any]:
     lat: list[float] = []
     codes: dict[str, int] = {}
     paths: dict[str, int] = {}
@@ -190,7 +195,8 @@ async def http_phase(host: str, port: int, path: str, body: bytes, headers: dict
     await asyncio.gather(*(worker() for _ in range(clients)))
     wall = time.perf_counter() - t0
     errors = sum(v for k, v in codes.items() if k != "200")
-    return {"clients": clients, "duration_s": round(wall, 3), "requests": len(lat) + sum(v for k, v in codes.items() if not k.isdigit()),
+    return {"clients": clients, "duration_s": round(wall, 3),
+            "requests": len(lat) + sum(v for k, v in codes.items() if not k.isdigit()),
             "errors": errors, "codes": codes, "paths": paths, "releases": sorted(releases),
             "throughput_rps": round(codes.get("200", 0) / wall, 2), **summary_us(lat)}
 
@@ -264,8 +270,9 @@ def main() -> int:
     release_dir = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-load-rel-")))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(release_dir), "--port", str(port),
-           "--max-body-mib", str(a.max_body_mib), "--max-inflight", str(max(64, a.clients * 2)), "--threads", str(a.threads)]
+    cmd = [sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(release_dir), "--port",
+           str(port), "--max-body-mib", str(a.max_body_mib), "--max-inflight", str(max(64, a.clients * 2)), "--threads",
+           str(a.threads)]
     if a.allow_unverified:
         cmd.append("--allow-unverified")
     log_path = Path(tempfile.mkdtemp(prefix="serve-load-log-")) / "server.log"
@@ -277,7 +284,12 @@ def main() -> int:
         ready = wait_ready(url, proc, 600)
         ready_s = time.perf_counter() - t_start
         release = load(release_dir, allow_unverified=True if a.allow_unverified else None)
-        device = "cuda" if torch.cuda.is_available() and any(e.spec is not None and e.spec.target != "c" for e in release.ops[a.op].entries) else "cpu"
+        device = (
+            "cuda"
+            if torch.cuda.is_available()
+            and any(e.spec is not None and e.spec.target != "c" for e in release.ops[a.op].entries)
+            else "cpu"
+        )
         body, headers, tensors = make_request(release, a.op, dims, a.dtype, binary)
         inproc = in_process(release, a.op, body, headers, tensors, device, a.seq)
         ref_out = inproc.pop("output")
@@ -305,12 +317,13 @@ def main() -> int:
     inproc_rps = 1e6 / inproc["full"]["mean_us"] if inproc["full"]["mean_us"] else None
     result = {
         "benchmark": "serve_load",
-        "config": {"op": a.op, "dims": dims, "dtype": a.dtype, "tensors": "binary" if binary else "json", "clients": a.clients,
-                   "duration_s": a.duration, "max_requests": a.max_requests, "seq": a.seq, "server_threads": a.threads,
-                   "request_bytes": len(body), "response_bytes": inproc["response_bytes"]},
-        "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(), "device": device,
-                        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "platform": platform.platform(),
-                        "http_parser": _http_parser(), "load_average_1m": round(os.getloadavg()[0], 2)},
+        "config": {"op": a.op, "dims": dims, "dtype": a.dtype, "tensors": "binary" if binary else "json",
+                   "clients": a.clients, "duration_s": a.duration, "max_requests": a.max_requests, "seq": a.seq,
+                   "server_threads": a.threads, "request_bytes": len(body), "response_bytes": inproc["response_bytes"]},
+        "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                        "device": device, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                        "platform": platform.platform(), "http_parser": _http_parser(),
+                        "load_average_1m": round(os.getloadavg()[0], 2)},
         "release_id": release.release_id,
         "server_ready_s": round(ready_s, 2),
         "ready": {k: ready.get(k) for k in ("ready", "reason", "device")},
@@ -319,7 +332,8 @@ def main() -> int:
         "http_load": loaded,
         "overhead_p50_us": {"vs_in_process_full": round(seq["p50_us"] - inproc["full"]["p50_us"], 1),
                             "vs_in_process_call": round(seq["p50_us"] - inproc["call"]["p50_us"], 1)},
-        "throughput_ratio_http_over_in_process": round(loaded["throughput_rps"] / inproc_rps, 3) if inproc_rps else None,
+        "throughput_ratio_http_over_in_process": (round(loaded["throughput_rps"] / inproc_rps, 3)
+                                                  if inproc_rps else None),
         "in_process_rps": round(inproc_rps, 2) if inproc_rps else None,
         "max_abs_diff_http_vs_in_process": diff,
         "compile_attempts": compiles,
@@ -327,7 +341,12 @@ def main() -> int:
         "server_log": str(log_path),
     }
     tol = release.declarations[a.op]["tolerances"][a.dtype]
-    ok = loaded["errors"] == 0 and seq["errors"] == 0 and compiles == 0 and diff <= tol["atol"] + tol["rtol"] * float(ref_out.double().abs().max())
+    ok = (
+        loaded["errors"] == 0
+        and seq["errors"] == 0
+        and compiles == 0
+        and diff <= tol["atol"] + tol["rtol"] * float(ref_out.double().abs().max())
+    )
     result["ok"] = ok
     _print(result)
     if a.out:
@@ -390,18 +409,26 @@ def _metric(text: str, name: str) -> float | None:
 
 def _print(r: dict[str, Any]) -> None:
     c, ip, sq, ld = r["config"], r["in_process"], r["http_sequential"], r["http_load"]
-    print(f"serve_load: {c['op']} {c['dims']} {c['dtype']} {c['tensors']} tensors; request {c['request_bytes']} B, response {c['response_bytes']} B; "
-          f"device {r['environment']['device']}; release {r['release_id']}; server ready in {r['server_ready_s']} s ({r['ready']['reason']})")
-    print(f"  in-process call only        p50 {ip['call']['p50_us']:>10.1f} us  p99 {ip['call']['p99_us']:>10.1f} us  ({ip['decision']})")
-    print(f"  in-process parse+call+encode p50 {ip['full']['p50_us']:>10.1f} us  p99 {ip['full']['p99_us']:>10.1f} us  -> {r['in_process_rps']} calls/s")
-    print(f"  HTTP 1 client               p50 {sq['p50_us']:>10.1f} us  p99 {sq['p99_us']:>10.1f} us  errors {sq['errors']}  "
+    print(f"serve_load: {c['op']} {c['dims']} {c['dtype']} {c['tensors']} tensors; request {c['request_bytes']} B, "
+          f"response {c['response_bytes']} B; "
+          f"device {r['environment']['device']}; release {r['release_id']}; server ready in {r['server_ready_s']} s "
+          f"({r['ready']['reason']})")
+    print(f"  in-process call only        p50 {ip['call']['p50_us']:>10.1f} us  p99 {ip['call']['p99_us']:>10.1f} us  "
+          f"({ip['decision']})")
+    print(f"  in-process parse+call+encode p50 {ip['full']['p50_us']:>10.1f} us  p99 {ip['full']['p99_us']:>10.1f} us  "
+          f"-> {r['in_process_rps']} calls/s")
+    print(f"  HTTP 1 client               p50 {sq['p50_us']:>10.1f} us  p99 {sq['p99_us']:>10.1f} us  errors "
+          f"{sq['errors']}  "
           f"overhead p50 {r['overhead_p50_us']['vs_in_process_full']:.1f} us over parse+call+encode, "
           f"{r['overhead_p50_us']['vs_in_process_call']:.1f} us over the call")
-    print(f"  HTTP {ld['clients']} clients {ld['duration_s']} s: {ld['requests']} requests, {ld['throughput_rps']} req/s, p50 {ld['p50_us']:.1f} us, "
+    print(f"  HTTP {ld['clients']} clients {ld['duration_s']} s: {ld['requests']} requests, {ld['throughput_rps']} "
+          f"req/s, p50 {ld['p50_us']:.1f} us, "
           f"p99 {ld['p99_us']:.1f} us, errors {ld['errors']} {ld['codes']}, paths {ld['paths']}")
-    print(f"  server side, medians: body received {r['server_side_p50_ms']['body_ms']} ms, run {r['server_side_p50_ms']['run_ms']} ms, "
+    print(f"  server side, medians: body received {r['server_side_p50_ms']['body_ms']} ms, run "
+          f"{r['server_side_p50_ms']['run_ms']} ms, "
           f"receive-to-response {r['server_side_p50_ms']['ms']} ms over {r['server_side_p50_ms']['n']} requests")
-    print(f"  throughput HTTP / in-process: {r['throughput_ratio_http_over_in_process']}; compile attempts: {r['compile_attempts']}; "
+    print(f"  throughput HTTP / in-process: {r['throughput_ratio_http_over_in_process']}; compile attempts: "
+          f"{r['compile_attempts']}; "
           f"max |HTTP - in-process|: {r['max_abs_diff_http_vs_in_process']}; ok: {r['ok']}")
 
 

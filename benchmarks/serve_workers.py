@@ -60,7 +60,8 @@ def readiness(port: int) -> tuple[int, dict[str, Any]]:
         return 0, {}
 
 
-def wait_ready(proc: subprocess.Popen[bytes], port: int, *, standby_not: set[int] | None = None, timeout: float = 300) -> dict[str, Any]:
+def wait_ready(proc: subprocess.Popen[bytes], port: int, *, standby_not: set[int] | None = None,
+               timeout: float = 300) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -75,7 +76,8 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, *, standby_not: set[int
 
 def request(n: int, rng: Any) -> tuple[bytes, dict[str, str], np.ndarray]:
     a, b = rng.standard_normal((2, n), dtype=np.float32)
-    head = json.dumps({"inputs": [{"name": k, "shape": [n], "datatype": "FP32", "parameters": {"binary_data_size": 4 * n}}
+    head = json.dumps({"inputs": [{"name": k, "shape": [n], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 4 * n}}
                                   for k in ("A", "B")],
                        "outputs": [{"name": "C", "parameters": {"binary_data": True}}]}).encode()
     return head + a.tobytes() + b.tobytes(), {"Content-Type": "application/octet-stream",
@@ -172,8 +174,8 @@ def main() -> int:
             p.send_signal(signal.SIGTERM)
             p.wait(60)
     result = {"benchmark": "serve_workers", "host": platform.node(), "cpus": os.cpu_count(), "release": release.name,
-              "request": f"add, FP32, N={a.n}, binary tensors, one client, sequential", "both_ready_s": round(ready_s, 2),
-              "latency_us": lat, "failover": fo,
+              "request": f"add, FP32, N={a.n}, binary tensors, one client, sequential",
+              "both_ready_s": round(ready_s, 2), "latency_us": lat, "failover": fo,
               "targets": {"hop_p50_us<=100": lat["hop_p50_us"] <= 100, "kill9_wrong==0": fo["wrong"] == 0}}
     text = json.dumps(result, indent=2)
     print(text)

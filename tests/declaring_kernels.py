@@ -27,8 +27,8 @@ def add_ref(a, b):
 # 2. LayerNorm forward with float32 mean and rstd beside y
 def layer_norm_fwd(M, N, dtype="float32", eps=1e-5):
     @T.prim_func
-    def main(X: T.Tensor((M, N), dtype), W: T.Tensor((N,), dtype), Bias: T.Tensor((N,), dtype), Y: T.Tensor((M, N), dtype),
-             Mean: T.Tensor((M,), "float32"), Rstd: T.Tensor((M,), "float32")):
+    def main(X: T.Tensor((M, N), dtype), W: T.Tensor((N,), dtype), Bias: T.Tensor((N,), dtype),
+             Y: T.Tensor((M, N), dtype), Mean: T.Tensor((M,), "float32"), Rstd: T.Tensor((M,), "float32")):
         with T.Kernel(M) as row:
             s = T.alloc_local((2,), "float32")
             s[0] = 0.0

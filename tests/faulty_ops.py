@@ -56,9 +56,11 @@ def add_reference(a: Any, b: Any) -> Any:
     return torch.add(a, b)
 
 
-def _op(name: str, factory: Any, *, ranges: tuple[DynamicRange, ...] = (), config: dict[str, Any] | None = None) -> Operator:
-    return Operator(name=name, factory=factory, reference=add_reference, inputs=(TensorArg("A", ("N",)), TensorArg("B", ("N",))),
-                    outputs=(TensorArg("C", ("N",)),), dtypes=("float32",), targets=("c",), shapes=({"N": 4096},), ranges=ranges,
+def _op(name: str, factory: Any, *, ranges: tuple[DynamicRange, ...] = (),
+        config: dict[str, Any] | None = None) -> Operator:
+    return Operator(name=name, factory=factory, reference=add_reference,
+                    inputs=(TensorArg("A", ("N",)), TensorArg("B", ("N",))), outputs=(TensorArg("C", ("N",)),),
+                    dtypes=("float32",), targets=("c",), shapes=({"N": 4096},), ranges=ranges,
                     config=config or {})
 
 

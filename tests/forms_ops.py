@@ -68,12 +68,13 @@ def scale_reference(a):
 _ab = (TensorArg("A", ("N",)), TensorArg("B", ("N",)))
 _c = (TensorArg("C", ("N",)),)
 
-jit_add = Operator(name="jit_add", factory=add_jit, reference=add_reference, inputs=_ab, outputs=_c, dtypes=("float32",),
-                   targets=("c",), config={"block": 64}, shapes=({"N": 256},), pass_configs={"tl.disable_warp_specialized": False})
-tuned_add = Operator(name="tuned_add", factory=add_tuned, reference=add_reference, inputs=_ab, outputs=_c, dtypes=("float32",),
-                     targets=("c",), config={"block": 128}, ranges=(DynamicRange("N", 1, 4096),))
-eager_add = Operator(name="eager_add", factory=add_eager, reference=add_eager_reference, inputs=_ab, dtypes=("float32",),
-                     targets=("c",), shapes=({"N": 128},), params={"dtype": None})
-imported_scale = Operator(name="imported_scale", factory=scale_kernel, reference=scale_reference, inputs=(TensorArg("A", ("N",)),),
-                          outputs=(TensorArg("B", ("N",)),), dtypes=("float32",), targets=("c",), shapes=({"N": 100},),
-                          params={"dtype": "in_dtype"})
+jit_add = Operator(name="jit_add", factory=add_jit, reference=add_reference, inputs=_ab, outputs=_c,
+                   dtypes=("float32",), targets=("c",), config={"block": 64}, shapes=({"N": 256},),
+                   pass_configs={"tl.disable_warp_specialized": False})
+tuned_add = Operator(name="tuned_add", factory=add_tuned, reference=add_reference, inputs=_ab, outputs=_c,
+                     dtypes=("float32",), targets=("c",), config={"block": 128}, ranges=(DynamicRange("N", 1, 4096),))
+eager_add = Operator(name="eager_add", factory=add_eager, reference=add_eager_reference, inputs=_ab,
+                     dtypes=("float32",), targets=("c",), shapes=({"N": 128},), params={"dtype": None})
+imported_scale = Operator(name="imported_scale", factory=scale_kernel, reference=scale_reference,
+                          inputs=(TensorArg("A", ("N",)),), outputs=(TensorArg("B", ("N",)),), dtypes=("float32",),
+                          targets=("c",), shapes=({"N": 100},), params={"dtype": "in_dtype"})

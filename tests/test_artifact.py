@@ -27,7 +27,8 @@ def tilelang_view(spec_dir: Path) -> tuple[list[tuple[str, tuple[str, ...]]], li
         func=tvm.ir.load_json((spec_dir / "signature.json").read_text()),
         host_kernel_source=CachedTextSource(path=str(spec_dir / "host_kernel.cu")),
         device_kernel_source=CachedTextSource(path=str(spec_dir / "device_kernel.cu")),
-        kernel_lib_path=str(spec_dir / art["library"]), params=load_kernel_params((spec_dir / "params.json").read_text()),
+        kernel_lib_path=str(spec_dir / art["library"]),
+        params=load_kernel_params((spec_dir / "params.json").read_text()),
         target=Target(art["target"]).tilelang(), target_host=None, out_idx=art["out_idx"],
         execution_backend=art["execution_backend"], pass_configs=art.get("pass_configs") or None)
     a = k.adapter
@@ -81,8 +82,8 @@ def graph(attrs: dict[str, int]) -> str:
     bufs, params = [], []
     for name, strides in (("A", [s, one]), ("C", [n64, one])):
         h = add("tirx.Var", {"name": add("ffi.String", name), "dtype": "handle"})
-        b = add("tirx.Buffer", {"name": add("ffi.String", name), "dtype": "float16", "shape": add("ffi.Array", [m, n64]),
-                                "strides": add("ffi.Array", strides)})
+        b = add("tirx.Buffer", {"name": add("ffi.String", name), "dtype": "float16",
+                                "shape": add("ffi.Array", [m, n64]), "strides": add("ffi.Array", strides)})
         bufs += [h, b]
         params.append(h)
     alpha = add("tirx.Var", {"name": add("ffi.String", "alpha"), "dtype": "float32"})
@@ -166,7 +167,8 @@ def test_a_cuda_kernel_with_scalars_and_a_dynamic_dim_passes_the_build_time_abi_
         r = compile_one(cuda_scalar_ops.scaled_cuda, spec, tmp_path / spec.id, timeout_s=300, sys_path=tests_dir)
         assert r.ok, r.error
         art = json.loads((tmp_path / spec.id / "artifact.json").read_text())
-        sig = artifact.ffi_abi(tmp_path / spec.id, art, signature.read((tmp_path / spec.id / "signature.json").read_text(),
+        sig = artifact.ffi_abi(tmp_path / spec.id, art,
+                               signature.read((tmp_path / spec.id / "signature.json").read_text(),
                                                                        art["out_idx"]), spec.id)
         assert sig.callee_allocated_outputs and [p.name for p in sig.params] == ["A", "s", "n", "B"]
         assert '"main: num_args should be 4"' in (tmp_path / spec.id / "host_kernel.cu").read_text()

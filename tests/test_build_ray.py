@@ -170,7 +170,8 @@ def test_a_node_with_another_toolchain_fails_its_specializations(tmp_path):
     spec = expand(load_operators(proj)["copy"])[0]
     local = _node_fingerprint()
     value = {"ok": True, "seconds": 1.0, "error": None, "log": "", "commands": [], "timed_out": False,
-             "files": {"kernel_lib.so": b"x"}, "node": "10.0.0.7/abcd1234", "fingerprint": {**local, "tilelang": "0.0.1"}}
+             "files": {"kernel_lib.so": b"x"}, "node": "10.0.0.7/abcd1234",
+             "fingerprint": {**local, "tilelang": "0.0.1"}}
     r = _to_result(SpecResult, spec, value, tmp_path / "out", local)
     assert not r.ok and r.error == f"node 10.0.0.7/abcd1234 runs tilelang 0.0.1 (driver: {local['tilelang']})"
     assert not (tmp_path / "out").exists()  # its files were not written into the release

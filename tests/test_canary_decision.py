@@ -49,7 +49,9 @@ def test_noise_protects_a_small_window_of_wide_samples():
     wide = [0.5e-3, 1.5e-3] * 6
     v = decide(*sides(wide, [x * 1.3 for x in wide]), pol, elapsed_s=1.0)
     row = v.numbers["models"]["add"]
-    assert v.action == "promote" and row["ratio"] == pytest.approx(1.3) and row["excess_ms"] < row["noise_ms"], v.to_json()
+    assert v.action == "promote" and row["ratio"] == pytest.approx(1.3) and row["excess_ms"] < row["noise_ms"], (
+        v.to_json()
+    )
     tight = [0.99e-3, 1.01e-3] * 6
     v = decide(*sides(tight, [x * 1.3 for x in tight]), pol, elapsed_s=1.0)
     assert v.action == "rollback", v.to_json()
@@ -85,7 +87,8 @@ def test_a_model_with_too_few_samples_is_not_compared():
     assert v.action == "promote" and v.numbers["models"]["norm"] == {"n_active": 3, "n_canary": 3, "compared": False}
 
 
-@pytest.mark.parametrize("field,value", [("fraction", 0.0), ("fraction", 1.5), ("window_requests", 0), ("max_p50_ratio", 0.9)])
+@pytest.mark.parametrize("field,value", [("fraction", 0.0), ("fraction", 1.5), ("window_requests", 0),
+                                         ("max_p50_ratio", 0.9)])
 def test_bad_policy_names_the_field(field, value):
     with pytest.raises(TileshipError, match=field):
         CanaryPolicy(**{field: value}).check()

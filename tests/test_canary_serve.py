@@ -81,7 +81,9 @@ def test_good_canary_gets_its_exact_share_and_is_promoted_in_server_and_registry
                                                     "max_p50_ratio": 1.5})
         assert r.status_code == 200 and r.json()["result"] == "started" and r.json()["canary"] == id_b, r.text
         ready = httpx.get(srv.url + "/v2/health/ready").json()
-        assert ready["release"] == id_a and ready["canary"]["state"] == "running" and ready["canary"]["fraction"] == 0.25
+        assert (
+            ready["release"] == id_a and ready["canary"]["state"] == "running" and ready["canary"]["fraction"] == 0.25
+        )
         rng = np.random.default_rng(0)
         served = [call_add(srv.url, rng).headers["x-tileship-release"] for _ in range(80)]
         # request n goes to the canary when floor(n/4) steps: exactly every 4th one
@@ -152,7 +154,8 @@ def test_faulting_canary_is_rolled_back_and_every_request_is_answered(registry, 
         return run
 
     logs = io.StringIO()
-    cfg = ServeConfig(source=reg.root, loader=loader_wrapping(id_b, faulty), diagnostics_dir=tmp_path / "d", log_stream=logs)
+    cfg = ServeConfig(source=reg.root, loader=loader_wrapping(id_b, faulty), diagnostics_dir=tmp_path / "d",
+                      log_stream=logs)
     with serving(cfg) as srv:
         st, served, failures = _load_under_canary(srv, {"release": id_b, "fraction": 0.2, "window_requests": 1000})
         assert not failures, failures[:3]
@@ -214,7 +217,8 @@ def test_canary_that_fails_to_load_leaves_the_active_release_serving(registry, c
 def test_bad_requests_and_abort(registry, tmp_path):
     reg, id_a, id_b, _ = registry
     with serving(ServeConfig(source=reg.root, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO())) as srv:
-        for body, words in (({"fraction": 0.1}, "'release' is required"), ({"release": id_b, "fraction": 2}, "fraction"),
+        for body, words in (({"fraction": 0.1}, "'release' is required"),
+                            ({"release": id_b, "fraction": 2}, "fraction"),
                             ({"release": id_b, "window_requests": 1.5}, "window_requests"),
                             ({"release": id_b, "colour": 1}, "unknown field 'colour'")):
             r = post(srv, "/v2/tileship/canary", json=body)
@@ -272,7 +276,8 @@ def test_canary_missing_a_model_the_active_serves_is_refused(registry, tmp_path)
             del rel.ops["rmsnorm_cpu"]
         return rel
 
-    with serving(ServeConfig(source=reg.root, loader=loader, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO())) as srv:
+    with serving(ServeConfig(source=reg.root, loader=loader, diagnostics_dir=tmp_path / "d",
+                             log_stream=io.StringIO())) as srv:
         r = post(srv, "/v2/tileship/canary", json={"release": id_b, "fraction": 0.5})
         assert r.status_code == 409 and "does not serve rmsnorm_cpu" in r.json()["error"], r.text
         assert srv.service.holder.current.release_id == id_a

@@ -38,13 +38,18 @@ def typed_release(tmp_path_factory):
 # -- declaration -------------------------------------------------------------------------
 
 BAD = [
-    ("tensor-dtype", dict(inputs=(TensorArg("A", ("N",)), TensorArg("Q", ("N/8",), dtype="int4"))), "inputs.Q.dtype", 'write "same"'),
-    ("dim-expression", dict(inputs=(TensorArg("A", ("N",)), TensorArg("Q", ("N/8+1",), dtype="int32"))), "inputs.Q.dims", "<dim>/<int>"),
-    ("dim-zero", dict(inputs=(TensorArg("A", ("N",)), TensorArg("Q", ("N/0",), dtype="int32"))), "inputs.Q.dims", "positive int"),
-    ("dims-string", dict(inputs=(TensorArg("A", "N"), TensorArg("Q", ("N/8",), dtype="int32"))), "inputs.A.dims", "(note the comma)"),
+    ("tensor-dtype", dict(inputs=(TensorArg("A", ("N",)), TensorArg("Q", ("N/8",), dtype="int4"))), "inputs.Q.dtype",
+     'write "same"'),
+    ("dim-expression", dict(inputs=(TensorArg("A", ("N",)), TensorArg("Q", ("N/8+1",), dtype="int32"))),
+     "inputs.Q.dims", "<dim>/<int>"),
+    ("dim-zero", dict(inputs=(TensorArg("A", ("N",)), TensorArg("Q", ("N/0",), dtype="int32"))), "inputs.Q.dims",
+     "positive int"),
+    ("dims-string", dict(inputs=(TensorArg("A", "N"), TensorArg("Q", ("N/8",), dtype="int32"))), "inputs.A.dims",
+     "(note the comma)"),
     ("shape-not-exact", dict(shapes=({"N": 60},)), "shapes[0].N", "use a N that divides"),
     ("range-of-one-size-is-exact", dict(shapes=(), ranges=(DynamicRange("N", 8, 8),)), None, None),
-    ("range-divided-dynamic", dict(shapes=(), ranges=(DynamicRange("N", 8, 64),)), "ranges[0].dim", "declare static shapes"),
+    ("range-divided-dynamic", dict(shapes=(), ranges=(DynamicRange("N", 8, 64),)), "ranges[0].dim",
+     "declare static shapes"),
     ("tolerance-key", dict(tolerances={"nope": Tolerance(0, 0)}), "tolerances.nope", "key by operator dtype"),
     ("tolerance-value", dict(tolerances={"Z": (0, 0)}), "tolerances.Z", "Tolerance(atol, rtol)"),
     ("sample-not-callable", dict(sample=3), "sample", "sample=fn(dims, dtype, device)"),
@@ -76,7 +81,8 @@ def test_only_base_dims_reach_ids_and_descriptions(typed_ops):
     assert typed_ops.masked_rows.tolerance("float64", "Y") == Tolerance(1e-9, 1e-9)
 
 
-@pytest.mark.parametrize("expr,base,size,want", [("K/8", 64, 8, True), ("K//128", 256, 2, True), ("K*2", 3, 6, True), ("K/8", 60, None, False)],
+@pytest.mark.parametrize("expr,base,size,want", [("K/8", 64, 8, True), ("K//128", 256, 2, True), ("K*2", 3, 6, True),
+                                                 ("K/8", 60, None, False)],
                          ids=["div", "floordiv", "mul", "inexact"])
 def test_dim_expressions(expr, base, size, want):
     e = DimExpr.parse(expr)
@@ -162,7 +168,8 @@ def test_fake_tensors_have_each_outputs_dtype_and_derived_size(typed_release):
     ops = register(load(typed_release))
     c, z = ops.qadd(torch.empty(64, device="meta"), torch.empty(8, dtype=torch.int32, device="meta"))
     assert (c.shape, c.dtype, z.shape, z.dtype) == ((64,), torch.float32, (8,), torch.int32)
-    y, mean = ops.masked_rows(torch.empty(8, 32, dtype=torch.float64, device="meta"), torch.empty(8, dtype=torch.uint8, device="meta"))
+    y, mean = ops.masked_rows(torch.empty(8, 32, dtype=torch.float64, device="meta"),
+                              torch.empty(8, dtype=torch.uint8, device="meta"))
     assert (y.dtype, mean.dtype, mean.shape) == (torch.float64, torch.float32, (8,))
     fn = torch.compile(lambda a, q: ops.qadd(a, q)[1], fullgraph=True, backend="eager")
     q = torch.randint(0, 9, (8,), dtype=torch.int32)
@@ -177,9 +184,11 @@ def test_serve_takes_int_inputs_and_lists_each_datatype(typed_release):
         assert srv.wait_ready(), srv.service.holder.readiness()[1]
         base = f"http://127.0.0.1:{srv.port}/v2/models"
         meta = httpx.get(f"{base}/qadd").json()
-        assert meta["inputs"] == [{"name": "A", "datatype": "FP32", "shape": [-1]}, {"name": "Q", "datatype": "INT32", "shape": [-1]}]
+        assert meta["inputs"] == [{"name": "A", "datatype": "FP32", "shape": [-1]},
+                                  {"name": "Q", "datatype": "INT32", "shape": [-1]}]
         assert meta["outputs"][1] == {"name": "Z", "datatype": "INT32", "shape": [-1]}
-        assert httpx.get(f"{base}/masked_rows").json()["inputs"][1] == {"name": "mask", "datatype": "UINT8", "shape": [8]}
+        assert httpx.get(f"{base}/masked_rows").json()["inputs"][1] == {"name": "mask", "datatype": "UINT8",
+                                                                        "shape": [8]}
         body = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [64], "data": [0.5] * 64},
                            {"name": "Q", "datatype": "INT32", "shape": [8], "data": [0x21] * 8}]}
         r = httpx.post(f"{base}/qadd/infer", json=body)
@@ -196,7 +205,10 @@ def test_serve_takes_int_inputs_and_lists_each_datatype(typed_release):
         mask = {"inputs": [{"name": "X", "datatype": "FP64", "shape": [8, 32], "data": [1.0] * 256},
                            {"name": "mask", "datatype": "UINT8", "shape": [8], "data": [1] * 8}]}
         r = httpx.post(f"{base}/masked_rows/infer", json=mask)
-        assert r.status_code == 200 and {o["name"]: o["datatype"] for o in r.json()["outputs"]} == {"Y": "FP64", "mean": "FP32"}
+        assert r.status_code == 200 and {o["name"]: o["datatype"] for o in r.json()["outputs"]} == {
+            "Y": "FP64",
+            "mean": "FP32",
+        }
     finally:
         srv.stop()
 
@@ -271,7 +283,8 @@ def test_scalar_args_verify_trace_and_serve(typed_release):
         assert srv.wait_ready(), srv.service.holder.readiness()[1]
         base = f"http://127.0.0.1:{srv.port}/v2/models/scaled_add"
         meta = httpx.get(base).json()
-        assert meta["inputs"][1:] == [{"name": "s", "datatype": "FP32", "shape": []}, {"name": "n", "datatype": "INT32", "shape": []}]
+        assert meta["inputs"][1:] == [{"name": "s", "datatype": "FP32", "shape": []},
+                                      {"name": "n", "datatype": "INT32", "shape": []}]
         body = {"inputs": [{"name": "A", "datatype": "FP32", "shape": [128], "data": [1.0] * 128},
                            {"name": "s", "datatype": "FP32", "shape": [1], "data": [0.5]},
                            {"name": "n", "datatype": "INT32", "shape": [1], "data": [2]}]}

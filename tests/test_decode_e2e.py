@@ -30,8 +30,8 @@ def _load() -> Any:
 
 de = _load()
 TINY = de.Config(hidden=256, layers=2, n_heads=4, n_kv_heads=2, head_dim=64, intermediate=512, vocab=512)
-TINY_FLAGS = ["--layers", "2", "--hidden", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--intermediate", "512",
-              "--vocab", "512"]
+TINY_FLAGS = ["--layers", "2", "--hidden", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+              "--intermediate", "512", "--vocab", "512"]
 B, CAP, ROOM = 2, 64, 16
 PLEN = CAP - ROOM
 
@@ -95,7 +95,11 @@ def test_w4a16_fallback_packing_round_trip_and_nibble_layout():
     assert ((back.float() - w.float()).abs() <= bound).all()
     assert not back[3, :128].any()
     # nibble j of each int32 holds element (0,2,4,6,1,3,5,7)[j] of its group of 8, as round(w/s) + 8
-    q = (torch.round(w.float() / s.float().clamp_min(1e-30).repeat_interleave(128, dim=1)) + 8).clamp(0, 15).to(torch.int64)
+    q = (
+        (torch.round(w.float() / s.float().clamp_min(1e-30).repeat_interleave(128, dim=1)) + 8)
+        .clamp(0, 15)
+        .to(torch.int64)
+    )
     q[3, :128] = 8
     for j, e in enumerate((0, 2, 4, 6, 1, 3, 5, 7)):
         assert torch.equal((qw.to(torch.int64) >> (4 * j)) & 0xF, q.view(16, 32, 8)[..., e]), j
@@ -111,7 +115,8 @@ def test_w4a16_path_is_the_int4_model_and_close_to_fp16_within_the_int4_error():
     assert all(v["impl"].startswith("reference: dequantize") for k, v in w4.plan.items() if k.startswith("linear."))
     # the same model with the dequantized weights in fp: what the int4 path must compute exactly
     deq = {**weights, "lm_head": dequantize(*quantized["lm_head"]),
-           "layers": [{**lw, **{n: dequantize(*q[n]) for n in de.LINEARS}} for lw, q in zip(weights["layers"], quantized["layers"], strict=True)]}
+           "layers": [{**lw, **{n: dequantize(*q[n]) for n in de.LINEARS}}
+                      for lw, q in zip(weights["layers"], quantized["layers"], strict=True)]}
     deq_path = de.make_path("torch_fp16", TINY, deq)
     tokens = _prompt()
     got, exact, fp = _recompute(w4, tokens), _recompute(deq_path, tokens), _recompute(ref, tokens)
@@ -144,15 +149,21 @@ def _fake_release(release_id: str, linear_nk: tuple[tuple[int, int], ...] = ()) 
 
     spec = Specialization("rmsnorm", "float32", (("M", (1, 64)), ("N", 256)), "c")
     decls = {
-        "rmsnorm": {"inputs": [["X", ["M", "N"]], ["W", ["N"]]], "outputs": [["Y", ["M", "N"]]], "config": {"eps": 1e-5}},
-        "gqa_decode": {"inputs": [["Q", ["B", "H", "D"]], ["K", ["B", "S", "G", "D"]], ["V", ["B", "S", "G", "D"]], ["L", ["B"]]],
+        "rmsnorm": {"inputs": [["X", ["M", "N"]], ["W", ["N"]]], "outputs": [["Y", ["M", "N"]]],
+                    "config": {"eps": 1e-5}},
+        "gqa_decode": {"inputs": [["Q", ["B", "H", "D"]], ["K", ["B", "S", "G", "D"]], ["V", ["B", "S", "G", "D"]],
+                                  ["L", ["B"]]],
                        "outputs": [["O", ["B", "H", "D"]]]},
-        "w4a16_linear": {"inputs": [["X", ["M", "K"]], ["QW", ["N", "K/8"]], ["S", ["N", "K/128"]]], "outputs": [["Y", ["M", "N"]]]},
+        "w4a16_linear": {"inputs": [["X", ["M", "K"]], ["QW", ["N", "K/8"]], ["S", ["N", "K/128"]]],
+                         "outputs": [["Y", ["M", "N"]]]},
     }
     ops = {
-        "rmsnorm": OpRunner(OpShape("rmsnorm", (("X", ("M", "N")), ("W", ("N",))), 1), rms, [Entry(spec, rms, Decision(KERNEL, KERNEL, spec.id))]),
-        "gqa_decode": OpRunner(OpShape("gqa_decode", tuple((n, tuple(d)) for n, d in decls["gqa_decode"]["inputs"]), 1), gqa, []),
-        "w4a16_linear": OpRunner(OpShape("w4a16_linear", tuple((n, tuple(d)) for n, d in decls["w4a16_linear"]["inputs"]), 1), w4, []),
+        "rmsnorm": OpRunner(OpShape("rmsnorm", (("X", ("M", "N")), ("W", ("N",))), 1), rms,
+                            [Entry(spec, rms, Decision(KERNEL, KERNEL, spec.id))]),
+        "gqa_decode": OpRunner(OpShape("gqa_decode", tuple((n, tuple(d)) for n, d in decls["gqa_decode"]["inputs"]), 1),
+                               gqa, []),
+        "w4a16_linear": OpRunner(OpShape("w4a16_linear",
+                                         tuple((n, tuple(d)) for n, d in decls["w4a16_linear"]["inputs"]), 1), w4, []),
     }
     if linear_nk:
         def lin(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -162,8 +173,8 @@ def _fake_release(release_id: str, linear_nk: tuple[tuple[int, int], ...] = ()) 
         lspecs = [Specialization("linear", "float32", (("M", (1, 64)), ("N", n), ("K", k)), "c") for n, k in linear_nk]
         ops["linear"] = OpRunner(OpShape("linear", (("X", ("M", "K")), ("W", ("N", "K"))), 1), lin,
                                  [Entry(sp, lin, Decision(KERNEL, KERNEL, sp.id)) for sp in lspecs])
-    return Release(release_id=release_id, path=None, kernel_revision="test", model={}, lock={}, lock_digest="", drift=None, ops=ops,
-                   declarations=decls)
+    return Release(release_id=release_id, path=None, kernel_revision="test", model={}, lock={}, lock_digest="",
+                   drift=None, ops=ops, declarations=decls)
 
 
 @torch.inference_mode()
@@ -175,7 +186,10 @@ def test_release_operators_run_as_custom_ops_and_their_decisions_are_counted():
     ns = "tileship_dec0de0000000001"
     ts = de.make_path("tileship_fp16", TINY, weights, release=release)
     w4 = de.make_path("tileship_w4a16", TINY, weights, release=release, quantized=quantized, packer=packer)
-    assert ts.plan["rmsnorm"]["impl"] == "tileship:rmsnorm" and ts.plan["decode_attention"]["impl"] == "tileship:gqa_decode"
+    assert (
+        ts.plan["rmsnorm"]["impl"] == "tileship:rmsnorm"
+        and ts.plan["decode_attention"]["impl"] == "tileship:gqa_decode"
+    )
     assert ts.plan["linear.o"]["impl"].startswith("torch:") and "no 'linear'" in ts.plan["linear.o"]["reason"]
     assert w4.plan["linear.down"]["impl"] == "tileship:w4a16_linear"
     assert ts.rmsnorm is getattr(torch.ops, ns).rmsnorm.default
@@ -229,12 +243,13 @@ def test_a_linear_operator_in_f_linear_layout_takes_the_weights_as_they_are():
 
 def test_main_writes_the_documented_json(tmp_path: Path):
     out = tmp_path / "decode_e2e.json"
-    rc = de.main(["--device", "cpu", "--modes", "eager", *TINY_FLAGS, "--batches", "1,2", "--contexts", str(CAP), "--decode-room", "8",
-                  "--check-batch", "1", "--check-steps", "8", "--logit-steps", "4", "--iters", "4", "--repeats", "1",
-                  "--profile-replays", "1", "--out", str(out)])
+    rc = de.main(["--device", "cpu", "--modes", "eager", *TINY_FLAGS, "--batches", "1,2", "--contexts", str(CAP),
+                  "--decode-room", "8", "--check-batch", "1", "--check-steps", "8", "--logit-steps", "4", "--iters",
+                  "4", "--repeats", "1", "--profile-replays", "1", "--out", str(out)])
     data = json.loads(out.read_text())
     assert rc == 0, data["failures"]
-    assert set(data["ratio_direction"]) >= {"ratio", "ratio_w4a16", "ratio_w4a16_vs_torch", "ratio_fp16_vs_torch", "tokens_per_s"}
+    assert set(data["ratio_direction"]) >= {"ratio", "ratio_w4a16", "ratio_w4a16_vs_torch", "ratio_fp16_vs_torch",
+                                            "tokens_per_s"}
     assert data["release"] is None and data["notes"] and data["w4a16_packing"]
     entry = data["dtypes"]["float16"]
     assert set(entry["plans"]) == set(de.PATHS)
@@ -243,7 +258,8 @@ def test_main_writes_the_documented_json(tmp_path: Path):
         assert case["prompt"] == CAP - 8 and case["layers"] == 2 and case["batch"] == b
         assert {"torch_ms", "tileship_ms", "w4a16_ms", "ratio", "ratio_w4a16_vs_torch"} <= set(case["prefill"])
         row = case["modes"]["eager"]
-        assert {"torch_ms", "tileship_ms", "ratio", "w4a16_ms", "ratio_w4a16", "ratio_w4a16_vs_torch", "ratio_fp16_vs_torch"} <= set(row)
+        assert {"torch_ms", "tileship_ms", "ratio", "w4a16_ms", "ratio_w4a16", "ratio_w4a16_vs_torch",
+                "ratio_fp16_vs_torch"} <= set(row)
         assert row["ratio"] == pytest.approx(row["tileship_ms"] / row["torch_ms"], rel=1e-3)
         assert row["ratio_w4a16_vs_torch"] == pytest.approx(row["torch_ms"] / row["w4a16_ms"], rel=1e-3)
         for p in de.PATHS:
@@ -272,17 +288,23 @@ def test_profile_attribution_follows_the_launching_op_into_graph_replays():
 
     w4 = ev("tileship_abc::w4a16_linear", 3)
     events = [ev("tileship_abc::gqa_decode", 2, ("main_kernel",)), ev("tileship_abc::rmsnorm", 1, ("main_kernel",)), w4,
-              ev("aten::mm", 3.5, ("nvjet_hsh_64x8_2cta",), parent=w4), ev("triton_poi_fused_index_copy_0", 0, ("triton_poi_fused_index_copy_0",)),
+              ev("aten::mm", 3.5, ("nvjet_hsh_64x8_2cta",), parent=w4),
+              ev("triton_poi_fused_index_copy_0", 0, ("triton_poi_fused_index_copy_0",)),
               ev("aten::argmax", 5, ("reduce_kernel",))]
     roles = {"gqa_decode": "attention", "rmsnorm": "rmsnorm", "w4a16_linear": "w4a16"}
     seq = de._launch_sequence(events, roles)
-    assert seq == [("triton_poi_fused_index_copy_0", "rope/cache-write"), ("main_kernel", "norm"), ("main_kernel", "attention"),
-                   ("nvjet_hsh_64x8_2cta", "w4a16"), ("reduce_kernel", None)]
-    replay = [("triton_poi_fused_index_copy_0", 1.0), ("main_kernel", 2.0), ("main_kernel", 10.0), ("nvjet_hsh_64x8_2cta", 6.0), ("reduce_kernel", 1.0)]
+    assert seq == [("triton_poi_fused_index_copy_0", "rope/cache-write"), ("main_kernel", "norm"),
+                   ("main_kernel", "attention"), ("nvjet_hsh_64x8_2cta", "w4a16"), ("reduce_kernel", None)]
+    replay = [("triton_poi_fused_index_copy_0", 1.0), ("main_kernel", 2.0), ("main_kernel", 10.0),
+              ("nvjet_hsh_64x8_2cta", 6.0), ("reduce_kernel", 1.0)]
     records, how = de.attribute(replay * 2, seq, 2)
     assert how.startswith("launch order")
     out = de.summarize(records, 2, "graph replays", how)
-    assert out["ms_per_step"]["attention"] == 0.01 and out["ms_per_step"]["norm"] == 0.002 and out["ms_per_step"]["w4a16"] == 0.006
+    assert (
+        out["ms_per_step"]["attention"] == 0.01
+        and out["ms_per_step"]["norm"] == 0.002
+        and out["ms_per_step"]["w4a16"] == 0.006
+    )
     assert out["shares"]["other"] == pytest.approx(1 / 20) and out["kernels_per_step"] == 5
     # counts differ (an extra memset in the replay): aligned by name, so each main_kernel still gets its op
     records, how = de.attribute([*replay[:3], ("Memset (Device)", 0.5), *replay[3:]], seq, 1)
@@ -296,11 +318,16 @@ def test_profile_attribution_follows_the_launching_op_into_graph_replays():
     assert how.startswith("by kernel name")
     cats = {n: c for n, _, c in records}
     assert cats["main_kernel"] is None and cats["nvjet_hsh_64x8_2cta"] == "w4a16" and cats["Memset (Device)"] is None
-    assert de.summarize(records, 2, "x", how)["ms_per_step"]["other"] == pytest.approx((12.0 + 1.0 + 0.5 + 12 + 1) / 2e3, abs=1e-4)
+    assert de.summarize(records, 2, "x", how)["ms_per_step"]["other"] == pytest.approx(
+        (12.0 + 1.0 + 0.5 + 12 + 1) / 2e3, abs=1e-4
+    )
     # name patterns for kernels no op claims
     assert de.classify("fmha_cutlassF_f16_aligned_64x128_rf_sm80") == "attention"
     assert de.classify("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1") == "norm"
-    assert de.classify("sm90_xmma_gemm_f16f16_f16f32") == "linear/gemm" and de.classify("gemv2T_kernel_val") == "linear/gemm"
+    assert (
+        de.classify("sm90_xmma_gemm_f16f16_f16f32") == "linear/gemm"
+        and de.classify("gemv2T_kernel_val") == "linear/gemm"
+    )
     assert de.classify("main_kernel") is None
 
 
@@ -323,5 +350,7 @@ def test_the_compiled_step_writes_the_cache_in_place_and_matches_eager():
     for a, b in zip(le, lc, strict=True):
         assert de.rel_l2(b, a) < 1e-4
     for layer in range(TINY.layers):
-        assert torch.allclose(comp.k[layer], eager.k[layer], atol=1e-5) and torch.allclose(comp.v[layer], eager.v[layer], atol=1e-5)
+        assert torch.allclose(comp.k[layer], eager.k[layer], atol=1e-5) and torch.allclose(
+            comp.v[layer], eager.v[layer], atol=1e-5
+        )
     assert comp.lengths.tolist() == eager.lengths.tolist() == [PLEN + 3] * B

@@ -23,11 +23,13 @@ def a_spec(release_dir: Path) -> str:
     return sorted(p.name for p in (release_dir / "specs").iterdir())[0]
 
 
-def failing_call(release: object, args: tuple[torch.Tensor, ...], out: Path, **kw: object) -> diagnostics.DiagnosticsRef:
+def failing_call(release: object, args: tuple[torch.Tensor, ...], out: Path,
+                 **kw: object) -> diagnostics.DiagnosticsRef:
     try:
         raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
     except RuntimeError:
-        return diagnostics.capture(release, call=args, out_dir=out, reason="serve_error", **kw)  # exc: the one being handled
+        # exc: the one being handled
+        return diagnostics.capture(release, call=args, out_dir=out, reason="serve_error", **kw)
 
 
 def test_bundle_contents_for_a_failing_call(cpu_release: Path, tmp_path: Path) -> None:
@@ -39,7 +41,8 @@ def test_bundle_contents_for_a_failing_call(cpu_release: Path, tmp_path: Path) -
     assert ref.id.startswith("diag-") and root == tmp_path / ref.id
     s = json.loads((root / "summary.json").read_text())
     assert (s["release_id"], s["spec_ids"], s["reason"]) == (release.release_id, [sid], "serve_error")
-    assert s["exception"] == {"type": "RuntimeError", "message": "CUDA error: an illegal memory access was encountered (simulated)"}
+    assert s["exception"] == {"type": "RuntimeError",
+                              "message": "CUDA error: an illegal memory access was encountered (simulated)"}
     assert "in failing_call" in (root / "traceback.txt").read_text()
     call = json.loads((root / "call.json").read_text())
     assert [(c["shape"], c["dtype"], c["device"], c["contiguous"]) for c in call] == \
@@ -50,7 +53,9 @@ def test_bundle_contents_for_a_failing_call(cpu_release: Path, tmp_path: Path) -
     build = json.loads((root / "specs" / sid / "build.json").read_text())
     assert build["build"]["commands"], "the compiler command lines are missing"
     assert "log" in build["build"] and build["release_status"]["status"] == "built"
-    assert yaml.safe_load((root / "environment" / "lock.yaml").read_text()) == yaml.safe_load((cpu_release / "tileship.lock").read_text())
+    assert yaml.safe_load((root / "environment" / "lock.yaml").read_text()) == yaml.safe_load(
+        (cpu_release / "tileship.lock").read_text()
+    )
     assert yaml.safe_load((root / "environment" / "current.yaml").read_text())["backend"]["tilelang"] == "0.1.15"
     side = (root / "environment" / "side_by_side.txt").read_text()
     assert "backend.tilelang" in side and "framework.torch" in side and "blocking drift: False" in side
@@ -130,7 +135,8 @@ def test_healthy_release_writes_nothing(cpu_release: Path, tmp_path: Path) -> No
     assert diagnostics.check_release(load(cpu_release), out_dir=tmp_path) is None
 
 
-def test_sass_and_ptx_come_from_cuobjdump_when_present(cpu_release: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sass_and_ptx_come_from_cuobjdump_when_present(cpu_release: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     sid = a_spec(cpu_release)
     (cpu_release / "specs" / sid / "kernel.cubin").write_bytes(b"fake cubin")
     tools = tmp_path / "bin"
@@ -158,7 +164,8 @@ def test_diagnose_command(cpu_release: Path, tmp_path: Path) -> None:
 
     sid = a_spec(cpu_release)
     out = tmp_path / "diag"
-    r = CliRunner().invoke(app, ["diagnose", str(cpu_release), "--spec", sid, "--out", str(out)], catch_exceptions=False)
+    r = CliRunner().invoke(app, ["diagnose", str(cpu_release), "--spec", sid, "--out", str(out)],
+                           catch_exceptions=False)
     assert r.exit_code == 0, r.output
     [d] = [p for p in out.iterdir() if p.is_dir()]
     assert d.name in r.output and (out / f"{d.name}.tar.gz").is_file()
@@ -175,17 +182,23 @@ def test_diagnose_command_records_a_release_that_will_not_load(cpu_release: Path
     assert r.exit_code == 0, r.output
     [d] = [p for p in out.iterdir() if p.is_dir()]
     s = json.loads((d / "summary.json").read_text())
-    assert s["reason"] == "load_refused" and s["exception"]["type"] == "BundleIntegrityError" and "release.json" in s["exception"]["message"]
+    assert (
+        s["reason"] == "load_refused"
+        and s["exception"]["type"] == "BundleIntegrityError"
+        and "release.json" in s["exception"]["message"]
+    )
 
 
-def test_build_command_writes_a_bundle_for_failed_specializations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_build_command_writes_a_bundle_for_failed_specializations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tileship.cli import app
 
     (tmp_path / "tileship.toml").write_text('model = "broken"\noperators = ["broken_ops"]\ntargets = ["c"]\n')
     monkeypatch.setenv("TILESHIP_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    r = CliRunner().invoke(app, ["build", "--project", str(tmp_path / "tileship.toml"), "--out", str(tmp_path / "out"), "-j", "2",
-                                 "--timeout", "20"], catch_exceptions=False)
+    r = CliRunner().invoke(app, ["build", "--project", str(tmp_path / "tileship.toml"), "--out", str(tmp_path / "out"),
+                                 "-j", "2", "--timeout", "20"], catch_exceptions=False)
     assert r.exit_code == 2, r.output  # some built, some failed
     [d] = [p for p in (tmp_path / "home" / "diagnostics").iterdir() if p.is_dir()]
     assert f"diagnostics {d.name}" in r.output

@@ -12,7 +12,8 @@ def test_exported_members():
     exported = set(tileship.__all__)
     assert exported == {n for n in exported if hasattr(tileship, n)}, "every name in __all__ must exist"
     assert sorted(tileship.__all__) == list(tileship.__all__)
-    for name in ("load", "Operator", "TensorArg", "ScalarArg", "DynamicRange", "Space", "Release", "Decision", "TileshipError", "BundleIntegrityError"):
+    for name in ("load", "Operator", "TensorArg", "ScalarArg", "DynamicRange", "Space", "Release", "Decision",
+                 "TileshipError", "BundleIntegrityError"):
         assert name in exported
     assert issubclass(tileship.BundleIntegrityError, tileship.TileshipError)
 

@@ -383,7 +383,8 @@ def test_the_tvm_ffi_launcher_passes_tensors_straight_through(callee, result_idx
     assert resolve(kernel, (((9,), torch.float32),), (a, b), a.device).why.startswith("output 0 (parameter ")
 
 
-@pytest.mark.parametrize("value, fast", [(None, True), ("cuda", True), ("off", False), ("adapter", False), ("cpu", False)])
+@pytest.mark.parametrize("value, fast", [(None, True), ("cuda", True), ("off", False), ("adapter", False),
+                                         ("cpu", False)])
 def test_cuda_kernels_take_the_fast_launcher_unless_opted_out(monkeypatch, value, fast):
     """The tvm-ffi launcher served every catalog CUDA kernel correctly on the H200 (benchmarks/gpu_launch.sh):
     it is the default; TILESHIP_FAST_LAUNCH=off keeps CUDA on TileLang's adapter."""

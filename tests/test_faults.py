@@ -155,7 +155,9 @@ def test_watch_on_a_real_release_writes_diagnostics_for_a_nan_kernel(cpu_release
     assert summary["reason"] == "circuit_open" and summary["spec_ids"] == [sid]
     assert [(c["name"], c["shape"], c["dtype"]) for c in summary["call"]] == \
         [(n, list(a.shape), "torch.float32") for (n, _), a in zip(op.shape.inputs, args, strict=True)]
-    assert (ref.path / "specs" / sid / "device_kernel.cu").read_bytes() == (cpu_release / "specs" / sid / "device_kernel.cu").read_bytes()
+    assert (ref.path / "specs" / sid / "device_kernel.cu").read_bytes() == (
+        cpu_release / "specs" / sid / "device_kernel.cu"
+    ).read_bytes()
     runtime = json.loads((ref.path / "runtime.json").read_text())
     assert runtime["faults"][op.name] == {"non_finite": 1}
 
@@ -190,18 +192,22 @@ FAULT_CHILD = textwrap.dedent("""
 def test_fault_kernel_copies_normally_and_writes_out_of_bounds_when_poisoned(fault_release: Path) -> None:
     src = json.loads((next((fault_release / "specs").iterdir()) / "artifact.json").read_text())
     assert src["pass_configs"] == {"tl.disable_safe_memory_legalize": True}
-    proc = subprocess.run([sys.executable, "-c", FAULT_CHILD, str(fault_release)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(BENCH)])})
+    proc = subprocess.run([sys.executable, "-c", FAULT_CHILD, str(fault_release)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ,
+                                            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(BENCH)])})
     assert "normal kernel True" in proc.stdout, proc.stdout + proc.stderr
     assert "poisoned call returned" not in proc.stdout
-    assert proc.returncode == -11, f"expected death by SIGSEGV (an out-of-bounds write), got {proc.returncode}: {proc.stderr[-2000:]}"
+    assert proc.returncode == -11, (
+        f"expected death by SIGSEGV (an out-of-bounds write), got {proc.returncode}: {proc.stderr[-2000:]}"
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_gpu_fault_recovery_script(tmp_path: Path) -> None:
     """On the GPU host: the illegal address poisons the worker, readiness goes false, a fresh worker is ready."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_fault_recovery.py"), "--out", str(tmp_path), "--restarts", "2"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_fault_recovery.py"), "--out", str(tmp_path),
+                           "--restarts", "2"],
                           capture_output=True, text=True, timeout=1200)
     report = json.loads((tmp_path / "fault_recovery.json").read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr

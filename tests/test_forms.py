@@ -33,10 +33,14 @@ def forms_build(tmp_path_factory):
 
 
 def test_every_form_is_recorded(forms):
-    ops = load_operators(Project(model="f", model_version="1", operator_modules=("forms_ops",), targets=("c",), root=TESTS))
+    ops = load_operators(Project(model="f", model_version="1", operator_modules=("forms_ops",), targets=("c",),
+                                 root=TESTS))
     info = {n: describe(o)["factory_info"] for n, o in ops.items()}
-    assert {n: i["form"] for n, i in info.items()} == {"eager_add": "jit", "imported_scale": "function", "jit_add": "jit", "tuned_add": "autotune"}
-    assert info["imported_scale"]["function"] == "forms_helpers.scale_kernel" and info["imported_scale"]["sources"] == ["forms_helpers.py"]
+    assert {n: i["form"] for n, i in info.items()} == {"eager_add": "jit", "imported_scale": "function",
+                                                       "jit_add": "jit", "tuned_add": "autotune"}
+    assert info["imported_scale"]["function"] == "forms_helpers.scale_kernel" and info["imported_scale"]["sources"] == [
+        "forms_helpers.py"
+    ]
     assert all(o.module == "forms_ops" for o in ops.values())  # the declaring module, not the factory's
     d = describe(ops["jit_add"])
     assert d["pass_configs"] == {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": False}
@@ -56,7 +60,11 @@ def test_every_form_builds_loads_and_runs(forms_build):
     assert res.ok and len(res.verdicts) == 4, [(v.spec.id, v.failure) for v in res.verdicts]
     rel = load(forms_build.path)
     (c, s), d = rel.op("eager_add").call(torch.ones(128), torch.ones(128))
-    assert d.path == "kernel" and torch.equal(c, torch.full((128,), 2.0)) and torch.equal(s, torch.arange(64, dtype=torch.int32))
+    assert (
+        d.path == "kernel"
+        and torch.equal(c, torch.full((128,), 2.0))
+        and torch.equal(s, torch.arange(64, dtype=torch.int32))
+    )
     out, d = rel.op("tuned_add").call(torch.ones(1000), torch.ones(1000))
     assert d.path == "kernel" and torch.equal(out, torch.full((1000,), 2.0))
     out, d = rel.op("imported_scale").call(torch.ones(100))
@@ -68,7 +76,8 @@ def test_build_worker_finds_the_operator_in_the_declaring_module():
     from tileship.errors import BuildError
 
     assert find_operator("forms_ops", "imported_scale").name == "imported_scale"
-    with pytest.raises(BuildError, match=r"module forms_helpers declares no Operator named 'imported_scale' \(it declares: none\)"):
+    with pytest.raises(BuildError,
+                       match=r"module forms_helpers declares no Operator named 'imported_scale' \(it declares: none\)"):
         find_operator("forms_helpers", "imported_scale")
 
 
@@ -80,14 +89,14 @@ def _errors(forms):
          "factory add_jit() (jit) has no parameter 'blok' (it takes: N, dtype, block)"),
         ("jit-dtype-param", dataclasses.replace(forms.imported_scale, params={}), "dtype_param",
          'params={"dtype": None} when the factory hard-codes it'),
-        ("params-unknown-name", dataclasses.replace(forms.imported_scale, params={"dtype": "in_dtype", "Q": "q"}), "params.Q",
-         "map a declared dim or \"dtype\""),
-        ("params-dim-none", dataclasses.replace(forms.imported_scale, params={"dtype": "in_dtype", "N": None}), "params.N",
-         'params={"N": "n"}'),
+        ("params-unknown-name", dataclasses.replace(forms.imported_scale, params={"dtype": "in_dtype", "Q": "q"}),
+         "params.Q", "map a declared dim or \"dtype\""),
+        ("params-dim-none", dataclasses.replace(forms.imported_scale, params={"dtype": "in_dtype", "N": None}),
+         "params.N", 'params={"N": "n"}'),
         ("no-dtype-two-dtypes", dataclasses.replace(forms.eager_add, dtypes=("float32", "float16")), "params.dtype",
          'declare dtypes=("float32",)'),
-        ("required-not-passed", dataclasses.replace(forms.imported_scale, params={"dtype": "in_dtype", "N": "factor"}), "config",
-         "add them to config={...}"),
+        ("required-not-passed", dataclasses.replace(forms.imported_scale, params={"dtype": "in_dtype", "N": "factor"}),
+         "config", "add them to config={...}"),
         ("primfunc-not-factory", dataclasses.replace(forms.jit_add, factory=forms.add_jit.get_tir(N=64)), "factory",
          "pass the function that returns the T.prim_func"),
     ]

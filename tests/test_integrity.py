@@ -197,7 +197,8 @@ SIG_MUTATIONS = {
     "forged": _forge,
     "malformed": lambda root, _: (root / "manifest.sig").write_text("{not json"),
     "untrusted-key": _other_key,
-    "manifest-whitespace": lambda root, _: (root / "manifest.json").write_text((root / "manifest.json").read_text() + " "),
+    "manifest-whitespace": lambda root,
+    _: (root / "manifest.json").write_text((root / "manifest.json").read_text() + " "),
     "edited-then-old-signature": _resigned_manifest,
 }
 

@@ -52,7 +52,8 @@ def test_image_digest_is_validated():
 
 @pytest.mark.parametrize("path,value,blocking,field", [
     (("backend", "tilelang"), "0.1.99", True, "backend.tilelang"),
-    (("backend", "tilelang_native_libs", "libtilelang.so"), "sha256:" + "0" * 64, True, "backend.tilelang_native_libs.libtilelang.so"),
+    (("backend", "tilelang_native_libs", "libtilelang.so"), "sha256:" + "0" * 64, True,
+     "backend.tilelang_native_libs.libtilelang.so"),
     (("backend", "apache_tvm_ffi"), "9.9.9", True, "backend.apache_tvm_ffi"),
     (("backend", "nvcc"), "12.4.131", False, "backend.nvcc"),
     (("framework", "python"), "3.12.3", False, "framework.python"),
@@ -71,12 +72,16 @@ def test_drift_classification(path, value, blocking, field):
     assert [d.field for d in report.differences] == [field]
     assert report.blocking is blocking
     if field.endswith("libtilelang.so"):
-        assert "libtilelang.so hash differs: compiled artifacts are not trusted; serving will use the reference" in report.differences[0].consequence
+        assert (
+            "libtilelang.so hash differs: compiled artifacts are not trusted; serving will use the reference"
+            in report.differences[0].consequence
+        )
 
 
 def test_gpu_arch_drift_blocks_and_name_is_informational():
     env = capture_environment()
-    gpu = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "driver": "580.159.04", "memory_mib": 143771}
+    gpu = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "driver": "580.159.04",
+           "memory_mib": 143771}
     lk = _lock({**env, "gpu": gpu})
     assert not compare(lk, {**env, "gpu": dict(gpu)}).differences
     other = compare(lk, {**env, "gpu": {**gpu, "compute_capability": "8.0", "name": "NVIDIA A100"}})

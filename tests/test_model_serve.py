@@ -54,7 +54,8 @@ def ask(c: triton.InferenceServerClient, ids: np.ndarray, *, datatype: str = "IN
 def llama_server(swap_release_build, tmp_path_factory):  # noqa: F811
     tmp = tmp_path_factory.mktemp("llama")
     spec = parse_spec(str(spec_file(tmp)))
-    cfg = ServeConfig(source=swap_release_build.path, diagnostics_dir=tmp / "diag", log_stream=io.StringIO(), llama=spec)
+    cfg = ServeConfig(source=swap_release_build.path, diagnostics_dir=tmp / "diag", log_stream=io.StringIO(),
+                      llama=spec)
     with serving(cfg) as srv:
         yield srv, spec
 
@@ -62,9 +63,11 @@ def llama_server(swap_release_build, tmp_path_factory):  # noqa: F811
 @pytest.mark.parametrize("shape,binary,path,kernel,reference", [
     ((1, 16), True, "kernel", 8, 0),
     ((1, 16), False, "kernel", 8, 0),
-    ((2, 8), True, "mixed", 7, 1),  # attention B=2, S=8 is not declared: its reference; the GEMMs (M=16) stay on kernels
+    # attention B=2, S=8 is not declared: its reference; the GEMMs (M=16) stay on kernels
+    ((2, 8), True, "mixed", 7, 1),
 ], ids=["declared-binary", "declared-json", "undeclared-attention"])
-def test_logits_match_the_pytorch_model_and_name_the_dispatch(llama_server, swap_release_build, shape, binary, path, kernel, reference):  # noqa: F811
+def test_logits_match_the_pytorch_model_and_name_the_dispatch(llama_server, swap_release_build,  # noqa: F811
+                                                              shape, binary, path, kernel, reference):
     srv, spec = llama_server
     ids = np.random.default_rng(sum(shape)).integers(0, spec.vocab, size=shape, dtype=np.int64)
     c = client(srv)
@@ -79,11 +82,13 @@ def test_logits_match_the_pytorch_model_and_name_the_dispatch(llama_server, swap
     assert_close(got, want, atol=1e-3, rtol=1e-3)
     p = res.get_response()["parameters"]
     assert p["tileship_release"] == swap_release_build.release_id and p["tileship_kernel_revision"]
-    assert (p["tileship_path"], p["tileship_kernel_calls"], p["tileship_reference_calls"], p["tileship_pytorch_layers"]) == (path, kernel, reference, 4)
+    assert (p["tileship_path"], p["tileship_kernel_calls"], p["tileship_reference_calls"],
+            p["tileship_pytorch_layers"]) == (path, kernel, reference, 4)
     layers = json.loads(p["tileship_dispatch"])
     assert layers["layers.0.attn.q_proj"] == "kernel" and layers["norm"] == "kernel"
     assert layers["layers.0.attn.core"] == ("kernel" if path == "kernel" else "reference:undeclared_shape")
-    assert {m for m, v in layers.items() if v == "pytorch"} == {"layers.0.mlp.gate_proj", "layers.0.mlp.up_proj", "layers.0.mlp.down_proj", "lm_head"}
+    assert {m for m, v in layers.items() if v == "pytorch"} == {"layers.0.mlp.gate_proj", "layers.0.mlp.up_proj",
+                                                                "layers.0.mlp.down_proj", "lm_head"}
 
 
 def test_metadata_readiness_and_index(llama_server, swap_release_build):  # noqa: F811
@@ -104,7 +109,11 @@ def test_metadata_readiness_and_index(llama_server, swap_release_build):  # noqa
     finally:
         c.close()
     rows = {x["name"]: x for x in post(srv, "/v2/repository/index").json()}
-    assert rows["llama"]["state"] == "READY" and rows["llama"]["version"] == rid and "8 of 12 candidate layers" in rows["llama"]["reason"]
+    assert (
+        rows["llama"]["state"] == "READY"
+        and rows["llama"]["version"] == rid
+        and "8 of 12 candidate layers" in rows["llama"]["reason"]
+    )
 
 
 @pytest.mark.parametrize("ids,kw,words", [
@@ -128,7 +137,8 @@ def test_bad_input_is_400_naming_the_problem(llama_server, ids, kw, words):
     assert e.value.status() == "400" and words in e.value.message(), e.value.message()
 
 
-def test_reload_rebinds_the_model_and_a_release_it_cannot_swap_onto_keeps_the_old(swap_release_build, cpu_release_build, tmp_path):  # noqa: F811
+def test_reload_rebinds_the_model_and_a_release_it_cannot_swap_onto_keeps_the_old(swap_release_build,  # noqa: F811
+                                                                                   cpu_release_build, tmp_path):
     a = copy_release(swap_release_build.path, tmp_path / "a")
     b = copy_release(swap_release_build.path, tmp_path / "b", version="2")
     id_a, id_b = bundle.read_manifest(a)["release_id"], bundle.read_manifest(b)["release_id"]
@@ -140,7 +150,8 @@ def test_reload_rebinds_the_model_and_a_release_it_cannot_swap_onto_keeps_the_ol
     ids = np.arange(16, dtype=np.int64).reshape(1, 16) % spec.vocab
     with torch.no_grad():
         want = local_model(spec)(torch.from_numpy(ids))
-    with serving(ServeConfig(source=link, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO(), llama=spec)) as srv:
+    with serving(ServeConfig(source=link, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO(),
+                             llama=spec)) as srv:
         c = client(srv)
         try:
             p = ask(c, ids).get_response()["parameters"]
@@ -156,7 +167,12 @@ def test_reload_rebinds_the_model_and_a_release_it_cannot_swap_onto_keeps_the_ol
             assert_close(res.as_numpy("logits"), want, atol=1e-3, rtol=1e-3)
             point(link, cpu_release_build.path)
             r = post(srv, "/v2/repository/reload")
-            assert r.status_code == 409 and r.json()["serving"] == id_b and "'add'" in r.json()["error"] and "attention" in r.json()["error"]
+            assert (
+                r.status_code == 409
+                and r.json()["serving"] == id_b
+                and "'add'" in r.json()["error"]
+                and "attention" in r.json()["error"]
+            )
             res = ask(c, ids)
             assert res.get_response()["parameters"]["tileship_release"] == id_b
             assert_close(res.as_numpy("logits"), want, atol=1e-3, rtol=1e-3)

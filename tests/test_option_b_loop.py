@@ -38,7 +38,10 @@ def test_the_loop_lowers_the_reference_share_and_a_slow_canary_rolls_back(tmp_pa
     # the canary promoted B, with its numbers, in the server and in the registry
     can = log["canary"]
     assert can["state"] == "promoted" and can["outcome"]["release"] == log["release_B"] != log["release_A"]
-    assert can["decisions"][-1]["action"] == "promote" and can["decisions"][-1]["numbers"]["models"]["loop_poly"]["compared"]
+    assert (
+        can["decisions"][-1]["action"] == "promote"
+        and can["decisions"][-1]["numbers"]["models"]["loop_poly"]["compared"]
+    )
     # the chosen candidate at a large size is rounds1 (the tune table), and the large requests ran it
     buckets = {q["dims"]["N"]: q for q in log["tuning_B"]["loop_poly.float32.N512-65536.c"]}
     assert buckets[65536]["winner"] == "rounds1", buckets[65536]["why"]
@@ -47,7 +50,9 @@ def test_the_loop_lowers_the_reference_share_and_a_slow_canary_rolls_back(tmp_pa
     # the reference share of served calls went down
     before, after = log["reference_share"]["before"], log["reference_share"]["after"]
     assert before > 0.5 and after < before, (before, after)
-    assert log["steps"]["load_before"]["reasons"] == {"undeclared_shape": log["steps"]["load_before"]["reference_calls"]}
+    assert log["steps"]["load_before"]["reasons"] == {
+        "undeclared_shape": log["steps"]["load_before"]["reference_calls"]
+    }
     # the copy routing everything to the 64x-work candidate is rolled back; B keeps serving
     rb = log["rollback"]
     assert rb["forced_candidate"] == "rounds64" and rb["state"] == "rolled_back", rb["outcome"]

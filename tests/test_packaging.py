@@ -64,7 +64,9 @@ def test_constraints_pin_every_declared_dependency_inside_its_range() -> None:
 def test_setup_installs_with_the_constraints() -> None:
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert re.search(r'pip install [^\n]*-c constraints\.txt -e "\.\[serve,test,ray,build\]"', setup), setup
-    assert "constraints.txt" in setup.split("want=", 1)[1].splitlines()[0], "a change of constraints.txt must re-run the install"
+    assert "constraints.txt" in setup.split("want=", 1)[1].splitlines()[0], (
+        "a change of constraints.txt must re-run the install"
+    )
 
 
 # -- the supported TileLang range --------------------------------------------------------------------
@@ -82,7 +84,9 @@ def test_is_supported(version: str, ok: bool) -> None:
     assert tilelang_version.is_supported(version) is ok
 
 
-def test_an_unsupported_tilelang_names_the_installed_and_the_supported_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unsupported_tilelang_names_the_installed_and_the_supported_versions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     real = metadata.version
     monkeypatch.setattr(metadata, "version", lambda d: "0.1.9" if d == "tilelang" else real(d))
     with pytest.raises(UnsupportedTileLang) as info:
@@ -146,7 +150,8 @@ def test_the_serve_lock_pins_every_line_with_hashes() -> None:
     entries = [line for line in text.splitlines() if line.strip() and not line.startswith((" ", "#"))]
     assert entries, "requirements-serve.txt is empty"
     for line in entries:
-        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*==[^\s=;]+( ; .+)? \\", line), f"not an ==-pinned, hashed entry: {line!r}"
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*==[^\s=;]+( ; .+)? \\",
+                            line), f"not an ==-pinned, hashed entry: {line!r}"
     blocks = re.split(r"\n(?=\S)", text.strip())
     for block in blocks:
         if block.startswith("#"):

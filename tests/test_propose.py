@@ -35,7 +35,8 @@ def _tele(ops_rows: dict[str, tuple[list[dict], int]], other: int = 0) -> dict:
     return {"schema": 1, "release_id": "r", "since": "2026-11-30T00:00:00+00:00",
             "ops": {op: {"rows": rows, "kernel_calls": kernel,
                          "other": {"calls": other, "seconds": other * 0.01,
-                                   "reasons": {"undeclared_shape": {"calls": other, "seconds": other * 0.01}} if other else {}}}
+                                   "reasons": ({"undeclared_shape": {"calls": other, "seconds": other * 0.01}}
+                                               if other else {})}}
                     for op, (rows, kernel) in ops_rows.items()}}
 
 
@@ -78,15 +79,18 @@ def test_invalid_proposals_are_dropped_and_a_refused_range_falls_back_to_static_
         ("w4a16_cpu", "static", {"M": 1, "N": 64, "K": 384}), ("w4a16_cpu", "static", {"M": 1, "N": 64, "K": 640}),
         ("w4a16_cpu", "static", {"M": 1, "N": 64, "K": 768})]
     dropped = {(op, what): why for op, what, why in rep.dropped}
-    assert "not every K there divides by 8" in dropped[("w4a16_cpu", '{dim = "K", min = 256, max = 1024, fixed = {M = 1, N = 64}}')]
-    assert "K=1000 is not divisible by 128" in dropped[("w4a16_cpu", "{M = 1, K = 1000, N = 64}")]  # dims in op.dims order
+    assert "not every K there divides by 8" in dropped[("w4a16_cpu",
+                                                        '{dim = "K", min = 256, max = 1024, fixed = {M = 1, N = 64}}')]
+    # dims in op.dims order
+    assert "K=1000 is not divisible by 128" in dropped[("w4a16_cpu", "{M = 1, K = 1000, N = 64}")]
     assert dropped[("w4a16_cpu", "{M = 1, K = 256, N = 64}")].startswith("already declared")
     assert dropped[("add", "{N = 7}")].startswith("already declared")
 
 
 def test_project_shapes_table_adds_specializations_and_bad_tables_name_the_key(ops, tmp_path):
     base = {s.id for s in specializations(parse_project(tomllib.loads(PROJECT)), ops)}
-    rep = propose(_tele({"rmsnorm_cpu": ([_norm(m, 100, 1, 0.001) for m in (3, 5, 9, 17)] + [_norm(8, 2048, 5, 0.01)], 0)}),
+    rep = propose(_tele({"rmsnorm_cpu": ([_norm(m, 100, 1, 0.001) for m in (3, 5, 9, 17)] + [_norm(8, 2048, 5, 0.01)],
+                                         0)}),
                   ops, targets=("c",))
     text = PROJECT + "\n" + to_toml(rep.proposals, ops)
     (tmp_path / "tileship.toml").write_text(text)
@@ -117,7 +121,8 @@ def test_real_telemetry_proposes_applies_and_estimates_from_the_build_log(cpu_re
     tele_path.write_text(json.dumps(release.telemetry()))
     (tmp_path / "tileship.toml").write_text(PROJECT + "# kept\n")
     res = CliRunner().invoke(app, ["propose", str(tele_path), "--project", str(tmp_path / "tileship.toml"),
-                                   "--release", str(cpu_release_build.path), "--out", str(tmp_path / "p.toml"), "--apply"])
+                                   "--release", str(cpu_release_build.path), "--out", str(tmp_path / "p.toml"),
+                                   "--apply"])
     assert res.exit_code == 0, res.output
     assert "100.0% of reference calls" in res.output and "build-log.json" in res.output
     assert tomllib.loads((tmp_path / "p.toml").read_text()) == {

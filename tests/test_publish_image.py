@@ -38,7 +38,10 @@ def test_publish_records_the_image_and_leaves_the_release_unchanged(tmp_path: Pa
     assert f"image {DIGEST} recorded for {rid}" in " ".join(out.split())
     reg = Registry(tmp_path / "reg")
     assert reg.image_digest(rid) == DIGEST
-    assert json.loads((tmp_path / "reg" / "images" / f"{rid}.json").read_text()) == {"image_digest": DIGEST, "release_id": rid}
+    assert json.loads((tmp_path / "reg" / "images" / f"{rid}.json").read_text()) == {
+        "image_digest": DIGEST,
+        "release_id": rid,
+    }
     copy = reg.path_of(rid)
     assert (copy / bundle.MANIFEST).read_bytes() == manifest and (copy / bundle.SIGNATURE).read_bytes() == sig
     assert bundle.check_integrity(copy)["release_id"] == rid  # nothing was added to the published copy
@@ -73,7 +76,8 @@ def test_a_server_compares_its_image_with_the_published_record(tmp_path: Path, m
     reg.publish(src, image_digest=DIGEST)
     served = SimpleNamespace(path=reg.path_of(rid), lock={"image_digest": LOCKED})
     monkeypatch.setenv("TILESHIP_IMAGE_DIGEST", DIGEST)
-    assert image_check(served) == {"running": DIGEST, "pinned": DIGEST, "mismatch": False}  # the record wins over the lock
+    # the record wins over the lock
+    assert image_check(served) == {"running": DIGEST, "pinned": DIGEST, "mismatch": False}
     monkeypatch.setenv("TILESHIP_IMAGE_DIGEST", LOCKED)
     assert image_check(served) == {"running": LOCKED, "pinned": DIGEST, "mismatch": True}
     # the same release outside a registry (or with no record) is pinned by its lock, as before

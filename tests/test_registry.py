@@ -26,7 +26,8 @@ def fake_release(where: Path, tag: str) -> tuple[Path, str]:
     """A tiny but valid bundle (the registry never loads native code): manifest + release.json."""
     root = where / f"bundle-{tag}"
     (root / "specs" / "x").mkdir(parents=True)
-    (root / "release.json").write_text(json.dumps({"model": {"name": "m", "version": tag}, "kernel_revision": f"rev{tag}"}))
+    (root / "release.json").write_text(json.dumps({"model": {"name": "m", "version": tag},
+                                                   "kernel_revision": f"rev{tag}"}))
     (root / "specs" / "x" / "lib.so").write_bytes(tag.encode() * 100)
     return root, bundle.write_manifest(root)["release_id"]
 
@@ -58,7 +59,8 @@ def test_publish_copies_checks_and_is_idempotent(tmp_path: Path) -> None:
     assert bundle.check_integrity(reg.path_of(rid))["release_id"] == rid
     assert reg.publish(src) == rid  # same content again: no-op
     [info] = reg.releases()
-    assert (info.release_id, info.integrity_ok, info.verification, info.active, info.model) == (rid, True, "unverified", False, "m:a")
+    assert (info.release_id, info.integrity_ok, info.verification, info.active,
+            info.model) == (rid, True, "unverified", False, "m:a")
 
 
 def test_publish_of_a_packed_archive(tmp_path: Path) -> None:
@@ -206,7 +208,8 @@ def test_kill_9_at_random_instants_never_tears_the_pointer(two: tuple[Registry, 
     deadline = time.monotonic() + 60
     while iterations < 40 and time.monotonic() < deadline:
         ids = [a, b] if iterations % 2 else [b, a]
-        proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(reg.root), *ids], stdout=subprocess.PIPE, text=True, env=_child_env())
+        proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(reg.root), *ids], stdout=subprocess.PIPE,
+                                text=True, env=_child_env())
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.0, 0.04))
@@ -225,7 +228,9 @@ def test_kill_9_at_random_instants_never_tears_the_pointer(two: tuple[Registry, 
             mid_write += bool(list(reg.root.glob(".active.tmp-*")))
         iterations += 1
     assert iterations >= 30, f"only {iterations} iterations in the time bound"
-    assert mid_activation >= 5, f"only {mid_activation} kills landed inside an activation: the test did not exercise the write"
+    assert mid_activation >= 5, (
+        f"only {mid_activation} kills landed inside an activation: the test did not exercise the write"
+    )
     assert mid_write >= 1, "no kill landed between writing the temp pointer and renaming it"
     reg.activate(a)  # the killed holders' lock was released by the kernel
     assert reg.activate(b).release_id == b
@@ -247,7 +252,8 @@ def test_concurrent_activations_are_serialized(tmp_path: Path) -> None:
     reg = Registry(tmp_path / "reg")
     ids = [reg.publish(fake_release(tmp_path, t)[0]) for t in ("a1", "b1", "a2", "b2", "a3", "b3")]
     go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", SERIAL_CHILD, str(reg.root), str(go), *ids[2 * k:2 * k + 2]], env=_child_env())
+    procs = [subprocess.Popen([sys.executable, "-c", SERIAL_CHILD, str(reg.root), str(go), *ids[2 * k:2 * k + 2]],
+                              env=_child_env())
              for k in range(3)]
     time.sleep(1.0)  # let them all import and wait
     go.touch()
@@ -315,14 +321,20 @@ def drill_registry(cpu_release_build: object, tmp_path: Path, old_src: Path) -> 
 def test_drill_switches_under_load_without_a_failed_request(cpu_release_build: object, tmp_path: Path) -> None:
     from tileship.verify.drill import DrillOptions, run_drill
 
-    reg, new, old = drill_registry(cpu_release_build, tmp_path, variant(cpu_release_build.path, tmp_path))  # type: ignore[attr-defined]
-    report = run_drill(DrillOptions(registry=reg.root, out_dir=tmp_path / "report", phase_seconds=1.0, concurrency=2, per_op=2,
-                                    startup_timeout_s=300))
+    varied = variant(cpu_release_build.path, tmp_path)  # type: ignore[attr-defined]
+    reg, new, old = drill_registry(cpu_release_build, tmp_path, varied)
+    report = run_drill(DrillOptions(registry=reg.root, out_dir=tmp_path / "report", phase_seconds=1.0, concurrency=2,
+                                    per_op=2, startup_timeout_s=300))
     assert report["passed"], (tmp_path / "report" / "drill.txt").read_text()
-    assert report["totals"]["requests"] > 20 and report["totals"]["failed"] == report["totals"]["dropped"] == report["totals"]["mismatched"] == 0
+    assert (
+        report["totals"]["requests"] > 20
+        and report["totals"]["failed"] == report["totals"]["dropped"] == report["totals"]["mismatched"] == 0
+    )
     phases = {w["name"]: w for w in report["windows"] if "expected" in w}
     assert list(phases) == ["N", "N-1", "reference", "N (restored)"]
-    assert all(k.startswith(f"{new}:") for k in phases["N"]["served_by"]) and all(k.startswith(f"{new}:") for k in phases["N (restored)"]["served_by"])
+    assert all(k.startswith(f"{new}:") for k in phases["N"]["served_by"]) and all(
+        k.startswith(f"{new}:") for k in phases["N (restored)"]["served_by"]
+    )
     assert all(k.startswith(f"{old}:") for k in phases["N-1"]["served_by"])
     assert set(phases["reference"]["served_by"]) == {f"{old}:reference:disabled_by_policy"}
     switches = [w["switch"] for w in report["windows"] if "switch" in w]
@@ -333,13 +345,16 @@ def test_drill_switches_under_load_without_a_failed_request(cpu_release_build: o
     assert reg.active() == Active(new, reg.releases_dir / new, False, reg.active().previous)
 
 
-def test_drill_reports_a_release_that_fails_to_load_and_the_old_one_keeps_serving(cpu_release_build: object, tmp_path: Path) -> None:
+def test_drill_reports_a_release_that_fails_to_load_and_the_old_one_keeps_serving(
+    cpu_release_build: object, tmp_path: Path
+) -> None:
     from tileship.verify.drill import DrillOptions, run_drill
 
-    broken = variant(cpu_release_build.path, tmp_path, add="tileship.catalog.cpu.no_such_reference")  # type: ignore[attr-defined]
+    broken = variant(cpu_release_build.path, tmp_path,  # type: ignore[attr-defined]
+                     add="tileship.catalog.cpu.no_such_reference")
     reg, new, old = drill_registry(cpu_release_build, tmp_path, broken)
-    report = run_drill(DrillOptions(registry=reg.root, out_dir=tmp_path / "report", phase_seconds=1.0, concurrency=2, per_op=1,
-                                    ops=("rmsnorm_cpu",), startup_timeout_s=300))
+    report = run_drill(DrillOptions(registry=reg.root, out_dir=tmp_path / "report", phase_seconds=1.0, concurrency=2,
+                                    per_op=1, ops=("rmsnorm_cpu",), startup_timeout_s=300))
     assert not report["passed"] and not report["switches_ok"]
     t = report["totals"]
     assert t["failed"] == t["dropped"] == t["mismatched"] == 0, "a failed load must not fail requests"

@@ -64,12 +64,14 @@ def test_report_marks_failures_and_unverified_releases(cpu_release, tmp_path):
     assert "<b>kernel</b>: unverified (no evidence); CPU kernels run unverified" in text
     assert not list(index.parent.glob("*.png"))  # nothing measured: no plots
 
-    doc = {"schema": 1, "release_id": json.loads((cpu_release / "manifest.json").read_text())["release_id"], "created": "now",
-           "lock_digest": _digest(cpu_release), "device": None, "host": evidence.current_host(), "options": {},
-           "specializations": {"add.float32.N4096.c": {"device_type": "cpu", "dynamic_dim": None, "passed": False,
-                                                       "failure": "at N=4096: 3 of 4096 elements never written", "route": "reference",
-                                                       "route_reason": "failed verification",
-                                                       "points": [{"dims": {"N": 4096}, "passed": False, "failure": "3 of 4096 elements never written",
+    doc = {"schema": 1, "release_id": json.loads((cpu_release / "manifest.json").read_text())["release_id"],
+           "created": "now", "lock_digest": _digest(cpu_release), "device": None, "host": evidence.current_host(),
+           "options": {}, "specializations": {"add.float32.N4096.c": {"device_type": "cpu", "dynamic_dim": None,
+                                                                      "passed": False,
+                                                       "failure": "at N=4096: 3 of 4096 elements never written",
+                                                       "route": "reference", "route_reason": "failed verification",
+                                                       "points": [{"dims": {"N": 4096}, "passed": False,
+                                                                   "failure": "3 of 4096 elements never written",
                                                                    "timing": None, "tol_ratio": None}]}}}
     evidence.write(cpu_release, doc)
     text = write_report(cpu_release, tmp_path / "failed").read_text()
@@ -104,8 +106,8 @@ def _chromium() -> str | None:
 
 
 def _run_chromium(exe: str, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-             "--no-first-run", f"--user-data-dir={tmp / 'profile'}"]
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp / 'profile'}"]
     return subprocess.run([exe, *flags, *args], check=False, capture_output=True, text=True, timeout=120)
 
 

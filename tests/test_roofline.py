@@ -44,7 +44,8 @@ def test_a_cost_model_that_raises_is_recorded_not_fatal() -> None:
 
 @pytest.mark.parametrize("fn,dims,dtype,expected", [
     (costs.gemm, {"M": 2, "N": 3, "K": 4}, "float16", (48.0, (8 + 12 + 6) * 2.0)),
-    (costs.w4a16_linear, {"M": 1, "N": 4096, "K": 4096}, "float16", (2.0 * 4096 * 4096, 4096 * 2048 + 4096 * 32 * 2 + 8192 * 2.0)),
+    (costs.w4a16_linear, {"M": 1, "N": 4096, "K": 4096}, "float16",
+     (2.0 * 4096 * 4096, 4096 * 2048 + 4096 * 32 * 2 + 8192 * 2.0)),
     (costs.gqa_decode, {"B": 1, "S": 8192, "HQ": 32, "HKV": 8, "D": 128}, "float16",
      (4.0 * 32 * 8192 * 128, 2.0 * 8192 * 8 * 128 * 2 + 2 * 32 * 128 * 2 + 4)),
 ], ids=["gemm", "w4a16", "gqa"])

@@ -90,8 +90,10 @@ def _flip_byte(path: Path) -> None:
     (lambda r: _flip_byte(next(r.glob("specs/add.*/kernel_lib.so"))), "kernel_lib.so"),
     (lambda r: next(r.glob("specs/add.*/params.json")).unlink(), "params.json"),
     (lambda r: (r / "specs" / "extra.so").write_bytes(b"\x7fELF"), "extra.so"),
-    (lambda r: (r / "tileship.lock").write_text((r / "tileship.lock").read_text().replace("0.1.15", "0.1.16")), "tileship.lock"),
-    (lambda r: (r / "manifest.json").write_text(json.dumps({**json.loads((r / "manifest.json").read_text()), "release_id": "0" * 16})),
+    (lambda r: (r / "tileship.lock").write_text((r / "tileship.lock").read_text().replace("0.1.15", "0.1.16")),
+     "tileship.lock"),
+    (lambda r: (r / "manifest.json").write_text(json.dumps({**json.loads((r / "manifest.json").read_text()),
+                                                            "release_id": "0" * 16})),
      "manifest.json"),
 ], ids=["flipped-byte", "missing-file", "extra-file", "edited-lock", "edited-manifest"])
 def test_tampered_release_is_refused_naming_the_file(cpu_release, tamper, named):
@@ -180,11 +182,14 @@ def test_no_jit_serves_every_declared_shape_without_compilers(cpu_release, tmp_p
     for name in ("g++", "c++", "cc", "gcc", "clang++"):
         shim = shims / name
         # a version probe (the lock records the host compiler) is fine; anything else is a compile
-        shim.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo shim 0.0; exit 0; }}\necho \"$0 $*\" >> {marker}\nexit 1\n")
+        shim.write_text(
+            f'#!/bin/sh\n[ "$1" = --version ] && {{ echo shim 0.0; exit 0; }}\necho "$0 $*" >> {marker}\nexit 1\n'
+        )
         shim.chmod(0o755)
     env = {"PATH": str(shims), "TILELANG_CACHE_DIR": str(cache), "HOME": str(tmp_path),
            "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    proc = subprocess.run([sys.executable, "-c", NO_JIT, str(cpu_release)], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", NO_JIT, str(cpu_release)], capture_output=True, text=True, env=env,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not res["load_errors"], res["load_errors"]
@@ -224,10 +229,14 @@ def test_eight_threads_get_correct_answers(cpu_release_build):
 
 
 def test_load_does_not_use_tilelang_cache_dir(cpu_release_build, tmp_path, monkeypatch):
-    before = set(os.listdir(os.environ["TILELANG_CACHE_DIR"])) if os.path.isdir(os.environ["TILELANG_CACHE_DIR"]) else set()
+    before = (
+        set(os.listdir(os.environ["TILELANG_CACHE_DIR"])) if os.path.isdir(os.environ["TILELANG_CACHE_DIR"]) else set()
+    )
     rel = load(cpu_release_build.path)
     rel.op("add")(torch.randn(10), torch.randn(10))
-    after = set(os.listdir(os.environ["TILELANG_CACHE_DIR"])) if os.path.isdir(os.environ["TILELANG_CACHE_DIR"]) else set()
+    after = (
+        set(os.listdir(os.environ["TILELANG_CACHE_DIR"])) if os.path.isdir(os.environ["TILELANG_CACHE_DIR"]) else set()
+    )
     kernels = [p for p in Path(os.environ["TILELANG_CACHE_DIR"]).rglob("kernel_lib.so")]
     assert after == before or not kernels, kernels
 

@@ -47,10 +47,12 @@ def client(srv: BackgroundServer) -> triton.InferenceServerClient:
     return triton.InferenceServerClient(f"127.0.0.1:{srv.port}", network_timeout=30.0)
 
 
-def infer(c: triton.InferenceServerClient, model: str, arrays: dict[str, np.ndarray], *, binary: bool, out: str, **kw: Any) -> triton.InferResult:
+def infer(c: triton.InferenceServerClient, model: str, arrays: dict[str, np.ndarray], *, binary: bool, out: str,
+          **kw: Any) -> triton.InferResult:
     inputs = []
     for name, a in arrays.items():
-        dt = "BF16" if a.dtype.name == "bfloat16" else {"float32": "FP32", "float16": "FP16", "float64": "FP64"}[a.dtype.name]
+        dt = "BF16" if a.dtype.name == "bfloat16" else {"float32": "FP32", "float16": "FP16",
+                                                        "float64": "FP64"}[a.dtype.name]
         i = triton.InferInput(name, list(a.shape), dt)
         i.set_data_from_numpy(a, binary_data=binary)
         inputs.append(i)
@@ -102,7 +104,8 @@ def point(link: Path, target: Path) -> None:
     os.replace(tmp, link)
 
 
-def fake_release(root: Path, release_id: str, ops: dict[str, Callable[..., Any]], *, dtypes: tuple[str, ...] = ("float32",)) -> tuple[Path, Release]:
+def fake_release(root: Path, release_id: str, ops: dict[str, Callable[..., Any]], *,
+                 dtypes: tuple[str, ...] = ("float32",)) -> tuple[Path, Release]:
     """A release whose operators (X[N] -> Y[N]) run only a Python reference: for protocol
     paths the CPU catalog cannot reach (FP16/BF16, slow calls, device faults)."""
     path = root / release_id
@@ -112,14 +115,15 @@ def fake_release(root: Path, release_id: str, ops: dict[str, Callable[..., Any]]
             "ranges": [{"dim": "N", "min": 1, "max": 1 << 20, "fixed": {}}],
             "tolerances": {d: {"atol": 1e-2, "rtol": 1e-2} for d in dtypes}}
     runners = {name: OpRunner(OpShape(name, (("X", ("N",)),), 1), fn, []) for name, fn in ops.items()}
-    rel = Release(release_id=release_id, path=path, kernel_revision="fakerev", model={"name": "fake", "version": "1"}, lock={},
-                  lock_digest="sha256:fake", drift=DriftReport(()), ops=runners, declarations={n: decl for n in ops})
+    rel = Release(release_id=release_id, path=path, kernel_revision="fakerev", model={"name": "fake", "version": "1"},
+                  lock={}, lock_digest="sha256:fake", drift=DriftReport(()), ops=runners,
+                  declarations={n: decl for n in ops})
     return path, rel
 
 
 def fake_config(tmp_path: Path, releases: dict[str, Release], source: Path, **kw: Any) -> ServeConfig:
-    return ServeConfig(source=source, loader=lambda p, ref: releases[Path(p).resolve().name], diagnostics_dir=tmp_path / "diag",
-                       log_stream=io.StringIO(), **kw)
+    return ServeConfig(source=source, loader=lambda p, ref: releases[Path(p).resolve().name],
+                       diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO(), **kw)
 
 
 def post(srv: BackgroundServer, path: str, **kw: Any) -> httpx.Response:
@@ -131,14 +135,16 @@ def post(srv: BackgroundServer, path: str, **kw: Any) -> httpx.Response:
 @pytest.fixture(scope="module")
 def server(cpu_release_build, tmp_path_factory) -> Iterator[BackgroundServer]:
     logs = io.StringIO()
-    cfg = ServeConfig(source=cpu_release_build.path, max_body_bytes=1 << 20, diagnostics_dir=tmp_path_factory.mktemp("diag"), log_stream=logs)
+    cfg = ServeConfig(source=cpu_release_build.path, max_body_bytes=1 << 20,
+                      diagnostics_dir=tmp_path_factory.mktemp("diag"), log_stream=logs)
     with serving(cfg) as srv:
         yield srv
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
-@pytest.mark.parametrize("model,dims", [("add", {"N": 1000}), ("add", {"N": 4096}), ("rmsnorm_cpu", {"M": 5, "N": 1024}),
-                                        ("rmsnorm_cpu", {"M": 64, "N": 256})], ids=["add-dyn", "add-static", "rms-dyn", "rms-static"])
+@pytest.mark.parametrize("model,dims", [("add", {"N": 1000}), ("add", {"N": 4096}),
+                                        ("rmsnorm_cpu", {"M": 5, "N": 1024}), ("rmsnorm_cpu", {"M": 64, "N": 256})],
+                                        ids=["add-dyn", "add-static", "rms-dyn", "rms-static"])
 def test_tritonclient_round_trip_runs_the_kernel(server, cpu_release_build, model, dims, binary):
     rel = server.service.holder.current.release
     runner = rel.ops[model]
@@ -146,8 +152,8 @@ def test_tritonclient_round_trip_runs_the_kernel(server, cpu_release_build, mode
     tensors = [torch.randn([dims[d] for d in ds], generator=g) for _, ds in runner.shape.inputs]
     c = client(server)
     try:
-        res = infer(c, model, {n: t.numpy() for (n, _), t in zip(runner.shape.inputs, tensors, strict=True)}, binary=binary,
-                    out=rel.declarations[model]["outputs"][0][0])
+        res = infer(c, model, {n: t.numpy() for (n, _), t in zip(runner.shape.inputs, tensors, strict=True)},
+                    binary=binary, out=rel.declarations[model]["outputs"][0][0])
     finally:
         c.close()
     out_name = rel.declarations[model]["outputs"][0][0]
@@ -163,7 +169,8 @@ def test_tritonclient_round_trip_runs_the_kernel(server, cpu_release_build, mode
 def test_headers_name_release_path_and_request_id(server, cpu_release_build):
     body = {"inputs": [{"name": "A", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]},
                        {"name": "B", "shape": [3], "datatype": "FP32", "data": [10, 20, 30]}], "id": "kserve-7"}
-    r = post(server, f"/v2/models/add/versions/{cpu_release_build.release_id}/infer", json=body, headers={"x-request-id": "req-abc-123"})
+    r = post(server, f"/v2/models/add/versions/{cpu_release_build.release_id}/infer", json=body,
+             headers={"x-request-id": "req-abc-123"})
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == [11, 22, 33] and r.json()["id"] == "kserve-7"
     assert r.headers["x-tileship-release"] == cpu_release_build.release_id
@@ -186,20 +193,26 @@ def test_health_and_metadata(server, cpu_release_build):
         assert not c.is_model_ready("add", "0123456789abcdef")
         meta = c.get_model_metadata("rmsnorm_cpu")
         assert meta["versions"] == [cpu_release_build.release_id]
-        assert meta["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, -1]}, {"name": "W", "datatype": "FP32", "shape": [-1]}]
+        assert meta["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, -1]},
+                                  {"name": "W", "datatype": "FP32", "shape": [-1]}]
         assert meta["outputs"] == [{"name": "Y", "datatype": "FP32", "shape": [-1, -1]}]
         assert "M=1..4096,N=1024" in meta["parameters"]["declared_shapes"]
         assert {"binary_tensor_data", "model_repository"} <= set(c.get_server_metadata()["extensions"])
         with pytest.raises(InferenceServerException) as e:
             c.get_model_metadata("gemm")
-        assert e.value.status() == "404" and "unknown model 'gemm'" in e.value.message() and "add, rmsnorm_cpu" in e.value.message()
+        assert (
+            e.value.status() == "404"
+            and "unknown model 'gemm'" in e.value.message()
+            and "add, rmsnorm_cpu" in e.value.message()
+        )
     finally:
         c.close()
 
 
 def test_undeclared_shape_goes_to_the_reference_and_is_counted(server):
     x, w = torch.randn(3, 100), torch.randn(100)
-    before = metric(httpx.get(server.url + "/metrics").text, "tileship_fallbacks_total", model="rmsnorm_cpu", reason="undeclared_shape")
+    before = metric(httpx.get(server.url + "/metrics").text, "tileship_fallbacks_total", model="rmsnorm_cpu",
+                    reason="undeclared_shape")
     c = client(server)
     try:
         res = infer(c, "rmsnorm_cpu", {"X": x.numpy(), "W": w.numpy()}, binary=True, out="Y")
@@ -208,21 +221,25 @@ def test_undeclared_shape_goes_to_the_reference_and_is_counted(server):
     p = res.get_response()["parameters"]
     assert (p["tileship_path"], p["tileship_reason"]) == ("reference", "undeclared_shape")
     assert_close(res.as_numpy("Y"), torch.nn.functional.rms_norm(x.double(), (100,), w.double(), 1e-6), 1e-5, 1e-5)
-    after = metric(httpx.get(server.url + "/metrics").text, "tileship_fallbacks_total", model="rmsnorm_cpu", reason="undeclared_shape")
+    after = metric(httpx.get(server.url + "/metrics").text, "tileship_fallbacks_total", model="rmsnorm_cpu",
+                   reason="undeclared_shape")
     assert after == before + 1
 
 
 def _json(inputs: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"content": json.dumps({"inputs": inputs, **extra}).encode(), "headers": {"content-type": "application/json"}}
+    return {"content": json.dumps({"inputs": inputs, **extra}).encode(),
+            "headers": {"content-type": "application/json"}}
 
 
 def _a(shape: list[int], data: list[Any] | None = None, dt: str = "FP32", name: str = "A") -> dict[str, Any]:
-    return {"name": name, "shape": shape, "datatype": dt, "data": data if data is not None else [1.0] * int(np.prod(shape))}
+    return {"name": name, "shape": shape, "datatype": dt,
+            "data": data if data is not None else [1.0] * int(np.prod(shape))}
 
 
 def _binary(header: dict[str, Any], blob: bytes, claimed: int | None = None) -> dict[str, Any]:
     h = json.dumps(header).encode()
-    return {"content": h + blob, "headers": {"inference-header-content-length": str(len(h) if claimed is None else claimed)}}
+    return {"content": h + blob,
+            "headers": {"inference-header-content-length": str(len(h) if claimed is None else claimed)}}
 
 
 _GOOD_B = _a([4], name="B")
@@ -232,40 +249,55 @@ _BIN_IN = [{"name": "A", "shape": [4], "datatype": "FP32", "parameters": {"binar
 MALFORMED = [
     # id, method, path, request kwargs, status, words the message must contain
     ("unknown-model", "POST", "/v2/models/nope/infer", _json([_a([4]), _GOOD_B]), 404, "unknown model 'nope'"),
-    ("unknown-version", "POST", "/v2/models/add/versions/feedface/infer", _json([_a([4]), _GOOD_B]), 404, "unknown version 'feedface'"),
-    ("malformed-json", "POST", "/v2/models/add/infer", {"content": b'{"inputs": [', "headers": {}}, 400, "malformed JSON"),
-    ("json-not-object", "POST", "/v2/models/add/infer", {"content": b"[1, 2]", "headers": {}}, 400, "must be a JSON object"),
+    ("unknown-version", "POST", "/v2/models/add/versions/feedface/infer", _json([_a([4]), _GOOD_B]), 404,
+     "unknown version 'feedface'"),
+    ("malformed-json", "POST", "/v2/models/add/infer", {"content": b'{"inputs": [', "headers": {}}, 400,
+     "malformed JSON"),
+    ("json-not-object", "POST", "/v2/models/add/infer", {"content": b"[1, 2]", "headers": {}}, 400,
+     "must be a JSON object"),
     ("no-inputs", "POST", "/v2/models/add/infer", _json([]), 400, "'inputs' must be a non-empty list"),
     ("wrong-dtype", "POST", "/v2/models/add/infer", _json([_a([4], dt="FP64"), _a([4], dt="FP64", name="B")]), 400,
      "wrong datatype: input A is FP64; model add accepts FP32"),
-    ("unknown-dtype", "POST", "/v2/models/add/infer", _json([_a([4], dt="FLOAT"), _GOOD_B]), 400, "unsupported datatype 'FLOAT'"),
-    ("mixed-dtypes", "POST", "/v2/models/add/infer", _json([_a([4]), _a([4], dt="INT32", name="B", data=[1] * 4)]), 400, "wrong datatype: input B is INT32"),
+    ("unknown-dtype", "POST", "/v2/models/add/infer", _json([_a([4], dt="FLOAT"), _GOOD_B]), 400,
+     "unsupported datatype 'FLOAT'"),
+    ("mixed-dtypes", "POST", "/v2/models/add/infer", _json([_a([4]), _a([4], dt="INT32", name="B", data=[1] * 4)]), 400,
+     "wrong datatype: input B is INT32"),
     ("wrong-rank", "POST", "/v2/models/add/infer", _json([_a([2, 2]), _GOOD_B]), 400,
      "wrong rank: input A has shape [2, 2] (rank 2); model add declares A as (N)"),
-    ("dims-disagree", "POST", "/v2/models/add/infer", _json([_a([4]), _a([5], name="B")]), 400, "dim N is 4 in input A but 5 in input B"),
+    ("dims-disagree", "POST", "/v2/models/add/infer", _json([_a([4]), _a([5], name="B")]), 400,
+     "dim N is 4 in input A but 5 in input B"),
     ("zero-dim", "POST", "/v2/models/add/infer", _json([_a([0], data=[]), _a([0], data=[], name="B")]), 400, "N=0"),
     ("missing-input", "POST", "/v2/models/add/infer", _json([_a([4])]), 400, "missing input B: model add takes A, B"),
-    ("unknown-input", "POST", "/v2/models/add/infer", _json([_a([4]), _GOOD_B, _a([4], name="Z")]), 400, "unknown input 'Z'"),
+    ("unknown-input", "POST", "/v2/models/add/infer", _json([_a([4]), _GOOD_B, _a([4], name="Z")]), 400,
+     "unknown input 'Z'"),
     ("duplicate-input", "POST", "/v2/models/add/infer", _json([_a([4]), _a([4])]), 400, "input A is given twice"),
     ("json-count-mismatch", "POST", "/v2/models/add/infer", _json([_a([4], data=[1, 2, 3]), _GOOD_B]), 400,
      "byte size mismatch: input A has shape [4] (4 elements) but 'data' holds 3"),
-    ("json-not-numbers", "POST", "/v2/models/add/infer", _json([_a([2], data=["x", "y"]), _a([2], name="B")]), 400, "wrong dtype: input A"),
+    ("json-not-numbers", "POST", "/v2/models/add/infer", _json([_a([2], data=["x", "y"]), _a([2], name="B")]), 400,
+     "wrong dtype: input A"),
     ("negative-dim", "POST", "/v2/models/add/infer", _json([_a([-4], data=[]), _GOOD_B]), 400, "negative dimension"),
-    ("unknown-output", "POST", "/v2/models/add/infer", _json([_a([4]), _GOOD_B], outputs=[{"name": "Q"}]), 400, "unknown output 'Q': model add produces C"),
+    ("unknown-output", "POST", "/v2/models/add/infer", _json([_a([4]), _GOOD_B], outputs=[{"name": "Q"}]), 400,
+     "unknown output 'Q': model add produces C"),
     ("binary-size-vs-shape", "POST", "/v2/models/add/infer",
      _binary({"inputs": [{**_BIN_IN[0], "parameters": {"binary_data_size": 12}}, _BIN_IN[1]]}, b"\0" * 28), 400,
      "byte size mismatch: input A has binary_data_size 12 but shape [4] x FP32 needs 16 bytes"),
-    ("binary-header-longer-than-body", "POST", "/v2/models/add/infer", _binary({"inputs": _BIN_IN}, b"\0" * 32, claimed=10_000), 400,
+    ("binary-header-longer-than-body", "POST", "/v2/models/add/infer",
+     _binary({"inputs": _BIN_IN}, b"\0" * 32, claimed=10_000), 400,
      "Inference-Header-Content-Length is 10000 but the body has"),
-    ("binary-header-not-int", "POST", "/v2/models/add/infer", {"content": b"{}", "headers": {"inference-header-content-length": "ten"}}, 400,
+    ("binary-header-not-int", "POST", "/v2/models/add/infer",
+     {"content": b"{}", "headers": {"inference-header-content-length": "ten"}}, 400,
      "must be an integer"),
-    ("binary-short-body", "POST", "/v2/models/add/infer", _binary({"inputs": _BIN_IN}, b"\0" * 20), 400, "byte size mismatch: input B needs bytes 16..32"),
+    ("binary-short-body", "POST", "/v2/models/add/infer", _binary({"inputs": _BIN_IN}, b"\0" * 20), 400,
+     "byte size mismatch: input B needs bytes 16..32"),
     ("binary-extra-bytes", "POST", "/v2/models/add/infer", _binary({"inputs": _BIN_IN}, b"\0" * 40), 400,
      "declare 32 bytes of binary data but the body carries 40"),
-    ("binary-without-header", "POST", "/v2/models/add/infer", {"content": json.dumps({"inputs": _BIN_IN}).encode(), "headers": {}}, 400,
+    ("binary-without-header", "POST", "/v2/models/add/infer",
+     {"content": json.dumps({"inputs": _BIN_IN}).encode(), "headers": {}}, 400,
      "no Inference-Header-Content-Length header"),
-    ("body-over-limit", "POST", "/v2/models/add/infer", {"content": b"x" * ((1 << 20) + 1), "headers": {}}, 413, "the limit is 1048576 bytes"),
-    ("chunked-over-limit", "POST", "/v2/models/add/infer", {"content": iter([b"x" * (1 << 19)] * 3), "headers": {}}, 413, "exceeds the limit of 1048576 bytes"),
+    ("body-over-limit", "POST", "/v2/models/add/infer", {"content": b"x" * ((1 << 20) + 1), "headers": {}}, 413,
+     "the limit is 1048576 bytes"),
+    ("chunked-over-limit", "POST", "/v2/models/add/infer", {"content": iter([b"x" * (1 << 19)] * 3), "headers": {}},
+     413, "exceeds the limit of 1048576 bytes"),
     ("get-on-infer", "GET", "/v2/models/add/infer", {}, 405, "Method Not Allowed: GET /v2/models/add/infer"),
     ("unknown-route", "GET", "/v3/whatever", {}, 404, "Not Found: GET /v3/whatever"),
     ("metadata-unknown-version", "GET", "/v2/models/add/versions/feedface", {}, 404, "unknown version 'feedface'"),
@@ -310,13 +342,17 @@ def test_docs_example_runs(server, capsys):
 
 
 def test_strict_shapes_refuse_undeclared_shapes(cpu_release_build, tmp_path):
-    cfg = ServeConfig(source=cpu_release_build.path, strict_shapes=True, diagnostics_dir=tmp_path, log_stream=io.StringIO())
+    cfg = ServeConfig(source=cpu_release_build.path, strict_shapes=True, diagnostics_dir=tmp_path,
+                      log_stream=io.StringIO())
     with serving(cfg) as srv:
         body = _json([_a([3, 100], name="X"), _a([100], name="W")])
         r = post(srv, "/v2/models/rmsnorm_cpu/infer", **body)
         assert r.status_code == 400
-        assert "shape outside the declared set: M=3, N=100 (declared: M=64,N=256; M=1..4096,N=1024)" in r.json()["error"]
-        assert post(srv, "/v2/models/rmsnorm_cpu/infer", **_json([_a([3, 1024], name="X"), _a([1024], name="W")])).status_code == 200
+        assert (
+            "shape outside the declared set: M=3, N=100 (declared: M=64,N=256; M=1..4096,N=1024)" in r.json()["error"]
+        )
+        assert post(srv, "/v2/models/rmsnorm_cpu/infer",
+                    **_json([_a([3, 1024], name="X"), _a([1024], name="W")])).status_code == 200
 
 
 def test_ready_only_after_load_and_one_warm_call_per_kernel(cpu_release_build, tmp_path):
@@ -337,7 +373,8 @@ def test_ready_only_after_load_and_one_warm_call_per_kernel(cpu_release_build, t
                     e.kernel = counted
         return rel
 
-    cfg = ServeConfig(source=cpu_release_build.path, loader=slow_counting_load, diagnostics_dir=tmp_path, log_stream=io.StringIO())
+    cfg = ServeConfig(source=cpu_release_build.path, loader=slow_counting_load, diagnostics_dir=tmp_path,
+                      log_stream=io.StringIO())
     with serving(cfg, ready=False) as srv:
         assert httpx.get(srv.url + "/v2/health/live").status_code == 200
         r = httpx.get(srv.url + "/v2/health/ready")
@@ -348,7 +385,11 @@ def test_ready_only_after_load_and_one_warm_call_per_kernel(cpu_release_build, t
         gate.set()
         assert srv.wait_ready()
         r = httpx.get(srv.url + "/v2/health/ready")
-        assert r.status_code == 200 and r.json()["ready"] is True and r.json()["reason"] == "ready: 4 kernel specializations loaded and warmed"
+        assert (
+            r.status_code == 200
+            and r.json()["ready"] is True
+            and r.json()["reason"] == "ready: 4 kernel specializations loaded and warmed"
+        )
         specs = {e.spec.id for rn in srv.service.holder.current.release.ops.values() for e in rn.entries}
         assert calls == {s: 1 for s in specs}, "warm-up must call each kernel specialization exactly once before ready"
 
@@ -378,7 +419,11 @@ def test_blocking_drift_readiness_follows_the_policy(cpu_release, tmp_path, poli
         srv.wait_ready(60)
         r = httpx.get(srv.url + "/v2/health/ready")
         if policy == "strict":
-            assert r.status_code == 503 and "blocking drift" in r.json()["reason"] and "backend.tilelang" in r.json()["reason"]
+            assert (
+                r.status_code == 503
+                and "blocking drift" in r.json()["reason"]
+                and "backend.tilelang" in r.json()["reason"]
+            )
             return
         assert r.status_code == 200 and r.json()["reason"].startswith("ready: blocking drift (backend.tilelang)")
         res = post(srv, "/v2/models/add/infer", **_json([_a([4]), _GOOD_B]))
@@ -431,11 +476,16 @@ def test_overload_is_503_and_a_slow_call_is_504(tmp_path):
         codes = sorted(r.status_code for r in results)
         assert codes == [200, 200, 503, 503, 503, 503], [r.text for r in results]
         busy = next(r for r in results if r.status_code == 503)
-        assert "overloaded: 2 requests in flight (limit 2)" in busy.json()["error"] and busy.headers["retry-after"] == "1"
-        r = post(srv, "/v2/models/slow/infer", **_json([{"name": "X", "shape": [1], "datatype": "FP32", "data": [3.0]}]))
+        assert (
+            "overloaded: 2 requests in flight (limit 2)" in busy.json()["error"] and busy.headers["retry-after"] == "1"
+        )
+        r = post(srv, "/v2/models/slow/infer", **_json([{"name": "X", "shape": [1], "datatype": "FP32",
+                                                         "data": [3.0]}]))
         assert r.status_code == 504 and "did not finish within 2 s" in r.json()["error"]
         text = httpx.get(srv.url + "/metrics").text
-        assert metric(text, "tileship_rejected_total", reason="overloaded") == 4 and metric(text, "tileship_rejected_total", reason="timeout") == 1
+        assert metric(text, "tileship_rejected_total", reason="overloaded") == 4 and metric(text,
+                                                                                            "tileship_rejected_total",
+                                                                                            reason="timeout") == 1
 
 
 def test_slow_body_is_408(tmp_path):
@@ -474,7 +524,8 @@ def test_sticky_device_error_turns_unready_and_exits_nonzero(tmp_path):
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
-        seen["infer"] = httpx.post(base + "/v2/models/boom/infer", **_json([{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]))
+        seen["infer"] = httpx.post(base + "/v2/models/boom/infer",
+                                   **_json([{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]))
         with contextlib.suppress(httpx.TransportError):
             seen["ready"] = httpx.get(base + "/v2/health/ready")
 
@@ -557,7 +608,8 @@ def test_hot_swap_under_load_drops_nothing_and_a_bad_release_keeps_the_old(cpu_r
         point(link, b)
         r = post(srv, "/v2/repository/reload")
         swapped_at = time.monotonic()
-        assert r.status_code == 200 and (r.json()["result"], r.json()["release"], r.json()["previous"]) == ("swapped", id_b, id_a)
+        assert r.status_code == 200 and (r.json()["result"], r.json()["release"],
+                                         r.json()["previous"]) == ("swapped", id_b, id_a)
         time.sleep(0.7)
         point(link, bad)
         r = post(srv, "/v2/repository/reload")
@@ -573,12 +625,20 @@ def test_hot_swap_under_load_drops_nothing_and_a_bad_release_keeps_the_old(cpu_r
         ready = httpx.get(srv.url + "/v2/health/ready").json()
         assert ready["ready"] and ready["release"] == id_b and "release.json" in ready["last_failure"]["error"]
         idx = post(srv, "/v2/repository/index").json()
-        assert {(x["name"], x["version"], x["state"]) for x in idx if x["name"] != "*"} == {("add", id_b, "READY"), ("rmsnorm_cpu", id_b, "READY")}
+        assert {(x["name"], x["version"], x["state"]) for x in idx if x["name"] != "*"} == {
+            ("add", id_b, "READY"),
+            ("rmsnorm_cpu", id_b, "READY"),
+        }
         assert all("last reload from" in x["reason"] for x in idx if x["name"] != "*")
         text = httpx.get(srv.url + "/metrics").text
-        assert metric(text, "tileship_reloads_total", result="swapped") == 2 and metric(text, "tileship_reloads_total", result="failed") == 1
+        assert metric(text, "tileship_reloads_total",
+                      result="swapped") == 2 and metric(text, "tileship_reloads_total", result="failed") == 1
         assert metric(text, "tileship_release_info", release_id=id_b) == 1
-        assert [x["event"] for x in log_lines(logs) if x["event"] in ("ready", "swap", "load_failed")] == ["ready", "swap", "load_failed"]
+        assert [x["event"] for x in log_lines(logs) if x["event"] in ("ready", "swap", "load_failed")] == [
+            "ready",
+            "swap",
+            "load_failed",
+        ]
 
 
 def test_a_release_whose_warm_up_fails_is_not_swapped_in(cpu_release_build, tmp_path):
@@ -596,7 +656,8 @@ def test_a_release_whose_warm_up_fails_is_not_swapped_in(cpu_release_build, tmp_
 
     link = tmp_path / "current"
     point(link, a)
-    with serving(ServeConfig(source=link, loader=load_b_broken, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO())) as srv:
+    with serving(ServeConfig(source=link, loader=load_b_broken, diagnostics_dir=tmp_path / "d",
+                             log_stream=io.StringIO())) as srv:
         id_a = srv.service.holder.current.release_id
         point(link, b)
         r = post(srv, "/v2/repository/reload")
@@ -625,7 +686,8 @@ def test_a_kernel_failing_at_serve_time_is_answered_by_the_reference_and_counted
         return rel
 
     logs = io.StringIO()
-    with serving(ServeConfig(source=cpu_release_build.path, loader=load_flaky, diagnostics_dir=tmp_path / "d", log_stream=logs)) as srv:
+    with serving(ServeConfig(source=cpu_release_build.path, loader=load_flaky, diagnostics_dir=tmp_path / "d",
+                             log_stream=logs)) as srv:
         r = post(srv, "/v2/models/add/infer", **_json([_a([5], data=[1, 2, 3, 4, 5]), _a([5], data=[1] * 5, name="B")]))
         assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2, 3, 4, 5, 6]
         assert (r.headers["x-tileship-path"], r.headers["x-tileship-reason"]) == ("reference", "circuit_open")
@@ -652,7 +714,9 @@ def test_serving_a_registry_follows_activation_and_reference_only(cpu_release_bu
         r = post(srv, "/v2/repository/reload")
         assert r.status_code == 200 and r.json()["reference_only"] is True
         ready = httpx.get(srv.url + "/v2/health/ready").json()
-        assert ready["ready"] and ready["reference_only"] and ready["reason"].startswith("ready: reference-only by policy")
+        assert (
+            ready["ready"] and ready["reference_only"] and ready["reason"].startswith("ready: reference-only by policy")
+        )
         res = post(srv, "/v2/models/add/infer", **_json([_a([4]), _GOOD_B]))
         assert (res.headers["x-tileship-path"], res.headers["x-tileship-reason"]) == ("reference", "disabled_by_policy")
 
@@ -666,7 +730,8 @@ def test_cli_serves_reloads_on_sighup_and_stops_on_sigterm(cpu_release_build, tm
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "TILESHIP_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(link), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(link),
+                             "--port", str(port)],
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -22,7 +22,8 @@ BUCKETS = ("success", "fail", "queue", "compute_input", "compute_infer", "comput
 
 @pytest.fixture(scope="module")
 def server(cpu_release_build, tmp_path_factory) -> Iterator[BackgroundServer]:
-    cfg = ServeConfig(source=cpu_release_build.path, diagnostics_dir=tmp_path_factory.mktemp("diag"), log_stream=io.StringIO())
+    cfg = ServeConfig(source=cpu_release_build.path, diagnostics_dir=tmp_path_factory.mktemp("diag"),
+                      log_stream=io.StringIO())
     with serving(cfg) as srv:
         yield srv
 
@@ -87,7 +88,11 @@ def test_statistics_count_successes_failures_and_times(server, c, cpu_release_bu
 def test_statistics_of_unknown_models_and_versions_are_404(c):
     with pytest.raises(InferenceServerException) as e:
         c.get_inference_statistics("gemm")
-    assert e.value.status() == "404" and "unknown model 'gemm'" in e.value.message() and "add, rmsnorm_cpu" in e.value.message()
+    assert (
+        e.value.status() == "404"
+        and "unknown model 'gemm'" in e.value.message()
+        and "add, rmsnorm_cpu" in e.value.message()
+    )
     with pytest.raises(InferenceServerException) as e:
         c.get_inference_statistics("add", "0123456789abcdef")
     assert e.value.status() == "404" and "unknown version" in e.value.message()
@@ -140,7 +145,9 @@ def test_unload_refuses_inference_until_load(cpu_release_build, tmp_path):
             with pytest.raises(InferenceServerException) as e:
                 _add(cl)
             assert e.value.status() == "400"
-            assert "model add is unloaded" in e.value.message() and "/v2/repository/models/add/load" in e.value.message()
+            assert (
+                "model add is unloaded" in e.value.message() and "/v2/repository/models/add/load" in e.value.message()
+            )
             r = httpx.get(srv.url + "/v2/models/add/ready")
             assert r.status_code == 503 and r.json()["ready"] is False and "unloaded" in r.json()["reason"]
             ready = httpx.get(srv.url + "/v2/health/ready").json()

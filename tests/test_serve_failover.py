@@ -14,8 +14,9 @@ ROOT = Path(__file__).parents[1]
 
 def test_the_failover_benchmark_runs(tmp_path):
     out = tmp_path / "failover.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_failover.py"), "--work", str(tmp_path / "work"),
-                           "--rounds", "1", "--per-round", "20", "--kills", "1", "--faults", "1", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_failover.py"), "--work",
+                           str(tmp_path / "work"), "--rounds", "1", "--per-round", "20", "--kills", "1", "--faults",
+                           "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())

@@ -46,7 +46,8 @@ def send(http: httpx.Client, model: str, body: bytes, headers: dict[str, str]) -
 
 
 MODELS = st.sampled_from(["add", "outer", "nope"])
-CTYPES = st.sampled_from([None, "application/json", "application/octet-stream", "text/plain", "application/json; charset=x"])
+CTYPES = st.sampled_from([None, "application/json", "application/octet-stream", "text/plain",
+                          "application/json; charset=x"])
 ASCII = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e), max_size=30)
 
 
@@ -67,9 +68,11 @@ def test_any_bytes_get_a_4xx_never_a_5xx(http, model, body, ctype, hl):
 
 
 NUMBER = st.one_of(st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=False, allow_infinity=False), st.booleans())
-JUNK: st.SearchStrategy[Any] = st.recursive(st.none() | NUMBER | st.text(max_size=8),
-                                            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                                            max_leaves=12)
+JUNK: st.SearchStrategy[Any] = st.recursive(
+    st.none() | NUMBER | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=12,
+)
 DIM = st.one_of(st.integers(-3, 8), st.integers(-(2 ** 80), 2 ** 80), st.sampled_from([2 ** 31, 2 ** 40, 2 ** 63]))
 SHAPE = st.one_of(st.lists(DIM, max_size=10), JUNK)
 DATA = st.one_of(st.lists(NUMBER, max_size=20), st.lists(st.lists(NUMBER, max_size=4), max_size=5), JUNK)
@@ -89,8 +92,8 @@ def tensor(draw: Any) -> dict[str, Any]:
     return t
 
 
-PARAMS = st.fixed_dictionaries({}, optional={"binary_data_output": st.booleans() | JUNK, "allow_nonfinite": st.booleans() | JUNK,
-                                             "shared_memory_region": JUNK})
+PARAMS = st.fixed_dictionaries({}, optional={"binary_data_output": st.booleans() | JUNK,
+                                             "allow_nonfinite": st.booleans() | JUNK, "shared_memory_region": JUNK})
 OUTPUTS = st.lists(st.fixed_dictionaries({"name": NAME}, optional={"parameters": st.fixed_dictionaries(
     {}, optional={"binary_data": st.booleans() | JUNK})}), max_size=3) | JUNK
 

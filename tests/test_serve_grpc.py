@@ -73,7 +73,8 @@ def _fails(call: Any, code: str, *words: str) -> str:
 
 # -- inference ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model,dims", [("add", {"N": 1000}), ("add", {"N": 4096}), ("rmsnorm_cpu", {"M": 5, "N": 1024})],
+@pytest.mark.parametrize("model,dims", [("add", {"N": 1000}), ("add", {"N": 4096}),
+                                        ("rmsnorm_cpu", {"M": 5, "N": 1024})],
                          ids=["add-dyn", "add-static", "rms-dyn"])
 def test_infer_with_raw_contents_runs_the_kernel(server, gc, cpu_release_build, model, dims):
     rel = server.service.holder.current.release
@@ -113,14 +114,17 @@ def _raw(model: str = "add", **tensors: tuple[str, list[int], bytes]) -> Any:
 
 F4 = np.arange(4, dtype=np.float32).tobytes()
 BAD = [  # (id, request, code, words in the message)
-    ("shape-mismatch", _raw(A=("FP32", [4], F4), B=("FP32", [3], F4[:12])), "INVALID_ARGUMENT", ["wrong shape", "dim N"]),
+    ("shape-mismatch", _raw(A=("FP32", [4], F4), B=("FP32", [3], F4[:12])), "INVALID_ARGUMENT",
+     ["wrong shape", "dim N"]),
     ("bytes-mismatch", _raw(A=("FP32", [4], F4), B=("FP32", [4], F4[:10])), "INVALID_ARGUMENT",
      ["byte size mismatch", "input B has 10 bytes", "needs 16"]),
     ("dtype", _raw(A=("FP64", [2], F4), B=("FP64", [2], F4)), "INVALID_ARGUMENT", ["wrong datatype", "FP64"]),
-    ("unsupported-dtype", _raw(A=("STRING", [1], b"x"), B=("FP32", [4], F4)), "INVALID_ARGUMENT", ["unsupported datatype"]),
+    ("unsupported-dtype", _raw(A=("STRING", [1], b"x"), B=("FP32", [4], F4)), "INVALID_ARGUMENT",
+     ["unsupported datatype"]),
     ("negative-dim", _raw(A=("FP32", [-4], F4), B=("FP32", [4], F4)), "INVALID_ARGUMENT", ["negative dimension"]),
     ("zero-dim", _raw(A=("FP32", [0], b""), B=("FP32", [0], b"")), "INVALID_ARGUMENT", ["N=0"]),
-    ("unknown-input", _raw(A=("FP32", [4], F4), Z=("FP32", [4], F4)), "INVALID_ARGUMENT", ["unknown input 'Z'", "A, B"]),
+    ("unknown-input", _raw(A=("FP32", [4], F4), Z=("FP32", [4], F4)), "INVALID_ARGUMENT",
+     ["unknown input 'Z'", "A, B"]),
     ("missing-input", _raw(A=("FP32", [4], F4)), "INVALID_ARGUMENT", ["missing input B"]),
     ("too-many-elements", _raw(A=("FP32", [1 << 33], b""), B=("FP32", [4], F4)), "RESOURCE_EXHAUSTED", ["elements"]),
     ("unknown-model", _raw("gemm", A=("FP32", [4], F4)), "NOT_FOUND", ["unknown model 'gemm'", "add, rmsnorm_cpu"]),
@@ -200,7 +204,9 @@ def test_grpc_and_rest_share_metrics_statistics_and_logs(server, gc, cpu_release
     every = gc.get_inference_statistics(as_json=True)["model_stats"]
     assert {s["name"] for s in every} == {"add", "rmsnorm_cpu"}
     lines = [x for x in log_lines(server.service.log._stream) if x.get("request_id") == "grpc-ok"]
-    assert len(lines) == 3 and all(x["protocol"] == "grpc" and x["status"] == 200 and x["path"] == "kernel" for x in lines)
+    assert len(lines) == 3 and all(
+        x["protocol"] == "grpc" and x["status"] == 200 and x["path"] == "kernel" for x in lines
+    )
     assert lines[0]["bytes_out"] == 32
 
 
@@ -244,7 +250,8 @@ def test_what_is_not_supported_is_unimplemented(gc):
 
 
 def test_unload_and_load_over_grpc(cpu_release_build, tmp_path):
-    cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO())
+    cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path / "diag",
+                      log_stream=io.StringIO())
     a = np.arange(4, dtype=np.float32)
     with serving(cfg) as srv:
         c = tg.InferenceServerClient(srv.grpc_url)
@@ -297,7 +304,8 @@ def test_aio_client(server, cpu_release_build):
 # -- readiness, faults, deadlines ------------------------------------------------------------------
 
 def test_not_ready_is_unavailable(tmp_path):
-    cfg = ServeConfig(source=tmp_path / "missing", grpc_port=0, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO())
+    cfg = ServeConfig(source=tmp_path / "missing", grpc_port=0, diagnostics_dir=tmp_path / "diag",
+                      log_stream=io.StringIO())
     with serving(cfg, ready=False) as srv:
         deadline = time.monotonic() + 30
         while srv.service.holder.state == "loading" and time.monotonic() < deadline:
@@ -310,7 +318,9 @@ def test_not_ready_is_unavailable(tmp_path):
             _fails(lambda: c.get_model_config("add"), "UNAVAILABLE", "not ready")
             _fails(lambda: c.get_inference_statistics(), "UNAVAILABLE", "not ready")
             rest = [(m["name"], m["state"]) for m in post(srv, "/v2/repository/index").json()]
-            assert [(m["name"], m["state"]) for m in c.get_model_repository_index(as_json=True).get("models", [])] == rest
+            assert [
+                (m["name"], m["state"]) for m in c.get_model_repository_index(as_json=True).get("models", [])
+            ] == rest
         finally:
             c.close()
 
@@ -414,8 +424,8 @@ def test_cli_serves_grpc_next_to_rest(cpu_release_build, tmp_path):
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     env = {**os.environ, "TILESHIP_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(cpu_release_build.path),
-                             "--port", str(ports[0]), "--grpc-port", str(ports[1])],
+    proc = subprocess.Popen([sys.executable, "-c", "from tileship.cli import main; main()", "serve",
+                             str(cpu_release_build.path), "--port", str(ports[0]), "--grpc-port", str(ports[1])],
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         c = tg.InferenceServerClient(f"127.0.0.1:{ports[1]}")
@@ -445,8 +455,9 @@ def test_cli_serves_grpc_next_to_rest(cpu_release_build, tmp_path):
 def test_the_grpc_benchmark_runs(cpu_release_build, tmp_path):
     out = tmp_path / "grpc_load.json"
     root = Path(__file__).parents[1]
-    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "serve_grpc_load.py"), "--release", str(cpu_release_build.path),
-                           "--seq", "20", "--clients", "2", "--duration", "0.3", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "serve_grpc_load.py"), "--release",
+                           str(cpu_release_build.path), "--seq", "20", "--clients", "2", "--duration", "0.3", "--out",
+                           str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.loads(out.read_text())

@@ -67,11 +67,13 @@ def test_any_bytes_as_any_request_get_a_client_side_status(channel, method, blob
 
 MODELS = st.sampled_from(["add", "outer", "nope", ""])
 NAMES = st.sampled_from(["X", "Y", "W", "Z", "", "x" * 300])
-DTYPES = st.sampled_from(["FP32", "FP16", "BF16", "FP64", "INT8", "INT32", "INT64", "UINT8", "BOOL", "BYTES", "fp32", ""])
+DTYPES = st.sampled_from(["FP32", "FP16", "BF16", "FP64", "INT8", "INT32", "INT64", "UINT8", "BOOL", "BYTES", "fp32",
+                          ""])
 DIMS = st.one_of(st.integers(-3, 6), st.sampled_from([1 << 20, 1 << 33, (1 << 63) - 1, -(1 << 63)]))
 VALUES = {"fp32_contents": st.floats(width=32), "fp64_contents": st.floats(),
-          "int_contents": st.integers(-(1 << 31), (1 << 31) - 1), "int64_contents": st.integers(-(1 << 63), (1 << 63) - 1),
-          "uint_contents": st.integers(0, (1 << 32) - 1), "bool_contents": st.booleans()}
+          "int_contents": st.integers(-(1 << 31), (1 << 31) - 1),
+          "int64_contents": st.integers(-(1 << 63), (1 << 63) - 1), "uint_contents": st.integers(0, (1 << 32) - 1),
+          "bool_contents": st.booleans()}
 
 
 @st.composite
@@ -118,9 +120,12 @@ def near_valid(draw: Any) -> Any:
         t = req.inputs.add(name=name, datatype=dt, shape=[n])
         size = n * {"FP32": 4, "FP64": 8, "FP16": 2, "INT32": 4}[dt]
         if raw:
-            req.raw_input_contents.append(b"\x00\x00\xc0\x7f" * (size // 4) + b"\x01" * (size % 4 + draw(st.sampled_from([0] * 5 + [1, 3]))))
+            req.raw_input_contents.append(
+                b"\x00\x00\xc0\x7f" * (size // 4) + b"\x01" * (size % 4 + draw(st.sampled_from([0] * 5 + [1, 3])))
+            )
         else:
-            field = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT32": "int_contents", "FP16": "fp32_contents"}[dt]
+            field = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT32": "int_contents",
+                     "FP16": "fp32_contents"}[dt]
             v = VALUES[field]
             extra = draw(st.sampled_from([0] * 5 + [1]))
             getattr(t.contents, field).extend(draw(st.lists(v, min_size=n + extra, max_size=n + extra)))

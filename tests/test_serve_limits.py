@@ -36,13 +36,15 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def _decl(inputs: list[tuple[str, list[str]]], outputs: list[tuple[str, list[str]]], dims: tuple[str, ...]) -> dict[str, Any]:
-    return {"inputs": [[n, d] for n, d in inputs], "outputs": [[n, d] for n, d in outputs], "dtypes": ["float32"], "shapes": [],
-            "ranges": [{"dim": d, "min": 1, "max": 1 << 40, "fixed": {}} for d in dims[:1]],
+def _decl(inputs: list[tuple[str, list[str]]], outputs: list[tuple[str, list[str]]],
+          dims: tuple[str, ...]) -> dict[str, Any]:
+    return {"inputs": [[n, d] for n, d in inputs], "outputs": [[n, d] for n, d in outputs], "dtypes": ["float32"],
+            "shapes": [], "ranges": [{"dim": d, "min": 1, "max": 1 << 40, "fixed": {}} for d in dims[:1]],
             "tolerances": {"float32": {"atol": 1e-2, "rtol": 1e-2}}}
 
 
-def hostile_release(root: Path, release_id: str = "hostile", extra: dict[str, Callable[..., Any]] | None = None) -> tuple[Path, Release]:
+def hostile_release(root: Path, release_id: str = "hostile",
+                    extra: dict[str, Callable[..., Any]] | None = None) -> tuple[Path, Release]:
     """``add`` X[N] + Y[N] -> Z[N]; ``outer`` X[N], W[M] -> Y[N, M]; ``extra`` ops X[N] -> Y[N]; references only."""
     path = root / release_id
     path.mkdir(parents=True)
@@ -54,15 +56,17 @@ def hostile_release(root: Path, release_id: str = "hostile", extra: dict[str, Ca
     for name, fn in (extra or {}).items():
         runners[name] = OpRunner(OpShape(name, (("X", ("N",)),), 1), fn, [])
         decls[name] = _decl([("X", ["N"])], [("Y", ["N"])], ("N",))
-    rel = Release(release_id=release_id, path=path, kernel_revision="fakerev", model={"name": "fake", "version": "1"}, lock={},
-                  lock_digest="sha256:fake", drift=DriftReport(()), ops=runners, declarations=decls)
+    rel = Release(release_id=release_id, path=path, kernel_revision="fakerev", model={"name": "fake", "version": "1"},
+                  lock={}, lock_digest="sha256:fake", drift=DriftReport(()), ops=runners, declarations=decls)
     return path, rel
 
 
 @contextlib.contextmanager
-def hostile_server(tmp_path: Path, extra: dict[str, Callable[..., Any]] | None = None, **kw: Any) -> Iterator[BackgroundServer]:
+def hostile_server(tmp_path: Path, extra: dict[str, Callable[..., Any]] | None = None,
+                   **kw: Any) -> Iterator[BackgroundServer]:
     path, rel = hostile_release(tmp_path, extra=extra)
-    cfg = ServeConfig(source=path, loader=lambda p, ref: rel, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO(), **kw)
+    cfg = ServeConfig(source=path, loader=lambda p, ref: rel, diagnostics_dir=tmp_path / "diag",
+                      log_stream=io.StringIO(), **kw)
     srv = BackgroundServer(cfg).start()
     try:
         assert srv.wait_ready(), srv.service.holder.readiness()[1]
@@ -105,7 +109,8 @@ def test_corpus_never_reaches_the_500_path_or_writes_diagnostics(server):
 
 
 def test_nonfinite_tokens_pass_when_the_request_allows_them(server):
-    body = (b'{"parameters":{"allow_nonfinite":true},"inputs":[{"name":"X","shape":[3],"datatype":"FP32","data":[NaN,Infinity,1]},'
+    body = (b'{"parameters":{"allow_nonfinite":true},'
+            b'"inputs":[{"name":"X","shape":[3],"datatype":"FP32","data":[NaN,Infinity,1]},'
             b'{"name":"Y","shape":[3],"datatype":"FP32","data":[1,1,1]}]}')
     r = post(server, "/v2/models/add/infer", body)
     assert r.status_code == 200, r.text
@@ -114,7 +119,8 @@ def test_nonfinite_tokens_pass_when_the_request_allows_them(server):
 
 def test_json_without_content_type_and_charset_parameter_are_accepted(server):
     assert post(server, "/v2/models/add/infer", _GOOD, {}).status_code == 200
-    assert post(server, "/v2/models/add/infer", _GOOD, {"content-type": "application/json; charset=utf-8"}).status_code == 200
+    assert post(server, "/v2/models/add/infer", _GOOD,
+                {"content-type": "application/json; charset=utf-8"}).status_code == 200
 
 
 def test_an_unexpected_exception_is_a_logged_500_with_a_request_id_and_one_bundle_per_reason(tmp_path):
@@ -125,7 +131,11 @@ def test_an_unexpected_exception_is_a_logged_500_with_a_request_id_and_one_bundl
         body = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode()
         r1 = post(srv, "/v2/models/broken/infer", body, {**JSON, "x-request-id": "req-1"})
         r2 = post(srv, "/v2/models/broken/infer", body, {**JSON, "x-request-id": "req-2"})
-        assert r1.status_code == 500 and "request id req-1" in r1.json()["error"] and "a bug in a reference" in r1.json()["error"]
+        assert (
+            r1.status_code == 500
+            and "request id req-1" in r1.json()["error"]
+            and "a bug in a reference" in r1.json()["error"]
+        )
         assert r2.status_code == 500 and "request id req-2" in r2.json()["error"]
         diag = r1.json()["diagnostics_id"]
         assert "diagnostics_id" not in r2.json()  # the same reason within a minute: no second bundle
@@ -157,7 +167,8 @@ def test_a_504_keeps_its_slot_until_the_call_ends_and_a_wedged_server_is_not_rea
     with hostile_server(tmp_path, extra={"slow": slow}, max_inflight=1, request_timeout_s=0.3) as srv:
         def call(seconds: float) -> httpx.Response:
             return post(srv, "/v2/models/slow/infer",
-                        json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [seconds]}]}).encode())
+                        json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32",
+                                                "data": [seconds]}]}).encode())
 
         assert call(1.5).status_code == 504
         busy = call(0.0)

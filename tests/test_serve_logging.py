@@ -134,7 +134,8 @@ def test_grpc_log_settings_read_change_and_refuse(server, http):
         with pytest.raises(InferenceServerException) as e:
             gc.update_log_settings({"log_info": None})  # a value with no type set
         assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "log_info must be" in e.value.message()
-        with grpc.insecure_channel(server.grpc_url) as ch:  # a string where a boolean goes: tritonclient refuses to send it
+        # a string where a boolean goes: tritonclient refuses to send it
+        with grpc.insecure_channel(server.grpc_url) as ch:
             req = pb.LogSettingsRequest()
             req.settings["log_warning"].string_param = "no"
             with pytest.raises(grpc.RpcError) as r:

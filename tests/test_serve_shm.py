@@ -301,8 +301,8 @@ def test_registry_errors_name_the_region(server, hc, gc, regions):
     ({**_infer_doc(_sm("{name}", NBYTES)), "parameters": {"shared_memory_region": "{name}"}}, 400,
      ["belongs to an input or an output, not to the request"]),
 ], ids=["unknown-region", "past-window", "huge-offset", "negative-offset", "negative-size", "size-vs-shape",
-        "u64-size", "huge-size", "no-size", "size-without-region", "empty-region", "output-size-vs-shape", "output-past-window",
-        "output-unknown-region", "request-level"])
+        "u64-size", "huge-size", "no-size", "size-without-region", "empty-region", "output-size-vs-shape",
+        "output-past-window", "output-unknown-region", "request-level"])
 def test_hostile_infer_requests_get_a_4xx_and_touch_nothing_outside(server, hc, regions, doc, status, words):
     h, name, key = regions.create(NBYTES)
     a, _ = _ab(5)

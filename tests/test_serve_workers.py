@@ -33,7 +33,11 @@ def wait_workers(srv: BackgroundServer, *, standby: bool = True, timeout: float 
         r = httpx.get(f"{srv.url}/v2/health/ready", timeout=10)
         body = r.json()
         w = body.get("workers") or {}
-        if r.status_code == 200 and w.get("serving") and (not standby or (w.get("standby") and w["standby"] not in not_pids)):
+        if (
+            r.status_code == 200
+            and w.get("serving")
+            and (not standby or (w.get("standby") and w["standby"] not in not_pids))
+        ):
             return w
         time.sleep(0.05)
     raise AssertionError(f"workers not ready within {timeout} s: {body}")
@@ -88,8 +92,9 @@ def add_binary(url: str, c: httpx.Client, a: np.ndarray, b: np.ndarray) -> tuple
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
-@pytest.mark.parametrize("model,dims", [("add", {"N": 1000}), ("add", {"N": 4096}), ("rmsnorm_cpu", {"M": 5, "N": 1024}),
-                                        ("rmsnorm_cpu", {"M": 64, "N": 256})], ids=["add-dyn", "add-static", "rms-dyn", "rms-static"])
+@pytest.mark.parametrize("model,dims", [("add", {"N": 1000}), ("add", {"N": 4096}),
+                                        ("rmsnorm_cpu", {"M": 5, "N": 1024}), ("rmsnorm_cpu", {"M": 64, "N": 256})],
+                                        ids=["add-dyn", "add-static", "rms-dyn", "rms-static"])
 def test_workers_answer_like_the_in_process_server(server, cpu_release_build, model, dims, binary):
     rel = server.service.holder.current.release
     runner = rel.ops[model]
@@ -179,7 +184,12 @@ def test_kill_9_under_load_loses_no_answer_and_a_new_standby_appears(server):
     assert not wrong, wrong[:3]
     errors = [(st, msg) for st, msg in served if st != 200]
     assert all(st == 503 and "worker failure" in msg for st, msg in errors), errors[:3]
-    died = pool.failures.get("died", 0) + pool.failures.get("exited", 0) - failures0.get("died", 0) - failures0.get("exited", 0)
+    died = (
+        pool.failures.get("died", 0)
+        + pool.failures.get("exited", 0)
+        - failures0.get("died", 0)
+        - failures0.get("exited", 0)
+    )
     assert died == kills
     # a request on a killed worker is retried once; only a second death in a row makes a 503
     assert len(errors) <= kills and pool.retries - retries0 <= kills
@@ -257,7 +267,9 @@ def test_hot_swap_rolls_the_workers_under_load_with_no_failed_request(cpu_releas
         late = {rid for sent, _, rid in served if sent > swapped_at + 0.05}
         assert late == {id_b}
         new = wait_workers(srv)
-        assert new["release"] == id_b and not set([*new["serving"], new["standby"]]) & set([*old["serving"], old["standby"]])
+        assert new["release"] == id_b and not set([*new["serving"], new["standby"]]) & set(
+            [*old["serving"], old["standby"]]
+        )
         deadline = time.monotonic() + 10
         while pool.status()["draining"] and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -27,7 +27,8 @@ def test_close_removes_the_snapshot_and_its_sources_path(cpu_release):
 
 
 def test_reloads_keep_a_bounded_number_of_snapshots(cpu_release_build, tmp_path):
-    versions = [copy_release(cpu_release_build.path, tmp_path / f"v{i}", version=str(i + 2)) for i in range(RETIRED_KEEP + 3)]
+    versions = [copy_release(cpu_release_build.path, tmp_path / f"v{i}",
+                             version=str(i + 2)) for i in range(RETIRED_KEEP + 3)]
     link = tmp_path / "current"
     point(link, versions[0])
     with serving(ServeConfig(source=link, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO())) as srv:

@@ -96,5 +96,6 @@ def test_missing_third_party_module_is_named_with_the_path_looked_in(travelled, 
     with pytest.raises(ArtifactLoadError) as info:
         load(travelled)
     msg = str(info.value)
-    assert "cannot import the reference travel_ops.travel_reference: third-party module 'yaml' is not installed on this host" in msg
+    assert ("cannot import the reference travel_ops.travel_reference: third-party module 'yaml' "
+            "is not installed on this host") in msg
     assert f"/{travelled.name}/sources" in msg and "looked in" in msg and "hint: pip install PyYAML==" in msg

@@ -86,7 +86,8 @@ gemm = Operator(
 )
 attention = Operator(
     name="attention", factory=naive_attention, reference=attention_reference,
-    inputs=(TensorArg("Q", ("B", "H", "S", "D")), TensorArg("K", ("B", "H", "S", "D")), TensorArg("V", ("B", "H", "S", "D"))),
+    inputs=(TensorArg("Q", ("B", "H", "S", "D")), TensorArg("K", ("B", "H", "S", "D")),
+            TensorArg("V", ("B", "H", "S", "D"))),
     outputs=(TensorArg("O", ("B", "H", "S", "D")),),
     dtypes=("float32",), targets=("c",), shapes=({"B": 1, "H": HEADS, "S": SEQ, "D": HEAD_DIM},),
 )
@@ -99,8 +100,10 @@ def swap_release_build(tmp_path_factory: pytest.TempPathFactory):
     from tileship.declare.project import Project
 
     norm = dataclasses.replace(cpu.rmsnorm_cpu, shapes=())  # keep its dynamic M range at N=1024 only
-    project = Project(model="swap-test", model_version="1", operator_modules=(), targets=("c",), root=Path(__file__).parent)
-    result = build(project, {"attention": attention, "gemm": gemm, "rmsnorm_cpu": norm}, tmp_path_factory.mktemp("swap"), BuildOptions(jobs=2))
+    project = Project(model="swap-test", model_version="1", operator_modules=(), targets=("c",),
+                      root=Path(__file__).parent)
+    result = build(project, {"attention": attention, "gemm": gemm, "rmsnorm_cpu": norm},
+                   tmp_path_factory.mktemp("swap"), BuildOptions(jobs=2))
     assert result.ok, [(r.spec.id, r.error) for r in result.failed]
     return result
 
@@ -115,7 +118,8 @@ def release(swap_release_build):
 def tiny(**overrides: Any) -> Any:
     from examples.llama import LlamaConfig, random_llama
 
-    cfg = LlamaConfig(vocab_size=64, hidden=HIDDEN, n_layers=1, n_heads=HEADS, intermediate=1536, max_seq=64, **overrides)
+    cfg = LlamaConfig(vocab_size=64, hidden=HIDDEN, n_layers=1, n_heads=HEADS, intermediate=1536, max_seq=64,
+                      **overrides)
     return random_llama(cfg, seed=1)
 
 
@@ -135,8 +139,8 @@ def test_report_says_what_was_replaced_and_why_not(release):
     model = tiny()
     report = swap(model, release, names=NAMES)
     assert sorted(report.replaced) == sorted([
-        "layers.0.input_norm", "layers.0.attn.q_proj", "layers.0.attn.k_proj", "layers.0.attn.v_proj", "layers.0.attn.o_proj",
-        "layers.0.attn.core", "layers.0.post_attn_norm", "norm"])
+        "layers.0.input_norm", "layers.0.attn.q_proj", "layers.0.attn.k_proj", "layers.0.attn.v_proj",
+        "layers.0.attn.o_proj", "layers.0.attn.core", "layers.0.post_attn_norm", "norm"])
     kept = report.kept
     assert sorted(kept) == ["layers.0.mlp.down_proj", "layers.0.mlp.gate_proj", "layers.0.mlp.up_proj", "lm_head"]
     assert "no gemm specialization for K=1024, N=1536 in float32" in kept["layers.0.mlp.gate_proj"]
@@ -168,14 +172,19 @@ def test_layers_the_release_cannot_serve_are_kept(release):
     assert "no gemm specialization in float64" in wide.kept["layers.0.attn.q_proj"]
     assert wide.kept["layers.0.attn.core"].startswith("no attention specialization in float64")
     missing = swap(tiny(), release)  # default names: the release has no operator called "rmsnorm"
-    assert missing.kept["norm"].startswith("the release has no 'rmsnorm' operator (it has: attention, gemm, rmsnorm_cpu)")
+    assert missing.kept["norm"].startswith(
+        "the release has no 'rmsnorm' operator (it has: attention, gemm, rmsnorm_cpu)"
+    )
 
 
 def test_wrong_operator_for_a_kind_is_refused(release):
     from tileship.errors import DeclarationError
     from tileship.torchops.swap import swap
 
-    with pytest.raises(DeclarationError, match=r"operator 'rmsnorm_cpu' is declared \(X\(M, N\), W\(N\)\).*a linear layer needs A\(M, K\), B\(K, N\)"):
+    with pytest.raises(
+        DeclarationError,
+        match=r"operator 'rmsnorm_cpu' is declared \(X\(M, N\), W\(N\)\).*a linear layer needs A\(M, K\), B\(K, N\)",
+    ):
         swap(tiny(), release, names={"linear": "rmsnorm_cpu"})
 
 
@@ -243,7 +252,11 @@ def test_state_dict_carries_the_kernel_stamp(release, cpu_release_build, tmp_pat
     model = tiny()
     swap(model, release, names=NAMES)
     stamp = kernel_stamp(model)
-    assert stamp is not None and stamp.release_id == release.release_id and stamp.kernel_revision == release.kernel_revision
+    assert (
+        stamp is not None
+        and stamp.release_id == release.release_id
+        and stamp.kernel_revision == release.kernel_revision
+    )
     assert stamp.operators == ("attention", "gemm", "rmsnorm_cpu")
     sd = model.state_dict()
     assert sd["tileship_kernels._extra_state"] == stamp.to_json()
@@ -267,7 +280,10 @@ def test_state_dict_carries_the_kernel_stamp(release, cpu_release_build, tmp_pat
     with pytest.raises(KernelMismatch, match=f"already runs kernels of release {release.release_id}"):
         swap(model, cpu_catalog, names=NAMES)
     swap(other, cpu_catalog, names=NAMES)
-    with pytest.raises(KernelMismatch, match=f"release_id {release.release_id} \\(checkpoint\\) != {cpu_release_build.release_id} \\(model\\)"):
+    with pytest.raises(
+        KernelMismatch,
+        match=f"release_id {release.release_id} \\(checkpoint\\) != {cpu_release_build.release_id} \\(model\\)",
+    ):
         load(other, path)
     with pytest.raises(KernelMismatch, match="release_id"):
         other.load_state_dict(sd)  # plain torch loading checks too

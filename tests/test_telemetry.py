@@ -47,10 +47,12 @@ def test_reference_calls_are_rows_by_shape_and_reason_kernel_calls_are_counted(r
     rows = _rows(tele, "rmsnorm_cpu")
     assert set(rows) == {("undeclared_shape", ((3, 100), (100,))), ("undeclared_shape", ((5, 100), (100,)))}
     r3 = rows[("undeclared_shape", ((3, 100), (100,)))]
-    assert (r3["calls"], r3["dims"], r3["dtype"], r3["dtypes"]) == (3, {"M": 3, "N": 100}, "float32", ["float32", "float32"])
+    assert (r3["calls"], r3["dims"], r3["dtype"], r3["dtypes"]) == (3, {"M": 3, "N": 100}, "float32",
+                                                                    ["float32", "float32"])
     assert r3["seconds"] > 0
     assert rows[("undeclared_shape", ((5, 100), (100,)))]["calls"] == 2
-    assert tele["ops"]["rmsnorm_cpu"]["rows"][0] is not None and tele["ops"]["rmsnorm_cpu"]["rows"][0]["calls"] == 3  # most first
+    # most first
+    assert tele["ops"]["rmsnorm_cpu"]["rows"][0] is not None and tele["ops"]["rmsnorm_cpu"]["rows"][0]["calls"] == 3
     assert tele["ops"]["rmsnorm_cpu"]["kernel_calls"] == 4
     assert tele["ops"]["rmsnorm_cpu"]["other"] == {"calls": 0, "seconds": 0.0, "reasons": {}}
     add_rows = _rows(tele, "add")
@@ -122,7 +124,8 @@ def test_server_serves_telemetry_json_and_metrics(cpu_release_build, tmp_path):
         assert tele["ops"]["rmsnorm_cpu"]["kernel_calls"] >= 1
         text = httpx.get(srv.url + "/metrics", timeout=30).text
         calls = {tuple(sorted(s.labels.items())): s.value for s in _families(text)["tileship_reference_calls"]}
-        key = (("dtype", "float32"), ("operator", "rmsnorm_cpu"), ("reason", "undeclared_shape"), ("shape", "3x100,100"))
+        key = (("dtype", "float32"), ("operator", "rmsnorm_cpu"), ("reason", "undeclared_shape"),
+               ("shape", "3x100,100"))
         assert calls[key] == 2
 
 

@@ -41,8 +41,8 @@ def fake_release(reference: Any, kernel: Any = None, release_id: str = "f00d0000
     entries = [Entry(spec, kernel, Decision(KERNEL, KERNEL, spec.id))] if kernel else []
     runner = OpRunner(OpShape("scale", (("X", ("M", "N")),), 1), reference, entries)
     decl = {"inputs": [["X", ["M", "N"]]], "outputs": [["Y", ["M", "N"]]]}
-    return Release(release_id=release_id, path=None, kernel_revision="test", model={}, lock={}, lock_digest="", drift=None,
-                   ops={"scale": runner}, declarations={"scale": decl})
+    return Release(release_id=release_id, path=None, kernel_revision="test", model={}, lock={}, lock_digest="",
+                   drift=None, ops={"scale": runner}, declarations={"scale": decl})
 
 
 def test_every_operator_is_a_custom_op_named_by_release(release, ops):
@@ -142,7 +142,8 @@ def test_fake_tensors_follow_the_declaration(ops):
         y = ops.rmsnorm_cpu(torch.empty(9, 1024, dtype=torch.float16), torch.empty(1024, dtype=torch.float16))
         assert y.shape == (9, 1024) and y.dtype == torch.float16
         assert ops.add(torch.empty(123), torch.empty(123)).shape == (123,)
-        with pytest.raises(CallError, match=r"rmsnorm_cpu\(X\): has rank 3 \(shape \(9, 1024, 1\)\), declared \(M, N\)"):
+        with pytest.raises(CallError,
+                           match=r"rmsnorm_cpu\(X\): has rank 3 \(shape \(9, 1024, 1\)\), declared \(M, N\)"):
             ops.rmsnorm_cpu(torch.empty(9, 1024, 1), torch.empty(1024))
         with pytest.raises(CallError, match=r"rmsnorm_cpu\(W\): dim N=1000 disagrees with N=1024"):
             ops.rmsnorm_cpu(torch.empty(9, 1024), torch.empty(1000))

@@ -23,7 +23,8 @@ from tileship.verify.verify import VerifyOptions, time_pair, verify, verify_spec
 
 TESTS = Path(__file__).parent
 QUICK = VerifyOptions(seeds=(0, 1), limit=1024, grid=0, budget_ms=2.0, warmup_ms=1.0, min_repeats=3, max_repeats=5)
-H200 = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "driver": "580.159.04", "cuda_runtime": "13.0", "torch": "2.11.0+cu130"}
+H200 = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "driver": "580.159.04",
+        "cuda_runtime": "13.0", "torch": "2.11.0+cu130"}
 H100 = {**H200, "name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
 
 
@@ -69,10 +70,14 @@ def _poisoned(n, dtype=torch.float32):
 CASES = {
     "exact": (lambda r: r.clone(), None, {}),
     "within-tolerance": (lambda r: r + 5e-5, None, {}),
-    "one-element-off": (lambda r: r.index_fill(0, torch.tensor([7]), 100.0), "1 of 64 elements beyond atol", {"mismatches": 1}),
-    "nan": (lambda r: r.index_fill(0, torch.tensor([3]), float("nan")), "1 of 64 elements are NaN/Inf", {"nonfinite": 1}),
-    "inf": (lambda r: r.index_fill(0, torch.tensor([5]), float("inf")), "1 of 64 elements are NaN/Inf", {"nonfinite": 1}),
-    "unwritten": (lambda r: torch.cat([r[:60], _poisoned(4)]), "4 of 64 elements never written", {"unwritten": 4, "nonfinite": 0}),
+    "one-element-off": (lambda r: r.index_fill(0, torch.tensor([7]), 100.0), "1 of 64 elements beyond atol",
+                        {"mismatches": 1}),
+    "nan": (lambda r: r.index_fill(0, torch.tensor([3]), float("nan")), "1 of 64 elements are NaN/Inf",
+            {"nonfinite": 1}),
+    "inf": (lambda r: r.index_fill(0, torch.tensor([5]), float("inf")), "1 of 64 elements are NaN/Inf",
+            {"nonfinite": 1}),
+    "unwritten": (lambda r: torch.cat([r[:60], _poisoned(4)]), "4 of 64 elements never written",
+                  {"unwritten": 4, "nonfinite": 0}),
     "wrong-shape": (lambda r: r[:32], "output shape (32,) != reference shape (64,)", {}),
 }
 
@@ -127,7 +132,8 @@ def test_unconfirmed_poison_fails_unless_not_strict():
     # torch.add allocates in C++, outside the poisoned allocator: an unwritten element would go unseen
     strict = verify_spec(FAKE_SPEC, torch.add, torch.add, FAKE_DESC, options=VerifyOptions(seeds=(0,), timing=False))
     assert not strict.passed and "could not confirm the outputs were poisoned" in strict.failure
-    lax = verify_spec(FAKE_SPEC, torch.add, torch.add, FAKE_DESC, options=VerifyOptions(seeds=(0,), timing=False, strict_poison=False))
+    lax = verify_spec(FAKE_SPEC, torch.add, torch.add, FAKE_DESC,
+                      options=VerifyOptions(seeds=(0,), timing=False, strict_poison=False))
     assert lax.passed and lax.points[0].poison_confirmed is False
     assert lax.to_json()["points"][0]["poison_confirmed"] is False
 
@@ -204,7 +210,8 @@ def test_time_pair_tells_the_slower_path():
     t2 = time_pair(fast, slow, sets, device="cpu", options=opts)
     assert t2.verdict == "kernel_faster"
     doc = t.to_json()
-    assert set(doc["kernel"]) >= {"median_us", "p10_us", "p90_us", "iqr_us", "repeats"} and doc["kernel"]["p10_us"] <= doc["kernel"]["p90_us"]
+    assert set(doc["kernel"]) >= {"median_us", "p10_us", "p90_us", "iqr_us",
+                                  "repeats"} and doc["kernel"]["p10_us"] <= doc["kernel"]["p90_us"]
 
 
 def test_inputs_rotate_only_when_they_fit_in_the_cache():
@@ -257,8 +264,12 @@ def test_failed_kernels_serve_the_reference_after_verification(faulty):
     a, b = torch.randn(4096), torch.randn(4096)
     out, dec = rel.op("wrong_add").call(a, b)
     assert dec.reason == "verification_failed" and torch.equal(out, a + b)
-    assert any(n.endswith("1 passed, 3 failed (nan_add.float32.N4096.c, tail_add.float32.N1-65536.c, wrong_add.float32.N4096.c)")
-               for n in rel.status()["notes"]), rel.status()["notes"]
+    assert any(
+        n.endswith(
+            "1 passed, 3 failed (nan_add.float32.N4096.c, tail_add.float32.N1-65536.c, wrong_add.float32.N4096.c)"
+        )
+        for n in rel.status()["notes"]
+    ), rel.status()["notes"]
 
 
 # -- evidence stored with the release -------------------------------------------------
@@ -303,14 +314,16 @@ def test_tampered_evidence_is_refused_by_load(verified_copy):
 
 def _timing(verdict: str) -> dict:
     k, r = {"kernel_faster": (10.0, 20.0), "reference_faster": (20.0, 10.0), "no_difference": (10.0, 10.2)}[verdict]
-    return {"kernel": {"median_us": k}, "reference": {"median_us": r}, "noise_us": 0.5, "verdict": verdict, "speedup": r / k}
+    return {"kernel": {"median_us": k}, "reference": {"median_us": r}, "noise_us": 0.5, "verdict": verdict,
+            "speedup": r / k}
 
 
 def _entry(dyn: str | None, points: list[tuple[dict, str]], *, passed: bool = True, device_type: str = "cpu") -> dict:
-    pts = [{"dims": d, "passed": passed, "failure": None if passed else "wrong", "timing": _timing(v)} for d, v in points]
+    pts = [{"dims": d, "passed": passed, "failure": None if passed else "wrong", "timing": _timing(v)}
+           for d, v in points]
     route, why = evidence.pinned_mark(pts, passed)
-    return {"device_type": device_type, "dynamic_dim": dyn, "passed": passed, "failure": None if passed else "at N=1: wrong",
-            "route": route, "route_reason": why, "points": pts}
+    return {"device_type": device_type, "dynamic_dim": dyn, "passed": passed,
+            "failure": None if passed else "at N=1: wrong", "route": route, "route_reason": why, "points": pts}
 
 
 def _write_synthetic(root: Path, specs: dict, *, device=None, lock=None) -> None:
@@ -326,7 +339,8 @@ SYNTHETIC = {
     "add.float32.N1-16777216.c": _entry("N", [({"N": 1}, "reference_faster"), ({"N": 256}, "reference_faster"),
                                               ({"N": 4096}, "kernel_faster"), ({"N": 65536}, "no_difference")]),
     "add.float32.N4096.c": _entry(None, [({"N": 4096}, "kernel_faster")]),
-    "rmsnorm_cpu.float32.M1-4096_N1024.c": _entry("M", [({"M": 1, "N": 1024}, "reference_faster"), ({"M": 4096, "N": 1024}, "reference_faster")]),
+    "rmsnorm_cpu.float32.M1-4096_N1024.c": _entry("M", [({"M": 1, "N": 1024}, "reference_faster"),
+                                                        ({"M": 4096, "N": 1024}, "reference_faster")]),
     "rmsnorm_cpu.float32.M64_N256.c": _entry(None, [({"M": 64, "N": 256}, "kernel_faster")], passed=False),
 }
 
@@ -353,13 +367,17 @@ def test_routing_by_evidence_chooses_per_size_on_the_slow_path_only(cpu_release)
     rel = load(cpu_release, routing="evidence")
     op = rel.op("add")
     dyn = next(e for e in op.entries if e.spec.id == "add.float32.N1-16777216.c")
-    assert dyn.decision.path == "kernel" and dyn.detail == "evidence per size: reference at N=1..256, kernel at N=4096..65536"
+    assert (
+        dyn.decision.path == "kernel"
+        and dyn.detail == "evidence per size: reference at N=1..256, kernel at N=4096..65536"
+    )
     asked = []
     rule = dyn.choose
     dyn.choose = lambda dims: asked.append(dict(dims)) or rule(dims)
     # nearest verified size on a log scale decides: 300 -> 256 (reference), 3000 -> 4096 (kernel)
     for n, want in [(10, ("reference", "slower_than_reference")), (300, ("reference", "slower_than_reference")),
-                    (3000, ("kernel", "kernel")), (100_000, ("kernel", "kernel")), (10, ("reference", "slower_than_reference"))]:
+                    (3000, ("kernel", "kernel")), (100_000, ("kernel", "kernel")),
+                    (10, ("reference", "slower_than_reference"))]:
         a, b = torch.randn(n), torch.randn(n)
         out, d = op.call(a, b)
         assert (d.path, d.reason) == want, n
@@ -404,7 +422,8 @@ def test_cuda_routing_needs_evidence_from_this_gpu(monkeypatch, here, ev, allow,
     doc = {None: None, "h200": _cuda_ev(H200), "h200-failed": _cuda_ev(H200, passed=False),
            "h200-slower": _cuda_ev(H200, verdict="reference_faster")}[ev]
     for routing in ("pinned", "evidence"):
-        assert evidence.route(doc, "gemm.x", target=CUDA, routing=routing, allow_unverified=allow, lock_digest=LOCK) == want
+        assert evidence.route(doc, "gemm.x", target=CUDA, routing=routing, allow_unverified=allow,
+                              lock_digest=LOCK) == want
 
 
 def test_status_says_an_unverified_release_serves_the_reference_on_a_gpu(monkeypatch, cpu_release):
@@ -413,14 +432,20 @@ def test_status_says_an_unverified_release_serves_the_reference_on_a_gpu(monkeyp
     monkeypatch.setattr(loader, "_device_state", lambda: {"cuda": True, "capability": (9, 0)})
     monkeypatch.setattr(evidence, "current_device", lambda: H200)
     notes = loader.load(cpu_release).status()["notes"]
-    assert "release has no verification evidence: CUDA specializations serve the reference (allow_unverified is off)" in notes
+    assert (
+        "release has no verification evidence: CUDA specializations serve the reference (allow_unverified is off)"
+        in notes
+    )
     notes = loader.load(cpu_release, allow_unverified=True).status()["notes"]
     assert "release has no verification evidence: CUDA kernels run UNVERIFIED (allow_unverified is on)" in notes
     specs = {"gemm.x": _entry(None, [({"M": 1}, "kernel_faster")], device_type="cuda")}
     _write_synthetic(cpu_release, specs, device=H100)
     notes = loader.load(cpu_release).status()["notes"]
-    assert any(n.startswith("verification evidence was taken on NVIDIA H100 80GB HBM3 (cc 9.0, 132 SMs), this is NVIDIA H200")
-               and n.endswith("serve the reference (allow_unverified is off)") for n in notes), notes
+    assert any(
+        n.startswith("verification evidence was taken on NVIDIA H100 80GB HBM3 (cc 9.0, 132 SMs), this is NVIDIA H200")
+        and n.endswith("serve the reference (allow_unverified is off)")
+        for n in notes
+    ), notes
 
 
 # -- command line ---------------------------------------------------------------------
@@ -450,6 +475,7 @@ def test_python_dash_m_cli_lists_verify_and_report():
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent / "src")}
-    out = subprocess.run([sys.executable, "-m", "tileship.cli", "--help"], check=False, capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "tileship.cli", "--help"], check=False, capture_output=True, text=True,
+                         env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "verify" in out.stdout and "report" in out.stdout

@@ -10,7 +10,8 @@ def qadd_kernel(N, dtype="float32"):
     """C = A + the i-th 4-bit value packed in Q (eight per int32); Z = Q + 1."""
 
     @T.prim_func
-    def main(A: T.Tensor((N,), dtype), Q: T.Tensor((N // 8,), "int32"), C: T.Tensor((N,), dtype), Z: T.Tensor((N // 8,), "int32")):
+    def main(A: T.Tensor((N,), dtype), Q: T.Tensor((N // 8,), "int32"), C: T.Tensor((N,), dtype),
+             Z: T.Tensor((N // 8,), "int32")):
         with T.Kernel(N // 8) as bx:
             for i in T.serial(8):  # the C target cannot vectorize the shift
                 C[bx * 8 + i] = A[bx * 8 + i] + T.cast((Q[bx] >> (4 * i)) & 15, dtype)
@@ -48,7 +49,8 @@ def masked_rows_kernel(M, N, dtype="float64"):
     """Y = X where the row's mask is set, else 0; mean = the float32 mean of each row of X."""
 
     @T.prim_func
-    def main(X: T.Tensor((M, N), dtype), mask: T.Tensor((M,), "uint8"), Y: T.Tensor((M, N), dtype), mean: T.Tensor((M,), "float32")):
+    def main(X: T.Tensor((M, N), dtype), mask: T.Tensor((M,), "uint8"), Y: T.Tensor((M, N), dtype),
+             mean: T.Tensor((M,), "float32")):
         with T.Kernel(M) as row:
             acc = T.alloc_local((1,), "float32")
             acc[0] = 0.0

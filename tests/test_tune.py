@@ -292,3 +292,41 @@ def test_confirmation_rounds_run_only_where_the_noise_decided():
     assert slower["winner"] is None and calls == {"": 5, "k": 5}
     still, calls = _point_after({"": [12.9, 16.5, 11.0, 9.6, 14.5] * 2, "k": [10.0] * 10}, confirm=5)
     assert still["winner"] is None and still["rounds"] == 10  # the noise did not go away: the reference keeps it
+
+
+def test_a_host_that_changes_speed_between_rounds_is_compared_round_by_round():
+    # round medians tune recorded on the H200 (release 76e4e830, RMSNorm fp16 M=8): the host ran
+    # 3-4 us slower from round 3 on, the kernel's round 3 slow and the reference's still fast. Medians
+    # alone (12.02 vs 11.10 us) said the kernel is slower; it is faster in 4 of 5 rounds by 2.2-3.0 us
+    kern = [8.74, 8.88, 12.02, 12.08, 12.33]
+    ref = [10.91, 11.10, 11.06, 15.09, 15.12]
+    point, _ = _point_after({"": ref, "k": kern}, confirm=0)
+    k = point["candidates"]["k"]
+    assert k["median_us"] > point["reference"]["median_us"]  # what the unpaired rule saw
+    assert point["winner"] == "k", point["why"]
+    assert k["paired_gain_us"] == pytest.approx(2.22) and k["paired_gain_us"] > point["noise_us"]
+    assert "paired rounds" in point["why"]
+
+
+def test_a_candidate_slower_in_every_round_never_wins_whatever_the_host_does():
+    ref = [10.0, 14.0, 10.0, 14.0, 10.0, 14.0, 10.0, 14.0, 10.0, 14.0]
+    kern = [r + 1.0 for r in ref]
+    point, calls = _point_after({"": ref, "k": kern}, confirm=5)
+    assert point["winner"] is None and "slower than" in point["why"]
+    assert calls == {"": 5, "k": 5}  # a loss is no reason for confirmation rounds
+
+
+def test_the_largest_paired_gain_wins_among_candidates_and_a_tie_goes_to_the_first_declared():
+    from tileship.verify.tune_rule import time_and_decide
+
+    times = {"": [20.0] * 5, "a": [15.0] * 5, "b": [12.0] * 5, "c": [12.0] * 5}
+    calls = {c: 0 for c in times}
+
+    def time_one(c: str) -> float:
+        calls[c] += 1
+        return times[c][calls[c] - 1]
+
+    passed = {c: {"{}": None} for c in ("a", "b", "c")}
+    point = time_and_decide({}, [1], ["", "a", "b", "c"], passed, "{}", time_one, 5, 0)
+    assert point["winner"] == "b"
+    assert point["candidates"]["c"]["paired_gain_us"] == point["candidates"]["b"]["paired_gain_us"] == 8.0

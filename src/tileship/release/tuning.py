@@ -6,7 +6,8 @@ fingerprint exactly like verification evidence (``tileship.release.evidence``)::
 
     "tuning": {group_id: {"op", "dtype", "target", "dynamic_dim", "candidates": [ids in declaration order],
                           "points": [{"dims", "bucket": [lo, hi], "reference": {"median_us", "spread_us"},
-                                      "candidates": {id: {"passed", "failure", "median_us", "spread_us"}},
+                                      "candidates": {id: {"passed", "failure", "median_us", "spread_us",
+                                                          "paired_gain_us", "paired_spread_us"}},
                                       "noise_us", "winner": id | null, "why"}]}}
 
 A group is one (operator, dtype, shape or T.dynamic range, target); its candidates are the
@@ -14,11 +15,12 @@ specializations sharing its ``group_id``. A static group has one point. A dynami
 point per bucket: the powers of two in the range plus its edges; a size belongs to the bucket of
 the nearest point on a log scale (ties to the smaller), so ``[lo, hi]`` of each point is exact.
 
-The winner rule (applied by tune, recorded, never re-derived at load): the fastest candidate
-that passed verification at that point wins only when it beats the reference by more than the
-noise band (the larger round-to-round spread of the two, ``timing.round_spread``, at least
-``NOISE_FLOOR`` of the faster);
-otherwise ``winner`` is null and the reference serves: the reference is the tested default.
+The winner rule (``verify.tune_rule``; applied by tune, recorded, never re-derived at load): the
+candidate that passed verification at that point with the largest gain over the reference, paired
+round by round (the median of reference - candidate per round; ``paired_gain_us``), wins only when
+that gain is larger than its noise band (twice the median absolute deviation of the round gains,
+``timing.round_spread``, at least ``NOISE_FLOOR`` of the faster median); otherwise ``winner`` is
+null and the reference serves: the reference is the tested default.
 ``choice`` turns a concrete size into that decision; the dispatcher asks once per new key.
 """
 
@@ -158,7 +160,9 @@ def describe_point(group: Mapping[str, Any], point: Mapping[str, Any]) -> list[s
         else:
             m = c.get("median_us")
             ratio = f"  reference/candidate {ref_us / m:.2f}x" if ref_us and m else ""
-            lines.append(f"  {cid}  {_us(m)}  (spread {_us(c.get('spread_us'))}){ratio}")
+            paired = (f"; paired gain {_us(c['paired_gain_us'])} (spread {_us(c.get('paired_spread_us'))})"
+                      if "paired_gain_us" in c else "")
+            lines.append(f"  {cid}  {_us(m)}  (spread {_us(c.get('spread_us'))}){ratio}{paired}")
     winner = point.get("winner")
     lines.append(
         f"  noise band {_us(point.get('noise_us'))}; decision: "

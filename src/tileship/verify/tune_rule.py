@@ -2,12 +2,17 @@
 reference) out, with every number behind it.
 
 ``time_and_decide`` runs the rounds (who goes first rotates every round) through a caller's
-``time_one(path) -> median us`` and applies the rule: a path's time is the median of its round
-medians, its spread twice their median absolute deviation (``timing.round_spread``); the fastest
-verified candidate wins only when it beats the reference by more than the larger spread of the
-two (never less than ``NOISE_FLOOR`` of the faster median). When that band alone kept the
-reference, confirmation rounds run and the rule is applied to all rounds. Pure: no device, no
-files; ``tileship.verify.tune`` supplies the timings.
+``time_one(path) -> median us`` and applies the rule, **paired by round**: within a round the
+paths run back to back, so a host that changes speed between rounds (clock, core, co-tenant: on
+the H200 host whole rounds move by 3-4 us) moves them together. For each verified candidate the
+gain of a round is (reference - candidate) of that round; the candidate's gain is the median of
+its round gains, its noise band twice their median absolute deviation (``timing.round_spread``),
+never less than ``NOISE_FLOOR`` of the faster median. The candidate with the largest gain wins
+only when that gain is larger than its band; otherwise the reference keeps the bucket. When that
+band alone kept the reference (the gain is a real margin, but not beyond the band: a disturbed
+round widened it), confirmation rounds run and the rule is applied to all rounds. Each path's
+median of round medians and its spread are recorded beside the paired numbers. Pure: no device,
+no files; ``tileship.verify.tune`` supplies the timings.
 """
 
 from __future__ import annotations
@@ -53,12 +58,12 @@ def time_and_decide(
 
 
 def _noise_kept_reference(point: Mapping[str, Any]) -> bool:
-    """The reference kept the bucket although a candidate's median beat it by a real margin."""
+    """The reference kept the bucket although a candidate's paired gain is a real margin."""
     if point["winner"] is not None:
         return False
     ref_us = point["reference"]["median_us"]
-    timed = [v["median_us"] for v in point["candidates"].values() if "median_us" in v]
-    return bool(timed) and ref_us - min(timed) > NOISE_FLOOR * ref_us
+    gains = [v["paired_gain_us"] for v in point["candidates"].values() if "paired_gain_us" in v]
+    return bool(gains) and max(gains) > NOISE_FLOOR * ref_us
 
 
 def _decide(
@@ -77,22 +82,30 @@ def _decide(
         failure = fails.get(key)
         cands[cid] = {"passed": failure is None, "failure": failure}
         if cid in medians:
-            cands[cid].update(summary(medians[cid]))
-    timed = sorted((v["median_us"], c) for c, v in cands.items() if "median_us" in v)
+            gains = [r - c for r, c in zip(medians[""], medians[cid], strict=True)]  # > 0: the candidate is faster
+            cands[cid].update(summary(medians[cid]), paired_gain_us=_median(gains),
+                              paired_spread_us=round_spread(gains))
+    # the largest gain first; a tie goes to the candidate declared first
+    timed = sorted((-v["paired_gain_us"], i, c) for i, (c, v) in enumerate(cands.items()) if "paired_gain_us" in v)
     winner, why, noise = None, "no candidate passed verification here", 0.0
     if timed:
-        best_us, best = timed[0]
-        noise = max(ref["spread_us"], cands[best]["spread_us"], NOISE_FLOOR * min(best_us, ref["median_us"]))
-        if ref["median_us"] - best_us > noise:
+        best = timed[0][2]
+        b = cands[best]
+        gain = b["paired_gain_us"]
+        noise = max(b["paired_spread_us"], NOISE_FLOOR * min(b["median_us"], ref["median_us"]))
+        rounds = len(medians[""])
+        if gain > noise:
             winner, why = (
                 best,
-                f"{best} faster than the reference by {ref['median_us'] - best_us:.2f} us > noise {noise:.2f} us",
+                f"{best} faster than the reference by {gain:.2f} us (median of {rounds} paired rounds) "
+                f"> noise {noise:.2f} us",
             )
         else:
-            how = "slower than" if best_us > ref["median_us"] + noise else "within the noise of"
+            how = "slower than" if gain < -noise else "within the noise of"
             why = (
-                f"the fastest candidate, {best}, is {how} the reference ({best_us:.2f} vs {ref['median_us']:.2f} us, "
-                f"noise {noise:.2f} us): the reference keeps it"
+                f"the best candidate, {best}, is {how} the reference (paired gain {gain:.2f} us over {rounds} "
+                f"rounds, noise {noise:.2f} us; medians {b['median_us']:.2f} vs {ref['median_us']:.2f} us): "
+                "the reference keeps it"
             )
     return {
         "dims": dims,

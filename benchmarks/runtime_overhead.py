@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CHILD = r'''
+CHILD = r"""
 import json, sys, time
 import tilelang
 from tilelang.cache import kernel_cache
@@ -50,13 +50,14 @@ for job in json.loads(sys.argv[1]):
     op = find_operator(job["module"], job["op"])
     spec = Specialization.from_json(job["spec"])
     def trace_and_compile():  # tracing is part of TileLang's JIT path, even on a cache hit
-        return tilelang.compile(trace(op, spec), out_idx=op.out_idx, target=Target(spec.target).tilelang(), pass_configs=op.compile_pass_configs() or None)
+        return tilelang.compile(trace(op, spec), out_idx=op.out_idx, target=Target(spec.target).tilelang(),
+                                pass_configs=op.compile_pass_configs() or None)
     t = time.perf_counter(); trace_and_compile(); cold = time.perf_counter() - t
     kernel_cache.KernelCache()._memory_cache.clear()
     t = time.perf_counter(); trace_and_compile(); warm = time.perf_counter() - t
     out[job["spec_id"]] = {"jit_empty_cache_s": cold, "jit_warm_disk_cache_s": warm}
 print(json.dumps(out))
-'''
+"""
 
 
 def floor_fn(kernel, args, outs):
@@ -81,8 +82,9 @@ def floor_fn(kernel, args, outs):
         for _v, (ref, buf, dim, _scale) in adapter.dynamic_symbolic_map.items():
             t = params[buf]
             dyn.append(t.shape[dim] if ref == 0 else t.stride(dim))
-        proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * len(params)), *([ctypes.c_int64] * len(dyn)),
-                                 ctypes.c_void_p)
+        proto = ctypes.CFUNCTYPE(
+            ctypes.c_int32, *([ctypes.c_void_p] * len(params)), *([ctypes.c_int64] * len(dyn)), ctypes.c_void_p
+        )
         fn = proto(ctypes.cast(adapter.lib.call, ctypes.c_void_p).value)
         packed = (*[t.data_ptr() for t in params], *dyn, None)
         return lambda: fn(*packed)
@@ -97,7 +99,7 @@ def time_rows(rows: dict, rounds: int, n: int, sync) -> dict[str, list[float]]:
         for _ in range(min(n, 200)):
             fn()
     for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             fn = rows[k]
             sync()
             t = time.perf_counter_ns()
@@ -112,8 +114,11 @@ def compare(a: list[float], b: list[float]) -> dict:
     """a - b per round (paired): the median, or 'not resolved' when the rounds disagree in sign."""
     d = [x - y for x, y in zip(a, b, strict=True)]
     resolved = min(d) > 0 or max(d) < 0
-    return {"median_us": round(statistics.median(d), 3) if resolved else "not resolved",
-            "min_us": round(min(d), 3), "max_us": round(max(d), 3)}
+    return {
+        "median_us": round(statistics.median(d), 3) if resolved else "not resolved",
+        "min_us": round(min(d), 3),
+        "max_us": round(max(d), 3),
+    }
 
 
 def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
@@ -155,12 +160,22 @@ def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
                 rows["torch.add(out=)"] = lambda a=args[0], b=args[1], c=given[0]: torch.add(a, b, out=c)
             per = time_rows(rows, rounds, n, sync)
             launcher = next((v for k, v in runner.launchers().items() if k.startswith(spec.id)), "?")
-            row = {"spec_id": spec.id, "dims": dims, "launcher": launcher,
-                   "rows": {k: {"median_us": round(statistics.median(v), 3), "spread_us": round(max(v) - min(v), 3),
-                                "rounds_us": [round(x, 3) for x in v]} for k, v in per.items()},
-                   "kernel_minus": {k: compare(per["kernel"], per[k]) for k in per if k != "kernel"},
-                   # the dispatcher's cost on the reference route: the same reference, through it and direct
-                   "reference_minus_torch": compare(per["reference"], per["torch"])}
+            row = {
+                "spec_id": spec.id,
+                "dims": dims,
+                "launcher": launcher,
+                "rows": {
+                    k: {
+                        "median_us": round(statistics.median(v), 3),
+                        "spread_us": round(max(v) - min(v), 3),
+                        "rounds_us": [round(x, 3) for x in v],
+                    }
+                    for k, v in per.items()
+                },
+                "kernel_minus": {k: compare(per["kernel"], per[k]) for k in per if k != "kernel"},
+                # the dispatcher's cost on the reference route: the same reference, through it and direct
+                "reference_minus_torch": compare(per["reference"], per["torch"]),
+            }
             results.append(row)
             break  # one shape per operator
     return results
@@ -186,7 +201,7 @@ def load_times(release_path: Path, device: str, jit_specs: int) -> list[dict]:
             continue
         seen_ops.add(info["spec"]["op"])
         chosen.append((sid, info))
-    chosen = chosen[: jit_specs]
+    chosen = chosen[:jit_specs]
     loads = {}
     for sid, _ in chosen:
         samples = []
@@ -195,10 +210,19 @@ def load_times(release_path: Path, device: str, jit_specs: int) -> list[dict]:
             load_artifact(release_path / "specs" / sid, sid)
             samples.append(time.perf_counter() - t)
         loads[sid] = statistics.median(samples)
-    jobs = [{"spec_id": sid, "module": rel["operators"][info["spec"]["op"]]["module"], "op": info["spec"]["op"], "spec": info["spec"]}
-            for sid, info in chosen]
+    jobs = [
+        {
+            "spec_id": sid,
+            "module": rel["operators"][info["spec"]["op"]]["module"],
+            "op": info["spec"]["op"],
+            "spec": info["spec"],
+        }
+        for sid, info in chosen
+    ]
     env = dict(os.environ, TILELANG_CACHE_DIR=tempfile.mkdtemp(prefix="tl-bench-"))
-    child = subprocess.run([sys.executable, "-c", CHILD, json.dumps(jobs)], capture_output=True, text=True, env=env, timeout=900)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(jobs)], capture_output=True, text=True, env=env, timeout=900
+    )
     jit = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {}
     if child.returncode != 0:
         print(child.stderr[-3000:], file=sys.stderr)
@@ -222,7 +246,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=4000)
     ap.add_argument("--load", action="store_true", help="also time loading from the bundle vs tilelang.compile")
-    ap.add_argument("--jit-specs", type=int, default=4, help="how many specializations to compare against tilelang.compile")
+    ap.add_argument(
+        "--jit-specs", type=int, default=4, help="how many specializations to compare against tilelang.compile"
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     import torch
@@ -236,17 +262,31 @@ def main() -> int:
     total_load = time.perf_counter() - t
     calls = per_call(release, device, args.rounds, args.calls)
     load_rows = load_times(args.release, device, args.jit_specs) if args.load else []
-    result = {"device": device, "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-              "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
-              "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "release": release.release_id,
-              "release_load_total_s": round(total_load, 3), "rounds": args.rounds, "calls_per_round": args.calls,
-              "per_call": calls, "load": load_rows,
-              "rule": "median and spread (max - min) of per-round means; a paired per-round difference whose rounds "
-                      "disagree in sign is 'not resolved'",
-              "targets": {"kernel_minus_torch_us_max": 0.0, "kernel_minus_floor_us_max": 0.5}}
-    print(f"{device} ({os.cpu_count()} cpus, load average {load_before[0]:.2f} before, {result['load_average_after'][0]:.2f} "
-          f"after), {args.rounds} rounds x {args.calls} calls; us per call: median (spread)")
+    result = {
+        "device": device,
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": list(os.getloadavg()),
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "release": release.release_id,
+        "release_load_total_s": round(total_load, 3),
+        "rounds": args.rounds,
+        "calls_per_round": args.calls,
+        "per_call": calls,
+        "load": load_rows,
+        "rule": "median and spread (max - min) of per-round means; a paired per-round difference whose rounds "
+        "disagree in sign is 'not resolved'",
+        "targets": {"kernel_minus_torch_us_max": 0.0, "kernel_minus_floor_us_max": 0.5},
+    }
+    print(
+        f"{device} ({os.cpu_count()} cpus, load average {load_before[0]:.2f} before, "
+        f"{result['load_average_after'][0]:.2f} after), {args.rounds} rounds x {args.calls} calls; "
+        "us per call: median (spread)"
+    )
     for r in calls:
         print(f"\n{r['spec_id']}  dims {r['dims']}  launcher: {r['launcher']}")
         for k, v in r["rows"].items():
@@ -256,8 +296,10 @@ def main() -> int:
     if load_rows:
         print(f"\n{'specialization':55s} {'bundle ms':>10s} {'JIT empty ms':>13s} {'JIT warm-cache ms':>18s}")
         for r in load_rows:
-            print(f"{r['spec_id']:55s} {r['bundle_load_ms']:10.2f} {r.get('jit_empty_cache_ms', float('nan')):13.1f} "
-                  f"{r.get('jit_warm_disk_cache_ms', float('nan')):18.1f}")
+            print(
+                f"{r['spec_id']:55s} {r['bundle_load_ms']:10.2f} {r.get('jit_empty_cache_ms', float('nan')):13.1f} "
+                f"{r.get('jit_warm_disk_cache_ms', float('nan')):18.1f}"
+            )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

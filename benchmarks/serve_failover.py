@@ -1,4 +1,4 @@
-"""`tileship serve --workers 1` on the fault-injection release: the hop, kill -9 and a sticky fault under load (issue 16).
+"""`tileship serve --workers 1` on the fault-injection release: the hop, kill -9, a sticky fault under load (issue 16).
 
 The release holds ``fault_copy`` (``benchmarks/fault_kernel.py``: a copy, except that an input
 whose first element is ``POISON`` makes the kernel write ~4 GiB past its output). Built for
@@ -50,9 +50,18 @@ FAILOVER_GOAL_S = 1.0
 
 
 def request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
-    head = json.dumps({"inputs": [{"name": "X", "shape": [len(x)], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}],
-                       "outputs": [{"name": "Y", "parameters": {"binary_data": True}}]}).encode()
-    return head + x.tobytes(), {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "X", "shape": [len(x)], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}
+            ],
+            "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + x.tobytes(), {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(head)),
+    }
 
 
 def answer(status: int, hdrs: dict[str, str], data: bytes, x: np.ndarray) -> tuple[bool, str]:
@@ -63,7 +72,7 @@ def answer(status: int, hdrs: dict[str, str], data: bytes, x: np.ndarray) -> tup
         except ValueError:
             msg = data[:200].decode("latin-1")
         return False, f"{status}: {msg}"
-    got = np.frombuffer(data[int(hdrs["inference-header-content-length"]):], dtype=np.float32)
+    got = np.frombuffer(data[int(hdrs["inference-header-content-length"]) :], dtype=np.float32)
     return bool(np.array_equal(got, x)), "200"
 
 
@@ -120,15 +129,17 @@ class Loop:
             self.answers.append((t0, time.perf_counter(), ok, what))
         c.close()
 
-    async def first_success_after(self, t: float, *, answered_after: float | None = None, timeout: float = 60.0) -> float | None:
+    async def first_success_after(
+        self, t: float, *, answered_after: float | None = None, timeout: float = 60.0
+    ) -> float | None:
         """Seconds from ``t`` to the first correct answer sent after ``t`` (or, with ``answered_after``,
         answered after that instant, whenever sent); None past ``timeout``."""
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
             if answered_after is None:
-                done = [b for a, b, ok, _ in self.answers[-self.clients * 8:] if ok and a > t]
+                done = [b for a, b, ok, _ in self.answers[-self.clients * 8 :] if ok and a > t]
             else:
-                done = [b for _, b, ok, _ in self.answers[-self.clients * 8:] if ok and b > answered_after]
+                done = [b for _, b, ok, _ in self.answers[-self.clients * 8 :] if ok and b > answered_after]
             if done:
                 return min(done) - t
             await asyncio.sleep(0.0005)
@@ -144,8 +155,12 @@ class Loop:
         for *_, w in part:
             if w != "200":
                 what[w[:160]] = what.get(w[:160], 0) + 1
-        return {"answers": len(part), "correct": sum(1 for *_, ok, _ in part if ok),
-                "wrong_200": sum(1 for *_, ok, w in part if w == "200" and not ok), "failed": what}
+        return {
+            "answers": len(part),
+            "correct": sum(1 for *_, ok, _ in part if ok),
+            "wrong_200": sum(1 for *_, ok, w in part if w == "200" and not ok),
+            "failed": what,
+        }
 
 
 def poison_value() -> float:
@@ -153,8 +168,11 @@ def poison_value() -> float:
     import ast
 
     tree = ast.parse((BENCH / "fault_kernel.py").read_text())
-    return next(float(ast.literal_eval(node.value)) for node in tree.body
-                if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "POISON")
+    return next(
+        float(ast.literal_eval(node.value))
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "POISON"
+    )
 
 
 async def kills_and_faults(proc: Any, port: int, *, kills: int, faults: int, clients: int, n: int) -> dict[str, Any]:
@@ -174,7 +192,9 @@ async def kills_and_faults(proc: Any, port: int, *, kills: int, faults: int, cli
             os.kill(victim, signal.SIGKILL)
             nxt = await loop.first_success_after(t)
             await asyncio.to_thread(wait_ready, proc, port, standby_not=seen, timeout=120)
-            out["kill9"].append({"victim": victim, "to_next_success_ms": ms(nxt), "to_new_standby_ms": ms(time.perf_counter() - t)})
+            out["kill9"].append(
+                {"victim": victim, "to_next_success_ms": ms(nxt), "to_new_standby_ms": ms(time.perf_counter() - t)}
+            )
         out["kill9_answers"] = loop.counts(mark)
         mark = len(loop.answers)
         x = np.random.default_rng(99).standard_normal(n, dtype=np.float32)
@@ -196,11 +216,21 @@ async def kills_and_faults(proc: Any, port: int, *, kills: int, faults: int, cli
             await asyncio.to_thread(wait_ready, proc, port, standby_not=seen, timeout=120)
             t_standby = time.perf_counter() - t
             after = (await asyncio.to_thread(readiness, port))[1].get("workers") or {}
-            out["sticky_fault"].append({
-                "victim": victim, "standby_before": standby, "poison_status": st, "poison_answer": answer(st, h, d, x)[1][:300],
-                "poison_round_trip_ms": ms(t_ans - t), "to_next_success_ms": ms(nxt), "to_new_standby_ms": ms(t_standby),
-                "ready_right_after": rst, "ready_reason_right_after": rbody.get("reason"),
-                "serving_after": after.get("serving"), "standby_promoted": standby in (after.get("serving") or [])})
+            out["sticky_fault"].append(
+                {
+                    "victim": victim,
+                    "standby_before": standby,
+                    "poison_status": st,
+                    "poison_answer": answer(st, h, d, x)[1][:300],
+                    "poison_round_trip_ms": ms(t_ans - t),
+                    "to_next_success_ms": ms(nxt),
+                    "to_new_standby_ms": ms(t_standby),
+                    "ready_right_after": rst,
+                    "ready_reason_right_after": rbody.get("reason"),
+                    "serving_after": after.get("serving"),
+                    "standby_promoted": standby in (after.get("serving") or []),
+                }
+            )
         out["fault_answers"] = loop.counts(mark)
     finally:
         await loop.close()
@@ -222,7 +252,9 @@ def worker_events(log: Path) -> list[dict[str, Any]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--release", type=Path, help="a release holding fault_copy for this machine (default: build one into --work)")
+    ap.add_argument(
+        "--release", type=Path, help="a release holding fault_copy for this machine (default: build one into --work)"
+    )
     ap.add_argument("--work", type=Path, help="where the release is built and the server logs go (default: a temp dir)")
     ap.add_argument("--n", type=int, default=4096, help="elements per request (fp32)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -249,14 +281,25 @@ def main() -> int:
     else:
         release = a.release
     build_s = round(time.perf_counter() - t0, 1) if a.release is None else None
-    print(f"serve_failover: {device}, release {release} ({f'built in {build_s:.1f} s' if build_s else 'given'})", flush=True)
+    print(
+        f"serve_failover: {device}, release {release} ({f'built in {build_s:.1f} s' if build_s else 'given'})",
+        flush=True,
+    )
     logs = {m: work / f"server_{m}.log" for m in ("workers0", "workers1")}
     procs = {m: start(release, w, logs[m]) for m, w in (("workers0", 0), ("workers1", 1))}
-    result: dict[str, Any] = {"benchmark": "serve_failover", "device": device,
-                              "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "host": platform.node(),
-                              "cpus": os.cpu_count(), "release": str(release), "build_s": build_s,
-                              "request": f"{OP}, FP32, N={a.n}, binary tensors", "fault": "sticky CUDA error (illegal address)"
-                              if device == "cuda" else "SIGSEGV of the worker (\"c\" target): a crash, a 503, not retried"}
+    result: dict[str, Any] = {
+        "benchmark": "serve_failover",
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "release": str(release),
+        "build_s": build_s,
+        "request": f"{OP}, FP32, N={a.n}, binary tensors",
+        "fault": "sticky CUDA error (illegal address)"
+        if device == "cuda"
+        else 'SIGSEGV of the worker ("c" target): a crash, a 503, not retried',
+    }
     rc = 1
     try:
         t = time.perf_counter()
@@ -267,12 +310,19 @@ def main() -> int:
         result["hop_us"] = asyncio.run(hop({m: port for m, (_, _, port) in procs.items()}, a.n, a.rounds, a.per_round))
         print(f"  hop: {json.dumps(result['hop_us'])}", flush=True)
         p1, _, port1 = procs["workers1"]
-        result["failover"] = asyncio.run(kills_and_faults(p1, port1, kills=a.kills, faults=a.faults, clients=a.clients, n=a.n))
+        result["failover"] = asyncio.run(
+            kills_and_faults(p1, port1, kills=a.kills, faults=a.faults, clients=a.clients, n=a.n)
+        )
         text = scrape(f"http://127.0.0.1:{port1}")
-        result["metrics"] = {"worker_failures": {ln.split('reason="')[1].split('"')[0]: float(ln.split()[-1])
-                                                 for ln in text.splitlines() if ln.startswith("tileship_worker_failures_total{")},
-                             "worker_retries": _metric(text, "tileship_worker_retries_total"),
-                             "compile_attempts": _metric(text, "tileship_serve_compile_attempts")}
+        result["metrics"] = {
+            "worker_failures": {
+                ln.split('reason="')[1].split('"')[0]: float(ln.split()[-1])
+                for ln in text.splitlines()
+                if ln.startswith("tileship_worker_failures_total{")
+            },
+            "worker_retries": _metric(text, "tileship_worker_retries_total"),
+            "compile_attempts": _metric(text, "tileship_serve_compile_attempts"),
+        }
         result["ready_at_end"] = readiness(port1)[0]
         rc = 0
     finally:
@@ -290,13 +340,17 @@ def main() -> int:
         kills = [k["to_next_success_ms"] for k in fo.get("kill9", [])]
         result["summary"] = {
             "hop_p50_us": (result.get("hop_us") or {}).get("hop_p50_us"),
-            "kill9_to_next_success_ms": kills, "fault_to_next_success_ms": sticky,
+            "kill9_to_next_success_ms": kills,
+            "fault_to_next_success_ms": sticky,
             "fault_under_1s": bool(sticky) and all(s is not None and s < FAILOVER_GOAL_S * 1e3 for s in sticky),
             "wrong_200": sum((fo.get(k) or {}).get("wrong_200", 0) for k in ("kill9_answers", "fault_answers")),
             "failed": {k: (fo.get(k) or {}).get("failed") for k in ("kill9_answers", "fault_answers")},
             # issue 16: a replacement standby ready within its imports + 2 s
-            "ready_beyond_imports_s": [round(e["start_s"] - e["import_s"], 3) for e in result.get("worker_events", [])
-                                       if e.get("event") == "worker_ready" and "import_s" in e],
+            "ready_beyond_imports_s": [
+                round(e["start_s"] - e["import_s"], 3)
+                for e in result.get("worker_events", [])
+                if e.get("event") == "worker_ready" and "import_s" in e
+            ],
         }
         text = json.dumps(result, indent=2)
         print(text)

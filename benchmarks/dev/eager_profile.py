@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     def keep(name: str) -> Any:
         def hook(_m: Any, inp: tuple[Any, ...], _out: Any) -> None:  # returns None: the output is left alone
             seen.setdefault(name, inp[0].detach().clone())
+
         return hook
 
     hooks = [dict(torch_model.named_modules())[n].register_forward_hook(keep(n)) for n in names]
@@ -79,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         h.remove()
 
     rows: dict[str, Any] = {}
-    lines = [f"release {release.release_id}, {args.dtype}, device {torch.cuda.get_device_name(0) if dev == 'cuda' else dev}, "
-             f"{args.rounds} rounds x {args.calls} calls; us per call (one sync at the end): median (spread)", ""]
+    device_name = torch.cuda.get_device_name(0) if dev == "cuda" else dev
+    lines = [
+        f"release {release.release_id}, {args.dtype}, device {device_name}, "
+        f"{args.rounds} rounds x {args.calls} calls; us per call (one sync at the end): median (spread)",
+        "",
+    ]
     with torch.inference_mode():
         mods = {"torch": dict(torch_model.named_modules()), "tileship": dict(ts_model.named_modules())}
         pairs = {n: (mods["torch"][n], mods["tileship"][n]) for n in names}
@@ -100,10 +105,19 @@ def main(argv: list[str] | None = None) -> int:
             spread = max(max(ts_) - min(ts_), max(ks) - min(ks))
             diff = k_med - t_med
             verdict = f"{diff:+.2f} us" if abs(diff) > spread else f"not resolved ({diff:+.2f}, spread {spread:.2f})"
-            rows[n] = {"torch_us": t_med, "tileship_us": k_med, "spread_us": spread, "torch_rounds": ts_,
-                       "tileship_rounds": ks, "torch_type": type(tm).__name__, "tileship_type": type(km).__name__}
-            lines.append(f"{n:22s} torch {type(tm).__name__:14s} {t_med:9.2f} ({max(ts_) - min(ts_):.2f})   "
-                         f"tileship {type(km).__name__:14s} {k_med:9.2f} ({max(ks) - min(ks):.2f})   swapped - torch: {verdict}")
+            rows[n] = {
+                "torch_us": t_med,
+                "tileship_us": k_med,
+                "spread_us": spread,
+                "torch_rounds": ts_,
+                "tileship_rounds": ks,
+                "torch_type": type(tm).__name__,
+                "tileship_type": type(km).__name__,
+            }
+            lines.append(
+                f"{n:22s} torch {type(tm).__name__:14s} {t_med:9.2f} ({max(ts_) - min(ts_):.2f})   "
+                f"tileship {type(km).__name__:14s} {k_med:9.2f} ({max(ks) - min(ks):.2f})   swapped - torch: {verdict}"
+            )
         profiles = {}
         for label, model in (("torch", torch_model), ("tileship", ts_model)):
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
@@ -119,9 +133,21 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "eager_profile.txt").write_text(text + "\n")
-    (args.out / "eager_profile.json").write_text(json.dumps(
-        {"release_id": release.release_id, "dtype": args.dtype, "rows": rows, "swap": report.to_json(),
-         "counters": release.counters(), "command": " ".join(sys.argv)}, indent=2, sort_keys=True) + "\n")
+    (args.out / "eager_profile.json").write_text(
+        json.dumps(
+            {
+                "release_id": release.release_id,
+                "dtype": args.dtype,
+                "rows": rows,
+                "swap": report.to_json(),
+                "counters": release.counters(),
+                "command": " ".join(sys.argv),
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     return 0
 
 

@@ -20,13 +20,21 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-          "lm_head": (128256, 4096)}
+SHAPES = {
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (28672, 4096),
+    "down": (4096, 14336),
+    "lm_head": (128256, 4096),
+}
 
 
 def variants(M: int, K: int) -> list[tuple[int, int]]:
-    return [(r, t) for r, t in itertools.product((1, 2, 4), (64, 128, 256))
-            if K % (t * 8) == 0 and r * K // (t * 8) <= 32 and M * r <= 16]
+    return [
+        (r, t)
+        for r, t in itertools.product((1, 2, 4), (64, 128, 256))
+        if K % (t * 8) == 0 and r * K // (t * 8) <= 32 and M * r <= 16
+    ]
 
 
 def build(job: tuple) -> tuple[tuple, str | None]:
@@ -49,8 +57,13 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float16")
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
-    jobs = [(m, n, k, dt, r, t) for dt in args.dtypes.split(",") for m in ms for n, k in SHAPES.values()
-            for r, t in variants(m, k)]
+    jobs = [
+        (m, n, k, dt, r, t)
+        for dt in args.dtypes.split(",")
+        for m in ms
+        for n, k in SHAPES.values()
+        for r, t in variants(m, k)
+    ]
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs) as ex:
         errors = {j: e for j, e in ex.map(build, jobs) if e}
@@ -72,25 +85,54 @@ def main() -> None:
                 want = x.float() @ w.float().t()
                 cublas = timeit(lambda: torch.nn.functional.linear(x, w))
                 gbytes = n * k * 2 / 1e9
-                print(f"{dt} M={m} {name} N={n} K={k}: cuBLAS {cublas[0]:.1f} us ({gbytes / cublas[0] * 1e3:.2f} TB/s);"
-                      f" plan {plan(m, n, k)}", flush=True)
+                print(
+                    f"{dt} M={m} {name} N={n} K={k}: cuBLAS {cublas[0]:.1f} us ({gbytes / cublas[0] * 1e3:.2f} TB/s);"
+                    f" plan {plan(m, n, k)}",
+                    flush=True,
+                )
                 for r, t in variants(m, k):
-                    row: dict[str, Any] = {"dtype": dt, "M": m, "op": name, "N": n, "K": k, "rows": r, "k_threads": t,
-                                           "cublas_us": cublas, "plan": list(plan(m, n, k)) == [r, t]}
+                    row: dict[str, Any] = {
+                        "dtype": dt,
+                        "M": m,
+                        "op": name,
+                        "N": n,
+                        "K": k,
+                        "rows": r,
+                        "k_threads": t,
+                        "cublas_us": cublas,
+                        "plan": list(plan(m, n, k)) == [r, t],
+                    }
                     if (m, n, k, dt, r, t) in errors:
                         rows.append({**row, "error": errors[(m, n, k, dt, r, t)]})
                         continue
                     kern = tilelang.compile(gemv_kernel(m, n, k, dt, r, t), out_idx=[2], target=TARGET)
                     err = ((kern(x, w).float() - want).norm() / want.norm()).item()
                     us = timeit(lambda: kern(x, w))
-                    row.update(us=us, rel_err=err, speedup_vs_cublas=cublas[0] / us[0], tb_s=gbytes / us[0] * 1e3,
-                               ok=err < 2e-2)
+                    row.update(
+                        us=us,
+                        rel_err=err,
+                        speedup_vs_cublas=cublas[0] / us[0],
+                        tb_s=gbytes / us[0] * 1e3,
+                        ok=err < 2e-2,
+                    )
                     rows.append(row)
-                    print(f"  rows {r} threads {t:3d}: {us[0]:7.1f} us ({us[1]:.1f}-{us[2]:.1f}) x{cublas[0] / us[0]:.2f} "
-                          f"{gbytes / us[0] * 1e3:.2f} TB/s err {err:.1e}{' (plan)' if row['plan'] else ''}", flush=True)
-    json.dump({"script": "benchmarks/dev/gemv_sweep.py", "device": torch.cuda.get_device_name(),
-               "torch": torch.__version__, "ratio": "speedup = cuBLAS us / kernel us (> 1: kernel faster)",
-               "rows": rows}, open(args.out, "w"), indent=1)
+                    print(
+                        f"  rows {r} threads {t:3d}: {us[0]:7.1f} us ({us[1]:.1f}-{us[2]:.1f}) "
+                        f"x{cublas[0] / us[0]:.2f} "
+                        f"{gbytes / us[0] * 1e3:.2f} TB/s err {err:.1e}{' (plan)' if row['plan'] else ''}",
+                        flush=True,
+                    )
+    json.dump(
+        {
+            "script": "benchmarks/dev/gemv_sweep.py",
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "ratio": "speedup = cuBLAS us / kernel us (> 1: kernel faster)",
+            "rows": rows,
+        },
+        open(args.out, "w"),
+        indent=1,
+    )
 
 
 if __name__ == "__main__":

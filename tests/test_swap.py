@@ -340,3 +340,26 @@ def test_swapped_layers_skip_the_dispatcher_in_eager_but_not_for_autograd(releas
         runner.check_finite = False
     assert not any("tileship_" in n for n in seen.names), seen.names
     assert release.counters()["gemm"] == {"kernel:kernel": 3}  # every call dispatched by tileship, on the kernel
+
+
+def test_kernel_rmsnorm_keeps_the_input_shape_for_any_output_layout():
+    import torch
+
+    from tileship.torchops.swap import KernelRMSNorm
+
+    w = torch.nn.Parameter(torch.rand(8) + 0.5)
+
+    def ref(x2, w_):
+        return x2 * torch.rsqrt(x2.pow(2).mean(-1, keepdim=True) + 1e-6) * w_
+
+    def strided(x2, w_):  # a foreign operator whose answer is a transposed copy's transpose
+        return ref(x2, w_).t().contiguous().t()
+
+    x = torch.randn(2, 3, 8)
+    want = ref(x.reshape(-1, 8), w).reshape(2, 3, 8)
+    for op in (ref, strided):
+        y = KernelRMSNorm(w, 1e-6, op)(x)
+        assert y.shape == x.shape and torch.equal(y, want)
+    xt = torch.randn(3, 2, 8).transpose(0, 1)  # a non-contiguous input
+    y = KernelRMSNorm(w, 1e-6, ref)(xt)
+    assert y.shape == xt.shape and torch.allclose(y, ref(xt.reshape(-1, 8), w).reshape(2, 3, 8))

@@ -144,3 +144,21 @@ def test_grpc_log_settings_read_change_and_refuse(server, http):
         assert http.get("/v2/logging").json() == {**DEFAULT, "log_error": False, "log_verbose_level": 3}
     finally:
         gc.close()
+
+
+def test_log_lines_are_one_json_object_each_whatever_the_fields_hold():
+    import json as stdjson
+    import math
+    from pathlib import Path
+
+    from tileship.serve.jsonlog import line_of
+
+    for record in ({"event": "infer", "ms": 0.25, "path": Path("/x"), 3: "int key"},
+                   {"event": "hostile", "shape": [2**70, -(2**80)]},  # past orjson's 64-bit integers
+                   {"event": "odd", "value": math.nan}):
+        line = line_of(record)
+        assert line.endswith("\n") and line.count("\n") == 1
+        back = stdjson.loads(line)
+        assert back["event"] == record["event"]
+    assert stdjson.loads(line_of({"shape": [2**70]}))["shape"] == [2**70]
+    assert stdjson.loads(line_of({"p": Path("/x"), 3: 1})) == {"p": "/x", "3": 1}

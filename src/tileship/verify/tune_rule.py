@@ -17,11 +17,10 @@ no files; ``tileship.verify.tune`` supplies the timings.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from tileship.verify.timing import NOISE_FLOOR, round_spread
+from tileship.verify.timing import NOISE_FLOOR, quantile, round_spread
 
 
 def time_and_decide(
@@ -36,8 +35,8 @@ def time_and_decide(
 ) -> dict[str, Any]:
     """Time the paths of ``order`` ("" is the reference) in ``rounds`` rotating rounds
     (``time_one(path)`` -> its median us) and decide the bucket (``_decide``). When the noise band
-    alone kept the reference (the fastest candidate is faster by more than ``NOISE_FLOOR`` of the
-    reference, but not by more than the band: a disturbed round widened it), ``confirm_rounds``
+    alone kept the reference (a candidate's paired gain is more than ``NOISE_FLOOR`` of the
+    reference, but not more than the band: a disturbed round widened it), ``confirm_rounds``
     more rounds run and the decision is taken again over all of them; ``rounds`` in the result
     says how many rounds stand behind it."""
     medians: dict[str, list[float]] = {c: [] for c in order}
@@ -74,7 +73,7 @@ def _decide(
     key: str,
 ) -> dict[str, Any]:
     def summary(xs: list[float]) -> dict[str, Any]:
-        return {"median_us": _median(xs), "spread_us": round_spread(xs), "round_medians_us": list(xs)}
+        return {"median_us": quantile(xs, 0.5), "spread_us": round_spread(xs), "round_medians_us": list(xs)}
 
     ref = summary(medians[""])
     cands: dict[str, Any] = {}
@@ -83,7 +82,7 @@ def _decide(
         cands[cid] = {"passed": failure is None, "failure": failure}
         if cid in medians:
             gains = [r - c for r, c in zip(medians[""], medians[cid], strict=True)]  # > 0: the candidate is faster
-            cands[cid].update(summary(medians[cid]), paired_gain_us=_median(gains),
+            cands[cid].update(summary(medians[cid]), paired_gain_us=quantile(gains, 0.5),
                               paired_spread_us=round_spread(gains))
     # the largest gain first; a tie goes to the candidate declared first
     timed = sorted((-v["paired_gain_us"], i, c) for i, (c, v) in enumerate(cands.items()) if "paired_gain_us" in v)
@@ -116,12 +115,6 @@ def _decide(
         "winner": winner,
         "why": why,
     }
-
-
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2) if n else math.nan
 
 
 __all__ = ["time_and_decide"]

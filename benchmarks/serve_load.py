@@ -219,6 +219,29 @@ def build_cpu_release(out: Path) -> Path:
     return Path(build(proj, load_operators(proj), out, BuildOptions(jobs=os.cpu_count() or 1)).path)
 
 
+def start_server(release_dir: Path, port: int, args: list[str],
+                 log_prefix: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """`tileship serve RELEASE_DIR --port PORT *ARGS` as a child process of this Python (src/ first on
+    its PYTHONPATH), stdout and stderr to a fresh log file; (the process, the log's path). Not waited on:
+    see ``wait_ready``; stop it with ``stop_server``."""
+    cmd = [sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(release_dir), "--port",
+           str(port), *args]
+    log_path = Path(tempfile.mkdtemp(prefix=log_prefix)) / "server.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    return proc, log_path
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, up to 60 s for a clean exit, then SIGKILL."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
     import urllib.error
     import urllib.request
@@ -270,16 +293,12 @@ def main() -> int:
     release_dir = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-load-rel-")))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(release_dir), "--port",
-           str(port), "--max-body-mib", str(a.max_body_mib), "--max-inflight", str(max(64, a.clients * 2)), "--threads",
-           str(a.threads)]
+    args = ["--max-body-mib", str(a.max_body_mib), "--max-inflight", str(max(64, a.clients * 2)), "--threads",
+            str(a.threads)]
     if a.allow_unverified:
-        cmd.append("--allow-unverified")
-    log_path = Path(tempfile.mkdtemp(prefix="serve-load-log-")) / "server.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        args.append("--allow-unverified")
     t_start = time.perf_counter()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    proc, log_path = start_server(release_dir, port, args, "serve-load-log-")
     try:
         ready = wait_ready(url, proc, 600)
         ready_s = time.perf_counter() - t_start
@@ -308,11 +327,7 @@ def main() -> int:
         seq, loaded, diff = asyncio.run(run_http())
         metrics = scrape(url)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     compiles = _metric(metrics, "tileship_serve_compile_attempts")
     inproc_rps = 1e6 / inproc["full"]["mean_us"] if inproc["full"]["mean_us"] else None
     result = {

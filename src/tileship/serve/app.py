@@ -73,7 +73,10 @@ class Service:
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
         self.unloaded: set[str] = set()  # models unloaded through the repository extension
-        self.shm = shm.Regions()  # Triton's system shared-memory regions (serve.shm), closed at shutdown
+        # Triton's system and CUDA shared-memory regions (serve.shm), closed at shutdown. With worker
+        # processes the GPU is theirs: this process opens no CUDA IPC handle
+        self.shm = shm.Regions(cuda_off="it runs with --workers N, where worker processes own the GPU; "
+                                        "serve with --workers 0 for CUDA shared memory" if config.workers else None)
         self.grpc_port: int | None = None  # the bound gRPC port, while the gRPC endpoint listens
 
     def _start_pool(self) -> None:

@@ -201,13 +201,14 @@ def execute(service: Service, served: Served, name: str, plan: protocol.CallPlan
             import torch
 
             torch.cuda.current_stream().synchronize()
-        host = [o.detach().cpu() for o in outs]
+        out_names = [n for n, _ in rel.declarations[name]["outputs"]]
+        on_device = getattr(encode, "device_outputs", ())  # bound for CUDA shared memory: no trip to the host
+        host = [o if n in on_device else o.detach().cpu() for n, o in zip(out_names, outs, strict=False)]
     except CallError as exc:
         raise BadRequest(400, exc.message) from None
     except Exception as exc:
         _fault(service, served, exc, device, tensors)
         raise
-    out_names = [n for n, _ in rel.declarations[name]["outputs"]]
     outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
     return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),
                   outputs=outputs, allow_nonfinite=plan.allow_nonfinite), decision
@@ -219,6 +220,8 @@ def execute_remote(service: Any, served: Any, name: str, plan: Any, kserve_id: s
     from tileship.serve.workers import Raw
 
     pool = service.workers  # a serve.worker_pool.WorkerPool
+    if any(inp.fetch is not None for inp in plan.inputs):  # registration refuses it first (Regions.cuda_off)
+        raise BadRequest(400, "CUDA shared-memory inputs need the in-process mode (--workers 0)")
     rel = served.release
     decl = rel.declarations[name]
     args = [protocol.to_tensor(inp, "cpu").item() if i in plan.scalars

@@ -46,6 +46,16 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload
               "model_configuration", "logging", "system_shared_memory"]
 
 
+def claimed(service: Any) -> list[str]:
+    """``EXTENSIONS``, plus ``cuda_shared_memory`` where this server can open CUDA IPC handles
+    (a GPU visible to torch, and no worker processes: ``serve.shm.Regions.cuda_off``)."""
+    if service.shm.cuda_off is not None:
+        return EXTENSIONS
+    import torch
+
+    return [*EXTENSIONS, "cuda_shared_memory"] if torch.cuda.is_available() else EXTENSIONS
+
+
 class _Row:
     __slots__ = ("counts", "ns", "last_ms", "inferences")
 

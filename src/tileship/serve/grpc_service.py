@@ -11,7 +11,7 @@ INVALID_ARGUMENT for a request that does not fit the model (names, datatypes, sh
 sizes), NOT_FOUND for an unknown model or version, UNAVAILABLE while not ready, overloaded or
 for an unloaded model, RESOURCE_EXHAUSTED past a request limit, DEADLINE_EXCEEDED past the
 request timeout, FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory
-region registered twice, UNIMPLEMENTED for streaming, CUDA shared memory and trace
+region registered twice, UNIMPLEMENTED for streaming and trace
 (``LogSettings`` is Triton's logging extension, ``serve.log_settings``).
 A bug is INTERNAL naming the request id (the client's ``x-request-id`` metadata when printable,
 else a fresh one; echoed as trailing metadata) and is logged with its traceback, as REST's 500s are.
@@ -19,6 +19,7 @@ else a fresh one; echoed as trailing metadata) and is logged with its traceback,
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
@@ -145,7 +146,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     @_rpc
     async def ServerMetadata(self, request: Any, context: Any, rid: str) -> Any:
-        return pb.ServerMetadataResponse(name="tileship", version=__version__, extensions=extensions.EXTENSIONS)
+        return pb.ServerMetadataResponse(name="tileship", version=__version__,
+                                         extensions=extensions.claimed(self.service))
 
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any, rid: str) -> Any:
@@ -230,9 +232,24 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         self.service.shm.unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    CudaSharedMemoryStatus = _unimplemented("the CUDA shared-memory extension")
-    CudaSharedMemoryRegister = _unimplemented("the CUDA shared-memory extension")
-    CudaSharedMemoryUnregister = _unimplemented("the CUDA shared-memory extension")
+    # -- Triton's CUDA shared memory (serve.cuda_shm; the same registry) --------------------------
+    @_rpc
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any, rid: str) -> Any:
+        rows = self.service.shm.status(request.name or None, "cuda")
+        return pb.CudaSharedMemoryStatusResponse(
+            regions={r["name"]: pb.CudaSharedMemoryStatusResponse.RegionStatus(**r) for r in rows})
+
+    @_rpc
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any, rid: str) -> Any:
+        await asyncio.to_thread(self.service.shm.register_cuda, request.name, request.raw_handle, request.device_id,
+                                request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any, rid: str) -> Any:
+        await asyncio.to_thread(self.service.shm.unregister, request.name or None, "cuda")
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     TraceSetting = _unimplemented("the trace extension")
 
     @_rpc

@@ -14,7 +14,7 @@ field and what was expected, and is what the client sees.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,8 @@ class InputTensor:
     data: Any = None            # JSON data (possibly nested lists)
     raw: memoryview | None = None  # binary extension: this input's bytes inside the body
     shm: shm.Ref | None = None     # shared-memory extension: where its bytes are (``shm.attach`` sets ``raw``)
+    #: CUDA shared memory: () -> a fresh uint8 device tensor of its bytes (``shm.attach`` sets it; run at call time)
+    fetch: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -322,6 +324,8 @@ def to_tensor(inp: InputTensor, device: str) -> Any:
     import torch
 
     dt = getattr(torch, DATATYPES[inp.datatype])
+    if inp.fetch is not None:  # CUDA shared memory: already a copy on its device, aligned
+        return inp.fetch().view(dt).reshape(inp.shape).to(device)
     if inp.raw is not None:
         t = torch.frombuffer(inp.raw, dtype=dt).reshape(inp.shape)
         if device == "cpu" and t.data_ptr() % 16:

@@ -69,7 +69,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
                    "evidence": cur.release.evidence_seal.to_json() if cur.release.evidence_seal else None} \
             if cur is not None else None
         return JSONResponse({"name": "tileship", "version": __version__,
-                             "extensions": extensions.EXTENSIONS, "image": image, "release": release})
+                             "extensions": extensions.claimed(service), "image": image, "release": release})
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)

@@ -1,12 +1,15 @@
-"""Triton's system shared memory extension: registered windows of ``/dev/shm`` files that
-inference requests read inputs from and write outputs into, instead of carrying the bytes.
+"""Triton's shared memory extensions: registered windows of ``/dev/shm`` files (system) and of
+CUDA IPC allocations (``serve.cuda_shm``) that inference requests read inputs from and write
+outputs into, instead of carrying the bytes.
 
-    Regions    the registry of one server: register, unregister, status, close (thread-safe)
+    Regions    the registry of one server, both kinds under one namespace of names: register,
+               register_cuda, unregister, status, close (thread-safe)
     Region     one registered window of ``/dev/shm/<key>``: bounds-checked reads and writes
     Ref        where one tensor lies: (region, offset, byte_size), from a tensor's parameters
     ref_of     the Ref in a tensor's parameters, or None
-    attach     a parsed request's shared-memory inputs -> their bytes; its outputs -> an Encoder
-               that writes them into their regions first (``calls.run`` calls it for REST and gRPC)
+    attach     a parsed request's shared-memory inputs -> their bytes (system; CUDA inputs are
+               fetched on the device when the call runs); its outputs -> an Encoder that writes
+               them into their regions first (``calls.run`` calls it for REST and gRPC)
 
 Contract: nothing a client sends makes the server read or write outside a registered window,
 or fault. Registration opens the file and refuses a window past its end; every read and write is
@@ -23,6 +26,7 @@ finishes first (each holds the region's lock).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -122,6 +126,8 @@ class Region:
         self.closed = False
         self._lock = threading.Lock()
 
+    kind = "system"
+
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
@@ -175,88 +181,124 @@ class Region:
 
 
 class Regions:
-    """The registered regions of one server, by name. Thread-safe; ``close`` unregisters all."""
+    """The registered regions of one server, by name, system and CUDA alike (one namespace, as
+    Triton's). Thread-safe; ``close`` unregisters all. ``cuda_off``: why this server registers no
+    CUDA region (None: it does, when it has a GPU)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda_off: str | None = None) -> None:
         self._lock = threading.Lock()
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[str, Any] = {}  # name -> Region | cuda_shm.CudaRegion
+        self.cuda_off = cuda_off
 
     def register(self, name: Any, key: Any, offset: Any, byte_size: Any) -> None:
         """Map a window of ``/dev/shm/<key>`` under ``name``. BadRequest 400 for a bad value or
         window, 409 (``RegionExists``) when ``name`` is registered already."""
-        if not isinstance(name, str) or not name or len(name) > 256:
-            raise BadRequest(400, f"a region name must be a string of 1 to 256 characters, got {short(name)}")
+        _name(name)
         offset = _nonneg(offset, f"region {short(name)}: offset")
         byte_size = _nonneg(byte_size, f"region {short(name)}: byte_size")
+        self._add(name, lambda: Region(name, key, offset, byte_size))
+
+    def register_cuda(self, name: Any, handle: Any, device_id: Any, byte_size: Any) -> None:
+        """Open the CUDA IPC ``handle`` (raw bytes) under ``name`` (``cuda_shm.CudaRegion``); errors as ``register``."""
+        from tileship.serve.cuda_shm import CudaRegion
+
+        _name(name)
+        if self.cuda_off is not None:
+            raise BadRequest(400, f"region {short(name)}: CUDA shared memory is off in this server: {self.cuda_off}")
+        self._add(name, lambda: CudaRegion(name, handle, device_id, byte_size))
+
+    def _add(self, name: str, make: Any) -> None:
         with self._lock:
             if name in self._regions:
-                raise RegionExists(409, f"shared-memory region {short(name)} is already registered (key "
-                                        f"{short(self._regions[name].key)}); unregister it first")
+                raise RegionExists(409, f"shared-memory region {short(name)} is already registered "
+                                        f"({self._regions[name].kind}); unregister it first")
             if len(self._regions) >= MAX_REGIONS:
                 raise BadRequest(400, f"{MAX_REGIONS} shared-memory regions are registered, the limit; unregister some")
-            self._regions[name] = Region(name, key, offset, byte_size)
+            self._regions[name] = make()
 
-    def unregister(self, name: str | None) -> None:
-        """Close ``name`` (every region when None). BadRequest 404 for a name not registered."""
+    def unregister(self, name: str | None, kind: str = "system") -> None:
+        """Close ``name`` (every region of ``kind`` when None). BadRequest 404 for a name not
+        registered, 400 for a region of the other kind."""
         with self._lock:
             if name is None:
-                gone = list(self._regions.values())
-                self._regions.clear()
+                gone = [r for r in self._regions.values() if r.kind == kind]
+                for r in gone:
+                    del self._regions[r.name]
             else:
-                if name not in self._regions:
-                    raise BadRequest(404, f"unknown shared-memory region {short(name)}: {self._known()}")
-                gone = [self._regions.pop(name)]
+                gone = [self._get(name, "", kind)]
+                del self._regions[name]
         for r in gone:
             r.close()
 
-    def status(self, name: str | None) -> list[dict[str, Any]]:
-        """``name``, key, offset, byte_size of ``name`` (of every region when None); 404 unknown."""
+    def status(self, name: str | None, kind: str = "system") -> list[dict[str, Any]]:
+        """The status rows of ``name`` (of every region of ``kind`` when None); 404 unknown, 400 other kind."""
         with self._lock:
             if name is None:
-                return [r.status() for _, r in sorted(self._regions.items())]
-            return [self._get(name, "").status()]
+                return [r.status() for _, r in sorted(self._regions.items()) if r.kind == kind]
+            return [self._get(name, "", kind).status()]
 
-    def read(self, ref: Ref, where: str) -> bytearray:
+    def read(self, ref: Ref, where: str) -> Any:
         """``Region.read`` of the region ``ref`` names; BadRequest 404 for an unknown one."""
-        return self._region(ref, where).read(ref, where)
+        return self.region(ref, where).read(ref, where)
 
     def write(self, ref: Ref, data: Any, where: str) -> None:
         """``Region.write`` of the region ``ref`` names; BadRequest 404 for an unknown one."""
-        self._region(ref, where).write(ref, data, where)
+        self.region(ref, where).write(ref, data, where)
 
-    def check(self, ref: Ref, where: str) -> None:
-        """``Region.check`` of the region ``ref`` names; BadRequest 404 for an unknown one."""
-        self._region(ref, where).check(ref, where)
-
-    def _region(self, ref: Ref, where: str) -> Region:
+    def region(self, ref: Ref, where: str) -> Any:
+        """The region ``ref`` names, of either kind; BadRequest 404 for an unknown one."""
         with self._lock:
             return self._get(ref.region, f"{where}: ")
 
     def close(self) -> None:
-        self.unregister(None)
+        for kind in ("system", "cuda"):
+            self.unregister(None, kind)
 
-    def _get(self, name: str, where: str) -> Region:
+    def _get(self, name: str, where: str, kind: str | None = None) -> Any:
         r = self._regions.get(name)
         if r is None:
             raise BadRequest(404, f"{where}unknown shared-memory region {short(name)}: {self._known()}")
+        if kind is not None and r.kind != kind:
+            raise BadRequest(400, f"{where}shared-memory region {short(name)} is a {r.kind} region, not a {kind} "
+                                  f"one: use /v2/{_ROUTE[r.kind]}")
         return r
 
     def _known(self) -> str:
         return f"registered: {', '.join(sorted(self._regions))}" if self._regions else "none is registered"
 
 
+_ROUTE = {"system": "systemsharedmemory", "cuda": "cudasharedmemory"}
+
+
+def _name(name: Any) -> None:
+    if not isinstance(name, str) or not name or len(name) > 256:
+        raise BadRequest(400, f"a region name must be a string of 1 to 256 characters, got {short(name)}")
+
+
 def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
-    """Copy ``req``'s shared-memory inputs out of their regions and check every
-    shared-memory output's window; the Encoder to use: ``encode`` itself when no output goes
-    to shared memory, else one that writes those outputs into their regions and hands ``encode``
-    their parameters (``shm=``) instead of their data. Raises BadRequest (400/404)."""
+    """Copy ``req``'s system shared-memory inputs out of their regions (CUDA ones get a ``fetch``
+    that copies them on the device when the call runs) and check every shared-memory output's
+    window; the Encoder to use: ``encode`` itself when no output goes to shared memory, else one
+    that writes those outputs into their regions and hands ``encode`` their parameters (``shm=``)
+    instead of their data. That Encoder's ``device_outputs`` names the outputs it wants as device
+    tensors (those bound for CUDA regions). Raises BadRequest (400/404)."""
     for inp in req.inputs:
         if inp.shm is not None:
-            inp.raw = memoryview(regions.read(inp.shm, f"input {inp.name}"))
+            where = f"input {inp.name}"
+            region = regions.region(inp.shm, where)
+            if region.kind == "system":
+                inp.raw = memoryview(region.read(inp.shm, where))
+            else:
+                region.check(inp.shm, where)
+                inp.fetch = functools.partial(regions.read, inp.shm, where)
     if not req.shm_outputs:
         return encode
+    on_device = set()
     for name, ref in req.shm_outputs.items():
-        regions.check(ref, f"output {name}")
+        region = regions.region(ref, f"output {name}")
+        region.check(ref, f"output {name}")
+        if region.kind != "system":
+            on_device.add(name)
     outs = dict(req.shm_outputs)
 
     def write_then_encode(**kw: Any) -> Any:
@@ -272,8 +314,10 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
                 raise BadRequest(400, f"byte size mismatch: output {name} is {list(t.shape)} x "
                                       f"{str(t.dtype).removeprefix('torch.')} = {nbytes} bytes but {BYTE_SIZE} is "
                                       f"{ref.byte_size}")
-            regions.write(ref, t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), f"output {name}")
+            data = t if name in on_device else t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            regions.write(ref, data, f"output {name}")
             params[name] = {REGION: ref.region, BYTE_SIZE: ref.byte_size} | ({OFFSET: ref.offset} if ref.offset else {})
         return encode(**kw, shm=params)
 
+    write_then_encode.device_outputs = frozenset(on_device)  # type: ignore[attr-defined]
     return write_then_encode

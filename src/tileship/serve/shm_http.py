@@ -1,8 +1,12 @@
-"""REST routes of Triton's system shared memory extension over the Service's ``serve.shm.Regions``.
+"""REST routes of Triton's system and CUDA shared memory extensions over the Service's ``serve.shm.Regions``.
 
     GET  /v2/systemsharedmemory[/region/{name}]/status      [{"name", "key", "offset", "byte_size"}, ...]
     POST /v2/systemsharedmemory/region/{name}/register      body {"key": "/k", "offset": 0, "byte_size": n}
-    POST /v2/systemsharedmemory[/region/{name}]/unregister  one region, or every region
+    POST /v2/systemsharedmemory[/region/{name}]/unregister  one region, or every system region
+    GET  /v2/cudasharedmemory[/region/{name}]/status        [{"name", "device_id", "byte_size"}, ...]
+    POST /v2/cudasharedmemory/region/{name}/register        body {"raw_handle": {"b64": ...}, "device_id": 0,
+                                                                  "byte_size": n}
+    POST /v2/cudasharedmemory[/region/{name}]/unregister    one region, or every CUDA region
 
 Errors are ``{"error": ...}`` with the status ``serve.shm`` chose (400, 404, 409). Regions do
 not depend on a release: these routes answer while loading too.
@@ -10,7 +14,7 @@ not depend on a release: these routes answer while loading too.
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -18,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tileship.serve import cuda_shm
 from tileship.serve.body import read_body
 from tileship.serve.validate import BadRequest
 
@@ -25,19 +30,20 @@ from tileship.serve.validate import BadRequest
 MAX_BODY = 64 << 10
 
 
-def _regions(request: Request) -> Any:
-    return request.app.state.service.shm
+def _kind(request: Request) -> str:
+    return "cuda" if request.url.path.startswith("/v2/cuda") else "system"
 
 
 async def status(request: Request) -> Response:
     try:
-        return JSONResponse(_regions(request).status(request.path_params.get("name")))
+        return JSONResponse(request.app.state.service.shm.status(request.path_params.get("name"), _kind(request)))
     except BadRequest as exc:
         raise HTTPException(exc.status, exc.message) from None
 
 
 async def register(request: Request) -> Response:
     service = request.app.state.service
+    name = request.path_params["name"]
     try:
         raw = await read_body(request, limit=MAX_BODY, timeout_s=service.config.body_timeout_s,
                               rejected=service.metrics.rejected)
@@ -45,10 +51,17 @@ async def register(request: Request) -> Response:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise BadRequest(400, f"malformed JSON in the register request: {exc}") from None
-        if not isinstance(body, dict) or "key" not in body or "byte_size" not in body:
-            raise BadRequest(400, 'the register body must be a JSON object {"key": "/name", "offset": 0, '
-                                  '"byte_size": N}')
-        service.shm.register(request.path_params["name"], body["key"], body.get("offset", 0), body["byte_size"])
+        if _kind(request) == "cuda":
+            if not isinstance(body, dict) or not {"raw_handle", "device_id", "byte_size"} <= body.keys():
+                raise BadRequest(400, 'the register body must be a JSON object {"raw_handle": {"b64": "..."}, '
+                                      '"device_id": 0, "byte_size": N}')
+            handle = cuda_shm.raw_handle(body["raw_handle"], name)
+            await asyncio.to_thread(service.shm.register_cuda, name, handle, body["device_id"], body["byte_size"])
+        else:
+            if not isinstance(body, dict) or "key" not in body or "byte_size" not in body:
+                raise BadRequest(400, 'the register body must be a JSON object {"key": "/name", "offset": 0, '
+                                      '"byte_size": N}')
+            service.shm.register(name, body["key"], body.get("offset", 0), body["byte_size"])
     except BadRequest as exc:
         raise HTTPException(exc.status, exc.message) from None
     return JSONResponse({})
@@ -56,16 +69,15 @@ async def register(request: Request) -> Response:
 
 async def unregister(request: Request) -> Response:
     try:
-        _regions(request).unregister(request.path_params.get("name"))
+        await asyncio.to_thread(request.app.state.service.shm.unregister, request.path_params.get("name"),
+                                _kind(request))
     except BadRequest as exc:
         raise HTTPException(exc.status, exc.message) from None
     return JSONResponse({})
 
 
-ROUTES = [
-    Route("/v2/systemsharedmemory/status", status, methods=["GET"]),
-    Route("/v2/systemsharedmemory/region/{name}/status", status, methods=["GET"]),
-    Route("/v2/systemsharedmemory/region/{name}/register", register, methods=["POST"]),
-    Route("/v2/systemsharedmemory/unregister", unregister, methods=["POST"]),
-    Route("/v2/systemsharedmemory/region/{name}/unregister", unregister, methods=["POST"]),
-]
+ROUTES = [Route(f"/v2/{kind}sharedmemory{path}", fn, methods=[method])
+          for kind in ("system", "cuda")
+          for path, fn, method in (("/status", status, "GET"), ("/region/{name}/status", status, "GET"),
+                                   ("/region/{name}/register", register, "POST"), ("/unregister", unregister, "POST"),
+                                   ("/region/{name}/unregister", unregister, "POST"))]

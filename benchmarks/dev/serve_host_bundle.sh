@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build .gpu/serve.tar.xz: what `tileship serve` (HTTP, --grpc-port, --workers) and the load scripts'
-# clients (benchmarks/serve_load.py, serve_grpc_load.py, serve_workers.py) need on the GPU host that
+# clients (benchmarks/serve_load.py, serve_grpc_load.py, serve_workers.py, serve_shm.py; cuda-bindings for
+# tritonclient.utils.cuda_shared_memory, driver-only, CUDA 13.0 like the host's torch) need on the GPU host that
 # the host lacks (../shared/GPU_HOST.md). The TileLang bundle (.gpu/site.tar.xz) is separate.
 #
 #   bash benchmarks/dev/serve_host_bundle.sh        # from the repo root, on a machine with PyPI access
@@ -20,6 +21,7 @@ specs=(
   uvicorn==0.54.0 h11==0.16.0 httptools==0.9.0 click==8.5.1
   orjson==3.13.0 prometheus-client==0.26.0
   grpcio==1.85.3 protobuf==6.33.6 tritonclient==2.73.0 python-rapidjson==1.25 packaging==26.4
+  cuda-bindings==13.0.3 cuda-pathfinder==1.9.1
 )
 mkdir -p .gpu
 stamp=$(printf '%s\n' "${specs[@]}" | sort | sha256sum | cut -c1-16)

@@ -44,6 +44,9 @@ def serve(
     reference_only: bool = typer.Option(False,
                                         help="serve every operator through its PyTorch reference (load no native "
                                              "code)"),
+    warm_rollback: bool = typer.Option(True,
+                                       help="with a registry: keep the release `tileship rollback` returns to "
+                                            "loaded and warm, so a rollback swaps without loading"),
     check_finite: bool = typer.Option(True,
                                       help="recompute kernel outputs holding NaN/Inf on the reference and open the "
                                            "circuit"),
@@ -115,7 +118,7 @@ def serve(
                          request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes,
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,
-                         reference_only=reference_only,
+                         reference_only=reference_only, warm_rollback=warm_rollback,
                          check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec,
                          limits=RequestLimits(max_output_bytes=int(max_output_mib * (1 << 20))),
                          max_connections=max_connections, header_timeout_s=header_timeout, keep_alive_s=keep_alive,

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.dispatch import Decision, OpRunner, Release
-from tileship.serve import calls, extensions, protocol, shm, validate
+from tileship.serve import calls, extensions, protocol, shm, standby, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_body
 from tileship.serve.config import ServeConfig
@@ -70,6 +70,7 @@ class Service:
         self._reload_lock = asyncio.Lock()
         self._loaded = asyncio.Event()
         self.background: set[asyncio.Task[Any]] = set()  # strong references: the loop keeps only weak ones
+        self.prewarming: asyncio.Task[Any] | None = None  # loading the rollback standby (``serve.standby``)
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
         self.unloaded: set[str] = set()  # models unloaded through the repository extension
@@ -160,12 +161,16 @@ class Service:
                 self.metrics.reloads.labels("unchanged").inc()
                 self.log.event("reload", trigger=trigger, result="unchanged", release=rid)
                 return 200, {"result": "unchanged", "release": rid, "reference_only": target.reference_only}
+            warm = h.warm(target) if self.workers is None else None
             self.log.event("load_start", trigger=trigger, source=str(target.path), release=rid,
-                           reference_only=target.reference_only)
-            try:
-                served = await asyncio.to_thread(h.prepare, target)
-            except Exception as exc:
-                return self._failed(str(target.path), "load", exc, trigger)
+                           reference_only=target.reference_only, warm=warm is not None)
+            if warm is not None:  # a rollback to a release this process holds warm: no load, no warm-up
+                served = h.take(warm)
+            else:
+                try:
+                    served = await asyncio.to_thread(h.prepare, target)
+                except Exception as exc:
+                    return self._failed(str(target.path), "load", exc, trigger)
             for sid in served.warm.failures:
                 self.metrics.warmup_failures.labels(sid.split(".", 1)[0]).inc()
             if served.warm.failures and not accept_warm_failures:
@@ -181,9 +186,11 @@ class Service:
                     return self._failed(str(target.path), "workers", exc, trigger)
                 self.workers.switch(fresh, str(target.path), target.reference_only, served.release_id)
             old = h.swap(served)
+            standby.prewarm_rollback(self)
             m = self.metrics
-            m.load_seconds.set(served.load_seconds)
-            m.warmup_seconds.set(served.warm.seconds)
+            if warm is None:
+                m.load_seconds.set(served.load_seconds)
+                m.warmup_seconds.set(served.warm.seconds)
             rel = served.release
             image = image_check(rel)
             m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, served.device_label, image,
@@ -194,13 +201,16 @@ class Service:
             m.ready.set(1 if ready else 0)
             self.log.event("swap" if old is not None else "ready", trigger=trigger, release=rel.release_id,
                            previous=old.release_id if old else None, kernel_revision=rel.kernel_revision,
+                           warm=warm is not None,
                            load_s=round(served.load_seconds, 4), warmup_s=round(served.warm.seconds, 4),
                            warmup_calls=served.warm.calls, warmup_failures=served.warm.failures, reason=body["reason"],
                            notes=list(rel.notes), diagnostics_id=served.diagnostics_id)
             m.reloads.labels("swapped").inc()
             return 200, {"result": "swapped", "release": rel.release_id, "previous": old.release_id if old else None,
-                         "reference_only": served.target.reference_only, "load_seconds": served.load_seconds,
-                         "warmup_seconds": served.warm.seconds, "warmup_failures": served.warm.failures}
+                         "reference_only": served.target.reference_only, "warm": warm is not None,
+                         "load_seconds": 0.0 if warm else served.load_seconds,
+                         "warmup_seconds": 0.0 if warm else served.warm.seconds,
+                         "warmup_failures": served.warm.failures}
 
     def _failed(self, source: str, stage: str, error: BaseException | str, trigger: str,
                 stage_metric: str = "load") -> tuple[int, dict[str, Any]]:

@@ -43,6 +43,9 @@ class ServeConfig:
     reference_only: bool = False
     check_finite: bool = True
     warmup_limit: int = 256
+    #: with a registry source and no worker processes: keep the state ``tileship rollback`` would return to
+    #: loaded and warmed in the background, so a rollback swaps it in without loading (``App.prewarm_rollback``)
+    warm_rollback: bool = True
     diagnostics_dir: Path | None = None
     #: serve-time bundles: at most one per reason (500 by exception type) per interval, written off the
     #: event loop; the oldest are deleted past ``diagnostics_keep`` bundles or ``diagnostics_keep_bytes``

@@ -13,7 +13,6 @@ logs and metrics.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from typing import Any
 
 from tileship.errors import RegistryError, TileshipError
 from tileship.runtime.dispatch import Release
-from tileship.verify.compare import disagreement
+from tileship.serve.warmup import WarmReport, warm_up
 
 #: releases swapped out whose snapshots are kept (requests still in flight on them finish there)
 RETIRED_KEEP = 2
@@ -58,15 +57,6 @@ def release_id_at(path: Path) -> str | None:
         return str(json.loads((path / "manifest.json").read_text())["release_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-@dataclass
-class WarmReport:
-    """What warm-up did: ``calls`` real calls; ``failures`` spec id -> why it now serves the reference."""
-
-    seconds: float = 0.0
-    calls: int = 0
-    failures: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,70 +104,6 @@ def serving_devices(release: Release) -> tuple[dict[str, str], str]:
     return devices, "cpu"
 
 
-def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed: int = 0) -> WarmReport:
-    """One real call per loaded kernel specialization, compared with the reference.
-
-    The sample shape is the largest of ``tileship.declare.inputs.sample_points(spec, limit=limit)``
-    (the static shape itself for static specializations). A kernel that raises, returns
-    non-finite values or disagrees with the reference beyond the declared tolerance is
-    switched to the reference (reason ``load_failed``) and listed in ``failures``. An
-    operator with no kernel on this device gets one reference call instead (cuBLAS and
-    friends initialise lazily). Never compiles.
-    """
-    import torch
-
-    from tileship.declare.inputs import sample_points
-    from tileship.declare.spec import Tolerance, tensor_tolerance
-    from tileship.verify.mutated import OnClones, mutated_positions
-
-    t0 = time.perf_counter()
-    report = WarmReport()
-    for name, runner in release.ops.items():
-        device = devices[name]
-        tol = release.declarations[name].get("tolerances", {})
-        kernels = [e for e in runner.entries if e.kernel is not None and e.spec is not None]
-        for entry in kernels:
-            spec = entry.spec
-            assert spec is not None
-            dims = sample_points(spec, limit=limit)[-1]
-            args = runner.sample_inputs(dims, spec.dtype, device, seed)
-            problem = None
-            decl = release.declarations[name]
-            mut = mutated_positions(decl)  # inputs updated in place: each path on its own clones, compared whole
-            try:
-                outs = OnClones(entry.kernel, mut)(*args)  # type: ignore[arg-type]
-                refs = OnClones(runner.reference, mut)(*args)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                names = [n for n, *_ in decl["outputs"]] + [decl["inputs"][i][0] for i in mut]
-                for o_name, o, r in zip(names, outs, refs, strict=True):
-                    t = tensor_tolerance(release.declarations[name], o_name, spec.dtype) if tol else Tolerance(0.0, 0.0)
-                    problem = problem or disagreement(o, r, t.atol, t.rtol)
-            except Exception as exc:
-                problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            report.calls += 1
-            if problem is not None:
-                runner.disable(entry, "load_failed", f"warm-up call at {dims}: {problem}")
-                report.failures[spec.id] = problem
-        if not kernels and runner.entries:
-            spec, dims = min(((e.spec, sample_points(e.spec, limit=limit)[0]) for e in runner.entries
-                              if e.spec is not None),
-                             key=lambda sd: _elements(runner.shape.inputs, sd[1]))
-            assert spec is not None
-            runner.reference(*runner.sample_inputs(dims, spec.dtype, device, seed))
-            report.calls += 1
-    if any(d == "cuda" for d in devices.values()):
-        torch.cuda.synchronize()
-    report.seconds = time.perf_counter() - t0
-    return report
-
-
-def _elements(inputs: Any, dims: dict[str, int]) -> int:
-    from tileship.declare.inputs import shapes_of
-
-    return sum(math.prod(s) for s in shapes_of(inputs, dims))
-
-
 Loader = Callable[[Path, bool], Release]
 
 
@@ -203,6 +129,8 @@ class ReleaseHolder:
         self.fatal: str | None = None
         #: releases swapped out, newest last, their snapshots kept for requests still running on them
         self.retired: list[Served] = []
+        #: the state a registry rollback would return to, loaded and warmed ahead (``App.prewarm_rollback``)
+        self.standby: Served | None = None
 
     def resolve(self) -> Target:
         return resolve(self.source, force_reference=self.force_reference)
@@ -223,6 +151,44 @@ class ReleaseHolder:
         warm = warm_up(release, devices, limit=self.warmup_limit)
         models = self.bind_models(release, devices) if self.bind_models else {}
         return Served(release, target, devices, label, warm, load_s, diagnostics_id=diag, models=models)
+
+    def rollback_target(self) -> Target | None:
+        """What ``tileship rollback`` would make this server's source serve: the newest state in a
+        registry's history. None for a release directory or an empty history. Raises RegistryError."""
+        if (self.source / "manifest.json").is_file() or not self.source.is_dir():
+            return None
+        from tileship.release.registry import Registry
+
+        reg = Registry(self.source)
+        history = reg.history()
+        if not history:
+            return None
+        prev = history[0]
+        return Target(reg.path_of(prev["release_id"]), bool(prev["reference_only"]) or self.force_reference)
+
+    def warm(self, target: Target) -> Served | None:
+        """A release already loaded and warmed in this process that is exactly ``target`` (the same
+        directory, mode and release id on disk): the standby, or one swapped out and still kept."""
+        rid = release_id_at(target.path)
+        for served in ([self.standby] if self.standby else []) + self.retired[::-1]:
+            if (served.target.path == target.path and served.target.reference_only == target.reference_only
+                    and served.release_id == rid and self.fatal is None):
+                return served
+        return None
+
+    def take(self, served: Served) -> Served:
+        """Remove ``served`` (from ``warm``) from the standby slot or the retired list, to swap it in."""
+        if self.standby is served:
+            self.standby = None
+        elif served in self.retired:
+            self.retired.remove(served)
+        return served
+
+    def keep_standby(self, served: Served) -> None:
+        """Hold ``served`` as the warm rollback standby; the standby it replaces is retired."""
+        old, self.standby = self.standby, served
+        if old is not None and old is not served:
+            self.retire(old)
 
     def swap(self, served: Served) -> Served | None:
         """Make ``served`` current; return the one it replaces. The last ``RETIRED_KEEP`` replaced
@@ -272,6 +238,9 @@ class ReleaseHolder:
                         reference_only=cur.target.reference_only, notes=list(rel.notes))
             if cur.warm.failures:
                 body["warmup_failures"] = dict(cur.warm.failures)
+        if self.standby is not None:  # what a registry rollback swaps in without loading (serve.standby)
+            body["standby"] = {"release": self.standby.release_id,
+                               "reference_only": self.standby.target.reference_only}
         if self.last_failure is not None:
             body["last_failure"] = dict(self.last_failure)
         if self.fatal is not None:

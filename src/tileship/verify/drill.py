@@ -110,6 +110,7 @@ def run_drill(opts: DrillOptions) -> dict[str, Any]:
                     ("switch reference -> N", "N (restored)", lambda: reg.activate(new), new, False)]
             for switch_name, phase_name, act, rid, ref_only in plan:
                 time.sleep(opts.phase_seconds)
+                standby = _get_json(admin, "/v2/health/ready").get("standby")  # warm before the switch? (serve.standby)
                 t_sw = time.perf_counter()
                 windows[-1].end = t_sw
                 sw = Window(switch_name, t_sw)
@@ -122,7 +123,7 @@ def run_drill(opts: DrillOptions) -> dict[str, Any]:
                              "status": status,
                              "result": body.get("result"), "to_release": rid, "reference_only": ref_only,
                              "load_seconds": body.get("load_seconds"), "warmup_seconds": body.get("warmup_seconds"),
-                             "error": body.get("error")}
+                             "warm": body.get("warm"), "standby_before": standby, "error": body.get("error")}
                 windows.append(sw)
                 windows.append(Window(phase_name, t_done, expect_release=rid, expect_reference=ref_only))
             time.sleep(opts.phase_seconds)

@@ -110,7 +110,9 @@ def render_text(report: dict[str, Any]) -> str:
         if "switch" in w:
             s = w["switch"]
             first = s.get("first_answer_from_new_state_s")
-            lines.append(f"  {w['name']:<26} reload {s['status']} {s['result']}: registry {s['registry_s'] * 1e3:.1f} "
+            how = " (warm standby)" if s.get("warm") else ""
+            lines.append(f"  {w['name']:<26} reload {s['status']} {s['result']}{how}: registry "
+                         f"{s['registry_s'] * 1e3:.1f} "
                          f"ms, reload {s['reload_s'] * 1e3:.0f} ms "
                          f"(load {_ms(s.get('load_seconds'))}, warm-up {_ms(s.get('warmup_seconds'))}); first answer "
                          "from the new state after "

@@ -16,7 +16,7 @@ set -u
 out=$1; rel_n=$2; rel_old=${3:-}
 site=${SITE:-/tmp/site}
 mkdir -p "$site" "$out" && { [ ! -f .gpu/site.tar.xz ] || tar -C "$site" -xJf .gpu/site.tar.xz; }
-export PYTHONPATH=$site:$PWD/src TILELANG_CACHE_DIR=/tmp/tlcache TILESHIP_HOME=$out/home
+export PYTHONPATH=$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH} TILELANG_CACHE_DIR=/tmp/tlcache TILESHIP_HOME=$out/home
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 PY=$(command -v python3)
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv > "$out/nvidia-smi.csv" 2>&1

@@ -24,7 +24,8 @@ CHILD = textwrap.dedent("""
     t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")   # 4 MiB
     torch.cuda.synchronize()
     dev, handle, size, offset, *_ = t.untyped_storage()._share_cuda_()
-    print(base64.b64encode(handle).decode(), size, offset, flush=True)
+    assert len(handle) == 66 and handle[1:2] == b"c", handle[:2]  # torch's version and kind, then the 64 bytes
+    print(base64.b64encode(handle[2:]).decode(), size, offset, flush=True)
     sys.stdin.readline()                                            # the parent wrote 42.0 at element 7
     torch.cuda.synchronize()
     print("seen", float(t[7]), flush=True)
@@ -41,7 +42,7 @@ def test_open_read_write_and_close_an_allocation_of_another_process():
         assert size == 4 << 20  # the tensor lies at ``offset`` in the caching allocator's segment the handle names
         mapping = cuda_ipc.open_handle(handle, 0)
         assert mapping.device == 0 and mapping.size >= offset + size
-        cuda_ipc.close(mapping, 0)
+        assert cuda_ipc.close(mapping, 0) is None
 
         torch.cuda.init()
         with pytest.raises(BadRequest, match="runs past the end of the CUDA allocation"):
@@ -56,6 +57,7 @@ def test_open_read_write_and_close_an_allocation_of_another_process():
         twin.close()
         assert torch.equal(region.read(Ref("r", offset + 28, 4), "x").view(torch.float32).cpu(), torch.tensor([42.0]))
         region.close()
+        assert region.close_error is None
         with pytest.raises(BadRequest, match="unregistered"):
             region.read(Ref("r", 0, 4), "input A")
         out, _ = child.communicate("go\n", timeout=60)

@@ -123,7 +123,7 @@ def test_metadata_claims_the_extension(rest):
     assert "cuda_shared_memory" in rest.get("/v2").json()["extensions"]
 
 
-def test_grpc_round_trip_with_tritonclient(server, cudashm, made):
+def test_grpc_round_trip_with_tritonclient(made, cudashm, server):
     import tritonclient.grpc as tg
 
     a, b = _ab(1)
@@ -143,15 +143,18 @@ def test_grpc_round_trip_with_tritonclient(server, cudashm, made):
         out = tg.InferRequestedOutput("C")
         out.set_shared_memory(out_name, NB)
         res = gc.infer("add", inputs, outputs=[out])
-        assert res.as_numpy("C") is None  # the bytes went to the region, not into the response
+        entry = res.get_output("C")  # the bytes went to the region, not into the response
+        assert entry.parameters["shared_memory_region"].string_param == out_name
+        assert len(res.get_response().raw_output_contents) == 0
         np.testing.assert_allclose(cudashm.get_contents_as_numpy(hout, np.float32, [N]), a + b, rtol=1e-6)
         gc.unregister_cuda_shared_memory()
         assert len(gc.get_cuda_shared_memory_status().regions) == 0
     finally:
+        gc.unregister_cuda_shared_memory()  # before ``made`` frees the allocations
         gc.close()
 
 
-def test_rest_round_trip_with_dlpack_tensors(rest, cudashm, made):
+def test_rest_round_trip_with_dlpack_tensors(made, cudashm, rest):  # rest unregisters before made frees
     a = torch.randn(N, device="cuda")
     b = torch.randn(N, device="cuda")
     ha, a_name = _region(cudashm, made, NB)
@@ -171,7 +174,7 @@ def test_rest_round_trip_with_dlpack_tensors(rest, cudashm, made):
     torch.testing.assert_close(got, (a + b).cpu())
 
 
-def test_hostile_registrations_and_windows_get_4xx_and_the_server_keeps_answering(rest, cudashm, made):
+def test_hostile_registrations_and_windows_get_4xx_and_the_server_keeps_answering(made, cudashm, rest):
     a, b = _ab(3)
     hin, in_name = _region(cudashm, made, 2 * NB)
     hout, out_name = _region(cudashm, made, NB)

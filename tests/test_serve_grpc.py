@@ -245,8 +245,7 @@ def test_health_metadata_and_config_match_rest(server, gc, cpu_release_build):
 
 
 def test_what_is_not_supported_is_unimplemented(gc):
-    _fails(gc.get_cuda_shared_memory_status, "UNIMPLEMENTED", "CUDA shared-memory")
-    _fails(gc.get_trace_settings, "UNIMPLEMENTED", "trace")
+    _fails(gc.get_trace_settings, "UNIMPLEMENTED", "trace")  # CUDA shared memory: tests/test_serve_cuda_shm.py
 
 
 def test_unload_and_load_over_grpc(cpu_release_build, tmp_path):

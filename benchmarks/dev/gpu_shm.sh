@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU host, repo root: bash benchmarks/dev/gpu_shm.sh OUT_DIR RELEASE_DIR   (issue 16, one call of at most ~540 s)
+# GPU host, repo root: bash benchmarks/dev/gpu_shm.sh OUT_DIR RELEASE_DIR [DRILL_RELEASE]  (issue 16, one call <= ~540 s)
 #   1. tests/test_serve_cuda_shm_gpu.py: Triton's CUDA shared memory with tritonclient's own cuda_shared_memory
 #      helpers against `tileship serve` (round trips, hostile registrations and windows)
 #   2. benchmarks/serve_shm.py: the 4096^3 fp16 GEMM by binary HTTP, system shm and CUDA shm vs in-process
@@ -7,11 +7,15 @@
 #   4. the rollback drill (benchmarks/gpu_drill.sh, FAULT=0) with the warm rollback standby, then with
 #      --no-warm-rollback, side by side on the same release pair
 # RELEASE_DIR: a release of benchmarks/serve_shm/tileship.toml (the catalog GEMM, cuda-sm90a), built on the CPU machine.
+# DRILL_RELEASE (default RELEASE_DIR): the drills' release; benchmarks/launch/tileship.toml (add, RMSNorm) keeps each
+# request small, so "first answer from the new state" measures the switch, not a 32 MiB request.
+# STEPS (default: all, in this order): ipc cuda_shm_tests serve_shm drill_warm drill_cold serve_load
 # Needs: .gpu/serve.tar.xz (bash benchmarks/dev/serve_host_bundle.sh: server, tritonclient, cuda-bindings) and
 # TileLang already unpacked in /tmp/site by the call just before (the two bundles do not fit one call's 64 MiB).
 # Only OUT_DIR/all_shm.tgz comes back.
 set -u
-out=${1:?usage: gpu_shm.sh OUT_DIR RELEASE_DIR}; rel=${2:?usage: gpu_shm.sh OUT_DIR RELEASE_DIR}
+out=${1:?usage: gpu_shm.sh OUT_DIR RELEASE_DIR}; rel=${2:?usage: gpu_shm.sh OUT_DIR RELEASE_DIR}; drel=${3:-$rel}
+STEPS=" ${STEPS:-ipc cuda_shm_tests serve_shm drill_warm drill_cold serve_load} "
 BUDGET_S=${BUDGET_S:-540}
 d=/tmp/gpu_shm; rm -rf "$d"; mkdir -p "$d" "$out"
 finish() { echo "total ${SECONDS} s" | tee -a "$d/steps.txt"; tar -C "$d" -czf "$out/all_shm.tgz" .; }
@@ -28,6 +32,7 @@ cat "$d/env.txt"
 
 step() {  # NAME MAX_S CMD...: under timeout, cut to what is left of the budget; log in $d/NAME.log
   local name=$1 max=$2; shift 2
+  [[ "$STEPS" == *" $name "* ]] || { echo "$name: SKIPPED (not in STEPS)" | tee -a "$d/steps.txt"; return 0; }
   local left=$(( BUDGET_S - SECONDS )) t0=$SECONDS rc
   local lim=$(( max < left ? max : left ))
   if [ "$lim" -lt 20 ]; then echo "$name: SKIPPED (${left} s left)" | tee -a "$d/steps.txt"; return 0; fi
@@ -37,13 +42,14 @@ step() {  # NAME MAX_S CMD...: under timeout, cut to what is left of the budget;
   return $rc
 }
 
+step ipc 60 "$PY" -m pytest -m gpu tests/test_cuda_ipc_gpu.py -q -p no:cacheprovider --tb=long --basetemp "$d/pytest_ipc"
 step cuda_shm_tests 150 "$PY" -m pytest -m gpu tests/test_serve_cuda_shm_gpu.py -q -p no:cacheprovider -rs \
   --basetemp "$d/pytest"
 step serve_shm 120 "$PY" benchmarks/serve_shm.py --release "$rel" --op gemm --dims M=4096,N=4096,K=4096 \
   --dtype float16 --allow-unverified --seq 60 --out "$d/serve_shm_gemm4096.json"
-step drill_warm 110 env FAULT=0 PHASE_SECONDS=8 CONCURRENCY=8 bash benchmarks/gpu_drill.sh "$d/drill_warm" "$rel"
-step drill_cold 110 env FAULT=0 PHASE_SECONDS=8 CONCURRENCY=8 SERVER_ARG=--no-warm-rollback \
-  bash benchmarks/gpu_drill.sh "$d/drill_cold" "$rel"
+step drill_warm 110 env FAULT=0 PHASE_SECONDS=${PHASE_SECONDS:-6} CONCURRENCY=${CONCURRENCY:-4} bash benchmarks/gpu_drill.sh "$d/drill_warm" "$drel"
+step drill_cold 110 env FAULT=0 PHASE_SECONDS=${PHASE_SECONDS:-6} CONCURRENCY=${CONCURRENCY:-4} SERVER_ARG=--no-warm-rollback \
+  bash benchmarks/gpu_drill.sh "$d/drill_cold" "$drel"
 step serve_load 120 "$PY" benchmarks/serve_load.py --release "$rel" --op gemm --dims M=4096,N=4096,K=4096 \
   --dtype float16 --max-body-mib 256 --allow-unverified --clients 64 --duration 15 --max-requests 1500 --seq 40 \
   --out "$d/serve_load_gemm4096.json"

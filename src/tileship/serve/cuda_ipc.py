@@ -34,7 +34,8 @@ class IpcError(Exception):
 
 
 class _Handle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * HANDLE_BYTES)]
+    # bytes, not c_char: a c_char array stops at the first NUL, and handles hold many
+    _fields_ = [("reserved", ctypes.c_ubyte * HANDLE_BYTES)]
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def open_handle(handle: bytes, device: int) -> Mapping:
         def opened() -> Mapping:
             ptr = ctypes.c_uint64()
             drv.check("cuIpcOpenMemHandle", drv.lib.cuIpcOpenMemHandle_v2(
-                ctypes.byref(ptr), _Handle(handle), ctypes.c_uint(_LAZY_PEER)))
+                ctypes.byref(ptr), _Handle.from_buffer_copy(handle), ctypes.c_uint(_LAZY_PEER)))
             try:
                 base, size, ordinal = ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_int()
                 drv.check("cuMemGetAddressRange", drv.lib.cuMemGetAddressRange_v2(
@@ -140,17 +141,24 @@ def open_handle(handle: bytes, device: int) -> Mapping:
         return mapping
 
 
-def close(mapping: Mapping, device: int) -> None:
+def close(mapping: Mapping, device: int) -> str | None:
     """Drop one holder of ``mapping`` (opened through ``device``); the last one unmaps it.
-    The caller has finished every device access to it (synchronized) before calling."""
+    The caller has finished every device access to it (synchronized) before calling.
+
+    Returns None, or the driver's refusal to unmap as a message: the mapping is forgotten either
+    way. (The driver refuses when the exporting process freed the allocation first.)"""
     drv = _get_driver()
     with _lock:
         held = _open.get((mapping.handle, device))
         if held is None:
-            return
+            return None
         held[1] -= 1
         if held[1] > 0:
-            return
+            return None
         del _open[(mapping.handle, device)]
-        drv.run_on(device, lambda: drv.check("cuIpcCloseMemHandle",
-                                             drv.lib.cuIpcCloseMemHandle(ctypes.c_uint64(mapping.ptr))))
+        try:
+            drv.run_on(device, lambda: drv.check("cuIpcCloseMemHandle",
+                                                 drv.lib.cuIpcCloseMemHandle(ctypes.c_uint64(mapping.ptr))))
+        except IpcError as exc:
+            return str(exc)
+        return None

@@ -78,6 +78,7 @@ class CudaRegion:
                                   f"allocation the handle names ({mapping.size} bytes)")
         self.name, self.device_id, self.byte_size = name, device_id, byte_size
         self.closed = False
+        self.close_error: str | None = None
         self._mapping = mapping
         self._lock = threading.Lock()
         self._view = torch.as_tensor(_Window(mapping.ptr, byte_size), device=f"cuda:{mapping.device}")
@@ -113,7 +114,8 @@ class CudaRegion:
         return ref.offset
 
     def close(self) -> None:
-        """Unmap, after every copy queued on the device has finished."""
+        """Unmap, after every copy queued on the device has finished. A mapping the driver refuses
+        to unmap (the client freed its allocation first) is forgotten all the same: ``close_error``."""
         with self._lock:
             if self.closed:
                 return
@@ -121,7 +123,7 @@ class CudaRegion:
             device = self._view.device
             self._view = None
             _torch().cuda.synchronize(device)
-            cuda_ipc.close(self._mapping, self.device_id)
+            self.close_error = cuda_ipc.close(self._mapping, self.device_id)
 
 
 class _Window:

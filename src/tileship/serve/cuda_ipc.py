@@ -8,7 +8,9 @@ process on this host exported with ``cudaIpcGetMemHandle``, learn its true exten
 
 Contract: every call runs with the device's primary context pushed on the calling thread and
 popped after (the context torch itself uses), so any thread may call, and nothing here changes
-the CUDA runtime's sticky "last error" that torch checks after its own launches. One handle
+the CUDA runtime's sticky "last error" that torch checks after its own launches. Each open
+mapping keeps one retain of that context, so the context (and the mapping in it) outlives every
+temporary retain here even before torch has used the device. One handle
 opened twice in this process (two region names over one allocation) is mapped once and
 reference-counted: the driver refuses a second mapping of the same handle in a context.
 ``Mapping.size`` comes from ``cuMemGetAddressRange`` on the opened pointer, never from the
@@ -73,6 +75,17 @@ class _Driver:
         self.check("cuDeviceGetCount", self.lib.cuDeviceGetCount(ctypes.byref(n)))
         return n.value
 
+    def hold(self, ordinal: int, keep: bool) -> None:
+        """Retain (``keep``) or release ``ordinal``'s primary context once more. A mapping holds one
+        retain for its life: when nothing else in the process has retained the context yet (torch
+        has not touched that device), the last release would destroy it and every mapping in it."""
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        self.check("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(ordinal)))
+        if keep:
+            self.check("cuDevicePrimaryCtxRetain", self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
+        else:
+            self.lib.cuDevicePrimaryCtxRelease_v2(dev)
+
     def run_on(self, ordinal: int, fn: Any) -> Any:
         """``fn()`` with ``ordinal``'s primary context current on this thread, popped after."""
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
@@ -136,7 +149,12 @@ def open_handle(handle: bytes, device: int) -> Mapping:
                 raise
             return Mapping(ptr.value, ordinal.value, base.value + size.value - ptr.value, handle)
 
-        mapping = drv.run_on(device, opened)
+        drv.hold(device, True)
+        try:
+            mapping = drv.run_on(device, opened)
+        except IpcError:
+            drv.hold(device, False)
+            raise
         _open[(handle, device)] = [mapping, 1]
         return mapping
 
@@ -161,4 +179,6 @@ def close(mapping: Mapping, device: int) -> str | None:
                                                  drv.lib.cuIpcCloseMemHandle(ctypes.c_uint64(mapping.ptr))))
         except IpcError as exc:
             return str(exc)
+        finally:
+            drv.hold(device, False)
         return None

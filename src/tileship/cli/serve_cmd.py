@@ -44,6 +44,7 @@ def serve(
     reference_only: bool = typer.Option(False,
                                         help="serve every operator through its PyTorch reference (load no native "
                                              "code)"),
+    warmup_threads: int = typer.Option(4, help="specializations warmed at once before a release takes traffic"),
     warm_rollback: bool = typer.Option(True,
                                        help="with a registry: keep the release `tileship rollback` returns to "
                                             "loaded and warm, so a rollback swaps without loading"),
@@ -97,9 +98,10 @@ def serve(
     if drift_policy not in (None, "fallback", "strict"):
         raise DeclarationError(f"--drift-policy must be fallback or strict, got {drift_policy!r}")
     if min(max_body_mib, max_output_mib, timeout, body_timeout, header_timeout) <= 0 or \
-            min(max_inflight, threads, max_connections, keep_alive) < 1:
+            min(max_inflight, threads, max_connections, keep_alive, warmup_threads) < 1:
         raise DeclarationError("--max-body-mib, --max-output-mib, --timeout, --body-timeout and --header-timeout must "
-                               "be > 0; --max-inflight, --threads, --max-connections and --keep-alive >= 1")
+                               "be > 0; --max-inflight, --threads, --max-connections, --keep-alive and "
+                               "--warmup-threads >= 1")
     if workers < 0 or (worker_timeout is not None and worker_timeout <= 0):
         raise DeclarationError("--workers must be >= 0 and --worker-timeout > 0")
     gpu_list = gpu_map.parse(gpus)
@@ -118,7 +120,7 @@ def serve(
                          request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes,
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,
-                         reference_only=reference_only, warm_rollback=warm_rollback,
+                         reference_only=reference_only, warm_rollback=warm_rollback, warmup_threads=warmup_threads,
                          check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec,
                          limits=RequestLimits(max_output_bytes=int(max_output_mib * (1 << 20))),
                          max_connections=max_connections, header_timeout_s=header_timeout, keep_alive_s=keep_alive,

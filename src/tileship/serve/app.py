@@ -54,6 +54,7 @@ class Service:
             bind = llama_example().LlamaHost(config.llama).bind
         self.holder = ReleaseHolder(config.source, config.loader or self._default_loader,
                                     force_reference=config.reference_only, warmup_limit=config.warmup_limit,
+                                    warmup_threads=config.warmup_threads,
                                     after_load=self._after_load, bind_models=bind)
         # with --workers N, each request thread talks to one worker process at a time
         threads = config.workers or max(1, config.worker_threads)
@@ -90,7 +91,8 @@ class Service:
             raise DeclarationError("--llama is not served with --workers yet", hint="drop --workers (or --llama)")
         options = {"trusted_keys": [str(k) for k in c.trusted_keys] if c.trusted_keys is not None else None,
                    "drift_policy": c.drift_policy, "allow_unverified": c.allow_unverified,
-                   "check_finite": c.check_finite, "warmup_limit": c.warmup_limit}
+                   "check_finite": c.check_finite, "warmup_limit": c.warmup_limit,
+                   "warmup_threads": c.warmup_threads}
         if c.gpus:
             import torch
 
@@ -191,6 +193,9 @@ class Service:
             if warm is None:
                 m.load_seconds.set(served.load_seconds)
                 m.warmup_seconds.set(served.warm.seconds)
+                m.warmup_spec_seconds.clear()  # one release's specializations at a time: bounded labels
+                for sid, sec in served.warm.spec_seconds.items():
+                    m.warmup_spec_seconds.labels(sid).set(sec)
             rel = served.release
             image = image_check(rel)
             m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, served.device_label, image,
@@ -203,7 +208,9 @@ class Service:
                            previous=old.release_id if old else None, kernel_revision=rel.kernel_revision,
                            warm=warm is not None,
                            load_s=round(served.load_seconds, 4), warmup_s=round(served.warm.seconds, 4),
-                           warmup_calls=served.warm.calls, warmup_failures=served.warm.failures, reason=body["reason"],
+                           warmup_calls=served.warm.calls, warmup_threads=served.warm.threads,
+                           warmup_slowest=dict(sorted(served.warm.spec_seconds.items(), key=lambda kv: -kv[1])[:3]),
+                           warmup_failures=served.warm.failures, reason=body["reason"],
                            notes=list(rel.notes), diagnostics_id=served.diagnostics_id)
             m.reloads.labels("swapped").inc()
             return 200, {"result": "swapped", "release": rel.release_id, "previous": old.release_id if old else None,

@@ -115,12 +115,14 @@ class ReleaseHolder:
     """
 
     def __init__(self, source: Path, loader: Loader, *, force_reference: bool = False, warmup_limit: int = 256,
+                 warmup_threads: int = 1,
                  after_load: Callable[[Release], str | None] | None = None,
                  bind_models: Callable[[Release, dict[str, str]], dict[str, Any]] | None = None) -> None:
         self.source = Path(source)
         self._load = loader
         self.force_reference = force_reference
         self.warmup_limit = warmup_limit
+        self.warmup_threads = warmup_threads
         self.after_load = after_load
         self.bind_models = bind_models
         self.current: Served | None = None
@@ -148,7 +150,7 @@ class ReleaseHolder:
         load_s = time.perf_counter() - t0
         diag = self.after_load(release) if self.after_load else None
         devices, label = serving_devices(release)
-        warm = warm_up(release, devices, limit=self.warmup_limit)
+        warm = warm_up(release, devices, limit=self.warmup_limit, threads=self.warmup_threads)
         models = self.bind_models(release, devices) if self.bind_models else {}
         return Served(release, target, devices, label, warm, load_s, diagnostics_id=diag, models=models)
 

@@ -10,6 +10,7 @@ scrape time and must stay 0: anything else means a call reached TileLang's JIT.
     tileship_rejected_total{reason}                      requests refused before running (overloaded, timeout...)
     tileship_inflight_requests                           inference requests admitted and not yet answered
     tileship_release_load_seconds / _warmup_seconds      duration of the last load / warm-up of the live release
+    tileship_warmup_spec_seconds{spec}                   per specialization, the last warm-up of the live release
     tileship_release_load_failures_total{stage}          failed loads (stage: load|warmup)
     tileship_warmup_failures_total{model}                specializations whose warm-up call failed
     tileship_circuit_open_total{model,version}           kernels switched to the reference at serve time
@@ -58,6 +59,9 @@ class ServeMetrics:
         self.warmup_seconds = Gauge("tileship_release_warmup_seconds",
                                     "Seconds the last successful warm-up took (one call per specialization)",
                                     registry=r)
+        self.warmup_spec_seconds = Gauge("tileship_warmup_spec_seconds",
+                                         "Seconds each specialization's warm-up took in the live release's last "
+                                         "warm-up (its call, the reference's, the comparison)", ("spec",), registry=r)
         self.load_failures = Counter("tileship_release_load_failures", "Release loads that failed, by stage",
                                      ("stage",), registry=r)
         self.warmup_failures = Counter("tileship_warmup_failures",

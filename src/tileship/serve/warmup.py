@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,15 +18,18 @@ from tileship.verify.compare import disagreement
 
 @dataclass
 class WarmReport:
-    """What warm-up did: ``calls`` real calls; ``failures`` spec id -> why it now serves the reference."""
+    """What warm-up did: ``calls`` real calls; ``failures`` spec id -> why it now serves the reference;
+    ``spec_seconds`` spec id -> seconds its warm-up took (its call, the reference's, the comparison)."""
 
     seconds: float = 0.0
     calls: int = 0
     failures: dict[str, str] = field(default_factory=dict)
+    spec_seconds: dict[str, float] = field(default_factory=dict)
+    threads: int = 1
 
 
-
-def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed: int = 0) -> WarmReport:
+def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed: int = 0,
+            threads: int = 1) -> WarmReport:
     """One real call per loaded kernel specialization, compared with the reference.
 
     The sample shape is the largest of ``tileship.declare.inputs.sample_points(spec, limit=limit)``
@@ -34,53 +38,80 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
     switched to the reference (reason ``load_failed``) and listed in ``failures``. An
     operator with no kernel on this device gets one reference call instead (cuBLAS and
     friends initialise lazily). Never compiles.
+
+    ``threads`` > 1 warms specializations on that many threads at once (their host work overlaps;
+    on one GPU their kernels still queue on the device). Switching a kernel to the reference
+    happens after every call has finished, on the calling thread, so no runner changes while
+    another thread calls it.
     """
+    import torch
+
+    t0 = time.perf_counter()
+    report = WarmReport(threads=max(1, threads))
+    jobs: list[tuple[str, Any, Any]] = []
+    for name, runner in release.ops.items():
+        kernels = [e for e in runner.entries if e.kernel is not None and e.spec is not None]
+        jobs += [(name, runner, e) for e in kernels]
+        if not kernels and runner.entries:
+            jobs.append((name, runner, None))  # the reference once: cuBLAS and friends initialise lazily
+    if report.threads > 1 and len(jobs) > 1:
+        with concurrent.futures.ThreadPoolExecutor(report.threads, thread_name_prefix="tileship-warmup") as pool:
+            done = list(pool.map(lambda job: _one(release, devices, job, limit, seed), jobs))
+    else:
+        done = [_one(release, devices, job, limit, seed) for job in jobs]
+    for (_name, runner, entry), (sid, seconds, dims, problem) in zip(jobs, done, strict=True):
+        report.calls += 1
+        report.spec_seconds[sid] = seconds
+        if problem is not None:
+            runner.disable(entry, "load_failed", f"warm-up call at {dims}: {problem}")
+            report.failures[sid] = problem
+    if any(d == "cuda" for d in devices.values()):
+        torch.cuda.synchronize()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], limit: int,
+         seed: int) -> tuple[str, float, dict[str, int], str | None]:
+    """Warm one job: (spec id, seconds, dims, problem or None). A job without an entry calls the
+    operator's reference once at its smallest declared shape (never a problem)."""
     import torch
 
     from tileship.declare.inputs import sample_points
     from tileship.declare.spec import Tolerance, tensor_tolerance
     from tileship.verify.mutated import OnClones, mutated_positions
 
+    name, runner, entry = job
+    device = devices[name]
     t0 = time.perf_counter()
-    report = WarmReport()
-    for name, runner in release.ops.items():
-        device = devices[name]
-        tol = release.declarations[name].get("tolerances", {})
-        kernels = [e for e in runner.entries if e.kernel is not None and e.spec is not None]
-        for entry in kernels:
-            spec = entry.spec
-            assert spec is not None
-            dims = sample_points(spec, limit=limit)[-1]
-            args = runner.sample_inputs(dims, spec.dtype, device, seed)
-            problem = None
-            decl = release.declarations[name]
-            mut = mutated_positions(decl)  # inputs updated in place: each path on its own clones, compared whole
-            try:
-                outs = OnClones(entry.kernel, mut)(*args)  # type: ignore[arg-type]
-                refs = OnClones(runner.reference, mut)(*args)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                names = [n for n, *_ in decl["outputs"]] + [decl["inputs"][i][0] for i in mut]
-                for o_name, o, r in zip(names, outs, refs, strict=True):
-                    t = tensor_tolerance(release.declarations[name], o_name, spec.dtype) if tol else Tolerance(0.0, 0.0)
-                    problem = problem or disagreement(o, r, t.atol, t.rtol)
-            except Exception as exc:
-                problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            report.calls += 1
-            if problem is not None:
-                runner.disable(entry, "load_failed", f"warm-up call at {dims}: {problem}")
-                report.failures[spec.id] = problem
-        if not kernels and runner.entries:
-            spec, dims = min(((e.spec, sample_points(e.spec, limit=limit)[0]) for e in runner.entries
-                              if e.spec is not None),
-                             key=lambda sd: _elements(runner.shape.inputs, sd[1]))
-            assert spec is not None
-            runner.reference(*runner.sample_inputs(dims, spec.dtype, device, seed))
-            report.calls += 1
-    if any(d == "cuda" for d in devices.values()):
-        torch.cuda.synchronize()
-    report.seconds = time.perf_counter() - t0
-    return report
+    if entry is None:
+        spec, dims = min(((e.spec, sample_points(e.spec, limit=limit)[0]) for e in runner.entries
+                          if e.spec is not None),
+                         key=lambda sd: _elements(runner.shape.inputs, sd[1]))
+        assert spec is not None
+        runner.reference(*runner.sample_inputs(dims, spec.dtype, device, seed))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return f"{name}:reference", time.perf_counter() - t0, dims, None
+    spec = entry.spec
+    decl = release.declarations[name]
+    tol = decl.get("tolerances", {})
+    dims = sample_points(spec, limit=limit)[-1]
+    problem = None
+    args = runner.sample_inputs(dims, spec.dtype, device, seed)
+    try:
+        mut = mutated_positions(decl)  # inputs updated in place: each path on its own clones, compared whole
+        outs = OnClones(entry.kernel, mut)(*args)
+        refs = OnClones(runner.reference, mut)(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        names = [n for n, *_ in decl["outputs"]] + [decl["inputs"][i][0] for i in mut]
+        for o_name, o, r in zip(names, outs, refs, strict=True):
+            t = tensor_tolerance(decl, o_name, spec.dtype) if tol else Tolerance(0.0, 0.0)
+            problem = problem or disagreement(o, r, t.atol, t.rtol)
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return spec.id, time.perf_counter() - t0, dims, problem
 
 
 def _elements(inputs: Any, dims: dict[str, int]) -> int:

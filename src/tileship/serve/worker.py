@@ -50,7 +50,8 @@ def _load(msg: dict[str, Any]) -> Any:
                 runner.check_finite = bool(o.get("check_finite", True))
         return rel
 
-    holder = ReleaseHolder(Path(msg["path"]), loader, warmup_limit=int(o.get("warmup_limit", 256)))
+    holder = ReleaseHolder(Path(msg["path"]), loader, warmup_limit=int(o.get("warmup_limit", 256)),
+                           warmup_threads=int(o.get("warmup_threads", 1)))
     return holder.prepare(Target(Path(msg["path"]), bool(msg["reference_only"])))
 
 

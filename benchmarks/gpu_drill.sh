@@ -9,7 +9,7 @@
 # 2) sticky CUDA error recovery (benchmarks/gpu_fault_recovery.py): builds the fault-injection
 #    kernel with nvcc, poisons a worker, restarts it, times it. Writes OUT/fault/fault_recovery.{json,txt}
 #    and the diagnostics bundle written by the poisoned worker (OUT/fault/diagnostics/).
-# Env: PHASE_SECONDS (10), CONCURRENCY (8), SERVER_ARG (one more `tileship serve` flag), ALLOW_UNVERIFIED (1: run kernels of releases without
+# Env: PHASE_SECONDS (10), CONCURRENCY (8), SERVER_ARG (more `tileship serve` flags, space-separated), ALLOW_UNVERIFIED (1: run kernels of releases without
 #      verification evidence; every answer is still checked against the reference), FAULT (1: run step 2),
 #      RESTARTS (3), SITE (/tmp/site: where the offline bundle .gpu/site.tar.xz is unpacked).
 set -u
@@ -48,7 +48,7 @@ new_id=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]+'/manifest.
 
 server_args=(--server-arg=--diagnostics-dir --server-arg="$out/drill/diagnostics")
 [ "${ALLOW_UNVERIFIED:-1}" = 1 ] && server_args+=(--server-arg=--allow-unverified)
-[ -n "${SERVER_ARG:-}" ] && server_args+=(--server-arg="$SERVER_ARG")  # e.g. --no-warm-rollback
+for a in ${SERVER_ARG:-}; do server_args+=(--server-arg="$a"); done  # e.g. "--no-warm-rollback --warmup-threads=1"
 "$PY" -m tileship.cli drill --registry "$reg" --new "$new_id" --old "$old_id" --out "$out/drill" \
   --phase-seconds "${PHASE_SECONDS:-10}" --concurrency "${CONCURRENCY:-8}" "${server_args[@]}" > "$out/drill.stdout" 2>&1
 echo "drill rc=$?"

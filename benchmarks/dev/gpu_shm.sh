@@ -9,13 +9,14 @@
 # RELEASE_DIR: a release of benchmarks/serve_shm/tileship.toml (the catalog GEMM, cuda-sm90a), built on the CPU machine.
 # DRILL_RELEASE (default RELEASE_DIR): the drills' release; benchmarks/launch/tileship.toml (add, RMSNorm) keeps each
 # request small, so "first answer from the new state" measures the switch, not a 32 MiB request.
-# STEPS (default: all, in this order): ipc cuda_shm_tests serve_shm drill_warm drill_cold serve_load
+# STEPS (default: all, in this order): ipc cuda_shm_tests serve_shm drill_warm drill_cold drill_serial serve_load
+# (drill_cold: --no-warm-rollback; drill_serial: that and --warmup-threads=1, warm-up one specialization at a time)
 # Needs: .gpu/serve.tar.xz (bash benchmarks/dev/serve_host_bundle.sh: server, tritonclient, cuda-bindings) and
 # TileLang already unpacked in /tmp/site by the call just before (the two bundles do not fit one call's 64 MiB).
 # Only OUT_DIR/all_shm.tgz comes back.
 set -u
 out=${1:?usage: gpu_shm.sh OUT_DIR RELEASE_DIR}; rel=${2:?usage: gpu_shm.sh OUT_DIR RELEASE_DIR}; drel=${3:-$rel}
-STEPS=" ${STEPS:-ipc cuda_shm_tests serve_shm drill_warm drill_cold serve_load} "
+STEPS=" ${STEPS:-ipc cuda_shm_tests serve_shm drill_warm drill_cold drill_serial serve_load} "
 BUDGET_S=${BUDGET_S:-540}
 d=/tmp/gpu_shm; rm -rf "$d"; mkdir -p "$d" "$out"
 finish() { echo "total ${SECONDS} s" | tee -a "$d/steps.txt"; tar -C "$d" -czf "$out/all_shm.tgz" .; }
@@ -50,6 +51,8 @@ step serve_shm 120 "$PY" benchmarks/serve_shm.py --release "$rel" --op gemm --di
 step drill_warm 110 env FAULT=0 PHASE_SECONDS=${PHASE_SECONDS:-6} CONCURRENCY=${CONCURRENCY:-4} bash benchmarks/gpu_drill.sh "$d/drill_warm" "$drel"
 step drill_cold 110 env FAULT=0 PHASE_SECONDS=${PHASE_SECONDS:-6} CONCURRENCY=${CONCURRENCY:-4} SERVER_ARG=--no-warm-rollback \
   bash benchmarks/gpu_drill.sh "$d/drill_cold" "$drel"
+step drill_serial 110 env FAULT=0 PHASE_SECONDS=${PHASE_SECONDS:-6} CONCURRENCY=${CONCURRENCY:-4} \
+  SERVER_ARG="--no-warm-rollback --warmup-threads=1" bash benchmarks/gpu_drill.sh "$d/drill_serial" "$drel"
 step serve_load 120 "$PY" benchmarks/serve_load.py --release "$rel" --op gemm --dims M=4096,N=4096,K=4096 \
   --dtype float16 --max-body-mib 256 --allow-unverified --clients 64 --duration 15 --max-requests 1500 --seq 40 \
   --out "$d/serve_load_gemm4096.json"

@@ -44,7 +44,7 @@ def serve(
     reference_only: bool = typer.Option(False,
                                         help="serve every operator through its PyTorch reference (load no native "
                                              "code)"),
-    warmup_threads: int = typer.Option(4, help="specializations warmed at once before a release takes traffic"),
+    warmup_threads: int = typer.Option(1, help="specializations warmed at once before a release takes traffic"),
     warm_rollback: bool = typer.Option(True,
                                        help="with a registry: keep the release `tileship rollback` returns to "
                                             "loaded and warm, so a rollback swaps without loading"),

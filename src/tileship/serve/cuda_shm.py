@@ -25,6 +25,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from tileship.serve import cuda_ipc
+from tileship.serve.shm import Window
 from tileship.serve.validate import BadRequest, short
 
 if TYPE_CHECKING:
@@ -45,10 +46,11 @@ def raw_handle(value: Any, name: str) -> bytes:
         raise BadRequest(400, f"region {short(name)}: raw_handle.b64 is not base64") from None
 
 
-class CudaRegion:
+class CudaRegion(Window):
     """One registered CUDA IPC allocation. ``BadRequest`` 400 when it cannot be opened or is too small."""
 
     kind = KIND
+    label = "CUDA shared-memory region"
 
     def __init__(self, name: str, handle: Any, device_id: Any, byte_size: Any) -> None:
         if not isinstance(handle, (bytes, bytearray)) or len(handle) != cuda_ipc.HANDLE_BYTES:
@@ -99,19 +101,6 @@ class CudaRegion:
             dst = self._view[start:start + ref.byte_size]
             dst.copy_(data.detach().contiguous().reshape(-1).view(dst.dtype))
             _torch().cuda.current_stream(dst.device).synchronize()
-
-    def check(self, ref: Ref, where: str) -> None:
-        with self._lock:
-            self._start(ref, where)
-
-    def _start(self, ref: Ref, where: str) -> int:
-        if self.closed:
-            raise BadRequest(404, f"{where}: unknown shared-memory region {short(ref.region)} (unregistered)")
-        if ref.offset + ref.byte_size > self.byte_size:
-            raise BadRequest(400, f"{where}: shared_memory_offset {ref.offset} + shared_memory_byte_size "
-                                  f"{ref.byte_size} runs past the end of CUDA shared-memory region "
-                                  f"{short(ref.region)} ({self.byte_size} bytes)")
-        return ref.offset
 
     def close(self) -> None:
         """Unmap, after every copy queued on the device has finished. A mapping the driver refuses

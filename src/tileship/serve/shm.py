@@ -94,7 +94,35 @@ def _path(key: Any) -> str:
     return os.path.join(SHM_DIR, m.group(1))
 
 
-class Region:
+class Window:
+    """What a registered region of either kind shares: ``name``, ``byte_size``, ``closed``, a lock,
+    and the bounds check of a request's window (``check``; ``_start`` gives its first byte in the
+    underlying object, ``base`` bytes in)."""
+
+    kind = "system"
+    #: how messages name a region of this kind
+    label = "shared-memory region"
+    name: str
+    byte_size: int
+    closed: bool
+    base: int = 0
+    _lock: threading.Lock
+
+    def check(self, ref: Ref, where: str) -> None:
+        """Raise what a read or write of ``ref`` would (404 unregistered, 400 past the end), touching nothing."""
+        with self._lock:
+            self._start(ref, where)
+
+    def _start(self, ref: Ref, where: str) -> int:
+        if self.closed:
+            raise BadRequest(404, f"{where}: unknown shared-memory region {short(ref.region)} (unregistered)")
+        if ref.offset + ref.byte_size > self.byte_size:
+            raise BadRequest(400, f"{where}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the "
+                                  f"end of {self.label} {short(ref.region)} ({self.byte_size} bytes)")
+        return self.base + ref.offset
+
+
+class Region(Window):
     """One registered window ``[offset, offset + byte_size)`` of ``/dev/shm/<key>``.
 
     Raises BadRequest 400 when the key names no regular file there or the window runs past its end."""
@@ -123,10 +151,9 @@ class Region:
             os.close(fd)
             raise
         self.fd, self.name, self.key, self.offset, self.byte_size = fd, name, key, offset, byte_size
+        self.base = offset
         self.closed = False
         self._lock = threading.Lock()
-
-    kind = "system"
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -152,20 +179,6 @@ class Region:
             done = 0
             while done < len(mv):
                 done += os.pwrite(self.fd, mv[done:], start + done)
-
-    def check(self, ref: Ref, where: str) -> None:
-        """Raise what ``read``/``write`` would for ``ref``'s window, touching nothing."""
-        with self._lock:
-            self._start(ref, where)
-
-    def _start(self, ref: Ref, where: str) -> int:
-        if self.closed:
-            raise BadRequest(404, f"{where}: unknown shared-memory region {short(ref.region)} (unregistered)")
-        end = ref.offset + ref.byte_size
-        if end > self.byte_size:
-            raise BadRequest(400, f"{where}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the "
-                                  f"end of shared-memory region {short(ref.region)} ({self.byte_size} bytes)")
-        return self.offset + ref.offset
 
     def _shrunk(self, ref: Ref, where: str) -> BadRequest:
         size = os.fstat(self.fd).st_size

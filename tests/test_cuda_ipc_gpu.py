@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -56,8 +57,15 @@ def test_open_read_write_and_close_an_allocation_of_another_process():
         region.write(Ref("r", offset + 28, 4), torch.tensor([42.0], device="cuda"), "output C")
         twin.close()
         assert torch.equal(region.read(Ref("r", offset + 28, 4), "x").view(torch.float32).cpu(), torch.tensor([42.0]))
-        region.close()
-        assert region.close_error is None
+        view = region.lend(Ref("r", offset, 16), "input A")  # read in place, as a request does
+        closing = threading.Thread(target=region.close)
+        closing.start()
+        closing.join(0.5)
+        assert closing.is_alive()  # unregistering waits for the view to come back
+        assert torch.equal(view.view(torch.float32).cpu(), torch.arange(4, dtype=torch.float32))  # still mapped
+        region.give_back()
+        closing.join(30)
+        assert not closing.is_alive() and region.close_error is None
         with pytest.raises(BadRequest, match="unregistered"):
             region.read(Ref("r", 0, 4), "input A")
         out, _ = child.communicate("go\n", timeout=60)

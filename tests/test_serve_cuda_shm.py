@@ -152,7 +152,7 @@ class DeviceWindow:
     kind = "cuda"
 
     def __init__(self, name: str, nbytes: int) -> None:
-        self.name, self.mem, self.reads = name, torch.zeros(nbytes, dtype=torch.uint8), 0
+        self.name, self.mem, self.reads, self.lent = name, torch.zeros(nbytes, dtype=torch.uint8), 0, 0
 
     def check(self, ref: shm.Ref, where: str) -> None:
         if ref.offset + ref.byte_size > self.mem.numel():
@@ -161,6 +161,14 @@ class DeviceWindow:
     def read(self, ref: shm.Ref, where: str) -> torch.Tensor:
         self.reads += 1
         return self.mem[ref.offset:ref.offset + ref.byte_size].clone()
+
+    def lend(self, ref: shm.Ref, where: str) -> torch.Tensor:
+        self.check(ref, where)
+        self.lent += 1
+        return self.mem[ref.offset:ref.offset + ref.byte_size]
+
+    def give_back(self) -> None:
+        self.lent -= 1
 
     def write(self, ref: shm.Ref, data: Any, where: str) -> None:
         self.mem[ref.offset:ref.offset + ref.byte_size].copy_(data.reshape(-1).view(torch.uint8))
@@ -179,10 +187,11 @@ def test_attach_fetches_cuda_inputs_at_call_time_and_keeps_outputs_on_the_device
     req = protocol.InferRequest(None, [inp], [("C", True)], True, shm_outputs={"C": shm.Ref("dev", 48, 16)})
     seen: dict[str, Any] = {}
     encode = shm.attach(regions, req, lambda **kw: seen.update(kw) or "encoded")
-    assert win.reads == 0 and inp.raw is None  # nothing read before the call runs
+    assert win.lent == 0 and inp.raw is None  # nothing read before the call runs
     assert encode.device_outputs == frozenset({"C"})
     t = protocol.to_tensor(inp, "cpu")
-    assert win.reads == 1 and torch.equal(t, a)
+    assert win.lent == 1 and torch.equal(t, a)
+    assert t.data_ptr() == win.mem[16:].data_ptr()  # read in place: no copy
     out = t * 2
     assert encode(outputs=[("C", out, True)], model="m") == "encoded"
     assert torch.equal(win.mem[48:64].view(torch.float32), out)
@@ -190,8 +199,16 @@ def test_attach_fetches_cuda_inputs_at_call_time_and_keeps_outputs_on_the_device
                                  "shared_memory_offset": 48}}
     with pytest.raises(BadRequest, match="byte size mismatch: output C"):
         encode(outputs=[("C", torch.zeros(5), True)], model="m")
+    assert np.array_equal(win.mem[16:32].view(torch.float32).numpy(), a.numpy())  # the input is untouched
+    encode.leases.release()  # what calls.execute does once the call has finished
+    assert win.lent == 0
+    odd = protocol.InputTensor("A", "FP32", (2,), shm=shm.Ref("dev", 18, 8))  # no float32 view starts there
+    win.mem[18:26].copy_(torch.tensor([1.5, -2.0]).view(torch.uint8))
+    plain = shm.attach(regions, protocol.InferRequest(None, [odd], [("C", True)], True), lambda **kw: None)
+    assert torch.equal(protocol.to_tensor(odd, "cpu"), torch.tensor([1.5, -2.0]))  # a copy, correct
+    plain.leases.release()
+    assert win.lent == 0
     bad = protocol.InferRequest(None, [protocol.InputTensor("A", "FP32", (4,), shm=shm.Ref("dev", 56, 16))],
                                 [("C", True)], True)
     with pytest.raises(BadRequest, match="input A: past the end"):
         shm.attach(regions, bad, lambda **kw: None)
-    assert np.array_equal(win.mem[16:32].view(torch.float32).numpy(), a.numpy())

@@ -192,6 +192,30 @@ def execute(service: Service, served: Served, name: str, plan: protocol.CallPlan
     rel = served.release
     runner = rel.ops[name]
     device = served.devices[name]
+    leases = getattr(encode, "leases", None)  # CUDA shared-memory inputs read in place (``shm.attach``)
+    try:
+        return _execute(service, served, name, plan, kserve_id, encode, runner, device)
+    finally:
+        if leases is not None:
+            _release(leases, device)
+
+
+def _release(leases: Any, device: str) -> None:
+    """Give the lent windows back once the device is done with them; never after a sticky fault
+    (the process exits: the windows stay mapped rather than be unmapped under a running kernel)."""
+    if device != "cpu":
+        import torch
+
+        try:
+            torch.cuda.current_stream().synchronize()
+        except Exception:
+            return
+    leases.release()
+
+
+def _execute(service: Service, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None,
+             encode: Encoder, runner: Any, device: str) -> tuple[Any, Decision]:
+    rel = served.release
     tensors = plan.arguments(device)
     try:
         out, decision = runner.call(*tensors)

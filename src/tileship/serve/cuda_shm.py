@@ -8,13 +8,15 @@ GPU with no host copy.
 Contract, as ``serve.shm`` for system regions: nothing a client sends makes the server touch
 device memory outside a registered window. Registration opens the handle (``serve.cuda_ipc``)
 and refuses a ``byte_size`` past the end of the allocation as the driver reports it, so a
-client cannot widen its window by claiming a larger size. Inputs are copied out of the window
-on the device (one device-to-device copy, on the calling thread's current stream) when the call
-runs, so the kernel never reads client memory that may change under it; outputs are copied into
-their window and synchronized before the response is sent, so the client reads finished bytes.
-Unregistering waits for the device's queued work before the mapping goes, so a copy already
-queued never touches unmapped memory. Every refusal is ``BadRequest`` 400 naming the region and
-field; an unknown region is 404 (``serve.shm.Regions``).
+client cannot widen its window by claiming a larger size. An input is read in place: the call
+gets a view of the window (``lend``), no copy, as Triton does, and the client must leave those
+bytes alone until the response arrives; the request gives the view back (``give_back``) once its
+call has finished on the device. Outputs are copied into their window (one device-to-device copy)
+and synchronized before the response is sent, so the client reads finished bytes. Unregistering
+waits until no request holds a view and the device's queued work is done before the mapping
+goes, so nothing queued ever touches unmapped memory (after ``LEND_WAIT_S`` it gives up and
+leaves the mapping in place rather than risk a fault). Every refusal is ``BadRequest`` 400 naming
+the region and field; an unknown region is 404 (``serve.shm.Regions``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from tileship.serve.shm import Ref
 
 KIND = "cuda"
+#: how long unregistering waits for the requests reading a region in place
+LEND_WAIT_S = 60.0
 
 
 def raw_handle(value: Any, name: str) -> bytes:
@@ -83,7 +87,9 @@ class CudaRegion(Window):
         self.close_error: str | None = None
         self._mapping = mapping
         self._lock = threading.Lock()
-        self._view = torch.as_tensor(_Window(mapping.ptr, byte_size), device=f"cuda:{mapping.device}")
+        self._idle = threading.Condition(self._lock)  # notified when the last lent view comes back
+        self._lent = 0
+        self._view = torch.as_tensor(_ArrayInterface(mapping.ptr, byte_size), device=f"cuda:{mapping.device}")
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
@@ -94,6 +100,21 @@ class CudaRegion(Window):
             start = self._start(ref, where)
             return self._view[start:start + ref.byte_size].clone()
 
+    def lend(self, ref: Ref, where: str) -> Any:
+        """``ref``'s bytes in place (a uint8 view on the region's device, no copy), counted until
+        ``give_back``: the region stays mapped while it is out. BadRequest 404/400 as ``check``."""
+        with self._lock:
+            start = self._start(ref, where)
+            self._lent += 1
+            return self._view[start:start + ref.byte_size]
+
+    def give_back(self) -> None:
+        """One view from ``lend`` is no longer used (its call has finished on the device)."""
+        with self._lock:
+            self._lent -= 1
+            if self._lent == 0:
+                self._idle.notify_all()
+
     def write(self, ref: Ref, data: Any, where: str) -> None:
         """Copy the tensor ``data`` (``ref.byte_size`` bytes, any device) into ``ref``, synchronized."""
         with self._lock:
@@ -103,19 +124,23 @@ class CudaRegion(Window):
             _torch().cuda.current_stream(dst.device).synchronize()
 
     def close(self) -> None:
-        """Unmap, after every copy queued on the device has finished. A mapping the driver refuses
-        to unmap (the client freed its allocation first) is forgotten all the same: ``close_error``."""
+        """Unmap, once no request holds a view and the device's queued work has finished. A mapping
+        the driver refuses to unmap (the client freed its allocation first) is forgotten all the
+        same; one still lent after ``LEND_WAIT_S`` stays mapped. Either way: ``close_error``."""
         with self._lock:
             if self.closed:
                 return
-            self.closed = True
+            self.closed = True  # no new view from here on
+            if not self._idle.wait_for(lambda: self._lent == 0, timeout=LEND_WAIT_S):
+                self.close_error = f"{self._lent} request(s) still read it after {LEND_WAIT_S:g} s: left mapped"
+                return
             device = self._view.device
             self._view = None
             _torch().cuda.synchronize(device)
             self.close_error = cuda_ipc.close(self._mapping, self.device_id)
 
 
-class _Window:
+class _ArrayInterface:
     """``__cuda_array_interface__`` over ``n`` bytes at ``ptr``: ``torch.as_tensor`` views it, no copy."""
 
     def __init__(self, ptr: int, n: int) -> None:

@@ -37,7 +37,7 @@ class InputTensor:
     data: Any = None            # JSON data (possibly nested lists)
     raw: memoryview | None = None  # binary extension: this input's bytes inside the body
     shm: shm.Ref | None = None     # shared-memory extension: where its bytes are (``shm.attach`` sets ``raw``)
-    #: CUDA shared memory: () -> a fresh uint8 device tensor of its bytes (``shm.attach`` sets it; run at call time)
+    #: CUDA shared memory: () -> its bytes in place, a uint8 device view (``shm.attach`` sets it; run at call time)
     fetch: Callable[[], Any] | None = None
 
 
@@ -324,8 +324,11 @@ def to_tensor(inp: InputTensor, device: str) -> Any:
     import torch
 
     dt = getattr(torch, DATATYPES[inp.datatype])
-    if inp.fetch is not None:  # CUDA shared memory: already a copy on its device, aligned
-        return inp.fetch().view(dt).reshape(inp.shape).to(device)
+    if inp.fetch is not None:  # CUDA shared memory: the window itself, on its device
+        t = inp.fetch()
+        if t.storage_offset() % dt.itemsize:  # an offset no view of this dtype can start at
+            t = t.clone()
+        return t.view(dt).reshape(inp.shape).to(device)
     if inp.raw is not None:
         t = torch.frombuffer(inp.raw, dtype=dt).reshape(inp.shape)
         if device == "cpu" and t.data_ptr() % 16:

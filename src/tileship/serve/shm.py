@@ -288,13 +288,37 @@ def _name(name: Any) -> None:
         raise BadRequest(400, f"a region name must be a string of 1 to 256 characters, got {short(name)}")
 
 
+class Leases:
+    """The CUDA windows one request reads in place: ``take`` lends a view (``CudaRegion.lend``) and
+    records it; ``release`` gives every one back, once the call has finished on the device."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[Any] = []
+
+    def take(self, region: Any, ref: Ref, where: str) -> Any:
+        view = region.lend(ref, where)
+        with self._lock:
+            self._held.append(region)
+        return view
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        for region in held:
+            region.give_back()
+
+
 def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
     """Copy ``req``'s system shared-memory inputs out of their regions (CUDA ones get a ``fetch``
-    that copies them on the device when the call runs) and check every shared-memory output's
-    window; the Encoder to use: ``encode`` itself when no output goes to shared memory, else one
-    that writes those outputs into their regions and hands ``encode`` their parameters (``shm=``)
-    instead of their data. That Encoder's ``device_outputs`` names the outputs it wants as device
-    tensors (those bound for CUDA regions). Raises BadRequest (400/404)."""
+    that lends their window in place when the call runs) and check every shared-memory output's
+    window; the Encoder to use: ``encode`` itself when nothing goes through shared memory, else a
+    wrapper that writes the shared-memory outputs into their regions and hands ``encode`` their
+    parameters (``shm=``) instead of their data. The wrapper's ``device_outputs`` names the outputs
+    it wants as device tensors (those bound for CUDA regions), and its ``leases`` (a ``Leases``)
+    must be released by the caller once the call has finished on the device, whatever happened
+    (``calls.execute`` does). Raises BadRequest (400/404)."""
+    leases = Leases()
     for inp in req.inputs:
         if inp.shm is not None:
             where = f"input {inp.name}"
@@ -303,8 +327,8 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
                 inp.raw = memoryview(region.read(inp.shm, where))
             else:
                 region.check(inp.shm, where)
-                inp.fetch = functools.partial(regions.read, inp.shm, where)
-    if not req.shm_outputs:
+                inp.fetch = functools.partial(leases.take, region, inp.shm, where)
+    if not req.shm_outputs and all(inp.fetch is None for inp in req.inputs):
         return encode
     on_device = set()
     for name, ref in req.shm_outputs.items():
@@ -333,4 +357,5 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
         return encode(**kw, shm=params)
 
     write_then_encode.device_outputs = frozenset(on_device)  # type: ignore[attr-defined]
+    write_then_encode.leases = leases  # type: ignore[attr-defined]
     return write_then_encode

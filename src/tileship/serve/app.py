@@ -27,9 +27,9 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.dispatch import Decision, OpRunner, Release
-from tileship.serve import calls, extensions, protocol, shm, standby, validate
+from tileship.serve import calls, extensions, protocol, shm, staging, standby, validate
 from tileship.serve.admission import Slots
-from tileship.serve.body import read_body
+from tileship.serve.body import read_pooled
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import ReleaseHolder, Served, Target, image_check, release_id_at
 from tileship.serve.jsonlog import JsonLog
@@ -74,6 +74,7 @@ class Service:
         self.prewarming: asyncio.Task[Any] | None = None  # loading the rollback standby (``serve.standby``)
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
+        self.staging = staging.Pool()  # reused (pinned) blocks for large request bodies (serve.staging)
         self.unloaded: set[str] = set()  # models unloaded through the repository extension
         # Triton's system and CUDA shared-memory regions (serve.shm), closed at shutdown. With worker
         # processes the GPU is theirs: this process opens no CUDA IPC handle
@@ -252,10 +253,18 @@ class Service:
 
         async def read() -> tuple[protocol.InferRequest, int]:
             protocol.check_content_type(request.headers.get("content-type"), header_length)
-            # the body first, outside admission: a slow client holds its own connection, never an inference slot
-            data = await read_body(request, limit=self.config.max_body_bytes, timeout_s=self.config.body_timeout_s,
-                                   rejected=self.metrics.rejected)
-            return protocol.parse_infer(data, header_length, self.config.limits), len(data)
+            # the body first, outside admission: a slow client holds its own connection, never an inference slot.
+            # A large one lands in a reused (pinned) block, given back by ``calls.run`` once the call has ended
+            data, lease = await read_pooled(request, self.staging, limit=self.config.max_body_bytes,
+                                            timeout_s=self.config.body_timeout_s, rejected=self.metrics.rejected)
+            try:
+                req = protocol.parse_infer(data, header_length, self.config.limits)
+            except BaseException:
+                if lease is not None:
+                    lease.give_back()
+                raise
+            req.lease = lease
+            return req, len(data)
 
         def on_served(served: Served) -> None:
             request.scope["tileship.served"] = served

@@ -1,4 +1,5 @@
-"""Request bodies: read one whole, under a size limit and a deadline (the server's body reader)."""
+"""Request bodies: read one whole, under a size limit and a deadline (the server's body reader), into a
+bytearray or a pooled block (``serve.staging``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from starlette.requests import ClientDisconnect, Request
 from tileship.serve.validate import BadRequest, short
 
 
-async def read_body(request: Request, *, limit: int, timeout_s: float, rejected: Any) -> bytearray:
+async def read_body(request: Request, *, limit: int, timeout_s: float, rejected: Any,
+                    into: Any = None) -> Any:
     """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; BadRequest (413, 408,
     400) otherwise, each rejection counted on ``rejected.labels(reason)``. The buffer is allocated once
-    the first body bytes arrive, never on the word of the Content-Length header alone."""
+    the first body bytes arrive, never on the word of the Content-Length header alone; ``into``
+    (a writable memoryview of exactly Content-Length bytes, ``serve.staging``) is used instead when
+    given, and returned. Otherwise the result is a bytearray."""
     cl = request.headers.get("content-length")
     size = None
     if cl is not None:
@@ -23,7 +27,7 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
         if size > limit:
             rejected.labels("body_too_large").inc()
             raise BadRequest(413, f"request body is {size} bytes; the limit is {limit} bytes (--max-body-mib)")
-    buf = bytearray()
+    buf: Any = bytearray()
     pos = 0
     try:
         async with asyncio.timeout(timeout_s):
@@ -36,7 +40,7 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
                     buf += chunk
                 else:
                     if not buf and n:
-                        buf = bytearray(size)
+                        buf = into if into is not None and len(into) == size else bytearray(size)
                     buf[pos:pos + n] = chunk
                 pos += n
     except TimeoutError:
@@ -48,3 +52,19 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
     if size is not None and pos != size:
         raise BadRequest(400, f"the body has {pos} bytes but Content-Length says {size}")
     return buf
+
+
+async def read_pooled(request: Request, pool: Any, *, limit: int, timeout_s: float, rejected: Any) -> tuple[Any, Any]:
+    """``read_body`` into a block of ``pool`` (``serve.staging.Pool``) when Content-Length names a body
+    the pool takes: (body, the lease or None). The caller gives the lease back once nothing reads the
+    body; on an error here it is given back already."""
+    cl = request.headers.get("content-length", "")
+    lease = pool.take(int(cl)) if cl.isdigit() and len(cl) <= 18 and int(cl) <= limit else None
+    try:
+        data = await read_body(request, limit=limit, timeout_s=timeout_s, rejected=rejected,
+                               into=lease.view if lease is not None else None)
+    except BaseException:
+        if lease is not None:
+            lease.give_back()
+        raise
+    return data, lease

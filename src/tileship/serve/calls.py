@@ -87,6 +87,7 @@ async def run(service: Service, call: Call) -> Answer:
     labels = ["_unknown", "", "none"]
     kserve_id = None
     fut = None
+    req = None
     try:
         if served is None or service.holder.fatal is not None:
             raise BadRequest(503, f"not ready: {service.holder.readiness()[1]['reason']}")
@@ -149,6 +150,9 @@ async def run(service: Service, call: Call) -> Answer:
         msg, diag = service.log_internal(call.request_id, exc, labels[0], served)
         service.count_error(500, msg, call, labels, t0, kserve_id)
         return Answer(500, served=served, message=msg, diagnostics_id=diag)
+    finally:
+        if req is not None and req.lease is not None:
+            _give_back_after(req.lease, fut)
     labels[2] = decision.path
     service.canary.record(side, name, 200, timed.seconds, decision.reason)
     elapsed = time.perf_counter() - t0
@@ -166,6 +170,25 @@ async def run(service: Service, call: Call) -> Answer:
     service.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s,
                          t_end - t_run)
     return Answer(200, encoded, decision, served)
+
+
+def _own(out: Any, inputs: list[Any]) -> Any:
+    """``out``, or a copy of it when it shares memory with an input (an input read from the request
+    body, whose pooled block goes back to the pool before the response is sent)."""
+    ptr = out.untyped_storage().data_ptr()
+    for t in inputs:
+        if hasattr(t, "untyped_storage") and t.device.type == "cpu" and t.untyped_storage().data_ptr() == ptr:
+            return out.clone()
+    return out
+
+
+def _give_back_after(lease: Any, fut: Any) -> None:
+    """Give the body's pooled block back once nothing reads it: now, or when the call still
+    running on its worker thread (a 504 or a cancelled client) ends."""
+    if fut is None or fut.done():
+        lease.give_back()
+    else:
+        fut.add_done_callback(lambda _f: lease.give_back())
 
 
 def _fault(service: Service, served: Served, exc: Exception, device: str, call: Any = None) -> None:
@@ -227,7 +250,8 @@ def _execute(service: Service, served: Served, name: str, plan: protocol.CallPla
             torch.cuda.current_stream().synchronize()
         out_names = [n for n, _ in rel.declarations[name]["outputs"]]
         on_device = getattr(encode, "device_outputs", ())  # bound for CUDA shared memory: no trip to the host
-        host = [o if n in on_device else o.detach().cpu() for n, o in zip(out_names, outs, strict=False)]
+        host = [o if n in on_device else _own(o.detach().cpu(), tensors)
+                for n, o in zip(out_names, outs, strict=False)]
     except CallError as exc:
         raise BadRequest(400, exc.message) from None
     except Exception as exc:

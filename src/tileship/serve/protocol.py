@@ -50,6 +50,8 @@ class InferRequest:
     allow_nonfinite: bool = False
     #: outputs requested into shared memory (their names are in ``outputs`` too)
     shm_outputs: dict[str, shm.Ref] = field(default_factory=dict)
+    #: the pooled block the body was read into (``serve.staging.Lease``), given back when the call has ended
+    lease: Any = None
 
 
 @dataclass

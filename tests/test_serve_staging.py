@@ -1,0 +1,71 @@
+"""Pooled request bodies (issue 16, item 2, ``serve.staging``): blocks are reused per size class and
+bounded; a large binary request through a real server lands in a pooled block, answers correctly,
+and gives the block back; an output that shares memory with a pooled input is copied first."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+import tritonclient.http as th
+
+from tileship.serve import ServeConfig
+from tileship.serve.calls import _own
+from tileship.serve.staging import MIN_BYTES, Pool
+
+
+def test_small_bodies_are_not_pooled_and_blocks_come_back():
+    pool = Pool(pinned=False)
+    assert pool.take(MIN_BYTES - 1) is None
+    a = pool.take(MIN_BYTES + 5)
+    assert a is not None and len(a.view) == MIN_BYTES + 5 and pool.stats()["out_bytes"] == 2 * MIN_BYTES
+    a.view[:4] = b"abcd"
+    ptr = a._block.data_ptr()
+    a.give_back()
+    a.give_back()  # once only
+    assert pool.stats() == {"out_bytes": 0, "free_bytes": 2 * MIN_BYTES, "pinned": False}
+    b = pool.take(2 * MIN_BYTES)  # the same size class: the same block again
+    assert b is not None and b._block.data_ptr() == ptr
+    b.give_back()
+
+
+def test_the_pool_is_bounded():
+    pool = Pool(pinned=False, keep_bytes=2 * MIN_BYTES, max_bytes=4 * MIN_BYTES)
+    leases = [pool.take(MIN_BYTES) for _ in range(4)]
+    assert all(x is not None for x in leases) and pool.take(MIN_BYTES) is None  # 4 MiB out: the limit
+    for x in leases:
+        x.give_back()
+    assert pool.stats()["free_bytes"] == 2 * MIN_BYTES and pool.stats()["out_bytes"] == 0  # at most 2 kept
+
+
+def test_an_output_sharing_an_input_is_copied():
+    x = torch.arange(8.0)
+    assert _own(x[2:], [x]) is not x[2:] and _own(x.view(2, 4), [x]).data_ptr() != x.data_ptr()
+    y = torch.zeros(3)
+    assert _own(y, [x]) is y
+
+
+def test_a_large_binary_request_lands_in_a_pooled_block(cpu_release_build, tmp_path: Path):
+    from test_serve import serving
+
+    n = 1 << 19  # 2 MiB a tensor: the body is pooled
+    a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    with serving(ServeConfig(source=cpu_release_build.path, diagnostics_dir=tmp_path / "d",
+                             log_stream=io.StringIO())) as srv:
+        c = th.InferenceServerClient(f"127.0.0.1:{srv.port}", network_timeout=60.0)
+        try:
+            for _ in range(3):
+                inputs = [th.InferInput("A", [n], "FP32"), th.InferInput("B", [n], "FP32")]
+                inputs[0].set_data_from_numpy(a, binary_data=True)
+                inputs[1].set_data_from_numpy(b, binary_data=True)
+                res = c.infer("add", inputs, outputs=[th.InferRequestedOutput("C", binary_data=True)])
+                np.testing.assert_array_equal(res.as_numpy("C"), a + b)
+                stats = srv.service.staging.stats()
+                assert stats["out_bytes"] == 0 and stats["free_bytes"] == 8 << 20  # one 8 MiB block, back
+        finally:
+            c.close()
+        assert httpx.get(srv.url + "/v2/health/ready").json()["ready"] is True

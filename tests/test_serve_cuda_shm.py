@@ -2,7 +2,7 @@
 without a GPU can check: every malformed or impossible registration gets a 4xx naming the field,
 over REST (httpx and tritonclient.http) and gRPC (tritonclient.grpc), without disturbing the system
 regions that share the namespace; a server with worker processes refuses CUDA regions; and the
-request path (``shm.attach`` -> ``protocol.to_tensor`` -> the encoder) hands a CUDA region's bytes
+request path (``shm_requests.attach`` -> ``protocol.to_tensor`` -> the encoder) hands a CUDA region's bytes
 to the call and its outputs back as device tensors. The real IPC path runs on the H200:
 tests/test_serve_cuda_shm_gpu.py."""
 
@@ -22,7 +22,7 @@ import tritonclient.http as th
 import tritonclient.utils.shared_memory as sysshm
 from tritonclient.utils import InferenceServerException
 
-from tileship.serve import protocol, shm
+from tileship.serve import protocol, shm, shm_requests
 from tileship.serve.cuda_shm import raw_handle
 from tileship.serve.validate import BadRequest
 
@@ -186,7 +186,7 @@ def test_attach_fetches_cuda_inputs_at_call_time_and_keeps_outputs_on_the_device
     inp = protocol.InputTensor("A", "FP32", (4,), shm=shm.Ref("dev", 16, 16))
     req = protocol.InferRequest(None, [inp], [("C", True)], True, shm_outputs={"C": shm.Ref("dev", 48, 16)})
     seen: dict[str, Any] = {}
-    encode = shm.attach(regions, req, lambda **kw: seen.update(kw) or "encoded")
+    encode = shm_requests.attach(regions, req, lambda **kw: seen.update(kw) or "encoded")
     assert win.lent == 0 and inp.raw is None  # nothing read before the call runs
     assert encode.device_outputs == frozenset({"C"})
     t = protocol.to_tensor(inp, "cpu")
@@ -204,11 +204,11 @@ def test_attach_fetches_cuda_inputs_at_call_time_and_keeps_outputs_on_the_device
     assert win.lent == 0
     odd = protocol.InputTensor("A", "FP32", (2,), shm=shm.Ref("dev", 18, 8))  # no float32 view starts there
     win.mem[18:26].copy_(torch.tensor([1.5, -2.0]).view(torch.uint8))
-    plain = shm.attach(regions, protocol.InferRequest(None, [odd], [("C", True)], True), lambda **kw: None)
+    plain = shm_requests.attach(regions, protocol.InferRequest(None, [odd], [("C", True)], True), lambda **kw: None)
     assert torch.equal(protocol.to_tensor(odd, "cpu"), torch.tensor([1.5, -2.0]))  # a copy, correct
     plain.leases.release()
     assert win.lent == 0
     bad = protocol.InferRequest(None, [protocol.InputTensor("A", "FP32", (4,), shm=shm.Ref("dev", 56, 16))],
                                 [("C", True)], True)
     with pytest.raises(BadRequest, match="input A: past the end"):
-        shm.attach(regions, bad, lambda **kw: None)
+        shm_requests.attach(regions, bad, lambda **kw: None)

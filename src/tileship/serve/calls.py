@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
-from tileship.serve import extensions, protocol, shm, validate
+from tileship.serve import extensions, protocol, shm_requests, validate
 from tileship.serve.canary_stats import Timed
 from tileship.serve.validate import BadRequest
 
@@ -106,7 +106,7 @@ async def run(service: Service, call: Call) -> Answer:
         if name in service.unloaded:
             raise extensions.ModelUnloaded(name, call.protocol)
         req, bytes_in = await call.read()
-        encode = shm.attach(service.shm, req, call.encode)  # shared-memory inputs and outputs (400/404)
+        encode = shm_requests.attach(service.shm, req, call.encode)  # shared-memory inputs and outputs (400/404)
         t_body = time.perf_counter()
         kserve_id = req.id
         if whole is not None:
@@ -215,7 +215,7 @@ def execute(service: Service, served: Served, name: str, plan: protocol.CallPlan
     rel = served.release
     runner = rel.ops[name]
     device = served.devices[name]
-    leases = getattr(encode, "leases", None)  # CUDA shared-memory inputs read in place (``shm.attach``)
+    leases = getattr(encode, "leases", None)  # CUDA shared-memory inputs read in place (``shm_requests.attach``)
     try:
         return _execute(service, served, name, plan, kserve_id, encode, runner, device)
     finally:

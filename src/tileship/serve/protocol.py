@@ -36,8 +36,8 @@ class InputTensor:
     shape: tuple[int, ...]
     data: Any = None            # JSON data (possibly nested lists)
     raw: memoryview | None = None  # binary extension: this input's bytes inside the body
-    shm: shm.Ref | None = None     # shared-memory extension: where its bytes are (``shm.attach`` sets ``raw``)
-    #: CUDA shared memory: () -> its bytes in place, a uint8 device view (``shm.attach`` sets it; run at call time)
+    shm: shm.Ref | None = None     # shared-memory extension: where its bytes are (``shm_requests.attach`` sets ``raw``)
+    #: CUDA shared memory: () -> its bytes in place, a uint8 device view (``shm_requests.attach``; run at call)
     fetch: Callable[[], Any] | None = None
 
 

@@ -7,9 +7,8 @@ outputs into, instead of carrying the bytes.
     Region     one registered window of ``/dev/shm/<key>``: bounds-checked reads and writes
     Ref        where one tensor lies: (region, offset, byte_size), from a tensor's parameters
     ref_of     the Ref in a tensor's parameters, or None
-    attach     a parsed request's shared-memory inputs -> their bytes (system; CUDA inputs are
-               fetched on the device when the call runs); its outputs -> an Encoder that writes
-               them into their regions first (``calls.run`` calls it for REST and gRPC)
+
+A request's shared-memory inputs and outputs are wired in ``serve.shm_requests`` (``attach``).
 
 Contract: nothing a client sends makes the server read or write outside a registered window,
 or fault. Registration opens the file and refuses a window past its end; every read and write is
@@ -26,7 +25,6 @@ finishes first (each holds the region's lock).
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import stat
@@ -38,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from tileship.serve.validate import BadRequest, short
 
 if TYPE_CHECKING:
-    from tileship.serve.protocol import InferRequest
+    pass
 
 #: where POSIX shm_open names live on Linux
 SHM_DIR = "/dev/shm"
@@ -286,76 +284,3 @@ _ROUTE = {"system": "systemsharedmemory", "cuda": "cudasharedmemory"}
 def _name(name: Any) -> None:
     if not isinstance(name, str) or not name or len(name) > 256:
         raise BadRequest(400, f"a region name must be a string of 1 to 256 characters, got {short(name)}")
-
-
-class Leases:
-    """The CUDA windows one request reads in place: ``take`` lends a view (``CudaRegion.lend``) and
-    records it; ``release`` gives every one back, once the call has finished on the device."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: list[Any] = []
-
-    def take(self, region: Any, ref: Ref, where: str) -> Any:
-        view = region.lend(ref, where)
-        with self._lock:
-            self._held.append(region)
-        return view
-
-    def release(self) -> None:
-        with self._lock:
-            held, self._held = self._held, []
-        for region in held:
-            region.give_back()
-
-
-def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
-    """Copy ``req``'s system shared-memory inputs out of their regions (CUDA ones get a ``fetch``
-    that lends their window in place when the call runs) and check every shared-memory output's
-    window; the Encoder to use: ``encode`` itself when nothing goes through shared memory, else a
-    wrapper that writes the shared-memory outputs into their regions and hands ``encode`` their
-    parameters (``shm=``) instead of their data. The wrapper's ``device_outputs`` names the outputs
-    it wants as device tensors (those bound for CUDA regions), and its ``leases`` (a ``Leases``)
-    must be released by the caller once the call has finished on the device, whatever happened
-    (``calls.execute`` does). Raises BadRequest (400/404)."""
-    leases = Leases()
-    for inp in req.inputs:
-        if inp.shm is not None:
-            where = f"input {inp.name}"
-            region = regions.region(inp.shm, where)
-            if region.kind == "system":
-                inp.raw = memoryview(region.read(inp.shm, where))
-            else:
-                region.check(inp.shm, where)
-                inp.fetch = functools.partial(leases.take, region, inp.shm, where)
-    if not req.shm_outputs and all(inp.fetch is None for inp in req.inputs):
-        return encode
-    on_device = set()
-    for name, ref in req.shm_outputs.items():
-        region = regions.region(ref, f"output {name}")
-        region.check(ref, f"output {name}")
-        if region.kind != "system":
-            on_device.add(name)
-    outs = dict(req.shm_outputs)
-
-    def write_then_encode(**kw: Any) -> Any:
-        import torch
-
-        params: dict[str, dict[str, Any]] = {}
-        for name, t, _binary in kw["outputs"]:
-            ref = outs.get(name)
-            if ref is None:
-                continue
-            nbytes = t.numel() * t.element_size()
-            if nbytes != ref.byte_size:
-                raise BadRequest(400, f"byte size mismatch: output {name} is {list(t.shape)} x "
-                                      f"{str(t.dtype).removeprefix('torch.')} = {nbytes} bytes but {BYTE_SIZE} is "
-                                      f"{ref.byte_size}")
-            data = t if name in on_device else t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            regions.write(ref, data, f"output {name}")
-            params[name] = {REGION: ref.region, BYTE_SIZE: ref.byte_size} | ({OFFSET: ref.offset} if ref.offset else {})
-        return encode(**kw, shm=params)
-
-    write_then_encode.device_outputs = frozenset(on_device)  # type: ignore[attr-defined]
-    write_then_encode.leases = leases  # type: ignore[attr-defined]
-    return write_then_encode

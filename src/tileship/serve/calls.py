@@ -88,6 +88,7 @@ async def run(service: Service, call: Call) -> Answer:
     kserve_id = None
     fut = None
     req = None
+    encode: Any = None
     try:
         if served is None or service.holder.fatal is not None:
             raise BadRequest(503, f"not ready: {service.holder.readiness()[1]['reason']}")
@@ -153,6 +154,8 @@ async def run(service: Service, call: Call) -> Answer:
     finally:
         if req is not None and req.lease is not None:
             _give_back_after(req.lease, fut)
+        if (leases := getattr(encode, "leases", None)) is not None:  # ``execute`` gives them back itself;
+            _give_back_after(leases, fut)  # this covers every other executor (released once: idempotent)
     labels[2] = decision.path
     service.canary.record(side, name, 200, timed.seconds, decision.reason)
     elapsed = time.perf_counter() - t0
@@ -183,12 +186,14 @@ def _own(out: Any, inputs: list[Any]) -> Any:
 
 
 def _give_back_after(lease: Any, fut: Any) -> None:
-    """Give the body's pooled block back once nothing reads it: now, or when the call still
-    running on its worker thread (a 504 or a cancelled client) ends."""
+    """Give a pooled body block (``give_back``) or borrowed CUDA windows (``release``) back once
+    nothing reads them: now, or when the call still running on its worker thread (a 504 or a
+    cancelled client) ends."""
+    back = lease.give_back if hasattr(lease, "give_back") else lease.release
     if fut is None or fut.done():
-        lease.give_back()
+        back()
     else:
-        fut.add_done_callback(lambda _f: lease.give_back())
+        fut.add_done_callback(lambda _f: back())
 
 
 def _fault(service: Service, served: Served, exc: Exception, device: str, call: Any = None) -> None:

@@ -266,6 +266,21 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> dict[
     raise SystemExit(f"the server was not ready within {timeout} s")
 
 
+def ready_release(url: str, proc: subprocess.Popen[bytes], t_start: float, release_dir: Path, op: str,
+                  allow_unverified: bool) -> tuple[dict[str, Any], float, Any, str]:
+    """Wait for the server started at ``t_start``, then load the same release in this process:
+    (readiness body, seconds to ready, the release, the device ``op`` runs on there)."""
+    import torch
+
+    from tileship.runtime.loader import load
+
+    ready = wait_ready(url, proc, 600)
+    ready_s = time.perf_counter() - t_start
+    release = load(release_dir, allow_unverified=True if allow_unverified else None)
+    gpu = any(e.spec is not None and e.spec.target != "c" for e in release.ops[op].entries)
+    return ready, ready_s, release, "cuda" if torch.cuda.is_available() and gpu else "cpu"
+
+
 def scrape(url: str) -> str:
     import urllib.request
 
@@ -296,7 +311,6 @@ def main() -> int:
 
     import torch
 
-    from tileship.runtime.loader import load
 
     release_dir = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-load-rel-")))
     port = free_port()
@@ -308,15 +322,7 @@ def main() -> int:
     t_start = time.perf_counter()
     proc, log_path = start_server(release_dir, port, args, "serve-load-log-")
     try:
-        ready = wait_ready(url, proc, 600)
-        ready_s = time.perf_counter() - t_start
-        release = load(release_dir, allow_unverified=True if a.allow_unverified else None)
-        device = (
-            "cuda"
-            if torch.cuda.is_available()
-            and any(e.spec is not None and e.spec.target != "c" for e in release.ops[a.op].entries)
-            else "cpu"
-        )
+        ready, ready_s, release, device = ready_release(url, proc, t_start, release_dir, a.op, a.allow_unverified)
         body, headers, tensors = make_request(release, a.op, dims, a.dtype, binary)
         inproc = in_process(release, a.op, body, headers, tensors, device, a.seq)
         ref_out = inproc.pop("output")

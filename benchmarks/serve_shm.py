@@ -60,10 +60,10 @@ from serve_load import (  # noqa: E402
     http_phase,
     in_process,
     make_request,
+    ready_release,
     scrape,
     start_server,
     stop_server,
-    wait_ready,
 )
 
 MODES = ("binary", "system_shm", "cuda_shm")
@@ -416,7 +416,6 @@ def main() -> int:
     default = GPU_DEFAULT if torch.cuda.is_available() else CPU_DEFAULT
     a.op, a.dims, a.dtype = a.op or default[0], a.dims or default[1], a.dtype or default[2]
     dims = {k: int(v) for k, v in (p.split("=") for p in a.dims.split(","))}
-    from tileship.runtime.loader import load
 
     release_dir = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-shm-rel-")))
     port = free_port()
@@ -427,15 +426,7 @@ def main() -> int:
     t_start = time.perf_counter()
     proc, log_path = start_server(release_dir, port, args, "serve-shm-log-")
     try:
-        ready = wait_ready(url, proc, 600)
-        ready_s = time.perf_counter() - t_start
-        release = load(release_dir, allow_unverified=True if a.allow_unverified else None)
-        device = (
-            "cuda"
-            if torch.cuda.is_available()
-            and any(e.spec is not None and e.spec.target != "c" for e in release.ops[a.op].entries)
-            else "cpu"
-        )
+        ready, ready_s, release, device = ready_release(url, proc, t_start, release_dir, a.op, a.allow_unverified)
         request = make_request(release, a.op, dims, a.dtype, True)
         inproc = in_process(release, a.op, request[0], request[1], request[2], device, a.seq)
         ref = inproc.pop("output")

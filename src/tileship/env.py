@@ -74,6 +74,17 @@ def fast_launch_cuda() -> bool:
     return not any(w in ("off", "adapter", "0", "false", "cpu") for w in words)
 
 
+def native_call() -> bool:
+    """Whether a release's compiled dispatch table (``runtime.native``) may serve kernel calls: yes
+    unless ``TILESHIP_NATIVE_CALL`` says ``off``, ``0``, ``false`` or ``no``."""
+    return os.environ.get("TILESHIP_NATIVE_CALL", "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def c_compiler() -> str | None:
+    """``CC``: the C compiler ``tileship build`` compiles the dispatch table with; None when unset."""
+    return os.environ.get("CC", "").strip() or None
+
+
 def ray_fault_once() -> Path | None:
     """``TILESHIP_RAY_FAULT_ONCE``: a marker file; a Ray build task that finds it missing creates
     it and exits its worker process (a lost task, retried by Ray). Tests only."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -33,8 +34,10 @@ from tileship.declare.project import Project, revision_root, source_digest
 from tileship.declare.spec import Operator, Specialization, describe, expand
 from tileship.errors import BuildError
 from tileship.release import bundle
+from tileship.runtime import native
 
 LOG_LIMIT = 256 * 1024
+_log = logging.getLogger("tileship.build")
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
                     if opts.on_progress:
                         opts.on_progress(r)
         results.sort(key=lambda r: r.spec.id)
+        native_build = _native_table(project, staging)
         release = {
             "schema": 1,
             "model": {"name": project.model, "version": project.model_version},
@@ -199,6 +203,7 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
             "operators": descs,
             "specializations": {r.spec.id: {"spec": r.spec.to_json(), "status": "built" if r.ok else "failed",
                                             **({"error": r.error} if not r.ok else {})} for r in results},
+            **({"native": {"fastcall": native_build.to_json()}} if native_build is not None else {}),
         }
         bundle.write_json_atomic(staging / "release.json", release)
         bundle.write_json_atomic(staging / "build-log.json", {
@@ -221,3 +226,15 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
         raise
     key_id = bundle.sign(final, opts.sign_key) if opts.sign_key else None
     return BuildResult(manifest["release_id"], final, tuple(results), time.perf_counter() - t0, key_id)
+
+
+def _native_table(project: Project, staging: Path) -> native.NativeBuild | None:
+    """Compile the dispatcher's table (``runtime.native``) into the release when a target is CUDA (the
+    only kernels it launches are tvm-ffi's); None when none is. A failure is recorded, not raised: the
+    release then serves through the Python dispatcher."""
+    if not any(t.startswith("cuda") for t in project.targets):
+        return None
+    built = native.compile_library(staging / native.LIBRARY)
+    if not built.ok:
+        _log.warning("the dispatch table did not compile (%s); the release serves without it", built.error[-300:])
+    return built

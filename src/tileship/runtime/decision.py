@@ -1,8 +1,28 @@
 """Decision, Entry and OpShape: what the dispatcher decides, and the values it decides over.
 
-A Decision says which path served a call and why (reasons: see runtime.dispatch); an
+A Decision says which path served a call and why (the reasons below); an
 Entry is one specialization with its kernel and its call counter; an OpShape is what
 the dispatcher needs of a declaration.
+
+Reasons (``Decision.reason``):
+    kernel               the compiled kernel ran
+    undeclared_shape     no specialization covers these shapes (or a derived dim such as K/8
+                         does not match its base)
+    undeclared_dtype     no specialization covers these dtypes (each input's own, e.g. an int32
+                         length that arrives as int64; or "same"-dtype inputs that disagree)
+    device_not_covered   no specialization was built/loaded for this device (type or arch)
+    non_contiguous       the kernel needs contiguous inputs
+    misaligned           an input (or an ``out`` the kernel would write) is not 16-byte aligned, e.g. a
+                         contiguous slice at an offset: never handed to a TMA or vector load
+    drift                blocking environment drift against the lock
+    build_failed         the specialization failed to compile at build time
+    load_failed          its artifact failed to load or warm up here
+    unverified           on a GPU without verification evidence (and unverified not allowed)
+    verification_failed  evidence says the kernel was wrong on this device
+    slower_than_reference  evidence says the reference is faster for this shape
+    not_selected         a candidate that tuning did not pick for this shape (another one serves it)
+    disabled_by_policy   an operator switched this specialization (or the release) off
+    circuit_open         the kernel raised or returned non-finite values at serve time
 """
 
 from __future__ import annotations
@@ -47,9 +67,14 @@ class Entry:
     #: returns a reference reason for sizes the kernel should not serve, else None. Called on
     #: the slow path only (first call of a key, then memoized), never per call.
     choose: Callable[[Mapping[str, int]], str | None] | None = None
+    #: the kernel calls the compiled dispatch table served (``runtime.native``), read from it; None
+    #: when no table serves this entry. Those calls bump no Python counter
+    native_calls: Callable[[], int] | None = None
 
     def kernel_calls(self) -> int:
-        return self.calls.value()
+        """Kernel calls served by this specialization, by any path."""
+        native = self.native_calls
+        return self.calls.value() + (native() if native is not None else 0)
 
     @property
     def fast_calls(self) -> FastCalls:
@@ -58,8 +83,9 @@ class Entry:
 
 
 class FastCalls:
-    """``Entry.fast_calls``, derived at read time; ``value()`` is exact once the calls counted have
-    returned (a call racing the read may be seen in one of the two counts and not yet in the other)."""
+    """``Entry.fast_calls``, derived at read time (the compiled table's calls included); ``value()`` is
+    exact once the calls counted have returned (a call racing the read may be seen in one of the two
+    counts and not yet in the other)."""
 
     __slots__ = ("_entry",)
 
@@ -68,7 +94,7 @@ class FastCalls:
 
     def value(self) -> int:
         adapter = self._entry.adapter_calls.value()  # read first: ``calls`` then includes every adapter call read
-        return max(0, self._entry.calls.value() - adapter)
+        return max(0, self._entry.kernel_calls() - adapter)
 
     def __repr__(self) -> str:
         return f"FastCalls({self.value()})"

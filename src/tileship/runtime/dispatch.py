@@ -15,25 +15,12 @@ Every call the reference serves is counted once, in the runner's bounded ``telem
 (dtypes, shapes, reason), one call in ``SAMPLE`` timed (``runtime.telemetry``); ``snapshot()``'s
 counts by reason are those rows summed when read. A kernel call bumps ``Entry.calls`` only.
 
-Reasons (``Decision.reason``):
-    kernel               the compiled kernel ran
-    undeclared_shape     no specialization covers these shapes (or a derived dim such as K/8
-                         does not match its base)
-    undeclared_dtype     no specialization covers these dtypes (each input's own, e.g. an int32
-                         length that arrives as int64; or "same"-dtype inputs that disagree)
-    device_not_covered   no specialization was built/loaded for this device (type or arch)
-    non_contiguous       the kernel needs contiguous inputs
-    misaligned           an input (or an ``out`` the kernel would write) is not 16-byte aligned, e.g. a
-                         contiguous slice at an offset: never handed to a TMA or vector load
-    drift                blocking environment drift against the lock
-    build_failed         the specialization failed to compile at build time
-    load_failed          its artifact failed to load or warm up here
-    unverified           on a GPU without verification evidence (and unverified not allowed)
-    verification_failed  evidence says the kernel was wrong on this device
-    slower_than_reference  evidence says the reference is faster for this shape
-    not_selected         a candidate that tuning did not pick for this shape (another one serves it)
-    disabled_by_policy   an operator switched this specialization (or the release) off
-    circuit_open         the kernel raised or returned non-finite values at serve time
+The memoized keys a tvm-ffi kernel serves are also written into the operator's compiled table
+(``runtime.native``) when the release has one: ``__call__`` then asks the table first, which keys,
+checks layout and launches in C, and answers the reference rows with their route. Every decision
+change drops the table's rows, so the table serves a key exactly as the Python path would.
+
+The reasons a decision names are listed in ``runtime.decision``.
 
 An operator that updates inputs in place (``Operator.mutates``, e.g. a KV-cache append) is
 dispatched the same way: the kernel and the reference both write the caller's tensors (the
@@ -50,29 +37,22 @@ from collections.abc import Callable, Mapping
 from operator import itemgetter
 from typing import Any
 
+import tileship.runtime.native as native_mod
 import tileship.runtime.route as rt
 from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
+from tileship.runtime.breaker import Breaker, fault_args  # noqa: F401 (fault_args re-exported)
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
 from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned
 from tileship.runtime.spec_index import SpecIndex
+from tileship.runtime.table_rows import MEMO_LIMIT, TableRows
 from tileship.runtime.telemetry import SAMPLE, ShapeTable, shape_of
 
-MEMO_LIMIT = 8192
 _log = logging.getLogger("tileship.runtime.dispatch")
-_fault_call = threading.local()
-
-
-def fault_args() -> tuple[Any, ...] | None:
-    """The arguments of the call whose fault is being reported, inside an ``on_fault`` hook
-    (which runs synchronously in the failing call's thread); None anywhere else."""
-    return getattr(_fault_call, "args", None)
-
-
-class OpRunner:
+class OpRunner(Breaker, TableRows):
     """Callable operator of a loaded release. Thread-safe.
 
     Circuit breaker: a kernel that raises is disabled (``circuit_open``) and the reference
@@ -116,19 +96,51 @@ class OpRunner:
         self._index = SpecIndex(shape, entries, tpos, self._tdecl, device_reasons or {})
         self.on_fault = on_fault
         self.faults: dict[str, int] = {}  # kernel_raised / non_finite -> times a specialization was disabled
+        #: the compiled table (``runtime.native``) and the routes of its reference rows, by index
+        self._table: Any = None
+        self._native: Callable[..., Any] | None = None  # ``_table.call`` while it may serve
+        self._native_routes: list[Route] = []
         #: recompute non-finite kernel outputs on the reference and open the circuit (see class doc)
         self.check_finite = check_finite
+
+    @property
+    def n_inputs(self) -> int:
+        return self._n
+
+    @property
+    def all_tensors(self) -> bool:
+        """True when every input is a tensor (no ``ScalarArg``)."""
+        return self._plain
 
     # -- hot path ----------------------------------------------------------------
     def __call__(self, *args: Any, out: Any = None) -> Any:
         """The output only (``out`` when given). The common case (a memoized key served by a
-        kernel) is inlined here: one key tuple, one dict lookup, layout, the launch."""
-        if out is not None or self.check_finite:
+        kernel) is the compiled table's, when there is one; else inlined here: one key tuple,
+        one dict lookup, layout, the launch."""
+        native = self._native
+        route = None
+        if native is not None and out is None:
+            try:
+                res = native(*args)
+            except Exception:  # a kernel that raised, or arguments tvm-ffi cannot take: the Python path
+                return self._call_plain(args, None)[0]  # decides (and trips the breaker if the kernel raises)
+            if type(res) is not int:
+                return res
+            if res >= 0:  # a route row: the reference, or a Python launcher, serves this key
+                route = self._native_routes[res]
+            elif res != native_mod.MISS:
+                route = self._route(args)
+                why = "non_contiguous" if res == native_mod.NON_CONTIGUOUS else "misaligned"
+                return self._reference(args, why, route.entry, route=route)[0]
+        elif out is not None or self._check_finite:
             return self.call(*args, out=out)[0]
-        try:
-            route = self._memo[self._key_of(args)]
-        except (KeyError, AttributeError, TypeError, ValueError):  # first call of this key, or bad arguments
-            return self._call_plain(args, None)[0]
+        if route is None:
+            try:
+                route = self._memo[self._key_of(args)]
+            except (KeyError, AttributeError, TypeError, ValueError):  # first call of this key, or bad arguments
+                return self._call_plain(args, None)[0]
+            if native is not None and route.native is None:
+                self._native_put(route, args)
         entry = route.entry
         kernel = entry.kernel
         if kernel is None:
@@ -165,7 +177,7 @@ class OpRunner:
         (a wrong ``out`` included: the argument named is ``out``). With ``out`` (a tensor, or a
         sequence for several outputs) the result is written there, on either path, and ``out``
         returned. With ``check_finite`` on, a non-finite kernel output is checked against the reference."""
-        if self.check_finite:
+        if self._check_finite:
             return self._call_checked(args, out)
         return self._call_plain(args, out)
 
@@ -213,47 +225,6 @@ class OpRunner:
         if outs is not None:
             res = out if fast else fill_out(outs, res, out, self.name)
         return res, entry.decision
-
-    def _call_checked(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:
-        """``call`` with the non-finite check (``check_finite`` on)."""
-        outs = None if out is None else check_out(out, self._route(args), self._tensors(args),
-                                                  self.shape.n_outputs, self.name)
-        saved = [args[i].clone() for i in self.shape.mutates]  # the reference reruns on the inputs as they were
-        res, d = self._call_plain(args, None)
-        if d.path == KERNEL and not rt.all_finite(res):
-            for i, before in zip(self.shape.mutates, saved, strict=True):
-                args[i].copy_(before)
-            t0 = time.perf_counter_ns()
-            ref = self.reference(*args)
-            ns = time.perf_counter_ns() - t0
-            if rt.all_finite(ref):  # else the inputs make both paths non-finite: nothing to blame the kernel for
-                entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
-                self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
-                self.telemetry.record(self._route(args).shape, "circuit_open", ns)
-                res, d = ref, Decision(REFERENCE, "circuit_open", d.spec_id)
-        return (res if outs is None else fill_out(outs, res, out, self.name)), d
-
-    def _trip(self, entry: Entry, kind: str, detail: str, args: tuple[Any, ...]) -> None:
-        """Open the circuit of ``entry``; only the call that opens it counts, logs and calls the
-        hook (threads racing on the same failing kernel report it once)."""
-        with self._lock:
-            if entry.kernel is None:
-                return
-            entry.kernel = None
-            entry.decision = Decision(REFERENCE, "circuit_open", entry.decision.spec_id)
-            entry.detail = detail
-            self.faults[kind] = self.faults.get(kind, 0) + 1
-        _log.warning("circuit open: %s now serves the reference (%s)", entry.decision.spec_id, detail)
-        hook = self.on_fault
-        if hook is None:
-            return
-        _fault_call.args = args
-        try:
-            hook(entry, "circuit_open", detail)
-        except Exception:
-            _log.exception("on_fault hook failed for %s", entry.decision.spec_id)
-        finally:
-            _fault_call.args = None
 
     def _sampled(self, route: Route, args: tuple[Any, ...]) -> Any:
         """The reference's answer for a key its entry sends there, counted in the key's telemetry row."""
@@ -335,6 +306,7 @@ class OpRunner:
             entry.kernel = None
             entry.decision = Decision(REFERENCE, reason, entry.decision.spec_id)
             entry.detail = detail
+            self._drop_rows()
 
     def launchers(self) -> dict[str, str]:
         """Per memoized key a kernel serves: its launcher (``ctypes``, ``tvm_ffi``, ...) or ``adapter: <why>``."""

@@ -48,6 +48,11 @@ class Launcher:
     kind: str = "adapter"
     #: True when ``fn`` writes into a caller's ``out`` directly (False: it copies into it)
     writes_out: bool = True
+    #: the tvm-ffi entry function when ``fn`` only passes the call's tensors to it (and, with ``anchor``,
+    #: the first one again as the allocator anchor), with one kernel-allocated output or none: what the
+    #: compiled dispatch table (``runtime.native``) may call directly
+    ffi: Any = None
+    anchor: bool = False
 
 
 def resolve(kernel: Any, outs: Sequence[tuple[tuple[int, ...], Any]] | None, args: tuple[Any, ...],
@@ -130,7 +135,8 @@ def _tvm_ffi(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], device: 
                 o.copy_(r)
             return out[0] if single else list(out)
 
-        return Launcher(callee, kind="tvm_ffi_callee_alloc", writes_out=False)
+        return Launcher(callee, kind="tvm_ffi_callee_alloc", writes_out=False, ffi=fn if single else None,
+                        anchor=True)
     empty = torch.empty
     shapes = [(s, d) for s, d in outs]
     n_args = len(adapter.params) - len(outs)
@@ -150,7 +156,7 @@ def _tvm_ffi(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], device: 
             fn(*args, *o)
             return o[0] if single else (list(o) or None)
 
-        return Launcher(tail, kind="tvm_ffi")
+        return Launcher(tail, kind="tvm_ffi", ffi=None if shapes else fn)  # no outputs: updates inputs only
 
     def placed(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
         o = out if out is not None else [empty(size=s, dtype=d, device=device) for s, d in shapes]

@@ -67,7 +67,7 @@ class Release:
                 outs = tuple((str(n), tuple(str(d) for d in dims)) for n, dims, *_ in desc["outputs"])
                 out_dtypes = tuple(exprs.get(n, "same") for n, _ in outs)
                 runner.shape = replace(runner.shape, outputs=outs, out_dtypes=out_dtypes)
-                runner._memo.clear()
+                runner.forget()
 
     def op(self, name: str) -> OpRunner:
         return lookup(self.ops, name, "unknown operator", "this release")

@@ -24,6 +24,7 @@ from tileship.build.lock import capture_environment, compare, lock_digest, read_
 from tileship.declare.spec import Specialization, Target
 from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch
 from tileship.release import evidence, evidence_seal, integrity, tuning
+from tileship.runtime import native
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
 from tileship.runtime.references import import_references, import_sample, use_sources
 
@@ -143,6 +144,8 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
         device_reasons = {"cuda": "device_not_covered", "cpu": "device_not_covered"}
         ops[name] = OpRunner(op_shape(desc, name), reference, entries, device_reasons=device_reasons)
         ops[name].sample = import_sample(desc, name)
+    if (line := native.attach(snap, ops)) is not None:
+        notes.append(line)
     if seal.state != evidence_seal.IGNORED:  # else the seal's note already says what serves
         notes.extend(evidence.notes(ev, lock_digest=lock_digest(lock), allow_unverified=allow_unverified,
                                     cuda=device["cuda"], release_id=manifest["release_id"]))

@@ -54,7 +54,8 @@ class Route:
     resolved from: the fast launcher runs only while ``entry.kernel is kernel`` (a disabled or
     swapped kernel is never bypassed)."""
 
-    __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out", "shape", "ref")
+    __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out", "shape", "ref", "ffi",
+                 "anchor", "native")
 
     def __init__(self, entry: Entry, outs: OutSpecs | None, launcher: Launcher | None = None) -> None:
         self.entry = entry
@@ -67,6 +68,12 @@ class Route:
         #: why the adapter serves this key (empty when a fast launcher does, or no kernel does)
         self.why = launcher.why if launcher is not None else ""
         self.writes_out = launcher.writes_out if launcher is not None else False
+        #: the tvm-ffi entry function the compiled table may call for this key (``Launcher.ffi``)
+        self.ffi: Any = launcher.ffi if fast and launcher is not None else None
+        self.anchor = bool(launcher.anchor) if fast and launcher is not None else False
+        #: the key's row in the compiled table: None not written yet, -1 none (a Python launcher
+        #: serves), else the entry's slot (a kernel row) or the reference row's index
+        self.native: int | None = None
         #: the key's ``runtime.telemetry.Shape`` (set by the dispatcher); reference calls are recorded under it
         self.shape: Any = None
         #: (decision, telemetry row): the reference path's row, cached for the entry's decision then

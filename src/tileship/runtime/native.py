@@ -1,0 +1,167 @@
+"""The dispatcher's hot path in compiled code: a key table in C that launches tvm-ffi kernels.
+
+``native/fastcall.c`` (built by ``tileship build`` into the release as ``native/fastcall.so``, never at
+load time) keeps, per operator, a table from a call's key (each tensor's device, dtype, rank and shape)
+to what serves it. Called with the operator's tensors, the table computes the key in C, checks
+contiguity and 16-byte alignment, and calls the kernel's tvm-ffi entry function directly: one
+tvm-ffi call from Python, no Python key, no Python launcher. What it cannot serve it answers with an
+int, and the Python dispatcher (``runtime.dispatch``) takes over:
+
+    < 0   MISS (-1: no row for this key), NON_CONTIGUOUS (-2), MISALIGNED (-3)
+    >= 0  a reference row: the index of the memoized ``Route`` the reference serves
+
+Rows are written by the Python dispatcher only, for keys it has memoized and resolved (a kernel's
+entry function, or a reference row), and all of them are dropped whenever a decision changes
+(``OpRunner.disable``, the circuit breaker, ``forget``): the table never serves a key differently
+from the Python path. Kernel calls it serves are counted in C, per entry (``Entry.native_calls``).
+
+Only kernels that TileLang's ``tvm_ffi`` backend built (CUDA) are served this way, with one output
+allocated by the kernel (the callee-allocated ABI) or none; the rest keep the Python launchers.
+``TILESHIP_NATIVE_CALL=off`` loads no table. Nothing here raises on load: ``attach`` returns why
+no table serves, as a note.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tileship import env
+
+SOURCE = Path(__file__).with_name("native") / "fastcall.c"
+#: where the release keeps the library (a release file: hashed in the manifest, checked before load)
+LIBRARY = "native/fastcall.so"
+ABI = 1
+MAX_ARGS = 16
+MISS, NON_CONTIGUOUS, MISALIGNED = -1, -2, -3
+_log = logging.getLogger("tileship.runtime.native")
+_modules: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class NativeBuild:
+    """The outcome of compiling the library: ``error`` empty when ``ok``."""
+
+    ok: bool
+    compiler: str = ""
+    seconds: float = 0.0
+    error: str = ""
+    source_sha256: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "compiler": self.compiler, "seconds": round(self.seconds, 3),
+                "source": f"sha256:{self.source_sha256}", **({"error": self.error} if self.error else {})}
+
+
+def compile_library(dest: Path) -> NativeBuild:
+    """Compile ``fastcall.c`` into ``dest`` with the C compiler (``CC``, else ``cc``/``gcc``) against
+    the tvm-ffi headers of this environment. Never raises: a failure is a value and no file is left."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    cc = env.c_compiler() or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return NativeBuild(False, error="no C compiler (set CC)", source_sha256=digest)
+    try:
+        import tvm_ffi.libinfo as libinfo
+
+        includes = [libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
+    except Exception as exc:  # tvm-ffi missing or laid out differently
+        return NativeBuild(False, error=f"tvm-ffi headers not found: {type(exc).__name__}: {exc}",
+                           source_sha256=digest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    cmd = [cc, "-O2", "-std=c11", "-shared", "-fPIC", "-Wl,--build-id=sha1",
+           *[f"-I{p}" for p in includes], str(SOURCE), "-o", str(tmp), "-lpthread"]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30,
+                                 check=False).stdout.splitlines()[:1]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        tmp.unlink(missing_ok=True)
+        return NativeBuild(False, error=f"{type(exc).__name__}: {exc}", source_sha256=digest)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return NativeBuild(False, compiler=" ".join(version), seconds=time.perf_counter() - t0,
+                           error=(proc.stderr or proc.stdout)[-2000:], source_sha256=digest)
+    tmp.replace(dest)
+    return NativeBuild(True, compiler=" ".join(version), seconds=time.perf_counter() - t0, source_sha256=digest)
+
+
+def load_module(path: Path) -> Any:
+    """The loaded library at ``path`` (once per path and process). Raises on failure (callers catch)."""
+    key = str(path)
+    mod = _modules.get(key)
+    if mod is None:
+        import tvm_ffi
+
+        mod = tvm_ffi.load_module(key)
+        abi = mod.get_function("fastcall_abi")()
+        if abi != ABI:
+            raise RuntimeError(f"{path}: fastcall ABI {abi}, this tileship speaks {ABI}")
+        _modules[key] = mod
+    return mod
+
+
+class NativeTable:
+    """One operator's table: ``call`` is the tvm-ffi Function the dispatcher calls per call."""
+
+    __slots__ = ("call", "n_args")
+
+    def __init__(self, module: Any, n_args: int, n_slots: int) -> None:
+        self.call = module.get_function("fastcall_table")(n_args, max(1, n_slots))
+        self.n_args = n_args
+
+    def put_kernel(self, slot: int, fn: Any, anchor: bool, args: tuple[Any, ...]) -> None:
+        """Route the key of ``args`` to the kernel entry function ``fn``, counted under ``slot``."""
+        self.call(1, slot, fn, 1 if anchor else 0, *args)
+
+    def put_reference(self, route_id: int, args: tuple[Any, ...]) -> None:
+        """Answer the key of ``args`` with ``route_id`` (the reference serves it)."""
+        self.call(1, route_id, None, 0, *args)
+
+    def clear(self) -> None:
+        self.call(2)
+
+    def count(self, slot: int) -> int:
+        return int(self.call(3, slot))
+
+    def size(self) -> int:
+        return int(self.call(4))
+
+
+def attach(snapshot: Path, ops: dict[str, Any]) -> str | None:
+    """Give every operator of a loaded release that has a tvm-ffi kernel its table. Returns a note
+    when the release has the library but none is attached (off, failed to load), else None."""
+    path = snapshot / LIBRARY
+    if not path.is_file():
+        return None
+    if not env.native_call():
+        return "TILESHIP_NATIVE_CALL=off: kernels launch through the Python dispatcher"
+    wanted = [r for r in ops.values() if _has_tvm_ffi_kernel(r)]
+    if not wanted:
+        return None
+    try:
+        module = load_module(path)
+        for runner in wanted:
+            runner.use_native(NativeTable(module, runner.n_inputs, len(runner.entries)))
+    except Exception as exc:  # a library this process cannot load: the Python dispatcher serves
+        _log.warning("%s: not loaded (%s: %s); kernels launch through the Python dispatcher", path,
+                     type(exc).__name__, exc)
+        return f"{LIBRARY} not loaded ({type(exc).__name__}: {exc}): kernels launch through the Python dispatcher"
+    return None
+
+
+def _has_tvm_ffi_kernel(runner: Any) -> bool:
+    if runner.n_inputs > MAX_ARGS or not runner.all_tensors:
+        return False
+    return any(getattr(getattr(e.kernel, "adapter", None), "backend", None) == "tvm_ffi" for e in runner.entries)
+
+
+__all__ = ["ABI", "LIBRARY", "MISALIGNED", "MISS", "NON_CONTIGUOUS", "NativeBuild", "NativeTable", "SOURCE",
+           "attach", "compile_library", "load_module"]

@@ -1,0 +1,328 @@
+/*
+ * tileship fastcall: the dispatcher's kernel path in compiled code (runtime/native.py builds and loads it).
+ *
+ * A table maps a call's key (each tensor's device, dtype, rank and shape) to a compiled kernel's
+ * tvm-ffi entry function. ``fastcall_table(n_args, n_slots)`` returns a tvm-ffi Function bound to a new
+ * table. Called with the operator's tensors it either launches the kernel for that key and returns its
+ * result (a tensor, or None for a kernel that only updates inputs), or returns an int saying why not:
+ *
+ *   -1  MISS            no row for this key (or an argument is not a tensor): the Python dispatcher decides
+ *   -2  NON_CONTIGUOUS  a tensor is not contiguous: the reference serves it
+ *   -3  MISALIGNED      a tensor's address is not a multiple of 16 bytes: the reference serves it
+ *
+ * A kernel that fails sets the tvm-ffi error as usual; it reaches Python as an exception.
+ * Called with an int first, the Function runs a control operation instead:
+ *   (1, slot, fn, anchor, *tensors)  PUT: route the key of ``tensors`` to ``fn``; calls are counted under
+ *                                    ``slot``; ``anchor`` 1 passes the first tensor again at the end (the
+ *                                    allocator anchor of TileLang's callee-allocated output ABI). With
+ *                                    ``fn`` None the row is a reference row: calls of that key return
+ *                                    ``slot`` (>= 0), the index of the caller's route, with no checks
+ *   (2,)                             CLEAR: forget every row (the counts stay)
+ *   (3, slot)                        COUNT: kernel calls served under ``slot``
+ *   (4,)                             SIZE: rows in the table
+ * Thread-safe: rows are read and written under one mutex, released before the kernel runs.
+ * Only the tvm-ffi C API and libc are used, so the library needs nothing but libtvm_ffi at load time.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tvm/ffi/c_api.h>
+
+#define FASTCALL_ABI 1
+#define MAX_ARGS 16
+#define MAX_KEY 64
+#define MISS (-1)
+#define NON_CONTIGUOUS (-2)
+#define MISALIGNED (-3)
+#define ALIGNMENT 16
+
+typedef struct {
+  uint64_t hash;
+  int32_t len; /* 0: an empty row */
+  int32_t slot;
+  int32_t anchor;
+  TVMFFIObjectHandle fn;
+  int64_t key[MAX_KEY];
+} Row;
+
+typedef struct {
+  pthread_mutex_t mu;
+  int32_t n_args;
+  int32_t n_slots;
+  _Atomic uint64_t* counts;
+  Row* rows;
+  uint32_t cap;
+  uint32_t used;
+} Table;
+
+static DLTensor* tensor_of(const TVMFFIAny* a) {
+  if (a->type_index == kTVMFFITensor) return (DLTensor*)((char*)a->v_obj + sizeof(TVMFFIObject));
+  if (a->type_index == kTVMFFIDLTensorPtr) return (DLTensor*)a->v_ptr;
+  return NULL;
+}
+
+/* The key of ``n`` tensor arguments into ``key``; its length, or -1 when one is not a tensor or it is too long. */
+static int encode(const TVMFFIAny* args, int n, int64_t* key, DLTensor** ts) {
+  int len = 0;
+  for (int i = 0; i < n; ++i) {
+    DLTensor* t = tensor_of(&args[i]);
+    if (t == NULL || t->ndim < 0 || len + 2 + t->ndim > MAX_KEY) return -1;
+    ts[i] = t;
+    key[len++] = ((int64_t)t->device.device_type << 32) | (uint32_t)t->device.device_id;
+    key[len++] = ((int64_t)t->ndim << 32) | ((int64_t)t->dtype.code << 24) | ((int64_t)t->dtype.bits << 16) |
+                 (int64_t)t->dtype.lanes;
+    for (int d = 0; d < t->ndim; ++d) key[len++] = t->shape[d];
+  }
+  return len;
+}
+
+static uint64_t hash_key(const int64_t* key, int len) {
+  uint64_t h = 1469598103934665603ULL;
+  for (int i = 0; i < len; ++i) {
+    h ^= (uint64_t)key[i];
+    h *= 1099511628211ULL;
+    h ^= h >> 29;
+  }
+  return h | 1; /* never 0 */
+}
+
+/* Row-major contiguous as torch defines it: dims of size 1 may have any stride; no elements is contiguous. */
+static int contiguous(const DLTensor* t) {
+  if (t->strides == NULL) return 1;
+  int64_t expected = 1;
+  for (int d = t->ndim - 1; d >= 0; --d) {
+    if (t->shape[d] == 0) return 1;
+    if (t->shape[d] != 1 && t->strides[d] != expected) return 0;
+    expected *= t->shape[d];
+  }
+  return 1;
+}
+
+static Row* find(Table* t, const int64_t* key, int len, uint64_t h) {
+  uint32_t mask = t->cap - 1;
+  for (uint32_t i = (uint32_t)h & mask;; i = (i + 1) & mask) {
+    Row* r = &t->rows[i];
+    if (r->len == 0) return r;
+    if (r->hash == h && r->len == len && memcmp(r->key, key, sizeof(int64_t) * (size_t)len) == 0) return r;
+  }
+}
+
+static int grow(Table* t) {
+  uint32_t cap = t->cap * 2;
+  Row* old = t->rows;
+  Row* rows = (Row*)calloc(cap, sizeof(Row));
+  if (rows == NULL) return -1;
+  uint32_t old_cap = t->cap;
+  t->rows = rows;
+  t->cap = cap;
+  for (uint32_t i = 0; i < old_cap; ++i) {
+    if (old[i].len) *find(t, old[i].key, old[i].len, old[i].hash) = old[i];
+  }
+  free(old);
+  return 0;
+}
+
+static int ret_int(TVMFFIAny* result, int64_t v) {
+  result->type_index = kTVMFFIInt;
+  result->zero_padding = 0;
+  result->v_int64 = v;
+  return 0;
+}
+
+static int fail(const char* msg) {
+  TVMFFIErrorSetRaisedFromCStr("ValueError", msg);
+  return -1;
+}
+
+static void clear_rows(Table* t) {
+  for (uint32_t i = 0; i < t->cap; ++i) {
+    if (t->rows[i].len && t->rows[i].fn != NULL) TVMFFIObjectDecRef(t->rows[i].fn);
+  }
+  memset(t->rows, 0, sizeof(Row) * t->cap);
+  t->used = 0;
+}
+
+static int put(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result) {
+  if (n != 4 + t->n_args || args[1].type_index != kTVMFFIInt || args[3].type_index != kTVMFFIInt ||
+      (args[2].type_index != kTVMFFIFunction && args[2].type_index != kTVMFFINone))
+    return fail("fastcall PUT takes (1, slot, function or None, anchor, *tensors)");
+  int64_t slot = args[1].v_int64;
+  TVMFFIObjectHandle fn = args[2].type_index == kTVMFFIFunction ? (TVMFFIObjectHandle)args[2].v_obj : NULL;
+  if (slot < 0 || slot > INT32_MAX || (fn != NULL && slot >= t->n_slots)) return fail("fastcall PUT: slot out of range");
+  int64_t key[MAX_KEY];
+  DLTensor* ts[MAX_ARGS];
+  int len = encode(args + 4, t->n_args, key, ts);
+  if (len <= 0) return fail("fastcall PUT: the arguments are not tensors, or the key is too long");
+  uint64_t h = hash_key(key, len);
+  if (fn != NULL) TVMFFIObjectIncRef(fn);
+  pthread_mutex_lock(&t->mu);
+  if ((t->used + 1) * 2 > t->cap && grow(t) != 0) {
+    pthread_mutex_unlock(&t->mu);
+    if (fn != NULL) TVMFFIObjectDecRef(fn);
+    return fail("fastcall PUT: out of memory");
+  }
+  Row* r = find(t, key, len, h);
+  if (r->len) {
+    if (r->fn != NULL) TVMFFIObjectDecRef(r->fn);
+  } else {
+    t->used += 1;
+  }
+  r->hash = h;
+  r->len = len;
+  r->slot = (int32_t)slot;
+  r->anchor = args[3].v_int64 ? 1 : 0;
+  r->fn = fn;
+  memcpy(r->key, key, sizeof(int64_t) * (size_t)len);
+  int64_t used = t->used;
+  pthread_mutex_unlock(&t->mu);
+  return ret_int(result, used);
+}
+
+static int control(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result) {
+  switch (args[0].v_int64) {
+    case 1:
+      return put(t, args, n, result);
+    case 2:
+      pthread_mutex_lock(&t->mu);
+      clear_rows(t);
+      pthread_mutex_unlock(&t->mu);
+      return ret_int(result, 0);
+    case 3:
+      if (n != 2 || args[1].type_index != kTVMFFIInt || args[1].v_int64 < 0 || args[1].v_int64 >= t->n_slots)
+        return fail("fastcall COUNT takes (3, slot) with a slot in range");
+      return ret_int(result, (int64_t)atomic_load_explicit(&t->counts[args[1].v_int64], memory_order_relaxed));
+    case 4: {
+      pthread_mutex_lock(&t->mu);
+      int64_t used = t->used;
+      pthread_mutex_unlock(&t->mu);
+      return ret_int(result, used);
+    }
+    default:
+      return fail("fastcall: unknown control operation");
+  }
+}
+
+static int table_call(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result) {
+  Table* t = (Table*)self;
+  if (n > 0 && args[0].type_index == kTVMFFIInt) return control(t, args, n, result);
+  if (n != t->n_args) return ret_int(result, MISS);
+  int64_t key[MAX_KEY];
+  DLTensor* ts[MAX_ARGS];
+  int len = encode(args, n, key, ts);
+  if (len < 0) return ret_int(result, MISS);
+  uint64_t h = hash_key(key, len);
+  TVMFFIObjectHandle fn = NULL;
+  int32_t slot = MISS, anchor = 0;
+  pthread_mutex_lock(&t->mu);
+  Row* r = find(t, key, len, h);
+  if (r->len) {
+    fn = r->fn;
+    slot = r->slot;
+    anchor = r->anchor;
+    if (fn != NULL) TVMFFIObjectIncRef(fn);
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (fn == NULL) return ret_int(result, slot); /* MISS, or a reference row's route */
+  for (int i = 0; i < n; ++i) { /* the Python path's order: contiguity, then alignment, argument by argument */
+    if (!contiguous(ts[i])) {
+      TVMFFIObjectDecRef(fn);
+      return ret_int(result, NON_CONTIGUOUS);
+    }
+    if (((uintptr_t)ts[i]->data + ts[i]->byte_offset) % ALIGNMENT) {
+      TVMFFIObjectDecRef(fn);
+      return ret_int(result, MISALIGNED);
+    }
+  }
+  TVMFFIAny call_args[MAX_ARGS + 1];
+  memcpy(call_args, args, sizeof(TVMFFIAny) * (size_t)n);
+  if (anchor) call_args[n] = args[0];
+  int rc = TVMFFIFunctionCall(fn, call_args, n + anchor, result);
+  TVMFFIObjectDecRef(fn);
+  if (rc == 0) atomic_fetch_add_explicit(&t->counts[slot], 1, memory_order_relaxed);
+  return rc;
+}
+
+static void table_free(void* self) {
+  Table* t = (Table*)self;
+  clear_rows(t);
+  pthread_mutex_destroy(&t->mu);
+  free(t->rows);
+  free((void*)t->counts);
+  free(t);
+}
+
+/* fastcall_table(n_args, n_slots) -> Function */
+TVM_FFI_DLL_EXPORT int __tvm_ffi_fastcall_table(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result) {
+  (void)self;
+  if (n != 2 || args[0].type_index != kTVMFFIInt || args[1].type_index != kTVMFFIInt)
+    return fail("fastcall_table takes (n_args, n_slots)");
+  int64_t n_args = args[0].v_int64, n_slots = args[1].v_int64;
+  if (n_args < 1 || n_args > MAX_ARGS || n_slots < 1 || n_slots > (1 << 20))
+    return fail("fastcall_table: n_args must be 1..16 and n_slots 1..2^20");
+  Table* t = (Table*)calloc(1, sizeof(Table));
+  if (t == NULL) return fail("fastcall_table: out of memory");
+  t->n_args = (int32_t)n_args;
+  t->n_slots = (int32_t)n_slots;
+  t->cap = 16;
+  t->rows = (Row*)calloc(t->cap, sizeof(Row));
+  t->counts = (_Atomic uint64_t*)calloc((size_t)n_slots, sizeof(uint64_t));
+  if (t->rows == NULL || t->counts == NULL || pthread_mutex_init(&t->mu, NULL) != 0) {
+    free(t->rows);
+    free((void*)t->counts);
+    free(t);
+    return fail("fastcall_table: out of memory");
+  }
+  TVMFFIObjectHandle fn = NULL;
+  if (TVMFFIFunctionCreate(t, table_call, table_free, &fn) != 0) {
+    table_free(t);
+    return -1;
+  }
+  result->type_index = kTVMFFIFunction;
+  result->zero_padding = 0;
+  result->v_obj = (TVMFFIObject*)fn;
+  return 0;
+}
+
+/* fastcall_abi() -> int: the version of the protocol above */
+TVM_FFI_DLL_EXPORT int __tvm_ffi_fastcall_abi(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result) {
+  (void)self;
+  (void)args;
+  (void)n;
+  return ret_int(result, FASTCALL_ABI);
+}
+
+/* A kernel for tests on the CPU, with TileLang's callee-allocated output ABI: (a, b, anchor) -> a + b,
+ * float32, contiguous, the output allocated through the caller's tensor allocator (TVMFFIEnvTensorAlloc). */
+#include <tvm/ffi/extra/c_env_api.h>
+TVM_FFI_DLL_EXPORT int __tvm_ffi_fastcall_selftest_add(void* self, const TVMFFIAny* args, int32_t n,
+                                                        TVMFFIAny* result) {
+  (void)self;
+  if (n != 3) return fail("selftest_add takes (a, b, anchor)");
+  DLTensor* a = tensor_of(&args[0]);
+  DLTensor* b = tensor_of(&args[1]);
+  if (a == NULL || b == NULL || a->device.device_type != kDLCPU || a->dtype.code != kDLFloat ||
+      a->dtype.bits != 32 || b->dtype.code != kDLFloat || b->dtype.bits != 32 || a->ndim != b->ndim)
+    return fail("selftest_add: two float32 CPU tensors of one shape");
+  int64_t numel = 1;
+  for (int d = 0; d < a->ndim; ++d) {
+    if (a->shape[d] != b->shape[d]) return fail("selftest_add: shapes differ");
+    numel *= a->shape[d];
+  }
+  if (numel < 0 || numel > ((int64_t)1 << 40)) return fail("selftest_add: size out of range");
+  DLTensor proto = *a;
+  proto.strides = NULL;
+  proto.byte_offset = 0;
+  TVMFFIObjectHandle out = NULL;
+  if (TVMFFIEnvTensorAlloc(&proto, &out) != 0) return -1;
+  DLTensor* o = (DLTensor*)((char*)out + sizeof(TVMFFIObject));
+  const float* x = (const float*)((char*)a->data + a->byte_offset);
+  const float* y = (const float*)((char*)b->data + b->byte_offset);
+  float* z = (float*)((char*)o->data + o->byte_offset);
+  for (int64_t i = 0; i < numel; ++i) z[i] = x[i] + y[i];
+  result->type_index = kTVMFFITensor;
+  result->zero_padding = 0;
+  result->v_obj = (TVMFFIObject*)out;
+  return 0;
+}

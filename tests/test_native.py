@@ -1,0 +1,247 @@
+"""The dispatcher's compiled table (issue 14: the hot path in compiled code), on the CPU.
+
+The library is compiled here with the C compiler against this environment's tvm-ffi, as
+``tileship build`` does, and loaded through tvm-ffi. Its self-test kernel has TileLang's
+callee-allocated output ABI (inputs, then an allocator anchor; the output allocated through the
+caller's allocator), so the table and the dispatcher run the same protocol as with a CUDA kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from tileship.declare.spec import Specialization
+from tileship.runtime import native
+from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    out = tmp_path_factory.mktemp("native") / native.LIBRARY
+    built = native.compile_library(out)
+    assert built.ok, built.error
+    return native.load_module(out)
+
+
+def test_the_library_builds_the_same_bytes_twice_and_states_its_abi(tmp_path: Path, module: Any) -> None:
+    a, b = native.compile_library(tmp_path / "a" / "fastcall.so"), native.compile_library(tmp_path / "b.so")
+    assert a.ok and b.ok and a.to_json()["source"].startswith("sha256:") and a.compiler
+    assert (tmp_path / "a" / "fastcall.so").read_bytes() == (tmp_path / "b.so").read_bytes()
+    assert module.get_function("fastcall_abi")() == native.ABI
+    assert not list(tmp_path.rglob("*.tmp")), "a temporary file was left"
+
+
+def test_a_failed_compile_is_a_value_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    built = native.compile_library(tmp_path / "x.so")
+    assert not built.ok and "no-such-compiler" in built.error and not list(tmp_path.iterdir())
+
+
+def test_the_table_launches_rows_and_answers_everything_else_with_a_code(module: Any) -> None:
+    kernel = module.get_function("fastcall_selftest_add")
+    table = native.NativeTable(module, 2, 3)
+    a, b = torch.randn(1000), torch.randn(1000)
+    assert table.call(a, b) == native.MISS and table.size() == 0
+    table.put_kernel(1, kernel, True, (a, b))
+    out = table.call(a, b)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, a + b) and out.data_ptr() not in (a.data_ptr(),)
+    assert table.count(1) == 1 and table.count(0) == 0
+    assert table.call(a[:999], b[:999]) == native.MISS  # another shape: another key
+    assert table.call(a.double(), b.double()) == native.MISS  # another dtype
+    assert table.call(torch.randn(2000)[::2], b) == native.NON_CONTIGUOUS
+    assert table.call(torch.randn(1001)[1:], b) == native.MISALIGNED  # contiguous, 4 bytes past 16
+    assert table.call(a, 3) == native.MISS and table.call(a) == native.MISS  # not a tensor; another arity
+    table.put_reference(7, (a[:5], b[:5]))
+    assert table.call(a[:5], b[:5]) == 7 and table.size() == 2
+    assert table.count(1) == 1, "a code or a reference row counted a kernel call"
+    table.clear()
+    assert table.size() == 0 and table.call(a, b) == native.MISS and table.count(1) == 1
+
+
+def test_bad_control_calls_are_errors_that_name_the_problem(module: Any) -> None:
+    table = native.NativeTable(module, 2, 3)
+    a = torch.randn(4)
+    with pytest.raises(Exception, match="slot out of range"):
+        table.put_kernel(3, module.get_function("fastcall_selftest_add"), True, (a, a))
+    with pytest.raises(Exception, match="PUT takes"):
+        table.call(1, 0, "not a function", 1, a, a)
+    with pytest.raises(Exception, match="COUNT takes"):
+        table.count(-1)
+    with pytest.raises(Exception, match="n_args must be"):
+        module.get_function("fastcall_table")(0, 1)
+
+
+def test_a_kernel_error_reaches_python_as_an_exception(module: Any) -> None:
+    table = native.NativeTable(module, 2, 1)
+    a = torch.randn(8)
+    table.put_kernel(0, module.get_function("fastcall_selftest_add"), False, (a, a))  # no anchor: 2 arguments
+    with pytest.raises(Exception, match="selftest_add takes"):
+        table.call(a, a)
+    assert table.count(0) == 0
+
+
+# -- the dispatcher with a table -----------------------------------------------------------------
+class FfiKernel:
+    """A stand-in for a kernel TileLang's tvm_ffi backend built: the adapter interface ``runtime.launch``
+    reads, over the library's self-test kernel. ``calls`` counts the Python-side launches."""
+
+    def __init__(self, module: Any, fn: Any = None) -> None:
+        fn = fn if fn is not None else module.get_function("fastcall_selftest_add")
+        param = SimpleNamespace(torch_dtype=lambda: torch.float32, shape=["n"])
+        exe = SimpleNamespace(entry_name="main", get_function=lambda name: fn)
+        self.adapter = SimpleNamespace(backend="tvm_ffi", result_idx=[2], params=[param] * 3,
+                                       _ffi_callee_allocated_output_abi=True, _get_executable=lambda: exe)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b
+
+
+def ffi_runner(module: Any, fn: Any = None) -> tuple[OpRunner, Entry]:
+    spec = Specialization("add", "float32", (("N", (1, 1 << 20)),), "c")  # CPU tensors: the "c" target
+    entry = Entry(spec, FfiKernel(module, fn), Decision(KERNEL, KERNEL, spec.id))
+    shape = OpShape("add", (("A", ("N",)), ("B", ("N",))), 1, outputs=(("C", ("N",)),))
+    op = OpRunner(shape, lambda a, b: a + b, [entry])
+    op.use_native(native.NativeTable(module, 2, 1))
+    return op, entry
+
+
+def test_the_dispatcher_writes_rows_and_the_table_serves_them(module: Any) -> None:
+    op, entry = ffi_runner(module)
+    a, b = torch.randn(4096), torch.randn(4096)
+    for _ in range(5):
+        assert torch.equal(op(a, b), a + b)
+    assert op.launchers() == {"add.float32.N1-1048576.c [4096 4096]": "tvm_ffi_callee_alloc"}
+    assert op._table.size() == 1, "the memoized kernel key has no row"
+    assert entry.kernel_calls() == 5 and entry.fast_calls.value() == 5
+    # the first call resolves the key, the second writes its row (and launches from Python), the rest are the table's
+    assert op._table.count(0) == 3, "the table did not serve the calls after the row was written"
+    assert op.snapshot() == {"kernel:kernel": 5}
+
+
+def test_undeclared_shapes_misaligned_and_strided_views_go_to_the_reference_with_their_reason(module: Any) -> None:
+    op, _ = ffi_runner(module)
+    big = torch.randn(1 << 21)  # past the declared range: a reference row after its first call
+    for _ in range(3):
+        assert torch.equal(op(big, big), big + big)
+    a = torch.randn(4097)[1:]
+    b = torch.randn(4096)
+    op(b, b)
+    op(b, b)  # the kernel row of this key is written
+    assert torch.equal(op(a, b), a + b)
+    s = torch.randn(8192)[::2]
+    assert torch.equal(op(s, b), s + b)
+    assert op.snapshot() == {"kernel:kernel": 2, "reference:misaligned": 1, "reference:non_contiguous": 1,
+                             "reference:undeclared_shape": 3}
+
+
+def test_disable_and_the_breaker_drop_the_rows(module: Any) -> None:
+    op, entry = ffi_runner(module)
+    a = torch.randn(64)
+    op(a, a)
+    op(a, a)
+    assert op._table.size() == 1
+    op.disable(entry, "disabled_by_policy", "test")
+    assert op._table.size() == 0
+    for _ in range(3):
+        assert torch.equal(op(a, a), a + a)
+    assert entry.kernel_calls() == 2 and op.snapshot()["reference:disabled_by_policy"] == 3
+    assert op._table.size() == 1, "the reference row was not written"
+
+
+def test_a_raising_kernel_in_the_table_opens_the_circuit(module: Any) -> None:
+    def faulting(*args: Any) -> Any:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    op, entry = ffi_runner(module, tvm_ffi.convert(faulting))
+    seen: list[str] = []
+    op.on_fault = lambda e, reason, detail: seen.append(detail)
+    a = torch.randn(64)
+    assert torch.equal(op(a, a), a + a)  # first call: the Python path launches, the kernel raises
+    assert entry.kernel is None and entry.decision.reason == "circuit_open" and op.faults == {"kernel_raised": 1}
+    for _ in range(3):
+        assert torch.equal(op(a, a), a + a)
+    assert len(seen) == 1 and "illegal memory access" in seen[0]
+    assert op.snapshot() == {"reference:circuit_open": 4} and op._table.count(0) == 0
+
+
+def test_a_kernel_that_raises_only_in_the_table_is_retried_on_the_python_path(module: Any) -> None:
+    calls: list[int] = []
+
+    def flaky(*args: Any) -> Any:
+        calls.append(len(args))
+        if len(calls) > 2:  # the table's calls: raise (as a kernel that faults once launched from there)
+            raise RuntimeError("launch failed")
+        return args[0]
+
+    op, entry = ffi_runner(module, tvm_ffi.convert(flaky))
+    a = torch.randn(64)
+    op(a, a)
+    op(a, a)  # row written
+    op(a, a)  # the table's launch raises; the Python path launches again, which raises too: the circuit opens
+    assert entry.kernel is None and op.faults == {"kernel_raised": 1} and len(calls) == 4
+    assert torch.equal(op(a, a), a + a)
+
+
+def test_check_finite_and_out_bypass_the_table(module: Any) -> None:
+    op, entry = ffi_runner(module)
+    a = torch.randn(64)
+    op(a, a)
+    op(a, a)
+    before = op._table.count(0)
+    op.check_finite = True
+    assert torch.equal(op(a, a), a + a) and op._table.count(0) == before
+    op.check_finite = False
+    c = torch.empty(64)
+    assert op(a, a, out=c) is c and torch.equal(c, a + a) and op._table.count(0) == before
+    assert torch.equal(op(a, a), a + a) and op._table.count(0) == before + 1
+
+
+def test_many_threads_through_the_table_count_exactly(module: Any) -> None:
+    op, entry = ffi_runner(module)
+    errors: list[str] = []
+    n_threads, per_thread = 8, 200
+    start = threading.Barrier(n_threads)
+
+    def worker(tid: int) -> None:
+        g = torch.Generator().manual_seed(tid)
+        start.wait()
+        for i in range(per_thread):
+            n = (16, 1024, 3000, 1 << 21)[i % 4]
+            a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+            if not torch.equal(op(a, b), a + b):
+                errors.append(f"t{tid} i{i}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    counts = op.snapshot()
+    assert counts == {"kernel:kernel": n_threads * per_thread * 3 // 4,
+                      "reference:undeclared_shape": n_threads * per_thread // 4}, counts
+    assert op._table.count(0) > 0
+
+
+def test_attach_gives_tables_only_to_operators_with_tvm_ffi_kernels(tmp_path: Path, module: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    assert native.compile_library(tmp_path / native.LIBRARY).ok
+    op, _ = ffi_runner(module)
+    op._table, op._native = None, None
+    plain = OpRunner(OpShape("neg", (("A", ("N",)),), 1), lambda a: -a, [])
+    assert native.attach(tmp_path, {"add": op, "neg": plain}) is None
+    assert op._table is not None and plain._table is None
+    monkeypatch.setenv("TILESHIP_NATIVE_CALL", "off")
+    fresh, _ = ffi_runner(module)
+    fresh._table, fresh._native = None, None
+    assert "TILESHIP_NATIVE_CALL=off" in (native.attach(tmp_path, {"add": fresh}) or "")
+    assert fresh._table is None
+    assert native.attach(tmp_path / "nothing-here", {"add": fresh}) is None

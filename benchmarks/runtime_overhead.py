@@ -6,7 +6,10 @@
                      output: ctypes pointers (the "c" target's cython library) or the tvm-ffi
                      function with tensors (CUDA); no cuLaunchKernel row (no cuda-python here)
      tilelang        TileLang's adapter: ``kernel(*args)``
-     kernel          tileship's kernel path: ``release.op(name)(*args)`` (the fast launcher)
+     kernel          tileship's kernel path: ``release.op(name)(*args)`` (the release's compiled
+                     dispatch table where it has one, ``runtime.native``; else the fast launcher)
+     kernel (python) the same specialization through a dispatcher without the table (the Python
+                     key, memo lookup and fast launcher), only where the table serves ``kernel``
      kernel out=     the same, writing into a preallocated ``out``
      reference       tileship's reference path (the dispatcher, then the PyTorch reference)
      torch           PyTorch's own op: the operator's reference called directly (``torch.add``,
@@ -152,6 +155,10 @@ def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
                 rows["floor"] = floor
             rows["tilelang"] = lambda kernel=kernel, args=args: kernel(*args)
             rows["kernel"] = lambda runner=runner, args=args: runner(*args)
+            native = runner._table is not None
+            if native:
+                py = OpRunner(runner.shape, runner.reference, [entry], device_reasons={})
+                rows["kernel (python)"] = lambda py=py, args=args: py(*args)
             o = given[0] if len(given) == 1 else given
             rows["kernel out="] = lambda runner=runner, args=args, o=o: runner(*args, out=o)
             rows["reference"] = lambda r=ref_only, args=args: r(*args)
@@ -164,6 +171,7 @@ def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
                 "spec_id": spec.id,
                 "dims": dims,
                 "launcher": launcher,
+                "native_table": native,
                 "rows": {
                     k: {
                         "median_us": round(statistics.median(v), 3),
@@ -288,7 +296,7 @@ def main() -> int:
         "us per call: median (spread)"
     )
     for r in calls:
-        print(f"\n{r['spec_id']}  dims {r['dims']}  launcher: {r['launcher']}")
+        print(f"\n{r['spec_id']}  dims {r['dims']}  launcher: {r['launcher']}  compiled table: {r['native_table']}")
         for k, v in r["rows"].items():
             vs = "" if k == "kernel" else f"   kernel - {k}: {_fmt(r['kernel_minus'][k])}"
             print(f"  {k:16s} {v['median_us']:9.3f} ({v['spread_us']:.3f}){vs}")

@@ -12,6 +12,8 @@
                      key, memo lookup and fast launcher), only where the table serves ``kernel``
      kernel out=     the same, writing into a preallocated ``out``
      reference       tileship's reference path (the dispatcher, then the PyTorch reference)
+     reference (table)  the same through a compiled table (the key's route row, then the reference),
+                     only where the release has the table
      torch           PyTorch's own op: the operator's reference called directly (``torch.add``,
                      ``F.rms_norm``), and ``torch.add(out=)`` for an add
    and, per operator, ``reference - torch``: what the dispatcher adds on the reference route.
@@ -127,7 +129,8 @@ def compare(a: list[float], b: list[float]) -> dict:
 def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
     import torch
 
-    from tileship.runtime.dispatch import OpRunner
+    from tileship.runtime.dispatch import Decision, Entry, OpRunner
+    from tileship.runtime.native import NativeTable
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     results = []
@@ -162,6 +165,11 @@ def per_call(release, device: str, rounds: int, n: int) -> list[dict]:
             o = given[0] if len(given) == 1 else given
             rows["kernel out="] = lambda runner=runner, args=args, o=o: runner(*args, out=o)
             rows["reference"] = lambda r=ref_only, args=args: r(*args)
+            if native:  # the reference route through a table: the key's route row, then the reference
+                ref_table = OpRunner(runner.shape, runner.reference,
+                                     [Entry(spec, None, Decision("reference", "disabled_by_policy", spec.id))])
+                ref_table.use_native(NativeTable(runner._table.module, ref_table.n_inputs, 1))
+                rows["reference (table)"] = lambda r=ref_table, args=args: r(*args)
             rows["torch"] = lambda ref=runner.reference, args=args: ref(*args)
             if name.startswith("add") and len(args) == 2:
                 rows["torch.add(out=)"] = lambda a=args[0], b=args[1], c=given[0]: torch.add(a, b, out=c)

@@ -111,10 +111,11 @@ def load_module(path: Path) -> Any:
 class NativeTable:
     """One operator's table: ``call`` is the tvm-ffi Function the dispatcher calls per call."""
 
-    __slots__ = ("call", "n_args")
+    __slots__ = ("call", "module", "n_args")
 
     def __init__(self, module: Any, n_args: int, n_slots: int) -> None:
         self.call = module.get_function("fastcall_table")(n_args, max(1, n_slots))
+        self.module = module  # the loaded library (kept alive with the table)
         self.n_args = n_args
 
     def put_kernel(self, slot: int, fn: Any, anchor: bool, args: tuple[Any, ...]) -> None:

@@ -31,7 +31,7 @@ if [ "$stage" = launch ] || [ "$stage" = overhead ]; then
   timeout 200 python3 benchmarks/runtime_overhead.py --release "$rel" --device cuda --rounds 15 \
     --out "$d/launch_runtime_overhead.json" > "$d/launch_runtime_overhead.txt" 2>&1
   echo "runtime_overhead rc=$?"; grep -v "^ *$" "$d/launch_runtime_overhead.txt" | tail -24
-  [ "$stage" = launch ] && bash benchmarks/gpu_tune.sh "$d/tuned" tune
+  if [ "$stage" = launch ]; then bash benchmarks/gpu_tune.sh "$d/tuned" tune; fi
 elif [ "$stage" = serve ]; then
   bash benchmarks/gpu_tune.sh "$d/tuned" serve
 else

@@ -245,3 +245,71 @@ def test_attach_gives_tables_only_to_operators_with_tvm_ffi_kernels(tmp_path: Pa
     assert "TILESHIP_NATIVE_CALL=off" in (native.attach(tmp_path, {"add": fresh}) or "")
     assert fresh._table is None
     assert native.attach(tmp_path / "nothing-here", {"add": fresh}) is None
+
+
+# -- "c"-target kernels: the CPU catalog, compiled by TileLang, served by the table ---------------
+def test_a_cpu_release_serves_its_c_kernels_through_the_table(cpu_release_build: Any) -> None:
+    from tileship.runtime.loader import load
+
+    release = load(cpu_release_build.path)
+    add, norm = release.op("add"), release.op("rmsnorm_cpu")
+    assert add._table is not None and norm._table is not None, release.notes
+    calls = 0
+    for n in (1, 7, 4096, 100_003):
+        a, b = torch.randn(n), torch.randn(n)
+        for _ in range(3):
+            assert torch.equal(add(a, b), a + b), n
+            calls += 1
+    x, w = torch.randn(33, 1024), torch.randn(1024)
+    for _ in range(3):
+        torch.testing.assert_close(norm(x, w), torch.nn.functional.rms_norm(x, (1024,), w, 1e-6),
+                                   atol=1e-5, rtol=1e-5)
+    served = sum(add._table.count(i) for i in range(len(add.entries)))
+    assert served == calls - 2 * 4, "the table did not serve each key from its third call on"
+    assert norm._table.count(next(i for i, e in enumerate(norm.entries) if e.kernel is not None)) >= 1
+    assert release.counters() == {"add": {"kernel:kernel": calls}, "rmsnorm_cpu": {"kernel:kernel": 3}}
+
+
+def test_malformed_plans_are_refused_with_the_reason(module: Any) -> None:
+    table = native.NativeTable(module, 2, 1)
+    a = torch.randn(8)
+    plan_ok = [3, 1, 2, 2 | 32 << 8 | 1 << 16, 1, 8, 0, 1, -1, 8, 1, 0]
+    cases = {
+        "int64 CPU tensor": torch.tensor(plan_ok, dtype=torch.int32),
+        "too short": torch.tensor([1, 0, 0], dtype=torch.int64),
+        "counts are out of range": torch.tensor([3, 1, 2, 0, 1, 8, 0, 1, -1, 8, 1], dtype=torch.int64),
+        "source is out of range": torch.tensor([3, 1, 2, 0, 1, 8, 0, 5, -1, 8, 1, 0], dtype=torch.int64),
+        "call address is NULL": torch.tensor(plan_ok[:-2] + [0, 0], dtype=torch.int64),
+    }
+    for why, plan in cases.items():
+        with pytest.raises(Exception, match=why):
+            table.call(5, 0, plan, a, a)
+    assert table.size() == 0
+
+
+def test_the_table_refuses_a_plan_it_cannot_hold_and_the_python_launcher_serves(module: Any) -> None:
+    table = native.NativeTable(module, 2, 1)
+    a = torch.randn(8)
+    too_many = (1, 0, tuple(range(2)) + (-1,), tuple(range(30)), ((8,), torch.float32))
+    assert table.put_c(0, too_many, (a, a)) is False and table.size() == 0
+    odd_dtype = (1, 0, (0, 1, -1), (), ((8,), torch.complex64))
+    assert table.put_c(0, odd_dtype, (a, a)) is False
+
+
+def test_a_kernel_swapped_in_after_the_table_served_it_is_never_bypassed(module: Any) -> None:
+    op, entry = ffi_runner(module)
+    a = torch.randn(64)
+    for _ in range(3):
+        op(a, a)
+    assert op._table.count(0) == 1 and op._table.size() == 1
+    seen: list[int] = []
+
+    def swapped(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        seen.append(1)
+        return x + y
+
+    entry.kernel = swapped
+    assert op._table.size() == 0, "assigning the kernel did not drop the table's rows"
+    for _ in range(3):
+        assert torch.equal(op(a, a), a + a)
+    assert len(seen) == 3 and op._table.count(0) == 1, "the table launched the kernel that was swapped out"

@@ -229,10 +229,10 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
 
 
 def _native_table(project: Project, staging: Path) -> native.NativeBuild | None:
-    """Compile the dispatcher's table (``runtime.native``) into the release when a target is CUDA (the
-    only kernels it launches are tvm-ffi's); None when none is. A failure is recorded, not raised: the
-    release then serves through the Python dispatcher."""
-    if not any(t.startswith("cuda") for t in project.targets):
+    """Compile the dispatcher's table (``runtime.native``) into the release: it launches the CUDA (tvm-ffi)
+    and "c"-target kernels; None when the project has neither target. A failure is recorded, not raised:
+    the release then serves through the Python dispatcher."""
+    if not any(t.startswith("cuda") or t == "c" for t in project.targets):
         return None
     built = native.compile_library(staging / native.LIBRARY)
     if not built.ok:

@@ -35,7 +35,7 @@ def fault_args() -> tuple[Any, ...] | None:
 class Breaker:
     """Mixin: the breaker's two entry points, ``_call_checked`` and ``_trip``."""
 
-    _lock: threading.Lock
+    _lock: threading.RLock
     shape: OpShape
     entries: list[Entry]
     reference: Callable[..., Any]

@@ -56,7 +56,8 @@ class Entry:
     kernel: Callable[..., Any] | None
     decision: Decision
     detail: str = ""
-    #: kernel calls served by this specialization, by any launcher
+    #: kernel calls the Python dispatcher served for this specialization, by any launcher (those of the
+    #: compiled table are ``native_calls``; ``kernel_calls()`` is both)
     calls: Counter = field(default_factory=Counter)
     #: of those, the calls TileLang's adapter served (no fast launcher for the key:
     #: ``OpRunner.launchers()`` says why). A fast launch bumps ``calls`` only: one counter per call
@@ -70,6 +71,16 @@ class Entry:
     #: the kernel calls the compiled dispatch table served (``runtime.native``), read from it; None
     #: when no table serves this entry. Those calls bump no Python counter
     native_calls: Callable[[], int] | None = None
+
+    #: called (no arguments) after ``kernel`` is assigned: the compiled tables holding this entry's kernel
+    #: drop their rows (``runtime.table_rows``), so a kernel swapped in is never bypassed
+    on_kernel_change: list[Callable[[], Any]] = field(default_factory=list, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name == "kernel":
+            for hook in self.__dict__.get("on_kernel_change", ()):
+                hook()
 
     def kernel_calls(self) -> int:
         """Kernel calls served by this specialization, by any path."""

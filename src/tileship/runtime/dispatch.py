@@ -88,7 +88,7 @@ class OpRunner(Breaker, TableRows):
         #: the operator's ``sample(dims, dtype, device)`` hook when it declares one (demo, warm-up)
         self.sample: Callable[..., Any] | None = None
         self._memo: dict[tuple[Any, ...], Route] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered: setting an entry's kernel drops the table's rows
         #: reference calls by (dtypes, shapes, reason), bounded (``runtime.telemetry``); the counts by
         #: reason (``snapshot``) are its rows summed when read, so a reference call bumps one counter
         self.telemetry = ShapeTable()

@@ -53,6 +53,10 @@ class Launcher:
     #: compiled dispatch table (``runtime.native``) may call directly
     ffi: Any = None
     anchor: bool = False
+    #: a "c"-target kernel the compiled table may call directly: (call address, get_last_error address,
+    #: each parameter's input index or -1 for the output, the symbolic dims, the output's (shape, torch
+    #: dtype) or None); set with one output or none, all arguments tensors
+    c_call: tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], Any] | None] | None = None
 
 
 def resolve(kernel: Any, outs: Sequence[tuple[tuple[int, ...], Any]] | None, args: tuple[Any, ...],
@@ -192,6 +196,12 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
     outs = [(s, d) for s, d in outs]
     in_order = all(not is_out for is_out, _ in places[:n_args])
 
+    err = ctypes.cast(lib.get_last_error, ctypes.c_void_p).value or 0
+    c_call = None
+    if len(outs) <= 1:
+        sources = tuple(-1 if is_out else j for is_out, j in places)
+        c_call = (addr, err, sources, tuple(int(v) for v in dyn), (tuple(outs[0][0]), outs[0][1]) if outs else None)
+
     def failed(rc: int) -> RuntimeError:
         return RuntimeError(f"kernel call failed ({rc}): {lib.get_last_error().decode(errors='replace')}")
 
@@ -206,7 +216,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
                     raise failed(rc)
                 return o
 
-            return Launcher(launch2, kind="ctypes")
+            return Launcher(launch2, kind="ctypes", c_call=c_call)
 
         def launch1(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
             o = empty(size=s0, dtype=d0, device=dev) if out is None else out[0]
@@ -215,7 +225,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
                 raise failed(rc)
             return o
 
-        return Launcher(launch1, kind="ctypes")
+        return Launcher(launch1, kind="ctypes", c_call=c_call)
 
     def launch(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
         o = out if out is not None else [empty(size=s, dtype=d, device=dev) for s, d in outs]
@@ -227,7 +237,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
             raise failed(rc)
         return o[0] if single else (list(o) or None)
 
-    return Launcher(launch, kind="ctypes")
+    return Launcher(launch, kind="ctypes", c_call=c_call)
 
 
 __all__ = ["Launcher", "LaunchFn", "resolve"]

@@ -15,14 +15,18 @@ entry function, or a reference row), and all of them are dropped whenever a deci
 (``OpRunner.disable``, the circuit breaker, ``forget``): the table never serves a key differently
 from the Python path. Kernel calls it serves are counted in C, per entry (``Entry.native_calls``).
 
-Only kernels that TileLang's ``tvm_ffi`` backend built (CUDA) are served this way, with one output
-allocated by the kernel (the callee-allocated ABI) or none; the rest keep the Python launchers.
+Two kinds of kernels are served this way, each with one output or none: those TileLang's ``tvm_ffi``
+backend built (CUDA; the kernel allocates its output, the callee-allocated ABI), and "c"-target
+kernels (TileLang's cython library: the table allocates the output through the caller's tensor
+allocator and calls the library's ``call`` with the data pointers and the key's symbolic dims, all
+fixed per key). The rest keep the Python launchers.
 ``TILESHIP_NATIVE_CALL=off`` loads no table. Nothing here raises on load: ``attach`` returns why
 no table serves, as a note.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import shutil
@@ -37,8 +41,10 @@ from tileship import env
 SOURCE = Path(__file__).with_name("native") / "fastcall.c"
 #: where the release keeps the library (a release file: hashed in the manifest, checked before load)
 LIBRARY = "native/fastcall.so"
-ABI = 1
+ABI = 2
 MAX_ARGS = 16
+MAX_CALL = 24  # pointers + symbolic dims + the stream of a "c"-target call (fastcall.c)
+MAX_OUT_NDIM = 16
 MISS, NON_CONTIGUOUS, MISALIGNED = -1, -2, -3
 _log = logging.getLogger("tileship.runtime.native")
 _modules: dict[str, Any] = {}
@@ -126,6 +132,21 @@ class NativeTable:
         """Answer the key of ``args`` with ``route_id`` (the reference serves it)."""
         self.call(1, route_id, None, 0, *args)
 
+    def put_c(self, slot: int, c_call: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
+        """Route the key of ``args`` to a "c"-target kernel (``runtime.launch.Launcher.c_call``), counted
+        under ``slot``. False (nothing written) when the call does not fit the table's plan."""
+        import torch
+
+        addr, err, sources, dyn, out = c_call
+        shape, dtype = out if out is not None else ((), None)
+        code = _dl_dtypes().get(dtype) if out is not None else 0
+        if code is None or len(sources) + len(dyn) + 1 > MAX_CALL or len(shape) > MAX_OUT_NDIM:
+            return False
+        out_param = sources.index(-1) if out is not None else -1
+        plan = [len(sources), len(dyn), out_param, code, len(shape), *shape, *sources, *dyn, addr, err]
+        self.call(5, slot, torch.tensor(plan, dtype=torch.int64), *args)
+        return True
+
     def clear(self) -> None:
         self.call(2)
 
@@ -144,7 +165,7 @@ def attach(snapshot: Path, ops: dict[str, Any]) -> str | None:
         return None
     if not env.native_call():
         return "TILESHIP_NATIVE_CALL=off: kernels launch through the Python dispatcher"
-    wanted = [r for r in ops.values() if _has_tvm_ffi_kernel(r)]
+    wanted = [r for r in ops.values() if _has_native_kernel(r)]
     if not wanted:
         return None
     try:
@@ -158,10 +179,22 @@ def attach(snapshot: Path, ops: dict[str, Any]) -> str | None:
     return None
 
 
-def _has_tvm_ffi_kernel(runner: Any) -> bool:
+def _has_native_kernel(runner: Any) -> bool:
     if runner.n_inputs > MAX_ARGS or not runner.all_tensors:
         return False
-    return any(getattr(getattr(e.kernel, "adapter", None), "backend", None) == "tvm_ffi" for e in runner.entries)
+    return any(getattr(getattr(e.kernel, "adapter", None), "backend", None) in ("tvm_ffi", "cython")
+               for e in runner.entries)
+
+
+@functools.cache
+def _dl_dtypes() -> dict[Any, int]:
+    """torch dtype -> DLPack (code | bits << 8 | lanes << 16), for the dtypes kernels here output."""
+    import torch
+
+    pairs = {torch.float32: (2, 32), torch.float64: (2, 64), torch.float16: (2, 16), torch.bfloat16: (4, 16),
+             torch.int8: (0, 8), torch.int16: (0, 16), torch.int32: (0, 32), torch.int64: (0, 64),
+             torch.uint8: (1, 8), torch.bool: (6, 8)}
+    return {dt: code | bits << 8 | 1 << 16 for dt, (code, bits) in pairs.items()}
 
 
 __all__ = ["ABI", "LIBRARY", "MISALIGNED", "MISS", "NON_CONTIGUOUS", "NativeBuild", "NativeTable", "SOURCE",

@@ -55,7 +55,7 @@ class Route:
     swapped kernel is never bypassed)."""
 
     __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out", "shape", "ref", "ffi",
-                 "anchor", "native")
+                 "anchor", "c_call", "native")
 
     def __init__(self, entry: Entry, outs: OutSpecs | None, launcher: Launcher | None = None) -> None:
         self.entry = entry
@@ -71,6 +71,7 @@ class Route:
         #: the tvm-ffi entry function the compiled table may call for this key (``Launcher.ffi``)
         self.ffi: Any = launcher.ffi if fast and launcher is not None else None
         self.anchor = bool(launcher.anchor) if fast and launcher is not None else False
+        self.c_call = launcher.c_call if fast and launcher is not None else None
         #: the key's row in the compiled table: None not written yet, -1 none (a Python launcher
         #: serves), else the entry's slot (a kernel row) or the reference row's index
         self.native: int | None = None

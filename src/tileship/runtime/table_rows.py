@@ -11,12 +11,12 @@ never serve a key differently from the Python path. Checked calls (``check_finit
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from tileship.runtime.decision import Entry
     from tileship.runtime.route import Route
 
@@ -26,7 +26,7 @@ MEMO_LIMIT = 8192
 class TableRows:
     """Mixin: the compiled table of an operator and the rows the dispatcher writes into it."""
 
-    _lock: threading.Lock
+    _lock: threading.RLock
     _memo: dict[tuple[Any, ...], Route]
     entries: list[Entry]
     _table: Any
@@ -59,6 +59,7 @@ class TableRows:
             self._drop_rows()
             for slot, entry in enumerate(self.entries):
                 entry.native_calls = partial(table.count, slot)
+                entry.on_kernel_change.append(_weak_drop(self))
         self.check_finite = self._check_finite
 
     def _drop_rows(self) -> None:
@@ -78,15 +79,31 @@ class TableRows:
             if table is None or route.native is not None:
                 return
             slot = next((i for i, e in enumerate(self.entries) if e is entry), -1)
-            if entry.kernel is not None and entry.kernel is route.kernel and route.ffi is not None and slot >= 0:
+            fast = entry.kernel is not None and entry.kernel is route.kernel and slot >= 0
+            if fast and route.ffi is not None:
                 route.native = slot
                 table.put_kernel(slot, route.ffi, route.anchor, args)
+            elif fast and route.c_call is not None and table.put_c(slot, route.c_call, args):
+                route.native = slot
             elif len(self._native_routes) < 4 * MEMO_LIMIT:
                 route.native = len(self._native_routes)
                 self._native_routes.append(route)
                 table.put_reference(route.native, args)
             else:
                 route.native = -1  # the Python path finds it, as without a table
+
+
+def _weak_drop(runner: TableRows) -> Callable[[], None]:
+    """A hook that drops ``runner``'s rows while the runner lives (entries may outlive a runner)."""
+    ref = weakref.ref(runner)
+
+    def drop() -> None:
+        r = ref()
+        if r is not None:
+            with r._lock:
+                r._drop_rows()
+
+    return drop
 
 
 __all__ = ["MEMO_LIMIT", "TableRows"]

@@ -17,6 +17,12 @@
  *                                    allocator anchor of TileLang's callee-allocated output ABI). With
  *                                    ``fn`` None the row is a reference row: calls of that key return
  *                                    ``slot`` (>= 0), the index of the caller's route, with no checks
+ *   (5, slot, plan, *tensors)        PUT_C: route the key of ``tensors`` to a "c"-target kernel (TileLang's
+ *                                    cython library: ``int32 call(void* ptr..., int64 dim..., void* stream)``);
+ *                                    ``plan`` is a CPU int64 tensor (see ``CPlan``) with the call's fixed parts:
+ *                                    the parameter order, the output's dtype and shape, the symbolic dims,
+ *                                    the ``call`` and ``get_last_error`` addresses. The output is allocated
+ *                                    through the caller's tensor allocator (TVMFFIEnvTensorAlloc)
  *   (2,)                             CLEAR: forget every row (the counts stay)
  *   (3, slot)                        COUNT: kernel calls served under ``slot``
  *   (4,)                             SIZE: rows in the table
@@ -29,14 +35,30 @@
 #include <stdlib.h>
 #include <string.h>
 #include <tvm/ffi/c_api.h>
+#include <tvm/ffi/extra/c_env_api.h>
 
-#define FASTCALL_ABI 1
+#define FASTCALL_ABI 2
 #define MAX_ARGS 16
 #define MAX_KEY 64
 #define MISS (-1)
 #define NON_CONTIGUOUS (-2)
 #define MISALIGNED (-3)
 #define ALIGNMENT 16
+#define MAX_CALL 24 /* pointers + symbolic dims + the stream of a "c"-target call */
+#define MAX_OUT_NDIM 16
+
+/* A "c"-target call, from the plan tensor: [n_params, n_dyn, out_param, out_dtype, out_ndim, shape[out_ndim]...,
+ * source[n_params]..., dyn[n_dyn]..., call address, get_last_error address]; ``source[p]`` is the input index
+ * of parameter ``p``, or -1 for the output; ``out_param`` -1 when the kernel has no output. */
+typedef struct {
+  int32_t n_params, n_dyn, out_param, out_ndim;
+  DLDataType out_dtype;
+  int64_t out_shape[MAX_OUT_NDIM];
+  int32_t source[MAX_CALL];
+  int64_t dyn[MAX_CALL];
+  void* call;
+  const char* (*last_error)(void);
+} CPlan;
 
 typedef struct {
   uint64_t hash;
@@ -44,6 +66,7 @@ typedef struct {
   int32_t slot;
   int32_t anchor;
   TVMFFIObjectHandle fn;
+  CPlan* plan; /* a "c"-target row (fn NULL); owned by the row */
   int64_t key[MAX_KEY];
 } Row;
 
@@ -139,9 +162,40 @@ static int fail(const char* msg) {
 static void clear_rows(Table* t) {
   for (uint32_t i = 0; i < t->cap; ++i) {
     if (t->rows[i].len && t->rows[i].fn != NULL) TVMFFIObjectDecRef(t->rows[i].fn);
+    if (t->rows[i].len) free(t->rows[i].plan);
   }
   memset(t->rows, 0, sizeof(Row) * t->cap);
   t->used = 0;
+}
+
+/* Write a row (replacing the key's old one); takes over ``fn``'s reference and ``plan``. */
+static int store(Table* t, const int64_t* key, int len, int64_t slot, int anchor, TVMFFIObjectHandle fn, CPlan* plan,
+                 TVMFFIAny* result) {
+  uint64_t h = hash_key(key, len);
+  pthread_mutex_lock(&t->mu);
+  if ((t->used + 1) * 2 > t->cap && grow(t) != 0) {
+    pthread_mutex_unlock(&t->mu);
+    if (fn != NULL) TVMFFIObjectDecRef(fn);
+    free(plan);
+    return fail("fastcall PUT: out of memory");
+  }
+  Row* r = find(t, key, len, h);
+  if (r->len) {
+    if (r->fn != NULL) TVMFFIObjectDecRef(r->fn);
+    free(r->plan);
+  } else {
+    t->used += 1;
+  }
+  r->hash = h;
+  r->len = len;
+  r->slot = (int32_t)slot;
+  r->anchor = anchor;
+  r->fn = fn;
+  r->plan = plan;
+  memcpy(r->key, key, sizeof(int64_t) * (size_t)len);
+  int64_t used = t->used;
+  pthread_mutex_unlock(&t->mu);
+  return ret_int(result, used);
 }
 
 static int put(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result) {
@@ -155,35 +209,180 @@ static int put(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result) {
   DLTensor* ts[MAX_ARGS];
   int len = encode(args + 4, t->n_args, key, ts);
   if (len <= 0) return fail("fastcall PUT: the arguments are not tensors, or the key is too long");
-  uint64_t h = hash_key(key, len);
   if (fn != NULL) TVMFFIObjectIncRef(fn);
-  pthread_mutex_lock(&t->mu);
-  if ((t->used + 1) * 2 > t->cap && grow(t) != 0) {
-    pthread_mutex_unlock(&t->mu);
-    if (fn != NULL) TVMFFIObjectDecRef(fn);
-    return fail("fastcall PUT: out of memory");
+  return store(t, key, len, slot, args[3].v_int64 ? 1 : 0, fn, NULL, result);
+}
+
+/* The plan tensor of PUT_C into a CPlan; NULL (with the error set) when it is malformed. */
+static CPlan* read_plan(const TVMFFIAny* arg, int n_inputs) {
+  DLTensor* p = tensor_of(arg);
+  if (p == NULL || p->device.device_type != kDLCPU || p->dtype.code != kDLInt || p->dtype.bits != 64 ||
+      p->ndim != 1 || !contiguous(p)) {
+    fail("fastcall PUT_C: the plan must be a contiguous 1-d int64 CPU tensor");
+    return NULL;
   }
-  Row* r = find(t, key, len, h);
-  if (r->len) {
-    if (r->fn != NULL) TVMFFIObjectDecRef(r->fn);
-  } else {
-    t->used += 1;
+  const int64_t* v = (const int64_t*)((char*)p->data + p->byte_offset);
+  int64_t len = p->shape[0];
+  if (len < 5) {
+    fail("fastcall PUT_C: the plan is too short");
+    return NULL;
   }
-  r->hash = h;
-  r->len = len;
-  r->slot = (int32_t)slot;
-  r->anchor = args[3].v_int64 ? 1 : 0;
-  r->fn = fn;
-  memcpy(r->key, key, sizeof(int64_t) * (size_t)len);
-  int64_t used = t->used;
-  pthread_mutex_unlock(&t->mu);
-  return ret_int(result, used);
+  int64_t n_params = v[0], n_dyn = v[1], out_param = v[2], out_ndim = v[4];
+  if (n_params < 1 || n_dyn < 0 || n_params + n_dyn + 1 > MAX_CALL || out_ndim < 0 || out_ndim > MAX_OUT_NDIM ||
+      out_param < -1 || out_param >= n_params || len != 5 + out_ndim + n_params + n_dyn + 2) {
+    fail("fastcall PUT_C: the plan's counts are out of range");
+    return NULL;
+  }
+  CPlan* c = (CPlan*)calloc(1, sizeof(CPlan));
+  if (c == NULL) {
+    fail("fastcall PUT_C: out of memory");
+    return NULL;
+  }
+  c->n_params = (int32_t)n_params;
+  c->n_dyn = (int32_t)n_dyn;
+  c->out_param = (int32_t)out_param;
+  c->out_ndim = (int32_t)out_ndim;
+  c->out_dtype.code = (uint8_t)(v[3] & 0xff);
+  c->out_dtype.bits = (uint8_t)((v[3] >> 8) & 0xff);
+  c->out_dtype.lanes = (uint16_t)((v[3] >> 16) & 0xffff);
+  const int64_t* q = v + 5;
+  for (int i = 0; i < out_ndim; ++i) c->out_shape[i] = *q++;
+  for (int i = 0; i < n_params; ++i) {
+    int64_t src = *q++;
+    if (src < -1 || src >= n_inputs || (src == -1) != (i == out_param)) {
+      free(c);
+      fail("fastcall PUT_C: a parameter's source is out of range");
+      return NULL;
+    }
+    c->source[i] = (int32_t)src;
+  }
+  for (int i = 0; i < n_dyn; ++i) c->dyn[i] = *q++;
+  c->call = (void*)(intptr_t)q[0];
+  c->last_error = (const char* (*)(void))(intptr_t)q[1];
+  if (c->call == NULL) {
+    free(c);
+    fail("fastcall PUT_C: the call address is NULL");
+    return NULL;
+  }
+  return c;
+}
+
+static int put_c(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result) {
+  if (n != 3 + t->n_args || args[1].type_index != kTVMFFIInt)
+    return fail("fastcall PUT_C takes (5, slot, plan, *tensors)");
+  int64_t slot = args[1].v_int64;
+  if (slot < 0 || slot >= t->n_slots) return fail("fastcall PUT_C: slot out of range");
+  int64_t key[MAX_KEY];
+  DLTensor* ts[MAX_ARGS];
+  int len = encode(args + 3, t->n_args, key, ts);
+  if (len <= 0) return fail("fastcall PUT_C: the arguments are not tensors, or the key is too long");
+  CPlan* plan = read_plan(&args[2], t->n_args);
+  if (plan == NULL) return -1;
+  return store(t, key, len, slot, 0, NULL, plan, result);
+}
+
+/* The library's ``call`` with ``n`` arguments, every one of the integer class (pointers and int64 alike),
+ * through a prototype of exactly that arity (2..MAX_CALL; the smallest is one pointer and the stream). */
+static int32_t call_n(void* f, int n, const int64_t* a) {
+  switch (n) {
+    case 2:
+      return ((int32_t(*)(int64_t, int64_t))f)(a[0], a[1]);
+    case 3:
+      return ((int32_t(*)(int64_t, int64_t, int64_t))f)(a[0], a[1], a[2]);
+    case 4:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3]);
+    case 5:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4]);
+    case 6:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5]);
+    case 7:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6]);
+    case 8:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    case 9:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]);
+    case 10:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9]);
+    case 11:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10]);
+    case 12:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11]);
+    case 13:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12]);
+    case 14:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13]);
+    case 15:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14]);
+    case 16:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
+    case 17:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]);
+    case 18:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17]);
+    case 19:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18]);
+    case 20:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19]);
+    case 21:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20]);
+    case 22:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21]);
+    case 23:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22]);
+    case 24:
+      return ((int32_t(*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t))f)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23]);
+    default:
+      return INT32_MIN;
+  }
+}
+
+/* Launch a "c"-target row: allocate the output, place the pointers, call. */
+static int call_c(const CPlan* c, DLTensor** ts, TVMFFIAny* result) {
+  TVMFFIObjectHandle out = NULL;
+  DLTensor* o = NULL;
+  if (c->out_param >= 0) {
+    DLTensor proto;
+    memset(&proto, 0, sizeof(proto));
+    proto.device = ts[0]->device;
+    proto.ndim = c->out_ndim;
+    proto.dtype = c->out_dtype;
+    proto.shape = (int64_t*)c->out_shape;
+    if (TVMFFIEnvTensorAlloc(&proto, &out) != 0) return -1;
+    o = (DLTensor*)((char*)out + sizeof(TVMFFIObject));
+  }
+  int64_t a[MAX_CALL];
+  int k = 0;
+  for (int i = 0; i < c->n_params; ++i) {
+    const DLTensor* t = c->source[i] < 0 ? o : ts[c->source[i]];
+    a[k++] = (int64_t)(intptr_t)((char*)t->data + t->byte_offset);
+  }
+  for (int i = 0; i < c->n_dyn; ++i) a[k++] = c->dyn[i];
+  a[k++] = 0; /* the stream: none on the CPU */
+  int32_t rc = call_n(c->call, k, a);
+  if (rc != 0) {
+    if (out != NULL) TVMFFIObjectDecRef(out);
+    const char* msg = c->last_error != NULL ? c->last_error() : NULL;
+    TVMFFIErrorSetRaisedFromCStr("RuntimeError", msg != NULL && msg[0] ? msg : "kernel call failed");
+    return -1;
+  }
+  if (out == NULL) {
+    result->type_index = kTVMFFINone;
+    result->zero_padding = 0;
+    result->v_int64 = 0;
+    return 0;
+  }
+  result->type_index = kTVMFFITensor;
+  result->zero_padding = 0;
+  result->v_obj = (TVMFFIObject*)out;
+  return 0;
 }
 
 static int control(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result) {
   switch (args[0].v_int64) {
     case 1:
       return put(t, args, n, result);
+    case 5:
+      return put_c(t, args, n, result);
     case 2:
       pthread_mutex_lock(&t->mu);
       clear_rows(t);
@@ -214,6 +413,8 @@ static int table_call(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* r
   if (len < 0) return ret_int(result, MISS);
   uint64_t h = hash_key(key, len);
   TVMFFIObjectHandle fn = NULL;
+  CPlan plan;
+  int has_plan = 0;
   int32_t slot = MISS, anchor = 0;
   pthread_mutex_lock(&t->mu);
   Row* r = find(t, key, len, h);
@@ -222,18 +423,27 @@ static int table_call(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* r
     slot = r->slot;
     anchor = r->anchor;
     if (fn != NULL) TVMFFIObjectIncRef(fn);
+    if (r->plan != NULL) {
+      plan = *r->plan; /* a copy: a CLEAR may free the row's while this call runs */
+      has_plan = 1;
+    }
   }
   pthread_mutex_unlock(&t->mu);
-  if (fn == NULL) return ret_int(result, slot); /* MISS, or a reference row's route */
+  if (fn == NULL && !has_plan) return ret_int(result, slot); /* MISS, or a route row's index */
   for (int i = 0; i < n; ++i) { /* the Python path's order: contiguity, then alignment, argument by argument */
     if (!contiguous(ts[i])) {
-      TVMFFIObjectDecRef(fn);
+      if (fn != NULL) TVMFFIObjectDecRef(fn);
       return ret_int(result, NON_CONTIGUOUS);
     }
     if (((uintptr_t)ts[i]->data + ts[i]->byte_offset) % ALIGNMENT) {
-      TVMFFIObjectDecRef(fn);
+      if (fn != NULL) TVMFFIObjectDecRef(fn);
       return ret_int(result, MISALIGNED);
     }
+  }
+  if (has_plan) {
+    int rc = call_c(&plan, ts, result);
+    if (rc == 0) atomic_fetch_add_explicit(&t->counts[slot], 1, memory_order_relaxed);
+    return rc;
   }
   TVMFFIAny call_args[MAX_ARGS + 1];
   memcpy(call_args, args, sizeof(TVMFFIAny) * (size_t)n);
@@ -295,7 +505,6 @@ TVM_FFI_DLL_EXPORT int __tvm_ffi_fastcall_abi(void* self, const TVMFFIAny* args,
 
 /* A kernel for tests on the CPU, with TileLang's callee-allocated output ABI: (a, b, anchor) -> a + b,
  * float32, contiguous, the output allocated through the caller's tensor allocator (TVMFFIEnvTensorAlloc). */
-#include <tvm/ffi/extra/c_env_api.h>
 TVM_FFI_DLL_EXPORT int __tvm_ffi_fastcall_selftest_add(void* self, const TVMFFIAny* args, int32_t n,
                                                         TVMFFIAny* result) {
   (void)self;

@@ -209,6 +209,7 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
         bundle.write_json_atomic(staging / "build-log.json", {
             "seconds": round(time.perf_counter() - t0, 3), "jobs": opts.jobs, "timeout_s": opts.timeout_s,
             **({"ray": opts.ray.address or "local"} if opts.ray is not None else {}),
+            **({"native_seconds": round(native_build.seconds, 3)} if native_build is not None else {}),
             "specializations": {r.spec.id: {"ok": r.ok, "seconds": round(r.seconds, 3), "timed_out": r.timed_out,
                                             "error": r.error, "commands": [" ".join(c) for c in r.commands],
                                             "log": r.log} for r in results}})

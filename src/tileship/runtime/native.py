@@ -61,8 +61,9 @@ class NativeBuild:
     source_sha256: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "compiler": self.compiler, "seconds": round(self.seconds, 3),
-                "source": f"sha256:{self.source_sha256}", **({"error": self.error} if self.error else {})}
+        """What the release records (no timing: this is part of the release's identity)."""
+        return {"ok": self.ok, "compiler": self.compiler, "source": f"sha256:{self.source_sha256}",
+                **({"error": self.error} if self.error else {})}
 
 
 def compile_library(dest: Path) -> NativeBuild:
@@ -93,8 +94,9 @@ def compile_library(dest: Path) -> NativeBuild:
         return NativeBuild(False, error=f"{type(exc).__name__}: {exc}", source_sha256=digest)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
+        text = (proc.stderr or proc.stdout).replace(str(dest.parent), dest.parent.name)  # no temp paths
         return NativeBuild(False, compiler=" ".join(version), seconds=time.perf_counter() - t0,
-                           error=(proc.stderr or proc.stdout)[-2000:], source_sha256=digest)
+                           error=text[-2000:], source_sha256=digest)
     tmp.replace(dest)
     return NativeBuild(True, compiler=" ".join(version), seconds=time.perf_counter() - t0, source_sha256=digest)
 

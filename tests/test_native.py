@@ -18,7 +18,7 @@ import torch
 
 from tileship.declare.spec import Specialization
 from tileship.runtime import native
-from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape
+from tileship.runtime.dispatch import KERNEL, Decision, Entry, OpRunner, OpShape
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 

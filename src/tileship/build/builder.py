@@ -42,6 +42,7 @@ _log = logging.getLogger("tileship.build")
 
 @dataclass(frozen=True)
 class SpecResult:
+    """One specialization's build: whether it compiled, how long it took, and why not when it did not."""
     spec: Specialization
     ok: bool
     seconds: float

@@ -36,8 +36,9 @@ from tileship.errors import BuildError
 from tileship.release import bundle
 from tileship.runtime import native
 
-LOG_LIMIT = 256 * 1024
 _log = logging.getLogger("tileship.build")
+#: the most of a compile's output a build log keeps per specialization
+LOG_LIMIT = 256 * 1024
 
 
 @dataclass(frozen=True)

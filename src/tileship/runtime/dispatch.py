@@ -15,9 +15,9 @@ Every call the reference serves is counted once, in the runner's bounded ``telem
 (dtypes, shapes, reason), one call in ``SAMPLE`` timed (``runtime.telemetry``); ``snapshot()``'s
 counts by reason are those rows summed when read. A kernel call bumps ``Entry.calls`` only.
 
-The memoized keys a tvm-ffi kernel serves are also written into the operator's compiled table
-(``runtime.native``) when the release has one: ``__call__`` then asks the table first, which keys,
-checks layout and launches in C, and answers the reference rows with their route. Every decision
+Memoized keys are also written into the operator's compiled table (``runtime.native``) when the
+release has one: ``__call__`` then asks the table first, which keys, checks layout and launches a
+tvm-ffi or "c"-target kernel in C, and answers every other key with its route (``runtime.table_rows``). Every decision
 change drops the table's rows, so the table serves a key exactly as the Python path would.
 
 The reasons a decision names are listed in ``runtime.decision``.
@@ -52,6 +52,8 @@ from tileship.runtime.table_rows import MEMO_LIMIT, TableRows
 from tileship.runtime.telemetry import SAMPLE, ShapeTable, shape_of
 
 _log = logging.getLogger("tileship.runtime.dispatch")
+
+
 class OpRunner(Breaker, TableRows):
     """Callable operator of a loaded release. Thread-safe.
 

@@ -313,3 +313,18 @@ def test_a_kernel_swapped_in_after_the_table_served_it_is_never_bypassed(module:
     for _ in range(3):
         assert torch.equal(op(a, a), a + a)
     assert len(seen) == 3 and op._table.count(0) == 1, "the table launched the kernel that was swapped out"
+
+
+def test_arrays_that_are_not_torch_tensors_are_refused_as_without_the_table(cpu_release_build: Any) -> None:
+    from tileship.errors import CallError
+    from tileship.runtime.loader import load
+
+    add = load(cpu_release_build.path).op("add")
+    a, b = torch.randn(64), torch.randn(64)
+    for _ in range(3):
+        add(a, b)  # the key's row is written: a NumPy array of the same key must still not reach the kernel
+    with pytest.raises(CallError, match="expected a torch.Tensor, got numpy.ndarray"):
+        add(a.numpy(), b.numpy())
+    with pytest.raises(CallError, match="expected a torch.Tensor, got int"):
+        add(1, 2)
+    assert add.snapshot() == {"kernel:kernel": 3}

@@ -153,7 +153,15 @@ def check_scalars(args: tuple[Any, ...], scalars: Sequence[int], inputs: Sequenc
 
 
 def check_devices(tensors: Sequence[Any], declared: Sequence[tuple[str, Any]], op: str) -> None:
-    """Raises CallError naming the first input on another device than the first one."""
+    """Raises CallError naming the first input that is not a torch.Tensor (an array-like with ``device``,
+    ``dtype`` and ``shape``, such as a NumPy array, is not one), then the first on another device than
+    the first one. The slow path only (first call of a key)."""
+    import torch
+
+    for (name, _), a in zip(declared, tensors, strict=True):
+        if not isinstance(a, torch.Tensor):
+            raise CallError(f"expected a torch.Tensor, got {type(a).__module__}.{type(a).__name__}", operator=op,
+                            argument=name, hint="convert it with torch.as_tensor / torch.from_numpy")
     dev = tensors[0].device
     for (name, _), a in zip(declared, tensors, strict=True):
         if a.device != dev:

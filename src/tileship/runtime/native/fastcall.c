@@ -430,6 +430,11 @@ static int table_call(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* r
   }
   pthread_mutex_unlock(&t->mu);
   if (fn == NULL && !has_plan) return ret_int(result, slot); /* MISS, or a route row's index */
+  if (TVMFFIEnvGetDLPackManagedTensorAllocator() == NULL) {
+    /* no caller's tensor allocator: the tensors are not torch's (a NumPy array, say): the Python path refuses them */
+    if (fn != NULL) TVMFFIObjectDecRef(fn);
+    return ret_int(result, MISS);
+  }
   for (int i = 0; i < n; ++i) { /* the Python path's order: contiguity, then alignment, argument by argument */
     if (!contiguous(ts[i])) {
       if (fn != NULL) TVMFFIObjectDecRef(fn);

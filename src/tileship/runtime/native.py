@@ -1,19 +1,22 @@
-"""The dispatcher's hot path in compiled code: a key table in C that launches tvm-ffi kernels.
+"""The dispatcher's hot path in compiled code: a key table in C that launches compiled kernels.
 
 ``native/fastcall.c`` (built by ``tileship build`` into the release as ``native/fastcall.so``, never at
 load time) keeps, per operator, a table from a call's key (each tensor's device, dtype, rank and shape)
 to what serves it. Called with the operator's tensors, the table computes the key in C, checks
-contiguity and 16-byte alignment, and calls the kernel's tvm-ffi entry function directly: one
-tvm-ffi call from Python, no Python key, no Python launcher. What it cannot serve it answers with an
-int, and the Python dispatcher (``runtime.dispatch``) takes over:
+contiguity and 16-byte alignment, and launches the kernel: one tvm-ffi call from Python, no Python
+key, no Python launcher. What it cannot serve it answers with an int, and the Python dispatcher
+(``runtime.dispatch``) takes over:
 
-    < 0   MISS (-1: no row for this key), NON_CONTIGUOUS (-2), MISALIGNED (-3)
-    >= 0  a reference row: the index of the memoized ``Route`` the reference serves
+    < 0   MISS (-1: no row for this key, or the tensors came without torch's allocator, e.g. NumPy
+          arrays), NON_CONTIGUOUS (-2), MISALIGNED (-3)
+    >= 0  a route row: the index of the memoized ``Route`` that serves the key in Python (the
+          reference, or a Python launcher)
 
-Rows are written by the Python dispatcher only, for keys it has memoized and resolved (a kernel's
-entry function, or a reference row), and all of them are dropped whenever a decision changes
-(``OpRunner.disable``, the circuit breaker, ``forget``): the table never serves a key differently
-from the Python path. Kernel calls it serves are counted in C, per entry (``Entry.native_calls``).
+Rows are written by the Python dispatcher only, for keys it has memoized and resolved (a kernel row,
+or a route row), and all of them are dropped whenever a decision changes (``OpRunner.disable``, the
+circuit breaker, ``forget``, an assignment to ``Entry.kernel``): the table never serves a key
+differently from the Python path (``runtime.table_rows``). Kernel calls it serves are counted in C,
+per entry (``Entry.native_calls``).
 
 Two kinds of kernels are served this way, each with one output or none: those TileLang's ``tvm_ffi``
 backend built (CUDA; the kernel allocates its output, the callee-allocated ABI), and "c"-target

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from threads import together
 
 from tileship.declare.spec import Specialization
 from tileship.errors import CallError
@@ -172,11 +173,9 @@ def test_many_threads_at_once_count_exactly(release):
     add, norm = release.op("add"), release.op("rmsnorm_cpu")
     errors: list[str] = []
     per_thread, n_threads = 60, 16
-    start = threading.Barrier(n_threads)
 
     def worker(tid: int) -> None:
         g = torch.Generator().manual_seed(tid)
-        start.wait()
         for i in range(per_thread):
             n = (1, 64, 4096, 5000)[i % 4]
             a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
@@ -188,11 +187,7 @@ def test_many_threads_at_once_count_exactly(release):
             if not torch.allclose(norm(x, w), rms(x, w), atol=1e-5, rtol=1e-5):
                 errors.append(f"norm t{tid} i{i}")
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(n_threads, worker)
     assert not errors, errors[:5]
     assert release.counters() == {"add": {"kernel:kernel": n_threads * per_thread},
                                   "rmsnorm_cpu": {"kernel:kernel": n_threads * per_thread}}

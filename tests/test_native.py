@@ -8,13 +8,13 @@ caller's allocator), so the table and the dispatcher run the same protocol as wi
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from threads import together
 
 from tileship.declare.spec import Specialization
 from tileship.runtime import native
@@ -208,22 +208,16 @@ def test_many_threads_through_the_table_count_exactly(module: Any) -> None:
     op, entry = ffi_runner(module)
     errors: list[str] = []
     n_threads, per_thread = 8, 200
-    start = threading.Barrier(n_threads)
 
     def worker(tid: int) -> None:
         g = torch.Generator().manual_seed(tid)
-        start.wait()
         for i in range(per_thread):
             n = (16, 1024, 3000, 1 << 21)[i % 4]
             a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
             if not torch.equal(op(a, b), a + b):
                 errors.append(f"t{tid} i{i}")
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(n_threads, worker)
     assert not errors, errors[:5]
     counts = op.snapshot()
     assert counts == {"kernel:kernel": n_threads * per_thread * 3 // 4,

@@ -1,5 +1,6 @@
-"""Admission to the inference worker pool (``Slots``): at most ``max_inflight`` calls admitted;
-a slot is freed when its call ends, not when its request gives up waiting (a 504).
+"""Admission to the inference worker pool (``Slots``): at most ``max_inflight`` calls admitted
+(on the thread pool, ``submit``, or as tasks on the event loop, ``admit``); a slot is freed when
+its call ends, not when its request gives up waiting (a 504).
 
 A request takes a slot only once its body is read and checked, so slow clients hold their own
 connection (bounded by the body timeout and the connection limit), never an inference slot.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tileship.serve.validate import BadRequest
@@ -26,16 +27,31 @@ class Slots:
         self.metrics = metrics
         self.inflight = 0
         #: calls whose request got a 504 and that still run (each keeps its slot and its worker)
-        self.overdue: set[concurrent.futures.Future[Any]] = set()
+        self.overdue: set[Any] = set()
 
-    def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        """Take a slot (``BadRequest(503)`` when none is free) and run ``job`` on the pool. Call on the loop."""
+    def _take(self) -> None:
         if self.inflight >= self.max_inflight:
             self.metrics.rejected.labels("overloaded").inc()
             raise BadRequest(503, f"overloaded: {self.inflight} requests in flight (limit {self.max_inflight}); "
                                   "retry later")
         self.inflight += 1
         self.metrics.inflight.inc()
+
+    def admit(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Take a slot (``BadRequest(503)`` when none is free) and run ``coro`` as a task on this loop;
+        the slot is freed when the task ends. Call on the loop."""
+        try:
+            self._take()
+        except BadRequest:
+            coro.close()
+            raise
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(self._done)
+        return task
+
+    def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Take a slot (``BadRequest(503)`` when none is free) and run ``job`` on the pool. Call on the loop."""
+        self._take()
         loop = asyncio.get_running_loop()
         try:
             fut = self.pool.submit(job)
@@ -50,13 +66,13 @@ class Slots:
         fut.add_done_callback(done_any_thread)
         return fut
 
-    def _done(self, f: concurrent.futures.Future[Any] | None) -> None:
+    def _done(self, f: Any) -> None:
         self.inflight -= 1
         self.metrics.inflight.dec()
         if f is not None:
             self.overdue.discard(f)
 
-    def timed_out(self, fut: concurrent.futures.Future[Any]) -> None:
+    def timed_out(self, fut: Any) -> None:
         """The request of ``fut`` was answered 504; a call still running stays counted until it ends."""
         if not fut.done():
             self.overdue.add(fut)

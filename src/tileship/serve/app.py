@@ -84,7 +84,7 @@ class Service:
 
     def _start_pool(self) -> None:
         from tileship.errors import DeclarationError
-        from tileship.serve.calls import execute_remote
+        from tileship.serve.remote import execute_remote
         from tileship.serve.worker_pool import WorkerPool
 
         c = self.config

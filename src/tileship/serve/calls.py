@@ -7,8 +7,9 @@ REST checks Content-Type and reads the body here, outside admission) -> plan aga
 declaration (400), ``--strict-shapes`` (400), output bytes (413) -> admission (503) -> the
 call on a worker thread with a deadline (504) -> ``call.encode`` on the worker -> metrics,
 statistics, canary window and one log line. The call itself is ``service.executor``: ``execute``
-here, or ``execute_remote`` (the same contract, in a worker process: ``serve.worker_pool``) with
-``--workers N``. Every outcome is an ``Answer``; nothing raises
+here, or ``remote.execute_remote`` (the same contract, in a worker process: ``serve.worker_pool``) with
+``--workers N``; small calls to workers run on the event loop instead of a thread
+(``remote.execute_remote_async``, admitted the same way). Every outcome is an ``Answer``; nothing raises
 out of ``run``: a bug is a logged 500 carrying the request id.
 
 The transports differ only in ``Call.read`` and ``Call.encode`` (``protocol.encode_response``
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
-from tileship.serve import extensions, protocol, shm_requests, validate
+from tileship.serve import extensions, protocol, remote, shm_requests, validate
 from tileship.serve.canary_stats import Timed
 from tileship.serve.validate import BadRequest
 
@@ -110,6 +111,7 @@ async def run(service: Service, call: Call) -> Answer:
         encode = shm_requests.attach(service.shm, req, call.encode)  # shared-memory inputs and outputs (400/404)
         t_body = time.perf_counter()
         kserve_id = req.id
+        on_loop = False
         if whole is not None:
             job: Callable[[], Any] = functools.partial(execute_model, service, served, whole, whole.plan(req), req.id,
                                                        encode)
@@ -120,12 +122,17 @@ async def run(service: Service, call: Call) -> Answer:
                 dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
                 raise BadRequest(400, f"shape outside the declared set: {dims} (declared: "
                                       f"{validate.declared_shapes_text(decl)}); this server runs with --strict-shapes")
-            validate.check_outputs(name, protocol.output_bytes(decl, plan), config.limits)
-            job = functools.partial(service.executor, service, served, name, plan, req.id, encode)
+            out_bytes = protocol.output_bytes(decl, plan)
+            validate.check_outputs(name, out_bytes, config.limits)
+            on_loop = remote.on_loop(service, plan, sum(out_bytes.values()))
+            job = functools.partial(remote.execute_remote_async if on_loop else service.executor, service, served,
+                                    name, plan, req.id, encode)
         t_submit = time.perf_counter()
-        fut = service.slots.submit(timed := Timed(job))
+        timed = Timed(job)
+        fut = service.slots.admit(timed.wrap()) if on_loop else service.slots.submit(timed)
         try:
-            encoded, decision = await asyncio.wait_for(asyncio.wrap_future(fut), config.request_timeout_s)
+            waiting = asyncio.shield(fut) if isinstance(fut, asyncio.Future) else asyncio.wrap_future(fut)
+            encoded, decision = await asyncio.wait_for(waiting, config.request_timeout_s)
             t_run = time.perf_counter()
         except TimeoutError:
             service.metrics.rejected.labels("timeout").inc()
@@ -165,7 +172,8 @@ async def run(service: Service, call: Call) -> Answer:
     if decision.path == REFERENCE:
         m.fallbacks.labels(labels[0], labels[1], decision.reason).inc()
     service.log.event("infer", request_id=call.request_id, id=kserve_id, model=name, version=labels[1], status=200,
-                      protocol=call.protocol, path=decision.path, reason=decision.reason, spec=decision.spec_id,
+                      protocol=call.protocol, on="loop" if on_loop else "thread", path=decision.path,
+                      reason=decision.reason, spec=decision.spec_id,
                       ms=round(elapsed * 1e3, 3), body_ms=round((t_body - t0) * 1e3, 3),
                       run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=bytes_in, bytes_out=call.size(encoded))
     t_end = time.perf_counter()
@@ -205,7 +213,7 @@ def _fault(service: Service, served: Served, exc: Exception, device: str, call: 
         raise Fatal(first) from exc
 
 
-def _parameters(served: Served, decision: Decision) -> dict[str, Any]:
+def parameters(served: Served, decision: Decision) -> dict[str, Any]:
     rel = served.release
     params = {"tileship_release": rel.release_id, "tileship_kernel_revision": rel.kernel_revision,
               "tileship_path": decision.path, "tileship_reason": decision.reason}
@@ -263,27 +271,7 @@ def _execute(service: Service, served: Served, name: str, plan: protocol.CallPla
         _fault(service, served, exc, device, tensors)
         raise
     outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
-    return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),
-                  outputs=outputs, allow_nonfinite=plan.allow_nonfinite), decision
-
-
-def execute_remote(service: Any, served: Any, name: str, plan: Any, kserve_id: str | None,
-                   encode: Any) -> tuple[Any, Decision]:
-    """``calls.execute`` for ``--workers N``: same contract, the call runs in a worker process."""
-    from tileship.serve.workers import Raw
-
-    pool = service.workers  # a serve.worker_pool.WorkerPool
-    if any(inp.fetch is not None for inp in plan.inputs):  # registration refuses it first (Regions.cuda_off)
-        raise BadRequest(400, "CUDA shared-memory inputs need the in-process mode (--workers 0)")
-    rel = served.release
-    decl = rel.declarations[name]
-    args = [protocol.to_tensor(inp, "cpu").item() if i in plan.scalars
-            else Raw(inp.raw, list(inp.shape), protocol.DATATYPES[inp.datatype]) if inp.raw is not None
-            else protocol.to_tensor(inp, "cpu") for i, inp in enumerate(plan.inputs)]
-    outs, decision = pool.call(rel.release_id, name, args, sum(protocol.output_bytes(decl, plan).values()))
-    out_names = [n for n, _ in decl["outputs"]]
-    outputs = [(n, outs[out_names.index(n)], binary) for n, binary in plan.outputs]
-    return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=_parameters(served, decision),
+    return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=parameters(served, decision),
                   outputs=outputs, allow_nonfinite=plan.allow_nonfinite), decision
 
 
@@ -304,5 +292,5 @@ def execute_model(service: Service, served: Served, whole: Any, plan: tuple[prot
         _fault(service, served, exc, whole.device)
         raise
     encoded = encode(model=whole.spec.name, version=served.release_id, request_id=kserve_id,
-                     parameters={**_parameters(served, decision), **dispatch}, outputs=[(whole.output, host, binary)])
+                     parameters={**parameters(served, decision), **dispatch}, outputs=[(whole.output, host, binary)])
     return encoded, decision

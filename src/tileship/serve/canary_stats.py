@@ -25,6 +25,13 @@ class Timed:
         self.seconds = time.perf_counter() - t0
         return out
 
+    async def wrap(self) -> Any:
+        """The same for a job that returns an awaitable (run on the event loop)."""
+        t0 = time.perf_counter()
+        out = await self.job()
+        self.seconds = time.perf_counter() - t0
+        return out
+
 
 class Window:
     def __init__(self) -> None:

@@ -33,16 +33,15 @@ import time
 from typing import Any
 
 from tileship.errors import WorkerError
-from tileship.runtime.dispatch import Decision
 from tileship.serve import gpu_map
-from tileship.serve.validate import BadRequest
-from tileship.serve.workers import Worker, WorkerDied, ending
+from tileship.serve.pool_calls import PoolCalls
+from tileship.serve.workers import Worker
 
 #: times a worker that failed to start is started again before the pool gives up on it
 START_ATTEMPTS = 3
 
 
-class WorkerPool:
+class WorkerPool(PoolCalls):
     """Serving workers (``idle`` holds the ones free for a call), one standby, the monitor."""
 
     def __init__(self, n: int, options: dict[str, Any], *, log: Any, registry: Any = None, timeout_s: float = 30.0,
@@ -240,82 +239,6 @@ class WorkerPool:
             threading.Thread(target=old_standby.stop, daemon=True).start()
         self.log.event("workers_swapped", release=release_id, previous=old_id, serving=[w.pid for w in self.serving],
                        standby=fresh[0].pid, draining=[w.pid for w in old_serving])
-
-    # -- calls ---------------------------------------------------------------------------
-    def _take(self, release_id: str) -> Worker:
-        deadline = time.monotonic() + self.wait_s
-        q = self.idle.get(release_id)
-        if q is None:
-            raise BadRequest(503, f"release {release_id} is no longer loaded in the workers (they serve "
-                                  f"{self.release_id}); retry")
-        while True:
-            try:
-                w = q.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise BadRequest(503, f"no worker is ready: none answered within {self.wait_s:g} s "
-                                      f"({self.readiness()[1]})") from None
-            with self.lock:
-                if not w.dead:
-                    w.busy = True
-                    return w
-
-    def _give_back(self, w: Worker) -> None:
-        with self.lock:
-            w.busy = False
-            q = self.idle.get(w.release)
-            if not w.dead and q is not None:
-                q.put(w)
-
-    def call(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
-        """Run ``name`` on a worker of ``release_id``; (output tensors on the CPU, decision). Raises
-        BadRequest (400 for a bad call, 503 after a failover that could not be retried), WorkerError (500)."""
-        with self.lock:
-            self.inflight[release_id] = self.inflight.get(release_id, 0) + 1
-        try:
-            return self._call(release_id, name, args, out_bytes)
-        finally:
-            with self.lock:
-                self.inflight[release_id] -= 1
-
-    def _call(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
-        for attempt in (1, 2):
-            w = self._take(release_id)
-            try:
-                reply = w.call(name, args, out_bytes, self.timeout_s)
-            except WorkerDied as exc:
-                end = ending(w.proc)
-                self._fail(w, "crashed" if end.crashed else "died", f"{exc}: {end.what}")
-                if end.crashed:
-                    raise BadRequest(503, f"worker failure: worker {w.pid} crashed ({end.what}) running this request; "
-                                          "not retried, since the request may be what crashed it") from None
-                if attempt == 1:
-                    self.retries += 1
-                    if self._retried is not None:
-                        self._retried.inc()
-                    continue
-                raise BadRequest(503, f"worker failure: {exc}, twice for this request; retry later") from None
-            except TimeoutError:
-                self._fail(w, "wedged", f"no answer within {self.timeout_s:g} s")
-                raise BadRequest(503, f"worker failure: worker {w.pid} did not answer within {self.timeout_s:g} s and "
-                                      "was replaced by the standby") from None
-            except BaseException:
-                self._give_back(w)
-                raise
-            if reply.get("fatal"):
-                self._fail(w, "sticky_fault", reply["error"])
-                raise BadRequest(503, f"device failure on worker {w.pid}: {reply['error']}; the worker exits and the "
-                                      "standby serves")
-            try:
-                if "ok" not in reply:
-                    if reply["status"] == 500:
-                        raise WorkerError(f"worker {w.pid}: {reply['error']}", hint=reply.get("traceback"))
-                    raise BadRequest(int(reply["status"]), reply["error"])
-                outs = [w.buf.view(d, copy=True) for d in reply["outs"]]  # the buffer is reused by the next call
-            finally:
-                self._give_back(w)
-            path, reason, spec = reply["decision"]
-            return outs, Decision(path, reason, spec)
-        raise AssertionError("unreachable")
 
     def readiness(self) -> tuple[bool, str]:
         with self.lock:

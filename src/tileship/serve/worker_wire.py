@@ -30,8 +30,8 @@ Worker -> front-end:
     {"id": k, "status": 503, "error": msg, "fatal": true}    a sticky device fault: it exits 3
     {"id": k, "need": n}                  outputs did not fit: grow the buffer and send again
 
-One call at a time per worker: the front-end hands a worker to one request thread at a time,
-so the buffer needs no locking.
+One call at a time per worker: the front-end hands a worker to one caller at a time (a request
+thread, or the event loop for small calls: ``Reader.poll``), so the buffer needs no locking.
 """
 
 from __future__ import annotations
@@ -82,10 +82,10 @@ class Reader:
         self.buf = bytearray()
         self.fds: list[int] = []
 
-    def _more(self) -> None:
+    def _more(self, flags: int = 0) -> None:
         try:
-            data, anc, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * _LEN.size))
-        except BlockingIOError:  # SO_RCVTIMEO passed
+            data, anc, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * _LEN.size), flags)
+        except BlockingIOError:  # SO_RCVTIMEO passed (or, with MSG_DONTWAIT, nothing is there yet)
             raise TimeoutError("no answer within the receive timeout") from None
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -103,6 +103,17 @@ class Reader:
         msg: dict[str, Any] = orjson.loads(memoryview(self.buf)[4:4 + n])
         del self.buf[:4 + n]
         return msg
+
+    def poll(self) -> dict[str, Any] | None:
+        """A whole frame if one has arrived, else None, never waiting (the event loop's read: it
+        waits for the socket to be readable, then polls). Raises PeerGone on end-of-file."""
+        while True:
+            if len(self.buf) >= 4 and len(self.buf) >= 4 + _LEN.unpack_from(self.buf)[0]:
+                return self.frame()
+            try:
+                self._more(socket.MSG_DONTWAIT)
+            except TimeoutError:
+                return None
 
     def fd(self) -> int:
         """The descriptor of the ``map`` frame just read."""

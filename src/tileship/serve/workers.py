@@ -3,14 +3,15 @@
 ``Worker.spawn`` starts ``python -m tileship.serve.worker FD`` with its end of a socketpair and
 a fresh shared buffer, ``wait_ready`` waits for its release to be loaded and warmed, ``call``
 writes a request's tensors into the buffer and exchanges one frame each way
-(``serve.worker_wire``); a worker that closes its socket mid-call raises ``WorkerDied``, one
-that does not answer in time ``TimeoutError``. ``ending`` reads how a dead worker ended: killed
-from outside, or crashed by itself (then the request it ran may be the cause). The pool
-(``serve.worker_pool``) decides what follows.
+(``serve.worker_wire``; ``acall`` does the same from the event loop); a worker that closes its
+socket mid-call raises ``WorkerDied``, one that does not answer in time ``TimeoutError``.
+``ending`` reads how a dead worker ended: killed from outside, or crashed by itself (then the
+request it ran may be the cause). The pool (``serve.worker_pool``) decides what follows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
@@ -85,7 +86,7 @@ def _itemsize(dtype: str) -> int:
 
 @dataclass
 class Worker:
-    """One worker process and its end of the wire (used by one request thread at a time)."""
+    """One worker process and its end of the wire (used by one caller at a time)."""
 
     proc: subprocess.Popen[bytes]
     sock: socket.socket
@@ -134,34 +135,89 @@ class Worker:
     def call(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> dict[str, Any]:
         """Inputs into the buffer, one frame out, one back. Raises WorkerDied, TimeoutError."""
         for _ in range(2):  # a second round only when the outputs did not fit
-            off, descs = 0, []
-            sizes = [a.numel() * a.element_size() if hasattr(a, "numel") else 0 for a in args]
-            out_off = wire.align(sum(wire.align(s) for s in sizes))
-            need = out_off + wire.align(out_bytes + wire.ALIGN * 4)
-            self._fit(need)
-            for a, n in zip(args, sizes, strict=True):
-                if isinstance(a, Raw):
-                    descs.append(self.buf.put_raw(off, a.raw, a.shape, a.dtype))
-                    off = wire.align(off + n)
-                elif hasattr(a, "numel"):
-                    descs.append(self.buf.put(off, a))
-                    off = wire.align(off + n)
-                else:
-                    descs.append({"value": a})
-            self.seq += 1
-            self._timeout(timeout_s)
+            out_off = self._send(name, args, out_bytes, timeout_s)
             try:
-                wire.send(self.sock, {"op": "call", "id": self.seq, "name": name, "args": descs,
-                                      "out": [out_off, self.buf.size - out_off]})
                 reply = self.reader.frame()
-            except (wire.PeerGone, BrokenPipeError, ConnectionResetError) as exc:
-                raise WorkerDied(f"worker {self.pid} went away during the call ({type(exc).__name__})") from None
-            if reply.get("id") != self.seq:
-                raise WorkerDied(f"worker {self.pid} answered call {reply.get('id')} to call {self.seq}")
-            if "need" not in reply:
+            except (wire.PeerGone, ConnectionResetError) as exc:
+                raise self._died(exc) from None
+            if (need := self._need(reply)) is None:
                 return reply
-            out_bytes = int(reply["need"]) - out_off
+            out_bytes = need - out_off
         raise WorkerError(f"worker {self.pid}: the outputs did not fit the buffer twice")
+
+    async def acall(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> dict[str, Any]:
+        """``call`` from the event loop: the same frames, but the wait for the answer is the loop's
+        (the socket's readiness), so no thread is woken on either side of it. Raises as ``call``."""
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            out_off = self._send(name, args, out_bytes, timeout_s)
+            deadline = loop.time() + timeout_s
+            try:
+                while (reply := self.reader.poll()) is None:
+                    await self._readable(loop, deadline)
+            except (wire.PeerGone, ConnectionResetError) as exc:
+                raise self._died(exc) from None
+            if (need := self._need(reply)) is None:
+                return reply
+            out_bytes = need - out_off
+        raise WorkerError(f"worker {self.pid}: the outputs did not fit the buffer twice")
+
+    async def _readable(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Until the socket has bytes (or end-of-file); TimeoutError past ``deadline`` (loop time).
+        One future woken by the reader callback or by a timer: no ``wait_for``, whose extra
+        futures cost the loop more iterations than the call's own work on a small request."""
+        ready = loop.create_future()
+        fd = self.sock.fileno()
+
+        def wake(timed_out: bool) -> None:
+            if not ready.done():
+                ready.set_result(timed_out)
+
+        loop.add_reader(fd, wake, False)
+        timer = loop.call_at(deadline, wake, True)
+        try:
+            if await ready:
+                raise TimeoutError("no answer within the receive timeout")
+        finally:
+            timer.cancel()
+            loop.remove_reader(fd)
+
+    def _send(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> int:
+        """Inputs into the buffer (grown to fit), the call frame out; the outputs' offset."""
+        off, descs = 0, []
+        sizes = [a.numel() * a.element_size() if hasattr(a, "numel") else 0 for a in args]
+        out_off = wire.align(sum(wire.align(s) for s in sizes))
+        try:
+            self._fit(out_off + wire.align(out_bytes + wire.ALIGN * 4))
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise self._died(exc) from None
+        for a, n in zip(args, sizes, strict=True):
+            if isinstance(a, Raw):
+                descs.append(self.buf.put_raw(off, a.raw, a.shape, a.dtype))
+                off = wire.align(off + n)
+            elif hasattr(a, "numel"):
+                descs.append(self.buf.put(off, a))
+                off = wire.align(off + n)
+            else:
+                descs.append({"value": a})
+        self.seq += 1
+        self._timeout(timeout_s)
+        try:
+            wire.send(self.sock, {"op": "call", "id": self.seq, "name": name, "args": descs,
+                                  "out": [out_off, self.buf.size - out_off]})
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise self._died(exc) from None
+        return out_off
+
+    def _died(self, exc: BaseException) -> WorkerDied:
+        return WorkerDied(f"worker {self.pid} went away during the call ({type(exc).__name__})")
+
+    def _need(self, reply: dict[str, Any]) -> int | None:
+        """None for an answer; the bytes the outputs need when they did not fit. Raises WorkerDied
+        when the answer is to another call."""
+        if reply.get("id") != self.seq:
+            raise WorkerDied(f"worker {self.pid} answered call {reply.get('id')} to call {self.seq}")
+        return int(reply["need"]) if "need" in reply else None
 
     def _fit(self, need: int) -> None:
         if need <= self.buf.size:

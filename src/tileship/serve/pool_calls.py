@@ -1,0 +1,183 @@
+"""The calls of ``serve.worker_pool.WorkerPool``: take an idle worker of the request's release,
+run the call on it, judge what came back.
+
+Two ways in, one contract: ``call`` blocks a request thread; ``acall`` runs on the event loop
+(``serve.remote`` uses it for small calls), so the wait for the worker's answer wakes no thread.
+Both return (output tensors on the CPU, decision) and raise BadRequest (400 for a bad call, 503
+after a failover that could not be retried) or WorkerError (500). What a failed call leads to
+is the same for both (``_after_failure``):
+
+- the worker went away (``WorkerDied``): killed from outside, the request is retried once on the
+  next worker (inference is idempotent); crashed by itself, a 503 naming the worker and the signal,
+  not retried (the request may be what crashed it);
+- no answer within ``timeout_s`` (``TimeoutError``): the worker is replaced, the request gets a 503;
+- a sticky device fault in the answer: the worker is replaced, the request gets a 503.
+
+``_after_failure`` may wait up to a second for a dead worker's exit status, so ``acall`` runs it on a
+thread. A worker is only given back to its idle queue once its answer is in: a call cancelled
+mid-flight (the server shutting down) retires its worker instead, since an answer would still come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tileship.errors import WorkerError
+from tileship.runtime.dispatch import Decision
+from tileship.serve.validate import BadRequest
+from tileship.serve.workers import Worker, WorkerDied, ending
+
+
+class PoolCalls:
+    """A mixin of ``WorkerPool``: it uses the pool's lock, idle queues, counters and ``_fail``."""
+
+    lock: threading.Lock
+    idle: dict[str, queue.Queue[Worker]]
+    inflight: dict[str, int]
+    release_id: str | None
+    wait_s: float
+    timeout_s: float
+    retries: int
+    _retried: Any
+    #: ``WorkerPool._fail``: retire a worker for good (the standby takes its place)
+    _fail: Callable[[Worker, str, str], None]
+    #: ``WorkerPool.readiness``
+    readiness: Callable[[], tuple[bool, str]]
+
+    # -- taking and giving back ----------------------------------------------------------
+    def _queue(self, release_id: str) -> queue.Queue[Worker]:
+        q = self.idle.get(release_id)
+        if q is None:
+            raise BadRequest(503, f"release {release_id} is no longer loaded in the workers (they serve "
+                                  f"{self.release_id}); retry")
+        return q
+
+    def _claim(self, w: Worker) -> bool:
+        with self.lock:
+            if not w.dead:
+                w.busy = True
+                return True
+        return False
+
+    def _take(self, release_id: str) -> Worker:
+        """An idle worker of ``release_id``, waiting up to ``wait_s`` for one (then a 503)."""
+        deadline = time.monotonic() + self.wait_s
+        q = self._queue(release_id)
+        while True:
+            try:
+                w = q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise BadRequest(503, f"no worker is ready: none answered within {self.wait_s:g} s "
+                                      f"({self.readiness()[1]})") from None
+            if self._claim(w):
+                return w
+
+    def _take_now(self, release_id: str) -> Worker | None:
+        """An idle worker of ``release_id`` if one is free now, else None; never waits."""
+        q = self._queue(release_id)
+        while True:
+            try:
+                w = q.get_nowait()
+            except queue.Empty:
+                return None
+            if self._claim(w):
+                return w
+
+    def _give_back(self, w: Worker) -> None:
+        with self.lock:
+            w.busy = False
+            q = self.idle.get(w.release)
+            if not w.dead and q is not None:
+                q.put(w)
+
+    # -- the two ways in -----------------------------------------------------------------
+    def call(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
+        """Run ``name`` on a worker of ``release_id``, blocking this thread; see the module doc."""
+        self._count(release_id, 1)
+        try:
+            for attempt in (1, 2):
+                w = self._take(release_id)
+                try:
+                    reply = w.call(name, args, out_bytes, self.timeout_s)
+                except (WorkerDied, TimeoutError) as exc:
+                    self._after_failure(w, exc, attempt)  # raises, or returns: retry
+                    continue
+                except BaseException:
+                    self._give_back(w)
+                    raise
+                return self._answer(w, reply)
+            raise AssertionError("unreachable")
+        finally:
+            self._count(release_id, -1)
+
+    async def acall(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
+        """``call`` from the event loop; waits for a free worker on a thread only when none is idle."""
+        loop = asyncio.get_running_loop()
+        self._count(release_id, 1)
+        try:
+            for attempt in (1, 2):
+                w = self._take_now(release_id)
+                if w is None:
+                    w = await loop.run_in_executor(None, self._take, release_id)
+                try:
+                    reply = await w.acall(name, args, out_bytes, self.timeout_s)
+                except (WorkerDied, TimeoutError) as exc:
+                    await asyncio.to_thread(self._after_failure, w, exc, attempt)
+                    continue
+                except asyncio.CancelledError:
+                    threading.Thread(target=self._fail, args=(w, "cancelled", "its call was cancelled mid-flight"),
+                                     daemon=True).start()
+                    raise
+                except BaseException:
+                    self._give_back(w)
+                    raise
+                return self._answer(w, reply)
+            raise AssertionError("unreachable")
+        finally:
+            self._count(release_id, -1)
+
+    def _count(self, release_id: str, step: int) -> None:
+        with self.lock:
+            self.inflight[release_id] = self.inflight.get(release_id, 0) + step
+
+    # -- judging -------------------------------------------------------------------------
+    def _after_failure(self, w: Worker, exc: WorkerDied | TimeoutError, attempt: int) -> None:
+        """Retire ``w`` after ``exc``; return to retry the request (first death from outside), else raise a 503."""
+        if isinstance(exc, TimeoutError):
+            self._fail(w, "wedged", f"no answer within {self.timeout_s:g} s")
+            raise BadRequest(503, f"worker failure: worker {w.pid} did not answer within {self.timeout_s:g} s and "
+                                  "was replaced by the standby") from None
+        end = ending(w.proc)
+        self._fail(w, "crashed" if end.crashed else "died", f"{exc}: {end.what}")
+        if end.crashed:
+            raise BadRequest(503, f"worker failure: worker {w.pid} crashed ({end.what}) running this request; "
+                                  "not retried, since the request may be what crashed it") from None
+        if attempt == 1:
+            self.retries += 1
+            if self._retried is not None:
+                self._retried.inc()
+            return
+        raise BadRequest(503, f"worker failure: {exc}, twice for this request; retry later") from None
+
+    def _answer(self, w: Worker, reply: dict[str, Any]) -> tuple[list[Any], Decision]:
+        """The outputs (copied out of the buffer, which the next call reuses) and the decision, or the
+        error the worker answered; gives ``w`` back, or retires it after a sticky fault."""
+        if reply.get("fatal"):
+            self._fail(w, "sticky_fault", reply["error"])
+            raise BadRequest(503, f"device failure on worker {w.pid}: {reply['error']}; the worker exits and the "
+                                  "standby serves")
+        try:
+            if "ok" not in reply:
+                if reply["status"] == 500:
+                    raise WorkerError(f"worker {w.pid}: {reply['error']}", hint=reply.get("traceback"))
+                raise BadRequest(int(reply["status"]), reply["error"])
+            outs = [w.buf.view(d, copy=True) for d in reply["outs"]]
+        finally:
+            self._give_back(w)
+        path, reason, spec = reply["decision"]
+        return outs, Decision(path, reason, spec)

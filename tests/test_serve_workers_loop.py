@@ -1,0 +1,117 @@
+"""`tileship serve --workers N`: small calls talk to their worker from the event loop
+(``serve.remote.execute_remote_async``), large ones from a request thread. Both give the same
+answers, are admitted the same way, and a 504 on the loop keeps its slot until the worker's call
+ends. Real servers on 127.0.0.1 with the CPU "c" release; the workers are real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from test_serve import log_lines
+from test_serve_workers import add_binary, server, wait_workers, workers_server  # noqa: F401 (fixture)
+from traffic import ClosedLoop
+
+from tileship.serve import protocol, remote
+
+
+def _plan(*inputs: protocol.InputTensor) -> protocol.CallPlan:
+    return protocol.CallPlan(inputs=list(inputs), dtype="float32", dims={}, declared=True, outputs=[])
+
+
+def test_on_loop_takes_only_small_calls_to_workers_without_cuda_windows():
+    small = protocol.InputTensor("A", "FP32", (1000,))
+    workers, in_process = SimpleNamespace(workers=object()), SimpleNamespace(workers=None)
+    assert remote.on_loop(workers, _plan(small, small), 4000)
+    assert not remote.on_loop(in_process, _plan(small, small), 4000)  # --workers 0: always a thread
+    n = remote.LOOP_BYTES // 4
+    assert remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP32", (n,))), 0)
+    assert not remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP32", (n + 1,))), 0)
+    assert not remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP64", (n // 2 + 1,))), 0)
+    assert not remote.on_loop(workers, _plan(small), remote.LOOP_BYTES)  # the outputs count too
+    cuda = protocol.InputTensor("A", "FP32", (4,), fetch=lambda: None)
+    assert not remote.on_loop(workers, _plan(cuda), 16)
+
+
+def test_small_calls_run_on_the_loop_and_large_ones_on_a_thread(server):  # noqa: F811
+    stream = server.service.config.log_stream
+    mark = len(log_lines(stream))
+    rng = np.random.default_rng(1)
+    with httpx.Client() as c:
+        for n in (8, 1000, 5000, 20000):  # 3 x 4 x 5000 = 60 KiB: the loop; 3 x 4 x 20000: a thread
+            a, b = rng.standard_normal((2, n), dtype=np.float32)
+            st, out = add_binary(server.url, c, a, b)
+            assert st == 200 and np.array_equal(out, a + b), (n, st)
+    lines = [x for x in log_lines(stream)[mark:] if x.get("event") == "infer"]
+    assert [x["on"] for x in lines] == ["loop", "loop", "loop", "thread"], lines
+
+
+def test_two_workers_under_mixed_load_answer_every_call_right(cpu_release_build):
+    """Loop and thread calls at once, on two workers: every answer is its own request's."""
+    wrong: list[str] = []
+
+    def call(url: str, rng: Any, c: httpx.Client) -> tuple[int, str]:
+        n = int(rng.choice([3, 1000, 5000, 30000]))
+        a, b = rng.standard_normal((2, n), dtype=np.float32)
+        st, out = add_binary(url, c, a, b)
+        if st == 200 and not np.array_equal(out, a + b):
+            wrong.append(f"N={n}")
+        return st, "" if st == 200 else str(out)
+
+    with workers_server(cpu_release_build.path, workers=2) as srv:
+        loop = ClosedLoop(call, clients=6)
+        served, failures = loop.start(srv.url)
+        deadline = time.monotonic() + 30
+        while len(served) < 400 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        loop.stop()
+        on = {x["on"] for x in log_lines(srv.service.config.log_stream) if x.get("event") == "infer"}
+    assert not failures, failures[:3]
+    assert not wrong, wrong[:3]
+    assert len(served) >= 400 and all(st == 200 for st, _ in served), [m for st, m in served if st != 200][:3]
+    assert on == {"loop", "thread"}
+
+
+def test_a_504_on_the_loop_keeps_its_slot_until_the_wedged_worker_is_replaced(cpu_release_build):
+    with workers_server(cpu_release_build.path, workers=1, worker_timeout_s=2.0, request_timeout_s=0.3,
+                        max_inflight=1) as srv:
+        victim = wait_workers(srv)["serving"][0]
+        os.kill(victim, signal.SIGSTOP)  # alive but never answering
+        try:
+            with httpx.Client() as c:
+                one = np.ones(8, np.float32)
+                st, msg = add_binary(srv.url, c, one, one)
+                assert st == 504 and "timeout" in msg, (st, msg)
+                st, msg = add_binary(srv.url, c, one, one)  # the first call still holds the only slot
+                assert st == 503 and "overloaded: 1 requests in flight" in msg, (st, msg)
+                ready = httpx.get(srv.url + "/v2/health/ready")
+                assert ready.status_code == 503 and "wedged" in ready.json()["reason"]
+                deadline = time.monotonic() + 15  # the pool's 2 s timeout replaces the worker, freeing the slot
+                while srv.service.slots.inflight and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert srv.service.slots.inflight == 0
+                st, out = add_binary(srv.url, c, one, one)
+                assert st == 200 and (out == 2).all()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+        assert srv.service.workers.failures.get("wedged") == 1
+        assert victim not in srv.service.workers.status()["serving"]
+
+
+@pytest.mark.parametrize("n", [1000, 30000], ids=["loop", "thread"])
+def test_a_worker_killed_between_calls_is_replaced_on_either_path(server, n):  # noqa: F811
+    victim = wait_workers(server)["serving"][0]
+    os.kill(victim, signal.SIGKILL)
+    a, b = np.random.default_rng(n).standard_normal((2, n), dtype=np.float32)
+    with httpx.Client() as c:
+        st, out = add_binary(server.url, c, a, b)
+    assert st == 200 and np.array_equal(out, a + b)
+    assert victim not in server.service.workers.status()["serving"]

@@ -162,3 +162,14 @@ def test_log_lines_are_one_json_object_each_whatever_the_fields_hold():
         assert back["event"] == record["event"]
     assert stdjson.loads(line_of({"shape": [2**70]}))["shape"] == [2**70]
     assert stdjson.loads(line_of({"p": Path("/x"), 3: 1})) == {"p": "/x", "3": 1}
+
+
+def test_an_infer_line_says_where_the_call_spent_its_time(server, http):
+    mark = _mark(server)
+    assert http.post("/v2/models/add/infer", json=GOOD).status_code == 200
+    line = next(x for x in _lines_after(server, mark) if x.get("event") == "infer")
+    spans = line["spans"]
+    assert set(spans) == {"args_ms", "call_ms", "sync_ms", "host_ms", "encode_ms"}, spans
+    assert all(isinstance(v, float) and v >= 0 for v in spans.values()), spans
+    assert sum(spans.values()) <= line["run_ms"], (spans, line["run_ms"])  # parts of the time on the thread
+    assert line["on"] == "thread"  # in-process: every call runs on a request thread

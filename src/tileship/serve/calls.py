@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 Encoder = Callable[..., Any]
 
 
+#: the parts of ``execute``'s time in the ``infer`` log line's ``spans`` (ms): tensors from the request (a CUDA
+#: shared-memory window is lent here), the call's launch, waiting for the device, outputs to the
+#: host, encoding (shared-memory outputs are written here); ``release_ms``: lent windows given back
+SPANS = ("args_ms", "call_ms", "sync_ms", "host_ms", "encode_ms")
+
 #: the status counted for a request its client cancelled (nginx's "client closed request")
 CANCELLED = 499
 
@@ -89,6 +94,7 @@ async def run(service: Service, call: Call) -> Answer:
     kserve_id = None
     fut = None
     req = None
+    plan: protocol.CallPlan | None = None
     encode: Any = None
     try:
         if served is None or service.holder.fatal is not None:
@@ -175,7 +181,8 @@ async def run(service: Service, call: Call) -> Answer:
                       protocol=call.protocol, on="loop" if on_loop else "thread", path=decision.path,
                       reason=decision.reason, spec=decision.spec_id,
                       ms=round(elapsed * 1e3, 3), body_ms=round((t_body - t0) * 1e3, 3),
-                      run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=bytes_in, bytes_out=call.size(encoded))
+                      run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=bytes_in, bytes_out=call.size(encoded),
+                      spans=plan.spans if plan is not None and plan.spans else None)
     t_end = time.perf_counter()
     run_s = timed.seconds or 0.0
     service.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s,
@@ -233,7 +240,9 @@ def execute(service: Service, served: Served, name: str, plan: protocol.CallPlan
         return _execute(service, served, name, plan, kserve_id, encode, runner, device)
     finally:
         if leases is not None:
+            t0 = time.perf_counter()
             _release(leases, device)
+            plan.spans["release_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
 
 
 def _release(leases: Any, device: str) -> None:
@@ -252,15 +261,19 @@ def _release(leases: Any, device: str) -> None:
 def _execute(service: Service, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None,
              encode: Encoder, runner: Any, device: str) -> tuple[Any, Decision]:
     rel = served.release
+    t = [time.perf_counter()]
     tensors = plan.arguments(device)
+    t.append(time.perf_counter())
     try:
         out, decision = runner.call(*tensors)
+        t.append(time.perf_counter())
         # None: an operator that only updates inputs in place (``mutates``); it answers with no outputs
         outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
         if device != "cpu":
             import torch
 
             torch.cuda.current_stream().synchronize()
+        t.append(time.perf_counter())
         out_names = [n for n, _ in rel.declarations[name]["outputs"]]
         on_device = getattr(encode, "device_outputs", ())  # bound for CUDA shared memory: no trip to the host
         host = [o if n in on_device else _own(o.detach().cpu(), tensors)
@@ -270,9 +283,13 @@ def _execute(service: Service, served: Served, name: str, plan: protocol.CallPla
     except Exception as exc:
         _fault(service, served, exc, device, tensors)
         raise
+    t.append(time.perf_counter())
     outputs = [(n, host[out_names.index(n)], binary) for n, binary in plan.outputs]
-    return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=parameters(served, decision),
-                  outputs=outputs, allow_nonfinite=plan.allow_nonfinite), decision
+    encoded = encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=parameters(served, decision),
+                     outputs=outputs, allow_nonfinite=plan.allow_nonfinite)
+    t.append(time.perf_counter())
+    plan.spans.update(zip(SPANS, (round((b - a) * 1e3, 3) for a, b in zip(t, t[1:], strict=False)), strict=True))
+    return encoded, decision
 
 
 def execute_model(service: Service, served: Served, whole: Any, plan: tuple[protocol.InputTensor, bool],

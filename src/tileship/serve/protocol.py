@@ -66,6 +66,8 @@ class CallPlan:
     #: positions of ScalarArg inputs (sent as one-element tensors, passed as Python numbers)
     scalars: tuple[int, ...] = ()
     allow_nonfinite: bool = False
+    #: where the call's time went, in ms (``calls.execute`` fills it; the ``infer`` log line carries it)
+    spans: dict[str, float] = field(default_factory=dict)
 
     def arguments(self, device: str) -> list[Any]:
         """The call's arguments: tensors on ``device``, scalars as Python numbers."""

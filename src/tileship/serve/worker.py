@@ -28,6 +28,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tileship.errors import CallError
+from tileship.runtime.device_faults import is_sticky_fault
 from tileship.serve import worker_wire as wire
 
 EXIT_FATAL = 3
@@ -57,9 +59,6 @@ def _load(msg: dict[str, Any]) -> Any:
 
 def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
     """Run one call; the reply frame. Exits the process (3) after a sticky fault."""
-    from tileship.errors import CallError
-    from tileship.runtime.device_faults import is_sticky_fault
-
     name = msg["name"]
     runner = served.release.ops.get(name)
     if runner is None:

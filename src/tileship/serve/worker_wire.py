@@ -46,6 +46,8 @@ from typing import Any
 import orjson
 
 ALIGN = 64
+#: input views a buffer keeps (``Buffer.view``)
+VIEWS = 64
 _LEN = struct.Struct("<I")
 
 
@@ -131,6 +133,9 @@ class Buffer:
         self.fd, self.size = fd, size
         self.mm = mmap.mmap(fd, size)
         self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
+        #: views handed out by ``view`` (no copy), by (offset, shape, dtype): a worker serving one
+        #: shape again and again builds its input tensors once (at most ``VIEWS`` kept)
+        self.views: dict[tuple[int, tuple[int, ...], str], Any] = {}
 
     @classmethod
     def create(cls, size: int) -> Buffer:
@@ -139,7 +144,8 @@ class Buffer:
         return cls(fd, size)
 
     def close(self) -> None:
-        del self.u8  # the tensor holds an export of the mapping: drop it before closing
+        del self.u8  # the tensors hold exports of the mapping: drop them before closing
+        self.views.clear()
         try:
             self.mm.close()
         except BufferError:  # a tensor still views it: the mapping goes when that tensor does
@@ -169,7 +175,18 @@ class Buffer:
         return desc
 
     def view(self, d: dict[str, Any], *, copy: bool = False) -> Any:
-        """The tensor a descriptor names: a view of the buffer (no copy), or a copy of it."""
+        """The tensor a descriptor names: a view of the buffer (no copy; the same tensor for the same
+        descriptor), or a copy of it."""
+        if copy:
+            return self._view(d, copy=True)
+        key = (d["off"], tuple(d["shape"]), d["dtype"])
+        if (t := self.views.get(key)) is None:
+            if len(self.views) >= VIEWS:
+                self.views.clear()
+            t = self.views[key] = self._view(d, copy=False)
+        return t
+
+    def _view(self, d: dict[str, Any], *, copy: bool) -> Any:
         import numpy as np
         import torch
 

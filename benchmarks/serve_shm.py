@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -320,6 +321,24 @@ def run_mode(mode: str, url: str, port: int, release: Any, op: str, request: tup
     return r
 
 
+def server_spans(log_path: Path) -> dict[str, dict[str, float]]:
+    """Medians of the server's own ``infer`` lines (ms, ``spans`` included), per transport (the
+    line's ``shm``: the kinds of shared-memory region the request used; none: binary)."""
+    groups: dict[str, list[dict[str, float]]] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        try:
+            x = json.loads(line)
+        except ValueError:
+            continue
+        if x.get("event") != "infer" or not x.get("spans"):
+            continue
+        kind = {"cuda": "cuda_shm", "system": "system_shm", None: "binary"}.get(x.get("shm"), str(x.get("shm")))
+        groups.setdefault(kind, []).append({"ms": x["ms"], "body_ms": x["body_ms"], "run_ms": x["run_ms"],
+                                            **x["spans"]})
+    return {kind: {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]} | {"n": len(rows)}
+            for kind, rows in groups.items()}
+
+
 def leftover_regions(url: str, modes: list[str]) -> dict[str, Any]:
     """For each shared-memory mode of ``modes``: the regions the server still lists (its status
     route; [] when every region was unregistered), or the error string when the status request failed."""
@@ -385,6 +404,8 @@ def report(r: dict[str, Any]) -> None:
         target = f"target {q['target']}: {met}" if q["target"] else "no target"
         value = f"{q['value']:.3f}" if q["value"] is not None else "n/a"
         print(f"  ratio {q['what']} = {value} ({q['direction']}; {target})")
+    for kind, med in r.get("server_spans_ms", {}).items():
+        print(f"  server side {kind:<11} medians (ms): " + ", ".join(f"{k} {v}" for k, v in med.items()))
     print(f"  compile attempts {r['compile_attempts']}; regions left on the server {r['regions_left_on_server']}; "
           f"ok: {r['ok']}")
 
@@ -402,6 +423,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="server worker threads")
     ap.add_argument("--device-id", type=int, default=0, help="the GPU of the CUDA shared-memory regions")
     ap.add_argument("--allow-unverified", action="store_true", help="run GPU kernels without verification evidence")
+    ap.add_argument("--check-finite", action=argparse.BooleanOptionalAction, default=True,
+                    help="the NaN/Inf output check, on both sides alike: the server (its default: on) and the "
+                         "in-process runner (the library's default: off)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
@@ -423,10 +447,13 @@ def main() -> int:
     args = ["--max-body-mib", str(a.max_body_mib), "--threads", str(a.threads)]
     if a.allow_unverified:
         args.append("--allow-unverified")
+    if not a.check_finite:
+        args.append("--no-check-finite")
     t_start = time.perf_counter()
     proc, log_path = start_server(release_dir, port, args, "serve-shm-log-")
     try:
         ready, ready_s, release, device = ready_release(url, proc, t_start, release_dir, a.op, a.allow_unverified)
+        release.ops[a.op].check_finite = a.check_finite  # the same work per call as the server's
         request = make_request(release, a.op, dims, a.dtype, True)
         inproc = in_process(release, a.op, request[0], request[1], request[2], device, a.seq)
         ref = inproc.pop("output")
@@ -440,6 +467,7 @@ def main() -> int:
         "benchmark": "serve_shm",
         "config": {"op": a.op, "dims": dims, "dtype": a.dtype, "modes": modes, "seq": a.seq, "warm": WARM,
                    "server_threads": a.threads, "max_body_mib": a.max_body_mib, "device_id": a.device_id,
+                   "check_finite": a.check_finite,
                    "binary_request_bytes": len(request[0]), "response_bytes": inproc["response_bytes"],
                    "output": {"shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch.")}},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
@@ -457,6 +485,7 @@ def main() -> int:
         "compile_attempts": compiles,
         "regions_left_on_server": leftover,
         "server_log": str(log_path),
+        "server_spans_ms": server_spans(log_path),
     }
     ran = [m for m in results.values() if "skipped" not in m]
     result["ok"] = compiles == 0 and not any(leftover.values()) and all(m.get("passed") for m in ran)

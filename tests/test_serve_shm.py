@@ -18,7 +18,7 @@ import torch
 import tritonclient.grpc as tg
 import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
-from test_serve import assert_close, serving
+from test_serve import assert_close, log_lines, serving
 from tritonclient.utils import InferenceServerException
 
 from tileship.serve import BackgroundServer, ServeConfig
@@ -113,6 +113,8 @@ def test_http_inputs_and_output_in_shared_memory(hc, regions, server):
     out = th.InferRequestedOutput("C", binary_data=True)
     out.set_shared_memory(out_name, NBYTES)
     res = hc.infer("add", inputs, outputs=[out])
+    line = [x for x in log_lines(server.service.config.log_stream) if x.get("event") == "infer"][-1]
+    assert line["shm"] == "system" and "release_ms" in line["spans"], line  # the log line names the transport
     entry = res.get_output("C")
     assert "data" not in entry and res.get_response().get("outputs") == [entry]  # the data went to the region
     assert entry["shape"] == [N] and entry["datatype"] == "FP32"

@@ -182,7 +182,7 @@ async def run(service: Service, call: Call) -> Answer:
                       reason=decision.reason, spec=decision.spec_id,
                       ms=round(elapsed * 1e3, 3), body_ms=round((t_body - t0) * 1e3, 3),
                       run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=bytes_in, bytes_out=call.size(encoded),
-                      spans=plan.spans if plan is not None and plan.spans else None)
+                      spans=plan.spans if plan is not None and plan.spans else None, shm=getattr(encode, "kinds", None))
     t_end = time.perf_counter()
     run_s = timed.seconds or 0.0
     service.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s,

@@ -46,14 +46,17 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
     window; the Encoder to use: ``encode`` itself when nothing goes through shared memory, else a
     wrapper that writes the shared-memory outputs into their regions and hands ``encode`` their
     parameters (``shm=``) instead of their data. The wrapper's ``device_outputs`` names the outputs
-    it wants as device tensors (those bound for CUDA regions), and its ``leases`` (a ``Leases``)
+    it wants as device tensors (those bound for CUDA regions), its ``kinds`` the kinds of region the
+    request uses ("cuda", "system", or both, comma-separated), and its ``leases`` (a ``Leases``)
     must be released by the caller once the call has finished on the device, whatever happened
     (``calls.execute`` does). Raises BadRequest (400/404)."""
     leases = Leases()
+    kinds: set[str] = set()
     for inp in req.inputs:
         if inp.shm is not None:
             where = f"input {inp.name}"
             region = regions.region(inp.shm, where)
+            kinds.add(region.kind)
             if region.kind == "system":
                 inp.raw = memoryview(region.read(inp.shm, where))
             else:
@@ -65,6 +68,7 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
     for name, ref in req.shm_outputs.items():
         region = regions.region(ref, f"output {name}")
         region.check(ref, f"output {name}")
+        kinds.add(region.kind)
         if region.kind != "system":
             on_device.add(name)
     outs = dict(req.shm_outputs)
@@ -89,4 +93,5 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
 
     write_then_encode.device_outputs = frozenset(on_device)  # type: ignore[attr-defined]
     write_then_encode.leases = leases  # type: ignore[attr-defined]
+    write_then_encode.kinds = ",".join(sorted(kinds))  # type: ignore[attr-defined]
     return write_then_encode

@@ -42,7 +42,7 @@ import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from serve_load import Conn, _metric, pct, scrape, summary_us  # noqa: E402
+from serve_load import Conn, _metric, hop_by_round, scrape, summary_us  # noqa: E402
 from serve_workers import readiness, start, wait_ready  # noqa: E402
 
 OP, PATH = "fault_copy", "/v2/models/fault_copy/infer"
@@ -98,7 +98,7 @@ async def hop(ports: dict[str, int], n: int, rounds: int, per_round: int) -> dic
         c.close()
     out: dict[str, Any] = {m: summary_us(t) for m, t in times.items()}
     out["paths"] = paths
-    out["hop_p50_us"] = round((pct(times["workers1"], 50) - pct(times["workers0"], 50)) * 1e6, 1)
+    out.update(hop_by_round(times, per_round, 100.0))
     return out
 
 
@@ -340,6 +340,8 @@ def main() -> int:
         kills = [k["to_next_success_ms"] for k in fo.get("kill9", [])]
         result["summary"] = {
             "hop_p50_us": (result.get("hop_us") or {}).get("hop_p50_us"),
+            "hop_spread_us": (result.get("hop_us") or {}).get("hop_spread_us"),
+            "hop_verdict": (result.get("hop_us") or {}).get("hop_verdict"),
             "kill9_to_next_success_ms": kills,
             "fault_to_next_success_ms": sticky,
             "fault_under_1s": bool(sticky) and all(s is not None and s < FAILOVER_GOAL_S * 1e3 for s in sticky),

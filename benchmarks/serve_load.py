@@ -50,6 +50,21 @@ def summary_us(xs: list[float]) -> dict[str, Any]:
             "mean_us": round(statistics.fmean(xs) * 1e6, 1) if xs else None}
 
 
+def hop_by_round(times: dict[str, list[float]], per_round: int, target_us: float) -> dict[str, Any]:
+    """The workers hop (``workers1`` p50 - ``workers0`` p50) over all requests and round by round
+    (``times[mode]`` holds ``per_round`` requests a round, the rounds alternating between modes),
+    and the target's verdict: "met" when every round's hop is at most ``target_us``, "missed" when
+    none is, else "not resolved" (the spread straddles it)."""
+    w0, w1 = times["workers0"], times["workers1"]
+    rounds = [round((pct(w1[i:i + per_round], 50) - pct(w0[i:i + per_round], 50)) * 1e6, 1)
+              for i in range(0, min(len(w0), len(w1)), per_round)]
+    verdict = ("met" if all(h <= target_us for h in rounds) else "missed" if all(h > target_us for h in rounds)
+               else "not resolved")
+    return {"hop_p50_us": round((pct(w1, 50) - pct(w0, 50)) * 1e6, 1), "hop_rounds_us": rounds,
+            "hop_spread_us": [min(rounds), max(rounds)] if rounds else None, "hop_target_us": target_us,
+            "hop_verdict": verdict}
+
+
 # -- the request -----------------------------------------------------------------------------
 
 def make_request(release: Any, op: str, dims: dict[str, int], dtype: str,

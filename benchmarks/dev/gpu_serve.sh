@@ -109,7 +109,7 @@ if [ -n "$cpurel" ]; then
   step workers 70 "$PY" benchmarks/serve_workers.py --release "$cpurel" --rounds 10 --per-round 200 --kills 5 \
     --clients 2 --out "$d/serve_workers.json"
   "$PY" -c "import json; r = json.load(open('$d/serve_workers.json')); l, f = r['latency_us'], r['failover']
-print('workers: hop p50', l['hop_p50_us'], 'us (w0', l['workers0']['p50_us'], 'w1', l['workers1']['p50_us'], ');',
+print('workers: hop p50', l['hop_p50_us'], 'us, by round', l.get('hop_spread_us'), l.get('hop_verdict'), '(w0', l['workers0']['p50_us'], 'w1', l['workers1']['p50_us'], ');',
       'kill9 -> next answer', f['kill_to_next_answer'], 'new standby', f['kill_to_new_standby'], 'answers', f['answers'],
       'non-200', f['non_200'], 'wrong', f['wrong'])" 2>/dev/null || show workers 5
 else

@@ -115,3 +115,74 @@ def test_a_worker_killed_between_calls_is_replaced_on_either_path(server, n):  #
         st, out = add_binary(server.url, c, a, b)
     assert st == 200 and np.array_equal(out, a + b)
     assert victim not in server.service.workers.status()["serving"]
+
+
+def test_the_loop_read_waits_for_a_whole_frame_and_sees_the_peer_go():
+    import socket
+
+    from tileship.serve import worker_wire as wire
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        reader = wire.Reader(b)
+        assert reader.poll() is None                      # nothing yet: no wait, no frame
+        body = b'{"id":7,"x":1}'
+        frame = wire._LEN.pack(len(body)) + body
+        a.sendall(frame[:3])
+        assert reader.poll() is None                      # not even the length yet
+        a.sendall(frame[3:-1])
+        assert reader.poll() is None                      # the length, but not the whole body
+        a.sendall(frame[-1:] + wire._LEN.pack(2) + b"{}")  # the rest, then a second frame at once
+        assert reader.poll() == {"id": 7, "x": 1}
+        assert reader.poll() == {}
+        assert reader.poll() is None
+        a.close()
+        with pytest.raises(wire.PeerGone):
+            reader.poll()
+    finally:
+        b.close()
+
+
+def test_a_loop_call_cancelled_mid_flight_retires_its_worker(cpu_release_build):
+    """A call cancelled while its worker still owes the answer (the server shutting down) must not
+    give that worker back: its late answer would be read as the next call's."""
+    import asyncio
+
+    from tileship.serve.worker_pool import WorkerPool
+    from tileship.serve.workers import Raw
+
+    class Log:
+        def event(self, *a: Any, **k: Any) -> None:
+            pass
+
+    rid = cpu_release_build.path.name
+    pool = WorkerPool(1, {"trusted_keys": None}, log=Log(), timeout_s=30.0)
+    pool.start(str(cpu_release_build.path), False, rid)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pool.serving and pool.standby) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        victim, standby = pool.serving[0], pool.standby
+        x = np.ones(8, np.float32)
+        args = [Raw(memoryview(x).cast("B"), [8], "float32")] * 2
+
+        async def cancelled_call() -> None:
+            os.kill(victim.pid, signal.SIGSTOP)  # it will not answer
+            task = asyncio.ensure_future(pool.acall(rid, "add", args, 32))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancelled_call())
+        deadline = time.monotonic() + 10
+        while pool.failures.get("cancelled", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.failures.get("cancelled") == 1 and victim.dead
+        assert pool.serving == [standby]                  # the standby took its place
+        outs, decision = asyncio.run(pool.acall(rid, "add", args, 32))
+        assert np.array_equal(outs[0].numpy(), x + x) and decision.path == "kernel"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim.pid, signal.SIGCONT)
+        pool.close()

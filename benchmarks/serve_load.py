@@ -296,6 +296,52 @@ def ready_release(url: str, proc: subprocess.Popen[bytes], t_start: float, relea
     return ready, ready_s, release, "cuda" if torch.cuda.is_available() and gpu else "cpu"
 
 
+_ECHO = """
+import sys, uvicorn
+size = int(sys.argv[2])
+reply = b"x" * size
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        msg = await receive()
+        more = msg.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/octet-stream"), (b"content-length", str(size).encode())]})
+    await send({"type": "http.response.body", "body": reply})
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop="auto", access_log=False, log_level="warning",
+            server_header=False)
+"""
+
+
+def http_floor(path: str, body: bytes, headers: dict[str, str], response_bytes: int, n: int) -> dict[str, Any]:
+    """The same sequential client against a bare uvicorn app in another process that reads the
+    body and answers ``response_bytes`` bytes (the same loop and HTTP parser tileship gets): what
+    the HTTP stack itself costs per request here, before tileship does anything."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", _ECHO, str(port), str(response_bytes)])
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit("the bare uvicorn server did not start") from None
+                time.sleep(0.05)
+
+        async def run() -> dict[str, Any]:
+            await http_phase("127.0.0.1", port, path, body, headers, 1, 60.0, 20)
+            return await http_phase("127.0.0.1", port, path, body, headers, 1, 600.0, n)
+
+        return asyncio.run(run())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def scrape(url: str) -> str:
     import urllib.request
 
@@ -357,6 +403,7 @@ def main() -> int:
         metrics = scrape(url)
     finally:
         stop_server(proc)
+    floor = http_floor(path, body, headers, inproc["response_bytes"], a.seq)
     compiles = _metric(metrics, "tileship_serve_compile_attempts")
     inproc_rps = 1e6 / inproc["full"]["mean_us"] if inproc["full"]["mean_us"] else None
     result = {
@@ -375,7 +422,10 @@ def main() -> int:
         "http_sequential": seq,
         "http_load": loaded,
         "overhead_p50_us": {"vs_in_process_full": round(seq["p50_us"] - inproc["full"]["p50_us"], 1),
-                            "vs_in_process_call": round(seq["p50_us"] - inproc["call"]["p50_us"], 1)},
+                            "vs_in_process_call": round(seq["p50_us"] - inproc["call"]["p50_us"], 1),
+                            "over_the_floor_and_in_process_full": round(
+                                seq["p50_us"] - floor["p50_us"] - inproc["full"]["p50_us"], 1)},
+        "http_floor": floor,
         "throughput_ratio_http_over_in_process": (round(loaded["throughput_rps"] / inproc_rps, 3)
                                                   if inproc_rps else None),
         "in_process_rps": round(inproc_rps, 2) if inproc_rps else None,
@@ -465,6 +515,10 @@ def _print(r: dict[str, Any]) -> None:
           f"{sq['errors']}  "
           f"overhead p50 {r['overhead_p50_us']['vs_in_process_full']:.1f} us over parse+call+encode, "
           f"{r['overhead_p50_us']['vs_in_process_call']:.1f} us over the call")
+    fl = r["http_floor"]
+    print(f"  bare uvicorn, 1 client      p50 {fl['p50_us']:>10.1f} us  p99 {fl['p99_us']:>10.1f} us  (the HTTP stack "
+          f"alone, same bytes); tileship's own part: "
+          f"{r['overhead_p50_us']['over_the_floor_and_in_process_full']:.1f} us over it and parse+call+encode")
     print(f"  HTTP {ld['clients']} clients {ld['duration_s']} s: {ld['requests']} requests, {ld['throughput_rps']} "
           f"req/s, p50 {ld['p50_us']:.1f} us, "
           f"p99 {ld['p99_us']:.1f} us, errors {ld['errors']} {ld['codes']}, paths {ld['paths']}")

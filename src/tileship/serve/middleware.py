@@ -17,18 +17,26 @@ def valid_request_id(sent: str | None) -> str | None:
     return sent if sent is not None and _REQUEST_ID.match(sent) else None
 
 
+#: a response body at most this large is joined and sent in one piece (``PartsResponse``)
+JOIN_BYTES = 1 << 16
+
+
 class PartsResponse:
     """A response whose body is sent as its parts (JSON header, then tensor bytes) without
-    joining them into one buffer first."""
+    joining them into one buffer first; a small one (at most ``JOIN_BYTES``) is joined, since each
+    part is a write of its own."""
 
     def __init__(self, status: int, parts: list[Any], media_type: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self.status_code = status
         self.parts = parts
-        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+        self.size = size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
         self.headers = [(b"content-type", media_type), (b"content-length", str(size).encode()), *headers]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.headers})
+        if self.size <= JOIN_BYTES:  # one write (one segment, one wake-up of the client) beats a copy this small
+            await send({"type": "http.response.body", "body": b"".join(self.parts), "more_body": False})
+            return
         last = len(self.parts) - 1
         for i, part in enumerate(self.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})

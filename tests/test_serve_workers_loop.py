@@ -29,15 +29,24 @@ def _plan(*inputs: protocol.InputTensor) -> protocol.CallPlan:
 def test_on_loop_takes_only_small_calls_to_workers_without_cuda_windows():
     small = protocol.InputTensor("A", "FP32", (1000,))
     workers, in_process = SimpleNamespace(workers=object()), SimpleNamespace(workers=None)
-    assert remote.on_loop(workers, _plan(small, small), 4000)
-    assert not remote.on_loop(in_process, _plan(small, small), 4000)  # --workers 0: always a thread
+    assert remote.on_loop(workers, _plan(small, small), {"C": 4000})
+    assert not remote.on_loop(in_process, _plan(small, small), {"C": 4000})  # --workers 0: never
     n = remote.LOOP_BYTES // 4
-    assert remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP32", (n,))), 0)
-    assert not remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP32", (n + 1,))), 0)
-    assert not remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP64", (n // 2 + 1,))), 0)
-    assert not remote.on_loop(workers, _plan(small), remote.LOOP_BYTES)  # the outputs count too
+    assert remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP32", (n,))), {})
+    assert not remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP32", (n + 1,))), {})
+    assert not remote.on_loop(workers, _plan(protocol.InputTensor("A", "FP64", (n // 2 + 1,))), {})
+    assert not remote.on_loop(workers, _plan(small), {"C": remote.LOOP_BYTES})  # the outputs count too
     cuda = protocol.InputTensor("A", "FP32", (4,), fetch=lambda: None)
-    assert not remote.on_loop(workers, _plan(cuda), 16)
+    assert not remote.on_loop(workers, _plan(cuda), {"C": 16})
+
+
+def test_host_bytes_leave_out_what_stays_on_the_device():
+    big = protocol.InputTensor("A", "FP16", (4096, 4096))
+    window = protocol.InputTensor("B", "FP16", (4096, 4096), fetch=lambda: None)
+    out = {"C": 4096 * 4096 * 2}
+    assert remote.host_bytes(_plan(big, window), out) == 2 * 4096 * 4096 * 2
+    assert remote.host_bytes(_plan(big, window), out, on_device={"C"}) == 4096 * 4096 * 2
+    assert remote.host_bytes(_plan(window), out, on_device={"C"}) == 0
 
 
 def test_small_calls_run_on_the_loop_and_large_ones_on_a_thread(server):  # noqa: F811

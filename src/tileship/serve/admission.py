@@ -1,6 +1,6 @@
 """Admission to the inference worker pool (``Slots``): at most ``max_inflight`` calls admitted
-(on the thread pool, ``submit``, or as tasks on the event loop, ``admit``); a slot is freed when
-its call ends, not when its request gives up waiting (a 504).
+(on the thread pool, ``submit``; as tasks on the event loop, ``admit``; or on the loop itself,
+``run``); a slot is freed when its call ends, not when its request gives up waiting (a 504).
 
 A request takes a slot only once its body is read and checked, so slow clients hold their own
 connection (bounded by the body timeout and the connection limit), never an inference slot.
@@ -48,6 +48,15 @@ class Slots:
         task = asyncio.ensure_future(coro)
         task.add_done_callback(self._done)
         return task
+
+    def run(self, job: Callable[[], Any]) -> Any:
+        """Take a slot (``BadRequest(503)`` when none is free), run ``job`` right here (on the loop:
+        ``serve.handoff``'s inline calls), free the slot; what ``job`` returns or raises."""
+        self._take()
+        try:
+            return job()
+        finally:
+            self._done(None)
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         """Take a slot (``BadRequest(503)`` when none is free) and run ``job`` on the pool. Call on the loop."""

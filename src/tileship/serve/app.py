@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.dispatch import Decision, OpRunner, Release
-from tileship.serve import calls, extensions, protocol, shm, staging, standby, validate
+from tileship.serve import calls, extensions, handoff, protocol, shm, staging, standby, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_pooled
 from tileship.serve.config import ServeConfig
@@ -65,6 +65,7 @@ class Service:
         #: runs one admitted call (``calls.execute`` contract): in this process, or in a worker process
         self.executor: Callable[..., Any] = calls.execute
         self.workers: Any = None
+        self.inline = handoff.Inline(config.inline_us * 1e-6) if config.inline_us > 0 and not config.workers else None
         if config.workers:
             self._start_pool()
         self.on_fatal = on_fatal

@@ -7,9 +7,11 @@ REST checks Content-Type and reads the body here, outside admission) -> plan aga
 declaration (400), ``--strict-shapes`` (400), output bytes (413) -> admission (503) -> the
 call on a worker thread with a deadline (504) -> ``call.encode`` on the worker -> metrics,
 statistics, canary window and one log line. The call itself is ``service.executor``: ``execute``
-here, or ``remote.execute_remote`` (the same contract, in a worker process: ``serve.worker_pool``) with
-``--workers N``; small calls to workers run on the event loop instead of a thread
-(``remote.execute_remote_async``, admitted the same way). Every outcome is an ``Answer``; nothing raises
+here, or ``remote.execute_remote`` (the same contract, in a worker process: ``serve.worker_pool``)
+with ``--workers N``; small calls to workers run on the event loop instead of a thread
+(``remote.execute_remote_async``, admitted the same way), and in process small calls a kernel
+served quickly before run on the loop itself (``handoff``: the three ways, their price). Every
+outcome is an ``Answer``; nothing raises
 out of ``run``: a bug is a logged 500 carrying the request id.
 
 The transports differ only in ``Call.read`` and ``Call.encode`` (``protocol.encode_response``
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
-from tileship.serve import extensions, protocol, remote, shm_requests, validate
+from tileship.serve import extensions, handoff, protocol, remote, shm_requests, validate
 from tileship.serve.canary_stats import Timed
 from tileship.serve.validate import BadRequest
 
@@ -94,6 +96,7 @@ async def run(service: Service, call: Call) -> Answer:
     kserve_id = None
     fut = None
     req = None
+    inline, inline_key = service.inline, None
     plan: protocol.CallPlan | None = None
     encode: Any = None
     try:
@@ -117,7 +120,7 @@ async def run(service: Service, call: Call) -> Answer:
         encode = shm_requests.attach(service.shm, req, call.encode)  # shared-memory inputs and outputs (400/404)
         t_body = time.perf_counter()
         kserve_id = req.id
-        on_loop = False
+        on_loop, inline_key = False, None
         if whole is not None:
             job: Callable[[], Any] = functools.partial(execute_model, service, served, whole, whole.plan(req), req.id,
                                                        encode)
@@ -130,21 +133,30 @@ async def run(service: Service, call: Call) -> Answer:
                                       f"{validate.declared_shapes_text(decl)}); this server runs with --strict-shapes")
             out_bytes = protocol.output_bytes(decl, plan)
             validate.check_outputs(name, out_bytes, config.limits)
-            on_loop = remote.on_loop(service, plan, sum(out_bytes.values()))
+            on_loop = remote.on_loop(service, plan, out_bytes)
+            if inline is not None and remote.host_bytes(
+                    plan, out_bytes, getattr(encode, "device_outputs", ())) <= remote.LOOP_BYTES:
+                inline_key = inline.key(rel.release_id, name, plan)
             job = functools.partial(remote.execute_remote_async if on_loop else service.executor, service, served,
                                     name, plan, req.id, encode)
         t_submit = time.perf_counter()
         timed = Timed(job)
-        fut = service.slots.admit(timed.wrap()) if on_loop else service.slots.submit(timed)
-        try:
-            waiting = asyncio.shield(fut) if isinstance(fut, asyncio.Future) else asyncio.wrap_future(fut)
-            encoded, decision = await asyncio.wait_for(waiting, config.request_timeout_s)
-            t_run = time.perf_counter()
-        except TimeoutError:
-            service.metrics.rejected.labels("timeout").inc()
-            service.slots.timed_out(fut)
-            raise BadRequest(504, f"timeout: the inference did not finish within {config.request_timeout_s:g} s"
-                             ) from None
+        if inline is not None and inline_key is not None and inline.fits(inline_key):
+            way = "inline"
+            encoded, decision = service.slots.run(timed)
+        else:
+            way = "loop" if on_loop else "thread"
+            fut = service.slots.admit(timed.wrap()) if on_loop else service.slots.submit(timed)
+            try:
+                encoded, decision = await handoff.outcome(fut, config.request_timeout_s)
+            except TimeoutError:
+                service.metrics.rejected.labels("timeout").inc()
+                service.slots.timed_out(fut)
+                raise BadRequest(504, f"timeout: the inference did not finish within {config.request_timeout_s:g} s"
+                                 ) from None
+        t_run = time.perf_counter()
+        if inline is not None and inline_key is not None:
+            inline.record(inline_key, timed.seconds, decision)
     except BadRequest as exc:
         service.canary.record(side, name, exc.status)
         service.count_error(exc.status, exc.message, call, labels, t0, kserve_id)
@@ -160,6 +172,8 @@ async def run(service: Service, call: Call) -> Answer:
         service.count_error(CANCELLED, "cancelled by the client before the answer", call, labels, t0, kserve_id)
         raise
     except Exception as exc:  # a bug: answer 500 with ids, never crash the server
+        if inline is not None and inline_key is not None:
+            inline.drop(inline_key)  # its next calls go to a thread again
         service.canary.record(side, name, 500)
         msg, diag = service.log_internal(call.request_id, exc, labels[0], served)
         service.count_error(500, msg, call, labels, t0, kserve_id)
@@ -178,7 +192,7 @@ async def run(service: Service, call: Call) -> Answer:
     if decision.path == REFERENCE:
         m.fallbacks.labels(labels[0], labels[1], decision.reason).inc()
     service.log.event("infer", request_id=call.request_id, id=kserve_id, model=name, version=labels[1], status=200,
-                      protocol=call.protocol, on="loop" if on_loop else "thread", path=decision.path,
+                      protocol=call.protocol, on=way, path=decision.path,
                       reason=decision.reason, spec=decision.spec_id,
                       ms=round(elapsed * 1e3, 3), body_ms=round((t_body - t0) * 1e3, 3),
                       run_ms=round((t_run - t_body) * 1e3, 3), bytes_in=bytes_in, bytes_out=call.size(encoded),

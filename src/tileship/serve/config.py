@@ -25,6 +25,9 @@ class ServeConfig:
     #: seconds a worker may take to answer one call before it is killed and replaced (None: ``request_timeout_s``)
     worker_timeout_s: float | None = None
     request_timeout_s: float = 30.0
+    #: in process, a small call whose last run a kernel served within this many microseconds runs on the
+    #: event loop, not a request thread (``serve.handoff``); 0: every call goes to a thread
+    inline_us: float = 500.0
     body_timeout_s: float = 30.0
     #: bounds on one request: ranks, dims, elements, JSON nesting, output bytes (``--max-output-mib``)
     limits: RequestLimits = RequestLimits()

@@ -26,19 +26,24 @@ from tileship.serve.validate import BadRequest
 LOOP_BYTES = 1 << 16
 
 
-def on_loop(service: Any, plan: protocol.CallPlan, out_bytes: int) -> bool:
-    """Whether ``calls.run`` runs this call with ``execute_remote_async`` (workers, small tensors)."""
-    if service.workers is None or out_bytes > LOOP_BYTES:
-        return False
-    total = out_bytes
+def host_bytes(plan: protocol.CallPlan, out_bytes: dict[str, int], on_device: Any = ()) -> int:
+    """The bytes a call moves through host memory: its inputs (a CUDA shared-memory window counts
+    none) and its outputs (one bound for a CUDA region, named in ``on_device``, counts none)."""
+    total = sum(n for name, n in out_bytes.items() if name not in on_device)
     for inp in plan.inputs:
-        if inp.fetch is not None:
-            return False
-        n = ITEMSIZE[inp.datatype]
-        for s in inp.shape:
-            n *= s
-        total += n
-    return total <= LOOP_BYTES
+        if inp.fetch is None:
+            n = ITEMSIZE[inp.datatype]
+            for s in inp.shape:
+                n *= s
+            total += n
+    return total
+
+
+def on_loop(service: Any, plan: protocol.CallPlan, out_bytes: dict[str, int]) -> bool:
+    """Whether ``calls.run`` runs this call with ``execute_remote_async`` (workers, small tensors,
+    no CUDA window: those need the in-process mode)."""
+    return (service.workers is not None and all(inp.fetch is None for inp in plan.inputs)
+            and host_bytes(plan, out_bytes) <= LOOP_BYTES)
 
 
 def _arguments(plan: protocol.CallPlan) -> list[Any]:

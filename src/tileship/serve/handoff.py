@@ -75,8 +75,8 @@ class Inline:
 
     def __init__(self, limit_s: float, max_keys: int = MAX_KEYS) -> None:
         self.limit_s, self.max_keys = limit_s, max_keys
-        #: key -> seconds its last call took, for keys a kernel served within ``limit_s``
-        self.known: dict[tuple[Any, ...], float] = {}
+        #: the keys whose last call a kernel served within ``limit_s``
+        self.known: set[tuple[Any, ...]] = set()
 
     @staticmethod
     def key(release_id: str, name: str, plan: Any) -> tuple[Any, ...]:
@@ -89,12 +89,12 @@ class Inline:
     def record(self, key: tuple[Any, ...], seconds: float | None, decision: Decision) -> None:
         """After a call of ``key`` answered: keep it if a kernel served it within ``limit_s``, else forget it."""
         if seconds is None or decision.path != KERNEL or seconds > self.limit_s:
-            self.known.pop(key, None)
+            self.known.discard(key)
             return
         if key not in self.known and len(self.known) >= self.max_keys:
             self.known.clear()
-        self.known[key] = seconds
+        self.known.add(key)
 
     def drop(self, key: tuple[Any, ...]) -> None:
         """Forget ``key`` (its call failed with a bug): its next calls go to a thread."""
-        self.known.pop(key, None)
+        self.known.discard(key)

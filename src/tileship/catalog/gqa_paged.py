@@ -18,13 +18,12 @@ import tilelang.language as T
 import torch
 
 from tileship.catalog import costs, gqa_decode
-from tileship.catalog.gqa_decode import (
-    H_KV,
-    H_Q,
-    HEAD_DIM,
+from tileship.catalog.gqa_decode import H_KV, H_Q, HEAD_DIM, gqa_decode_reference
+from tileship.catalog.gqa_split import (
     attend_split,
     combine_splits,
-    gqa_decode_reference,
+    exp2_scale,
+    partials_store,
     split_plan,
 )
 from tileship.declare.spec import TensorArg
@@ -45,7 +44,8 @@ def gqa_decode_paged(B: int, S: int, P: int, HQ: int = H_Q, HKV: int = H_KV, D: 
         for i, j in T.Parallel(PAGE, D):
             tile[i, j] = T.if_then_else(k * PAGE + i < n_valid, pages[page, i, g, j], T.cast(0, dtype))
 
-    attend = attend_split(HQ, HKV, D, dtype, PAGE, block_H, num_stages, split_len, load)
+    attend = attend_split(HQ, HKV, D, dtype, PAGE, block_H, num_stages, split_len, load,
+                          *partials_store(HQ // HKV, D, block_H, exp2_scale(D)))
     combine = combine_splits(D, dtype, num_split, split_len)
 
     @T.prim_func

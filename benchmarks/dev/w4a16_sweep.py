@@ -29,7 +29,8 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
 
-#: kernel kinds to try (``--kinds``); "nows": the tensor-core ones again without warp specialization
+#: kernel kinds to try (``--kinds``); "nows": the tensor-core ones again without warp specialization;
+#: "rsl": ``w4a16_gemm_rs`` with the LOP3 decode (``decode="lop3"``), always without warp specialization
 KINDS = {"catalog", "gemv3", "swap", "rs"}
 
 
@@ -64,6 +65,15 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
             if K % (128 * split) or N % bn or (split > 1 and N % 256):
                 continue
             out.append(("rs", dict(block_M=bm, block_N=bn, split_k=split, num_stages=stages, threads=threads)))
+    if M >= 8:
+        bm = max(8, M) if M <= 64 else 64
+        grid = [(bn, sp, st, 128) for bn in (64, 128) for sp in (1, 2, 4) for st in (3, 4)]
+        grid += [(256, 2, 3, 256), (256, 4, 3, 256), (128, 4, 3, 256), (128, 8, 3, 128), (64, 8, 3, 128)]
+        for bn, split, stages, threads in grid:
+            if K % (128 * split) or N % bn or (split > 1 and N % 256):
+                continue
+            out.append(("rsl", dict(block_M=bm, block_N=bn, split_k=split, num_stages=stages, threads=threads,
+                                    decode="lop3", ws=False)))
     return out
 
 
@@ -75,7 +85,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind == "rs":
+    if kind in ("rs", "rsl"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 

@@ -137,10 +137,17 @@ def w4a16_gemm_swap(M: Any, N: int, K: int, dtype: str = "float16", block_M: int
 
 
 def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 16, block_N: int = 128,
-                  split_k: int = 1, num_stages: int = 3, threads: int = 128) -> Any:
-    """y^T = W x^T with each thread decoding the weights of its register fragment (no shared tile)."""
+                  split_k: int = 1, num_stages: int = 3, threads: int = 128, decode: str = "cast") -> Any:
+    """y^T = W x^T with each thread decoding the weights of its register fragment (no shared tile).
+
+    ``decode``: ``cast`` converts each nibble with an int-to-float conversion (a quarter-rate
+    instruction on sm_90); ``lop3`` builds each pair with one LOP3 into the exponent's magic
+    number (``ts_w4_elem``), the trick the shared-memory and GEMV kernels use. Same values."""
     ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)
+    if decode not in ("cast", "lop3"):
+        raise ValueError(f"w4a16_gemm_rs: decode must be 'cast' or 'lop3', got {decode!r}")
     store_transposed = _store_transposed(dtype, block_M, block_N)
+    elem = "ts_w4_elem_f16" if dtype == "float16" else "ts_w4_elem_bf16"
 
     @T.macro
     def tile(A, B, S, out, bx, by, bz, to_workspace: bool):
@@ -149,6 +156,8 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
         b_frag = T.alloc_fragment((block_N, GROUP), dtype)
         s_sh = T.alloc_shared((block_N, ks), dtype)
         acc = T.alloc_fragment((block_N, block_M), "float32")
+        if decode == "lop3":
+            T.import_source(DEVICE_SRC)
         T.clear(acc)
         T.copy(S[bx * block_N, bz * ks], s_sh)
         for k in T.Pipelined(ks, num_stages=num_stages):
@@ -157,8 +166,11 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
             for i, j in T.Parallel(block_N, GROUP):
                 # element j % 8 of a word sits in nibble (j % 2) * 4 + (j % 8) // 2 (see PERM in w4a16.py);
                 # (q - 8) is exact in fp16/bf16, so the one rounding is the product's, as in the reference
-                b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15, dtype)
-                                - T.cast(8, dtype)) * s_sh[i, k]
+                if decode == "lop3":
+                    b_frag[i, j] = T.call_extern(dtype, elem, bq_sh[i, j // 8], j % 8, s_sh[i, k])
+                else:
+                    b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15, dtype)
+                                    - T.cast(8, dtype)) * s_sh[i, k]
             T.gemm(b_frag, a_sh, acc, transpose_B=True)
         store_transposed(acc, out, bx, by, bz, to_workspace)
 

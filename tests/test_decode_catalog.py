@@ -3,6 +3,8 @@ twins that run through build -> load -> call here (the CUDA kernels themselves r
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -200,3 +202,49 @@ def test_dequantize_in_the_scales_dtype_is_the_float32_product_rounded(dtype) ->
     want = ((elems.reshape(n, k).float() - 8) * scales.float().repeat_interleave(w4a16.GROUP, dim=1)).to(dtype)
     got = w4a16.dequantize(qw, scales)
     assert got.dtype == dtype and torch.equal(got, want)
+
+
+def test_gqa_decode_launch_forms() -> None:
+    """split: two kernels and a workspace; one split: one kernel, no workspace; cluster: one
+    kernel whose CTAs meet at the cluster barrier before and after writing into CTA 0."""
+    pytest.importorskip("tilelang")
+    from tileship.catalog import gqa_split
+
+    def script(*args: int, **kw: Any) -> tuple[str, int]:
+        text = str(gqa_decode.gqa_decode(*args, **kw).script())
+        return text, text.count("tl.launch_threads")  # one per kernel launch
+
+    split, kernels = script(1, 1024)
+    assert kernels == 2 and "o_part = T.sblock_alloc_buffer" in split
+    single, kernels = script(32, 8192)  # 256 (sequence, head) pairs: one split
+    assert gqa_split.pick_split(32, 8192) == 1
+    assert kernels == 1 and "o_part" not in single and "cluster" not in single
+    cluster, kernels = script(1, 8192, launch="cluster")
+    assert kernels == 1 and "cluster_dims" in cluster and "o_part" not in cluster
+    assert cluster.count("cluster_sync") == 2
+    assert gqa_split.split_plan(1, 8192, 32, 8, 128, 64, 16, cap=gqa_split.MAX_CLUSTER)[0] == 16
+    assert gqa_split.split_plan(1, 8192, 32, 8, 128, 64, 16)[0] == 32
+    with pytest.raises(ValueError, match="launch"):
+        gqa_decode.gqa_decode(1, 1024, launch="fused")
+    with pytest.raises(ValueError, match="at most 16 splits"):
+        gqa_decode.gqa_decode(1, 8192, launch="cluster", num_split=32)
+
+
+def test_gqa_decode_one_split_builds_with_nvcc(tmp_path) -> None:
+    """The one-split form (B=32) through the product's isolated build (TileLang + nvcc, sm_90a) here:
+    one kernel in the device code, no workspace in the host code."""
+    import shutil
+
+    pytest.importorskip("tilelang")
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    from tileship.build.builder import compile_one
+
+    spec = next(s for s in expand(gqa_decode.gqa) if s.dim_map()["B"] == 32 and s.dim_map()["S"] == 1024
+                and s.dtype == "float16")
+    r = compile_one(gqa_decode.gqa, spec, tmp_path / spec.id, timeout_s=300)
+    assert r.ok, r.error
+    device = "\n".join(p.read_text() for p in (tmp_path / spec.id).glob("*.cu") if "host" not in p.name)
+    assert device.count("__global__") == 2  # one kernel: its declaration and its definition
+    host = (tmp_path / spec.id / "host_kernel.cu").read_text()
+    assert "TVMBackendAllocWorkspace" not in host

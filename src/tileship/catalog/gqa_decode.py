@@ -9,6 +9,8 @@ group in one tile, with a loop bound read from ``lengths`` (splits past the leng
 loads) and K/V read through per-sequence views whose extent is the length, so positions past
 it are zero-filled, never loaded. Kernel 2 combines the splits by their log-sum-exp. The
 partials live in a workspace the kernel allocates (``T.alloc_global``), not in the outputs.
+A shape with one split (large batches) is one kernel writing the output itself. The pieces
+and the other launch forms are in ``gqa_split``.
 
 The reference is ``F.scaled_dot_product_attention(enable_gqa=True)`` over the whole cache with
 a boolean mask of the valid positions: graph-safe (no host sync, no data-dependent shape) and
@@ -31,7 +33,10 @@ PASS_CONFIGS = {"tl.disable_warp_specialized": True, "tl.UnrollLoop": {"explicit
 
 
 def pick_launch(B: int, S: int) -> str:
-    """The launch per shape: ``split`` everywhere until the H200 sweep says otherwise."""
+    """The launch per shape: ``split`` (one split needs no combine and becomes one kernel either way).
+
+    The ``cluster`` form measured slower at every catalog shape on the H200 (B=1 S=8k: 24.5-36 us
+    against 21-22 us, ``benchmarks/results/h200/round11/gqa_sweep.json``), so nothing picks it."""
     return "split"
 
 
@@ -100,6 +105,9 @@ def gqa_decode(B: int, S: int, HQ: int = H_Q, HKV: int = H_KV, D: int = HEAD_DIM
                 seqlen = lengths[bid]
                 k_view, v_view = views(K, V, seqlen)
                 attend(Q, k_view, v_view, lengths, part_o, part_l, sid, g, bid, seqlen)
+                # every CTA done with its tiles before any writes into CTA 0's shared memory: TileLang may
+                # place all_o over CTA 0's K/V tiles (their lifetimes do not overlap in CTA 0's own program)
+                T.cluster_sync()
                 T.copy_cluster(part_o[0:G, :], all_o[sid, :, :], dst_block=0)
                 T.copy_cluster(part_l[0:G], all_l[sid, :], dst_block=0)
                 T.cluster_sync()

@@ -37,12 +37,12 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
       not a multiple of 4);
     - M=4: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise (the two are within noise
       at K=4096, and the older one is faster on lm_head);
-    - M >= 8: the swapped tensor-core GEMMs compiled without warp specialization
-      (``..._run3.json``, ``--kinds catalog,nows``), 64-wide weight tiles, split-K 4 (2 on
-      lm_head's 1002 tiles): the weights decoded into registers (``w4a16_gemm_rs``) at K=14336,
-      through shared memory (``w4a16_gemm_swap``) at K=4096. Warp specialization gave one block of
-      4 decoding warps per SM (its consumer warpgroup holds 240 registers a thread) and capped
-      every such kernel at 0.75-0.94 TB/s (``..._run2.json``);
+    - M = 8 to 64: the swapped tensor-core GEMM with the weights decoded into its register operand
+      by LOP3 (``w4a16_gemm_rs(decode="lop3")``, ``benchmarks/results/h200/round11/w4a16_sweep_rsl.json``),
+      compiled without warp specialization: 1.4-2.4x faster than cuBLAS fp16 where the int-to-float
+      decode it replaces was 0.8-1.7x. Warp specialization gave one block of 4 decoding warps per
+      SM (its consumer warpgroup holds 240 registers a thread) and capped every such kernel at
+      0.75-0.94 TB/s (``..._run2.json``); above M = 64, the shared-memory decode (``w4a16_gemm_swap``);
     - the dynamic range (prefill): the tensor-core GEMM with 64-row tiles.
     """
     if not isinstance(M, int):
@@ -57,11 +57,18 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
     if M <= 4:
         return w4a16_gemv(M, N, K, dtype, rows=2, n_warps=4, nw=2)
     block_M = min(64, -(-M // 8) * 8)
+    if M <= 64:
+        # the register-decoded GEMM with the LOP3 decode (``..._rsl.json``): 64-wide weight tiles, K split
+        # until the grid covers the SMs (8 at N = 4096, 4 at 6144, none at 28672; lm_head: 4 at M = 8)
+        split = 8 if N <= 4096 else 4 if N <= 8192 else (4 if M <= 8 else 1) if N >= 65536 else 1
+        while K % (GROUP * split):
+            split //= 2
+        stages = 4 if N >= 65536 else 3
+        return w4a16_gemm_rs(M, N, K, dtype, block_M=block_M, block_N=64, split_k=split, num_stages=stages,
+                             decode="lop3")
     split = 2 if N >= 65536 else 4
     while K % (GROUP * split):
         split //= 2
-    if K > 4096:
-        return w4a16_gemm_rs(M, N, K, dtype, block_M=block_M, block_N=64, split_k=split, num_stages=3)
     return w4a16_gemm_swap(M, N, K, dtype, block_M=block_M, block_N=64, split_k=split, num_stages=4)
 
 

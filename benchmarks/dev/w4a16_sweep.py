@@ -74,10 +74,6 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                 continue
             out.append(("rsl", dict(block_M=bm, block_N=bn, split_k=split, num_stages=stages, threads=threads,
                                     decode="lop3", ws=False)))
-        split = 8 if N <= 4096 else 4 if N <= 8192 else (4 if M <= 8 else 1) if N >= 65536 else 1
-        for stages in (3, 4):  # "rslp": the catalog's split with the scale on the partial sums
-            out.append(("rslp", dict(block_M=bm, block_N=64, split_k=split, num_stages=stages, threads=128,
-                                     decode="lop3_post", ws=False)))
     return out
 
 
@@ -89,7 +85,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind in ("rs", "rsl", "rslp"):
+    if kind in ("rs", "rsl"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 

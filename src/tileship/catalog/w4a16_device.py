@@ -55,31 +55,6 @@ __device__ __forceinline__ S ts_w4_elem_f16(int w, int e, S s) {
   __half r = __hmul((e & 1) ? __high2half(v) : __low2half(v), *reinterpret_cast<const __half*>(&s));
   return *reinterpret_cast<S*>(&r);
 }
-// Element e of word w as (q - 8), exact (the scale applied to the MMA's partial sums instead).
-template <typename S>
-__device__ __forceinline__ S ts_w4_q_f16(int w, int e) {
-  const unsigned int lut = (0xf0 & 0xcc) | 0xaa;
-  const unsigned int bias = 0x64086408u;
-  unsigned int h;
-  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(h) : "r"(((unsigned int)w) >> (4 * (e >> 1))), "n"(0x000f000f),
-      "n"(0x64006400), "n"(lut));
-  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(h) : "r"(h), "r"(bias));
-  const __half2 v = *reinterpret_cast<__half2*>(&h);
-  __half r = (e & 1) ? __high2half(v) : __low2half(v);
-  return *reinterpret_cast<S*>(&r);
-}
-template <typename S>
-__device__ __forceinline__ S ts_w4_q_bf16(int w, int e) {
-  const unsigned int lut = (0xf0 & 0xcc) | 0xaa;
-  const unsigned int bias = 0x43084308u;
-  unsigned int h;
-  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(h) : "r"(((unsigned int)w) >> (4 * (e >> 1))), "n"(0x000f000f),
-      "n"(0x43004300), "n"(lut));
-  const __nv_bfloat162 v = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&h),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&bias));
-  __nv_bfloat16 r = (e & 1) ? __high2bfloat16(v) : __low2bfloat16(v);
-  return *reinterpret_cast<S*>(&r);
-}
 template <typename S>
 __device__ __forceinline__ S ts_w4_elem_bf16(int w, int e, S s) {
   const unsigned int lut = (0xf0 & 0xcc) | 0xaa;

@@ -142,17 +142,14 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
 
     ``decode``: ``cast`` converts each nibble with an int-to-float conversion (a quarter-rate
     instruction on sm_90); ``lop3`` builds each pair with one LOP3 into the exponent's magic
-    number (``ts_w4_elem``), the trick the shared-memory and GEMV kernels use, same values;
-    ``lop3_post`` decodes (q - 8) alone and scales each group's fp32 partial sums instead of
-    every weight (the products are not rounded to fp16 first: close to, not equal to, the
-    reference's values)."""
+    number (``ts_w4_elem``), the trick the shared-memory and GEMV kernels use; same values.
+    (Scaling each group's fp32 partial sums instead of every weight measured no faster on the
+    H200: ``benchmarks/results/h200/round11/w4a16_sweep_post.json``.)"""
     ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)
-    if decode not in ("cast", "lop3", "lop3_post"):
-        raise ValueError(f"w4a16_gemm_rs: decode must be 'cast', 'lop3' or 'lop3_post', got {decode!r}")
+    if decode not in ("cast", "lop3"):
+        raise ValueError(f"w4a16_gemm_rs: decode must be 'cast' or 'lop3', got {decode!r}")
     store_transposed = _store_transposed(dtype, block_M, block_N)
     elem = "ts_w4_elem_f16" if dtype == "float16" else "ts_w4_elem_bf16"
-    q_only = "ts_w4_q_f16<half_t>" if dtype == "float16" else "ts_w4_q_bf16<bfloat16_t>"
-    post = decode == "lop3_post"
 
     @T.macro
     def tile(A, B, S, out, bx, by, bz, to_workspace: bool):
@@ -161,8 +158,7 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
         b_frag = T.alloc_fragment((block_N, GROUP), dtype)
         s_sh = T.alloc_shared((block_N, ks), dtype)
         acc = T.alloc_fragment((block_N, block_M), "float32")
-        part = T.alloc_fragment((block_N, block_M), "float32")
-        if decode != "cast":
+        if decode == "lop3":
             T.import_source(DEVICE_SRC)
         T.clear(acc)
         T.copy(S[bx * block_N, bz * ks], s_sh)
@@ -172,20 +168,12 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
             for i, j in T.Parallel(block_N, GROUP):
                 # element j % 8 of a word sits in nibble (j % 2) * 4 + (j % 8) // 2 (see PERM in w4a16.py);
                 # (q - 8) is exact in fp16/bf16, so the one rounding is the product's, as in the reference
-                if post:
-                    b_frag[i, j] = T.call_extern(dtype, q_only, bq_sh[i, j // 8], j % 8)
-                elif decode == "lop3":
+                if decode == "lop3":
                     b_frag[i, j] = T.call_extern(dtype, elem, bq_sh[i, j // 8], j % 8, s_sh[i, k])
                 else:
                     b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15, dtype)
                                     - T.cast(8, dtype)) * s_sh[i, k]
-            if post:
-                T.clear(part)
-                T.gemm(b_frag, a_sh, part, transpose_B=True)
-                for i, j in T.Parallel(block_N, block_M):
-                    acc[i, j] += part[i, j] * s_sh[i, k]
-            else:
-                T.gemm(b_frag, a_sh, acc, transpose_B=True)
+            T.gemm(b_frag, a_sh, acc, transpose_B=True)
         store_transposed(acc, out, bx, by, bz, to_workspace)
 
     return _launch(tile, M, N, K, dtype, block_M, block_N, split_k, threads)

@@ -74,6 +74,10 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                 continue
             out.append(("rsl", dict(block_M=bm, block_N=bn, split_k=split, num_stages=stages, threads=threads,
                                     decode="lop3", ws=False)))
+    # "rule": the catalog's M >= 8 pick (w4a16_linear) at any M, the batch padded to 8 rows
+    split = 8 if N <= 4096 else 4 if N <= 8192 else (4 if M <= 8 else 1) if N >= 65536 else 1
+    out.append(("rule", dict(block_M=max(8, -(-M // 8) * 8), block_N=64, split_k=split,
+                             num_stages=4 if N >= 65536 else 3, threads=128, decode="lop3", ws=False)))
     return out
 
 
@@ -85,7 +89,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind in ("rs", "rsl"):
+    if kind in ("rs", "rsl", "rule"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 
@@ -148,15 +152,16 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(SHAPES))
     ap.add_argument("--jobs", type=int, default=14)
     ap.add_argument("--bf16", action="store_true", help="also time bf16 at M=1")
+    ap.add_argument("--bf16-all", action="store_true", help="also time bf16 at every M")
     ap.add_argument("--kinds", default=",".join(sorted(KINDS)), help="catalog,gemv3,swap,rs and/or nows")
     args = ap.parse_args()
     KINDS.clear()
     KINDS.update(args.kinds.split(","))
     ms = [int(m) for m in args.ms.split(",")]
     ops = args.ops.split(",")
-    dtypes = ("float16", "bfloat16") if args.bf16 else ("float16",)
+    dtypes = ("float16", "bfloat16") if args.bf16 or args.bf16_all else ("float16",)
     jobs = [(kind, M, *SHAPES[op], dt, cfg) for op in ops for M in ms for dt in dtypes
-            if dt == "float16" or M == 1 for kind, cfg in variants(M, *SHAPES[op])]
+            if dt == "float16" or M == 1 or args.bf16_all for kind, cfg in variants(M, *SHAPES[op])]
     t0 = time.time()
     errors: dict[str, str] = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as ex:
@@ -201,7 +206,7 @@ def main() -> None:
                                        torch_int4_relerr=((y4.float() - ref).norm() / ref.norm()).item())
             cands = []
             for dt in dtypes:
-                if dt != "float16" and M != 1:
+                if dt != "float16" and M != 1 and not args.bf16_all:
                     continue
                 xd, scd = x.to(getattr(torch, dt)), sc.to(getattr(torch, dt))
                 for kind, cfg in variants(M, N, K):

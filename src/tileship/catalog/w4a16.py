@@ -35,12 +35,12 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
     From ``benchmarks/results/h200/dev/w4a16_sweep_run1.json`` (``benchmarks/dev/w4a16_sweep.py``):
     - M=1: the K-split GEMV, 4 rows a block, 4 warps along K (2 for bf16, and where K / 1024 is
       not a multiple of 4);
-    - M=4: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise (the two are within noise
-      at K=4096, and the older one is faster on lm_head);
-    - M = 8 to 64: the swapped tensor-core GEMM with the weights decoded into its register operand
+    - M=2, 3: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise;
+    - M = 4 to 64: the swapped tensor-core GEMM with the weights decoded into its register operand
       by LOP3 (``w4a16_gemm_rs(decode="lop3")``, ``benchmarks/results/h200/round11/w4a16_sweep_rsl.json``),
       compiled without warp specialization: 1.4-2.4x faster than cuBLAS fp16 where the int-to-float
-      decode it replaces was 0.8-1.7x. Warp specialization gave one block of 4 decoding warps per
+      decode it replaces was 0.8-1.7x; at M=4 (the batch padded to 8 rows, ``..._m4.json``) faster than
+      the GEMVs on every projection (bf16 down 21.0 vs 57.0 us), o within 0.2 us. Warp specialization gave one block of 4 decoding warps per
       SM (its consumer warpgroup holds 240 registers a thread) and capped every such kernel at
       0.75-0.94 TB/s (``..._run2.json``); above M = 64, the shared-memory decode (``w4a16_gemm_swap``);
     - the dynamic range (prefill): the tensor-core GEMM with 64-row tiles.
@@ -52,9 +52,9 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
         k_warps = 4 if dtype == "float16" and steps % 4 == 0 else 2 if steps % 2 == 0 else 1
         return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=k_warps) if k_warps > 1 else \
             w4a16_gemv3(M, N, K, dtype, rows=2, k_warps=1, n_warps=4)
-    if M <= 4 and K > 4096 and K % 2048 == 0:
+    if M < 4 and K > 4096 and K % 2048 == 0:
         return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=2)
-    if M <= 4:
+    if M < 4:
         return w4a16_gemv(M, N, K, dtype, rows=2, n_warps=4, nw=2)
     block_M = min(64, -(-M // 8) * 8)
     if M <= 64:

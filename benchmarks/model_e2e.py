@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--require-evidence", action="store_true",
                     help="load without allow_unverified (kernels need verification evidence)")
     ap.add_argument("--names", default="", help="layer kind=operator overrides, e.g. rmsnorm=rmsnorm_cpu")
+    ap.add_argument("--serving-only", action="store_true",
+                    help="swap(serving_only=True): keep on PyTorch the layers whose kernels all serve the reference")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only dry-runs the script (no graph modes)")
     return ap.parse_args(argv)
 
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         tol = TOLERANCE[dtype_name]
         ref = copy.deepcopy(base).to(dtype)
         ts = copy.deepcopy(base).to(dtype)
-        report = swap(ts, release, names=names)
+        report = swap(ts, release, names=names, serving_only=args.serving_only)
         print(report)
         entry: dict[str, Any] = {"tolerance_rel_l2": tol, "swap": report.to_json(), "cases": {}}
         result["dtypes"][dtype_name] = entry

@@ -177,6 +177,33 @@ def test_layers_the_release_cannot_serve_are_kept(release):
     )
 
 
+def test_serving_only_keeps_layers_whose_every_covering_specialization_serves_the_reference(swap_release_build):
+    """A layer whose kernels all serve the reference (here: disabled at load) would only pay the
+    dispatcher's time when swapped: ``serving_only`` keeps it on PyTorch and says why; the default
+    still replaces it (it decides per call), and the other layers are swapped either way."""
+    import tileship
+    from tileship.torchops.swap import KernelLinear, KernelRMSNorm, swap
+
+    release = tileship.load(swap_release_build.path, disabled=["gemm.float32.M1-64_K1024_N1024.c"])
+    assert release.ops["gemm"].entries[0].decision.path == "reference"
+    model = tiny()
+    report = swap(model, release, names=NAMES, serving_only=True)
+    q = report.record("layers.0.attn.q_proj")
+    assert not q.replaced and q.specs == ("gemm.float32.M1-64_K1024_N1024.c",)
+    assert q.serving == ("reference:disabled_by_policy",)
+    assert "every covering specialization serves the reference now (reference:disabled_by_policy)" in q.reason
+    assert type(model.layers[0].attn.q_proj) is torch.nn.Linear
+    assert isinstance(model.norm, KernelRMSNorm) and report.record("norm").serving == ("kernel",)
+    assert sorted(report.replaced) == ["layers.0.attn.core", "layers.0.input_norm", "layers.0.post_attn_norm", "norm"]
+    x = ids(1, SEQ)
+    with torch.no_grad():
+        assert_close(model(x), tiny()(x))  # same weights (seed 1): the kept layers are the model's own
+    default = tiny()
+    assert isinstance(default.layers[0].attn.q_proj, torch.nn.Linear)
+    swap(default, release, names=NAMES)  # without serving_only the covered layer is swapped as before
+    assert isinstance(default.layers[0].attn.q_proj, KernelLinear)
+
+
 def test_wrong_operator_for_a_kind_is_refused(release):
     from tileship.errors import DeclarationError
     from tileship.torchops.swap import swap

@@ -40,9 +40,10 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
       by LOP3 (``w4a16_gemm_rs(decode="lop3")``, ``benchmarks/results/h200/round11/w4a16_sweep_rsl.json``),
       compiled without warp specialization: 1.4-2.4x faster than cuBLAS fp16 where the int-to-float
       decode it replaces was 0.8-1.7x; at M=4 (the batch padded to 8 rows, ``..._m4.json``) faster than
-      the GEMVs on every projection (bf16 down 21.0 vs 57.0 us), o within 0.2 us. Warp specialization gave one block of 4 decoding warps per
-      SM (its consumer warpgroup holds 240 registers a thread) and capped every such kernel at
-      0.75-0.94 TB/s (``..._run2.json``); above M = 64, the shared-memory decode (``w4a16_gemm_swap``);
+      the GEMVs on every projection (bf16 down 21.0 vs 57.0 us), o within 0.2 us. Warp
+      specialization gave one block of 4 decoding warps per SM (its consumer warpgroup holds 240
+      registers a thread) and capped every such kernel at 0.75-0.94 TB/s (``..._run2.json``);
+      above M = 64, the shared-memory decode (``w4a16_gemm_swap``);
     - the dynamic range (prefill): the tensor-core GEMM with 64-row tiles.
     """
     if not isinstance(M, int):

@@ -24,7 +24,6 @@ on kernels. State-dict keys of replaced layers are unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +32,7 @@ from torch import nn
 from tileship.errors import DeclarationError, KernelMismatch
 from tileship.runtime.dispatch import Entry, Release
 from tileship.torchops.custom_ops import TorchOps, register
+from tileship.torchops.report import SwapRecord, SwapReport
 from tileship.torchops.stamp import (
     FILE_FORMAT,
     STAMP,
@@ -128,64 +128,11 @@ class KernelAttention(nn.Module):
 _KERNEL_TYPES = {KernelLinear: "linear", KernelRMSNorm: "rmsnorm", KernelAttention: "attention"}
 
 
-# -- the report -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class SwapRecord:
-    """One candidate layer. ``reason``: for a replaced layer, the specializations covering it
-    and what they serve now; for one left on PyTorch, why."""
-
-    module: str
-    kind: str
-    replaced: bool
-    operator: str | None
-    reason: str
-    specs: tuple[str, ...] = ()
-    serving: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"module": self.module, "kind": self.kind, "replaced": self.replaced, "operator": self.operator,
-                "reason": self.reason, "specs": list(self.specs), "serving": list(self.serving)}
-
-
-@dataclass(frozen=True)
-class SwapReport:
-    release_id: str
-    kernel_revision: str
-    records: tuple[SwapRecord, ...] = field(default_factory=tuple)
-
-    @property
-    def replaced(self) -> list[str]:
-        return [r.module for r in self.records if r.replaced]
-
-    @property
-    def kept(self) -> dict[str, str]:
-        """Layers left on PyTorch -> why."""
-        return {r.module: r.reason for r in self.records if not r.replaced}
-
-    def record(self, module: str) -> SwapRecord:
-        for r in self.records:
-            if r.module == module:
-                return r
-        raise KeyError(f"{module!r} is not a candidate layer of this model")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"release_id": self.release_id, "kernel_revision": self.kernel_revision,
-                "replaced": len(self.replaced), "kept": len(self.records) - len(self.replaced),
-                "layers": [r.to_json() for r in self.records]}
-
-    def __str__(self) -> str:
-        head = (f"release {self.release_id} (kernel revision {self.kernel_revision}): "
-                f"{len(self.replaced)} of {len(self.records)} candidate layers replaced")
-        lines = [head]
-        for r in self.records:
-            lines.append(f"  {'replaced' if r.replaced else 'kept    '}  {r.kind:9s} {r.module}: {r.reason}")
-        return "\n".join(lines)
-
-
 # -- swap -------------------------------------------------------------------------------
 def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None = None,
          dtype: torch.dtype | None = None,
-         rmsnorm_types: tuple[type, ...] | None = None, attention_types: tuple[type, ...] | None = None) -> SwapReport:
+         rmsnorm_types: tuple[type, ...] | None = None, attention_types: tuple[type, ...] | None = None,
+         serving_only: bool = False) -> SwapReport:
     """Replace the layers of ``model`` the release covers (in place); return the report.
 
     ``names`` maps a layer kind (linear, rmsnorm, attention) to the release operator serving it
@@ -195,6 +142,12 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
     (``model.tileship_kernels``) when at least one layer was replaced. Raises DeclarationError when
     a named operator lacks the kind's signature, KernelMismatch when the model already runs
     another release's kernels. Calling it again with the same release is a no-op.
+
+    ``serving_only``: also keep a covered layer on PyTorch when every specialization covering it
+    serves the reference at swap time (slower than the reference on this GPU, unverified, disabled):
+    swapped, it would pay the dispatcher's host time on every call and launch the same PyTorch
+    code. The decisions are the release's at swap time; a layer kept this way stays on PyTorch when
+    they change later (swap a fresh copy of the model after a reload).
     """
     from tileship.torchops.layers import CausalSelfAttention, RMSNorm
 
@@ -233,6 +186,12 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
             rec, new = _attention(path, module, release, ops, chosen["attention"], dtype)
         else:
             continue
+        if serving_only and new is not None and "kernel" not in rec.serving:
+            rec = SwapRecord(path, rec.kind, False, rec.operator,
+                             f"{rec.operator} covers it, but every covering specialization serves the reference now "
+                             f"({', '.join(rec.serving)}): swapped, it would only add the dispatcher's host time "
+                             f"(serving_only)", rec.specs, rec.serving)
+            new = None
         records.append(rec)
         if new is not None:
             _set_submodule(root, path, new)

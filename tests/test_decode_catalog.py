@@ -85,12 +85,12 @@ def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
     assert "ts_w4_gemv3_steps" in src[1] and "T.gemm" not in src[1]
     assert "ts_w4_gemv3_steps<__half2, __half, 2, 4, 7, 4>" in src[2]  # K-split GEMV, 2 warps of 7 steps
     # M=4: the register-decoded GEMM, its 8-row batch tile padded (rows past M are neither loaded nor stored)
-    assert "T.gemm" in src[4] and "ts_w4_elem_f16" in src[4]
+    assert "T.gemm" in src[4] and "ts_w4_elem<__half2" in src[4]
     # M=8: weights decoded into the MMA's registers by LOP3, K split 8 at N=4096 (14336 / 1024 steps)
-    assert "T.gemm" in src[8] and "ts_w4_elem_f16" in src[8] and "ts_w4_dq8" not in src[8]
+    assert "T.gemm" in src[8] and "ts_w4_elem<__half2" in src[8] and "ts_w4_dq8" not in src[8]
     assert 'T.thread_binding(64, thread="blockIdx.x")' in src[8]
     assert 'T.thread_binding(8, thread="blockIdx.z")' in src[8]
-    assert "ts_w4_elem_bf16" in str(w4a16.w4a16_linear(32, 6144, 4096, "bfloat16").script())
+    assert "ts_w4_elem<__nv_bfloat162" in str(w4a16.w4a16_linear(32, 6144, 4096, "bfloat16").script())
     assert "ts_w4_dq8" in str(w4a16.w4a16_linear(128, 4096, 4096).script())  # M > 64: decoded through shared memory
     assert w4a16.w4a16.pass_configs == {"tl.disable_warp_specialized": True}
     assert "ts_w4_gemv3_steps<__nv_bfloat162, __nv_bfloat16, 1, 4, 2, 2>" in str(

@@ -40,32 +40,20 @@ __device__ __forceinline__ float ts_to_float(__nv_bfloat16 v) { return __bfloat1
 __device__ __forceinline__ __half2 ts_splat(float v, __half2) { return __float2half2_rn(v); }
 __device__ __forceinline__ __nv_bfloat162 ts_splat(float v, __nv_bfloat162) { return __float2bfloat162_rn(v); }
 
-// Element e (0..7) of word w as (q - 8) * scale: one LOP3 for the pair (e & ~1, e | 1), no int->float
-// conversion (for a register fragment decoded element by element; the pair's LOP3 is shared once inlined).
-// S is any 16-bit fp16 (resp. bf16) type (TileLang passes cutlass::half_t / cutlass::bfloat16_t).
-template <typename S>
-__device__ __forceinline__ S ts_w4_elem_f16(int w, int e, S s) {
+// Element e (0..7) of word w as (q - 8) * scale: one LOP3 for the pair (e & ~1, e | 1) into the magic
+// number's mantissa, no int->float conversion (for a register fragment decoded element by element; the
+// pair's LOP3 is shared once inlined). T2/T1: __half2/__half (MAGIC 0x64006400, 1024 + q; BIAS 1024 + 8)
+// or __nv_bfloat162/__nv_bfloat16 (0x43004300, 128 + q; 128 + 8). S is any 16-bit type of the same
+// format (TileLang passes cutlass::half_t / cutlass::bfloat16_t).
+template <typename T2, typename T1, unsigned int MAGIC, unsigned int BIAS, typename S>
+__device__ __forceinline__ S ts_w4_elem(int w, int e, S s) {
   const unsigned int lut = (0xf0 & 0xcc) | 0xaa;
-  const unsigned int bias = 0x64086408u;
+  const unsigned int bias = BIAS;
   unsigned int h;
   asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(h) : "r"(((unsigned int)w) >> (4 * (e >> 1))), "n"(0x000f000f),
-      "n"(0x64006400), "n"(lut));
-  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(h) : "r"(h), "r"(bias));
-  const __half2 v = *reinterpret_cast<__half2*>(&h);
-  __half r = __hmul((e & 1) ? __high2half(v) : __low2half(v), *reinterpret_cast<const __half*>(&s));
-  return *reinterpret_cast<S*>(&r);
-}
-template <typename S>
-__device__ __forceinline__ S ts_w4_elem_bf16(int w, int e, S s) {
-  const unsigned int lut = (0xf0 & 0xcc) | 0xaa;
-  const unsigned int bias = 0x43084308u;
-  unsigned int h;
-  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(h) : "r"(((unsigned int)w) >> (4 * (e >> 1))), "n"(0x000f000f),
-      "n"(0x43004300), "n"(lut));
-  const __nv_bfloat162 v = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&h),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&bias));
-  __nv_bfloat16 r = __hmul((e & 1) ? __high2bfloat16(v) : __low2bfloat16(v),
-                           *reinterpret_cast<const __nv_bfloat16*>(&s));
+      "n"(MAGIC), "n"(lut));
+  const T2 v = __hsub2(*reinterpret_cast<T2*>(&h), *reinterpret_cast<const T2*>(&bias));
+  T1 r = __hmul((e & 1) ? v.y : v.x, *reinterpret_cast<const T1*>(&s));
   return *reinterpret_cast<S*>(&r);
 }
 

@@ -142,14 +142,15 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
 
     ``decode``: ``cast`` converts each nibble with an int-to-float conversion (a quarter-rate
     instruction on sm_90); ``lop3`` builds each pair with one LOP3 into the exponent's magic
-    number (``ts_w4_elem``), the trick the shared-memory and GEMV kernels use; same values.
+    number (``ts_w4_elem`` in ``w4a16_device``), the trick the shared-memory and GEMV kernels use; same values.
     (Scaling each group's fp32 partial sums instead of every weight measured no faster on the
     H200: ``benchmarks/results/h200/round11/w4a16_sweep_post.json``.)"""
     ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)
     if decode not in ("cast", "lop3"):
         raise ValueError(f"w4a16_gemm_rs: decode must be 'cast' or 'lop3', got {decode!r}")
     store_transposed = _store_transposed(dtype, block_M, block_N)
-    elem = "ts_w4_elem_f16" if dtype == "float16" else "ts_w4_elem_bf16"
+    elem = ("ts_w4_elem<__half2, __half, 0x64006400u, 0x64086408u>" if dtype == "float16"
+            else "ts_w4_elem<__nv_bfloat162, __nv_bfloat16, 0x43004300u, 0x43084308u>")
 
     @T.macro
     def tile(A, B, S, out, bx, by, bz, to_workspace: bool):

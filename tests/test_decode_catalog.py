@@ -91,6 +91,12 @@ def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
     assert 'T.thread_binding(64, thread="blockIdx.x")' in src[8]
     assert 'T.thread_binding(8, thread="blockIdx.z")' in src[8]
     assert "ts_w4_elem<__nv_bfloat162" in str(w4a16.w4a16_linear(32, 6144, 4096, "bfloat16").script())
+    from tileship.catalog.w4a16_tc import w4a16_gemm_rs
+
+    pair = str(w4a16_gemm_rs(8, 4096, 14336, block_M=8, block_N=64, split_k=8, decode="pair").script())
+    assert "ts_w4_pair<__half2" in pair and "ts_w4_elem<" not in pair  # one call per pair of weights
+    with pytest.raises(ValueError, match="decode must be"):
+        w4a16_gemm_rs(8, 4096, 14336, decode="int")
     assert "ts_w4_dq8" in str(w4a16.w4a16_linear(128, 4096, 4096).script())  # M > 64: decoded through shared memory
     assert w4a16.w4a16.pass_configs == {"tl.disable_warp_specialized": True}
     assert "ts_w4_gemv3_steps<__nv_bfloat162, __nv_bfloat16, 1, 4, 2, 2>" in str(

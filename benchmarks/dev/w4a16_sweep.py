@@ -74,10 +74,16 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                 continue
             out.append(("rsl", dict(block_M=bm, block_N=bn, split_k=split, num_stages=stages, threads=threads,
                                     decode="lop3", ws=False)))
-    # "rule": the catalog's M >= 8 pick (w4a16_linear) at any M, the batch padded to 8 rows
+    # "rule": the catalog's M >= 8 pick (w4a16_linear) at any M, the batch padded to 8 rows;
+    # "rsp": the same tilings with the pair decode (decode="pair"), and split-K one step either side
     split = 8 if N <= 4096 else 4 if N <= 8192 else (4 if M <= 8 else 1) if N >= 65536 else 1
-    out.append(("rule", dict(block_M=max(8, -(-M // 8) * 8), block_N=64, split_k=split,
-                             num_stages=4 if N >= 65536 else 3, threads=128, decode="lop3", ws=False)))
+    bm = max(8, -(-M // 8) * 8)
+    rule = dict(block_M=bm, block_N=64, split_k=split, num_stages=4 if N >= 65536 else 3, threads=128, ws=False)
+    out.append(("rule", {**rule, "decode": "lop3"}))
+    for sp in sorted({max(1, split // 2), split, split * 2}):
+        for stages in (3, 4):
+            if K % (128 * sp) == 0 and (sp == 1 or N % 256 == 0):
+                out.append(("rsp", {**rule, "split_k": sp, "num_stages": stages, "decode": "pair"}))
     return out
 
 
@@ -89,7 +95,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind in ("rs", "rsl", "rule"):
+    if kind in ("rs", "rsl", "rule", "rsp"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 

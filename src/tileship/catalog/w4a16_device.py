@@ -57,6 +57,22 @@ __device__ __forceinline__ S ts_w4_elem(int w, int e, S s) {
   return *reinterpret_cast<S*>(&r);
 }
 
+// The pair (2p, 2p + 1) of word w as (q - 8) * scale, stored to dst (two adjacent 16-bit elements of a
+// register fragment): one LOP3, one packed subtract and one packed multiply for both.
+template <typename T2, typename T1, unsigned int MAGIC, unsigned int BIAS, typename S>
+__device__ __forceinline__ void ts_w4_pair(void* dst, int w, int p, S s) {
+  const unsigned int lut = (0xf0 & 0xcc) | 0xaa;
+  const unsigned int bias = BIAS;
+  unsigned int h;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(h) : "r"(((unsigned int)w) >> (4 * p)), "n"(0x000f000f),
+      "n"(MAGIC), "n"(lut));
+  const T1 s1 = *reinterpret_cast<const T1*>(&s);
+  T2 s2;
+  s2.x = s1;
+  s2.y = s1;
+  *reinterpret_cast<T2*>(dst) = __hmul2(__hsub2(*reinterpret_cast<T2*>(&h), *reinterpret_cast<const T2*>(&bias)), s2);
+}
+
 // 8 int4 -> 8 values (q - 8) * scale stored as one 16-byte chunk (the GEMM's shared tile).
 template <typename T2>
 __device__ __forceinline__ void ts_w4_dq8(int w, float scale, void* out) {

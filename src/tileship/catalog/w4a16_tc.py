@@ -143,14 +143,18 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
     ``decode``: ``cast`` converts each nibble with an int-to-float conversion (a quarter-rate
     instruction on sm_90); ``lop3`` builds each pair with one LOP3 into the exponent's magic
     number (``ts_w4_elem`` in ``w4a16_device``), the trick the shared-memory and GEMV kernels use; same values.
+    ``pair`` decodes each pair of adjacent weights with one call (``ts_w4_pair``): one LOP3, one packed
+    subtract and one packed multiply for both, half the decode instructions of ``lop3`` in the PTX of
+    the M=8 kernel; same values (not yet timed on the GPU).
     (Scaling each group's fp32 partial sums instead of every weight measured no faster on the
     H200: ``benchmarks/results/h200/round11/w4a16_sweep_post.json``.)"""
     ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)
-    if decode not in ("cast", "lop3"):
-        raise ValueError(f"w4a16_gemm_rs: decode must be 'cast' or 'lop3', got {decode!r}")
+    if decode not in ("cast", "lop3", "pair"):
+        raise ValueError(f"w4a16_gemm_rs: decode must be 'cast', 'lop3' or 'pair', got {decode!r}")
     store_transposed = _store_transposed(dtype, block_M, block_N)
-    elem = ("ts_w4_elem<__half2, __half, 0x64006400u, 0x64086408u>" if dtype == "float16"
-            else "ts_w4_elem<__nv_bfloat162, __nv_bfloat16, 0x43004300u, 0x43084308u>")
+    types = ("__half2, __half, 0x64006400u, 0x64086408u" if dtype == "float16"
+             else "__nv_bfloat162, __nv_bfloat16, 0x43004300u, 0x43084308u")
+    elem, pair = f"ts_w4_elem<{types}>", f"ts_w4_pair<{types}>"
 
     @T.macro
     def tile(A, B, S, out, bx, by, bz, to_workspace: bool):
@@ -159,21 +163,26 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
         b_frag = T.alloc_fragment((block_N, GROUP), dtype)
         s_sh = T.alloc_shared((block_N, ks), dtype)
         acc = T.alloc_fragment((block_N, block_M), "float32")
-        if decode == "lop3":
+        if decode != "cast":
             T.import_source(DEVICE_SRC)
         T.clear(acc)
         T.copy(S[bx * block_N, bz * ks], s_sh)
         for k in T.Pipelined(ks, num_stages=num_stages):
             T.copy(A[by * block_M, (bz * ks + k) * GROUP], a_sh)
             T.copy(B[bx * block_N, (bz * ks + k) * (GROUP // 8)], bq_sh)
-            for i, j in T.Parallel(block_N, GROUP):
-                # element j % 8 of a word sits in nibble (j % 2) * 4 + (j % 8) // 2 (see PERM in w4a16.py);
-                # (q - 8) is exact in fp16/bf16, so the one rounding is the product's, as in the reference
-                if decode == "lop3":
-                    b_frag[i, j] = T.call_extern(dtype, elem, bq_sh[i, j // 8], j % 8, s_sh[i, k])
-                else:
-                    b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15, dtype)
-                                    - T.cast(8, dtype)) * s_sh[i, k]
+            # element j % 8 of a word sits in nibble (j % 2) * 4 + (j % 8) // 2 (see PERM in w4a16.py);
+            # (q - 8) is exact in fp16/bf16, so the one rounding is the product's, as in the reference
+            if decode == "pair":  # pair jp = weights 2 jp, 2 jp + 1: adjacent in the fragment's registers
+                for i, jp in T.Parallel(block_N, GROUP // 2):
+                    T.call_extern("handle", pair, T.address_of(b_frag[i, jp * 2]), bq_sh[i, jp // 4], jp % 4,
+                                  s_sh[i, k])
+            else:
+                for i, j in T.Parallel(block_N, GROUP):
+                    if decode == "lop3":
+                        b_frag[i, j] = T.call_extern(dtype, elem, bq_sh[i, j // 8], j % 8, s_sh[i, k])
+                    else:
+                        b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15,
+                                               dtype) - T.cast(8, dtype)) * s_sh[i, k]
             T.gemm(b_frag, a_sh, acc, transpose_B=True)
         store_transposed(acc, out, bx, by, bz, to_workspace)
 

@@ -16,6 +16,9 @@ spread; a speedup whose difference is under the spread is reported as not resolv
   gqa_decode (q [B, 32, 128], KV cache [B, S, 8, 128], lengths = S):
     tileship, kernel as above
     sdpa          F.scaled_dot_product_attention(enable_gqa=True) over the valid length (the reference)
+    and, for tileship and sdpa, a second method (``graph_us``): R calls over R copies of the cache
+    (R x the cache >= 256 MiB, so no call finds its cache in L2) captured in one CUDA graph and
+    replayed, us per call; how a decode step runs them, with no launch gap and no flush between.
   gqa_decode_paged (pages of 64, the sample's lengths and random page order):
     tileship, reference (gather the pages, then masked SDPA)
     contiguous_tileship  gqa_decode on the same cache gathered contiguous (what paging costs)
@@ -78,6 +81,48 @@ class Timer:
     def __call__(self, fn: Any) -> dict[str, float]:
         a, b = self.once(fn), self.once(fn)
         return {"us": (a + b) / 2, "spread_us": abs(a - b)}
+
+
+def graph_time(torch: Any, fn: Any, copies: int, replays: int = 20, repeats: int = 3) -> dict[str, float]:
+    """us per call of ``fn(i)`` for i over ``copies`` input sets, all captured in one CUDA graph and
+    replayed ``replays`` times; the median of ``repeats`` timed replay runs, spread = max - min."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture (allocations, lazy init)
+        for i in range(copies):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) * 1000.0 / (replays * copies))
+    return {"us": statistics.median(runs), "spread_us": max(runs) - min(runs)}
+
+
+def gqa_graph(torch: Any, runner: Any, q: Any, k: Any, v: Any, lengths: Any) -> dict[str, Any]:
+    """``graph_time`` of the dispatcher and of SDPA over enough copies of the cache to overflow the L2."""
+    copies = max(2, -(-256 * 1024 * 1024 // (2 * k.numel() * k.element_size())))
+    sets = [(q, k, v)] + [(q.clone(), k.clone(), v.clone()) for _ in range(copies - 1)]
+
+    def sdpa(i: int) -> Any:
+        qq, kk, vv = sets[i]
+        return torch.nn.functional.scaled_dot_product_attention(qq.unsqueeze(2), kk.transpose(1, 2),
+                                                                vv.transpose(1, 2), enable_gqa=True)
+
+    g = {"tileship": graph_time(torch, lambda i: runner(*sets[i], lengths), copies),
+         "sdpa": graph_time(torch, sdpa, copies)}
+    return {"graph_us": g, "graph_copies": copies, "graph_speedup_vs_sdpa": speedup(g["sdpa"], g["tileship"])}
 
 
 def speedup(base: dict[str, float] | None, ours: dict[str, float]) -> dict[str, Any] | None:
@@ -183,7 +228,7 @@ def gqa_rows(release: Any, timer: Timer, hbm: float) -> list[dict[str, Any]]:
         row = {"op": "gqa_decode", "spec": spec.id, "B": b, "S": s, "dtype": spec.dtype, "path": decision.path,
                "reason": decision.reason, "max_abs_err": float((out.double() - ref).abs().max()), "times": t,
                "speedup_vs": {n: speedup(x, t["tileship"]) for n, x in t.items() if n != "tileship"},
-               "bytes": kv_bytes,
+               **gqa_graph(torch, runner, q, k, v, lengths), "bytes": kv_bytes,
                "pct_hbm": {"tileship": 100 * kv_bytes / (t["tileship"]["us"] * 1e-6) / hbm,
                            "sdpa": 100 * kv_bytes / (t["sdpa"]["us"] * 1e-6) / hbm}}
         rows.append(row)

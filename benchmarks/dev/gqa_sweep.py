@@ -33,8 +33,10 @@ import argparse
 import itertools
 import json
 import math
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -103,33 +105,12 @@ def build(job: tuple) -> tuple[tuple, str | None]:
 
 
 def graph_timer(torch: Any) -> Any:
-    """us per call of ``fn(i)`` for i over R copies, captured R at a time in one CUDA graph."""
+    """us per call of ``fn(i)`` for i over R copies, captured R at a time in one CUDA graph
+    (``decode_kernels.graph_time``: the median of three timed replay runs)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from decode_kernels import graph_time
 
-    def timeit(fn: Any, copies: int, replays: int = 20) -> float:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for i in range(copies):
-                fn(i)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(copies):
-                fn(i)
-        graph.replay()
-        torch.cuda.synchronize()
-        best = math.inf
-        for _ in range(3):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(replays):
-                graph.replay()
-            e.record()
-            e.synchronize()
-            best = min(best, s.elapsed_time(e) * 1000.0 / (replays * copies))
-        return best
-
-    return timeit
+    return lambda fn, copies: graph_time(torch, fn, copies)["us"]
 
 
 def floors(torch: Any, timeit: Any) -> dict[str, Any]:

@@ -12,12 +12,14 @@ Two timing methods, both for every kernel and for SDPA:
 - ``cold1``: CUDA events around one call, a 512 MiB buffer zeroed before each call (L2 flushed),
   median of 60 calls after 5 warm-ups, p10/p90 kept (``decode_kernels.py``'s method);
 - ``graph``: one CUDA graph of R calls over R copies of the cache (R x the cache's bytes >= 256 MiB, so
-  no call finds its cache in L2), replayed 20 times; us per call = total / (20 R). This is how a
-  decode step runs the kernel: back to back, inside a graph, with no launch gap.
+  no call finds its cache in L2), replayed 20 times; us per call = total / (20 R), the median of
+  three such runs (round 11 took the best of three). This is how a decode step runs the kernel:
+  back to back, inside a graph, with no launch gap.
 
 The floor of the ``cold1`` method itself: the same method around a one-element add (launch and
 event overhead) and around reductions (``amax``) that read 4, 32 and 128 MiB once, the fastest
-single-pass read PyTorch has. A kernel cannot read its cache faster than such a pass under the same
+single-pass read PyTorch has (round 11: slower than SDPA on the same bytes, so not a usable floor;
+the one-element add is). A kernel cannot read its cache faster than such a pass under the same
 method, so ``floor_us(bytes)`` bounds what any decode attention can reach under it.
 
 Correctness: max abs error against float32 SDPA over the same cache, for full caches and for

@@ -32,29 +32,22 @@ H_Q, H_KV, HEAD_DIM = 32, 8, 128
 PASS_CONFIGS = {"tl.disable_warp_specialized": True, "tl.UnrollLoop": {"explicit_unroll": True}}
 
 
-def pick_launch(B: int, S: int) -> str:
-    """The launch per shape: ``split`` (one split needs no combine and becomes one kernel either way).
-
-    The ``cluster`` form measured slower at every catalog shape on the H200 (B=1 S=8k: 24.5-36 us
-    against 21-22 us, ``benchmarks/results/h200/round11/gqa_sweep.json``), so nothing picks it."""
-    return "split"
-
-
 def gqa_decode(B: int, S: int, HQ: int = H_Q, HKV: int = H_KV, D: int = HEAD_DIM, dtype: str = "float16",
                block_N: int = 64, block_H: int = 16, num_stages: int = 2, threads: int = 128,
-               launch: str = "auto", num_split: int = 0, bounded: bool = True) -> Any:
-    """The split-KV decode kernel for one (B, S). ``launch``: ``split`` (two kernels, a workspace),
-    ``cluster`` (one kernel; at most 16 splits, the combine in CTA 0's shared memory) or ``auto``
-    (``pick_launch``); ``num_split`` > 0 fixes the split count (a development knob).
+               launch: str = "split", num_split: int = 0, bounded: bool = True) -> Any:
+    """The split-KV decode kernel for one (B, S). ``launch``: ``split`` (two kernels, a workspace; a
+    shape with one split is one kernel either way) or ``cluster`` (one kernel; at most 16 splits,
+    the combine in CTA 0's shared memory). The cluster form measured slower at every catalog shape
+    on the H200 (B=1 S=8k: 22.6-36 us against 21-22 us, ``benchmarks/results/h200/round11/gqa_sweep.json``),
+    so the operator builds ``split``. ``num_split`` > 0 fixes the split count (a development knob).
 
     ``bounded`` (the default) reads K/V through views whose extent is the length: rows past it are
     zero-filled by predicated copies and never loaded. ``bounded=False`` reads the whole cache's
     tiles (bulk TMA copies), so the last tile of a sequence also loads rows past its length: their
     scores are masked, and their V rows, weighted 0, must be finite, as the reference (masked SDPA)
     requires too."""
-    launch = pick_launch(B, S) if launch == "auto" else launch
     if launch not in ("split", "cluster"):
-        raise ValueError(f"gqa_decode: launch must be 'auto', 'split' or 'cluster', got {launch!r}")
+        raise ValueError(f"gqa_decode: launch must be 'split' or 'cluster', got {launch!r}")
     cap = gqa_split.MAX_CLUSTER if launch == "cluster" else 64
     num_split, split_len = gqa_split.split_plan(B, S, HQ, HKV, D, block_N, block_H, cap, num_split)
     if launch == "cluster" and num_split > gqa_split.MAX_CLUSTER:

@@ -84,6 +84,14 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
         for stages in (3, 4):
             if K % (128 * sp) == 0 and (sp == 1 or N % 256 == 0):
                 out.append(("rsp", {**rule, "split_k": sp, "num_stages": stages, "decode": "pair"}))
+    # "rsc": the rule's tilings with the split-K partials reduced inside a thread-block cluster
+    # (reduce="cluster": one launch), both decodes, split-K at most 8
+    for sp in sorted({max(2, split // 2), max(2, split), min(8, split * 2)}):
+        for dec in ("lop3", "pair"):
+            for stages in (3, 4):
+                if K % (128 * sp) == 0 and sp <= 8:
+                    out.append(("rsc", {**rule, "split_k": sp, "num_stages": stages, "decode": dec,
+                                        "reduce": "cluster"}))
     return out
 
 
@@ -95,7 +103,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind in ("rs", "rsl", "rule", "rsp"):
+    if kind in ("rs", "rsl", "rule", "rsp", "rsc"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 

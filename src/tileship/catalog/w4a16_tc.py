@@ -56,6 +56,37 @@ def _launch(tile: Any, M: Any, N: int, K: int, dtype: str, block_M: int, block_N
     return main_split
 
 
+def _launch_cluster(tile: Any, M: int, N: int, K: int, dtype: str, block_M: int, block_N: int, split_k: int,
+                    threads: int) -> Any:
+    """The prim_func for ``reduce="cluster"``: the ``split_k`` CTAs of one output tile form a thread-block
+    cluster; each leaves its fp32 partial in its shared memory (``tile(..., to_workspace=None)`` returns
+    nothing: ``part`` is written by the store), sends it into CTA 0's shared memory, and after the
+    cluster barrier CTA 0 sums the partials and writes C. One launch, no workspace, no second kernel."""
+
+    @T.prim_func
+    def main_cluster(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+                     S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+        with T.ClusterKernel(split_k, N // block_N, T.ceildiv(M, block_M), cluster_dims=(split_k, 1, 1),
+                             threads=threads) as (bz, bx, by):
+            part = T.alloc_shared((block_N, block_M), "float32")
+            parts = T.alloc_shared((split_k, block_N, block_M), "float32")
+            tile(A, B, S, part, bx, by, bz, None)
+            # every CTA done with its tiles before anything lands in CTA 0's shared memory: its
+            # pipeline buffers and ``parts`` do not overlap in time in CTA 0's own program
+            T.cluster_sync()
+            T.copy_cluster(part, parts[bz, :, :], dst_block=0)
+            T.cluster_sync()
+            if bz == 0:
+                for i, j in T.Parallel(block_N, block_M):
+                    total = T.alloc_var("float32")
+                    total = 0.0
+                    for s in T.unroll(split_k):
+                        total += parts[s, i, j]
+                    C[by * block_M + j, bx * block_N + i] = T.cast(total, dtype)
+
+    return main_cluster
+
+
 def _decode_to_shared(dtype: str, block_N: int, threads: int, ks: int) -> Any:
     """A macro: the packed tile ``B_sh`` [block_N, 16] -> scaled ``b_sh`` [block_N, 128], 8 weights a call."""
     dq8 = f"ts_w4_dq8<{device_types(dtype)[0]}>"
@@ -76,12 +107,15 @@ def _store_transposed(dtype: str, block_M: int, block_N: int) -> Any:
     """A macro: the [block_N, block_M] accumulator of y^T -> its [block_M, block_N] tile of y (or of a partial)."""
 
     @T.macro
-    def store(acc, out, bx, by, bz, to_workspace: bool):
-        for i, j in T.Parallel(block_N, block_M):
-            if to_workspace:
-                out[bz, by * block_M + j, bx * block_N + i] = acc[i, j]
-            else:
-                out[by * block_M + j, bx * block_N + i] = T.cast(acc[i, j], dtype)
+    def store(acc, out, bx, by, bz, to_workspace: bool | None):
+        if to_workspace is None:  # the cluster launch: this CTA's own partial, in its shared memory
+            T.copy(acc, out)
+        else:
+            for i, j in T.Parallel(block_N, block_M):
+                if to_workspace:
+                    out[bz, by * block_M + j, bx * block_N + i] = acc[i, j]
+                else:
+                    out[by * block_M + j, bx * block_N + i] = T.cast(acc[i, j], dtype)
 
     return store
 
@@ -137,7 +171,8 @@ def w4a16_gemm_swap(M: Any, N: int, K: int, dtype: str = "float16", block_M: int
 
 
 def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 16, block_N: int = 128,
-                  split_k: int = 1, num_stages: int = 3, threads: int = 128, decode: str = "cast") -> Any:
+                  split_k: int = 1, num_stages: int = 3, threads: int = 128, decode: str = "cast",
+                  reduce: str = "workspace") -> Any:
     """y^T = W x^T with each thread decoding the weights of its register fragment (no shared tile).
 
     ``decode``: ``cast`` converts each nibble with an int-to-float conversion (a quarter-rate
@@ -146,6 +181,9 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
     ``pair`` decodes each pair of adjacent weights with one call (``ts_w4_pair``): one LOP3, one packed
     subtract and one packed multiply for both, half the decode instructions of ``lop3`` in the PTX of
     the M=8 kernel; same values (not yet timed on the GPU).
+    ``reduce`` (with ``split_k`` > 1): ``workspace`` (fp32 partials in global memory, a second kernel sums
+    them) or ``cluster`` (the splits of a tile form a thread-block cluster and reduce in CTA 0's shared
+    memory: one launch; ``split_k`` <= 8, static M; not yet timed on the GPU).
     (Scaling each group's fp32 partial sums instead of every weight measured no faster on the
     H200: ``benchmarks/results/h200/round11/w4a16_sweep_post.json``.)"""
     ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)
@@ -186,4 +224,10 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
             T.gemm(b_frag, a_sh, acc, transpose_B=True)
         store_transposed(acc, out, bx, by, bz, to_workspace)
 
+    if reduce not in ("workspace", "cluster"):
+        raise ValueError(f"w4a16_gemm_rs: reduce must be 'workspace' or 'cluster', got {reduce!r}")
+    if reduce == "cluster" and split_k > 1:
+        if split_k > 8 or not isinstance(M, int):
+            raise ValueError(f"w4a16_gemm_rs: reduce='cluster' needs split_k <= 8 and a static M (got {split_k}, {M})")
+        return _launch_cluster(tile, M, N, K, dtype, block_M, block_N, split_k, threads)
     return _launch(tile, M, N, K, dtype, block_M, block_N, split_k, threads)

@@ -92,6 +92,13 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                 if K % (128 * sp) == 0 and sp <= 8:
                     out.append(("rsc", {**rule, "split_k": sp, "num_stages": stages, "decode": dec,
                                         "reduce": "cluster"}))
+    # "rsw": the rule's tilings with the packed tile swizzled (swizzle=True: no shared-memory bank
+    # conflicts on the weight loads), both decodes, split-K one step either side
+    for sp in sorted({max(1, split // 2), split, split * 2}):
+        for dec in ("lop3", "pair"):
+            for stages in (3, 4):
+                if K % (128 * sp) == 0 and (sp == 1 or N % 256 == 0):
+                    out.append(("rsw", {**rule, "split_k": sp, "num_stages": stages, "decode": dec, "swizzle": True}))
     return out
 
 
@@ -103,7 +110,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind in ("rs", "rsl", "rule", "rsp", "rsc"):
+    if kind in ("rs", "rsl", "rule", "rsp", "rsc", "rsw"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 

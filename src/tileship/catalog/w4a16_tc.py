@@ -170,9 +170,15 @@ def w4a16_gemm_swap(M: Any, N: int, K: int, dtype: str = "float16", block_M: int
     return _launch(tile, M, N, K, dtype, block_M, block_N, split_k, threads)
 
 
+def _bq_swizzle(i: Any, j: Any) -> list[Any]:
+    """Where word j of row i of the packed [rows, 16] tile lives: its 16-byte chunk j // 4 XOR
+    ((i >> 1) & 3), so rows g = 0..7 of an MMA row group read 8 distinct banks (cp.async keeps 16 bytes)."""
+    return [i, ((j // 4) ^ ((i >> 1) % 4)) * 4 + j % 4]
+
+
 def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 16, block_N: int = 128,
                   split_k: int = 1, num_stages: int = 3, threads: int = 128, decode: str = "cast",
-                  reduce: str = "workspace") -> Any:
+                  reduce: str = "workspace", swizzle: bool = False) -> Any:
     """y^T = W x^T with each thread decoding the weights of its register fragment (no shared tile).
 
     ``decode``: ``cast`` converts each nibble with an int-to-float conversion (a quarter-rate
@@ -181,6 +187,10 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
     ``pair`` decodes each pair of adjacent weights with one call (``ts_w4_pair``): one LOP3, one packed
     subtract and one packed multiply for both, half the decode instructions of ``lop3`` in the PTX of
     the M=8 kernel; same values (not yet timed on the GPU).
+    ``swizzle``: the packed tile's 16-byte chunks XOR-permuted by row (``_bq_swizzle``). In the MMA's
+    register layout the 8 row groups of a warp read one word each per instruction; unswizzled, those
+    rows are 16 words apart, so they fall in 2 banks: a 4-way shared-memory bank conflict on every
+    weight load. Swizzled, they hit 8 distinct banks (not yet timed on the GPU).
     ``reduce`` (with ``split_k`` > 1): ``workspace`` (fp32 partials in global memory, a second kernel sums
     them) or ``cluster`` (the splits of a tile form a thread-block cluster and reduce in CTA 0's shared
     memory: one launch; ``split_k`` <= 8, static M; not yet timed on the GPU).
@@ -201,6 +211,8 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
         b_frag = T.alloc_fragment((block_N, GROUP), dtype)
         s_sh = T.alloc_shared((block_N, ks), dtype)
         acc = T.alloc_fragment((block_N, block_M), "float32")
+        if swizzle:
+            T.annotate_layout({bq_sh: _bq_swizzle})
         if decode != "cast":
             T.import_source(DEVICE_SRC)
         T.clear(acc)

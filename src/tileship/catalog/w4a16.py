@@ -43,8 +43,9 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
       the GEMVs on every projection (bf16 down 21.0 vs 57.0 us), o within 0.2 us. Warp
       specialization gave one block of 4 decoding warps per SM (its consumer warpgroup holds 240
       registers a thread) and capped every such kernel at 0.75-0.94 TB/s (``..._run2.json``);
-      the packed tile is swizzled (``swizzle=True``: without it every weight load from shared memory
-      was a 4-way bank conflict; round 12);
+      its packed tile stays unswizzled: ``swizzle=True`` removes a 4-way bank conflict but measured
+      about the same (round 12, ``w4a16_gemm_rs``'s docstring), and neither the pair decode nor a
+      cluster split-K reduce helped: the limit at M = 4-32 is elsewhere (see ``benchmarks/README.md``);
       above M = 64, the shared-memory decode (``w4a16_gemm_swap``);
     - the dynamic range (prefill): the tensor-core GEMM with 64-row tiles.
     """
@@ -68,7 +69,7 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
             split //= 2
         stages = 4 if N >= 65536 else 3
         return w4a16_gemm_rs(M, N, K, dtype, block_M=block_M, block_N=64, split_k=split, num_stages=stages,
-                             decode="lop3", swizzle=True)
+                             decode="lop3")
     split = 2 if N >= 65536 else 4
     while K % (GROUP * split):
         split //= 2

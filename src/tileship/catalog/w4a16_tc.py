@@ -186,14 +186,19 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
     number (``ts_w4_elem`` in ``w4a16_device``), the trick the shared-memory and GEMV kernels use; same values.
     ``pair`` decodes each pair of adjacent weights with one call (``ts_w4_pair``): one LOP3, one packed
     subtract and one packed multiply for both, half the decode instructions of ``lop3`` in the PTX of
-    the M=8 kernel; same values (not yet timed on the GPU).
+    the M=8 kernel; same values; on the H200 it times the same as ``lop3`` at M = 4-32 (round 12,
+    ``benchmarks/results/h200/round12/w4a16_sweep_pair.json.xz``): the decode's ALU work is not the limit.
     ``swizzle``: the packed tile's 16-byte chunks XOR-permuted by row (``_bq_swizzle``). In the MMA's
     register layout the 8 row groups of a warp read one word each per instruction; unswizzled, those
     rows are 16 words apart, so they fall in 2 banks: a 4-way shared-memory bank conflict on every
-    weight load. Swizzled, they hit 8 distinct banks (not yet timed on the GPU).
+    weight load. Swizzled, they hit 8 distinct banks, and the kernel runs about as fast (round 12,
+    ``decode_kernels.py`` at bf16 M=16, each against cuBLAS in its own run: down 1.84x vs 1.85x, o 1.42x
+    vs 1.40x, lm_head 2.32x vs 2.23x): shared-memory bandwidth is not the limit either.
     ``reduce`` (with ``split_k`` > 1): ``workspace`` (fp32 partials in global memory, a second kernel sums
     them) or ``cluster`` (the splits of a tile form a thread-block cluster and reduce in CTA 0's shared
-    memory: one launch; ``split_k`` <= 8, static M; not yet timed on the GPU).
+    memory: one launch; ``split_k`` <= 8, static M). The cluster form measured slower at every shape on
+    the H200 (down M=8: 23.6 vs 21.3 us; lm_head at 8 splits 345 vs 106 us: a cluster of 8 waits for 8
+    free SMs in one GPC), ``benchmarks/results/h200/round12/w4a16_sweep_cluster.json.xz``.
     (Scaling each group's fp32 partial sums instead of every weight measured no faster on the
     H200: ``benchmarks/results/h200/round11/w4a16_sweep_post.json``.)"""
     ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)

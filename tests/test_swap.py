@@ -390,3 +390,80 @@ def test_kernel_rmsnorm_keeps_the_input_shape_for_any_output_layout():
     xt = torch.randn(3, 2, 8).transpose(0, 1)  # a non-contiguous input
     y = KernelRMSNorm(w, 1e-6, ref)(xt)
     assert y.shape == xt.shape and torch.allclose(y, ref(xt.reshape(-1, 8), w).reshape(2, 3, 8))
+
+
+def test_reference_routed_linear_runs_torch_linear_and_is_still_counted(release):
+    """A key the dispatcher sends to the reference runs F.linear on the layer's own parameters (what
+    nn.Linear ran), not the operator's reference; the call is counted under the key's reason; keys a
+    kernel serves still reach the kernel; a copied layer starts with an empty memo."""
+    import copy
+
+    from tileship.torchops.swap import swap
+
+    model = tiny()
+    swap(model, release, names=NAMES)
+    q = model.layers[0].attn.q_proj
+    runner = release.ops["gemm"]
+    calls: list[int] = []
+    plain_reference = runner.reference
+
+    def spy(*args: Any) -> Any:
+        calls.append(1)
+        return plain_reference(*args)
+
+    runner.reference = spy
+    try:
+        with torch.no_grad():
+            big = torch.randn(80, HIDDEN)  # M = 80: past the GEMM's declared range
+            for _ in range(3):
+                assert_close(q(big), big @ q.weight.t())
+            assert calls == []  # F.linear served it, not the operator's reference
+            assert release.counters()["gemm"] == {"reference:undeclared_shape": 3}
+            small = torch.randn(2, 8, HIDDEN)  # M = 16: a kernel serves it, through the operator
+            assert_close(q(small), small @ q.weight.t())
+            assert release.counters()["gemm"] == {"kernel:kernel": 1, "reference:undeclared_shape": 3}
+            assert len(q._routes) == 2
+            twin = copy.deepcopy(q)
+            assert twin._routes == {}
+            assert_close(twin(big), big @ q.weight.t())
+            assert calls == []
+    finally:
+        runner.reference = plain_reference
+
+
+def test_reference_routed_linear_keeps_its_bias_and_follows_a_new_runner(release):
+    """With a bias, the bypass adds it as nn.Linear does; after the release is registered again the
+    memoized runner is stale and the layer asks the new one."""
+    from torch import nn
+
+    from tileship.torchops import custom_ops
+    from tileship.torchops.swap import KernelLinear
+
+    ops = custom_ops.register(release)
+    lin = nn.Linear(HIDDEN, HIDDEN, bias=True)
+    layer = KernelLinear(lin, ops.eager("gemm"))
+    x = torch.randn(80, HIDDEN)
+    with torch.no_grad():
+        assert_close(layer(x), lin(x))
+        (runner, route), = layer._routes.values()
+        assert route is not None and runner is release.ops["gemm"]
+        qual = layer.op.qual
+        served = custom_ops._runners[qual]
+
+        class NewRunner:  # what a re-registration binds: here one whose kernel serves every key
+            check_finite = False
+            asked = 0
+
+            def reference_route(self, *args: Any) -> None:
+                NewRunner.asked += 1
+
+            def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+                return torch.zeros(a.shape[0], b.shape[1])
+
+        custom_ops._runners[qual] = NewRunner()
+        try:
+            assert_close(layer(x), torch.zeros(80, HIDDEN) + lin.bias)  # the new runner served it
+            assert NewRunner.asked == 1
+        finally:
+            custom_ops._runners[qual] = served
+        assert_close(layer(x), lin(x))

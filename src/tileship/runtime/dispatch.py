@@ -208,7 +208,7 @@ class OpRunner(Breaker, TableRows):
         if kernel is None:
             d = entry.decision
             if outs is None and d.path == REFERENCE:  # as ``__call__`` serves it (one counter bump)
-                return self._sampled(route, args), d
+                return self.serve_reference(route, self.reference, args), d
             return self._reference(args, entry.decision.reason, entry, outs, out, route)
         for a in tensors:
             if not a.is_contiguous():
@@ -228,15 +228,24 @@ class OpRunner(Breaker, TableRows):
             res = out if fast else fill_out(outs, res, out, self.name)
         return res, entry.decision
 
-    def _sampled(self, route: Route, args: tuple[Any, ...]) -> Any:
-        """The reference's answer for a key its entry sends there, counted in the key's telemetry row."""
+    def reference_route(self, *args: Any) -> Route | None:
+        """The route of ``args``' key when its specialization sends it to the reference now, else None
+        (a kernel serves it). Resolves a first-seen key as a call would, and raises CallError for
+        arguments a call would refuse. With the route, a caller that has its own equivalent of the
+        reference (``KernelLinear``: ``F.linear``) serves such calls through ``serve_reference``."""
+        route = self._route(args)
+        return route if route.entry.kernel is None else None
+
+    def serve_reference(self, route: Route, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """``fn(*args)`` for a key ``route`` sends to the reference, counted in the key's telemetry
+        row as the reference's own calls are (one counter bump; one call in SAMPLE timed)."""
         decision, row = route.ref
         if decision is not route.entry.decision:
             row = self._ref_row(route)
         if next(row.it) % SAMPLE:
-            return self.reference(*args)
+            return fn(*args)
         t0 = time.perf_counter_ns()
-        res = self.reference(*args)
+        res = fn(*args)
         row.timed(time.perf_counter_ns() - t0)
         return res
 

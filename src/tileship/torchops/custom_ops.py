@@ -128,6 +128,19 @@ class EagerOp:
             return runner(*args)
         return self.impl(*args)
 
+    def current(self) -> Any:
+        """The runner serving the op now (rebound when the release is registered again)."""
+        return _runners[self.qual]
+
+    def reference_route(self, *args: Any) -> tuple[Any, Any] | None:
+        """(runner, the route of ``args``' key when the runner sends it to the reference, else None),
+        for a caller that serves reference-routed calls itself (``OpRunner.serve_reference``);
+        None while ``torch.compile`` traces or autograd must see the custom op."""
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(args)):
+            return None
+        runner = _runners[self.qual]
+        return runner, runner.reference_route(*args)
+
     def __repr__(self) -> str:
         return f"eager({self.op})"
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tileship.errors import DeclarationError, KernelMismatch
@@ -59,7 +60,16 @@ _SIGNATURES: Mapping[str, tuple[tuple[int, ...], str]] = {
 class KernelLinear(nn.Module):
     """``nn.Linear`` through the release's GEMM. Keeps ``weight``/``bias`` (same parameters,
     same state-dict keys) plus ``weight_t``, a contiguous W^T made once (not saved; refreshed
-    on ``load_state_dict``; call ``refresh()`` after editing ``weight`` in place)."""
+    on ``load_state_dict``; call ``refresh()`` after editing ``weight`` in place).
+
+    In eager mode, an input whose key the dispatcher sends to the reference (a decode batch the
+    evidence routes to PyTorch, an undeclared size, a CPU tensor) runs ``F.linear`` on the layer's
+    own parameters, which is what the ``nn.Linear`` it replaced ran: the reference's answer (y = x W^T
+    + b) at the cost of the PyTorch layer, with no reshape, no W^T product and no dispatcher on the
+    way. The call is still counted in the operator's telemetry under the key's reason
+    (``OpRunner.serve_reference``). The decision is memoized per input (shape, dtype, device) with
+    the runner it came from; a new runner (the release registered again) or a key that a kernel
+    serves goes through the operator as before."""
 
     def __init__(self, linear: nn.Linear, op: Any) -> None:
         super().__init__()
@@ -69,10 +79,31 @@ class KernelLinear(nn.Module):
         self.bias = linear.bias
         self.register_buffer("weight_t", linear.weight.detach().t().contiguous(), persistent=False)
         self.op = op
+        #: (shape, dtype, device) -> (runner, its reference route or None): see the class doc
+        self._routes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self._eager = hasattr(op, "reference_route")  # an EagerOp (a plain custom op has no dispatcher to ask)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._eager and not torch.compiler.is_compiling():
+            hit = self._routes.get((x.shape, x.dtype, x.device))
+            if hit is None or hit[0] is not self.op.current():
+                hit = self._learn(x)
+            if hit is not None and hit[1] is not None:
+                return hit[0].serve_reference(hit[1], F.linear, (x, self.weight, self.bias))
         y = self.op(x.reshape(-1, self.in_features), self.weight_t).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _learn(self, x: torch.Tensor) -> tuple[Any, Any] | None:
+        """Ask the operator how it serves ``x``'s key, and memoize the answer (bounded)."""
+        hit = self.op.reference_route(x.reshape(-1, self.in_features), self.weight_t)
+        if hit is not None and len(self._routes) < _ROUTES_LIMIT:
+            self._routes[(x.shape, x.dtype, x.device)] = hit
+        return hit
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles start with an empty memo (it holds live runners)."""
+        state = super().__getstate__()
+        return {**state, "_routes": {}}
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -85,6 +116,10 @@ class KernelLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, op={self.op}")
+
+
+#: input keys a KernelLinear memoizes (a model calls a handful: one per batch size)
+_ROUTES_LIMIT = 64
 
 
 class KernelRMSNorm(nn.Module):

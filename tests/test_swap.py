@@ -427,6 +427,8 @@ def test_reference_routed_linear_runs_torch_linear_and_is_still_counted(release)
             assert twin._routes == {}
             assert_close(twin(big), big @ q.weight.t())
             assert calls == []
+            twin.op = twin.op  # a new op (serve's recorder sets one) starts a new memo
+            assert twin._routes == {}
     finally:
         runner.reference = plain_reference
 

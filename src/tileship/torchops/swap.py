@@ -78,10 +78,21 @@ class KernelLinear(nn.Module):
         self.weight = linear.weight
         self.bias = linear.bias
         self.register_buffer("weight_t", linear.weight.detach().t().contiguous(), persistent=False)
-        self.op = op
         #: (shape, dtype, device) -> (runner, its reference route or None): see the class doc
         self._routes: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-        self._eager = hasattr(op, "reference_route")  # an EagerOp (a plain custom op has no dispatcher to ask)
+        self.op = op
+
+    @property
+    def op(self) -> Any:
+        """What serves the layer: an ``EagerOp`` (or any callable taking (x2d, W^T)). Setting it
+        clears the memo; only an op with ``reference_route`` (an EagerOp) is asked about the reference."""
+        return self._op
+
+    @op.setter
+    def op(self, op: Any) -> None:
+        self._op = op
+        self._eager = hasattr(op, "reference_route")
+        self._routes = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._eager and not torch.compiler.is_compiling():

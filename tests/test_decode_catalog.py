@@ -97,6 +97,25 @@ def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
     assert "ts_w4_pair<__half2" in pair and "ts_w4_elem<" not in pair  # one call per pair of weights
     with pytest.raises(ValueError, match="decode must be"):
         w4a16_gemm_rs(8, 4096, 14336, decode="int")
+    # the round-12 knobs: the cluster reduce (one kernel, two cluster barriers), scales read in place
+    # (no shared copy of them), the swizzled packed tile (its layout is XOR-permuted by row)
+    cluster = str(w4a16_gemm_rs(8, 4096, 14336, block_M=8, block_N=64, split_k=8, decode="lop3",
+                                reduce="cluster").script())
+    assert "cluster_dims" in cluster and cluster.count("cluster_sync") == 2 and "alloc_global" not in cluster
+    with pytest.raises(ValueError, match="split_k <= 8"):
+        w4a16_gemm_rs(8, 4096, 14336, block_N=64, split_k=16, reduce="cluster")
+    plain = str(w4a16_gemm_rs(8, 4096, 14336, block_M=8, block_N=64, split_k=8, decode="lop3").script())
+    in_place = str(w4a16_gemm_rs(8, 4096, 14336, block_M=8, block_N=64, split_k=8, decode="lop3",
+                                 scales="global").script())
+    assert "T.copy(T.region(S[" in plain and "s_sh[i, k]" in plain  # a shared copy of the scales, then read
+    assert "T.copy(T.region(S[" not in in_place and "S[bx * 64 + i, bz * 14 + k]" in in_place
+    with pytest.raises(ValueError, match="scales must be"):
+        w4a16_gemm_rs(8, 4096, 14336, decode="cast", scales="global")
+    from tileship.catalog.w4a16_tc import _bq_swizzle
+
+    banks = {(_bq_swizzle(g, 4)[0] * 16 + _bq_swizzle(g, 4)[1]) % 32 for g in range(8)}
+    assert len(banks) == 8  # the 8 row groups of an MMA fragment read 8 distinct banks (unswizzled: 2)
+    assert {_bq_swizzle(5, j)[1] // 4 for j in range(16)} == {0, 1, 2, 3}  # each row keeps its 4 chunks
     assert "ts_w4_dq8" in str(w4a16.w4a16_linear(128, 4096, 4096).script())  # M > 64: decoded through shared memory
     assert w4a16.w4a16.pass_configs == {"tl.disable_warp_specialized": True}
     assert "ts_w4_gemv3_steps<__nv_bfloat162, __nv_bfloat16, 1, 4, 2, 2>" in str(

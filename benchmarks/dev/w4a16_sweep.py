@@ -99,6 +99,14 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
             for stages in (3, 4):
                 if K % (128 * sp) == 0 and (sp == 1 or N % 256 == 0):
                     out.append(("rsw", {**rule, "split_k": sp, "num_stages": stages, "decode": dec, "swizzle": True}))
+    # "rsg": the rule's tilings with each scale read where it is used (scales="global": the weight
+    # pipeline starts without waiting for a shared copy of the block's scales), swizzled or not
+    for sp in sorted({max(1, split // 2), split, split * 2}):
+        for swz in (False, True):
+            for stages in (3, 4):
+                if K % (128 * sp) == 0 and (sp == 1 or N % 256 == 0):
+                    out.append(("rsg", {**rule, "split_k": sp, "num_stages": stages, "decode": "lop3",
+                                        "swizzle": swz, "scales": "global"}))
     return out
 
 
@@ -110,7 +118,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_linear(M, N, K, dtype)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind in ("rs", "rsl", "rule", "rsp", "rsc", "rsw"):
+    if kind in ("rs", "rsl", "rule", "rsp", "rsc", "rsw", "rsg"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 

@@ -178,7 +178,7 @@ def _bq_swizzle(i: Any, j: Any) -> list[Any]:
 
 def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 16, block_N: int = 128,
                   split_k: int = 1, num_stages: int = 3, threads: int = 128, decode: str = "cast",
-                  reduce: str = "workspace", swizzle: bool = False) -> Any:
+                  reduce: str = "workspace", swizzle: bool = False, scales: str = "shared") -> Any:
     """y^T = W x^T with each thread decoding the weights of its register fragment (no shared tile).
 
     ``decode``: ``cast`` converts each nibble with an int-to-float conversion (a quarter-rate
@@ -194,6 +194,10 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
     weight load. Swizzled, they hit 8 distinct banks, and the kernel runs about as fast (round 12,
     ``decode_kernels.py`` at bf16 M=16, each against cuBLAS in its own run: down 1.84x vs 1.85x, o 1.42x
     vs 1.40x, lm_head 2.32x vs 2.23x): shared-memory bandwidth is not the limit either.
+    ``scales``: ``shared`` copies the block's scales into shared memory before the K loop, and the
+    generated code waits for that copy (one memory latency) before it issues the first weight copy;
+    ``global`` reads each scale where the decode uses it (two loads a thread a K step, cached), so
+    the weight pipeline starts at once (not yet timed on the GPU).
     ``reduce`` (with ``split_k`` > 1): ``workspace`` (fp32 partials in global memory, a second kernel sums
     them) or ``cluster`` (the splits of a tile form a thread-block cluster and reduce in CTA 0's shared
     memory: one launch; ``split_k`` <= 8, static M). The cluster form measured slower at every shape on
@@ -221,7 +225,8 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
         if decode != "cast":
             T.import_source(DEVICE_SRC)
         T.clear(acc)
-        T.copy(S[bx * block_N, bz * ks], s_sh)
+        if scales == "shared":
+            T.copy(S[bx * block_N, bz * ks], s_sh)
         for k in T.Pipelined(ks, num_stages=num_stages):
             T.copy(A[by * block_M, (bz * ks + k) * GROUP], a_sh)
             T.copy(B[bx * block_N, (bz * ks + k) * (GROUP // 8)], bq_sh)
@@ -229,11 +234,18 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
             # (q - 8) is exact in fp16/bf16, so the one rounding is the product's, as in the reference
             if decode == "pair":  # pair jp = weights 2 jp, 2 jp + 1: adjacent in the fragment's registers
                 for i, jp in T.Parallel(block_N, GROUP // 2):
-                    T.call_extern("handle", pair, T.address_of(b_frag[i, jp * 2]), bq_sh[i, jp // 4], jp % 4,
-                                  s_sh[i, k])
+                    if scales == "global":
+                        T.call_extern("handle", pair, T.address_of(b_frag[i, jp * 2]), bq_sh[i, jp // 4], jp % 4,
+                                      S[bx * block_N + i, bz * ks + k])
+                    else:
+                        T.call_extern("handle", pair, T.address_of(b_frag[i, jp * 2]), bq_sh[i, jp // 4], jp % 4,
+                                      s_sh[i, k])
             else:
                 for i, j in T.Parallel(block_N, GROUP):
-                    if decode == "lop3":
+                    if decode == "lop3" and scales == "global":
+                        b_frag[i, j] = T.call_extern(dtype, elem, bq_sh[i, j // 8], j % 8,
+                                                     S[bx * block_N + i, bz * ks + k])
+                    elif decode == "lop3":
                         b_frag[i, j] = T.call_extern(dtype, elem, bq_sh[i, j // 8], j % 8, s_sh[i, k])
                     else:
                         b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15,
@@ -241,6 +253,8 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
             T.gemm(b_frag, a_sh, acc, transpose_B=True)
         store_transposed(acc, out, bx, by, bz, to_workspace)
 
+    if scales not in ("shared", "global") or (scales == "global" and decode == "cast"):
+        raise ValueError(f"w4a16_gemm_rs: scales must be 'shared' or 'global' (not with decode='cast'), got {scales!r}")
     if reduce not in ("workspace", "cluster"):
         raise ValueError(f"w4a16_gemm_rs: reduce must be 'workspace' or 'cluster', got {reduce!r}")
     if reduce == "cluster" and split_k > 1:

@@ -11,7 +11,7 @@ pack() { tar -C "$d" -czf "$out/round13a.tgz" .; }
 t0=$(date +%s)
 mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz && tar -C /tmp/site -xf .gpu/ascend.tar
 export PYTHONPATH=/tmp/site:$PWD/src TILELANG_CACHE_DIR=/tmp/tlcache
-timeout 150 ncu --clock-control none --kernel-name regex:^main --launch-skip 2 --launch-count 12 \
+timeout 150 ncu --clock-control none --kernel-name regex:^main \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
   --section LaunchStats --section SchedulerStats -o "$d/w4a16" \
   python3 benchmarks/dev/w4a16_ncu.py --ops down,gate_up,o --m 8 > "$d/ncu_run.log" 2>&1

@@ -1,7 +1,7 @@
 """Run the catalog's W4A16 decode-batch kernels under Nsight Compute (development; GPU host).
 
 usage (repo root):
-    ncu --clock-control none --kernel-name regex:^main --launch-skip 2 --launch-count 6 \\
+    ncu --clock-control none --kernel-name regex:^main \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
         --section Occupancy --section LaunchStats --section SchedulerStats \\
         -o OUT/w4a16 python3 benchmarks/dev/w4a16_ncu.py --ops down,gate_up,o --m 8

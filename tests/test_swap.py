@@ -466,6 +466,7 @@ def test_reference_routed_linear_keeps_its_bias_and_follows_a_new_runner(release
         try:
             assert_close(layer(x), torch.zeros(80, HIDDEN) + lin.bias)  # the new runner served it
             assert NewRunner.asked == 1
+            assert [hit[0] for hit in layer._routes.values()] == [custom_ops._runners[qual]]  # the old one forgotten
         finally:
             custom_ops._runners[qual] = served
         assert_close(layer(x), lin(x))

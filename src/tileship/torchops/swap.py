@@ -98,6 +98,8 @@ class KernelLinear(nn.Module):
         if self._eager and not torch.compiler.is_compiling():
             hit = self._routes.get((x.shape, x.dtype, x.device))
             if hit is None or hit[0] is not self.op.current():
+                if hit is not None:  # the op serves another runner now: forget the old one's routes
+                    self._routes = {}
                 hit = self._learn(x)
             if hit is not None and hit[1] is not None:
                 return hit[0].serve_reference(hit[1], F.linear, (x, self.weight, self.bias))

@@ -131,11 +131,12 @@ async def failover(proc: subprocess.Popen[bytes], port: int, kills: int, clients
         body = await asyncio.to_thread(wait_ready, proc, port, standby_not=seen)
         victim = body["workers"]["serving"][0]
         seen.update([victim, body["workers"]["standby"]])
+        first = len(answers)  # answers before this index all came before the kill
         t_kill = time.perf_counter()
         os.kill(victim, signal.SIGKILL)
         while not any(t > t_kill and st == 200 for t, st, _ in answers[-clients * 4:]):
             await asyncio.sleep(0.0005)
-        to_answer.append(next(t for t, st, _ in answers if t > t_kill and st == 200) - t_kill)
+        to_answer.append(next(t for t, st, _ in answers[first:] if t > t_kill and st == 200) - t_kill)
         await asyncio.to_thread(wait_ready, proc, port, standby_not=seen)
         to_standby.append(time.perf_counter() - t_kill)
     stop.set()

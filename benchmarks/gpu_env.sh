@@ -4,6 +4,8 @@
 export PYTHONPATH=${PYTHONPATH:-$PWD/src}
 if ! python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('tilelang') is None)" && [ -f .gpu/site.tar.xz ]; then
   [ -d /tmp/site/tilelang ] || { mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz; }
+  # the bundle's companion (carried beside it where the bundle lacks these files)
+  [ -f .gpu/ascend.tar ] && tar -C /tmp/site -xf .gpu/ascend.tar
   export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} COLUMNS=${COLUMNS:-220}

@@ -9,8 +9,8 @@ out=${1:?usage: gpu_round13a.sh OUT_DIR}
 d=/tmp/round13a; mkdir -p "$d" "$out"
 pack() { tar -C "$d" -czf "$out/round13a.tgz" .; }
 t0=$(date +%s)
-mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz && tar -C /tmp/site -xf .gpu/ascend.tar
-export PYTHONPATH=/tmp/site:$PWD/src TILELANG_CACHE_DIR=/tmp/tlcache
+# shellcheck source=benchmarks/gpu_env.sh
+. benchmarks/gpu_env.sh "$d/nvidia-smi.csv"
 timeout 150 ncu --clock-control none --kernel-name regex:^main \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
   --section LaunchStats --section SchedulerStats -o "$d/w4a16" \

@@ -50,21 +50,22 @@ class KernelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._eager and not torch.compiler.is_compiling():
-            hit = self._routes.get((x.shape, x.dtype, x.device))
+            key = (x.shape, x.dtype, x.device)
+            hit = self._routes.get(key)
             if hit is None or hit[0] is not self.op.current():
                 if hit is not None:  # the op serves another runner now: forget the old one's routes
                     self._routes = {}
-                hit = self._learn(x)
+                hit = self._learn(x, key)
             if hit is not None and hit[1] is not None:
                 return hit[0].serve_reference(hit[1], F.linear, (x, self.weight, self.bias))
         y = self.op(x.reshape(-1, self.in_features), self.weight_t).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
-    def _learn(self, x: torch.Tensor) -> tuple[Any, Any] | None:
-        """Ask the operator how it serves ``x``'s key, and memoize the answer (bounded)."""
+    def _learn(self, x: torch.Tensor, key: tuple[Any, ...]) -> tuple[Any, Any] | None:
+        """Ask the operator how it serves ``x`` (memo key ``key``), and memoize the answer (bounded)."""
         hit = self.op.reference_route(x.reshape(-1, self.in_features), self.weight_t)
         if hit is not None and len(self._routes) < _ROUTES_LIMIT:
-            self._routes[(x.shape, x.dtype, x.device)] = hit
+            self._routes[key] = hit
         return hit
 
     def __getstate__(self) -> dict[str, Any]:

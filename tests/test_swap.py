@@ -470,3 +470,52 @@ def test_reference_routed_linear_keeps_its_bias_and_follows_a_new_runner(release
         finally:
             custom_ops._runners[qual] = served
         assert_close(layer(x), lin(x))
+
+
+def test_reference_routed_norm_and_attention_run_their_torch_layers_code(release):
+    """A swapped RMSNorm or attention whose key goes to the reference runs what the replaced layer ran
+    (``F.rms_norm``, causal SDPA), not the operator's reference, and the call is counted; a norm of a
+    foreign class (``rmsnorm_types``) may compute otherwise, so its calls still go through the operator."""
+    from tileship.torchops.layers import RMSNorm
+    from tileship.torchops.swap import swap
+
+    model = tiny()
+    swap(model, release, names=NAMES)
+    norm, core = model.norm, model.layers[0].attn.core
+    spied: dict[str, list[int]] = {"rmsnorm_cpu": [], "attention": []}
+    plain = {name: release.ops[name].reference for name in spied}
+
+    def spy(name: str) -> Any:
+        def call(*args: Any) -> Any:
+            spied[name].append(1)
+            return plain[name](*args)
+        return call
+
+    for name in spied:
+        release.ops[name].reference = spy(name)
+    try:
+        with torch.no_grad():
+            x = torch.randn(1, 4097, HIDDEN)  # M = 4097: past rmsnorm_cpu's declared range
+            want = torch.nn.functional.rms_norm(x, (HIDDEN,), norm.weight, norm.eps)
+            for _ in range(2):
+                assert torch.equal(norm(x), want)
+            q, k, v = (torch.randn(1, HEADS, 8, HEAD_DIM).transpose(2, 3).contiguous().transpose(2, 3)
+                       for _ in range(3))  # S = 8 (undeclared), and not contiguous
+            assert torch.equal(core(q, k, v), attention_reference(q, k, v))
+            assert spied == {"rmsnorm_cpu": [], "attention": []}
+            counters = release.counters()
+            assert counters["rmsnorm_cpu"] == {"reference:undeclared_shape": 2}
+            assert counters["attention"] == {"reference:undeclared_shape": 1}
+            assert len(norm._routes) == 1 and len(core._routes) == 1
+
+            class OwnNorm(RMSNorm):  # a subclass: swap replaces it, but its forward may differ
+                pass
+
+            foreign = tiny()
+            foreign.norm = OwnNorm(HIDDEN)
+            swap(foreign, release, names=NAMES, rmsnorm_types=(OwnNorm,))
+            assert_close(foreign.norm(x), want / norm.weight * foreign.norm.weight)
+            assert spied["rmsnorm_cpu"] == [1] and foreign.norm._routes == {}
+    finally:
+        for name in spied:
+            release.ops[name].reference = plain[name]

@@ -33,6 +33,7 @@ from tileship.errors import DeclarationError, KernelMismatch
 from tileship.runtime.dispatch import Entry, Release
 from tileship.torchops.custom_ops import TorchOps, register
 from tileship.torchops.kernel_layers import KernelAttention, KernelLinear, KernelRMSNorm
+from tileship.torchops.layers import CausalSelfAttention, RMSNorm
 from tileship.torchops.report import SwapRecord, SwapReport
 from tileship.torchops.stamp import (
     FILE_FORMAT,
@@ -57,6 +58,10 @@ _SIGNATURES: Mapping[str, tuple[tuple[int, ...], str]] = {
 
 
 _KERNEL_TYPES = {KernelLinear: "linear", KernelRMSNorm: "rmsnorm", KernelAttention: "attention"}
+#: layer types whose forward is ``F.rms_norm`` / causal SDPA: their swapped layers serve reference-routed
+#: keys with that same call (``kernel_layers._Bypassing``)
+_NATIVE_NORMS = (nn.RMSNorm, RMSNorm)
+_NATIVE_ATTENTION = (CausalSelfAttention,)
 
 
 # -- swap -------------------------------------------------------------------------------
@@ -80,8 +85,6 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
     code. The decisions are the release's at swap time; a layer kept this way stays on PyTorch when
     they change later (swap a fresh copy of the model after a reload).
     """
-    from tileship.torchops.layers import CausalSelfAttention, RMSNorm
-
     root = _unwrap(model)
     stamp = kernel_stamp(root)
     if stamp is not None and stamp.release_id != release.release_id:
@@ -92,8 +95,8 @@ def swap(model: nn.Module, release: Release, *, names: Mapping[str, str] | None 
     unknown = set(chosen) - set(_SIGNATURES)
     if unknown:
         raise DeclarationError(f"unknown layer kinds {sorted(unknown)} (known: {sorted(_SIGNATURES)})", field="names")
-    norm_types = rmsnorm_types if rmsnorm_types is not None else (nn.RMSNorm, RMSNorm)
-    attn_types = attention_types if attention_types is not None else (CausalSelfAttention,)
+    norm_types = rmsnorm_types if rmsnorm_types is not None else _NATIVE_NORMS
+    attn_types = attention_types if attention_types is not None else _NATIVE_ATTENTION
     ops = register(release)
     for kind, op_name in chosen.items():
         if op_name in release.ops:
@@ -161,7 +164,7 @@ def _rmsnorm(path: str, m: Any, release: Release, ops: TorchOps, op_name: str) -
             return SwapRecord(path, "rmsnorm", False, op_name,
                               f"eps {eps:g} differs from the kernel's {float(want):g}"), None
     return _cover(path, "rmsnorm", release, ops, op_name, weight.dtype, ((1, 0, weight.shape[0]),),
-                  lambda op: KernelRMSNorm(weight, float(eps), op))
+                  lambda op: KernelRMSNorm(weight, float(eps), op, native=type(m) in _NATIVE_NORMS))
 
 
 def _attention(path: str, m: Any, release: Release, ops: TorchOps, op_name: str,
@@ -170,7 +173,7 @@ def _attention(path: str, m: Any, release: Release, ops: TorchOps, op_name: str,
     if not isinstance(h, int) or not isinstance(d, int):
         return SwapRecord(path, "attention", False, None, "the module does not say its n_heads and head_dim"), None
     return _cover(path, "attention", release, ops, op_name, dtype, ((0, 1, h), (0, 3, d)),
-                  lambda op: KernelAttention(h, d, op))
+                  lambda op: KernelAttention(h, d, op, native=type(m) in _NATIVE_ATTENTION))
 
 
 def _cover(path: str, kind: str, release: Release, ops: TorchOps, op_name: str, dtype: torch.dtype,

@@ -507,6 +507,9 @@ def test_reference_routed_norm_and_attention_run_their_torch_layers_code(release
             assert counters["rmsnorm_cpu"] == {"reference:undeclared_shape": 2}
             assert counters["attention"] == {"reference:undeclared_shape": 1}
             assert len(norm._routes) == 1 and len(core._routes) == 1
+            norm.to(torch.float64)  # moving a layer (device, dtype) forgets what it learned
+            assert norm._routes == {} and len(core._routes) == 1
+            norm.to(torch.float32)
 
             class OwnNorm(RMSNorm):  # a subclass: swap replaces it, but its forward may differ
                 pass

@@ -16,23 +16,25 @@ class _Bypassing(nn.Module):
     """A swapped layer that serves the keys its operator sends to the reference with the PyTorch code
     of the layer it replaced (``_native``), at that layer's cost: no reshape, no dispatcher on the way.
     Such a call is still counted in the operator's telemetry under the key's reason
-    (``OpRunner.serve_reference``). The decision is memoized per input (shape, dtype, device) with the
+    (``OpRunner.serve_reference``). The decision is memoized per input key (``_reference_hit``) with the
     runner it came from (at most ``_ROUTES_LIMIT`` keys); a new runner (the release registered again),
-    a new op, a copy or a pickle start a new memo. Only an op with ``reference_route`` (an ``EagerOp``)
-    is asked; under ``torch.compile`` or autograd every call goes through the op."""
+    a new op, moving the layer, a copy or a pickle start a new memo. Only an op with
+    ``reference_route`` (an ``EagerOp``) is asked; under ``torch.compile`` or autograd every call
+    goes through the op."""
 
     _native: bool
     _eager: bool
     _op: Any
-    #: (shape, dtype, device) -> (runner, its reference route or None): see the class doc
+    #: input key -> (runner, its reference route or None): see the class doc
     _routes: dict[tuple[Any, ...], tuple[Any, Any]]
 
-    def _reference_hit(self, x: torch.Tensor, *inputs: torch.Tensor) -> tuple[Any, Any] | None:
-        """(runner, route) when the key of the forward's ``inputs`` (memoized by the first, ``x``)
-        goes to the reference, else None (the op serves it)."""
+    def _reference_hit(self, key: tuple[Any, ...], *inputs: torch.Tensor) -> tuple[Any, Any] | None:
+        """(runner, route) when the forward's ``inputs`` (memo key ``key``) go to the reference, else
+        None (the op serves them). A layer with parameters keys on the input's (shape, dtype): its
+        parameters fix the device (an input on another fails in the replaced layer's own call as in
+        the op's), and moving the layer (``to``, ``cuda``, ``half``) clears the memo."""
         if not self._eager or torch.compiler.is_compiling():
             return None
-        key = (x.shape, x.dtype, x.device)
         hit = self._routes.get(key)
         if hit is None or hit[0] is not self._op.current():
             if hit is not None:  # the op serves another runner now: forget the old one's routes
@@ -57,6 +59,10 @@ class _Bypassing(nn.Module):
         self._op = op
         self._eager = self._native and hasattr(op, "reference_route")
         self._routes = {}
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self._routes = {}  # the parameters move (device, dtype): routes learned before may not hold
+        return super()._apply(fn, *args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles start with an empty memo (it holds live runners)."""
@@ -90,7 +96,7 @@ class KernelLinear(_Bypassing):
         self.op = op
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hit = self._reference_hit(x, x) if self._eager else None
+        hit = self._reference_hit((x.shape, x.dtype), x) if self._eager else None
         if hit is not None:
             return hit[0].serve_reference(hit[1], F.linear, (x, self.weight, self.bias))
         y = self.op(x.reshape(-1, self.in_features), self.weight_t).reshape(*x.shape[:-1], self.out_features)
@@ -129,7 +135,7 @@ class KernelRMSNorm(_Bypassing):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[-1]
-        hit = self._reference_hit(x, x) if self._eager else None
+        hit = self._reference_hit((x.shape, x.dtype), x) if self._eager else None
         if hit is not None:
             return hit[0].serve_reference(hit[1], F.rms_norm, (x, (n,), self.weight, self.eps))
         y = self.op(x.reshape(-1, n), self.weight)
@@ -163,7 +169,7 @@ class KernelAttention(_Bypassing):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         same = k.shape == q.shape == v.shape and k.dtype == q.dtype == v.dtype and k.device == q.device == v.device
-        hit = self._reference_hit(q, q, k, v) if self._eager and same else None
+        hit = self._reference_hit((q.shape, q.dtype, q.device), q, k, v) if self._eager and same else None
         if hit is not None:
             return hit[0].serve_reference(hit[1], _causal_sdpa, (q, k, v))
         return self.op(q.contiguous(), k.contiguous(), v.contiguous())

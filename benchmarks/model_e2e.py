@@ -18,7 +18,9 @@ attention attends to that single position, which the catalog attention does not 
 (S=1): it takes the reference (SDPA) path, as the per-case dispatch counters show.
 
 Per case and mode: milliseconds per forward (CUDA events over --iters forwards, median of
---repeats), ratio = tileship / torch (below 1: tileship faster), the relative L2 error of the
+--repeats; the two models timed in turns, round by round), ratio = tileship / torch (below 1:
+tileship faster), the paired ratio (median of the rounds' ratios, their range, and whether every
+round falls on one side of 1), the relative L2 error of the
 logits against the eager PyTorch model in the same dtype (tolerance per dtype) and of both
 against the float32 model (for scale). Also: the swap report, what each case dispatched, a
 host-sync check (one tileship forward under torch.cuda.set_sync_debug_mode("error")).
@@ -250,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in modes:
                     row: dict[str, Any] = {}
                     case["modes"][mode] = row
+                    fns: dict[str, Callable[[], Any]] = {}
                     for label, model in models.items():
                         try:
                             compiled = graphed[label] if mode == "compile+graph" else plain[label]
@@ -258,12 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                             row.update(extra)
                             err = rel_l2(out.float(), want.float())
                             row[f"{label}_rel_l2"] = err
-                            row[f"{label}_ms"] = round(
-                                timer.ms_per_call(
-                                    fn, args.iters if seq == 1 else max(5, args.iters // 2), args.repeats
-                                ),
-                                4,
-                            )
+                            fns[label] = fn
                             if label == "tileship" and not err <= tol:
                                 failures.append(f"{dtype_name} {name} {mode}: rel L2 {err:.2e} > {tol:.0e}")
                             del fn, out
@@ -272,15 +270,23 @@ def main(argv: list[str] | None = None) -> int:
                             row[f"{label}_error"] = f"{type(exc).__name__}: {exc}"[:2000]
                             traceback.print_exc()
                             failures.append(f"{dtype_name} {name} {mode} {label}: {type(exc).__name__}")
-                        if device == "cuda":
-                            torch.cuda.empty_cache()
+                    iters = args.iters if seq == 1 else max(5, args.iters // 2)
+                    # reduce-overhead graphs of two models are not stepped in turns (cudagraph trees re-record)
+                    row.update(time_rows(timer, fns, iters, args.repeats,
+                                         paired=not (mode == "compile+graph" and args.compile_graph != "capture")))
+                    del fns
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
                     if "torch_ms" in row and "tileship_ms" in row:
                         row["ratio"] = round(row["tileship_ms"] / row["torch_ms"], 3)
                         row["ok"] = row["tileship_rel_l2"] <= tol
+                    paired = (f"  paired {row['ratio_paired']:.3f} [{row['ratio_range'][0]:.3f}, "
+                              f"{row['ratio_range'][1]:.3f}]{'' if row['ratio_resolved'] else ' not resolved'}"
+                              if "ratio_paired" in row else "")
                     print(f"{dtype_name:9s} {name:22s} {mode:14s} torch {row.get('torch_ms', float('nan')):9.3f} ms  "
                           f"tileship {row.get('tileship_ms', float('nan')):9.3f} ms  ratio "
                           f"{row.get('ratio', float('nan')):6.3f}  "
-                          f"rel_l2 {row.get('tileship_rel_l2', float('nan')):.2e}", flush=True)
+                          f"rel_l2 {row.get('tileship_rel_l2', float('nan')):.2e}{paired}", flush=True)
             flush()
         entry["compile_s"] = {k: round(v, 1) for k, v in compile_s.items()}
         entry["counters_total"] = release.counters()
@@ -299,6 +305,30 @@ def main(argv: list[str] | None = None) -> int:
     for f in failures:
         print("  FAIL", f)
     return 0 if not failures else 1
+
+
+def time_rows(timer: Timer, fns: dict[str, Callable[[], Any]], iters: int, repeats: int,
+              paired: bool) -> dict[str, Any]:
+    """``<label>_ms`` (median of ``repeats`` timings of ``iters`` calls) for each of ``fns``. ``paired``:
+    the models are timed in turns, one timing each per round, so a change of the host's speed during
+    the case falls on both; with torch and tileship both there, also ``ratio_paired`` (the median of the
+    rounds' tileship / torch), ``ratio_range`` (their min and max) and ``ratio_resolved`` (every round
+    on the same side of 1; otherwise the ratio is not resolved)."""
+    samples: dict[str, list[float]] = {label: [] for label in fns}
+    if paired:
+        for _ in range(repeats):
+            for label, fn in fns.items():
+                samples[label].append(timer.ms_per_call(fn, iters, 1))
+    else:
+        for label, fn in fns.items():
+            samples[label].append(timer.ms_per_call(fn, iters, repeats))
+    out: dict[str, Any] = {f"{label}_ms": round(statistics.median(v), 4) for label, v in samples.items()}
+    if paired and {"torch", "tileship"} <= samples.keys():
+        ratios = [t / r for t, r in zip(samples["tileship"], samples["torch"], strict=True)]
+        out["ratio_paired"] = round(statistics.median(ratios), 3)
+        out["ratio_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+        out["ratio_resolved"] = min(ratios) > 1 or max(ratios) < 1
+    return out
 
 
 def _prepare(mode: str, label: str, model: Any, compiled: Any, x: Any, seq: int, compile_graph: str,

@@ -92,6 +92,22 @@ def test_non_finite_output_is_replaced_by_the_reference_when_checked(bad: str) -
     assert hook.seen[0][3][0] is a  # type: ignore[index]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_finiteness_check_sees_every_non_finite_element_and_not_an_overflowing_sum(dtype: torch.dtype) -> None:
+    """``all_finite`` sums first: a finite sum proves every element finite; a sum that overflows
+    (all elements finite) or cancels (Inf and -Inf) must still get the right answer."""
+    from tileship.runtime.route import all_finite
+
+    ones = torch.ones(4096, dtype=dtype)
+    assert all_finite(ones) and all_finite(None) and all_finite(torch.empty(0, dtype=dtype))
+    assert all_finite(torch.full((4096,), torch.finfo(dtype).max, dtype=dtype))  # the sum overflows
+    assert all_finite(torch.arange(8, dtype=torch.int32))  # not floating: not checked
+    for bad in ([float("nan")], [float("inf")], [-float("inf")], [float("inf"), -float("inf")]):
+        t = ones.clone()
+        t[5:5 + len(bad)] = torch.tensor(bad, dtype=dtype)
+        assert not all_finite(t) and not all_finite((ones, t)) and not all_finite([t, ones])
+
+
 def test_check_off_is_the_default_and_leaves_the_call_path_alone() -> None:
     kernel = FakeKernel("nan")
     op, entry = runner(kernel)

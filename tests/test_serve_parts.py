@@ -38,3 +38,23 @@ def test_a_large_body_goes_out_part_by_part_without_a_join():
     assert (b"content-length", str(2 + tensor.nbytes).encode()) in start["headers"]
     assert [b["more_body"] for b in bodies] == [True, False]
     assert bodies[1]["body"] is view  # the tensor's own memory, not a copy
+
+
+def test_only_the_two_inference_routes_take_the_direct_path():
+    """``infer_path_params`` matches what Starlette's ``{name}``/``{version}`` routes match for POST
+    .../infer, and hands everything else (other methods, other paths, empty or extra segments, a
+    root path) to the Starlette app, so 404/405/redirects there stay as they were."""
+    from tileship.serve.middleware import infer_path_params
+
+    def params(path: str, method: str = "POST", root: str = "") -> Any:
+        return infer_path_params({"method": method, "path": path, "root_path": root})
+
+    assert params("/v2/models/add/infer") == {"name": "add"}
+    assert params("/v2/models/a.b-c_1/versions/0123abcd/infer") == {"name": "a.b-c_1", "version": "0123abcd"}
+    assert params("/v2/models/stats/infer") == {"name": "stats"}  # as Starlette: {name} matches "stats"
+    for path in ("/v2/models//infer", "/v2/models/add/infer/", "/v2/models/add", "/v2/models/add/versions//infer",
+                 "/v2/models/add/versions/1/infer/x", "/v2/models/add/ready", "/v3/models/add/infer",
+                 "/v2/model/add/infer", "//v2/models/add/infer", "/v2/models/add/version/1/infer", ""):
+        assert params(path) is None, path
+    assert params("/v2/models/add/infer", method="GET") is None
+    assert params("/v2/models/add/infer", root="/proxy") is None

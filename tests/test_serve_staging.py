@@ -69,3 +69,41 @@ def test_a_large_binary_request_lands_in_a_pooled_block(cpu_release_build, tmp_p
         finally:
             c.close()
         assert httpx.get(srv.url + "/v2/health/ready").json()["ready"] is True
+
+
+def _request(body: bytes, chunk: int = 4096):
+    from starlette.requests import Request
+
+    parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
+
+    async def receive():
+        return messages.pop(0)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [(b"content-length", str(len(body)).encode())]}
+    return Request(scope, receive)
+
+
+def test_a_binary_body_is_placed_so_its_tensors_are_aligned():
+    """``align_at`` (the JSON header's length) lands on a 16-byte address, in a plain buffer and in a
+    pooled block alike, so tensors viewed in the body need no aligning copy; the bytes are the body's."""
+    import asyncio
+    import ctypes
+
+    from tileship.serve.body import read_pooled
+    from tileship.serve.metrics import ServeMetrics
+
+    rejected = ServeMetrics(lambda: 0.0).rejected
+    pool = Pool(pinned=False)
+    for size in (1000, MIN_BYTES + 3):
+        body = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+        for align_at in (0, 1, 37, 999):
+            data, lease = asyncio.run(read_pooled(_request(body), pool, limit=1 << 30, timeout_s=5, rejected=rejected,
+                                                  align_at=align_at))
+            assert (lease is not None) == (size > MIN_BYTES)
+            assert bytes(data) == body and len(data) == size
+            assert (ctypes.addressof(ctypes.c_char.from_buffer(data)) + align_at) % 16 == 0
+            if lease is not None:
+                lease.give_back()
+    plain, _ = asyncio.run(read_pooled(_request(b"xyz"), pool, limit=100, timeout_s=5, rejected=rejected))
+    assert isinstance(plain, bytearray) and plain == b"xyz"  # without align_at: the bytearray as before

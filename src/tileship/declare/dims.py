@@ -12,6 +12,7 @@ Nothing here imports torch (``apply``/``inverse`` work on ints and on torch SymI
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,14 @@ class DimExpr:
 
     @classmethod
     def parse(cls, text: str) -> DimExpr:
-        """Raise ValueError saying what to write instead for anything but ``<dim>[{/,//,*}<int>]``."""
+        """Raise ValueError saying what to write instead for anything but ``<dim>[{/,//,*}<int>]``.
+        Parsed once per text (the server plans every request with it)."""
+        if cls is DimExpr and isinstance(text, str):
+            return _parse(text)
+        return cls._parse_uncached(text)
+
+    @classmethod
+    def _parse_uncached(cls, text: str) -> DimExpr:
         m = _EXPR.match(text) if isinstance(text, str) else None
         if m is None:
             raise ValueError(f"dim {text!r} is not a dim name or <dim>/<int>, <dim>//<int>, <dim>*<int> (e.g. \"K/8\")")
@@ -68,6 +76,12 @@ class DimExpr:
 
     def __str__(self) -> str:
         return self.base if self.op is None else f"{self.base}{self.op}{self.k}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> DimExpr:
+    """``DimExpr.parse`` of a str, memoized (a DimExpr is immutable; a ValueError is not cached)."""
+    return DimExpr._parse_uncached(text)
 
 
 def parse_all(dims: Sequence[str]) -> tuple[DimExpr, ...]:

@@ -256,8 +256,11 @@ class Service:
             protocol.check_content_type(request.headers.get("content-type"), header_length)
             # the body first, outside admission: a slow client holds its own connection, never an inference slot.
             # A large one lands in a reused (pinned) block, given back by ``calls.run`` once the call has ended
+            align = int(header_length) if header_length is not None and header_length.isdigit() \
+                and len(header_length) <= 18 else None  # where the tensors start: aligned, no copy for CPU kernels
             data, lease = await read_pooled(request, self.staging, limit=self.config.max_body_bytes,
-                                            timeout_s=self.config.body_timeout_s, rejected=self.metrics.rejected)
+                                            timeout_s=self.config.body_timeout_s, rejected=self.metrics.rejected,
+                                            align_at=align)
             try:
                 req = protocol.parse_infer(data, header_length, self.config.limits)
             except BaseException:

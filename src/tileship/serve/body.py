@@ -4,20 +4,25 @@ bytearray or a pooled block (``serve.staging``)."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
 from tileship.serve.validate import BadRequest, short
 
+#: the alignment ``read_pooled`` gives a body's tensors (what CPU kernels and vector loads want)
+ALIGN = 16
+
 
 async def read_body(request: Request, *, limit: int, timeout_s: float, rejected: Any,
-                    into: Any = None) -> Any:
+                    into: Any = None, align_at: int | None = None) -> Any:
     """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; BadRequest (413, 408,
     400) otherwise, each rejection counted on ``rejected.labels(reason)``. The buffer is allocated once
     the first body bytes arrive, never on the word of the Content-Length header alone; ``into``
     (a writable memoryview of exactly Content-Length bytes, ``serve.staging``) is used instead when
-    given, and returned. Otherwise the result is a bytearray."""
+    given, and returned. Otherwise the result is a bytearray, or with ``align_at`` (and a
+    Content-Length) a memoryview of one placing that body offset on a 16-byte boundary."""
     cl = request.headers.get("content-length")
     size = None
     if cl is not None:
@@ -40,7 +45,9 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
                     buf += chunk
                 else:
                     if not buf and n:
-                        buf = into if into is not None and len(into) == size else bytearray(size)
+                        buf = (into if into is not None and len(into) == size
+                               else bytearray(size) if align_at is None
+                               else _aligned(memoryview(bytearray(size + ALIGN - 1)), size, align_at))
                     buf[pos:pos + n] = chunk
                 pos += n
     except TimeoutError:
@@ -54,17 +61,37 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
     return buf
 
 
-async def read_pooled(request: Request, pool: Any, *, limit: int, timeout_s: float, rejected: Any) -> tuple[Any, Any]:
+async def read_pooled(request: Request, pool: Any, *, limit: int, timeout_s: float, rejected: Any,
+                      align_at: int | None = None) -> tuple[Any, Any]:
     """``read_body`` into a block of ``pool`` (``serve.staging.Pool``) when Content-Length names a body
     the pool takes: (body, the lease or None). The caller gives the lease back once nothing reads the
-    body; on an error here it is given back already."""
+    body; on an error here it is given back already.
+
+    ``align_at``: a body offset that should land on a 16-byte boundary (the binary extension's header
+    length: where the first tensor's bytes start), so that tensors viewed in place are aligned and a
+    CPU kernel takes them without a copy. The body is then a memoryview into a buffer 15 bytes longer."""
     cl = request.headers.get("content-length", "")
-    lease = pool.take(int(cl)) if cl.isdigit() and len(cl) <= 18 and int(cl) <= limit else None
+    size = int(cl) if cl.isdigit() and len(cl) <= 18 and int(cl) <= limit else None
+    if size is None:
+        lease = into = None
+    elif align_at is not None and size:
+        lease = pool.take(size + ALIGN - 1)
+        into = None if lease is None else _aligned(lease.view, size, align_at)
+    else:
+        lease = pool.take(size)
+        into = None if lease is None else lease.view
     try:
-        data = await read_body(request, limit=limit, timeout_s=timeout_s, rejected=rejected,
-                               into=lease.view if lease is not None else None)
+        data = await read_body(request, limit=limit, timeout_s=timeout_s, rejected=rejected, into=into,
+                               align_at=align_at)
     except BaseException:
         if lease is not None:
             lease.give_back()
         raise
     return data, lease
+
+
+def _aligned(view: memoryview, size: int, align_at: int) -> memoryview:
+    """The ``size`` bytes of ``view`` (at least ``size + ALIGN - 1`` long, writable) whose offset
+    ``align_at`` falls on an ``ALIGN``-byte address."""
+    start = -(ctypes.addressof(ctypes.c_char.from_buffer(view)) + align_at) % ALIGN
+    return view[start:start + size]

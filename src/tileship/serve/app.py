@@ -29,7 +29,7 @@ from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.dispatch import Decision, OpRunner, Release
 from tileship.serve import calls, extensions, handoff, protocol, shm, staging, standby, validate
 from tileship.serve.admission import Slots
-from tileship.serve.body import read_pooled
+from tileship.serve.body import read_pooled, tensors_start
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import ReleaseHolder, Served, Target, image_check, release_id_at
 from tileship.serve.jsonlog import JsonLog
@@ -256,11 +256,9 @@ class Service:
             protocol.check_content_type(request.headers.get("content-type"), header_length)
             # the body first, outside admission: a slow client holds its own connection, never an inference slot.
             # A large one lands in a reused (pinned) block, given back by ``calls.run`` once the call has ended
-            align = int(header_length) if header_length is not None and header_length.isdigit() \
-                and len(header_length) <= 18 else None  # where the tensors start: aligned, no copy for CPU kernels
             data, lease = await read_pooled(request, self.staging, limit=self.config.max_body_bytes,
                                             timeout_s=self.config.body_timeout_s, rejected=self.metrics.rejected,
-                                            align_at=align)
+                                            align_at=tensors_start(header_length))
             try:
                 req = protocol.parse_infer(data, header_length, self.config.limits)
             except BaseException:

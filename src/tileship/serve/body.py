@@ -90,6 +90,13 @@ async def read_pooled(request: Request, pool: Any, *, limit: int, timeout_s: flo
     return data, lease
 
 
+def tensors_start(header_length: str | None) -> int | None:
+    """Where a binary request's tensor bytes start in its body (the JSON header's length, from
+    ``Inference-Header-Content-Length``), or None (no binary extension, or a value the parser refuses)."""
+    ok = header_length is not None and header_length.isdigit() and len(header_length) <= 18
+    return int(header_length) if ok else None  # type: ignore[arg-type]
+
+
 def _aligned(view: memoryview, size: int, align_at: int) -> memoryview:
     """The ``size`` bytes of ``view`` (at least ``size + ALIGN - 1`` long, writable) whose offset
     ``align_at`` falls on an ``ALIGN``-byte address."""

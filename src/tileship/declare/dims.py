@@ -34,9 +34,7 @@ class DimExpr:
     def parse(cls, text: str) -> DimExpr:
         """Raise ValueError saying what to write instead for anything but ``<dim>[{/,//,*}<int>]``.
         Parsed once per text (the server plans every request with it)."""
-        if cls is DimExpr and isinstance(text, str):
-            return _parse(text)
-        return cls._parse_uncached(text)
+        return _parse(text) if isinstance(text, str) else cls._parse_uncached(text)  # the latter raises
 
     @classmethod
     def _parse_uncached(cls, text: str) -> DimExpr:

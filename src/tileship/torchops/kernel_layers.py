@@ -32,8 +32,9 @@ class _Bypassing(nn.Module):
         """(runner, route) when the forward's ``inputs`` (memo key ``key``) go to the reference, else
         None (the op serves them). A layer with parameters keys on the input's (shape, dtype): its
         parameters fix the device (an input on another fails in the replaced layer's own call as in
-        the op's), and moving the layer (``to``, ``cuda``, ``half``) clears the memo."""
-        if not self._eager or torch.compiler.is_compiling():
+        the op's), and moving the layer (``to``, ``cuda``, ``half``) clears the memo. Called only
+        while ``_eager`` (the forwards check it before making the key)."""
+        if torch.compiler.is_compiling():
             return None
         hit = self._routes.get(key)
         if hit is None or hit[0] is not self._op.current():

@@ -1,9 +1,9 @@
 """Where the server's time goes per small request, without sockets (development).
 
-usage: python benchmarks/dev/asgi_profile.py [--release DIR] [--n 2000] [--profile OUT.pstats]
+usage: python benchmarks/dev/asgi_profile.py [--release DIR] [--n 2000] [--json] [--profile OUT.pstats]
 
 Drives ``tileship.serve.routes.create_app`` directly as an ASGI app (lifespan, then N requests of the
-same binary ``add`` N=4096 fp32 inference), so the per-request time is the app's alone: routing,
+same ``add`` N=4096 fp32 inference, binary tensors or ``--json``), so the per-request time is the app's alone: routing,
 middleware, validation, the call, encoding, logging. ``serve_load.py`` gives the same request over
 loopback and a bare uvicorn app over the same bytes; the difference between the three is uvicorn's
 HTTP work plus the client. Prints the median us per request; with ``--profile`` also the top of a
@@ -59,7 +59,7 @@ async def main_async(args: argparse.Namespace) -> None:
     rel_dir = args.release or serve_load.build_cpu_release(Path(tempfile.mkdtemp(prefix="asgi-rel-")))
     app = create_app(ServeConfig(source=rel_dir))
     release = load_release(rel_dir)
-    body, headers, _ = serve_load.make_request(release, "add", {"N": 4096}, "float32", binary=True)
+    body, headers, _ = serve_load.make_request(release, "add", {"N": 4096}, "float32", binary=not args.json)
     started = asyncio.Event()
     lifespan_q: asyncio.Queue = asyncio.Queue()
     await lifespan_q.put({"type": "lifespan.startup"})
@@ -77,7 +77,8 @@ async def main_async(args: argparse.Namespace) -> None:
     await drive(app, path, body, headers, 200)  # warm-up
     times = await drive(app, path, body, headers, args.n)
     ranked = sorted(times)
-    print(f"ASGI app alone, add N=4096 fp32 binary: p50 {statistics.median(times):.1f} us over {args.n} requests "
+    kind = "JSON" if args.json else "binary"
+    print(f"ASGI app alone, add N=4096 fp32 {kind}: p50 {statistics.median(times):.1f} us over {args.n} requests "
           f"(p10 {ranked[len(ranked) // 10]:.1f}, p90 {ranked[9 * len(ranked) // 10]:.1f})", file=sys.stderr)
     if args.profile:
         prof = cProfile.Profile()
@@ -115,6 +116,7 @@ def main() -> None:
     ap.add_argument("--release", type=Path)
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--profile")
+    ap.add_argument("--json", action="store_true", help="JSON tensors instead of the binary extension")
     asyncio.run(main_async(ap.parse_args()))
 
 

@@ -1,7 +1,7 @@
 """A/B of two source trees of `tileship serve`, side by side: the HTTP p50 of small requests.
 
 Two servers run at once, one from each tree (``PYTHONPATH=TREE/src``), on the same release and
-flags; one client process sends them the same binary `add` request (N floats, sequential,
+flags; one client process sends them the same `add` request (N floats, binary or ``--json``, sequential,
 keep-alive), alternating rounds so that this machine's noise lands on both alike. Prints the
 pooled p50 of each and B - A round by round (negative: B is faster); the difference is "resolved"
 only when every round has the same sign.
@@ -81,6 +81,7 @@ def main() -> int:
     ap.add_argument("b", type=Path, help="tree B")
     ap.add_argument("--release", type=Path, help="a CPU release (default: build the CPU catalog)")
     ap.add_argument("--n", type=int, default=4096, help="floats per input of the add requests")
+    ap.add_argument("--json", action="store_true", help="JSON tensors instead of the binary extension")
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--per-round", type=int, default=200)
     ap.add_argument("--server-arg", action="append", default=[], help="extra `tileship serve` flag (both servers)")
@@ -90,7 +91,7 @@ def main() -> int:
     from tileship.runtime.loader import load
 
     release = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-ab-rel-")))
-    body, headers, _ = make_request(load(release), "add", {"N": a.n}, "float32", True)
+    body, headers, _ = make_request(load(release), "add", {"N": a.n}, "float32", not a.json)
     procs = {k: start(tree.resolve(), release, a.server_arg) for k, tree in (("A", a.a), ("B", a.b))}
     try:
         result = asyncio.run(rounds({k: port for k, (_, port) in procs.items()}, body, headers, a.rounds,
@@ -99,7 +100,7 @@ def main() -> int:
         for proc, _ in procs.values():
             proc.terminate()
             proc.wait(30)
-    result = {"benchmark": "serve_ab", "a": str(a.a), "b": str(a.b), "release": release.name, "n": a.n,
+    result = {"benchmark": "serve_ab", "a": str(a.a), "b": str(a.b), "release": release.name, "n": a.n, "json": a.json,
               "rounds": a.rounds, "per_round": a.per_round, "server_args": a.server_arg,
               "load_average_1m": round(os.getloadavg()[0], 2), "command": " ".join(sys.argv), **result}
     print(json.dumps(result, indent=2))

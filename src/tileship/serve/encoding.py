@@ -68,7 +68,8 @@ def encode_response(*, model: str, version: str, request_id: str | None, paramet
                     raise BadRequest(422, f"output {name} holds NaN or Infinity, which JSON cannot carry; ask for "
                                           "binary output or set parameters.allow_nonfinite to true")
                 tokens = True
-            entry["data"] = t.reshape(-1).tolist()
+            # numbers as ``tolist`` gives them (floats through float64: the same text), written by orjson
+            entry["data"] = t.detach().reshape(-1).to(torch.float64 if t.is_floating_point() else t.dtype).numpy()
         head_outputs.append(entry)
     head: dict[str, Any] = {"model_name": model, "model_version": version}
     if request_id is not None:
@@ -78,9 +79,12 @@ def encode_response(*, model: str, version: str, request_id: str | None, paramet
     if tokens:  # orjson writes null for NaN; the client asked for the bare tokens
         import json
 
+        for entry in head_outputs:
+            if "data" in entry:
+                entry["data"] = entry["data"].tolist()
         text = json.dumps(head, separators=(",", ":")).encode()
     else:
-        text = orjson.dumps(head)
+        text = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
     return Encoded([text, *raw], len(text) if raw else None)
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tileship.declare.dims import SAME, DimExpr, bind
-from tileship.serve import shm
+from tileship.serve import json_data, shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE, Encoded, encode_response, tensor_metadata  # noqa: F401 (re-exported)
-from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, flatten, in_declared_set, short
+from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, in_declared_set, short
 from tileship.serve.validate import output_bytes as _output_bytes
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -34,7 +34,7 @@ class InputTensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: Any = None            # JSON data (possibly nested lists)
+    data: Any = None            # JSON data: its leaves (``json_data.values``: a typed array or a list)
     raw: memoryview | None = None  # binary extension: this input's bytes inside the body
     shm: shm.Ref | None = None     # shared-memory extension: where its bytes are (``shm_requests.attach`` sets ``raw``)
     #: CUDA shared memory: () -> its bytes in place, a uint8 device view (``shm_requests.attach``; run at call)
@@ -215,11 +215,7 @@ def _parse_input(t: Any, i: int, limits: RequestLimits) -> tuple[InputTensor, in
         return inp, size
     if "data" not in t:
         raise BadRequest(400, f"input {name}: no 'data' and no binary_data_size parameter")
-    inp.data = flatten(t["data"], name, limits.max_depth)
-    if len(inp.data) != count:
-        raise BadRequest(400,
-                         f"byte size mismatch: input {name} has shape {shape} ({count} elements) but 'data' holds "
-                         f"{len(inp.data)}")
+    inp.data = json_data.values(t["data"], name, dt, shape, limits.max_depth)
     return inp, None
 
 
@@ -339,7 +335,7 @@ def to_tensor(inp: InputTensor, device: str) -> Any:
             t = t.clone()  # the JSON header's length leaves the data anywhere; CPU kernels get aligned memory
     else:
         try:
-            t = torch.tensor(inp.data, dtype=dt).reshape(inp.shape)
+            t = json_data.to_torch(inp.data, dt).reshape(inp.shape)
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             raise BadRequest(400,
                              f"wrong dtype: input {inp.name}: 'data' does not hold {inp.datatype} values "

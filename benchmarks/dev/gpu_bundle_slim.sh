@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# This machine, repo root: bash benchmarks/dev/gpu_bundle_slim.sh [serve]
+# A device call carries 64 MiB in all and the tracked files take about 23 MiB, so the full bundle of
+# ../shared/tools/gpu-host-bundle (49 MiB) no longer fits. This rebuilds .gpu/site.tar.xz from it without
+# what a GPU-host run of the catalog needs least: the server packages (starlette, fastapi, uvicorn, h11,
+# httptools, pydantic, anyio, opentelemetry), z3's executable, TVM's C++ sources and CUTLASS's tools
+# (TileLang still compiles: CUTLASS's headers and TVM's Python stay): about 38 MiB. The full bundle is kept
+# as .gpu/full.tar.xz. With "serve" it keeps the server packages and drops TileLang and z3 instead (9 MiB):
+# enough to serve a release whose operator modules do not import TileLang at the top.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+../shared/tools/gpu-host-bundle
+[ -f .gpu/full.tar.xz ] && [ "$(cat .gpu/full.stamp 2>/dev/null)" = "$(cat .gpu/site.stamp)" ] \
+  || { cp .gpu/site.tar.xz .gpu/full.tar.xz; cp .gpu/site.stamp .gpu/full.stamp; }
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+tar -C "$work" -xJf .gpu/full.tar.xz
+if [ "${1:-}" = serve ]; then
+  (cd "$work" && rm -rf tilelang tilelang-* z3 z3_solver-*)
+else
+  (cd "$work" && rm -rf starlette* fastapi* uvicorn* h11* httptools* pydantic* anyio* opentelemetry* annotated_doc* \
+    annotated_types* typing_inspection* z3_solver-*.data tilelang/3rdparty/cutlass/tools tilelang/3rdparty/tvm/src)
+fi
+tar -C "$work" -cf - . | xz -9 -T0 > .gpu/site.tar.xz.tmp
+mv .gpu/site.tar.xz.tmp .gpu/site.tar.xz
+rm -f .gpu/site.stamp  # the next gpu-host-bundle run rebuilds the full one
+echo "gpu_bundle_slim: .gpu/site.tar.xz $(du -h .gpu/site.tar.xz | cut -f1) (${1:-catalog}); full bundle in .gpu/full.tar.xz"

@@ -9,9 +9,13 @@
 # enough to serve a release whose operator modules do not import TileLang at the top.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-../shared/tools/gpu-host-bundle
-[ -f .gpu/full.tar.xz ] && [ "$(cat .gpu/full.stamp 2>/dev/null)" = "$(cat .gpu/site.stamp)" ] \
-  || { cp .gpu/site.tar.xz .gpu/full.tar.xz; cp .gpu/site.stamp .gpu/full.stamp; }
+# the spec list's stamp, computed as gpu-host-bundle computes it
+stamp=$(sed -e 's/#.*//' -e 's/[[:space:]]//g' gpu-host-requirements.txt | grep -v '^$' | sort | sha256sum | cut -c1-16)
+if [ ! -f .gpu/full.tar.xz ] || [ "$(cat .gpu/full.stamp 2>/dev/null)" != "$stamp" ]; then
+  rm -f .gpu/site.stamp  # site.tar.xz may be a trimmed one: build the full bundle afresh
+  ../shared/tools/gpu-host-bundle
+  mv .gpu/site.tar.xz .gpu/full.tar.xz && echo "$stamp" > .gpu/full.stamp
+fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 tar -C "$work" -xJf .gpu/full.tar.xz
 if [ "${1:-}" = serve ]; then
@@ -22,5 +26,5 @@ else
 fi
 tar -C "$work" -cf - . | xz -9 -T0 > .gpu/site.tar.xz.tmp
 mv .gpu/site.tar.xz.tmp .gpu/site.tar.xz
-rm -f .gpu/site.stamp  # the next gpu-host-bundle run rebuilds the full one
+rm -f .gpu/site.stamp  # gpu-host-bundle must not take the trimmed file for the full one
 echo "gpu_bundle_slim: .gpu/site.tar.xz $(du -h .gpu/site.tar.xz | cut -f1) (${1:-catalog}); full bundle in .gpu/full.tar.xz"

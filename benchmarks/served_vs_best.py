@@ -9,7 +9,8 @@ rounds whose first path changes every round (``tileship.verify.verify.measure``:
 perf_counter; median of the round medians, spread = ``timing.round_spread`` of them):
 
     served       release.op(name)(*inputs): the dispatcher, whichever path it picks
-    kernel:<id>  each candidate alone, through a dispatcher serving only it (its best served path)
+    kernel:<id>  each candidate alone, through a dispatcher serving only it (its best served path:
+                 the release's compiled dispatch table where the served operator has one)
     reference    the PyTorch reference alone (the operator's best PyTorch path)
 
 and prints served / best per shape; the target is <= 1.05. A difference within the larger of
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from tileship.runtime import nojit
     from tileship.runtime.loader import load, load_artifact
     from tileship.verify.timing import rotation_sets
-    from tileship.verify.tune import _runner
+    from tileship.verify.tune import _runner, served_table
     from tileship.verify.verify import dynamic_block
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -116,13 +117,13 @@ def main(argv: list[str] | None = None) -> int:
                 block = dynamic_block({**desc.get("config", {}), **dict(spec0.config)}, spec0.dynamic_dim)
                 points = verification_points(spec0, block=block, limit=args.limit)
             alone = {}
+            table = served_table(args.release, [e.kernel for e in runner.entries])
             for spec in specs:
                 try:
+                    kernel = load_artifact(args.release / "specs" / spec.id, spec.id)
                     alone[spec.candidate or "default"] = (
                         spec,
-                        _runner(
-                            desc, name, runner.reference, spec, load_artifact(args.release / "specs" / spec.id, spec.id)
-                        ),
+                        _runner(desc, name, runner.reference, spec, kernel, table),
                     )
                 except Exception as exc:  # noqa: BLE001 -- not built / not loadable: not a candidate for best
                     print(f"note: {spec.id} not measured: {type(exc).__name__}: {exc}")

@@ -322,3 +322,31 @@ def test_arrays_that_are_not_torch_tensors_are_refused_as_without_the_table(cpu_
     with pytest.raises(CallError, match="expected a torch.Tensor, got int"):
         add(1, 2)
     assert add.snapshot() == {"kernel:kernel": 3}
+
+
+def test_tune_times_each_path_through_the_table_the_release_serves_with(cpu_release_build: Any) -> None:
+    """Tune and served_vs_best time every candidate through a dispatcher of its own: it gets the
+    release's table where the served operator has one, so a kernel is not timed through the Python
+    path it is never served by (about 2 us a call on the H200 host), and the reference-only
+    dispatcher gets it too (its route row, as served)."""
+    from tileship.runtime.loader import load, load_artifact
+    from tileship.verify.tune import _runner, served_table
+
+    root = cpu_release_build.path
+    release = load(root)
+    served = release.ops["add"]
+    table = served_table(root, [e.kernel for e in served.entries])
+    assert table == root
+    assert served_table(root, [None]) is None and served_table(None, [e.kernel for e in served.entries]) is None
+    spec = next(e.spec for e in served.entries if e.kernel is not None and e.spec.dtype == "float32")
+    desc = release.declarations["add"]
+    kernel = _runner(desc, "add", served.reference, spec, load_artifact(root / "specs" / spec.id, spec.id), table)
+    reference = _runner(desc, "add", served.reference, spec, None, table)
+    python = _runner(desc, "add", served.reference, spec, load_artifact(root / "specs" / spec.id, spec.id))
+    a, b = torch.randn(1000), torch.randn(1000)
+    for _ in range(4):
+        assert torch.equal(kernel(a, b), a + b) and torch.equal(reference(a, b), a + b)
+        assert torch.equal(python(a, b), a + b)
+    assert kernel._table is not None and reference._table is not None and python._table is None
+    assert kernel._table.count(0) == 4 - 2, "the table did not serve the kernel from the key's third call on"
+    assert reference.snapshot() == {"reference:tuning": 4}

@@ -184,11 +184,30 @@ def attach(snapshot: Path, ops: dict[str, Any]) -> str | None:
     return None
 
 
+def attach_runner(snapshot: Path, runner: Any) -> bool:
+    """Give one dispatcher built outside ``load`` (tune's and the benchmarks' per-candidate ones) the
+    table of the release at ``snapshot``, so that it is timed as the release serves. True when
+    attached; False when the release has no library, it is off, or the operator's arguments do not fit."""
+    path = snapshot / LIBRARY
+    if not path.is_file() or not env.native_call() or runner.n_inputs > MAX_ARGS or not runner.all_tensors:
+        return False
+    try:
+        runner.use_native(NativeTable(load_module(path), runner.n_inputs, len(runner.entries)))
+    except Exception as exc:  # as in ``attach``: the Python dispatcher serves
+        _log.warning("%s: not loaded (%s: %s)", path, type(exc).__name__, exc)
+        return False
+    return True
+
+
+def is_native(kernel: Any) -> bool:
+    """True for a kernel the table launches (TileLang's tvm_ffi or cython backend)."""
+    return getattr(getattr(kernel, "adapter", None), "backend", None) in ("tvm_ffi", "cython")
+
+
 def _has_native_kernel(runner: Any) -> bool:
     if runner.n_inputs > MAX_ARGS or not runner.all_tensors:
         return False
-    return any(getattr(getattr(e.kernel, "adapter", None), "backend", None) in ("tvm_ffi", "cython")
-               for e in runner.entries)
+    return any(is_native(e.kernel) for e in runner.entries)
 
 
 @functools.cache
@@ -203,4 +222,4 @@ def _dl_dtypes() -> dict[Any, int]:
 
 
 __all__ = ["ABI", "LIBRARY", "MISALIGNED", "MISS", "NON_CONTIGUOUS", "NativeBuild", "NativeTable", "SOURCE",
-           "attach", "compile_library", "load_module"]
+           "attach", "attach_runner", "compile_library", "is_native", "load_module"]

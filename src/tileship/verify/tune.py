@@ -7,11 +7,11 @@ range the powers of two plus its edges):
 1. every candidate is verified with verification's method (poisoned outputs, float64 reference,
    the declared tolerances, several seeds): a candidate that fails there cannot win there;
 2. the reference and every passing candidate are timed with one method, as they are served:
-   each through a dispatcher of its own (the same launcher serving uses), inputs rotated across
-   sets that overflow the cache, warm-up, CUDA events (perf_counter on CPU), the L2 flushed before
-   every sample, the median of the samples; five rounds in a rotating order; a path's time is
-   the median of its round medians and its spread twice their median absolute deviation
-   (``timing.round_spread``); the larger spread of two paths is their noise band;
+   each through a dispatcher of its own (the same launcher and compiled dispatch table serving
+   uses), inputs rotated across sets that overflow the cache, warm-up, CUDA events (perf_counter
+   on CPU), the L2 flushed before every sample, the median of the samples; five rounds in a
+   rotating order; a path's time is the median of its round medians and its spread twice their
+   median absolute deviation (``timing.round_spread``); the larger spread of two paths is their noise band;
 3. the fastest candidate wins only when it beats the reference by more than that band
    (``tileship.release.tuning``); otherwise the reference keeps the bucket. When only the band
    kept the reference (the candidate's median is faster by more than ``NOISE_FLOOR``: one
@@ -84,14 +84,31 @@ def bucket_points(
     ]
 
 
-def _runner(desc: Mapping[str, Any], name: str, reference: Any, spec: Specialization, kernel: Any) -> Any:
-    """A dispatcher serving only ``kernel`` (or only the reference when None): timed as served."""
+def _runner(desc: Mapping[str, Any], name: str, reference: Any, spec: Specialization, kernel: Any,
+            table: Path | None = None) -> Any:
+    """A dispatcher serving only ``kernel`` (or only the reference when None): timed as served. With
+    ``table`` (the release's root, when the served operator gets the compiled dispatch table:
+    ``runtime.native``) it gets that table too, as the loaded release's dispatcher does; without
+    it a kernel would be timed through the Python path, about 2 us a call slower on the H200 host,
+    and a reference through the same cost either way."""
+    from tileship.runtime import native
     from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner
     from tileship.runtime.loader import op_shape
 
     decision = Decision(KERNEL, KERNEL, spec.id) if kernel is not None else Decision(REFERENCE, "tuning", spec.id)
     shape = op_shape(dict(desc), name)
-    return OpRunner(shape, reference, [Entry(spec, kernel, decision)])
+    runner = OpRunner(shape, reference, [Entry(spec, kernel, decision)])
+    if table is not None:
+        native.attach_runner(table, runner)
+    return runner
+
+
+def served_table(root: Path | None, kernels: Sequence[Any]) -> Path | None:
+    """``root`` when the loaded release would give the operator of ``kernels`` its compiled table
+    (one of them is a kernel the table launches: ``runtime.native.attach``), else None."""
+    from tileship.runtime import native
+
+    return root if root is not None and any(native.is_native(k) for k in kernels) else None
 
 
 def tune_group(
@@ -102,9 +119,11 @@ def tune_group(
     *,
     options: TuneOptions,
     sample: Any = None,
+    root: Path | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Tune one group: ``members`` are (spec id, spec, loaded kernel or a failure text). Returns the
-    group's table and the candidates' SpecVerdicts (their verification evidence)."""
+    group's table and the candidates' SpecVerdicts (their verification evidence). ``root``: the
+    release, whose compiled dispatch table the timed dispatchers get where serving would use it."""
     spec0 = members[0][1]
     device = Target(spec0.target).device_type
     extra = options.buckets.get(spec0.op, ())
@@ -125,10 +144,11 @@ def tune_group(
     scalars = [i for i, (n, _) in enumerate(inputs) if n in set(desc.get("scalars") or ())]
     flush = l2_flush_buffer(device) if options.flush else None
     name = spec0.op
-    runners = {"": _runner(desc, name, reference, spec0, None)}
+    table = served_table(root, [k for *_, k in members if not isinstance(k, str)])
+    runners = {"": _runner(desc, name, reference, spec0, None, table)}
     for _sid, spec, kernel in members:
         if not isinstance(kernel, str):
-            runners[spec.candidate or "default"] = _runner(desc, name, reference, spec, kernel)
+            runners[spec.candidate or "default"] = _runner(desc, name, reference, spec, kernel, table)
     table_points = []
     for dims, bucket in points:
         key = json.dumps(dims, sort_keys=True)
@@ -239,7 +259,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             except ArtifactLoadError as exc:
                 loaded.append((sid, spec, f"artifact failed to load: {exc}"))
         group, verdicts = tune_group(
-            gid, loaded, reference, desc, options=options, sample=import_sample(desc, spec0.op)
+            gid, loaded, reference, desc, options=options, sample=import_sample(desc, spec0.op), root=root
         )
         table[gid] = group
         for v in verdicts:

@@ -36,6 +36,8 @@ _Y = _x(name="Y")
 _HUGE = "1" + "0" * 5000  # past Python's int-str limit (4300 digits)
 _BIN_X = {"name": "X", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
 _BIN_Y = {**_BIN_X, "name": "Y"}
+#: "²" as the server reads header bytes (latin-1): a digit to str.isdigit(), not to int()
+_LATIN1_TWO: dict[str, Any] = {"inference-header-content-length": b"\xb2"}
 
 CASES: list[tuple[str, str, str, bytes, dict[str, str], int, str]] = [
     ("huge-int-in-shape", "POST", _ADD,
@@ -125,4 +127,19 @@ CASES: list[tuple[str, str, str, bytes, dict[str, str], int, str]] = [
     ("id-not-string", "POST", _ADD, _doc([_x(), _Y], id=5), JSON, 400, "'id' must be a string"),
     ("unknown-version", "POST", "/v2/models/add/versions/" + "9" * 5000 + "/infer", _doc([_x(), _Y]), JSON, 404,
      "unknown version"),
+    # str.isdigit() takes superscripts and other scripts' digits, which int() refuses: a 500 before
+    ("header-length-superscript", "POST", _ADD, _bin({"inputs": [_BIN_X, _BIN_Y]}, b"\0" * 32)[0],
+     _LATIN1_TWO, 400, "Inference-Header-Content-Length"),
+    ("header-length-digit-then-superscript", "POST", _ADD, _bin({"inputs": [_BIN_X, _BIN_Y]}, b"\0" * 32)[0],
+     {"inference-header-content-length": b"1\xb3"}, 400, "Inference-Header-Content-Length"),  # type: ignore[dict-item]
+    ("classification-on-a-huge-output-name", "POST", _ADD,
+     _doc([_x(), _Y], outputs=[{"name": "Z" * 100_000, "parameters": {"classification": 1}}]), JSON, 400,
+     "classification extension"),
+    ("huge-unknown-route", "GET", "/v2/" + "p" * 20_000, b"", {}, 404, "Not Found"),
+    ("canary-huge-unknown-field", "POST", "/v2/tileship/canary",
+     json.dumps({"release": "somewhere", "Z" * 50_000: 1}).encode(), JSON, 400, "unknown field"),
+    ("canary-huge-release", "POST", "/v2/tileship/canary", json.dumps({"release": "/" + "r" * 50_000}).encode(),
+     JSON, 400, "at most 4096 characters"),
+    ("unload-body-too-large", "POST", "/v2/repository/models/add/unload", b" " * (65 << 10), JSON, 413,
+     "the limit is 65536 bytes (a control request's limit)"),
 ]

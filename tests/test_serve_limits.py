@@ -268,3 +268,60 @@ def test_device_probe_decides_stickiness_not_the_message_alone():
     assert probe_device("cpu") is None
     if not torch.cuda.is_available():
         assert probe_device("cuda") is not None  # no device: the probe fails, it does not raise
+
+
+# -- found by a hostile-client probe (2026-12-02): a stall, unbounded control bodies, long echoes ------------
+def test_a_canary_naming_a_fifo_manifest_never_stalls_the_server(tmp_path):
+    """The canary's id is read on the event loop: a FIFO (or a device) as manifest.json must not
+    block it, then or at any later readiness check."""
+    import os
+
+    bad = tmp_path / "fifo-release"
+    bad.mkdir()
+    os.mkfifo(bad / "manifest.json")
+    with hostile_server(tmp_path / "srv") as srv:
+        r = httpx.post(srv.url + "/v2/tileship/canary", json={"release": str(bad)}, timeout=10.0)
+        assert 400 <= r.status_code < 500, r.text
+        for path in ("/v2/health/live", "/v2/health/ready", "/v2/tileship/canary", "/metrics"):
+            assert httpx.get(srv.url + path, timeout=5.0).status_code == 200, path
+        assert post(srv, "/v2/models/add/infer", _GOOD).json()["outputs"][0]["data"] == [4.0, 6.0]
+
+
+def test_control_routes_time_out_a_stalled_body_and_a_disconnect_is_no_500(tmp_path):
+    with hostile_server(tmp_path, body_timeout_s=1.0) as srv:
+        for route in ("/v2/repository/models/add/unload", "/v2/repository/models/add/load", "/v2/tileship/canary"):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+                t0 = time.monotonic()
+                s.sendall(f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{".encode())
+                head = s.recv(65536)
+                assert head.startswith(b"HTTP/1.1 408"), (route, head[:200])
+                assert time.monotonic() - t0 < 8, route
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:  # gone mid-body
+                s.sendall(f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{".encode())
+                time.sleep(0.2)
+        time.sleep(0.5)
+        text = httpx.get(srv.url + "/metrics").text
+        assert metric(text, "tileship_requests_total", code="500") == 0
+        assert not (tmp_path / "diag").exists(), "a disconnect wrote diagnostics"
+        assert "add" not in srv.service.unloaded, "a refused unload took effect"
+
+
+def test_an_unknown_region_lists_a_few_registered_names_not_all(tmp_path):
+    from multiprocessing import shared_memory
+
+    made = [shared_memory.SharedMemory(create=True, size=64) for _ in range(12)]
+    try:
+        with hostile_server(tmp_path) as srv:
+            for i, m in enumerate(made):
+                r = httpx.post(srv.url + f"/v2/systemsharedmemory/region/{'n' * 250}{i:03d}/register",
+                               json={"key": "/" + m.name, "offset": 0, "byte_size": 64}, timeout=10.0)
+                assert r.status_code == 200, r.text
+            r = httpx.get(srv.url + "/v2/systemsharedmemory/region/nothing/status", timeout=10.0)
+            assert r.status_code == 404
+            err = r.json()["error"]
+            assert "and 4 more" in err and len(err) < 1000, err[:300]
+            httpx.post(srv.url + "/v2/systemsharedmemory/unregister", timeout=10.0)
+    finally:
+        for m in made:
+            m.close()
+            m.unlink()

@@ -16,6 +16,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from tileship.digits import parse_uint
 from tileship.release import integrity
 from tileship.release.records import POINTER_TMP_PREFIX
 
@@ -37,7 +38,7 @@ def versions(releases_dir: Path) -> dict[str, list[Path]]:
 def version(path: Path) -> int:
     """``n`` of ``<id>@<n>``; 0 for the first copy ``<id>``."""
     _, _, n = path.name.partition("@")
-    return int(n) if n.isdigit() else 0
+    return parse_uint(n) or 0
 
 
 def drop(path: Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from tileship.digits import parse_uint
 from tileship.serve.validate import BadRequest, short
 
 #: the alignment ``read_pooled`` gives a body's tensors (what CPU kernels and vector loads want)
@@ -16,22 +17,23 @@ ALIGN = 16
 
 
 async def read_body(request: Request, *, limit: int, timeout_s: float, rejected: Any,
-                    into: Any = None, align_at: int | None = None) -> Any:
+                    limit_name: str = "--max-body-mib", into: Any = None, align_at: int | None = None) -> Any:
     """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; BadRequest (413, 408,
     400) otherwise, each rejection counted on ``rejected.labels(reason)``. The buffer is allocated once
     the first body bytes arrive, never on the word of the Content-Length header alone; ``into``
     (a writable memoryview of exactly Content-Length bytes, ``serve.staging``) is used instead when
     given, and returned. Otherwise the result is a bytearray, or with ``align_at`` (and a
-    Content-Length) a memoryview of one placing that body offset on a 16-byte boundary."""
+    Content-Length) a memoryview of one placing that body offset on a 16-byte boundary.
+    ``limit_name`` is what a 413 names as the limit."""
     cl = request.headers.get("content-length")
     size = None
     if cl is not None:
-        if not cl.isdigit() or len(cl) > 18:
+        size = parse_uint(cl, strip=True)
+        if size is None:
             raise BadRequest(400, f"Content-Length is not a non-negative integer: {short(cl)}")
-        size = int(cl)
         if size > limit:
             rejected.labels("body_too_large").inc()
-            raise BadRequest(413, f"request body is {size} bytes; the limit is {limit} bytes (--max-body-mib)")
+            raise BadRequest(413, f"request body is {size} bytes; the limit is {limit} bytes ({limit_name})")
     buf: Any = bytearray()
     pos = 0
     try:
@@ -41,7 +43,7 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
                 if size is None:
                     if pos + n > limit:
                         rejected.labels("body_too_large").inc()
-                        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes (--max-body-mib)")
+                        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes ({limit_name})")
                     buf += chunk
                 else:
                     if not buf and n:
@@ -70,8 +72,9 @@ async def read_pooled(request: Request, pool: Any, *, limit: int, timeout_s: flo
     ``align_at``: a body offset that should land on a 16-byte boundary (the binary extension's header
     length: where the first tensor's bytes start), so that tensors viewed in place are aligned and a
     CPU kernel takes them without a copy. The body is then a memoryview into a buffer 15 bytes longer."""
-    cl = request.headers.get("content-length", "")
-    size = int(cl) if cl.isdigit() and len(cl) <= 18 and int(cl) <= limit else None
+    size = parse_uint(request.headers.get("content-length"), strip=True)
+    if size is not None and size > limit:
+        size = None
     if size is None:
         lease = into = None
     elif align_at is not None and size:
@@ -90,11 +93,24 @@ async def read_pooled(request: Request, pool: Any, *, limit: int, timeout_s: flo
     return data, lease
 
 
+#: the most a control request's body may carry (repository load/unload, the canary, shared-memory
+#: registration, logging settings): a few hundred bytes of JSON in practice
+CONTROL_BODY = 64 << 10
+
+
+async def control_body(request: Request) -> bytes:
+    """A control route's body, read as an inference body is (``read_body``): at most ``CONTROL_BODY``
+    bytes, within the server's body timeout. Raises BadRequest (413, 408, 400; a client that
+    disconnects mid-body is a 400), never anything a route would turn into a 500."""
+    service = request.app.state.service
+    return bytes(await read_body(request, limit=CONTROL_BODY, timeout_s=service.config.body_timeout_s,
+                                 rejected=service.metrics.rejected, limit_name="a control request's limit"))
+
+
 def tensors_start(header_length: str | None) -> int | None:
     """Where a binary request's tensor bytes start in its body (the JSON header's length, from
     ``Inference-Header-Content-Length``), or None (no binary extension, or a value the parser refuses)."""
-    ok = header_length is not None and header_length.isdigit() and len(header_length) <= 18
-    return int(header_length) if ok else None  # type: ignore[arg-type]
+    return parse_uint(header_length, strip=True)
 
 
 def _aligned(view: memoryview, size: int, align_at: int) -> memoryview:

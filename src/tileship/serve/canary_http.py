@@ -24,8 +24,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tileship.errors import TileshipError
+from tileship.serve.body import control_body
 from tileship.serve.canary import CanaryPolicy
+from tileship.serve.validate import BadRequest, short
 
+#: the longest ``release`` a canary request may name (Linux's PATH_MAX)
+MAX_RELEASE_CHARS = 4096
 _FIELDS = {f.name: f.type for f in dataclasses.fields(CanaryPolicy)}
 
 
@@ -40,9 +44,12 @@ def parse(body: bytes) -> tuple[str, CanaryPolicy]:
     release = doc.pop("release", None)
     if not isinstance(release, str) or not release:
         raise TileshipError("'release' is required: a release directory or a registry release id")
+    if len(release) > MAX_RELEASE_CHARS or "\0" in release:
+        raise TileshipError(f"'release' must be a path or release id of at most {MAX_RELEASE_CHARS} characters "
+                            f"without NUL, got {short(release)}")
     unknown = sorted(set(doc) - set(_FIELDS))
     if unknown:
-        raise TileshipError(f"unknown field {unknown[0]!r} in the canary request",
+        raise TileshipError(f"unknown field {short(unknown[0])} in the canary request",
                             hint=f"known: release, {', '.join(_FIELDS)}")
     values: dict[str, Any] = {}
     for key, value in doc.items():
@@ -62,7 +69,9 @@ async def endpoint(request: Request) -> Response:
         status, body = rollout.abort()
         return JSONResponse(body, status_code=status)
     try:
-        release, policy = parse(await request.body())
+        release, policy = parse(await control_body(request))
+    except BadRequest as exc:
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
     except TileshipError as exc:
         return JSONResponse({"error": exc.message, "hint": exc.hint}, status_code=400)
     status, body = await rollout.start(release, policy)

@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tileship.serve import protocol, validate
+from tileship.serve.body import control_body
 from tileship.serve.validate import BadRequest, short
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ def unload_model(service: Service, name: str) -> None:
 
 async def unload(request: Request) -> Response:
     """Stop serving one model (Triton's repository unload). 200 ``{}`` as Triton; 404 for an unknown name."""
-    _parameters(await request.body())
+    _parameters(await _body(request))
     unload_model(request.app.state.service, request.path_params["name"])
     return JSONResponse({})
 
@@ -252,9 +253,16 @@ async def load_model(service: Service, name: str, trigger: str) -> tuple[int, di
 
 async def load(request: Request) -> Response:
     """``load_model`` over REST: 200 with the reload's body, its 409 when it failed."""
-    check_load_parameters(_parameters(await request.body()))
+    check_load_parameters(_parameters(await _body(request)))
     status, body = await load_model(request.app.state.service, request.path_params["name"], "http")
     return JSONResponse(body, status_code=status)
+
+
+async def _body(request: Request) -> bytes:
+    try:
+        return await control_body(request)
+    except BadRequest as exc:
+        raise HTTPException(exc.status, exc.message) from None
 
 
 def _parameters(raw: bytes) -> dict[str, Any]:

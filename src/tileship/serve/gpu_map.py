@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from tileship.digits import parse_uint
 from tileship.errors import DeclarationError
 
 
@@ -24,7 +25,7 @@ def parse(text: str | None) -> tuple[int, ...]:
     out: list[int] = []
     for raw in text.split(","):
         item = raw.strip()
-        if not item.isdigit():
+        if parse_uint(item) is None:
             raise DeclarationError(f"--gpus: {item!r} is not a GPU index (a whole number >= 0)",
                                    hint="list device indices as torch numbers them, e.g. --gpus 0,1")
         if int(item) in out:

@@ -13,6 +13,8 @@ logs and metrics.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,12 +53,32 @@ def resolve(source: Path, *, force_reference: bool = False) -> Target:
     return Target(Path(active.path), bool(active.reference_only) or force_reference)
 
 
+#: the most of a manifest ``release_id_at`` reads (a release's manifest is a few KiB)
+MANIFEST_READ_LIMIT = 1 << 20
+
+
 def release_id_at(path: Path) -> str | None:
-    """The release id its manifest claims (unchecked), or None when unreadable."""
+    """The release id its manifest claims (unchecked), or None when unreadable. Callable on the event
+    loop with any path a client names: only a regular file is read (opened without blocking, so a
+    FIFO or a device never stalls it), and at most ``MANIFEST_READ_LIMIT`` bytes of it."""
     try:
-        return str(json.loads((path / "manifest.json").read_text())["release_id"])
-    except (OSError, ValueError, KeyError, TypeError):
+        fd = os.open(path / "manifest.json", os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MANIFEST_READ_LIMIT:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MANIFEST_READ_LIMIT + 1)
+        if len(data) > MANIFEST_READ_LIMIT:
+            return None
+        rid = json.loads(data)["release_id"]
+        return rid if isinstance(rid, str) and len(rid) <= 128 else None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
 
 
 @dataclass

@@ -35,8 +35,6 @@ if TYPE_CHECKING:  # JsonLog imports this module: the web framework only where a
 #: the format tileship writes; Triton's ``default`` is accepted as a name for it
 FORMAT = "json"
 MAX_VERBOSE = (1 << 32) - 1
-#: a settings body is a few fields: past this it is not one
-MAX_BODY = 64 << 10
 
 _BOOLS = {"log_info": "info", "log_warning": "warning", "log_error": "error"}
 FIELDS = ("log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format")
@@ -115,14 +113,13 @@ async def endpoint(request: Request) -> Response:
     """``GET``/``POST /v2/logging``: 200 with the settings, 4xx ``{"error": ...}`` for a body that is wrong."""
     from starlette.responses import JSONResponse
 
-    from tileship.serve.body import read_body
+    from tileship.serve.body import control_body
 
     service = request.app.state.service
     if request.method == "GET":
         return JSONResponse(service.log.settings.to_json())
     try:
-        raw = await read_body(request, limit=MAX_BODY, timeout_s=service.config.body_timeout_s,
-                              rejected=service.metrics.rejected)
+        raw = await control_body(request)
         return JSONResponse(apply(service, _decode(bytes(raw))))
     except BadRequest as exc:
         return JSONResponse({"error": exc.message}, status_code=exc.status)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tileship.declare.dims import SAME, DimExpr, bind
+from tileship.digits import parse_uint
 from tileship.serve import json_data, shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE, Encoded, encode_response, tensor_metadata  # noqa: F401 (re-exported)
 from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, in_declared_set, short
@@ -96,8 +97,8 @@ def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimit
     limits = limits or RequestLimits()
     n = len(body)
     if header_length is not None:
-        hl = int(header_length) if header_length.isdigit() and len(header_length) <= 18 else -1
-        if hl < 0:
+        hl = parse_uint(header_length, strip=True)
+        if hl is None:
             raise BadRequest(400, f"Inference-Header-Content-Length must be an integer >= 0, got "
                                   f"{short(header_length)}")
         if hl > n:
@@ -153,7 +154,7 @@ def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimit
             raise BadRequest(400, f"outputs[{j}].name must be a string")
         op = _object(o.get("parameters", {}), f"outputs[{j}].parameters")
         if "classification" in op:
-            raise BadRequest(400, f"output {name}: the classification extension is not supported")
+            raise BadRequest(400, f"output {short(name)}: the classification extension is not supported")
         ref = shm.ref_of(op, f"output {short(name)}")
         if ref is not None:
             shm_outputs[name] = ref

@@ -22,7 +22,7 @@ from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served, image_check
 from tileship.serve.middleware import RequestIds
 from tileship.serve.telemetry import ReferenceCollector
-from tileship.serve.validate import short
+from tileship.serve.validate import clip, short
 
 
 def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = None) -> Any:
@@ -100,7 +100,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         assert isinstance(exc, HTTPException)
         detail = exc.detail
         if detail in ("Not Found", "Method Not Allowed"):
-            detail = f"{detail}: {request.method} {request.url.path} (docs/serving.md lists the routes)"
+            detail = f"{detail}: {clip(request.method, 16)} {clip(request.url.path)} (docs/serving.md lists the routes)"
         return JSONResponse({"error": detail}, status_code=exc.status_code, headers=exc.headers)
 
     async def internal_error(request: Request, exc: Exception) -> Response:

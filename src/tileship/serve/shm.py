@@ -275,9 +275,16 @@ class Regions:
         return r
 
     def _known(self) -> str:
-        return f"registered: {', '.join(sorted(self._regions))}" if self._regions else "none is registered"
+        """The registered names for an error message: the first ``KNOWN_SHOWN`` (each cut short), then a count."""
+        if not self._regions:
+            return "none is registered"
+        names = sorted(self._regions)
+        more = f" and {len(names) - KNOWN_SHOWN} more" if len(names) > KNOWN_SHOWN else ""
+        return f"registered: {', '.join(short(n, 40) for n in names[:KNOWN_SHOWN])}{more}"
 
 
+#: how many registered region names an unknown-region error lists
+KNOWN_SHOWN = 8
 _ROUTE = {"system": "systemsharedmemory", "cuda": "cudasharedmemory"}
 
 

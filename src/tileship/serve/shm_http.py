@@ -23,11 +23,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tileship.serve import cuda_shm
-from tileship.serve.body import read_body
+from tileship.serve.body import control_body
 from tileship.serve.validate import BadRequest
-
-#: the largest register body read (the three fields, with room to spare)
-MAX_BODY = 64 << 10
 
 
 def _kind(request: Request) -> str:
@@ -45,8 +42,7 @@ async def register(request: Request) -> Response:
     service = request.app.state.service
     name = request.path_params["name"]
     try:
-        raw = await read_body(request, limit=MAX_BODY, timeout_s=service.config.body_timeout_s,
-                              rejected=service.metrics.rejected)
+        raw = await control_body(request)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from tileship.declare.dims import SAME, DimExpr
+from tileship.digits import parse_uint
 
 
 class BadRequest(Exception):
@@ -54,6 +55,11 @@ def short(v: Any, limit: int = 60) -> str:
         text = repr(v)
     except Exception:  # e.g. ValueError: an int with more digits than sys.get_int_max_str_digits()
         return f"<a {type(v).__name__} too large to print>"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """``text`` itself (no quotes) when at most ``limit`` characters, else its start and its length."""
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
@@ -130,8 +136,9 @@ def output_bytes(decl: Mapping[str, Any], dims: Mapping[str, int], dtype_itemsiz
     for name, ds, *_ in decl.get("outputs", ()):
         count = 1
         for d in ds:
-            if isinstance(d, int) or (isinstance(d, str) and d.isdigit()):
-                count *= int(d)
+            fixed = d if isinstance(d, int) else parse_uint(d)
+            if fixed is not None:
+                count *= fixed
                 continue
             try:
                 e = DimExpr.parse(d)

@@ -169,6 +169,30 @@ def test_tune_records_a_table_bound_to_the_lock_and_host(tuned_release):
     assert ev["specializations"]["poly.float32.N65536.c.rounds1-bias0p5"]["passed"] is False
 
 
+def test_each_round_records_what_its_latency_was_made_of(tuned_release):
+    """The latency clock keeps, per path and round, the host issue cost and the device time behind
+    the number the decision used (on the CPU the two are one: ``timing.measure``'s median)."""
+    path, _, _ = tuned_release
+    ev = json.loads((path / "evidence" / "verification.json").read_text())
+    assert ev["tuning_options"]["clock"] == "latency"
+    (p,) = ev["tuning"]["poly.float32.N65536.c"]["points"]
+    parts = p["clock_parts_us"]
+    assert set(parts) == {"reference", "rounds1", "rounds64"}  # the wrong candidate is never timed
+    for cid, part in parts.items():
+        rounds = p["reference"] if cid == "reference" else p["candidates"][cid]
+        assert rounds["round_medians_us"] == [max(h, d) for h, d in zip(part["host"], part["device"], strict=True)]
+
+
+def test_the_latency_clock_on_cpu_is_the_median_of_the_events_clock():
+    import torch
+
+    from tileship.verify.latency import latency
+
+    a = torch.randn(4096)
+    lat = latency(torch.sin, [[a]], device="cpu", budget_ms=5.0)
+    assert lat.latency_us == lat.host_us == lat.device_us > 0 and lat.repeats >= 5
+
+
 def test_routing_follows_the_tuned_table_bucket_by_bucket(tuned_release):
     import torch
 

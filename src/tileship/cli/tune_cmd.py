@@ -18,19 +18,26 @@ def tune_cmd(
     confirm_rounds: int = typer.Option(5, min=0, help="more rounds where only the noise band kept the reference "
                                                       "(0: never)"),
     flush: bool = typer.Option(True, help="overwrite a cache-sized buffer before every timing sample"),
+    clock: str = typer.Option("latency", help="latency: max(host issue cost, device time), timed apart (stable "
+                                              "where the host's speed moves); events: calls back to back between "
+                                              "CUDA events"),
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
     device: common.DeviceOption = common.Device.all,
     only: list[str] = typer.Option([], help="operator name or group id (repeatable; default all)"),
     verifier_key: common.VerifierKeyOption = None,
 ) -> None:
     """Tune a release on this machine: per shape bucket, verify every candidate (poisoned outputs,
-    float64 reference), time the passing ones and the reference as served (CUDA events, L2 flushed
-    between samples, five rounds: their spread is the noise band) and record the winner; a candidate
+    float64 reference), time the passing ones and the reference as served (``--clock latency``: the
+    larger of the host's cost to issue a call and the device's time for it, each timed apart with
+    CUDA events and the L2 flushed between samples; five rounds: their spread is the noise band) and
+    record the winner; a candidate
     wins only when it beats the reference beyond the noise. Stored in the release's evidence
     (release id unchanged; a signature is removed: re-sign). Exit 1: nothing could be tuned."""
     from tileship.verify.tune import TuneOptions, tune_release
 
     seed_list = common.parse_seeds(seeds)
+    if clock not in ("latency", "events"):
+        raise typer.BadParameter("expected latency or events", param_hint="--clock")
     if rounds < 2:
         raise typer.BadParameter("two rounds at least are needed (the noise band is their spread)",
                                  param_hint="--rounds")
@@ -58,6 +65,7 @@ def tune_cmd(
         rounds=rounds,
         confirm_rounds=confirm_rounds,
         flush=flush,
+        clock=clock,
         buckets=extra,
         devices=device.devices(),
         only=tuple(only),

@@ -8,10 +8,13 @@ range the powers of two plus its edges):
    the declared tolerances, several seeds): a candidate that fails there cannot win there;
 2. the reference and every passing candidate are timed with one method, as they are served:
    each through a dispatcher of its own (the same launcher and compiled dispatch table serving
-   uses), inputs rotated across sets that overflow the cache, warm-up, CUDA events (perf_counter
-   on CPU), the L2 flushed before every sample, the median of the samples; five rounds in a
-   rotating order; a path's time is the median of its round medians and its spread twice their
-   median absolute deviation (``timing.round_spread``); the larger spread of two paths is their noise band;
+   uses), inputs rotated across sets that overflow the cache, warm-up, the L2 flushed before
+   every sample; on CUDA by the latency clock (``verify.latency``: the larger of the host's cost to
+   issue a call and the device's time for it, timed apart, so that a host slowed by its neighbours
+   does not decide), else (``clock="events"``, and on the CPU) the median of back-to-back samples
+   (CUDA events, perf_counter); five rounds in a rotating order; a path's time is the median of
+   its round medians and its spread twice their median absolute deviation
+   (``timing.round_spread``); the larger spread of two paths is their noise band;
 3. the fastest candidate wins only when it beats the reference by more than that band
    (``tileship.release.tuning``); otherwise the reference keeps the bucket. When only the band
    kept the reference (the candidate's median is faster by more than ``NOISE_FLOOR``: one
@@ -40,6 +43,7 @@ from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import bundle, evidence_seal, tuning
 from tileship.release import evidence as ev_mod
+from tileship.verify.latency import latency
 from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets
 from tileship.verify.tune_rule import time_and_decide
 from tileship.verify.verify import VerifyOptions, open_for_evidence, verify_spec
@@ -58,6 +62,10 @@ class TuneOptions:
     confirm_rounds: int = 5
     #: overwrite a cache-sized buffer before every timing sample
     flush: bool = True
+    #: how a path is timed: "latency" (``verify.latency``: max(host issue cost, device time), each
+    #: measured apart: stable where the host's speed moves) or "events" (``timing.measure``: calls
+    #: back to back between CUDA events, which read whichever of the two is larger at that moment)
+    clock: str = "latency"
     #: cap on the sizes of a T.dynamic dim (None: up to the declared maximum)
     limit: int | None = None
     #: operator -> extra bucket points for its dynamic dim (besides powers of two and the edges)
@@ -168,20 +176,25 @@ def tune_group(
 
         sets = rotation_sets(fresh(0), fresh, device=device, out_bytes=0)
 
-        def time_one(c: str, sets: list[Any] = sets, flush: Any = flush) -> float:
-            return measure(
-                runners[c],
-                sets,
-                device=device,
-                warmup_ms=options.warmup_ms,
-                budget_ms=options.budget_ms,
-                min_repeats=options.min_repeats,
-                max_repeats=options.max_repeats,
-                flush=flush,
-            ).median_us
+        parts: dict[str, list[list[float]]] = {}
 
-        table_points.append(time_and_decide(dims, bucket, ["", *ok], passed, key, time_one,
-                                            options.rounds, options.confirm_rounds))
+        def time_one(c: str, sets: list[Any] = sets, flush: Any = flush,
+                     parts: dict[str, list[list[float]]] = parts) -> float:
+            kw = {"device": device, "warmup_ms": options.warmup_ms, "budget_ms": options.budget_ms,
+                  "min_repeats": options.min_repeats, "max_repeats": options.max_repeats, "flush": flush}
+            if options.clock == "events":
+                return measure(runners[c], sets, **kw).median_us
+            lat = latency(runners[c], sets, **kw)
+            parts.setdefault(c or "reference", [[], []])
+            parts[c or "reference"][0].append(lat.host_us)
+            parts[c or "reference"][1].append(lat.device_us)
+            return lat.latency_us
+
+        point = time_and_decide(dims, bucket, ["", *ok], passed, key, time_one, options.rounds,
+                                options.confirm_rounds)
+        if parts:  # what each round's latency was made of: host issue cost and device time, us per call
+            point["clock_parts_us"] = {c: {"host": h, "device": d} for c, (h, d) in parts.items()}
+        table_points.append(point)
         del sets, time_one  # the inputs are freed before the next point's are made
     del flush
     group = {
@@ -289,6 +302,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             "rounds": options.rounds,
             "confirm_rounds": options.confirm_rounds,
             "flush": options.flush,
+            "clock": options.clock,
             "limit": options.limit,
             "noise_floor": NOISE_FLOOR,
             "buckets": {k: list(v) for k, v in options.buckets.items()},

@@ -1,0 +1,104 @@
+"""The latency clock of ``tileship tune``: a call's served latency from its two stable parts.
+
+A stream of calls runs at the pace of the slower of two clocks: the host's (the Python and
+driver work to issue one call) and the device's (the kernels of one call). Timed back to back
+(``timing.measure``), a call whose host cost is close to its device time reads whichever is
+larger at that moment, and on a shared host the host's speed moves: on the H200 host,
+``torch.matmul`` at N=K=4096-11008, M <= 256 was timed at 17-30 us in one process and 40-49 us
+in the next minute of another (``benchmarks/results/h200/round15/``), while a kernel launched
+through the compiled table (host cost 11-15 us, device time 18-48 us) read the same everywhere.
+A decision taken on one such reading flips in the next process.
+
+``latency`` times both parts apart, in one loop per sample:
+
+    device   the device is first kept busy (``torch.cuda._sleep``, longer than the host needs to
+             issue the sample's calls; the L2 flushed before it), then ``inner`` calls run back to
+             back between two CUDA events: the device's time per call, with no host gap in it;
+    host     the host time to issue those ``inner`` calls (``perf_counter_ns``; the calls never
+             wait, the device is still asleep): the host's cost per call.
+
+and gives ``max(host, device)`` per call, with host the 10th percentile of its samples (a
+busy host only adds to it) and device their median: the latency of a call stream on an
+uncontended host, which is what the next process will see too. On the CPU both parts are one
+(``timing.measure``'s median).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tileship.verify.timing import measure, quantile
+
+#: the device's clock rate assumed for ``torch.cuda._sleep`` (cycles): a faster clock sleeps less
+#: than asked, so the sleep is sized with room to spare (``SLEEP_MARGIN``)
+_CYCLES_PER_US = 2000
+SLEEP_MARGIN = 3.0
+#: device time a sample aims for, us
+SAMPLE_US = 100.0
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One timing run of one path, us per call: ``latency_us`` = max(``host_us``, ``device_us``)."""
+
+    latency_us: float
+    host_us: float
+    device_us: float
+    inner: int
+    repeats: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"latency_us": self.latency_us, "host_us": self.host_us, "device_us": self.device_us,
+                "calls_per_sample": self.inner, "repeats": self.repeats}
+
+
+def latency(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device: str, warmup_ms: float = 10.0,
+            budget_ms: float = 40.0, min_repeats: int = 5, max_repeats: int = 40, flush: Any = None) -> Latency:
+    """Time ``fn`` over the rotating ``arg_sets`` with the latency clock (module doc). ``flush``: a
+    cache-sized buffer overwritten before every sample (``timing.l2_flush_buffer``)."""
+    if device != "cuda":
+        s = measure(fn, arg_sets, device=device, warmup_ms=warmup_ms, budget_ms=budget_ms, min_repeats=min_repeats,
+                    max_repeats=max_repeats, flush=flush)
+        return Latency(s.median_us, s.median_us, s.median_us, s.inner, s.repeats)
+    import torch
+
+    n = len(arg_sets)
+    torch.cuda.synchronize()
+    calls, t0 = 0, time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms or calls < 3:  # warm-up; estimates one call's cost
+        fn(*arg_sets[calls % n])
+        calls += 1
+        if calls % 16 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    est_us = max((time.perf_counter() - t0) * 1e6 / calls, 0.1)
+    inner = max(1, min(64, math.ceil(SAMPLE_US / est_us)))
+    sleep_cycles = int(SLEEP_MARGIN * inner * est_us * _CYCLES_PER_US) + 50 * _CYCLES_PER_US
+    repeats = max(min_repeats, min(max_repeats, int(budget_ms * 1e3 / (inner * est_us * (1 + SLEEP_MARGIN)))))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    host: list[float] = []
+    k = 0
+    for r in range(repeats):
+        torch.cuda.synchronize()
+        if flush is not None:
+            flush.zero_()
+        torch.cuda._sleep(sleep_cycles)  # the device is busy while the host issues the calls
+        starts[r].record()
+        h0 = time.perf_counter_ns()
+        for _ in range(inner):
+            fn(*arg_sets[k % n])
+            k += 1
+        host.append((time.perf_counter_ns() - h0) / 1e3 / inner)
+        ends[r].record()
+    torch.cuda.synchronize()
+    dev = [s.elapsed_time(e) * 1e3 / inner for s, e in zip(starts, ends, strict=True)]
+    host_us, device_us = quantile(host, 0.1), quantile(dev, 0.5)
+    return Latency(max(host_us, device_us), host_us, device_us, inner, repeats)
+
+
+__all__ = ["Latency", "SAMPLE_US", "SLEEP_MARGIN", "latency"]

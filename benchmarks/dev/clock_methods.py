@@ -13,6 +13,9 @@ in rotating order:
     gpu    one call queued behind a flush, CUDA events around it: the device's time alone
     host   host time to issue 32 calls with no sync (the GPU is not waited for), per call
     iso    one call then a sync, host clock: an isolated request's latency
+    lat    ``verify.latency`` (tune's clock since round 15): max(lat_host, lat_dev), its two parts
+           timed apart in one loop (lat_host: p10 of the host's issue time per call; lat_dev:
+           median device time per call, the calls queued behind a device sleep)
 
 Paths: ``reference`` (the operator's reference called directly, as served_vs_best's best path),
 ``reference (dispatcher)`` (a dispatcher that serves only the reference: what tune times),
@@ -51,7 +54,7 @@ ALL = QUICK + [
     ("gemm", "bfloat16", {"M": 4, "K": 4096, "N": 11008}),
     ("rmsnorm", "bfloat16", {"M": 512, "N": 4096}),
 ]
-METHODS = ("svb", "tune", "gpu", "host", "iso")
+METHODS = ("svb", "tune", "gpu", "host", "iso", "lat", "lat_host", "lat_dev")
 
 
 def _method(name: str, fn: Any, sets: list[Any], flush: Any, device: str) -> float:
@@ -63,6 +66,11 @@ def _method(name: str, fn: Any, sets: list[Any], flush: Any, device: str) -> flo
         return measure(fn, sets, device=device, budget_ms=15.0, warmup_ms=10.0).median_us
     if name == "tune":
         return measure(fn, sets, device=device, budget_ms=20.0, warmup_ms=10.0, max_repeats=40, flush=flush).median_us
+    if name.startswith("lat"):  # tune's latency clock since round 15 (verify.latency), and its two parts
+        from tileship.verify.latency import latency
+
+        lat = latency(fn, sets, device=device, budget_ms=20.0, warmup_ms=10.0, max_repeats=40, flush=flush)
+        return {"lat": lat.latency_us, "lat_host": lat.host_us, "lat_dev": lat.device_us}[name]
     n = len(sets)
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tileship.serve.validate import BadRequest, short
+from tileship.serve.validate import BadRequest, clip, short
 
 if TYPE_CHECKING:
     pass
@@ -280,7 +280,7 @@ class Regions:
             return "none is registered"
         names = sorted(self._regions)
         more = f" and {len(names) - KNOWN_SHOWN} more" if len(names) > KNOWN_SHOWN else ""
-        return f"registered: {', '.join(short(n, 40) for n in names[:KNOWN_SHOWN])}{more}"
+        return f"registered: {', '.join(clip(n, 40) for n in names[:KNOWN_SHOWN])}{more}"
 
 
 #: how many registered region names an unknown-region error lists

@@ -287,3 +287,65 @@ def test_load_time_per_specialization_on_cpu(cpu_release: Path) -> None:
     print(f"\nsnapshot of {n} files: {snap_s * 1e3:.2f} ms; dlopen per specialization: "
           f"max {max(per_spec) * 1e3:.2f} ms; total load {rel.load_seconds['__total__'] * 1e3:.1f} ms")
     assert snap_s < 1.0
+
+
+# -- writes inside a release, killed at any instant (found by a crash probe, 2026-12-02) ------------------
+_EVIDENCE = {"schema": 1, "release_id": "x", "specializations": {}}
+
+
+def test_a_killed_in_place_write_leaves_a_leftover_that_is_ignored_and_then_removed(cpu_release: Path) -> None:
+    """``sign`` / ``evidence.write`` killed after writing their temporary: the release still checks
+    (the temporary is not part of it), and the next write removes it and succeeds."""
+    from tileship.release import evidence
+
+    dead = 2 ** 22 + 12345  # no such pid
+    for rel in ("manifest.sig", "evidence/verification.json", "manifest.json"):
+        (cpu_release / rel).parent.mkdir(exist_ok=True)
+        (cpu_release / f"{rel}.tmp{dead}").write_text("{half a write")
+    checked = integrity.check(cpu_release, trusted_keys=[])
+    assert sum("interrupted write" in w for w in checked.warnings) == 3
+    assert load(cpu_release).ops, "the release must still load"
+    with pytest.raises(BundleError, match="extra file"):  # any other unlisted file is still refused
+        (cpu_release / "manifest.sig.tmpx").write_text("x")
+        integrity.check(cpu_release, trusted_keys=[])
+    (cpu_release / "manifest.sig.tmpx").unlink()
+    evidence.write(cpu_release, _EVIDENCE)
+    assert not list(cpu_release.rglob(f"*.tmp{dead}")), "the next writer removes dead writers' temporaries"
+    assert integrity.check(cpu_release, trusted_keys=[]).warnings == ()
+
+
+def test_evidence_write_stopped_between_its_renames_checks_as_after_and_is_completed(
+        cpu_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new manifest is written before any file moves: stopped after the evidence (and its
+    signature's removal) moved but before the manifest did, the files match the pending manifest,
+    which ``check`` accepts; the next writer makes it the manifest."""
+    from tileship.release import evidence
+
+    evidence.write(cpu_release, _EVIDENCE)  # evidence (and no seal) exists; the next write replaces it
+    real, calls = os.replace, []
+
+    def replace(src: object, dst: object) -> None:
+        calls.append(dst)
+        if str(dst).endswith("manifest.json"):
+            raise KeyboardInterrupt("killed")  # stands for SIGKILL between two renames
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        evidence.write(cpu_release, {**_EVIDENCE, "note": "second"})
+    monkeypatch.setattr(os, "replace", real)
+    checked = integrity.check(cpu_release, trusted_keys=[])
+    assert any("manifest of an interrupted write" in w for w in checked.warnings), checked.warnings
+    assert json.loads((cpu_release / "evidence/verification.json").read_text())["note"] == "second"
+    assert load(cpu_release).ops
+    bundle.sign(cpu_release, _key(cpu_release.parent))  # the next writer completes the pending manifest
+    after = integrity.check(cpu_release, trusted_keys=[])
+    assert after.warnings == () and after.manifest_bytes == (cpu_release / "manifest.json").read_bytes()
+    assert not list(cpu_release.glob("manifest.json.tmp*"))
+
+
+def _key(where: Path) -> Path:
+    key = where / "signer.pem"
+    if not key.exists():
+        bundle.generate_key(key)
+    return key

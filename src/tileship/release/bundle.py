@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tileship.build.lock import sha256_file
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
+from tileship.release.integrity import leftover
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
@@ -44,7 +45,7 @@ def _files(root: Path) -> list[str]:
     for p in sorted(root.rglob("*")):
         if p.is_file() or p.is_symlink():
             rel = p.relative_to(root).as_posix()
-            if rel not in (MANIFEST, SIGNATURE):
+            if rel not in (MANIFEST, SIGNATURE) and not leftover(rel):
                 out.append(rel)
     return out
 
@@ -57,12 +58,56 @@ def release_id_of(files: dict[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def json_bytes(data: Any) -> bytes:
+    """How tileship writes a JSON file (sorted keys, indented, one newline at the end)."""
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
+def stage(path: Path, body: bytes) -> Path:
+    """Write ``body`` to ``path``'s temporary ``<name>.tmp<pid>`` and fsync it; returns the temporary
+    (``os.replace`` it onto ``path`` to commit). A killed writer's temporary is a ``leftover``."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    with tmp.open("rb") as f:
+    with open(tmp, "wb") as f:
+        f.write(body)
+        f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return tmp
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    os.replace(stage(path, json_bytes(data)), path)
+
+
+def settle(root: Path, manifest_bytes: bytes) -> None:
+    """Before an in-place write: finish what a killed writer left in ``root``. A pending manifest
+    whose bytes are ``manifest_bytes`` (the one ``integrity.check`` just accepted) becomes the
+    manifest; the temporaries of writers no longer running are removed."""
+    from tileship.release import integrity
+
+    for name in integrity.pending_manifests(root):
+        if (root / name).read_bytes() == manifest_bytes and _read_or_none(root / MANIFEST) != manifest_bytes:
+            os.replace(root / name, root / MANIFEST)
+            break
+    for rel in integrity.IN_PLACE:
+        target = root / rel
+        if not target.parent.is_dir():
+            continue
+        for tmp in target.parent.glob(target.name + ".tmp*"):
+            pid = tmp.name.rsplit(".tmp", 1)[1]
+            if leftover(tmp.relative_to(root).as_posix()) and not _running(int(pid)):
+                tmp.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def write_manifest(root: Path) -> dict[str, Any]:
@@ -153,6 +198,7 @@ def sign(root: Path, private_key_path: Path) -> str:
 
     body = integrity.check(root, trusted_keys=[]).manifest_bytes
     record = signature_record(load_private_key(private_key_path), body)
+    settle(root, body)
     write_json_atomic(root / SIGNATURE, record)
     return record["key_id"]
 

@@ -32,6 +32,7 @@ Routing rules (``route``, evaluated once per specialization at load):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -81,23 +82,43 @@ def write(root: Path, data: Mapping[str, Any], *, verifier_key: Path | None = No
 
     ``verifier_key`` (an ed25519 private key of the verifier role): sign the evidence
     (``evidence_seal.SIGNATURE``); without one, a signature of earlier evidence is removed.
-    Atomic per file. The release id does not change (evidence is not part of it); the manifest
+    Crash-safe: killed at any instant, the release checks as before or as after the write (a
+    pending manifest, ``integrity.check``). The release id does not change (evidence is not part of it); the manifest
     signature does not survive (the manifest changed): re-sign afterwards. Raises
     BundleIntegrityError when the release was not intact before writing, SignatureError for an
     unusable key (before anything is written).
     """
-    from tileship.release import bundle, evidence_seal
+    from tileship.release import bundle, evidence_seal, integrity
 
     root = Path(root)
     key = bundle.load_private_key(verifier_key) if verifier_key is not None else None
-    before = bundle.check_integrity(root)["release_id"]
+    checked = integrity.check(root, trusted_keys=[])
+    bundle.settle(root, checked.manifest_bytes)
+    files = dict(checked.manifest["files"])
+    body = bundle.json_bytes(dict(data))
     (root / EVIDENCE).parent.mkdir(exist_ok=True)
-    bundle.write_json_atomic(root / EVIDENCE, dict(data))
-    evidence_seal.seal(root, key)
-    manifest = bundle.write_manifest(root)
-    if manifest["release_id"] != before:  # would mean evidence leaked into the identity files
-        raise BundleIntegrityError(f"{root}: writing evidence changed the release id {before} -> "
+    moves = [(bundle.stage(root / EVIDENCE, body), root / EVIDENCE)]
+    files[EVIDENCE] = "sha256:" + hashlib.sha256(body).hexdigest()
+    sig = root / evidence_seal.SIGNATURE
+    if key is not None:
+        seal = bundle.json_bytes(bundle.signature_record(key, evidence_seal.DOMAIN + body))
+        moves.append((bundle.stage(sig, seal), sig))
+        files[evidence_seal.SIGNATURE] = "sha256:" + hashlib.sha256(seal).hexdigest()
+    else:
+        files.pop(evidence_seal.SIGNATURE, None)
+    manifest = {"schema": 1, "release_id": bundle.release_id_of(files), "files": files}
+    if manifest["release_id"] != checked.release_id:  # would mean evidence leaked into the identity files
+        raise BundleIntegrityError(f"{root}: writing evidence changed the release id {checked.release_id} -> "
                                    f"{manifest['release_id']}", path=str(root))
+    # the new manifest is on disk before any file moves: killed from here on, the files match
+    # either the old manifest or this pending one, which ``integrity.check`` then accepts
+    pending = bundle.stage(root / bundle.MANIFEST, bundle.json_bytes(manifest))
+    for tmp, final in moves:
+        os.replace(tmp, final)
+    if key is None:
+        sig.unlink(missing_ok=True)
+    os.replace(pending, root / bundle.MANIFEST)
+    (root / bundle.SIGNATURE).unlink(missing_ok=True)  # the manifest changed: re-sign
     return manifest
 
 

@@ -42,6 +42,17 @@ from tileship.errors import BundleError, BundleIntegrityError
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
+#: the files tileship rewrites inside an existing release (``sign``, ``evidence.write``); each write
+#: goes through a temporary ``<name>.tmp<pid>`` beside it (``bundle.write_json_atomic``)
+IN_PLACE = frozenset({MANIFEST, SIGNATURE, "evidence/verification.json", "evidence/verification.sig"})
+_LEFTOVER = re.compile(r"(.+)\.tmp([0-9]+)")
+
+
+def leftover(rel: str) -> bool:
+    """True for the temporary of an in-place write (``IN_PLACE``) that a killed writer left: never
+    part of the release, never loaded; ``check`` ignores it with a warning, the next writer removes it."""
+    m = _LEFTOVER.fullmatch(rel)
+    return m is not None and m.group(1) in IN_PLACE
 #: a directory named like this claims to hold that release
 RELEASE_DIR_RE = re.compile(r"([0-9a-f]{16})(@[0-9]+)?")
 _CHUNK = 1 << 20
@@ -173,7 +184,41 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
     ``copy_to`` (must not exist): copy every listed file there while hashing it, plus the
     manifest and signature bytes that were checked; ``durable`` fsyncs every copied file and
     directory (for the registry). Raises BundleError (or its subclasses) naming the file.
+
+    Leftovers of a killed in-place write (``leftover``) are ignored, with a warning. When the
+    files do not match ``manifest.json`` but do match a pending ``manifest.json.tmp<pid>`` (a
+    writer killed between its renames: ``evidence.write`` writes the new manifest before it moves
+    any file), that manifest is the one checked, with a warning; the next writer completes it.
     """
+    try:
+        return _check(root, MANIFEST, trusted_keys, copy_to, durable)
+    except BundleIntegrityError as first:
+        for pending in pending_manifests(Path(os.path.realpath(root))):
+            if copy_to is not None:
+                shutil.rmtree(copy_to, ignore_errors=True)
+            try:
+                got = _check(root, pending, trusted_keys, copy_to, durable)
+            except BundleError:
+                continue
+            note = (f"{pending}: the manifest of an interrupted write (its writer was stopped between renames) "
+                    f"describes the files; checked against it")
+            return Checked(got.root, got.manifest, got.manifest_bytes, got.signature_bytes, got.key_id,
+                           got.snapshot, (*got.warnings, note))
+        raise first
+
+
+def pending_manifests(root: Path) -> list[str]:
+    """``manifest.json.tmp<pid>`` files directly in ``root``, newest first."""
+    try:
+        found = [(e.stat(follow_symlinks=False).st_mtime_ns, e.name) for e in os.scandir(root)
+                 if e.name.startswith(MANIFEST + ".tmp") and leftover(e.name) and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
+    return [name for _, name in sorted(found, reverse=True)]
+
+
+def _check(root: Path | str, manifest_name: str, trusted_keys: Iterable[Path] | None, copy_to: Path | None,
+           durable: bool) -> Checked:
     # the path a deployment names may be a pointer (a ``current`` symlink): resolve it once, then
     # nothing inside the release is followed
     given = Path(root)
@@ -185,7 +230,7 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
     except OSError as exc:
         raise BundleError(f"{root}: cannot open the release directory ({exc.strerror})", path=str(root)) from None
     try:
-        body = _read_small(root_fd, MANIFEST, root)
+        body = _read_small(root_fd, manifest_name, root)
         if body is None:
             raise _refuse(root / MANIFEST, "manifest missing: not a tileship release")
         sig = _read_small(root_fd, SIGNATURE, root)
@@ -199,6 +244,9 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
             warnings.append(f"directory name {root.name!r} is not the release id; using the manifest's id {rid}")
         listed: dict[str, str] = manifest["files"]
         present = set(_present(root))
+        for rel in sorted(r for r in present if leftover(r)):
+            present.discard(rel)
+            warnings.append(f"{rel}: the temporary of an interrupted write; not part of the release, ignored")
         for rel in sorted(set(listed) - present):
             raise _refuse(root / rel, "listed in the manifest but missing")
         for rel in sorted(present - set(listed)):

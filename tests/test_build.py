@@ -10,8 +10,9 @@ import pytest
 
 from tileship.build.builder import BuildOptions, build
 from tileship.declare.project import Project, load_operators
-from tileship.errors import BundleIntegrityError, SignatureError
+from tileship.errors import BundleIntegrityError, SignatureError, TileshipError
 from tileship.release import bundle
+from tileship.release.registry import Registry
 
 TESTS = Path(__file__).parent
 
@@ -94,6 +95,81 @@ def test_pack_is_reproducible_and_unpacks_intact(cpu_release_build, tmp_path):
     assert a.read_bytes() == b.read_bytes()
     root = bundle.unpack(a, tmp_path / "unpacked")
     assert root.name == cpu_release_build.release_id
+
+
+def _rebuilt(src: Path, dest: Path, names: list[str], *, drop_first: bool = False) -> Path:
+    """``src``'s members re-packed under ``names`` ahead of them (directory entries)."""
+    import gzip
+    import io
+    import tarfile
+
+    with tarfile.open(src) as t:
+        items = [(m, t.extractfile(m).read() if m.isfile() else None) for m in t.getmembers()]
+    with open(dest, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb") as gz, tarfile.open(fileobj=gz, mode="w") as t:
+        for n in names:
+            d = tarfile.TarInfo(n)
+            d.type = tarfile.DIRTYPE
+            t.addfile(d)
+        for m, b in items[1 if drop_first else 0:]:
+            t.addfile(m, io.BytesIO(b) if b is not None else None)
+    return dest
+
+
+def test_archives_that_are_not_one_intact_release_get_an_error_naming_the_archive(cpu_release_build, tmp_path):
+    """Found by an integrity probe (2026-12-02): a truncated stream was a bare "Aborted.", a "."
+    member an IndexError, a corrupt deflate stream a zlib traceback, absolute members a check of "/"."""
+    import io
+    import tarfile
+
+    good = bundle.pack(cpu_release_build.path, tmp_path / "good.tar.gz")
+    raw = good.read_bytes()
+    (tmp_path / "trunc.tar.gz").write_bytes(raw[: len(raw) // 2])
+    flipped = bytearray(raw)
+    flipped[len(raw) // 3] ^= 0xFF
+    (tmp_path / "flip.tar.gz").write_bytes(bytes(flipped))
+    (tmp_path / "noise.tar.gz").write_bytes(b"\x1f\x8b" + bytes(range(256)) * 4)
+    cases = {"trunc.tar.gz": "not a release directory or a `tileship pack` archive", "flip.tar.gz": "flip.tar.gz",
+             "noise.tar.gz": "not a release directory or a `tileship pack` archive"}
+    with tarfile.open(good) as t:
+        top = t.getmembers()[0].name.split("/")[0]
+    absolute = tmp_path / "abs.tar.gz"
+    with tarfile.open(good) as t, tarfile.open(absolute, "w:gz") as out:
+        for m in t.getmembers():
+            data = t.extractfile(m).read() if m.isfile() else None
+            m.name = "/" + m.name.split("/", 1)[1] if "/" in m.name else "/" + m.name
+            out.addfile(m, io.BytesIO(data) if data is not None else None)
+    cases["abs.tar.gz"] = "leaves the archive's release directory"
+    reg = Registry(tmp_path / "reg")
+    for name, words in cases.items():
+        with pytest.raises(TileshipError) as e:
+            reg.publish(tmp_path / name)
+        assert words in e.value.message and name in e.value.message, e.value.message
+        assert ".unpack-" not in e.value.message, "the error names a deleted temporary directory"
+    assert reg.releases() == []
+    root = bundle.unpack(_rebuilt(good, tmp_path / "dot.tar.gz", [".", "./"]), tmp_path / "out-dot")
+    assert root.name == top  # "." members name the archive's own top
+
+
+def test_concurrent_packs_to_one_path_never_mix(cpu_release_build, tmp_path):
+    import threading
+
+    out = tmp_path / "same.tar.gz"
+    errors: list[BaseException] = []
+
+    def pack() -> None:
+        try:
+            bundle.pack(cpu_release_build.path, out)
+        except BaseException as exc:  # noqa: BLE001 -- collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pack) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert bundle.unpack(out, tmp_path / "unpacked").name == cpu_release_build.release_id
+    assert not list(tmp_path.glob("same.tar.gz.tmp*"))
 
 
 def test_build_cli_exit_status_and_summary(tmp_path):

@@ -349,3 +349,19 @@ def _key(where: Path) -> Path:
     if not key.exists():
         bundle.generate_key(key)
     return key
+
+
+def test_a_release_retired_while_it_is_read_is_named_as_such_not_as_tampered(cpu_release: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry's ``publish --replace`` retires the copy a reader is hashing: the reader is told the
+    release changed under it (read it again), not that a listed file is missing (found by a probe)."""
+    real_present = integrity._present
+
+    def retire_then_walk(root: Path) -> list[str]:
+        root.rename(root.with_name(root.name + "-retired"))
+        return real_present(root)
+
+    monkeypatch.setattr(integrity, "_present", retire_then_walk)
+    with pytest.raises(BundleError, match="removed or replaced while it was read") as e:
+        integrity.check(cpu_release, trusted_keys=[])
+    assert "tampered" not in e.value.message and "missing" not in e.value.message

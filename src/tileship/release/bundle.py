@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tileship.build.lock import sha256_file
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
-from tileship.release.integrity import leftover
+from tileship.release.inplace import leftover, settle, stage
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
@@ -63,51 +63,8 @@ def json_bytes(data: Any) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
-def stage(path: Path, body: bytes) -> Path:
-    """Write ``body`` to ``path``'s temporary ``<name>.tmp<pid>`` and fsync it; returns the temporary
-    (``os.replace`` it onto ``path`` to commit). A killed writer's temporary is a ``leftover``."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    return tmp
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(stage(path, json_bytes(data)), path)
-
-
-def settle(root: Path, manifest_bytes: bytes) -> None:
-    """Before an in-place write: finish what a killed writer left in ``root``. A pending manifest
-    whose bytes are ``manifest_bytes`` (the one ``integrity.check`` just accepted) becomes the
-    manifest; the temporaries of writers no longer running are removed."""
-    from tileship.release import integrity
-
-    for name in integrity.pending_manifests(root):
-        if (root / name).read_bytes() == manifest_bytes and _read_or_none(root / MANIFEST) != manifest_bytes:
-            os.replace(root / name, root / MANIFEST)
-            break
-    for rel in integrity.IN_PLACE:
-        target = root / rel
-        if not target.parent.is_dir():
-            continue
-        for tmp in target.parent.glob(target.name + ".tmp*"):
-            pid = tmp.name.rsplit(".tmp", 1)[1]
-            if leftover(tmp.relative_to(root).as_posix()) and not _running(int(pid)):
-                tmp.unlink(missing_ok=True)
-
-
-def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 def write_manifest(root: Path) -> dict[str, Any]:
@@ -242,35 +199,74 @@ def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trus
 # -- packing -------------------------------------------------------------------
 
 def pack(root: Path, archive: Path) -> Path:
-    """Write one reproducible .tar.gz of the release (sorted, zeroed owners and times)."""
-    manifest = check_integrity(root)
-    names = [MANIFEST, *([SIGNATURE] if (root / SIGNATURE).exists() else []), *sorted(manifest["files"])]
-    tmp = archive.with_name(archive.name + ".tmp")
+    """Write one reproducible .tar.gz of the release (sorted, zeroed owners and times). The files
+    packed are the bytes integrity checked (a private copy made while hashing), written to a
+    temporary of its own, fsynced, then renamed: concurrent packs to one path never mix."""
     import gzip
+    import tempfile
 
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb",
-                                               mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
-        for name in names:
-            info = tar.gettarinfo(str(root / name), arcname=f"{manifest['release_id']}/{name}")
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            info.mode = 0o644
-            with open(root / name, "rb") as f:
-                tar.addfile(info, f)
-    os.replace(tmp, archive)
+    from tileship.release import integrity
+
+    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=archive.name + ".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    with tempfile.TemporaryDirectory(prefix="tileship-pack-") as scratch:
+        try:
+            checked = integrity.check(root, trusted_keys=[], copy_to=Path(scratch) / "copy")
+            copy, manifest = Path(scratch) / "copy", checked.manifest
+            names = [MANIFEST, *([SIGNATURE] if checked.signature_bytes is not None else []),
+                     *sorted(manifest["files"])]
+            with open(tmp, "wb") as raw:
+                with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz, \
+                        tarfile.open(fileobj=gz, mode="w") as tar:
+                    for name in names:
+                        info = tar.gettarinfo(str(copy / name), arcname=f"{manifest['release_id']}/{name}")
+                        info.uid = info.gid = 0
+                        info.uname = info.gname = ""
+                        info.mtime = 0
+                        info.mode = 0o644
+                        with open(copy / name, "rb") as f:
+                            tar.addfile(info, f)
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temporary only
+            os.replace(tmp, archive)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return archive
 
 
 def unpack(archive: Path, dest: Path) -> Path:
-    """Extract a packed release under ``dest``; integrity is checked before it is returned."""
-    with tarfile.open(archive, "r:gz") as tar:
-        tops = {Path(m.name).parts[0] for m in tar.getmembers()}
-        if len(tops) != 1:
-            raise BundleError(f"{archive}: expected one release directory, found {sorted(tops)}", path=str(archive))
-        tar.extractall(dest, filter="data")
+    """Extract a packed release under ``dest``; integrity is checked before it is returned. An
+    unreadable archive (truncated, a corrupt stream) raises ``tarfile.ReadError`` (the filesystem's
+    own errors, a full disk among them, stay OSError); members outside one top directory (absolute,
+    ``..``) and a failed check raise BundleError naming the archive, never the temporary ``dest``."""
+    import zlib
+    from pathlib import PurePosixPath
+
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            tops = set()
+            for m in tar.getmembers():
+                parts = PurePosixPath(m.name).parts
+                if m.name.startswith("/") or ".." in parts:
+                    raise BundleError(f"{archive}: member {m.name[:200]!r} leaves the archive's release directory",
+                                      path=str(archive))
+                if parts:  # "." and "./" name the archive's own top: nothing to place
+                    tops.add(parts[0])
+            if len(tops) != 1:
+                raise BundleError(f"{archive}: expected one release directory, found {sorted(tops)[:8]}",
+                                  path=str(archive))
+            tar.extractall(dest, filter="data")
+    except (EOFError, zlib.error, ValueError) as exc:  # what gzip and tarfile raise for a damaged stream
+        raise tarfile.ReadError(f"a damaged archive ({type(exc).__name__}: {exc})") from None
     root = dest / tops.pop()
-    check_integrity(root)
+    try:
+        check_integrity(root)
+    except BundleError as exc:  # name the archive, not the temporary directory it was unpacked into
+        raise type(exc)(f"{archive}: {exc.message.replace(str(root) + '/', '')}", path=str(archive),
+                        hint=exc.hint) from None
     return root
 
 

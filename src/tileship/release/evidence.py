@@ -88,21 +88,21 @@ def write(root: Path, data: Mapping[str, Any], *, verifier_key: Path | None = No
     BundleIntegrityError when the release was not intact before writing, SignatureError for an
     unusable key (before anything is written).
     """
-    from tileship.release import bundle, evidence_seal, integrity
+    from tileship.release import bundle, evidence_seal, inplace, integrity
 
     root = Path(root)
     key = bundle.load_private_key(verifier_key) if verifier_key is not None else None
     checked = integrity.check(root, trusted_keys=[])
-    bundle.settle(root, checked.manifest_bytes)
+    inplace.settle(root, checked.manifest_bytes)
     files = dict(checked.manifest["files"])
     body = bundle.json_bytes(dict(data))
     (root / EVIDENCE).parent.mkdir(exist_ok=True)
-    moves = [(bundle.stage(root / EVIDENCE, body), root / EVIDENCE)]
+    moves = [(inplace.stage(root / EVIDENCE, body), root / EVIDENCE)]
     files[EVIDENCE] = "sha256:" + hashlib.sha256(body).hexdigest()
     sig = root / evidence_seal.SIGNATURE
     if key is not None:
         seal = bundle.json_bytes(bundle.signature_record(key, evidence_seal.DOMAIN + body))
-        moves.append((bundle.stage(sig, seal), sig))
+        moves.append((inplace.stage(sig, seal), sig))
         files[evidence_seal.SIGNATURE] = "sha256:" + hashlib.sha256(seal).hexdigest()
     else:
         files.pop(evidence_seal.SIGNATURE, None)
@@ -112,7 +112,7 @@ def write(root: Path, data: Mapping[str, Any], *, verifier_key: Path | None = No
                                    f"{manifest['release_id']}", path=str(root))
     # the new manifest is on disk before any file moves: killed from here on, the files match
     # either the old manifest or this pending one, which ``integrity.check`` then accepts
-    pending = bundle.stage(root / bundle.MANIFEST, bundle.json_bytes(manifest))
+    pending = inplace.stage(root / bundle.MANIFEST, bundle.json_bytes(manifest))
     for tmp, final in moves:
         os.replace(tmp, final)
     if key is None:

@@ -39,20 +39,10 @@ from typing import Any
 
 from tileship import env
 from tileship.errors import BundleError, BundleIntegrityError
+from tileship.release.inplace import leftover, pending_manifests, raise_if_replaced
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
-#: the files tileship rewrites inside an existing release (``sign``, ``evidence.write``); each write
-#: goes through a temporary ``<name>.tmp<pid>`` beside it (``bundle.write_json_atomic``)
-IN_PLACE = frozenset({MANIFEST, SIGNATURE, "evidence/verification.json", "evidence/verification.sig"})
-_LEFTOVER = re.compile(r"(.+)\.tmp([0-9]+)")
-
-
-def leftover(rel: str) -> bool:
-    """True for the temporary of an in-place write (``IN_PLACE``) that a killed writer left: never
-    part of the release, never loaded; ``check`` ignores it with a warning, the next writer removes it."""
-    m = _LEFTOVER.fullmatch(rel)
-    return m is not None and m.group(1) in IN_PLACE
 #: a directory named like this claims to hold that release
 RELEASE_DIR_RE = re.compile(r"([0-9a-f]{16})(@[0-9]+)?")
 _CHUNK = 1 << 20
@@ -190,9 +180,18 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
     writer killed between its renames: ``evidence.write`` writes the new manifest before it moves
     any file), that manifest is the one checked, with a warning; the next writer completes it.
     """
+    real = Path(os.path.realpath(root))
+    try:
+        before = os.stat(real)
+    except OSError:
+        before = None
     try:
         return _check(root, MANIFEST, trusted_keys, copy_to, durable)
-    except BundleIntegrityError as first:
+    except (BundleIntegrityError, OSError) as exc:
+        raise_if_replaced(real, before, exc)
+        if not isinstance(exc, BundleIntegrityError):
+            raise  # e.g. a full disk while copying: the caller names it
+        first = exc
         for pending in pending_manifests(Path(os.path.realpath(root))):
             if copy_to is not None:
                 shutil.rmtree(copy_to, ignore_errors=True)
@@ -204,17 +203,7 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
                     f"describes the files; checked against it")
             return Checked(got.root, got.manifest, got.manifest_bytes, got.signature_bytes, got.key_id,
                            got.snapshot, (*got.warnings, note))
-        raise first
-
-
-def pending_manifests(root: Path) -> list[str]:
-    """``manifest.json.tmp<pid>`` files directly in ``root``, newest first."""
-    try:
-        found = [(e.stat(follow_symlinks=False).st_mtime_ns, e.name) for e in os.scandir(root)
-                 if e.name.startswith(MANIFEST + ".tmp") and leftover(e.name) and e.is_file(follow_symlinks=False)]
-    except OSError:
-        return []
-    return [name for _, name in sorted(found, reverse=True)]
+        raise first from None
 
 
 def _check(root: Path | str, manifest_name: str, trusted_keys: Iterable[Path] | None, copy_to: Path | None,

@@ -120,23 +120,33 @@ class Registry:
             state = {"release_id": None, "reference_only": False}
         out = []
         for rid in self._ids():
-            root = self._current(rid)
-            try:
-                bundle.check_integrity(root)
-                ok, err = True, None
-            except BundleError as exc:
-                ok, err = False, exc.message
-            status, detail = verification_status(root)
-            try:
-                rel = json.loads((root / "release.json").read_text())
-                model = f"{rel['model']['name']}:{rel['model']['version']}"
-                revision = str(rel.get("kernel_revision", "?"))
-            except (OSError, ValueError, KeyError, TypeError):
-                model, revision = "?", "?"
-            is_active = rid == state["release_id"]
-            out.append(ReleaseInfo(rid, root, model, revision, status, detail, ok, err, is_active,
-                                   is_active and bool(state["reference_only"]), root.stat().st_mtime))
+            for attempt in range(3):  # a copy retired by a concurrent ``publish --replace``: read the next one
+                try:
+                    out.append(self._info(rid, state))
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise RegistryError(f"release {rid} kept changing while it was listed (concurrent "
+                                            f"`publish --replace`?)", hint="list the registry again") from None
         return sorted(out, key=lambda r: (r.published_at, r.release_id))
+
+    def _info(self, rid: str, state: dict[str, Any]) -> ReleaseInfo:
+        root = self._current(rid)
+        try:
+            bundle.check_integrity(root)
+            ok, err = True, None
+        except BundleError as exc:
+            ok, err = False, exc.message
+        status, detail = verification_status(root)
+        try:
+            rel = json.loads((root / "release.json").read_text())
+            model = f"{rel['model']['name']}:{rel['model']['version']}"
+            revision = str(rel.get("kernel_revision", "?"))
+        except (OSError, ValueError, KeyError, TypeError):
+            model, revision = "?", "?"
+        is_active = rid == state["release_id"]
+        return ReleaseInfo(rid, root, model, revision, status, detail, ok, err, is_active,
+                           is_active and bool(state["reference_only"]), root.stat().st_mtime)
 
     # -- changing ---------------------------------------------------------------
     def publish(self, source: Path | str, *, replace: bool = False, image_digest: str | None = None) -> str:

@@ -1,0 +1,98 @@
+"""Writes inside an existing release (``sign``, ``evidence.write``), safe against a kill at any instant.
+
+Each such file (``IN_PLACE``) is written to a temporary ``<name>.tmp<pid>`` beside it, fsynced,
+then renamed onto it (``stage`` + ``os.replace``). A writer killed before its rename leaves that
+temporary: a ``leftover``, which ``integrity.check`` ignores (it is never part of the release, never
+loaded) and the next writer removes (``settle``). A writer that moves several files
+(``evidence.write``: the evidence, its seal and the manifest) writes the new manifest first: killed
+between its renames, the files match that pending manifest, which ``integrity.check`` accepts and
+``settle`` makes the manifest. A reader whose release directory is retired under it (a registry's
+``publish --replace``) is told so (``raise_if_replaced``), not that a file is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from tileship.errors import BundleError
+
+MANIFEST = "manifest.json"
+#: the files tileship rewrites inside an existing release
+IN_PLACE = frozenset({MANIFEST, "manifest.sig", "evidence/verification.json", "evidence/verification.sig"})
+_LEFTOVER = re.compile(r"(.+)\.tmp([0-9]+)")
+
+
+def leftover(rel: str) -> bool:
+    """True for the temporary of an in-place write (``IN_PLACE``) that a killed writer left."""
+    m = _LEFTOVER.fullmatch(rel)
+    return m is not None and m.group(1) in IN_PLACE
+
+
+def stage(path: Path, body: bytes) -> Path:
+    """Write ``body`` to ``path``'s temporary ``<name>.tmp<pid>`` and fsync it; returns the temporary
+    (``os.replace`` it onto ``path`` to commit)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+def pending_manifests(root: Path) -> list[str]:
+    """``manifest.json.tmp<pid>`` files directly in ``root``, newest first."""
+    try:
+        found = [(e.stat(follow_symlinks=False).st_mtime_ns, e.name) for e in os.scandir(root)
+                 if e.name.startswith(MANIFEST + ".tmp") and leftover(e.name) and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
+    return [name for _, name in sorted(found, reverse=True)]
+
+
+def settle(root: Path, manifest_bytes: bytes) -> None:
+    """Before an in-place write: finish what a killed writer left in ``root``. A pending manifest
+    whose bytes are ``manifest_bytes`` (the one ``integrity.check`` just accepted) becomes the
+    manifest; the temporaries of writers no longer running are removed."""
+    current = (root / MANIFEST).read_bytes() if (root / MANIFEST).is_file() else None
+    for name in pending_manifests(root):
+        if current != manifest_bytes and (root / name).read_bytes() == manifest_bytes:
+            os.replace(root / name, root / MANIFEST)
+            break
+    for rel in IN_PLACE:
+        target = root / rel
+        if not target.parent.is_dir():
+            continue
+        for tmp in target.parent.glob(target.name + ".tmp*"):
+            m = _LEFTOVER.fullmatch(tmp.relative_to(root).as_posix())
+            if m is not None and m.group(1) in IN_PLACE and not _running(int(m.group(2))):
+                tmp.unlink(missing_ok=True)
+
+
+def raise_if_replaced(root: Path, before: os.stat_result | None, exc: Exception) -> None:
+    """A release directory removed or swapped while it was read (a registry's ``publish --replace``
+    retiring the copy being read) is not a damaged one: say so, rather than name a missing file."""
+    try:
+        now = os.stat(root)
+    except OSError:
+        now = None
+    if before is not None and (now is None or (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev)):
+        raise BundleError(f"{root}: the release was removed or replaced while it was read (a concurrent "
+                          f"`publish --replace`?); read it again", path=str(root),
+                          hint="resolve the release again (the registry's active pointer) and retry") from exc
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+__all__ = ["IN_PLACE", "leftover", "pending_manifests", "raise_if_replaced", "settle", "stage"]

@@ -721,6 +721,34 @@ def test_serving_a_registry_follows_activation_and_reference_only(cpu_release_bu
         assert (res.headers["x-tileship-path"], res.headers["x-tileship-reason"]) == ("reference", "disabled_by_policy")
 
 
+def test_a_replaced_copy_of_the_active_release_is_loaded_on_reload(cpu_release_build, tmp_path):
+    """``publish --replace`` of the active id (new evidence, same release id) makes a new copy
+    (``<id>@1``): a reload loads it, rather than answer "unchanged" for the same id (found by a probe)."""
+    from tileship.build.lock import lock_digest, read_lock
+    from tileship.release import evidence
+    from tileship.release.registry import Registry
+
+    reg = Registry(tmp_path / "registry")
+    rid = reg.publish(cpu_release_build.path)
+    reg.activate(rid)
+    with serving(ServeConfig(source=reg.root, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO())) as srv:
+        before = post(srv, "/v2/models/add/infer", **_json([_a([4]), _GOOD_B]))
+        assert before.headers["x-tileship-path"] == "kernel", before.headers
+        failed = tmp_path / "failed" / rid
+        shutil.copytree(cpu_release_build.path, failed)
+        spec = before.headers["x-tileship-spec"]
+        evidence.write(failed, {"schema": 1, "release_id": rid,
+                                "lock_digest": lock_digest(read_lock(failed / "tileship.lock")),
+                                "specializations": {spec: {"passed": False, "failure": "a failed check"}}})
+        reg.publish(failed, replace=True)
+        r = post(srv, "/v2/repository/reload")
+        assert r.status_code == 200 and r.json()["result"] == "swapped", r.text
+        after = post(srv, "/v2/models/add/infer", **_json([_a([4]), _GOOD_B]))
+        assert (after.headers["x-tileship-path"], after.headers["x-tileship-reason"]) == ("reference",
+                                                                                        "verification_failed")
+        assert post(srv, "/v2/repository/reload").json()["result"] == "unchanged"
+
+
 def test_cli_serves_reloads_on_sighup_and_stops_on_sigterm(cpu_release_build, tmp_path):
     b = copy_release(cpu_release_build.path, tmp_path / "b", version="2")
     id_b = bundle.read_manifest(b)["release_id"]

@@ -161,7 +161,7 @@ class Service:
             except Exception as exc:
                 return self._failed(str(h.source), "resolve", exc, trigger)
             rid = release_id_at(target.path)
-            if cur is not None and rid == cur.release_id and target.reference_only == cur.target.reference_only:
+            if cur is not None and (rid, target) == (cur.release_id, cur.target):  # a replaced copy (id@n) loads
                 self.metrics.reloads.labels("unchanged").inc()
                 self.log.event("reload", trigger=trigger, result="unchanged", release=rid)
                 return 200, {"result": "unchanged", "release": rid, "reference_only": target.reference_only}

@@ -217,16 +217,8 @@ def pack(root: Path, archive: Path) -> Path:
             names = [MANIFEST, *([SIGNATURE] if checked.signature_bytes is not None else []),
                      *sorted(manifest["files"])]
             with open(tmp, "wb") as raw:
-                with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz, \
-                        tarfile.open(fileobj=gz, mode="w") as tar:
-                    for name in names:
-                        info = tar.gettarinfo(str(copy / name), arcname=f"{manifest['release_id']}/{name}")
-                        info.uid = info.gid = 0
-                        info.uname = info.gname = ""
-                        info.mtime = 0
-                        info.mode = 0o644
-                        with open(copy / name, "rb") as f:
-                            tar.addfile(info, f)
+                with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz:
+                    _tar(gz, copy, names, manifest["release_id"])
                 raw.flush()
                 os.fsync(raw.fileno())
             os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temporary only
@@ -235,6 +227,20 @@ def pack(root: Path, archive: Path) -> Path:
             tmp.unlink(missing_ok=True)
             raise
     return archive
+
+
+def _tar(out: Any, src: Path, names: list[str], top: str) -> None:
+    """Write ``names`` (files under ``src``) as one tar stream into ``out``, under ``top/``, with
+    zeroed owners and times: the same bytes for the same files."""
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name in names:
+            info = tar.gettarinfo(str(src / name), arcname=f"{top}/{name}")
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            info.mode = 0o644
+            with open(src / name, "rb") as f:
+                tar.addfile(info, f)
 
 
 def unpack(archive: Path, dest: Path) -> Path:

@@ -7,7 +7,9 @@ cuBLAS (``torch.matmul``, the reference). Built by ``benchmarks/tuned/tileship.t
 - ``bM128-bN128``: a 128x128x64, 4-stage tile (medium M, twice the CTAs);
 - ``bM64-bN64``: a 64x64x128 tile, one warpgroup (small M: N/64 CTAs);
 - ``split_k4``: 64x64x64 with K split four ways: one launch zeroes C, the next adds each
-  CTA's fp32 partial sum into it atomically (small M with a long K, 4x the CTAs).
+  CTA's fp32 partial sum into it atomically (small M with a long K, 4x the CTAs);
+- ``gemv_rows1`` / ``gemv_rows4``: the GEMV-style kernel of ``catalog.gemv_kn`` (no tensor cores:
+  B streamed once per ``gemv_rows`` rows of M, 32 columns a block): decode batches, M of 1 to 8.
 """
 
 from typing import Any
@@ -16,6 +18,7 @@ import tilelang.language as T
 
 from tileship.catalog import costs
 from tileship.catalog import gemm as base
+from tileship.catalog.gemv_kn import gemv_kn
 from tileship.declare.spec import Operator
 
 
@@ -50,8 +53,12 @@ def matmul_split_k(M: Any, N: int, K: int, dtype: str = "float16", block_M: int 
 
 
 def matmul_tuned(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 128, block_N: int = 256,
-                 block_K: int = 64, num_stages: int = 3, threads: int = 256, split_k: int = 1) -> Any:
-    """The tiled GEMM of ``tileship.catalog.gemm`` (``split_k`` 1) or its split-K form."""
+                 block_K: int = 64, num_stages: int = 3, threads: int = 256, split_k: int = 1,
+                 gemv_rows: int = 0, unroll: int = 8) -> Any:
+    """The tiled GEMM of ``tileship.catalog.gemm`` (``split_k`` 1), its split-K form, or with ``gemv_rows``
+    set the GEMV-style kernel (``block_N`` columns, ``threads``, ``gemv_rows`` rows of M a block)."""
+    if gemv_rows:
+        return gemv_kn(M, N, K, dtype, block_N, threads, gemv_rows, unroll)
     if split_k > 1:
         return matmul_split_k(M, N, K, dtype, block_M, block_N, block_K, num_stages, threads, split_k)
     return base.matmul(M, N, K, dtype, block_M, block_N, block_K, num_stages, threads)
@@ -72,6 +79,8 @@ gemm_tuned = Operator(
         {"block_M": 128, "block_N": 128, "num_stages": 4, "threads": 256},
         {"block_M": 64, "block_N": 64, "block_K": 128, "num_stages": 4, "threads": 128},
         {"block_M": 64, "block_N": 64, "num_stages": 3, "threads": 128, "split_k": 4},
+        {"block_N": 32, "threads": 128, "gemv_rows": 1},
+        {"block_N": 32, "threads": 128, "gemv_rows": 4},
     ],
     ranges=base.gemm.ranges,
     shapes=base.gemm.shapes,

@@ -1,0 +1,119 @@
+"""Kernel development sweep (GPU host): ``catalog/gemv_kn.py``'s block shapes vs cuBLAS (``torch.matmul``).
+
+usage: python3 benchmarks/dev/gemv_kn_sweep.py OUT.json [--ms 1,2,4,8,16] [--jobs 15] [--dtypes float16]
+
+Not the product path (no release, no dispatcher): it compiles ``gemv_kn`` with a dynamic M, as
+the tuned GEMM project builds it, at every (block_N, threads, m_rows, unroll) in the grid and
+times the kernel itself, so that the candidates in ``catalog/gemm_tuned.py`` come from
+measurements. Shapes: the tuned project's (N, K) pairs. Method (``w4a16_sweep.timer``): CUDA
+events around one call, a 512 MiB buffer zeroed before each call (L2 flushed), median of 60
+calls after 5 warm-ups, p10/p90 kept: device time, the host's issue cost hidden behind the
+flush. Correctness: relative L2 error against float32 ``A @ B``; above 1e-2 a variant is
+reported, never ranked. Speedup = cuBLAS us / kernel us (> 1: the kernel is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+SHAPES = {"4096x4096": (4096, 4096), "N11008": (11008, 4096), "K11008": (4096, 11008)}  # name: (N, K)
+GRID = {"block_N": (32, 64), "threads": (128, 256), "m_rows": (1, 2, 4, 8), "unroll": (4, 8)}
+
+
+def variants(n: int, k: int) -> list[tuple[int, int, int, int]]:
+    from tileship.catalog.gemv_kn import check
+
+    out = []
+    for v in itertools.product(*GRID.values()):
+        try:
+            check(n, k, *v)
+        except ValueError:
+            continue
+        out.append(v)
+    return out
+
+
+def build(job: tuple) -> tuple[tuple, str | None]:
+    try:
+        import tilelang
+        import tilelang.language as T
+
+        from tileship.catalog.gemv_kn import gemv_kn
+
+        n, k, dt, *v = job
+        tilelang.compile(gemv_kn(T.dynamic("m"), n, k, dt, *v), out_idx=[2], target=TARGET)
+        return job, None
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        return job, f"{type(e).__name__}: {e}"[-300:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--ms", default="1,2,4,8,16")
+    ap.add_argument("--jobs", type=int, default=15)
+    ap.add_argument("--dtypes", default="float16")
+    args = ap.parse_args()
+    ms = [int(m) for m in args.ms.split(",")]
+    dts = args.dtypes.split(",")
+    jobs = [(n, k, dt, *v) for dt in dts for n, k in SHAPES.values() for v in variants(n, k)]
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=args.jobs) as ex:  # fills TileLang's disk cache for the loop below
+        errors = {j: e for j, e in ex.map(build, jobs) if e}
+    print(f"compiled {len(jobs)} variants in {time.time() - t0:.1f}s, {len(errors)} failed", flush=True)
+    for j, e in errors.items():
+        print("  failed", j, e, flush=True)
+    import tilelang
+    import tilelang.language as T
+    import torch
+    from w4a16_sweep import timer
+
+    from tileship.catalog.gemv_kn import gemv_kn
+
+    timeit = timer(torch)
+    kernels = {j: tilelang.compile(gemv_kn(T.dynamic("m"), *j), out_idx=[2], target=TARGET)
+               for j in jobs if j not in errors}
+    rows: list[dict[str, Any]] = []
+    for dt in dts:
+        for name, (n, k) in SHAPES.items():
+            b = (torch.randn(k, n, device="cuda") / k**0.5).to(getattr(torch, dt))
+            gbytes = n * k * 2 / 1e9
+            for m in ms:
+                a = torch.randn(m, k, device="cuda").to(getattr(torch, dt))
+                want = a.float() @ b.float()
+                cublas = timeit(lambda: torch.matmul(a, b))
+                print(f"{dt} M={m} {name}: cuBLAS {cublas[0]:.1f} us ({gbytes / cublas[0] * 1e3:.2f} TB/s)", flush=True)
+                best = None
+                for j, kern in kernels.items():
+                    if j[:3] != (n, k, dt):
+                        continue
+                    got = kern(a, b)
+                    err = ((got.float() - want).norm() / want.norm()).item()
+                    us = timeit(lambda: kern(a, b))
+                    row = {"dtype": dt, "shape": name, "M": m, "N": n, "K": k,
+                           **dict(zip(GRID, j[3:], strict=True)), "cublas_us": cublas, "us": us,
+                           "rel_err": err, "speedup_vs_cublas": cublas[0] / us[0],
+                           "tb_s": gbytes / us[0] * 1e3, "ok": err < 1e-2}
+                    rows.append(row)
+                    if row["ok"] and (best is None or us[0] < best["us"][0]):
+                        best = row
+                    print(f"  {j[3:]}: {us[0]:7.1f} us ({us[1]:.1f}-{us[2]:.1f}) x{cublas[0] / us[0]:.2f} "
+                          f"{gbytes / us[0] * 1e3:.2f} TB/s err {err:.1e}", flush=True)
+                if best is not None:
+                    print(f"  BEST {tuple(best[g] for g in GRID)}: {best['us'][0]:.1f} us "
+                          f"x{best['speedup_vs_cublas']:.2f}", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"script": "benchmarks/dev/gemv_kn_sweep.py", "device": torch.cuda.get_device_name(),
+                   "torch": torch.__version__, "grid": GRID,
+                   "ratio": "speedup = cuBLAS us / kernel us (> 1: kernel faster)", "errors": {str(k): v for k, v in errors.items()},
+                   "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

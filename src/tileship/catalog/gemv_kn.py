@@ -8,8 +8,9 @@ The kernel: a block owns ``block_N`` columns and ``m_rows`` rows of C. Its threa
 ``block_N / 8`` column lanes (one 16-byte load of 8 elements each, so a warp reads whole
 64- or 128-byte row segments of B) times ``threads / (block_N / 8)`` K groups; K group ``g``
 visits rows ``g, g + groups, g + 2 groups, ...``. Each thread issues ``unroll`` row loads before it
-multiplies (fp32 accumulators, ``m_rows`` x 8 of them), then the K groups' partial sums meet in
-shared memory and ``m_rows * block_N`` threads add them up. No tensor cores, no atomics: the
+multiplies (fp32 accumulators, ``m_rows`` x 8 of them); the K groups of one warp then add their
+partial sums with shuffles, the warps' sums meet in shared memory, and ``m_rows * block_N``
+threads add those up. No tensor cores, no atomics: the
 result does not depend on timing.
 
 M is dynamic (the grid's y covers ``ceil(M / m_rows)`` blocks): every M is correct, but each
@@ -26,26 +27,29 @@ VEC = 8  # fp16/bf16 elements in one 16-byte load
 
 def check(N: int, K: int, block_N: int, threads: int, m_rows: int, unroll: int) -> int:
     """The number of K groups; raises ValueError for a shape this block cannot cover."""
-    if block_N % VEC or threads % (block_N // VEC):
-        raise ValueError(f"gemv_kn: block_N={block_N} must be a multiple of {VEC} lanes dividing threads={threads}")
-    groups = threads // (block_N // VEC)
+    lanes = block_N // VEC
+    if block_N % VEC or lanes > 32 or 32 % lanes or threads % 32:
+        raise ValueError(f"gemv_kn: block_N={block_N} must be 8, 16, ... 256 (lanes dividing a warp) and "
+                         f"threads={threads} whole warps")
     if N % block_N:
         raise ValueError(f"gemv_kn needs N % block_N == 0 (N={N}, block_N={block_N})")
-    if K % (groups * unroll):
-        raise ValueError(f"gemv_kn needs K % (K groups * unroll) == 0 (K={K}, groups={groups}, unroll={unroll})")
-    if m_rows * block_N > threads * 8:
-        raise ValueError(f"gemv_kn: m_rows * block_N = {m_rows * block_N} outputs for {threads} threads")
-    return groups
+    if m_rows * block_N > threads * 8 or unroll < 1 or m_rows < 1:
+        raise ValueError(f"gemv_kn: m_rows={m_rows}, unroll={unroll} for {threads} threads")
+    return threads // lanes
 
 
-def gemv_kn(M: Any, N: int, K: int, dtype: str = "float16", block_N: int = 32, threads: int = 128,
-            m_rows: int = 4, unroll: int = 8) -> Any:
-    """The kernel for one (N, K) and any M (an int or ``T.dynamic``)."""
+def gemv_kn(M: Any, N: int, K: int, dtype: str = "float16", block_N: int = 32, threads: int = 256,
+            m_rows: int = 1, unroll: int = 16) -> Any:
+    """The kernel for one (N, K) and any M (an int or ``T.dynamic``). K need not divide into the
+    loads: past K a thread reads B's last row again (a valid address, unpredicated vector loads)
+    and multiplies it by zero."""
     groups = check(N, K, block_N, threads, m_rows, unroll)
     lanes = block_N // VEC
-    outer = K // (groups * unroll)
+    warps = threads // 32
+    outer = -(-K // (groups * unroll))
     n_out = m_rows * block_N
     sums = (n_out + threads - 1) // threads  # outputs each thread adds up at the end
+    deltas = [d for d in (1, 2, 4, 8, 16) if d >= lanes]  # shuffles across the K groups of one warp
 
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
@@ -56,33 +60,39 @@ def gemv_kn(M: Any, N: int, K: int, dtype: str = "float16", block_N: int = 32, t
             b_reg = T.alloc_local((unroll * VEC,), dtype)
             a_reg = T.alloc_local((m_rows * unroll,), "float32")
             acc = T.alloc_local((m_rows * VEC,), "float32")
-            part = T.alloc_shared((groups, n_out), "float32")
+            part = T.alloc_shared((warps, n_out), "float32")
             total = T.alloc_local((1,), "float32")
             for i in T.unroll(m_rows * VEC):
                 acc[i] = 0.0
             for s in T.serial(outer):
                 for u in T.unroll(unroll):
                     for v in T.vectorized(VEC):
-                        b_reg[u * VEC + v] = B[(s * unroll + u) * groups + group, bx * block_N + lane * VEC + v]
+                        b_reg[u * VEC + v] = B[T.min((s * unroll + u) * groups + group, K - 1),
+                                               bx * block_N + lane * VEC + v]
                 for m in T.unroll(m_rows):
                     for u in T.unroll(unroll):
                         a_reg[m * unroll + u] = T.if_then_else(
-                            by * m_rows + m < M,
-                            T.cast(A[T.min(by * m_rows + m, M - 1), (s * unroll + u) * groups + group], "float32"),
+                            (by * m_rows + m < M) and ((s * unroll + u) * groups + group < K),
+                            T.cast(A[T.min(by * m_rows + m, M - 1), T.min((s * unroll + u) * groups + group, K - 1)],
+                                   "float32"),
                             T.float32(0))
                 for m in T.unroll(m_rows):
                     for u in T.unroll(unroll):
                         for v in T.unroll(VEC):
                             acc[m * VEC + v] += a_reg[m * unroll + u] * T.cast(b_reg[u * VEC + v], "float32")
-            for m in T.unroll(m_rows):
-                for v in T.unroll(VEC):
-                    part[group, m * block_N + lane * VEC + v] = acc[m * VEC + v]
+            for i in T.unroll(m_rows * VEC):
+                for d in T.unroll(len(deltas)):
+                    acc[i] += T.shfl_xor(acc[i], T.int32(1) << (d + 5 - len(deltas)))
+            if tid % 32 < lanes:
+                for m in T.unroll(m_rows):
+                    for v in T.unroll(VEC):
+                        part[tid // 32, m * block_N + lane * VEC + v] = acc[m * VEC + v]
             T.sync_threads()
             for o in T.unroll(sums):
                 if o * threads + tid < n_out:
                     total[0] = 0.0
-                    for g in T.serial(groups):
-                        total[0] += part[g, o * threads + tid]
+                    for w in T.unroll(warps):
+                        total[0] += part[w, o * threads + tid]
                     row = by * m_rows + (o * threads + tid) // block_N
                     if row < M:
                         C[row, bx * block_N + (o * threads + tid) % block_N] = T.cast(total[0], dtype)

@@ -1,4 +1,4 @@
-"""Kernel development sweep (GPU host): ``catalog/gemv_kn.py``'s block shapes vs cuBLAS (``torch.matmul``).
+"""Kernel development sweep (GPU host): ``catalog/gemv_kn.py``'s two kernels vs cuBLAS (``torch.matmul``).
 
 usage: python3 benchmarks/dev/gemv_kn_sweep.py OUT.json [--ms 1,2,4,8] [--jobs 15] [--dtypes float16]
 
@@ -23,22 +23,36 @@ from typing import Any
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 SHAPES = {"4096x4096": (4096, 4096), "N11008": (11008, 4096), "K11008": (4096, 11008)}  # name: (N, K)
-GRID = {"block_N": (16, 32, 64), "threads": (256, 512, 1024), "m_rows": (1, 2, 4), "unroll": (8, 16, 32)}
+#: family -> (factory name, axes): ``reg`` is ``gemv_kn`` (loads into registers), ``pipe`` ``gemv_kn_pipe`` (TMA)
+FAMILIES = {
+    "reg": ("gemv_kn", {"block_N": (32, 64), "threads": (512, 1024), "m_rows": (1, 2), "unroll": (8, 16)}),
+    "pipe": ("gemv_kn_pipe", {"block_N": (32, 64, 128), "block_K": (64, 128), "threads": (128, 256),
+                              "m_rows": (1, 2, 4, 8), "num_stages": (4, 6)}),
+}
 
 
-def variants(n: int, k: int) -> list[tuple[int, int, int, int]]:
+def variants(n: int, k: int) -> list[tuple[Any, ...]]:
+    """(family, *config) of every variant that fits shape (n, k)."""
     from tileship.catalog.gemv_kn import check
 
-    out = []
-    for v in itertools.product(*GRID.values()):
-        if v[1] * v[3] > 8192:  # 1024 threads x 32 loads: past the register file
-            continue
+    out: list[tuple[Any, ...]] = []
+    for v in itertools.product(*FAMILIES["reg"][1].values()):
         try:
             check(n, k, *v)
         except ValueError:
             continue
-        out.append(v)
+        out.append(("reg", *v))
+    for bn, bk, th, mr, st in itertools.product(*FAMILIES["pipe"][1].values()):
+        if n % bn or k % bk or st * bk * bn * 2 > 160 * 1024 or 16 * mr * bn < th:
+            continue
+        out.append(("pipe", bn, bk, th, mr, st))
     return out
+
+
+def factory(family: str) -> Any:
+    import tileship.catalog.gemv_kn as g
+
+    return getattr(g, FAMILIES[family][0])
 
 
 def build(job: tuple) -> tuple[tuple, str | None]:
@@ -46,10 +60,8 @@ def build(job: tuple) -> tuple[tuple, str | None]:
         import tilelang
         import tilelang.language as T
 
-        from tileship.catalog.gemv_kn import gemv_kn
-
-        n, k, dt, *v = job
-        tilelang.compile(gemv_kn(T.dynamic("m"), n, k, dt, *v), out_idx=[2], target=TARGET)
+        n, k, dt, fam, *v = job
+        tilelang.compile(factory(fam)(T.dynamic("m"), n, k, dt, *v), out_idx=[2], target=TARGET)
         return job, None
     except Exception as e:  # noqa: BLE001 - reported, not fatal
         return job, f"{type(e).__name__}: {e}"[-300:]
@@ -76,10 +88,8 @@ def main() -> None:
     import torch
     from w4a16_sweep import timer
 
-    from tileship.catalog.gemv_kn import gemv_kn
-
     timeit = timer(torch)
-    kernels = {j: tilelang.compile(gemv_kn(T.dynamic("m"), *j), out_idx=[2], target=TARGET)
+    kernels = {j: tilelang.compile(factory(j[3])(T.dynamic("m"), *j[:3], *j[4:]), out_idx=[2], target=TARGET)
                for j in jobs if j not in errors}
     rows: list[dict[str, Any]] = []
     for dt in dts:
@@ -98,8 +108,8 @@ def main() -> None:
                     got = kern(a, b)
                     err = ((got.float() - want).norm() / want.norm()).item()
                     us = timeit(lambda: kern(a, b))
-                    row = {"dtype": dt, "shape": name, "M": m, "N": n, "K": k,
-                           **dict(zip(GRID, j[3:], strict=True)), "cublas_us": cublas, "us": us,
+                    row = {"dtype": dt, "shape": name, "M": m, "N": n, "K": k, "family": j[3],
+                           **dict(zip(FAMILIES[j[3]][1], j[4:], strict=True)), "cublas_us": cublas, "us": us,
                            "rel_err": err, "speedup_vs_cublas": cublas[0] / us[0],
                            "tb_s": gbytes / us[0] * 1e3, "ok": err < 1e-2}
                     rows.append(row)
@@ -108,12 +118,14 @@ def main() -> None:
                     print(f"  {j[3:]}: {us[0]:7.1f} us ({us[1]:.1f}-{us[2]:.1f}) x{cublas[0] / us[0]:.2f} "
                           f"{gbytes / us[0] * 1e3:.2f} TB/s err {err:.1e}", flush=True)
                 if best is not None:
-                    print(f"  BEST {tuple(best[g] for g in GRID)}: {best['us'][0]:.1f} us "
+                    cfg = tuple(best[g] for g in FAMILIES[best["family"]][1])
+                    print(f"  BEST {best['family']} {cfg}: {best['us'][0]:.1f} us "
                           f"x{best['speedup_vs_cublas']:.2f}", flush=True)
     with open(args.out, "w") as f:
         json.dump({"script": "benchmarks/dev/gemv_kn_sweep.py", "device": torch.cuda.get_device_name(),
-                   "torch": torch.__version__, "grid": GRID,
-                   "ratio": "speedup = cuBLAS us / kernel us (> 1: kernel faster)", "errors": {str(k): v for k, v in errors.items()},
+                   "torch": torch.__version__, "families": FAMILIES,
+                   "ratio": "speedup = cuBLAS us / kernel us (> 1: kernel faster)",
+                   "errors": {str(k): v for k, v in errors.items()},
                    "rows": rows}, f, indent=1)
 
 

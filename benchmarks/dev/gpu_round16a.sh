@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU host, repo root: bash benchmarks/dev/gpu_round16a.sh OUT_DIR   (issue 13, round 16, calls 1-2)
+# GPU host, repo root: bash benchmarks/dev/gpu_round16a.sh OUT_DIR   (issue 13, round 16, calls 1-3)
 # catalog/gemv_kn.py's block shapes vs cuBLAS at the tuned project's (N, K) pairs, M 1..16 (gemv_kn_sweep.py).
 set -u
 out=${1:?usage: gpu_round16a.sh OUT_DIR}

@@ -98,3 +98,37 @@ def gemv_kn(M: Any, N: int, K: int, dtype: str = "float16", block_N: int = 32, t
                         C[row, bx * block_N + (o * threads + tid) % block_N] = T.cast(total[0], dtype)
 
     return main
+
+
+def gemv_kn_pipe(M: Any, N: int, K: int, dtype: str = "float16", block_N: int = 64, block_K: int = 128,
+                 threads: int = 128, m_rows: int = 1, num_stages: int = 4, split: int = 16) -> Any:
+    """The same product with B streamed through shared memory by ``T.Pipelined`` copies (TMA on
+    Hopper, ``num_stages`` tiles of ``block_K`` x ``block_N`` in flight a block); ``split`` rows of
+    fp32 partial sums a column, added once at the end."""
+    if N % block_N or K % block_K or block_K % split:
+        raise ValueError(f"gemv_kn_pipe needs N % {block_N} == 0 and K % {block_K} == 0 (N={N}, K={K})")
+    width = m_rows * block_N
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(N // block_N, T.ceildiv(M, m_rows), threads=threads) as (bx, by):
+            a_sh = T.alloc_shared((m_rows, block_K), dtype)
+            b_sh = T.alloc_shared((block_K, block_N), dtype)
+            acc = T.alloc_fragment((split, width), "float32")
+            out = T.alloc_fragment((width,), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(K // block_K, num_stages=num_stages):
+                for m, i in T.Parallel(m_rows, block_K):
+                    a_sh[m, i] = T.if_then_else(by * m_rows + m < M,
+                                                A[T.min(by * m_rows + m, M - 1), k * block_K + i], T.cast(0, dtype))
+                T.copy(B[k * block_K, bx * block_N], b_sh)
+                for r, j in T.Parallel(split, width):
+                    for kk in T.serial(block_K // split):
+                        acc[r, j] += (T.cast(a_sh[j // block_N, kk * split + r], "float32")
+                                      * T.cast(b_sh[kk * split + r, j % block_N], "float32"))
+            T.reduce_sum(acc, out, dim=0)
+            for j in T.Parallel(width):
+                if by * m_rows + j // block_N < M:
+                    C[by * m_rows + j // block_N, bx * block_N + j % block_N] = T.cast(out[j], dtype)
+
+    return main

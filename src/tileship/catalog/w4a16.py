@@ -32,7 +32,7 @@ PERM = (0, 2, 4, 6, 1, 3, 5, 7)
 def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
     """The kernel for one shape (``M`` may be dynamic), chosen as measured on the H200.
 
-    From ``benchmarks/results/h200/dev/w4a16_sweep_run1.json`` (``benchmarks/dev/w4a16_sweep.py``):
+    From ``benchmarks/results/h200/dev/w4a16_sweep_run1.json.xz`` (``benchmarks/dev/w4a16_sweep.py``):
     - M=1: the K-split GEMV, 4 rows a block, 4 warps along K (2 for bf16, and where K / 1024 is
       not a multiple of 4);
     - M=2, 3: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise;

@@ -152,7 +152,11 @@ def test_tune_records_a_table_bound_to_the_lock_and_host(tuned_release):
     assert p["winner"] == "rounds1", p["why"]  # the chunked reference is ~10x slower there
     assert not p["candidates"]["rounds1-bias0p5"]["passed"]  # wrong: verified out, never timed
     assert "median_us" not in p["candidates"]["rounds1-bias0p5"]
-    assert p["candidates"]["rounds64"]["median_us"] > p["candidates"]["rounds1"]["median_us"]
+    slow = p["candidates"]["rounds64"]  # 64x the work: pruned by the probe, or timed and slower
+    if slow["passed"]:
+        assert slow["median_us"] > p["candidates"]["rounds1"]["median_us"]
+    else:
+        assert slow["failure"].startswith("pruned: ") and "median_us" not in slow, slow
     dyn = ev["tuning"]["poly.float32.N1-65536.c"]
     assert [q["dims"]["N"] for q in dyn["points"]] == [2**k for k in range(17)]
     for q in dyn["points"]:
@@ -167,6 +171,15 @@ def test_tune_records_a_table_bound_to_the_lock_and_host(tuned_release):
     assert dyn["points"][-1]["winner"] == "rounds1"
     # every verified candidate's correctness is stored as verification evidence too
     assert ev["specializations"]["poly.float32.N65536.c.rounds1-bias0p5"]["passed"] is False
+    # a pruned bucket is neither verified nor timed; every other one is verified (64x the work of
+    # rounds1 at the top of the range is ~6x the chunked reference: over the 3x of the probe)
+    cut = {q["dims"]["N"] for q in dyn["points"] if not q["candidates"]["rounds64"]["passed"]}
+    assert 65536 in cut, [q["candidates"]["rounds64"] for q in dyn["points"][-3:]]
+    checked = {p["dims"]["N"] for p in ev["specializations"]["poly.float32.N1-65536.c.rounds64"]["points"]}
+    assert checked.isdisjoint(cut) and checked | cut == {2**k for k in range(17)}
+    assert all(q["candidates"]["rounds64"]["failure"].startswith("pruned: ") for q in dyn["points"]
+               if q["dims"]["N"] in cut)
+    assert ev["tuning_options"]["prune"] == 3.0
 
 
 def test_each_round_records_what_its_latency_was_made_of(tuned_release):
@@ -177,10 +190,45 @@ def test_each_round_records_what_its_latency_was_made_of(tuned_release):
     assert ev["tuning_options"]["clock"] == "latency"
     (p,) = ev["tuning"]["poly.float32.N65536.c"]["points"]
     parts = p["clock_parts_us"]
-    assert set(parts) == {"reference", "rounds1", "rounds64"}  # the wrong candidate is never timed
+    timed = {c for c, v in p["candidates"].items() if v["passed"]}
+    assert set(parts) == {"reference", *timed} and "rounds1" in timed  # the wrong candidate is never timed
     for cid, part in parts.items():
         rounds = p["reference"] if cid == "reference" else p["candidates"][cid]
         assert rounds["round_medians_us"] == [max(h, d) for h, d in zip(part["host"], part["device"], strict=True)]
+
+
+def test_triage_prunes_a_candidate_slower_than_the_factor_and_asks_the_reference_once():
+    from tileship.verify.tune_rule import PRUNED, triage
+
+    times = {"": 10.0, "fast": 9.0, "close": 29.0, "slow": 31.0, "hopeless": 900.0}
+    asked: list[tuple[str, float]] = []
+
+    def probe(path: str, limit_us: float) -> float:
+        asked.append((path, limit_us))
+        return times[path]
+
+    out = triage(["fast", "close", "slow", "hopeless"], probe, 3.0)
+    assert set(out) == {"slow", "hopeless"}
+    assert all(why.startswith(PRUNED + ": ") and "3x the reference's 10 us" in why for why in out.values()), out
+    assert asked[0] == ("", math.inf) and [p for p, _ in asked].count("") == 1
+    assert all(limit == 30.0 for p, limit in asked[1:])
+    assert triage(["hopeless"], probe, 0.0) == {} and triage([], probe, 3.0) == {}
+
+
+def test_a_probe_repeats_a_slow_first_call_and_keeps_the_second():
+    import time
+
+    from tileship.verify.latency import probe
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.05 if len(calls) == 1 else 0.0)  # a first call that pays a one-time cost
+
+    assert probe(fn, [], device="cpu", limit_us=20_000) < 20_000 and len(calls) == 2
+    calls.clear()
+    assert probe(fn, [], device="cpu") >= 50_000 and len(calls) == 1  # no limit: one call
 
 
 def test_the_latency_clock_on_cpu_is_the_median_of_the_events_clock():

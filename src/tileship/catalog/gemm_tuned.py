@@ -8,8 +8,11 @@ cuBLAS (``torch.matmul``, the reference). Built by ``benchmarks/tuned/tileship.t
 - ``bM64-bN64``: a 64x64x128 tile, one warpgroup (small M: N/64 CTAs);
 - ``split_k4``: 64x64x64 with K split four ways: one launch zeroes C, the next adds each
   CTA's fp32 partial sum into it atomically (small M with a long K, 4x the CTAs);
-- ``gemv_rows1`` / ``gemv_rows4``: the GEMV-style kernel of ``catalog.gemv_kn`` (no tensor cores:
-  B streamed once per ``gemv_rows`` rows of M, 32 columns a block): decode batches, M of 1 to 8.
+- ``block_N64-threads1024-gemv_rows1-unroll8``: the GEMV-style kernel of ``catalog.gemv_kn`` (no
+  tensor cores: 64 columns a block, B read once per row of M): M=1. Chosen by
+  ``benchmarks/dev/gemv_kn_sweep.py`` on the H200 (``benchmarks/results/h200/round16/sweep3/``): at M=1,
+  15.3 us against cuBLAS's 17.5 at 4096x4096 and 32.8-32.9 against 34.2-34.7 at the 11008 shapes;
+  from M=2 on cuBLAS is as fast or faster, and past a few rows ``tileship tune`` prunes it.
 """
 
 from typing import Any
@@ -79,8 +82,7 @@ gemm_tuned = Operator(
         {"block_M": 128, "block_N": 128, "num_stages": 4, "threads": 256},
         {"block_M": 64, "block_N": 64, "block_K": 128, "num_stages": 4, "threads": 128},
         {"block_M": 64, "block_N": 64, "num_stages": 3, "threads": 128, "split_k": 4},
-        {"block_N": 32, "threads": 128, "gemv_rows": 1},
-        {"block_N": 32, "threads": 128, "gemv_rows": 4},
+        {"block_N": 64, "threads": 1024, "gemv_rows": 1, "unroll": 8},
     ],
     ranges=base.gemm.ranges,
     shapes=base.gemm.shapes,

@@ -101,4 +101,29 @@ def latency(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device
     return Latency(max(host_us, device_us), host_us, device_us, inner, repeats)
 
 
-__all__ = ["Latency", "SAMPLE_US", "SLEEP_MARGIN", "latency"]
+def probe(fn: Callable[..., Any], args: Sequence[Any], *, device: str, limit_us: float = math.inf) -> float:
+    """The wall time of one call of ``fn(*args)``, us, synchronized before and after: a coarse first
+    look, not a measurement (``tileship tune``'s triage). The first call may pay one-time costs (a
+    module's first launch), so a first call over ``limit_us`` is repeated and the second one counts."""
+    sync = _sync(device)
+    us = math.inf
+    for _ in range(2):
+        sync()
+        t0 = time.perf_counter_ns()
+        fn(*args)
+        sync()
+        us = (time.perf_counter_ns() - t0) / 1e3
+        if us <= limit_us:
+            break
+    return us
+
+
+def _sync(device: str) -> Callable[[], Any]:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+__all__ = ["Latency", "SAMPLE_US", "SLEEP_MARGIN", "latency", "probe"]

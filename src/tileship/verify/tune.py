@@ -4,7 +4,9 @@ For every group (operator x dtype x shape or ``T.dynamic`` range x target, see
 ``tileship.release.tuning``) this machine can run, at each bucket point (a static shape; for a
 range the powers of two plus its edges):
 
-1. every candidate is verified with verification's method (poisoned outputs, float64 reference,
+0. a candidate more than ``prune`` times slower than the reference in one probe call is pruned
+   there (``tune_rule.triage``: recorded as its failure at that bucket, never verified or timed);
+1. every other candidate is verified with verification's method (poisoned outputs, float64 reference,
    the declared tolerances, several seeds): a candidate that fails there cannot win there;
 2. the reference and every passing candidate are timed with one method, as they are served:
    each through a dispatcher of its own (the same launcher and compiled dispatch table serving
@@ -43,9 +45,9 @@ from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import bundle, evidence_seal, tuning
 from tileship.release import evidence as ev_mod
-from tileship.verify.latency import latency
+from tileship.verify.latency import latency, probe
 from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets
-from tileship.verify.tune_rule import time_and_decide
+from tileship.verify.tune_rule import time_and_decide, triage
 from tileship.verify.verify import VerifyOptions, open_for_evidence, verify_spec
 
 
@@ -66,6 +68,9 @@ class TuneOptions:
     #: measured apart: stable where the host's speed moves) or "events" (``timing.measure``: calls
     #: back to back between CUDA events, which read whichever of the two is larger at that moment)
     clock: str = "latency"
+    #: prune a candidate at a bucket where one probe call takes more than this many times the
+    #: reference's (``tune_rule.triage``; 0: never)
+    prune: float = 3.0
     #: cap on the sizes of a T.dynamic dim (None: up to the declared maximum)
     limit: int | None = None
     #: operator -> extra bucket points for its dynamic dim (besides powers of two and the edges)
@@ -137,6 +142,33 @@ def tune_group(
     extra = options.buckets.get(spec0.op, ())
     points = bucket_points(spec0.group(), limit=options.limit, extra=extra)
     vopts = VerifyOptions(seeds=options.seeds, timing=False, devices=options.devices)
+    inputs = [(n, tuple(ds)) for n, ds, *_ in desc["inputs"]]
+    in_dtypes = tensor_dtypes(desc, "inputs", spec0.dtype)
+    scalars = [i for i, (n, _) in enumerate(inputs) if n in set(desc.get("scalars") or ())]
+
+    def make(d: Mapping[str, int], i: int) -> list[Any]:
+        return make_inputs(inputs, d, spec0.dtype, device, point_seed(20_000 + i, gid, d), dtypes=in_dtypes,
+                           sample=sample, scalars=scalars)
+
+    name = spec0.op
+    table = served_table(root, [k for *_, k in members if not isinstance(k, str)])
+    runners = {"": _runner(desc, name, reference, spec0, None, table)}
+    for _sid, spec, kernel in members:
+        if not isinstance(kernel, str):
+            runners[spec.candidate or "default"] = _runner(desc, name, reference, spec, kernel, table)
+    pruned: dict[str, dict[str, str]] = {}  # candidate -> bucket key -> why (``tune_rule.triage``)
+    for dims, _ in points if options.prune and len(runners) > 1 else ():
+        args = make(dims, 0)
+
+        def look(c: str, limit_us: float, args: list[Any] = args) -> float:
+            return probe(runners[c], args, device=device, limit_us=limit_us)
+
+        for c, why in triage([c for c in runners if c], look, options.prune).items():
+            pruned.setdefault(c, {})[json.dumps(dims, sort_keys=True)] = why
+        del args
+    for c, r in runners.items():  # a kernel that raised in a probe tripped its dispatcher's breaker
+        if c and r.faults:
+            pruned[c] = {json.dumps(p, sort_keys=True): f"the kernel failed in a probe call: {r.faults}" for p, _ in points}
     verdicts = []
     passed: dict[str, dict[str, str | None]] = {}
     for _sid, spec, kernel in members:
@@ -144,35 +176,21 @@ def tune_group(
         if isinstance(kernel, str):
             passed[cid] = {json.dumps(p, sort_keys=True): kernel for p, _ in points}
             continue
-        v = verify_spec(spec, kernel, reference, desc, options=vopts, sample=sample, points=[p for p, _ in points])
-        verdicts.append(v)
-        passed[cid] = {json.dumps(p.dims, sort_keys=True): p.failure for p in v.points}
-    inputs = [(n, tuple(ds)) for n, ds, *_ in desc["inputs"]]
-    in_dtypes = tensor_dtypes(desc, "inputs", spec0.dtype)
-    scalars = [i for i, (n, _) in enumerate(inputs) if n in set(desc.get("scalars") or ())]
+        skip = pruned.get(cid, {})
+        todo = [p for p, _ in points if json.dumps(p, sort_keys=True) not in skip]
+        passed[cid] = dict(skip)
+        if todo:
+            v = verify_spec(spec, kernel, reference, desc, options=vopts, sample=sample, points=todo)
+            verdicts.append(v)
+            passed[cid].update({json.dumps(p.dims, sort_keys=True): p.failure for p in v.points})
     flush = l2_flush_buffer(device) if options.flush else None
-    name = spec0.op
-    table = served_table(root, [k for *_, k in members if not isinstance(k, str)])
-    runners = {"": _runner(desc, name, reference, spec0, None, table)}
-    for _sid, spec, kernel in members:
-        if not isinstance(kernel, str):
-            runners[spec.candidate or "default"] = _runner(desc, name, reference, spec, kernel, table)
     table_points = []
     for dims, bucket in points:
         key = json.dumps(dims, sort_keys=True)
         ok = [c for c in runners if c and passed.get(c, {}).get(key, "x") is None]
 
         def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
-            return make_inputs(
-                inputs,
-                d,
-                spec0.dtype,
-                device,
-                point_seed(20_000 + i, gid, d),
-                dtypes=in_dtypes,
-                sample=sample,
-                scalars=scalars,
-            )
+            return make(d, i)
 
         sets = rotation_sets(fresh(0), fresh, device=device, out_bytes=0)
 
@@ -303,6 +321,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             "confirm_rounds": options.confirm_rounds,
             "flush": options.flush,
             "clock": options.clock,
+            "prune": options.prune,
             "limit": options.limit,
             "noise_floor": NOISE_FLOOR,
             "buckets": {k: list(v) for k, v in options.buckets.items()},

@@ -11,13 +11,19 @@ never less than ``NOISE_FLOOR`` of the faster median. The candidate with the lar
 only when that gain is larger than its band; otherwise the reference keeps the bucket. When that
 band alone kept the reference (the gain is a real margin, but not beyond the band: a disturbed
 round widened it), confirmation rounds run and the rule is applied to all rounds. Each path's
-median of round medians and its spread are recorded beside the paired numbers. Pure: no device,
-no files; ``tileship.verify.tune`` supplies the timings.
+median of round medians and its spread are recorded beside the paired numbers.
+
+``triage`` comes first, at each bucket: one call of every candidate next to one of the reference
+(``verify.latency.probe``); a candidate more than ``factor`` times slower there is pruned at that
+bucket, neither verified nor timed (a GEMV-style candidate at M=8192 re-reads the weight 8192
+times: a quarter second a call, and it could only lose). Pure: no device, no files;
+``tileship.verify.tune`` supplies the timings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tileship.verify.timing import NOISE_FLOOR, quantile, round_spread
@@ -117,4 +123,25 @@ def _decide(
     }
 
 
-__all__ = ["time_and_decide"]
+#: the failure text of a candidate ``triage`` pruned at a bucket starts with this
+PRUNED = "pruned"
+
+
+def triage(candidates: Sequence[str], probe: Callable[[str, float], float], factor: float) -> dict[str, str]:
+    """Candidates to prune at one bucket -> why. ``probe(path, limit_us)`` gives one call's wall time,
+    us ("" is the reference; ``limit_us`` lets a probe stop early below it); a candidate whose call
+    takes more than ``factor`` times the reference's is pruned. ``factor`` 0: nothing is pruned."""
+    if not factor or not candidates:
+        return {}
+    ref_us = probe("", math.inf)
+    limit = factor * ref_us
+    out = {}
+    for c in candidates:
+        us = probe(c, limit)
+        if us > limit:
+            out[c] = (f"{PRUNED}: {us:.0f} us in a probe call, over {factor:g}x the reference's {ref_us:.0f} us: "
+                      "not verified or timed at this bucket")
+    return out
+
+
+__all__ = ["PRUNED", "time_and_decide", "triage"]

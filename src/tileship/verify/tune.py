@@ -168,7 +168,8 @@ def tune_group(
         del args
     for c, r in runners.items():  # a kernel that raised in a probe tripped its dispatcher's breaker
         if c and r.faults:
-            pruned[c] = {json.dumps(p, sort_keys=True): f"the kernel failed in a probe call: {r.faults}" for p, _ in points}
+            why = f"the kernel failed in a probe call: {r.faults}"
+            pruned[c] = {json.dumps(p, sort_keys=True): why for p, _ in points}
     verdicts = []
     passed: dict[str, dict[str, str | None]] = {}
     for _sid, spec, kernel in members:

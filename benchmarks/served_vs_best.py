@@ -13,7 +13,9 @@ perf_counter; median of the round medians, spread = ``timing.round_spread`` of t
                  the release's compiled dispatch table where the served operator has one)
     reference    the PyTorch reference alone (the operator's best PyTorch path)
 
-and prints served / best per shape; the target is <= 1.05. A difference within the larger of
+and prints served / best per shape; the target is <= 1.05. On CUDA each shape also records the
+host's state while it was timed (``host_probe_us``: ``verify.latency.HostGauge``'s probe, us per
+launch, median of 16), so that a run can be set beside the tune that made its table. A difference within the larger of
 the two spreads is "not resolved" and counts as met (both counts are printed). A candidate that
 failed verification at that shape is not a candidate for best (it is wrong). Exit 1 when a
 resolved miss remains. Never compiles (the no-JIT guard counts attempts; printed at the end).
@@ -77,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     from tileship.release import evidence, tuning
     from tileship.runtime import nojit
     from tileship.runtime.loader import load, load_artifact
+    from tileship.verify.latency import HostGauge
     from tileship.verify.timing import rotation_sets
     from tileship.verify.tune import _runner, served_table
     from tileship.verify.verify import dynamic_block
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    gauge = HostGauge("cuda") if device == "cuda" else None
+    if gauge is not None:
+        gauge.calibrate()
     release = load(args.release, routing=args.routing)
     ev = evidence.read(args.release) or {}
     ev_specs = ev.get("specializations", {})
@@ -154,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     **{f"kernel:{cid}": r for cid, (_, r) in alone.items() if verified[cid]},
                 }
                 t = _interleaved(paths, sets, device, args.budget_ms, args.rounds)
+                probe_us = None if gauge is None else statistics.median(gauge.probe() for _ in range(16))
                 best_name = min((n for n in t if n != "served"), key=lambda n: t[n][0])
                 served, s_spread, s_rounds = t["served"]
                 best, b_spread, b_rounds = t[best_name]
@@ -182,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         "within_target_paired": paired <= TARGET,
                         "round_medians_us": {n: v[2] for n, v in t.items()},
                         "unverified": sorted(c for c, ok in verified.items() if not ok),
+                        "host_probe_us": probe_us,
                     }
                 )
                 flag = "" if ratio <= TARGET else ("  <-- over target" if resolved else "  (over, not resolved)")
@@ -209,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "within_target_paired": sum(r["within_target_paired"] for r in rows),
         "worst_paired_ratio": max((r["paired_ratio"] for r in rows), default=None),
+        "host_probe_us": None if gauge is None else {
+            "fastest": gauge.best_us, "median": statistics.median(r["host_probe_us"] for r in rows) if rows else None},
     }
     print(
         f"\n{summary['within_target']}/{summary['shapes']} shapes within {TARGET:.2f}x of the best path or within the "
@@ -222,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{summary['shapes']} within {TARGET:.2f}x; worst {summary['worst_paired_ratio']}. The exit code follows "
         "the first count"
     )
+    if summary["host_probe_us"] is not None:
+        print(f"host probe: {summary['host_probe_us']} us per launch (fastest seen, median over shapes)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(

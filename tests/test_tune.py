@@ -195,6 +195,8 @@ def test_each_round_records_what_its_latency_was_made_of(tuned_release):
     for cid, part in parts.items():
         rounds = p["reference"] if cid == "reference" else p["candidates"][cid]
         assert rounds["round_medians_us"] == [max(h, d) for h, d in zip(part["host"], part["device"], strict=True)]
+        assert part["host_raw"] == part["host"] and set(part["slowdown"]) == {1.0}  # no host gauge on the CPU
+    assert ev["tuning_options"]["host_gauge"] is None
 
 
 def test_triage_prunes_a_candidate_slower_than_the_factor_and_asks_the_reference_once():
@@ -210,7 +212,7 @@ def test_triage_prunes_a_candidate_slower_than_the_factor_and_asks_the_reference
     out = triage(["fast", "close", "slow", "hopeless"], probe, 3.0)
     assert set(out) == {"slow", "hopeless"}
     assert all(why.startswith(PRUNED + ": ") and "3x the reference's 10 us" in why for why in out.values()), out
-    assert asked[0] == ("", math.inf) and [p for p, _ in asked].count("") == 1
+    assert asked[0] == ("", 0.0) and [p for p, _ in asked].count("") == 1  # 0: its second call counts
     assert all(limit == 30.0 for p, limit in asked[1:])
     assert triage(["hopeless"], probe, 0.0) == {} and triage([], probe, 3.0) == {}
 
@@ -229,6 +231,20 @@ def test_a_probe_repeats_a_slow_first_call_and_keeps_the_second():
     assert probe(fn, [], device="cpu", limit_us=20_000) < 20_000 and len(calls) == 2
     calls.clear()
     assert probe(fn, [], device="cpu") >= 50_000 and len(calls) == 1  # no limit: one call
+
+
+def test_host_costs_are_stated_for_the_host_at_its_fastest():
+    """A sample taken while the host ran at half speed (its probe took twice the fastest) counts at
+    half its host time: a slow stretch longer than a timing run no longer decides."""
+    from tileship.verify.latency import HostGauge, scaled_host
+
+    host, slowdown = scaled_host([40.0, 40.0, 44.0, 40.0], [2.0, 2.0, 2.0, 2.0], 1.0)
+    assert host == pytest.approx(20.0) and slowdown == 2.0
+    host, slowdown = scaled_host([20.0, 40.0, 21.0, 38.0, 20.0], [1.0, 2.0, 1.0, 2.0, 1.0], 1.0)
+    assert host == pytest.approx(19.0, abs=1.01) and slowdown == 1.0
+    gauge = HostGauge("cpu")
+    best = gauge.calibrate(0.05)
+    assert 0 < best < math.inf and gauge.probe() >= best
 
 
 def test_the_latency_clock_on_cpu_is_the_median_of_the_events_clock():

@@ -21,6 +21,10 @@ def tune_cmd(
     clock: str = typer.Option("latency", help="latency: max(host issue cost, device time), timed apart (stable "
                                               "where the host's speed moves); events: calls back to back between "
                                               "CUDA events"),
+    host_gauge: bool = typer.Option(True, help="with --clock latency on CUDA: state host costs for the host at its "
+                                               "fastest, by a probe timed in every sample"),
+    prune: float = typer.Option(3.0, min=0.0, help="skip a candidate at a bucket where one probe call takes more "
+                                                   "than this many times the reference's (0: never)"),
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),
     device: common.DeviceOption = common.Device.all,
     only: list[str] = typer.Option([], help="operator name or group id (repeatable; default all)"),
@@ -66,6 +70,8 @@ def tune_cmd(
         confirm_rounds=confirm_rounds,
         flush=flush,
         clock=clock,
+        host_gauge=host_gauge,
+        prune=prune,
         buckets=extra,
         devices=device.devices(),
         only=tuple(only),

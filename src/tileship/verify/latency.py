@@ -21,6 +21,14 @@ and gives ``max(host, device)`` per call, with host the 10th percentile of its s
 busy host only adds to it) and device their median: the latency of a call stream on an
 uncontended host, which is what the next process will see too. On the CPU both parts are one
 (``timing.measure``'s median).
+
+A slow stretch of the host lasts seconds, longer than a timing run, so the 10th percentile does
+not remove it (round 16: ``torch.matmul``'s issue cost read 27.9 us through one tune and 16 us in
+the served_vs_best run after it, at the same shapes). With a ``HostGauge`` each sample also
+times a fixed probe (``PROBE_CALLS`` launches of a one-element fill, issued while the device
+sleeps) and scales the sample's host time by (the fastest probe this process has seen) / (this
+sample's probe): host costs are stated for the host at its fastest, whatever state it was in
+while a path was timed. The raw host time and the probe's slowdown are kept beside it.
 """
 
 from __future__ import annotations
@@ -41,29 +49,72 @@ SLEEP_MARGIN = 3.0
 SAMPLE_US = 100.0
 
 
+#: launches in one probe of a ``HostGauge``
+PROBE_CALLS = 8
+
+
 @dataclass(frozen=True)
 class Latency:
-    """One timing run of one path, us per call: ``latency_us`` = max(``host_us``, ``device_us``)."""
+    """One timing run of one path, us per call: ``latency_us`` = max(``host_us``, ``device_us``).
+    With a gauge, ``host_us`` is scaled to the host at its fastest; ``host_raw_us`` is as timed and
+    ``slowdown`` the median of the samples' probe / fastest probe (1.0 without a gauge)."""
 
     latency_us: float
     host_us: float
     device_us: float
     inner: int
     repeats: int
+    host_raw_us: float = 0.0
+    slowdown: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         return {"latency_us": self.latency_us, "host_us": self.host_us, "device_us": self.device_us,
+                "host_raw_us": self.host_raw_us, "slowdown": self.slowdown,
                 "calls_per_sample": self.inner, "repeats": self.repeats}
 
 
+class HostGauge:
+    """The host's speed: the issue time of ``PROBE_CALLS`` one-element fills on ``device``, us per
+    launch, and the fastest such probe seen so far (``best_us``), which ``calibrate`` seeds."""
+
+    def __init__(self, device: str = "cuda") -> None:
+        import torch
+
+        self._tiny = torch.zeros(1, device=device)
+        self._sync = _sync(device)
+        self.best_us = math.inf
+
+    def probe(self) -> float:
+        """One probe, us per launch (the launches queue behind whatever the device is doing)."""
+        h0 = time.perf_counter_ns()
+        for _ in range(PROBE_CALLS):
+            self._tiny.fill_(0.0)
+        us = (time.perf_counter_ns() - h0) / 1e3 / PROBE_CALLS
+        self.best_us = min(self.best_us, us)
+        return us
+
+    def calibrate(self, seconds: float = 0.5) -> float:
+        """Probe for ``seconds`` (synchronizing every 64 probes); returns ``best_us``."""
+        t0, n = time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds or n < 16:
+            self.probe()
+            n += 1
+            if n % 64 == 0:
+                self._sync()
+        self._sync()
+        return self.best_us
+
+
 def latency(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device: str, warmup_ms: float = 10.0,
-            budget_ms: float = 40.0, min_repeats: int = 5, max_repeats: int = 40, flush: Any = None) -> Latency:
+            budget_ms: float = 40.0, min_repeats: int = 5, max_repeats: int = 40, flush: Any = None,
+            gauge: HostGauge | None = None) -> Latency:
     """Time ``fn`` over the rotating ``arg_sets`` with the latency clock (module doc). ``flush``: a
-    cache-sized buffer overwritten before every sample (``timing.l2_flush_buffer``)."""
+    cache-sized buffer overwritten before every sample (``timing.l2_flush_buffer``); ``gauge``: state
+    host costs for the host at its fastest (module doc)."""
     if device != "cuda":
         s = measure(fn, arg_sets, device=device, warmup_ms=warmup_ms, budget_ms=budget_ms, min_repeats=min_repeats,
                     max_repeats=max_repeats, flush=flush)
-        return Latency(s.median_us, s.median_us, s.median_us, s.inner, s.repeats)
+        return Latency(s.median_us, s.median_us, s.median_us, s.inner, s.repeats, s.median_us)
     import torch
 
     n = len(arg_sets)
@@ -77,17 +128,21 @@ def latency(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device
     torch.cuda.synchronize()
     est_us = max((time.perf_counter() - t0) * 1e6 / calls, 0.1)
     inner = max(1, min(64, math.ceil(SAMPLE_US / est_us)))
-    sleep_cycles = int(SLEEP_MARGIN * inner * est_us * _CYCLES_PER_US) + 50 * _CYCLES_PER_US
+    probe_us = 0.0 if gauge is None else gauge.probe() * PROBE_CALLS
+    sleep_cycles = int(SLEEP_MARGIN * (inner * est_us + probe_us) * _CYCLES_PER_US) + 50 * _CYCLES_PER_US
     repeats = max(min_repeats, min(max_repeats, int(budget_ms * 1e3 / (inner * est_us * (1 + SLEEP_MARGIN)))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     host: list[float] = []
+    speed: list[float] = []  # per sample: this sample's probe / the fastest probe
     k = 0
     for r in range(repeats):
         torch.cuda.synchronize()
         if flush is not None:
             flush.zero_()
         torch.cuda._sleep(sleep_cycles)  # the device is busy while the host issues the calls
+        if gauge is not None:
+            speed.append(gauge.probe())
         starts[r].record()
         h0 = time.perf_counter_ns()
         for _ in range(inner):
@@ -97,8 +152,18 @@ def latency(fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], *, device
         ends[r].record()
     torch.cuda.synchronize()
     dev = [s.elapsed_time(e) * 1e3 / inner for s, e in zip(starts, ends, strict=True)]
-    host_us, device_us = quantile(host, 0.1), quantile(dev, 0.5)
-    return Latency(max(host_us, device_us), host_us, device_us, inner, repeats)
+    raw_us, device_us = quantile(host, 0.1), quantile(dev, 0.5)
+    if gauge is None:
+        return Latency(max(raw_us, device_us), raw_us, device_us, inner, repeats, raw_us)
+    host_us, slowdown = scaled_host(host, speed, gauge.best_us)
+    return Latency(max(host_us, device_us), host_us, device_us, inner, repeats, raw_us, slowdown)
+
+
+def scaled_host(host: Sequence[float], probes: Sequence[float], best_us: float) -> tuple[float, float]:
+    """(10th percentile of the host samples, each scaled by ``best_us`` / its own probe; the median of
+    probe / ``best_us``): host cost for the host at its fastest, and how much slower it ran."""
+    slow = [p / best_us for p in probes]
+    return quantile([h / f for h, f in zip(host, slow, strict=True)], 0.1), quantile(slow, 0.5)
 
 
 def probe(fn: Callable[..., Any], args: Sequence[Any], *, device: str, limit_us: float = math.inf) -> float:
@@ -126,4 +191,4 @@ def _sync(device: str) -> Callable[[], Any]:
     return lambda: None
 
 
-__all__ = ["Latency", "SAMPLE_US", "SLEEP_MARGIN", "latency", "probe"]
+__all__ = ["PROBE_CALLS", "HostGauge", "Latency", "SAMPLE_US", "SLEEP_MARGIN", "latency", "probe", "scaled_host"]

@@ -13,8 +13,9 @@ range the powers of two plus its edges):
    uses), inputs rotated across sets that overflow the cache, warm-up, the L2 flushed before
    every sample; on CUDA by the latency clock (``verify.latency``: the larger of the host's cost to
    issue a call and the device's time for it, timed apart, so that a host slowed by its neighbours
-   does not decide), else (``clock="events"``, and on the CPU) the median of back-to-back samples
-   (CUDA events, perf_counter); five rounds in a rotating order; a path's time is the median of
+   does not decide; host costs scaled to the host at its fastest by ``latency.HostGauge``), else
+   (``clock="events"``, and on the CPU) the median of back-to-back samples (CUDA events,
+   perf_counter); five rounds in a rotating order; a path's time is the median of
    its round medians and its spread twice their median absolute deviation
    (``timing.round_spread``); the larger spread of two paths is their noise band;
 3. the fastest candidate wins only when it beats the reference by more than that band
@@ -45,7 +46,7 @@ from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import bundle, evidence_seal, tuning
 from tileship.release import evidence as ev_mod
-from tileship.verify.latency import latency, probe
+from tileship.verify.latency import PROBE_CALLS, HostGauge, latency, probe
 from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets
 from tileship.verify.tune_rule import time_and_decide, triage
 from tileship.verify.verify import VerifyOptions, open_for_evidence, verify_spec
@@ -68,6 +69,8 @@ class TuneOptions:
     #: measured apart: stable where the host's speed moves) or "events" (``timing.measure``: calls
     #: back to back between CUDA events, which read whichever of the two is larger at that moment)
     clock: str = "latency"
+    #: with the latency clock on CUDA: host costs scaled to the host at its fastest (``latency.HostGauge``)
+    host_gauge: bool = True
     #: prune a candidate at a bucket where one probe call takes more than this many times the
     #: reference's (``tune_rule.triage``; 0: never)
     prune: float = 3.0
@@ -133,10 +136,12 @@ def tune_group(
     options: TuneOptions,
     sample: Any = None,
     root: Path | None = None,
+    gauge: HostGauge | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Tune one group: ``members`` are (spec id, spec, loaded kernel or a failure text). Returns the
     group's table and the candidates' SpecVerdicts (their verification evidence). ``root``: the
-    release, whose compiled dispatch table the timed dispatchers get where serving would use it."""
+    release, whose compiled dispatch table the timed dispatchers get where serving would use it;
+    ``gauge``: the latency clock's host gauge (``verify.latency``)."""
     spec0 = members[0][1]
     device = Target(spec0.target).device_type
     extra = options.buckets.get(spec0.op, ())
@@ -195,24 +200,25 @@ def tune_group(
 
         sets = rotation_sets(fresh(0), fresh, device=device, out_bytes=0)
 
-        parts: dict[str, list[list[float]]] = {}
+        parts: dict[str, dict[str, list[float]]] = {}
 
         def time_one(c: str, sets: list[Any] = sets, flush: Any = flush,
-                     parts: dict[str, list[list[float]]] = parts) -> float:
+                     parts: dict[str, dict[str, list[float]]] = parts) -> float:
             kw = {"device": device, "warmup_ms": options.warmup_ms, "budget_ms": options.budget_ms,
                   "min_repeats": options.min_repeats, "max_repeats": options.max_repeats, "flush": flush}
             if options.clock == "events":
                 return measure(runners[c], sets, **kw).median_us
-            lat = latency(runners[c], sets, **kw)
-            parts.setdefault(c or "reference", [[], []])
-            parts[c or "reference"][0].append(lat.host_us)
-            parts[c or "reference"][1].append(lat.device_us)
+            lat = latency(runners[c], sets, gauge=gauge, **kw)
+            got = parts.setdefault(c or "reference", {"host": [], "device": [], "host_raw": [], "slowdown": []})
+            for k, v in (("host", lat.host_us), ("device", lat.device_us), ("host_raw", lat.host_raw_us),
+                         ("slowdown", lat.slowdown)):
+                got[k].append(v)
             return lat.latency_us
 
         point = time_and_decide(dims, bucket, ["", *ok], passed, key, time_one, options.rounds,
                                 options.confirm_rounds)
-        if parts:  # what each round's latency was made of: host issue cost and device time, us per call
-            point["clock_parts_us"] = {c: {"host": h, "device": d} for c, (h, d) in parts.items()}
+        if parts:  # what each round's latency was made of: host issue cost (as used, and as timed), device time
+            point["clock_parts_us"] = parts
         table_points.append(point)
         del sets, time_one  # the inputs are freed before the next point's are made
     del flush
@@ -264,6 +270,10 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     specs_ev: dict[str, Any] = dict(old.get("specializations", {})) if keep else {}
     table: dict[str, Any] = dict(old.get("tuning", {})) if keep else {}
     skipped: dict[str, str] = {}
+    gauge = None
+    if cuda and options.clock == "latency" and options.host_gauge and "cuda" in options.devices:
+        gauge = HostGauge("cuda")
+        gauge.calibrate()
     for gid, members in tuning.groups(rel).items():
         spec0 = members[0][2]
         dev = Target(spec0.target).device_type
@@ -291,7 +301,8 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             except ArtifactLoadError as exc:
                 loaded.append((sid, spec, f"artifact failed to load: {exc}"))
         group, verdicts = tune_group(
-            gid, loaded, reference, desc, options=options, sample=import_sample(desc, spec0.op), root=root
+            gid, loaded, reference, desc, options=options, sample=import_sample(desc, spec0.op), root=root,
+            gauge=gauge if dev == "cuda" else None,
         )
         table[gid] = group
         for v in verdicts:
@@ -322,6 +333,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             "confirm_rounds": options.confirm_rounds,
             "flush": options.flush,
             "clock": options.clock,
+            "host_gauge": None if gauge is None else {"probe_calls": PROBE_CALLS, "fastest_probe_us": gauge.best_us},
             "prune": options.prune,
             "limit": options.limit,
             "noise_floor": NOISE_FLOOR,

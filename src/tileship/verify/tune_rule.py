@@ -22,7 +22,6 @@ times: a quarter second a call, and it could only lose). Pure: no device, no fil
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -129,11 +128,13 @@ PRUNED = "pruned"
 
 def triage(candidates: Sequence[str], probe: Callable[[str, float], float], factor: float) -> dict[str, str]:
     """Candidates to prune at one bucket -> why. ``probe(path, limit_us)`` gives one call's wall time,
-    us ("" is the reference; ``limit_us`` lets a probe stop early below it); a candidate whose call
-    takes more than ``factor`` times the reference's is pruned. ``factor`` 0: nothing is pruned."""
+    us ("" is the reference; a probe repeats a first call over ``limit_us`` and keeps the second); a
+    candidate whose call takes more than ``factor`` times the reference's is pruned. The reference
+    always gets its second call (limit 0): its first may set up a library (cuBLAS: milliseconds).
+    ``factor`` 0: nothing is pruned."""
     if not factor or not candidates:
         return {}
-    ref_us = probe("", math.inf)
+    ref_us = probe("", 0.0)
     limit = factor * ref_us
     out = {}
     for c in candidates:

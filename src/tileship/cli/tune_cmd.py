@@ -21,8 +21,8 @@ def tune_cmd(
     clock: str = typer.Option("latency", help="latency: max(host issue cost, device time), timed apart (stable "
                                               "where the host's speed moves); events: calls back to back between "
                                               "CUDA events"),
-    host_gauge: bool = typer.Option(True, help="with --clock latency on CUDA: state host costs for the host at its "
-                                               "fastest, by a probe timed in every sample"),
+    host_gauge: bool = typer.Option(False, help="with --clock latency on CUDA: state host costs for the host at "
+                                                "its fastest, by a probe timed in every sample (off: as timed)"),
     prune: float = typer.Option(3.0, min=0.0, help="skip a candidate at a bucket where one probe call takes more "
                                                    "than this many times the reference's (0: never)"),
     bucket: list[str] = typer.Option([], help="extra bucket point OP=SIZE for a T.dynamic dim (repeatable)"),

@@ -13,7 +13,7 @@ range the powers of two plus its edges):
    uses), inputs rotated across sets that overflow the cache, warm-up, the L2 flushed before
    every sample; on CUDA by the latency clock (``verify.latency``: the larger of the host's cost to
    issue a call and the device's time for it, timed apart, so that a host slowed by its neighbours
-   does not decide; host costs scaled to the host at its fastest by ``latency.HostGauge``), else
+   does not decide; with ``host_gauge``, host costs scaled to the host at its fastest), else
    (``clock="events"``, and on the CPU) the median of back-to-back samples (CUDA events,
    perf_counter); five rounds in a rotating order; a path's time is the median of
    its round medians and its spread twice their median absolute deviation
@@ -69,8 +69,9 @@ class TuneOptions:
     #: measured apart: stable where the host's speed moves) or "events" (``timing.measure``: calls
     #: back to back between CUDA events, which read whichever of the two is larger at that moment)
     clock: str = "latency"
-    #: with the latency clock on CUDA: host costs scaled to the host at its fastest (``latency.HostGauge``)
-    host_gauge: bool = True
+    #: with the latency clock on CUDA: host costs scaled to the host at its fastest (``latency.HostGauge``);
+    #: off by default: on the H200 host it decided no better than the raw host time (round 16)
+    host_gauge: bool = False
     #: prune a candidate at a bucket where one probe call takes more than this many times the
     #: reference's (``tune_rule.triage``; 0: never)
     prune: float = 3.0

@@ -8,7 +8,10 @@ interleaved, their order rotated per round; N=1024 float32 tensors):
     __call__ shell    an object whose ``__call__(self, *args, out=None)`` only calls the reference
     key               ``runner._key_of(args)``: the memo key
     key + lookup      ``runner._memo[runner._key_of(args)]``
-    ref runner        ``runner(a, b)``: the whole reference route
+    ref runner        ``runner(a, b)``: the whole reference route (no compiled table)
+    ref table         the same through the release's compiled dispatch table, as the loaded
+                      release serves a key its table answers with a reference row (``runtime.native``)
+    table call        that table's own call: the tvm-ffi call that answers the row's index
     ref runner.call   ``runner.call(a, b)`` (what the torch custom ops call)
   kernel route, the compiled ``add``:
     floor             the entry point with pre-packed pointers and a preallocated output
@@ -39,6 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 #: derived part -> (row, minus row)
 PARTS = {
     "reference route: dispatcher total": ("ref runner", "ref direct"),
+    "reference route through the compiled table: dispatcher total": ("ref table", "ref direct"),
+    "  the table's call (answers the route's index)": ("table call", "none"),
+    "  the table route - the Python route": ("ref table", "ref runner"),
     "  __call__ with *args (the shell)": ("__call__ shell", "ref direct"),
     "  memo key": ("key", "none"),
     "  dict lookup": ("key + lookup", "key"),
@@ -60,6 +66,7 @@ def rows_for(release_path: Path) -> dict:
 
     from tileship.runtime.dispatch import OpRunner
     from tileship.runtime.loader import load
+    from tileship.verify.tune import _runner
 
     release = load(release_path, allow_unverified=True)
     add = release.op("add")
@@ -82,6 +89,11 @@ def rows_for(release_path: Path) -> dict:
     shell = Shell()
     r = OpRunner(add.shape, ref, [], device_reasons={"cpu": "disabled_by_policy"})
     r(a, b)
+    spec = route.entry.spec
+    rt = _runner(release.declarations["add"], "add", ref, spec, None, release_path)  # as tune times the reference
+    rt(a, b)
+    table = rt._native
+    assert table is not None and isinstance(table(a, b), int), "the table answers a reference row's index"
     launch, memo, key_of, f32, dev = route.launch, r._memo, r._key_of, torch.float32, a.device
     empty = torch.empty
 
@@ -95,6 +107,7 @@ def rows_for(release_path: Path) -> dict:
 
     return {"none": lambda: None, "ref direct": lambda: ref(a, b), "__call__ shell": lambda: shell(a, b),
             "key": lambda: key_of(args), "key + lookup": lambda: memo[key_of(args)], "ref runner": lambda: r(a, b),
+            "ref table": lambda: rt(a, b), "table call": lambda: table(a, b),
             "ref runner.call": lambda: r.call(a, b), "floor": floor, "launch out=": lambda: launch(args, [o]),
             "launch": lambda: launch(args, None), "kernel": lambda: add(a, b), "kernel .call": lambda: add.call(a, b),
             "layout": layout, "empty(shape)": lambda: empty((1024,), dtype=f32, device=dev),

@@ -213,12 +213,15 @@ def test_connections_past_the_limit_get_503(tmp_path):
         try:
             time.sleep(0.1)
             r = httpx.get(srv.url + "/v2/health/live", timeout=10)
-            assert r.status_code == 503
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.headers["content-type"] == "application/json" and "connection limit" in r.json()["error"]
         finally:
             for s in held:
                 s.close()
         time.sleep(0.1)
         assert httpx.get(srv.url + "/v2/health/live", timeout=10).status_code == 200
+        metrics = httpx.get(srv.url + "/metrics", timeout=10).text
+        assert 'tileship_rejected_total{reason="connection_limit"} 1.0' in metrics
 
 
 def test_capture_queue_rate_limits_per_reason_and_prunes(tmp_path):

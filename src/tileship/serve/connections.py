@@ -5,7 +5,9 @@ uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and answers 
 open forever. ``guarded_http(header_timeout_s)`` is uvicorn's httptools protocol with a timer
 armed whenever a request may begin (on connect, and on the first byte after a response) and
 cancelled when the headers are complete: past it the connection is closed. Its transport is
-wrapped in ``OneWrite``, so a response's head and its body leave in one write.
+wrapped in ``OneWrite``, so a response's head and its body leave in one write. A request past
+``limit_concurrency`` gets a JSON 503 with ``Retry-After`` (``over_limit``) in place of uvicorn's
+plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 #: a write at most this large that ends a response head is held for the body that follows it
@@ -73,8 +77,18 @@ class OneWrite:
         return getattr(self._transport, name)
 
 
+async def over_limit(scope: Any, receive: Any, send: Any) -> None:
+    """The answer to a request past the connection limit: a KServe-style JSON error, then close."""
+    body = orjson.dumps({"error": "the server is at its connection limit: retry later"})
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"retry-after", b"1"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 class _GuardedHttp(HttpToolsProtocol):
     header_timeout_s: float = 10.0
+    rejected: Any = None  # a prometheus Counter with a ``reason`` label, or None
     _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
@@ -103,6 +117,13 @@ class _GuardedHttp(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        if app is service_unavailable:  # uvicorn's choice past limit_concurrency (pipelined requests too)
+            app = over_limit
+            if self.rejected is not None:
+                self.rejected.labels("connection_limit").inc()
+        super()._start_asgi_task(cycle, app)
+
     def _headers_late(self) -> None:
         self._header_timer = None
         if not self.transport.is_closing():
@@ -110,12 +131,14 @@ class _GuardedHttp(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_http(header_timeout_s: float) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a header-read deadline of ``header_timeout_s`` seconds."""
-    return type("GuardedHttp", (_GuardedHttp,), {"header_timeout_s": header_timeout_s})
+def guarded_http(header_timeout_s: float, rejected: Any = None) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a header-read deadline of ``header_timeout_s`` seconds, its
+    503s past the connection limit as JSON and counted on ``rejected`` (when given)."""
+    return type("GuardedHttp", (_GuardedHttp,), {"header_timeout_s": header_timeout_s, "rejected": rejected})
 
 
-def uvicorn_limits(config: Any) -> dict[str, Any]:
-    """uvicorn.Config keyword arguments for a ``ServeConfig``'s connection settings."""
-    return {"http": guarded_http(config.header_timeout_s), "timeout_keep_alive": config.keep_alive_s,
+def uvicorn_limits(config: Any, rejected: Any = None) -> dict[str, Any]:
+    """uvicorn.Config keyword arguments for a ``ServeConfig``'s connection settings (``rejected``: the
+    server's ``tileship_rejected`` counter)."""
+    return {"http": guarded_http(config.header_timeout_s, rejected), "timeout_keep_alive": config.keep_alive_s,
             "limit_concurrency": config.max_connections, "h11_max_incomplete_event_size": 64 << 10}

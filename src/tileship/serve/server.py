@@ -33,7 +33,8 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, graceful_s: float, 
     loop = "asyncio" if config.grpc_port is not None else "auto"
     cfg = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False, loop=loop,
                          log_config=uvicorn_log_config(log_level),
-                         server_header=False, timeout_graceful_shutdown=int(graceful_s), **uvicorn_limits(config))
+                         server_header=False, timeout_graceful_shutdown=int(graceful_s),
+                         **uvicorn_limits(config, app.state.service.metrics.rejected))
     return uvicorn.Server(cfg)
 
 

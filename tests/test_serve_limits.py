@@ -328,3 +328,42 @@ def test_an_unknown_region_lists_a_few_registered_names_not_all(tmp_path):
         for m in made:
             m.close()
             m.unlink()
+
+
+def test_grpc_rpcs_past_the_limit_are_refused_and_counted(tmp_path):
+    """At most ``max_connections`` RPCs run at once; the next one is RESOURCE_EXHAUSTED, counted as
+    REST's connection-limit 503s are, and a slot frees when its RPC ends."""
+    import threading
+
+    import numpy as np
+    import tritonclient.grpc as tg
+    from tritonclient.utils import InferenceServerException
+
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(float(x[0]))
+        return x
+
+    with hostile_server(tmp_path, extra={"slow": slow}, max_connections=2, max_inflight=8, grpc_port=0) as srv:
+        def infer(seconds: float) -> Any:
+            c = tg.InferenceServerClient(srv.grpc_url)
+            try:
+                inp = tg.InferInput("X", [1], "FP32")
+                inp.set_data_from_numpy(np.full(1, seconds, dtype=np.float32))
+                return c.infer("slow", [inp])
+            except InferenceServerException as exc:
+                return exc
+            finally:
+                c.close()
+
+        held = [threading.Thread(target=infer, args=(2.0,)) for _ in range(2)]
+        for t in held:
+            t.start()
+        time.sleep(0.7)  # both slow RPCs are running
+        refused = infer(0.0)
+        for t in held:
+            t.join()
+        assert isinstance(refused, InferenceServerException), refused
+        assert "RESOURCE_EXHAUSTED" in str(refused.status()) and "limit of 2 concurrent RPCs" in refused.message()
+        assert not isinstance(infer(0.0), InferenceServerException)  # the slots are free again
+        metrics = httpx.get(srv.url + "/metrics", timeout=10).text
+        assert 'tileship_rejected_total{reason="connection_limit"} 1.0' in metrics

@@ -84,17 +84,24 @@ def _register(servicer: Servicer, server: grpc.aio.Server) -> None:
 
 
 def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
-    """One RPC: a request id, and every exception turned into a status with a message (never UNKNOWN)."""
+    """One RPC: a request id, the concurrency limit (``max_connections`` RPCs at once: RESOURCE_EXHAUSTED
+    past it, counted as ``tileship_rejected_total{reason="connection_limit"}``), and every exception
+    turned into a status with a message (never UNKNOWN)."""
 
     @functools.wraps(fn)
     async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         sent = dict(context.invocation_metadata() or ()).get("x-request-id")
         rid = valid_request_id(sent if isinstance(sent, str) else None) or uuid.uuid4().hex
         trailer = (("x-request-id", rid),)
+        if self.active >= self.limit:
+            self.service.metrics.rejected.labels("connection_limit").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the server is at its limit of {self.limit} concurrent RPCs: retry later", trailer)
         if isinstance(request, Malformed):
             if request.type == "inference.ModelInferRequest":  # an inference request naming no model: counted as REST's
                 self.service.metrics.requests.labels("_unknown", "", "none", "400").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request.type}: {request.error}", trailer)
+        self.active += 1  # one event loop runs every RPC: no lock
         try:
             reply = await fn(self, request, context, rid)
         except grpc.aio.AbortError:
@@ -106,6 +113,8 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
         except Exception as exc:  # a bug: INTERNAL naming the request id, logged with its traceback
             msg, _ = self.service.log_internal(rid, exc)
             await context.abort(grpc.StatusCode.INTERNAL, msg, trailer)
+        finally:
+            self.active -= 1
         context.set_trailing_metadata(trailer)
         return reply
 
@@ -124,6 +133,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        self.limit = service.config.max_connections
+        self.active = 0  # RPCs running now (``_rpc``)
 
     # -- health and metadata ------------------------------------------------------------------
     @_rpc
@@ -269,7 +280,8 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
 
     Messages are bounded as REST bodies are (``max_body_bytes`` in; the output limit plus the
     response header out), at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past
-    it), and a connection must finish its handshake within ``header_timeout_s``. Raises
+    it, counted: ``_rpc``; grpc's own limit, twice that, is a backstop for RPCs that never reach a
+    handler), and a connection must finish its handshake within ``header_timeout_s``. Raises
     RuntimeError when the address cannot be bound."""
     c = service.config
     out = min(c.limits.max_output_bytes + (1 << 20), (1 << 31) - 1)
@@ -279,7 +291,7 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
                                       # a connection that never completes the HTTP/2 handshake is closed, as
                                       # REST closes one whose headers never finish (--header-timeout)
                                       ("grpc.server_handshake_timeout_ms", int(c.header_timeout_s * 1000))],
-                             maximum_concurrent_rpcs=c.max_connections)
+                             maximum_concurrent_rpcs=2 * c.max_connections)
     _register(Servicer(service), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

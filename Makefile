@@ -8,8 +8,9 @@ setup:
 demo: setup
 	.venv/bin/tileship demo --out .tileship/demo
 
-# type check (mypy src, the catalog included; seconds) and the test suite (CPU; GPU tests are marked
-# `gpu` and run on the GPU test host)
+# the KServe SDK clients' environment (.venv-kserve), the type check (mypy src, the catalog included;
+# seconds) and the test suite (CPU; GPU tests are marked `gpu` and run on the GPU test host)
 test: setup
+	bash scripts/setup-kserve.sh
 	.venv/bin/python -m mypy src
 	.venv/bin/python -m pytest -q

@@ -263,6 +263,13 @@ def test_scalar_args_are_passed_by_value_and_never_keyed_by_value(typed_release)
     assert (d.path, d.reason) == ("reference", "undeclared_shape")
     with pytest.raises(CallError, match=r"scaled_add\(s\): is a ScalarArg: pass a Python number, got Tensor"):
         op.call(a, torch.tensor(0.5), 1)
+    # a float for the int32 scalar is the caller's error, not a kernel fault: nothing trips the breaker
+    with pytest.raises(CallError, match=r"scaled_add\(n\): is an int32 ScalarArg, got float 2.5"):
+        op(a, 0.5, 2.5)
+    with pytest.raises(CallError, match=r"is an int32 ScalarArg, got bool"):
+        op.call(a, 0.5, True)
+    out, d = op.call(a, 1, 3)  # an int for the float32 scalar is fine
+    assert d.path == "kernel" and torch.allclose(out, a + 3) and not op.faults
 
 
 def test_scalar_args_verify_trace_and_serve(typed_release):

@@ -272,7 +272,7 @@ class OpRunner(Breaker, TableRows):
 
     # -- slow path (first call of a key) -------------------------------------------
     def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Route:
-        rt.check_scalars(args, self._scalars, self.shape.inputs, self.name)
+        rt.check_scalars(args, self._scalars, self.shape.inputs, self.name, self.shape.dtypes)
         full, args = args, self._tensors(args)
         rt.check_devices(args, self._tdecl, self.name)
         b = bind(self._tdecl, [tuple(a.shape) for a in args])

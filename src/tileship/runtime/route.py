@@ -145,12 +145,24 @@ def fill_out(outs: tuple[Any, ...], result: Any, given: Any, op: str) -> Any:
     return given
 
 
-def check_scalars(args: tuple[Any, ...], scalars: Sequence[int], inputs: Sequence[tuple[str, Any]], op: str) -> None:
-    """Raises CallError naming a ScalarArg that is not a Python number."""
+def check_scalars(args: tuple[Any, ...], scalars: Sequence[int], inputs: Sequence[tuple[str, Any]], op: str,
+                  dtypes: Sequence[str] = ()) -> None:
+    """Raises CallError naming a ScalarArg that is not a Python number, or (``dtypes``: the declared
+    dtype of each input) a number the kernel cannot take as declared: a non-integer for an integer
+    scalar, a non-bool for a bool one. Checked when a key is first seen (the Python type is in the key),
+    so such a call is the caller's error, never a kernel fault that trips the breaker."""
     for i in scalars:
-        if not isinstance(args[i], (int, float, bool)):
-            raise CallError(f"is a ScalarArg: pass a Python number, got {type(args[i]).__name__}", operator=op,
+        v = args[i]
+        if not isinstance(v, (int, float, bool)):
+            raise CallError(f"is a ScalarArg: pass a Python number, got {type(v).__name__}", operator=op,
                             argument=inputs[i][0], hint="pass float(x) / int(x), or x.item() for a one-element tensor")
+        want = dtypes[i] if i < len(dtypes) else ""
+        if want == "bool" and not isinstance(v, bool):
+            raise CallError(f"is a bool ScalarArg, got {type(v).__name__}", operator=op, argument=inputs[i][0],
+                            hint="pass True or False")
+        if want.startswith(("int", "uint")) and (isinstance(v, bool) or not isinstance(v, int)):
+            raise CallError(f"is an {want} ScalarArg, got {type(v).__name__} {v!r:.40}", operator=op,
+                            argument=inputs[i][0], hint="pass a Python int (int(x) when the value is whole)")
 
 
 def check_devices(tensors: Sequence[Any], declared: Sequence[tuple[str, Any]], op: str) -> None:

@@ -130,6 +130,7 @@ def main(job_path: str) -> int:
         import tilelang
         from tilelang import tvm
 
+        from tileship.declare import contract
         from tileship.declare.factory import reconcile_out_idx, resolve, trace
         from tileship.declare.spec import Specialization, Target
         from tileship.runtime.signature import CALLEE_ALLOCATED_OUTPUTS
@@ -141,6 +142,7 @@ def main(job_path: str) -> int:
         info = resolve(op.factory, operator=op.name)
         func = trace(op, spec)
         out_idx, positions = reconcile_out_idx(op, info, func)
+        contract.check(op, spec, func, positions)  # the kernel's parameters against the declaration
         (out / "func.json").write_text(_portable(tvm.ir.save_json(func)))
         pass_configs = op.compile_pass_configs()
         kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(),

@@ -163,7 +163,8 @@ def tune_group(
         if not isinstance(kernel, str):
             runners[spec.candidate or "default"] = _runner(desc, name, reference, spec, kernel, table)
     pruned: dict[str, dict[str, str]] = {}  # candidate -> bucket key -> why (``tune_rule.triage``)
-    for dims, _ in points if options.prune and len(runners) > 1 else ():
+    # only among candidates: a group's single kernel is always verified (its evidence is the release's)
+    for dims, _ in points if options.prune and len(runners) > 2 else ():
         args = make(dims, 0)
 
         def look(c: str, limit_us: float, args: list[Any] = args) -> float:

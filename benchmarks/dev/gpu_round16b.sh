@@ -13,7 +13,7 @@ timeout 120 python3 -m tileship.cli build --project benchmarks/tuned/tileship.to
 echo "build rc=$? ($(( $(date +%s) - t0 )) s)"; tail -1 "$out/build.log"
 rel=$(ls -td /tmp/tuned-rel/*/ | head -1)
 t1=$(date +%s)
-timeout 240 python3 -m tileship.cli tune "$rel" --budget-ms 20 --clock latency > "$out/tune.log" 2>&1
+timeout 240 python3 -m tileship.cli tune "$rel" --budget-ms 20 --clock latency ${TUNE_ARGS:-} > "$out/tune.log" 2>&1
 echo "tune rc=$? ($(( $(date +%s) - t1 )) s)"; tail -1 "$out/tune.log"
 cp "$rel/evidence/verification.json" "$out/verification.json" 2>/dev/null
 for routing in pinned evidence; do

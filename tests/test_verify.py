@@ -479,3 +479,16 @@ def test_python_dash_m_cli_lists_verify_and_report():
                          env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "verify" in out.stdout and "report" in out.stdout
+
+
+def test_a_reference_of_another_dtype_than_declared_fails_verification():
+    """The reference serves after a failed verify and for undeclared shapes: its dtype must be the declared one,
+    or the caller's result dtype would depend on the path (probe round 16, F5)."""
+    def kernel(a, b):
+        out = torch.empty(a.shape, dtype=a.dtype)
+        out.copy_(a + b)
+        return out
+
+    v = verify_spec(FAKE_SPEC, kernel, lambda a, b: (a + b).double(), FAKE_DESC,
+                    options=VerifyOptions(seeds=(0,), timing=False))
+    assert not v.passed and "output C: the reference returns float64, declared float32" in v.failure, v.failure

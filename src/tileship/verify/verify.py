@@ -114,6 +114,10 @@ def _reference_in(reference: Callable[..., Any], args: Sequence[Any], dtype: str
     return [] if out is None else list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+def _dt(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any],
                 desc: Mapping[str, Any], *,
                 options: VerifyOptions = VerifyOptions(), tolerance: Tolerance | None = None,
@@ -190,13 +194,14 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 t = out_tols[i]
                 c = check_output(o, r, atol=t.atol, rtol=t.rtol)
                 if c.failure is None and o.dtype != out_dtypes[i]:
-                    c = dataclasses.replace(c,
-                                            failure=f"dtype {str(o.dtype).removeprefix('torch.')}, declared "
-                                                    f"{str(out_dtypes[i]).removeprefix('torch.')}")
+                    c = dataclasses.replace(c, failure=f"dtype {_dt(o.dtype)}, declared {_dt(out_dtypes[i])}")
                 checks.append((seed, c))
                 ref_checks.append(check_output(n, r, atol=t.atol, rtol=t.rtol))
                 if c.failure and failure is None:
                     failure = (f"output {outputs[i][0]}: " if len(outs) > 1 else "") + c.failure + f" (seed {seed})"
+                if failure is None and getattr(n, "dtype", out_dtypes[i]) != out_dtypes[i]:  # it serves too
+                    failure = (f"output {outputs[i][0]}: the reference returns {_dt(n.dtype)}, declared "
+                               f"{_dt(out_dtypes[i])} (a caller's result dtype would depend on the path)")
             del outs, refs, native
         if failure is None and not confirmed and options.strict_poison:
             failure = ("could not confirm the outputs were poisoned (the adapter allocated them outside the poisoned "

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from tileship.declare import sequences
 from tileship.declare.dims import SAME, DimExpr, shape_at
 from tileship.declare.parts import DTYPES, ScalarArg, Target, TensorArg, Tolerance
 from tileship.errors import DeclarationError
@@ -85,6 +86,7 @@ def check_operator(decl: Operator) -> None:
     op = decl.name or "<unnamed>"
     if not decl.name or not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", decl.name):
         raise DeclarationError("must be an identifier", operator=op, field="name")
+    sequences.check(decl, op)  # first: everything below iterates and concatenates them
     from tileship.declare.factory import resolve
 
     resolve(decl.factory, operator=op)  # raises for anything that is not a kernel factory

@@ -86,6 +86,10 @@ class TensorArg:
     #: "same" (the operator dtype of the specialization) or a literal dtype name (DTYPES)
     dtype: str = SAME
 
+    def __post_init__(self) -> None:
+        if isinstance(self.dims, list):  # dims=["N"] is dims=("N",)
+            object.__setattr__(self, "dims", tuple(self.dims))
+
     def dtype_for(self, op_dtype: str) -> str:
         return op_dtype if self.dtype == SAME else self.dtype
 

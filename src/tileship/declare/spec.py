@@ -87,6 +87,9 @@ class Operator:
     module: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        from tileship.declare import sequences
+
+        sequences.normalise(self)  # inputs=[...] is inputs=(...); a non-sequence is refused by check()
         if self.module is None:
             caller = sys._getframe(2).f_globals.get("__name__")  # 0: here, 1: __init__, 2: the declaring module
             object.__setattr__(self, "module", caller)

@@ -1,0 +1,45 @@
+"""Declarations written in ways the checks did not expect (probe ``foreign_kernels_round16``, F6, F7, F10):
+each is accepted as what it spells or refused with a ``DeclarationError`` naming the field, never a raw
+Python error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tileship.catalog.cpu import add
+from tileship.declare.spec import DynamicRange, TensorArg, describe, expand
+from tileship.errors import DeclarationError
+
+
+def test_lists_are_taken_as_the_tuples_they_spell():
+    op = dataclasses.replace(add, inputs=list(add.inputs), outputs=list(add.outputs), dtypes=list(add.dtypes),
+                             targets=list(add.targets), shapes=[{"N": 64}], ranges=list(add.ranges))
+    op.check()
+    assert op.inputs == add.inputs and isinstance(op.inputs, tuple) and isinstance(op.shapes, tuple)
+    assert [s.id for s in expand(op)] == [s.id for s in expand(dataclasses.replace(add, shapes=({"N": 64},)))]
+    assert describe(op)["inputs"] == describe(add)["inputs"]
+    assert TensorArg("A", ["N"]).dims == ("N",)
+
+
+SINGLE = [
+    ("inputs-single", dict(inputs=TensorArg("A", ("N",))), "inputs", "got a single TensorArg", "(note the comma)"),
+    ("outputs-single", dict(outputs=TensorArg("C", ("N",))), "outputs", "got a single TensorArg", "(note the comma)"),
+    ("dtypes-string", dict(dtypes="float32"), "dtypes", "got the string 'float32'", 'dtypes=("float32",)'),
+    ("targets-string", dict(targets="c"), "targets", "got the string 'c'", 'targets=("c",)'),
+    ("shapes-mapping", dict(shapes={"N": 64}), "shapes", "got a single mapping", "{'N': 64},)"),
+    ("ranges-single", dict(ranges=DynamicRange("N", 1, 64)), "ranges", "got a single DynamicRange", "(note the comma)"),
+    ("mutates-string", dict(mutates="A"), "mutates", "got the string 'A'", 'mutates=("A",)'),
+    ("inputs-set", dict(inputs={TensorArg("A", ("N",))}), "inputs", "got set", "e.g. inputs=("),
+    ("dtypes-none", dict(dtypes=None), "dtypes", "got NoneType", 'e.g. dtypes=("float32",)'),
+]
+
+
+@pytest.mark.parametrize("change,field,words,hint", [c[1:] for c in SINGLE], ids=[c[0] for c in SINGLE])
+def test_a_field_that_is_not_a_sequence_is_refused_with_the_fix(change, field, words, hint):
+    op = dataclasses.replace(add, **change)
+    with pytest.raises(DeclarationError) as info:
+        op.check()
+    assert info.value.field == field and f"add.{field}: must be a tuple" in str(info.value), str(info.value)
+    assert words in str(info.value) and hint in str(info.value.hint), str(info.value)

@@ -5,10 +5,14 @@ Python error."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
+import torch
 
+from tileship.build.builder import BuildOptions, build
 from tileship.catalog.cpu import add
+from tileship.declare.project import Project
 from tileship.declare.spec import DynamicRange, TensorArg, describe, expand
 from tileship.errors import DeclarationError
 
@@ -43,3 +47,48 @@ def test_a_field_that_is_not_a_sequence_is_refused_with_the_fix(change, field, w
         op.check()
     assert info.value.field == field and f"add.{field}: must be a tuple" in str(info.value), str(info.value)
     assert words in str(info.value) and hint in str(info.value.hint), str(info.value)
+
+
+def _double(a):
+    return a * 2
+
+
+def _nested():
+    def ref(a, b):
+        return a + b
+
+    return ref
+
+
+class _Callable:
+    def __call__(self, a, b):
+        return a + b
+
+
+NOT_IMPORTABLE = [
+    ("lambda", "reference", lambda a, b: a + b, f"is a lambda ({__name__}.<lambda>)"),
+    ("nested", "reference", _nested(), "is defined inside a function"),
+    ("partial", "reference", functools.partial(torch.add, alpha=1), "is a functools.partial"),
+    ("object", "reference", _Callable(), "is a _Callable with no __module__ and __qualname__"),
+    ("sample-lambda", "sample", lambda dims, dtype, device: (), "is a lambda"),
+    ("cost-nested", "cost", _nested(), "is defined inside a function"),
+]
+
+
+@pytest.mark.parametrize("field,fn,words", [c[1:] for c in NOT_IMPORTABLE], ids=[c[0] for c in NOT_IMPORTABLE])
+def test_a_callable_a_release_cannot_import_by_name_is_refused_at_build(field, fn, words, tmp_path):
+    """The release re-imports the reference (sample, cost) by ``module.qualname``: a lambda would build, then
+    fail to load, verify or tune (F7). The build refuses it before compiling, naming ``add.reference``."""
+    op = dataclasses.replace(add, **{field: fn})
+    op.check()  # a valid declaration for in-process use
+    with pytest.raises(DeclarationError) as info:
+        describe(op)
+    assert info.value.field == field and f"add.{field}: " in str(info.value) and words in str(info.value), info.value
+    project = Project(model="m", model_version="1", operator_modules=(), targets=("c",), root=None)
+    with pytest.raises(DeclarationError, match=f"add.{field}: "):
+        build(project, {"add": op}, tmp_path, BuildOptions(jobs=1))
+    assert not list(tmp_path.iterdir())  # nothing compiled, no staging left behind
+
+
+def test_a_module_level_function_is_described_by_its_qualified_name():
+    assert describe(dataclasses.replace(add, reference=_double))["reference"] == f"{__name__}._double"

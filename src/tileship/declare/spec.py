@@ -176,6 +176,7 @@ def describe(op: Operator) -> dict[str, Any]:
     """A JSON-able description of the declaration (for the lock and release.json; no callables).
     Raises DeclarationError only."""
     from tileship.declare.factory import resolve
+    from tileship.declare.importable import qualified
 
     info = resolve(op.factory, operator=op.name)
     return {
@@ -203,14 +204,9 @@ def describe(op: Operator) -> dict[str, Any]:
         "factory": info.qualname,
         "factory_info": info.to_json(),
         "module": op.module,
-        "reference": _qualified(op.reference),
-        "sample": _qualified(op.sample) if op.sample is not None else None,
-        "cost": _qualified(op.cost) if op.cost is not None else None,
+        # a release re-imports these by name: a lambda or a nested function is refused here, at build time
+        "reference": qualified(op.reference, operator=op.name, field="reference"),
+        "sample": qualified(op.sample, operator=op.name, field="sample") if op.sample is not None else None,
+        "cost": qualified(op.cost, operator=op.name, field="cost") if op.cost is not None else None,
         "fallback": "tested-reference",
     }
-
-
-def _qualified(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
-
-

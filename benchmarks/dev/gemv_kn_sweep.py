@@ -1,9 +1,11 @@
 """Kernel development sweep (GPU host): ``catalog/gemv_kn.py``'s two kernels vs cuBLAS (``torch.matmul``).
 
 usage: python3 benchmarks/dev/gemv_kn_sweep.py OUT.json [--ms 1,2,4,8] [--jobs 15] [--dtypes float16]
+           [--families reg,pipe,tile,splitk,swap] [--shapes 4096x4096,N11008,K11008]
 
-Not the product path (no release, no dispatcher): it compiles ``gemv_kn`` with a dynamic M, as
-the tuned GEMM project builds it, at every (block_N, threads, m_rows, unroll) in the grid and
+Not the product path (no release, no dispatcher): it compiles each family's kernel (``FAMILIES``:
+the GEMVs of ``gemv_kn``, the tiled and split-K GEMMs of ``gemm``/``gemm_tuned``, the swapped-operand
+GEMM of ``gemm_small_m``) with a dynamic M, as the tuned GEMM project builds it, at every point of its grid and
 times the kernel itself, so that the candidates in ``catalog/gemm_tuned.py`` come from
 measurements. Shapes: the tuned project's (N, K) pairs. Method (``w4a16_sweep.timer``): CUDA
 events around one call, a 512 MiB buffer zeroed before each call (L2 flushed), median of 60
@@ -23,36 +25,65 @@ from typing import Any
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 SHAPES = {"4096x4096": (4096, 4096), "N11008": (11008, 4096), "K11008": (4096, 11008)}  # name: (N, K)
-#: family -> (factory name, axes): ``reg`` is ``gemv_kn`` (loads into registers), ``pipe`` ``gemv_kn_pipe`` (TMA)
+#: family -> (module, factory, axes in the factory's positional order after dtype):
+#: ``reg`` ``gemv_kn`` (loads into registers), ``pipe`` ``gemv_kn_pipe`` (TMA), ``tile`` the catalog's tiled
+#: GEMM, ``splitk`` its split-K form (``gemm_tuned``), ``swap`` the swapped-operand GEMM (``gemm_small_m``)
 FAMILIES = {
-    "reg": ("gemv_kn", {"block_N": (32, 64), "threads": (512, 1024), "m_rows": (1, 2), "unroll": (8, 16)}),
-    "pipe": ("gemv_kn_pipe", {"block_N": (32, 64, 128), "block_K": (64, 128), "threads": (128, 256),
-                              "m_rows": (1, 2, 4, 8), "num_stages": (4, 6)}),
+    "reg": ("tileship.catalog.gemv_kn", "gemv_kn",
+            {"block_N": (32, 64), "threads": (512, 1024), "m_rows": (1, 2), "unroll": (8, 16)}),
+    "pipe": ("tileship.catalog.gemv_kn", "gemv_kn_pipe",
+             {"block_N": (32, 64, 128), "block_K": (64, 128), "threads": (128, 256), "m_rows": (1, 2, 4, 8),
+              "num_stages": (4, 6)}),
+    "tile": ("tileship.catalog.gemm", "matmul",
+             {"block_M": (16, 64), "block_N": (32, 64), "block_K": (128, 256), "num_stages": (3, 4),
+              "threads": (128,)}),
+    "splitk": ("tileship.catalog.gemm_tuned", "matmul_split_k",
+               {"block_M": (16, 64), "block_N": (32, 64), "block_K": (64, 128), "num_stages": (3,),
+                "threads": (128,), "split_k": (2, 4)}),
+    "swap": ("tileship.catalog.gemm_small_m", "matmul_swap",
+             {"block_M": (8, 16), "block_N": (64, 128), "block_K": (128, 256), "num_stages": (3, 4, 6, 8),
+              "threads": (128,), "split_k": (1, 2)}),
 }
 
 
-def variants(n: int, k: int) -> list[tuple[Any, ...]]:
-    """(family, *config) of every variant that fits shape (n, k)."""
-    from tileship.catalog.gemv_kn import check
+def _fits(family: str, n: int, k: int, v: tuple[Any, ...]) -> bool:
+    """Whether variant ``v`` of ``family`` covers shape (n, k) and fits in shared memory."""
+    if family == "reg":
+        from tileship.catalog.gemv_kn import check
 
-    out: list[tuple[Any, ...]] = []
-    for v in itertools.product(*FAMILIES["reg"][1].values()):
         try:
             check(n, k, *v)
         except ValueError:
-            continue
-        out.append(("reg", *v))
-    for bn, bk, th, mr, st in itertools.product(*FAMILIES["pipe"][1].values()):
-        if n % bn or k % bk or st * bk * bn * 2 > 160 * 1024 or 16 * mr * bn < th:
-            continue
-        out.append(("pipe", bn, bk, th, mr, st))
-    return out
+            return False
+        return True
+    if family == "pipe":
+        bn, bk, th, mr, st = v
+        return not (n % bn or k % bk or st * bk * bn * 2 > 160 * 1024 or 16 * mr * bn < th)
+    if family == "swap":
+        from tileship.catalog.gemm_small_m import check as check_swap
+
+        bm, bn, bk, st, _, sk = v
+        try:
+            check_swap(n, k, bm, bn, bk, st, sk)
+        except ValueError:
+            return False
+        return True
+    bm, bn, bk, st = v[:4]
+    sk = v[5] if family == "splitk" else 1
+    return not (n % bn or k % (bk * sk) or st * (bm + bn) * bk * 2 > 200 * 1024)
+
+
+def variants(n: int, k: int, families: tuple[str, ...] = ("reg", "pipe")) -> list[tuple[Any, ...]]:
+    """(family, *config) of every variant of ``families`` that fits shape (n, k)."""
+    return [(fam, *v) for fam in families for v in itertools.product(*FAMILIES[fam][2].values())
+            if _fits(fam, n, k, v)]
 
 
 def factory(family: str) -> Any:
-    import tileship.catalog.gemv_kn as g
+    import importlib
 
-    return getattr(g, FAMILIES[family][0])
+    module, fn, _ = FAMILIES[family]
+    return getattr(importlib.import_module(module), fn)
 
 
 def build(job: tuple) -> tuple[tuple, str | None]:
@@ -73,10 +104,14 @@ def main() -> None:
     ap.add_argument("--ms", default="1,2,4,8")
     ap.add_argument("--jobs", type=int, default=15)
     ap.add_argument("--dtypes", default="float16")
+    ap.add_argument("--families", default="reg,pipe", help=f"of {', '.join(FAMILIES)}")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     args = ap.parse_args()
+    fams = tuple(args.families.split(","))
+    shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
     ms = [int(m) for m in args.ms.split(",")]
     dts = args.dtypes.split(",")
-    jobs = [(n, k, dt, *v) for dt in dts for n, k in SHAPES.values() for v in variants(n, k)]
+    jobs = [(n, k, dt, *v) for dt in dts for n, k in shapes.values() for v in variants(n, k, fams)]
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs) as ex:  # fills TileLang's disk cache for the loop below
         errors = {j: e for j, e in ex.map(build, jobs) if e}
@@ -93,7 +128,7 @@ def main() -> None:
                for j in jobs if j not in errors}
     rows: list[dict[str, Any]] = []
     for dt in dts:
-        for name, (n, k) in SHAPES.items():
+        for name, (n, k) in shapes.items():
             b = (torch.randn(k, n, device="cuda") / k**0.5).to(getattr(torch, dt))
             gbytes = n * k * 2 / 1e9
             for m in ms:
@@ -109,7 +144,7 @@ def main() -> None:
                     err = ((got.float() - want).norm() / want.norm()).item()
                     us = timeit(lambda: kern(a, b))
                     row = {"dtype": dt, "shape": name, "M": m, "N": n, "K": k, "family": j[3],
-                           **dict(zip(FAMILIES[j[3]][1], j[4:], strict=True)), "cublas_us": cublas, "us": us,
+                           **dict(zip(FAMILIES[j[3]][2], j[4:], strict=True)), "cublas_us": cublas, "us": us,
                            "rel_err": err, "speedup_vs_cublas": cublas[0] / us[0],
                            "tb_s": gbytes / us[0] * 1e3, "ok": err < 1e-2}
                     rows.append(row)
@@ -118,12 +153,12 @@ def main() -> None:
                     print(f"  {j[3:]}: {us[0]:7.1f} us ({us[1]:.1f}-{us[2]:.1f}) x{cublas[0] / us[0]:.2f} "
                           f"{gbytes / us[0] * 1e3:.2f} TB/s err {err:.1e}", flush=True)
                 if best is not None:
-                    cfg = tuple(best[g] for g in FAMILIES[best["family"]][1])
+                    cfg = tuple(best[g] for g in FAMILIES[best["family"]][2])
                     print(f"  BEST {best['family']} {cfg}: {best['us'][0]:.1f} us "
                           f"x{best['speedup_vs_cublas']:.2f}", flush=True)
     with open(args.out, "w") as f:
         json.dump({"script": "benchmarks/dev/gemv_kn_sweep.py", "device": torch.cuda.get_device_name(),
-                   "torch": torch.__version__, "families": FAMILIES,
+                   "torch": torch.__version__, "families": {f: FAMILIES[f] for f in fams},
                    "ratio": "speedup = cuBLAS us / kernel us (> 1: kernel faster)",
                    "errors": {str(k): v for k, v in errors.items()},
                    "rows": rows}, f, indent=1)

@@ -46,7 +46,7 @@ class RequestLimits:
     max_output_bytes: int = 1 << 30     # bytes of all outputs of one call (413 above; --max-output-mib)
 
 
-_NONFINITE = re.compile(rb"NaN|-?Infinity")
+_NONFINITE = re.compile(r"NaN|Infinity")
 
 
 def short(v: Any, limit: int = 60) -> str:
@@ -71,12 +71,15 @@ def _long_int(text: str) -> Any:
 
 def decode_json(raw: bytes | bytearray | memoryview, what: str = "the inference request") -> tuple[Any, bool]:
     """The parsed document and whether it held bare NaN/Infinity tokens (then the caller checks the
-    request allows them). Malformed JSON, invalid UTF-8, nesting past 1024 levels: ``BadRequest(400)``."""
+    request allows them). Malformed JSON, invalid UTF-8, nesting past 1024 levels: ``BadRequest(400)``.
+
+    The stdlib fallback runs only when orjson stopped at such a token: where it stopped is looked at,
+    never the whole body (a scan of a large malformed body would hold the event loop)."""
     try:
         return orjson.loads(raw), False
     except orjson.JSONDecodeError as exc:
-        first = str(exc)
-    if _NONFINITE.search(raw) is None:
+        first, doc, pos = str(exc), exc.doc, exc.pos  # ``pos`` counts characters of ``doc``, the decoded text
+    if not (isinstance(doc, str) and _NONFINITE.match(doc, pos)):  # it stops past a -Infinity's sign
         raise BadRequest(400, f"malformed JSON in {what}: {short(first, 200)}")
     try:
         doc = json.loads(bytes(raw), parse_int=_long_int)

@@ -13,12 +13,12 @@ timeout 120 python3 -m tileship.cli build --project benchmarks/tuned/tileship.to
 echo "build rc=$? ($(( $(date +%s) - t0 )) s)"; tail -1 "$out/build.log"
 rel=$(ls -td /tmp/tuned-rel/*/ | head -1)
 t1=$(date +%s)
-timeout 240 python3 -m tileship.cli tune "$rel" --budget-ms 20 --clock latency ${TUNE_ARGS:-} > "$out/tune.log" 2>&1
+timeout ${TUNE_TIMEOUT:-240} python3 -m tileship.cli tune "$rel" --budget-ms 20 --clock latency ${TUNE_ARGS:-} > "$out/tune.log" 2>&1
 echo "tune rc=$? ($(( $(date +%s) - t1 )) s)"; tail -1 "$out/tune.log"
 cp "$rel/evidence/verification.json" "$out/verification.json" 2>/dev/null
 for routing in pinned evidence; do
   t1=$(date +%s)
-  timeout 150 python3 benchmarks/served_vs_best.py "$rel" --routing $routing --out "$out/served_vs_best_$routing.json" \
+  timeout ${SVB_TIMEOUT:-150} python3 benchmarks/served_vs_best.py "$rel" --routing $routing --out "$out/served_vs_best_$routing.json" \
     --budget-ms 15 > "$out/served_vs_best_$routing.txt" 2>&1
   echo "served_vs_best $routing rc=$? ($(( $(date +%s) - t1 )) s)"; tail -2 "$out/served_vs_best_$routing.txt"
 done

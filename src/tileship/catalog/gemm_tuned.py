@@ -12,7 +12,12 @@ cuBLAS (``torch.matmul``, the reference). Built by ``benchmarks/tuned/tileship.t
   tensor cores: 64 columns a block, B read once per row of M): M=1. Chosen by
   ``benchmarks/dev/gemv_kn_sweep.py`` on the H200 (``benchmarks/results/h200/round16/sweep3/``): at M=1,
   15.3 us against cuBLAS's 17.5 at 4096x4096 and 32.8-32.9 against 34.2-34.7 at the 11008 shapes;
-  from M=2 on cuBLAS is as fast or faster, and past a few rows ``tileship tune`` prunes it.
+  from M=2 on cuBLAS is as fast or faster, and past a few rows ``tileship tune`` prunes it;
+- ``...-swap1``: the swapped-operand GEMM of ``catalog.gemm_small_m`` (N on the MMA's 64-row side, M on
+  its narrow side), three tiles: 16 rows of M x 64 columns x 128 of K in 8 stages, the same with 32 rows,
+  and 8 x 128 x 128 in 3 stages (N=11008). Chosen by the round-17 sweep on the H200
+  (``benchmarks/results/h200/round17/sweep/``): at M=1-16 and N=K=4096 15.0-15.7 us against cuBLAS's
+  17.3-17.7, 31.4-32.2 against 34.3-34.9 at K=11008, 31.1-32.1 against 33.2-34.1 at N=11008 (8 x 128).
 """
 
 from typing import Any
@@ -21,6 +26,7 @@ import tilelang.language as T
 
 from tileship.catalog import costs
 from tileship.catalog import gemm as base
+from tileship.catalog.gemm_small_m import matmul_swap
 from tileship.catalog.gemv_kn import gemv_kn
 from tileship.declare.spec import Operator
 
@@ -57,9 +63,12 @@ def matmul_split_k(M: Any, N: int, K: int, dtype: str = "float16", block_M: int 
 
 def matmul_tuned(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 128, block_N: int = 256,
                  block_K: int = 64, num_stages: int = 3, threads: int = 256, split_k: int = 1,
-                 gemv_rows: int = 0, unroll: int = 8) -> Any:
-    """The tiled GEMM of ``tileship.catalog.gemm`` (``split_k`` 1), its split-K form, or with ``gemv_rows``
-    set the GEMV-style kernel (``block_N`` columns, ``threads``, ``gemv_rows`` rows of M a block)."""
+                 gemv_rows: int = 0, unroll: int = 8, swap: int = 0) -> Any:
+    """The tiled GEMM of ``tileship.catalog.gemm`` (``split_k`` 1), its split-K form, with ``swap`` set the
+    swapped-operand GEMM of ``catalog.gemm_small_m``, or with ``gemv_rows`` set the GEMV-style kernel
+    (``block_N`` columns, ``threads``, ``gemv_rows`` rows of M a block)."""
+    if swap:
+        return matmul_swap(M, N, K, dtype, block_M, block_N, block_K, num_stages, threads, split_k)
     if gemv_rows:
         return gemv_kn(M, N, K, dtype, block_N, threads, gemv_rows, unroll)
     if split_k > 1:
@@ -83,6 +92,9 @@ gemm_tuned = Operator(
         {"block_M": 64, "block_N": 64, "block_K": 128, "num_stages": 4, "threads": 128},
         {"block_M": 64, "block_N": 64, "num_stages": 3, "threads": 128, "split_k": 4},
         {"block_N": 64, "threads": 1024, "gemv_rows": 1, "unroll": 8},
+        {"block_M": 16, "block_N": 64, "block_K": 128, "num_stages": 8, "threads": 128, "swap": 1},
+        {"block_M": 32, "block_N": 64, "block_K": 128, "num_stages": 8, "threads": 128, "swap": 1},
+        {"block_M": 8, "block_N": 128, "block_K": 128, "num_stages": 3, "threads": 128, "swap": 1},
     ],
     ranges=base.gemm.ranges,
     shapes=base.gemm.shapes,

@@ -117,7 +117,11 @@ class ArtifactLoadError(TileshipError):
 
 
 class CompileForbidden(TileshipError):
-    """A TileLang compile was attempted while no-JIT was in force."""
+    """A TileLang compile was attempted while no-JIT was in force; ``where`` names the entry point."""
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.where = where
 
 
 class CallError(TileshipError):

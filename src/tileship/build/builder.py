@@ -28,7 +28,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from tileship.build import pins, schedule, sources
+from tileship.build import import_check, pins, schedule, sources
 from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock
 from tileship.declare.project import Project, revision_root, source_digest
 from tileship.declare.spec import Operator, Specialization, describe, expand
@@ -177,6 +177,9 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
                          model={"name": project.model, "version": project.model_version},
                          image_digest=opts.image_digest, toolchain=tool)
         (staging / "tileship.lock").write_text(dump_lock(lock))
+        python, env = (str(opts.toolchain.python), opts.toolchain.worker_env()) if opts.toolchain else \
+            (sys.executable, _child_env())
+        importing = import_check.start(descs, staging / sources.SOURCES, python=python, env=env)
         results: list[SpecResult] = []
         sys_path = str(project.root) if project.root else None
         if opts.ray is not None:
@@ -195,6 +198,7 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
                     if opts.on_progress:
                         opts.on_progress(r)
         results.sort(key=lambda r: r.spec.id)
+        import_check.finish(importing, timeout_s=opts.timeout_s)  # the snapshot imports as a serving host will
         native_build = _native_table(project, staging)
         release = {
             "schema": 1,

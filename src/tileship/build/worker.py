@@ -138,6 +138,12 @@ def main(job_path: str) -> int:
         if job.get("sys_path"):
             sys.path.insert(0, job["sys_path"])
         op = find_operator(job["module"], job["op"])
+        if glob.glob(str(cache / "*" / "*" / "kernels" / "*")):  # nothing compiled yet: importing the module did
+            from tileship.errors import BuildError
+            from tileship.runtime.references import ON_IMPORT_HINT
+
+            raise BuildError(f"{job['module']} (or a module it imports) compiled a TileLang kernel at import time; "
+                             "operator modules must not compile on import", spec_id=job["spec_id"], hint=ON_IMPORT_HINT)
         spec = Specialization.from_json(job["spec"])
         info = resolve(op.factory, operator=op.name)
         func = trace(op, spec)

@@ -33,7 +33,7 @@ from tileship.declare.factory import resolve
 from tileship.declare.outputs import infer_outputs
 from tileship.declare.project_shapes import ShapeAdditions, apply_shapes, parse_shape_tables
 from tileship.declare.spec import Operator, Specialization, Target, expand
-from tileship.errors import DeclarationError
+from tileship.errors import CompileForbidden, DeclarationError
 
 ROUTINGS = ("pinned", "evidence")
 DRIFT_POLICIES = ("fallback", "strict")
@@ -143,6 +143,11 @@ def load_operators(project: Project) -> dict[str, Operator]:
     for mod_name in project.operator_modules:
         try:
             mod = importlib.import_module(mod_name)
+        except CompileForbidden as exc:  # this process serves a release, and the module compiles on import
+            from tileship.runtime.references import ON_IMPORT_HINT, compiled_on_import
+
+            raise DeclarationError(f"cannot import {mod_name}: {compiled_on_import(exc, mod_name)}",
+                                   field="operators", hint=ON_IMPORT_HINT) from exc
         except Exception as exc:  # an import error in user code is a declaration problem
             raise DeclarationError(f"cannot import {mod_name}: {type(exc).__name__}: {exc}", field="operators") from exc
         found = [v for v in vars(mod).values() if isinstance(v, Operator)]

@@ -35,7 +35,7 @@ def _forbid(where: str) -> Callable[..., Any]:
         global _attempts
         with _count_lock:
             _attempts += 1
-        raise CompileForbidden(f"TileLang tried to compile ({where}) while a release was serving",
+        raise CompileForbidden(f"TileLang tried to compile ({where}) while a release was serving", where=where,
                                hint="the call needs a specialization the release does not hold: add its shape and "
                                     "rebuild")
 

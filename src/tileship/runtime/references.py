@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship.build import pins
-from tileship.errors import ArtifactLoadError
+from tileship.errors import ArtifactLoadError, CompileForbidden
 
 
 def import_references(operators: Mapping[str, dict[str, Any]], lock: Mapping[str, Any], src: Path, *,
@@ -95,6 +95,28 @@ def import_callable(path: str, name: str, what: str, desc: dict[str, Any] | None
             hint = f"pip install {locked}" if locked else f"install the package providing {missing}"
         raise ArtifactLoadError(f"cannot import the {what} {path}: {why} (looked in {', '.join(looked)})", spec_id=name,
                                 hint=hint) from exc
+    except CompileForbidden as exc:  # the module compiles on import: no shape added to the release would help
+        raise ArtifactLoadError(f"cannot import the {what} {path}: {compiled_on_import(exc, module)}", spec_id=name,
+                                hint=ON_IMPORT_HINT) from exc
     except Exception as exc:  # anything the user's module raises at import: a load failure naming it
         raise ArtifactLoadError(f"cannot import the {what} {path}: {type(exc).__name__}: {exc}", spec_id=name,
                                 hint=f"the operator module must be importable (sys.path: {sys.path[:3]}...)") from exc
+
+
+ON_IMPORT_HINT = ("compile only in the kernel factory (tileship builds it ahead of time); move the module-level "
+                  "tilelang.compile (or the call of a @tilelang.jit kernel) into a function")
+
+
+def compiled_on_import(exc: CompileForbidden, module: str) -> str:
+    """What the no-JIT guard caught while ``module`` was being imported: the module whose code made the compile
+    call (the last frame outside TileLang, tileship and the import machinery), and the entry point."""
+    culprit = module
+    tb = exc.__traceback__
+    while tb is not None:
+        name = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if name and not name.startswith(("tilelang", "tvm", "tileship", "importlib", "_frozen_importlib")):
+            culprit = name
+        tb = tb.tb_next
+    where = f" ({exc.where})" if exc.where else ""
+    return (f"{culprit} compiled a TileLang kernel at import time{where}; operator modules must not compile "
+            "on import")

@@ -15,6 +15,11 @@ more than 2%):
 A rule's score in one served_vs_best run is the number of buckets where its pick was within 1.05x
 of the fastest path that run measured (``reference_us`` and ``kernels_us``; the dispatcher's own
 cost on the served path is left out, so the scores are upper bounds).
+
+Two yardsticks follow the rules: ``reference`` (cuBLAS everywhere) and ``hindsight``, the one table
+that minimises each bucket's worst ratio over all the runs given, chosen after seeing them: no table
+decided before the runs does better across them, so its worst ratio is the floor a static table can
+reach on those runs.
 """
 
 from __future__ import annotations
@@ -73,6 +78,27 @@ def main() -> None:
           f"({', '.join(sys.argv[2:])}):")
     for rule, s in score.items():
         print(f"  {rule:8s} {s}")
+    for name, within, worst in yardsticks(by_run):
+        print(f"  {name:9s} within 1.05x {within}, worst ratio {[round(w, 3) for w in worst]}")
+
+
+def yardsticks(by_run: list[dict[Any, Any]]) -> list[tuple[str, list[int], list[float]]]:
+    """(name, buckets within 1.05x per run, worst ratio per run) of cuBLAS everywhere and of the hindsight table."""
+    keys = set.intersection(*(set(r) for r in by_run))
+    out = []
+    for name in ("reference", "hindsight"):
+        within, worst = [0] * len(by_run), [1.0] * len(by_run)
+        for key in keys:
+            times = [{"reference": r[key]["reference_us"], **r[key]["kernels_us"]} for r in by_run]
+            best = [min(t.values()) for t in times]
+            paths = set.intersection(*(set(t) for t in times))
+            pick = "reference" if name == "reference" else min(
+                sorted(paths), key=lambda c: max(t[c] / b for t, b in zip(times, best, strict=True)))
+            for i, (t, b) in enumerate(zip(times, best, strict=True)):
+                within[i] += t[pick] <= 1.05 * b
+                worst[i] = max(worst[i], t[pick] / b)
+        out.append((name, within, worst))
+    return out
 
 
 if __name__ == "__main__":

@@ -92,3 +92,22 @@ def test_a_callable_a_release_cannot_import_by_name_is_refused_at_build(field, f
 
 def test_a_module_level_function_is_described_by_its_qualified_name():
     assert describe(dataclasses.replace(add, reference=_double))["reference"] == f"{__name__}._double"
+
+
+def test_a_dim_named_like_a_factory_parameter_names_the_collision():
+    t = TensorArg("A", ("dtype",))
+    op = dataclasses.replace(add, inputs=(t, dataclasses.replace(t, name="B")), outputs=(TensorArg("C", ("dtype",)),),
+                             shapes=({"dtype": 64},), ranges=())
+    with pytest.raises(DeclarationError) as info:
+        op.check()
+    assert "the factory parameter 'dtype' would receive both dim dtype and the operator dtype" in str(info.value)
+    assert "rename the dim" in str(info.value.hint)
+
+
+@pytest.mark.parametrize("bound", [2**31, 2**40])
+def test_a_dynamic_range_past_int32_is_refused(bound):
+    op = dataclasses.replace(add, ranges=(DynamicRange("N", 1, bound),))
+    with pytest.raises(DeclarationError) as info:
+        op.check()
+    assert info.value.field == "ranges[0].max" and "at most 2147483647" in str(info.value), str(info.value)
+    dataclasses.replace(add, ranges=(DynamicRange("N", 1, 2**31 - 1),)).check()

@@ -15,6 +15,9 @@ from tileship.declare.dims import SAME, DimExpr, shape_at
 from tileship.declare.parts import DTYPES, ScalarArg, Target, TensorArg, Tolerance
 from tileship.errors import DeclarationError
 
+#: the largest size of a ``T.dynamic`` dim (an int32 in the generated code)
+INT32_MAX = 2**31 - 1
+
 if TYPE_CHECKING:
     from tileship.declare.spec import Operator
 
@@ -140,6 +143,12 @@ def check_operator(decl: Operator) -> None:
             raise DeclarationError(
                 f"unknown dim {r.dim!r} (dims: {', '.join(decl.dims)})", operator=op, field=f"{f}.dim"
             )
+        for bound in ("min", "max"):
+            v = getattr(r, bound)
+            if not isinstance(v, int) or isinstance(v, bool) or v > INT32_MAX:
+                raise DeclarationError(f"{bound} must be an int of at most {INT32_MAX} (2**31 - 1), got {v!r}",
+                                       operator=op, field=f"{f}.{bound}",
+                                       hint="a T.dynamic dim is an int32 in the generated code")
         if r.min < 1:
             raise DeclarationError(f"min must be >= 1, got {r.min}", operator=op, field=f"{f}.min")
         if r.min > r.max:
@@ -254,6 +263,7 @@ def _check_factory(decl: Operator, op: str) -> None:
     wanted = [(f"params.{d}" if d in decl.params else "params", decl.factory_param(d)) for d in decl.dims]
     wanted.append(("params.dtype" if "dtype" in decl.params else "dtype_param", decl.factory_param("dtype")))
     wanted += [(f"config.{k}", k) for k in decl.config]
+    _check_collisions(decl, op, wanted)
     for cid, cfg in decl.candidate_configs():
         wanted += [(f"candidates.{cid}.{k}", k) for k in cfg if k not in decl.config]
     for field_name, name in wanted:
@@ -285,3 +295,21 @@ def _check_factory(decl: Operator, op: str) -> None:
             field="config",
             hint="add them to config={...} or map a dim to them with params=",
         )
+
+
+def _check_collisions(decl: Operator, op: str, wanted: list[tuple[str, str | None]]) -> None:
+    """Each factory keyword receives one value: a dim named like the dtype parameter (``("dtype",)``) or
+    like a config key would be passed twice."""
+    what = [f"dim {d}" for d in decl.dims] + ["the operator dtype"] + [f"config[{k!r}]" for k in decl.config]
+    seen: dict[str, str] = {}
+    for (field_name, name), who in zip(wanted, what, strict=True):
+        if name is None:
+            continue
+        if name in seen:
+            raise DeclarationError(
+                f"the factory parameter {name!r} would receive both {seen[name]} and {who}",
+                operator=op,
+                field=field_name,
+                hint="rename the dim, or map each to its own factory parameter with params={...}",
+            )
+        seen[name] = who

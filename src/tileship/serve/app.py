@@ -46,7 +46,9 @@ class Service:
 
         self.config = config
         self.log = JsonLog(config.log_stream)
-        self.metrics = ServeMetrics(nojit.attempts)
+        # the attempts of this server (its loads, warm-ups and requests), not of earlier work in the process
+        base = nojit.attempts()
+        self.metrics = ServeMetrics(lambda: nojit.attempts() - base)
         bind = None
         if config.llama is not None:
             from tileship.extras import llama_example

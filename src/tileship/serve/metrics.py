@@ -2,7 +2,8 @@
 
 Request latency, load and warm-up are separate families so a slow load never shows up as
 request latency. ``tileship_serve_compile_attempts`` reads ``tileship.runtime.nojit.attempts()`` at
-scrape time and must stay 0: anything else means a call reached TileLang's JIT.
+scrape time, less its value when the server was created (so only this server's loads, warm-ups and
+requests count), and must stay 0: anything else means a call reached TileLang's JIT.
 
     tileship_requests_total{model,version,path,code}     requests answered (path: kernel|reference|mixed|none)
     tileship_request_seconds{model,version,path}         latency of answered inference requests
@@ -16,7 +17,7 @@ scrape time and must stay 0: anything else means a call reached TileLang's JIT.
     tileship_circuit_open_total{model,version}           kernels switched to the reference at serve time
     tileship_reloads_total{result}                       reloads: swapped|unchanged|failed
     tileship_ready                                       1 when /v2/health/ready says ready
-    tileship_serve_compile_attempts                      compile attempts since the no-JIT guard was installed
+    tileship_serve_compile_attempts                      compile attempts since this server was created
     tileship_release_info{release_id,kernel_revision,lock_digest,device}
     tileship_reference_calls_total / _seconds_total{operator,dtype,shape,reason}
                                                          reference calls by shape, read from the release's
@@ -73,7 +74,7 @@ class ServeMetrics:
         self.reloads = Counter("tileship_reloads", "Reload requests by result", ("result",), registry=r)
         self.ready = Gauge("tileship_ready", "1 when the server reports ready", registry=r)
         self.compile_attempts = Gauge("tileship_serve_compile_attempts",
-                                      "TileLang compile attempts since the no-JIT guard was installed (must be 0)",
+                                      "TileLang compile attempts since this server was created (must be 0)",
                                       registry=r)
         self.compile_attempts.set_function(compile_attempts)
         self.info = Info("tileship_release", "The release being served", registry=r)

@@ -8,7 +8,7 @@ mkdir -p "$out"
 # shellcheck source=benchmarks/gpu_env.sh
 . benchmarks/gpu_env.sh "$out/nvidia-smi.csv"
 t0=$(date +%s)
-timeout 120 python3 -m tileship.cli build --project benchmarks/tuned/tileship.toml --out /tmp/tuned-rel -j 16 \
+timeout ${BUILD_TIMEOUT:-120} python3 -m tileship.cli build --project benchmarks/tuned/tileship.toml --out /tmp/tuned-rel -j 16 \
   > "$out/build.log" 2>&1
 echo "build rc=$? ($(( $(date +%s) - t0 )) s)"; tail -1 "$out/build.log"
 rel=$(ls -td /tmp/tuned-rel/*/ | head -1)

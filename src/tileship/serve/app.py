@@ -46,9 +46,7 @@ class Service:
 
         self.config = config
         self.log = JsonLog(config.log_stream)
-        # the attempts of this server (its loads, warm-ups and requests), not of earlier work in the process
-        base = nojit.attempts()
-        self.metrics = ServeMetrics(lambda: nojit.attempts() - base)
+        self.metrics = ServeMetrics(nojit.attempts)
         bind = None
         if config.llama is not None:
             from tileship.extras import llama_example

@@ -2,7 +2,7 @@
 
 Request latency, load and warm-up are separate families so a slow load never shows up as
 request latency. ``tileship_serve_compile_attempts`` reads ``tileship.runtime.nojit.attempts()`` at
-scrape time, less its value when the server was created (so only this server's loads, warm-ups and
+scrape time, less its value when these metrics were created with the server (so only this server's loads, warm-ups and
 requests count), and must stay 0: anything else means a call reached TileLang's JIT.
 
     tileship_requests_total{model,version,path,code}     requests answered (path: kernel|reference|mixed|none)
@@ -76,7 +76,8 @@ class ServeMetrics:
         self.compile_attempts = Gauge("tileship_serve_compile_attempts",
                                       "TileLang compile attempts since this server was created (must be 0)",
                                       registry=r)
-        self.compile_attempts.set_function(compile_attempts)
+        base = compile_attempts()  # this server's attempts, not those of earlier work in the process
+        self.compile_attempts.set_function(lambda: compile_attempts() - base)
         self.info = Info("tileship_release", "The release being served", registry=r)
         self.info.info({"release_id": "none", "kernel_revision": "none", "lock_digest": "none", "device": "none",
                         "image_digest": "none", "release_image_digest": "none", "evidence_digest": "none",

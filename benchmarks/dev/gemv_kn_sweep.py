@@ -1,17 +1,19 @@
 """Kernel development sweep (GPU host): ``catalog/gemv_kn.py``'s two kernels vs cuBLAS (``torch.matmul``).
 
 usage: python3 benchmarks/dev/gemv_kn_sweep.py OUT.json [--ms 1,2,4,8] [--jobs 15] [--dtypes float16]
-           [--families reg,pipe,tile,splitk,swap] [--shapes 4096x4096,N11008,K11008]
+           [--families reg,pipe,tile,splitk,swap] [--shapes 4096x4096,N11008,K11008,qkv,gate_up,down,lm_head]
 
 Not the product path (no release, no dispatcher): it compiles each family's kernel (``FAMILIES``:
 the GEMVs of ``gemv_kn``, the tiled and split-K GEMMs of ``gemm``/``gemm_tuned``, the swapped-operand
 GEMM of ``gemm_small_m``) with a dynamic M, as the tuned GEMM project builds it, at every point of its grid and
 times the kernel itself, so that the candidates in ``catalog/gemm_tuned.py`` come from
-measurements. Shapes: the tuned project's (N, K) pairs. Method (``w4a16_sweep.timer``): CUDA
-events around one call, a 512 MiB buffer zeroed before each call (L2 flushed), median of 60
-calls after 5 warm-ups, p10/p90 kept: device time, the host's issue cost hidden behind the
+measurements. Shapes: the tuned project's (N, K) pairs and Llama-3-8B's projections. Method
+(``w4a16_sweep.timer``): CUDA events around one call, a 512 MiB buffer zeroed before each call (L2
+flushed), median of 60 calls after 5 warm-ups, p10/p90 kept: device time, the host's issue cost hidden behind the
 flush. Correctness: relative L2 error against float32 ``A @ B``; above 1e-2 a variant is
-reported, never ranked. Speedup = cuBLAS us / kernel us (> 1: the kernel is faster).
+reported, never ranked. Speedup = cuBLAS us / kernel us (> 1: the kernel is faster), cuBLAS being
+``torch.matmul(A, B)`` on B [K, N]; also timed: ``F.linear(A, W)`` on W = B^T contiguous [N, K] (how a
+model's ``nn.Linear`` calls cuBLAS), and ``speedup_vs_best_torch`` takes the faster of the two.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
-SHAPES = {"4096x4096": (4096, 4096), "N11008": (11008, 4096), "K11008": (4096, 11008)}  # name: (N, K)
+#: name: (N, K): the tuned project's pairs, then the Llama-3-8B projections (qkv fused, gate+up fused, down,
+#: lm_head; o is 4096x4096)
+SHAPES = {"4096x4096": (4096, 4096), "N11008": (11008, 4096), "K11008": (4096, 11008),
+          "qkv": (6144, 4096), "gate_up": (28672, 4096), "down": (4096, 14336), "lm_head": (128256, 4096)}
 #: family -> (module, factory, axes in the factory's positional order after dtype):
 #: ``reg`` ``gemv_kn`` (loads into registers), ``pipe`` ``gemv_kn_pipe`` (TMA), ``tile`` the catalog's tiled
 #: GEMM, ``splitk`` its split-K form (``gemm_tuned``), ``swap`` the swapped-operand GEMM (``gemm_small_m``)
@@ -130,12 +135,16 @@ def main() -> None:
     for dt in dts:
         for name, (n, k) in shapes.items():
             b = (torch.randn(k, n, device="cuda") / k**0.5).to(getattr(torch, dt))
+            w = b.t().contiguous()  # [N, K]: nn.Linear's weight
             gbytes = n * k * 2 / 1e9
             for m in ms:
                 a = torch.randn(m, k, device="cuda").to(getattr(torch, dt))
                 want = a.float() @ b.float()
                 cublas = timeit(lambda: torch.matmul(a, b))
-                print(f"{dt} M={m} {name}: cuBLAS {cublas[0]:.1f} us ({gbytes / cublas[0] * 1e3:.2f} TB/s)", flush=True)
+                linear = timeit(lambda: torch.nn.functional.linear(a, w))
+                torch_best = min(cublas[0], linear[0])
+                print(f"{dt} M={m} {name}: cuBLAS {cublas[0]:.1f} us ({gbytes / cublas[0] * 1e3:.2f} TB/s), "
+                      f"F.linear {linear[0]:.1f} us", flush=True)
                 best = None
                 for j, kern in kernels.items():
                     if j[:3] != (n, k, dt):
@@ -144,8 +153,9 @@ def main() -> None:
                     err = ((got.float() - want).norm() / want.norm()).item()
                     us = timeit(lambda: kern(a, b))
                     row = {"dtype": dt, "shape": name, "M": m, "N": n, "K": k, "family": j[3],
-                           **dict(zip(FAMILIES[j[3]][2], j[4:], strict=True)), "cublas_us": cublas, "us": us,
-                           "rel_err": err, "speedup_vs_cublas": cublas[0] / us[0],
+                           **dict(zip(FAMILIES[j[3]][2], j[4:], strict=True)), "cublas_us": cublas, "linear_us": linear,
+                           "us": us, "rel_err": err, "speedup_vs_cublas": cublas[0] / us[0],
+                           "speedup_vs_best_torch": torch_best / us[0],
                            "tb_s": gbytes / us[0] * 1e3, "ok": err < 1e-2}
                     rows.append(row)
                     if row["ok"] and (best is None or us[0] < best["us"][0]):
@@ -155,11 +165,13 @@ def main() -> None:
                 if best is not None:
                     cfg = tuple(best[g] for g in FAMILIES[best["family"]][2])
                     print(f"  BEST {best['family']} {cfg}: {best['us'][0]:.1f} us "
-                          f"x{best['speedup_vs_cublas']:.2f}", flush=True)
+                          f"x{best['speedup_vs_cublas']:.2f} (x{best['speedup_vs_best_torch']:.2f} vs the faster "
+                          f"of matmul and F.linear)", flush=True)
     with open(args.out, "w") as f:
         json.dump({"script": "benchmarks/dev/gemv_kn_sweep.py", "device": torch.cuda.get_device_name(),
                    "torch": torch.__version__, "families": {f: FAMILIES[f] for f in fams},
-                   "ratio": "speedup = cuBLAS us / kernel us (> 1: kernel faster)",
+                   "ratio": "speedup = cuBLAS us / kernel us (> 1: kernel faster); speedup_vs_best_torch: "
+                            "min(matmul, F.linear) us / kernel us",
                    "errors": {str(k): v for k, v in errors.items()},
                    "rows": rows}, f, indent=1)
 

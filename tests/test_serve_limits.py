@@ -367,3 +367,37 @@ def test_grpc_rpcs_past_the_limit_are_refused_and_counted(tmp_path):
         assert not isinstance(infer(0.0), InferenceServerException)  # the slots are free again
         metrics = httpx.get(srv.url + "/metrics", timeout=10).text
         assert 'tileship_rejected_total{reason="connection_limit"} 1.0' in metrics
+
+
+def test_a_grpc_message_over_the_body_limit_is_refused_named_and_counted(tmp_path):
+    """A ModelInfer message over ``max_body_bytes`` is RESOURCE_EXHAUSTED naming its size and the limit,
+    counted as REST's 413s are (``body_too_large``), never parsed; one under the limit is served."""
+    import numpy as np
+    import tritonclient.grpc as tg
+    from tritonclient.utils import InferenceServerException
+
+    with hostile_server(tmp_path, max_body_bytes=1 << 16, grpc_port=0) as srv:
+        c = tg.InferenceServerClient(srv.grpc_url)
+        try:
+            def add(n: int) -> Any:
+                a, b = tg.InferInput("X", [n], "FP32"), tg.InferInput("Y", [n], "FP32")
+                a.set_data_from_numpy(np.ones(n, dtype=np.float32))
+                b.set_data_from_numpy(np.ones(n, dtype=np.float32))
+                try:
+                    return c.infer("add", [a, b])
+                except InferenceServerException as exc:
+                    return exc
+
+            refused = add(1 << 13)  # 2 x 32 KiB of tensor bytes and the header: over the limit, under the backstop (2x)
+            assert isinstance(refused, InferenceServerException), refused
+            assert "RESOURCE_EXHAUSTED" in str(refused.status()), refused.status()
+            assert "over the server's limit of 65536 bytes" in refused.message(), refused.message()
+            assert "inference.ModelInferRequest of 655" in refused.message(), refused.message()
+            served = add(1 << 10)
+            assert not isinstance(served, InferenceServerException), served
+            assert np.array_equal(served.as_numpy("Z"), np.full(1 << 10, 2.0, dtype=np.float32))
+        finally:
+            c.close()
+        metrics = httpx.get(srv.url + "/metrics", timeout=10).text
+        assert metric(metrics, "tileship_rejected_total", reason="body_too_large") == 1
+        assert metric(metrics, "tileship_requests_total", code="500") == 0

@@ -56,8 +56,19 @@ class Malformed:
     error: str
 
 
-def _deserializer(cls: Any) -> Callable[[bytes], Any]:
+@dataclass(frozen=True)
+class TooLarge:
+    """A request message over ``max_body_bytes`` (answered RESOURCE_EXHAUSTED and counted, never parsed)."""
+
+    type: str
+    size: int
+    limit: int
+
+
+def _deserializer(cls: Any, limit: int) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
+        if len(data) > limit:
+            return TooLarge(cls.DESCRIPTOR.full_name, len(data), limit)
         try:
             return cls.FromString(data)
         except DecodeError as exc:
@@ -66,13 +77,14 @@ def _deserializer(cls: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _register(servicer: Servicer, server: grpc.aio.Server) -> None:
+def _register(servicer: Servicer, server: grpc.aio.Server, limit: int) -> None:
     """``add_GRPCInferenceServiceServicer_to_server`` with request parsing that cannot raise: the
-    handlers are built from the service descriptor, each with a ``_deserializer``."""
+    handlers are built from the service descriptor, each with a ``_deserializer`` refusing messages
+    over ``limit`` bytes."""
     desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers = {}
     for m in desc.methods:
-        kw = {"request_deserializer": _deserializer(GetMessageClass(m.input_type)),
+        kw = {"request_deserializer": _deserializer(GetMessageClass(m.input_type), limit),
               "response_serializer": GetMessageClass(m.output_type).SerializeToString}
         fn = getattr(servicer, m.name)
         if m.client_streaming or m.server_streaming:
@@ -97,6 +109,11 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
             self.service.metrics.rejected.labels("connection_limit").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"the server is at its limit of {self.limit} concurrent RPCs: retry later", trailer)
+        if isinstance(request, TooLarge):  # counted as REST's 413 is (``serve.body``)
+            self.service.metrics.rejected.labels("body_too_large").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{request.type} of {request.size} bytes is over the server's limit of {request.limit} "
+                                "bytes (--max-body-mib)", trailer)
         if isinstance(request, Malformed):
             if request.type == "inference.ModelInferRequest":  # an inference request naming no model: counted as REST's
                 self.service.metrics.requests.labels("_unknown", "", "none", "400").inc()
@@ -278,21 +295,22 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Listen on ``host:port`` (0: a free port) on the running loop; (server, bound port).
 
-    Messages are bounded as REST bodies are (``max_body_bytes`` in; the output limit plus the
-    response header out), at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past
+    Messages are bounded as REST bodies are (``max_body_bytes`` in, refused and counted by the
+    handlers' deserializer; grpc's own limit, twice that, a backstop whose refusals go uncounted; the
+    output limit plus the response header out), at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past
     it, counted: ``_rpc``; grpc's own limit, twice that, is a backstop for RPCs that never reach a
     handler), and a connection must finish its handshake within ``header_timeout_s``. Raises
     RuntimeError when the address cannot be bound."""
     c = service.config
     out = min(c.limits.max_output_bytes + (1 << 20), (1 << 31) - 1)
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", c.max_body_bytes),
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", min(2 * c.max_body_bytes, (1 << 31) - 1)),
                                       ("grpc.max_send_message_length", out),
                                       ("grpc.so_reuseport", 0),
                                       # a connection that never completes the HTTP/2 handshake is closed, as
                                       # REST closes one whose headers never finish (--header-timeout)
                                       ("grpc.server_handshake_timeout_ms", int(c.header_timeout_s * 1000))],
                              maximum_concurrent_rpcs=2 * c.max_connections)
-    _register(Servicer(service), server)
+    _register(Servicer(service), server, c.max_body_bytes)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

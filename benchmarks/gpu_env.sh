@@ -12,4 +12,4 @@ export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tlcache} COLUMNS=${COLUMNS:
 nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
   > "${1:-/dev/null}" 2>&1
 # what ran, by content (the host copy's .git can be stale): compare with `bash benchmarks/tree_digest.sh` on a commit
-[ -n "${1:-}" ] && bash benchmarks/tree_digest.sh > "$(dirname "$1")/tree_digest.txt" 2>&1
+if [ -n "${1:-}" ]; then bash benchmarks/tree_digest.sh > "$(dirname "$1")/tree_digest.txt" 2>&1; fi

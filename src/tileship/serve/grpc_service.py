@@ -295,12 +295,12 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Listen on ``host:port`` (0: a free port) on the running loop; (server, bound port).
 
-    Messages are bounded as REST bodies are (``max_body_bytes`` in, refused and counted by the
-    handlers' deserializer; grpc's own limit, twice that, a backstop whose refusals go uncounted; the
-    output limit plus the response header out), at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past
-    it, counted: ``_rpc``; grpc's own limit, twice that, is a backstop for RPCs that never reach a
-    handler), and a connection must finish its handshake within ``header_timeout_s``. Raises
-    RuntimeError when the address cannot be bound."""
+    Messages are bounded as REST bodies are: ``max_body_bytes`` in (the handlers' deserializer refuses
+    and counts a larger one), the output limit plus the response header out. At most
+    ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past it, counted: ``_rpc``). grpc's own
+    limits, twice ours, are uncounted backstops for what never reaches a handler. A connection must
+    finish its handshake within ``header_timeout_s``. Raises RuntimeError when the address cannot be
+    bound."""
     c = service.config
     out = min(c.limits.max_output_bytes + (1 << 20), (1 << 31) - 1)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", min(2 * c.max_body_bytes, (1 << 31) - 1)),

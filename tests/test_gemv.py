@@ -21,7 +21,7 @@ def test_the_declaration_covers_every_llama_projection_at_decode_batches() -> No
     assert gemv.linear.inputs[1].dims == ("N", "K")  # F.linear's weight layout, used as it is
 
 
-@pytest.mark.parametrize("m", gemv.DECODE_M)
+@pytest.mark.parametrize("m", [m for m in gemv.DECODE_M if m <= gemv.GEMV_MAX_M])
 def test_the_plan_divides_every_declared_shape(m: int) -> None:
     for _, n, k in gemv.LLAMA3_8B:
         rows, threads = gemv.plan(m, n, k)
@@ -29,6 +29,26 @@ def test_the_plan_divides_every_declared_shape(m: int) -> None:
         loads = rows * k // (threads * gemv.VEC)  # 16-byte weight loads in flight per thread
         assert 1 <= loads <= 16, (m, n, k, loads)
         assert rows == 1 and threads == (256 if k > 8192 else 128)
+
+
+@pytest.mark.parametrize("m", [m for m in gemv.DECODE_M if m > gemv.GEMV_MAX_M])
+def test_every_declared_batch_past_the_gemv_gets_a_swapped_tile_that_fits(m: int) -> None:
+    pytest.importorskip("tilelang")
+    from tileship.catalog import gemm_small_m
+
+    for _, n, k in gemv.LLAMA3_8B:
+        block_m, (block_n, block_k, stages) = gemv.swap_tile(m, n, k)
+        assert block_m == (8 if m <= 8 else 16) and block_m >= m
+        gemm_small_m.check(n, k, block_m, block_n, block_k, stages, 1)  # raises for a tile that cannot cover
+
+
+def test_a_swapped_tile_shrinks_to_fit_an_undeclared_shape() -> None:
+    pytest.importorskip("tilelang")
+    from tileship.catalog import gemm_small_m
+
+    block_m, (block_n, block_k, stages) = gemv.swap_tile(64, 4096, 4224)  # 4224 = 33 x 128, not x 256
+    assert (block_m, block_k) == (64, 128)
+    gemm_small_m.check(4096, 4224, block_m, block_n, block_k, stages, 1)
 
 
 def test_a_shape_the_plan_cannot_divide_is_refused() -> None:
@@ -62,3 +82,23 @@ def test_the_cuda_kernel_builds_with_16_byte_streamed_weights(tmp_path: Path) ->
         assert "*(uint4*)(w_reg + " in src and "*(uint4*)(W + " in src, "the weight loads are not 16-byte vectorized"
         assert "__shfl_down_sync" in src, "the block sum is not a warp-shuffle all-reduce"
         assert (d / "kernel.cubin").stat().st_size > 0
+
+
+def test_past_the_gemv_the_swapped_tensor_core_kernel_builds_reading_the_weight_as_stored(tmp_path: Path) -> None:
+    from tileship.build.builder import compile_one
+    from tileship.runtime import artifact, signature
+
+    for dtype, m, k in (("float16", 8, 4096), ("bfloat16", 16, 14336)):
+        spec = next(s for s in expand(gemv.linear) if s.dtype == dtype and s.dim_map()["M"] == m
+                    and s.dim_map()["K"] == k)
+        d = tmp_path / spec.id
+        r = compile_one(gemv.linear, spec, d, timeout_s=300)
+        assert r.ok, r.error
+        art = json.loads((d / "artifact.json").read_text())
+        sig = signature.read((d / "signature.json").read_text(), art["out_idx"])
+        assert [p.name for p in sig.params] == ["X", "W", "Y"] and art["out_idx"] == [2]
+        artifact.ffi_abi(d, art, sig, spec.id)
+        src = (d / "device_kernel.cu").read_text()
+        # the weight on the MMA's 64-row side, the batch on its narrow side (8 or 16), both tiles by TMA
+        assert "wgmma_ss<" in src and f", 64, {8 if m <= 8 else 16}, 16," in src, "not a swapped wgmma"
+        assert "tma_load(W_desc" in src and "tma_load(X_desc" in src

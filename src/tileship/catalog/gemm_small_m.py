@@ -11,6 +11,10 @@ the second adds each block's fp32 partial sum into it atomically, so the result'
 depends on the order the blocks finish in (within the operator's tolerance).
 
 M is dynamic: rows past M are read as zeros and never written.
+
+``linear_swap`` is the same kernel for ``F.linear``'s layout, ``Y[M, N] = X[M, K] @ W[N, K]^T``: the
+weight's tile is ``block_N x block_K`` with K innermost, which is the layout the MMA's A operand
+reads from shared memory natively (no transpose), so an ``nn.Linear`` weight is used as stored.
 """
 
 from typing import Any
@@ -52,6 +56,31 @@ def matmul_swap(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 1
             for j, i in T.Parallel(block_N, block_M):
                 if by * block_M + i < M:
                     C[by * block_M + i, bx * block_N + j] = T.cast(acc[j, i], dtype)
+
+    return main
+
+
+def linear_swap(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 8, block_N: int = 64,
+                block_K: int = 256, num_stages: int = 4, threads: int = 128) -> Any:
+    """``Y = X @ W^T`` with ``W`` ``[N, K]`` (``nn.Linear``'s weight), swapped as in the module doc: a
+    block owns ``block_N`` outputs (the MMA's rows) of ``block_M`` rows of X. ``M`` may be ``T.dynamic``."""
+    check(N, K, block_M, block_N, block_K, num_stages, 1)
+    accum = "float32"
+
+    @T.prim_func
+    def main(X: T.Tensor((M, K), dtype), W: T.Tensor((N, K), dtype), Y: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            x_tile = T.alloc_shared((block_M, block_K), dtype)
+            w_tile = T.alloc_shared((block_N, block_K), dtype)
+            acc = T.alloc_fragment((block_N, block_M), accum)
+            T.clear(acc)
+            for k in T.Pipelined(K // block_K, num_stages=num_stages):
+                T.copy(X[by * block_M, k * block_K], x_tile)
+                T.copy(W[bx * block_N, k * block_K], w_tile)
+                T.gemm(w_tile, x_tile, acc, transpose_B=True)
+            for j, i in T.Parallel(block_N, block_M):
+                if by * block_M + i < M:
+                    Y[by * block_M + i, bx * block_N + j] = T.cast(acc[j, i], dtype)
 
     return main
 

@@ -13,6 +13,14 @@ each output with one all-reduce. No shared-memory tiles, no tensor cores: at M <
 nothing to do. The reference is ``F.linear`` (cuBLAS on CUDA): PyTorch's best path for a
 dense fp16/bf16 linear; evidence routing serves whichever is faster per shape, on the GPU
 that measured it.
+
+From M=4 on the GEMV loses to cuBLAS, and ``linear_decode`` builds the swapped-operand tensor-core
+GEMM of ``catalog.gemm_small_m`` (``linear_swap``) instead: N on the MMA's 64-row side, the M rows of
+the batch on its 8- or 16-wide side, the weight read as stored ([N, K], K innermost) through a deep
+TMA pipeline. Its tiles (``SWAP_TILES``) are the fastest of the round-17 sweep at Llama-3-8B's shapes
+on the H200 (``benchmarks/results/h200/round17/llama_swap/best_per_shape.txt``, measured in the
+[K, N] layout): 1.07-1.18x of the faster of cuBLAS's ``matmul`` and ``F.linear`` on qkv, o and down at
+M=1-16, a tie on gate_up and lm_head, a loss from M=32 (not declared).
 """
 
 from typing import Any
@@ -21,12 +29,20 @@ import tilelang.language as T
 import torch
 
 from tileship.catalog.gemm import matmul_fields
+from tileship.catalog.gemm_small_m import linear_swap
 from tileship.catalog.w4a16 import LLAMA3_8B
 from tileship.declare.spec import Operator, Tolerance
 
-#: the decode batches compiled as static specializations: past M=2 cuBLAS wins (M=4: 0.62-0.94x,
-#: M=8: 0.33-0.71x of cuBLAS at every block shape, ``benchmarks/results/h200/round4b/gemv_sweep.json``)
-DECODE_M = (1, 2)
+#: the decode batches compiled as static specializations
+DECODE_M = (1, 2, 4, 8, 16)
+#: the largest M the GEMV serves: past M=2 cuBLAS wins against it (M=4: 0.62-0.94x, M=8: 0.33-0.71x of
+#: cuBLAS at every block shape, ``benchmarks/results/h200/round4b/gemv_sweep.json``)
+GEMV_MAX_M = 2
+#: N -> (block_N, block_K, num_stages) of ``linear_swap`` for M <= 8 (block_M 8) and for M <= 16
+#: (block_M 16), from the round-17 sweep (module doc); a shape not listed takes ``SWAP_DEFAULT``
+SWAP_TILES = {4096: ((64, 256, 4), (64, 256, 4)), 6144: ((64, 256, 3), (64, 128, 6)),
+              28672: ((128, 128, 3), (64, 256, 4)), 128256: ((128, 128, 4), (128, 128, 4))}
+SWAP_DEFAULT = ((64, 256, 4), (64, 256, 4))
 VEC = 8  # fp16/bf16 elements in one 16-byte load
 
 
@@ -40,6 +56,28 @@ def plan(M: int, N: int, K: int) -> tuple[int, int]:
     while k_threads > 32 and K % (k_threads * VEC):
         k_threads //= 2
     return 1, k_threads
+
+
+def linear_decode(M: int, N: int, K: int, dtype: str = "float16") -> Any:
+    """The kernel for one decode shape: the GEMV up to ``GEMV_MAX_M`` rows, else ``linear_swap`` with the
+    tile ``swap_tile`` picks (M up to 64)."""
+    if M <= GEMV_MAX_M:
+        return linear_gemv(M, N, K, dtype)
+    block_M, (block_N, block_K, stages) = swap_tile(M, N, K)
+    return linear_swap(M, N, K, dtype, block_M, block_N, block_K, stages, 128)
+
+
+def swap_tile(M: int, N: int, K: int) -> tuple[int, tuple[int, int, int]]:
+    """(block_M, (block_N, block_K, num_stages)) of ``linear_swap`` for one shape: ``SWAP_TILES`` by N,
+    with block_K halved while it does not divide K."""
+    small, wide = SWAP_TILES.get(N, SWAP_DEFAULT)
+    block_M = 8 if M <= 8 else 16 if M <= 16 else 32 if M <= 32 else 64
+    block_N, block_K, stages = small if block_M == 8 else wide
+    while block_K > 64 and K % block_K:
+        block_K //= 2
+    while stages > 2 and stages * (block_M + block_N) * block_K * 2 > 200 * 1024:
+        stages -= 1
+    return block_M, (block_N, block_K, stages)
 
 
 def linear_gemv(M: int, N: int, K: int, dtype: str = "float16") -> Any:
@@ -101,7 +139,7 @@ def linear_sample(dims: dict[str, int], dtype: str, device: Any) -> tuple[Any, A
 
 linear = Operator(
     name="linear",
-    factory=linear_gemv,
+    factory=linear_decode,
     reference=linear_reference,
     **matmul_fields("x", "weight", "y", b_dims=("N", "K")),
     shapes=tuple({"M": m, "N": n, "K": k} for _, n, k in LLAMA3_8B for m in DECODE_M),

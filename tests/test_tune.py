@@ -396,6 +396,36 @@ def test_a_host_that_changes_speed_between_rounds_is_compared_round_by_round():
     assert "paired rounds" in point["why"]
 
 
+def test_a_candidate_faster_in_every_round_wins_even_when_host_spikes_widen_the_band():
+    # round medians tune recorded on the H200 (round 18, fp16 4096x4096, bucket M=23-45): the reference's
+    # rounds swing by 25 us, so the band (11.3 us) exceeded the median gain (10.0 us) although the
+    # candidate was faster in all ten rounds by 3.7 us or more
+    kern = [12.8, 12.7, 12.9, 12.8, 12.8, 12.9, 12.8, 12.7, 12.8, 12.9]
+    ref = [k + g for k, g in zip(kern, [27.9, 4.7, 19.9, 18.5, 4.5, 5.0, 6.0, 15.8, 3.7, 14.0], strict=True)]
+    point, calls = _point_after({"": ref, "k": kern}, confirm=5)
+    assert point["winner"] == "k", point["why"]
+    assert point["candidates"]["k"]["paired_gain_us"] < point["noise_us"]  # the band alone would keep the reference
+    assert "in every one of" in point["why"]
+    assert calls == {"": 5, "k": 5}  # decided on the first five rounds: no confirmation needed
+
+
+def test_the_every_round_rule_needs_a_margin_in_every_round_and_enough_rounds():
+    from tileship.verify.tune_rule import SIGN_MARGIN
+
+    kern = [10.0] * 10
+    ref = [10.0 * (1 + SIGN_MARGIN / 2)] + [25.0, 11.0, 30.0, 11.0] * 2 + [12.0]  # one round within the margin
+    point, _ = _point_after({"": ref, "k": kern}, confirm=0)
+    assert point["winner"] is None, point["why"]
+    ref_ok = [10.5] + ref[1:]  # 5% in that round too: now every round carries the margin
+    point, _ = _point_after({"": ref_ok, "k": kern}, confirm=0)
+    assert point["winner"] == "k" and "in every one of 5" in point["why"]
+    from tileship.verify.tune_rule import time_and_decide
+
+    few = iter([10.5, 10.0, 25.0, 10.0, 11.0, 10.0])  # three rounds only: never enough for the sign rule
+    point = time_and_decide({}, [1], ["", "k"], {"k": {"{}": None}}, "{}", lambda c: next(few), 3, 0)
+    assert point["winner"] is None
+
+
 def test_a_candidate_slower_in_every_round_never_wins_whatever_the_host_does():
     ref = [10.0, 14.0, 10.0, 14.0, 10.0, 14.0, 10.0, 14.0, 10.0, 14.0]
     kern = [r + 1.0 for r in ref]

@@ -19,8 +19,9 @@ The winner rule (``verify.tune_rule``; applied by tune, recorded, never re-deriv
 candidate that passed verification at that point with the largest gain over the reference, paired
 round by round (the median of reference - candidate per round; ``paired_gain_us``), wins only when
 that gain is larger than its noise band (twice the median absolute deviation of the round gains,
-``timing.round_spread``, at least ``NOISE_FLOOR`` of the faster median); otherwise ``winner`` is
-null and the reference serves: the reference is the tested default.
+``timing.round_spread``, at least ``NOISE_FLOOR`` of the faster median), or when it is faster in every
+one of at least ``tune_rule.SIGN_ROUNDS`` rounds by more than ``tune_rule.SIGN_MARGIN`` each; otherwise
+``winner`` is null and the reference serves: the reference is the tested default.
 ``choice`` turns a concrete size into that decision; the dispatcher asks once per new key.
 """
 

@@ -13,6 +13,13 @@ band alone kept the reference (the gain is a real margin, but not beyond the ban
 round widened it), confirmation rounds run and the rule is applied to all rounds. Each path's
 median of round medians and its spread are recorded beside the paired numbers.
 
+The band measures how much the rounds' gains differ, not whether the candidate is faster: host spikes
+that hit the reference's heavier host path (cuBLAS through PyTorch) in some rounds widen it past a gain
+that every round shows (H200, round 18: a candidate faster by 3.7-27.9 us in each of 10 rounds kept
+the reference under an 11.3 us band, and then served 1.5x slower). So a candidate also wins when it
+is faster in **every** round, by more than ``SIGN_MARGIN`` of that round's faster time, over at least
+``SIGN_ROUNDS`` rounds: the sign test ``runtime_overhead`` uses for "resolved", with a margin.
+
 ``triage`` comes first, at each bucket: one call of every candidate next to one of the reference
 (``verify.latency.probe``); a candidate more than ``factor`` times slower there is pruned at that
 bucket, neither verified nor timed (a GEMV-style candidate at M=8192 re-reads the weight 8192
@@ -26,6 +33,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tileship.verify.timing import NOISE_FLOOR, quantile, round_spread
+
+#: a candidate faster than the reference in every one of at least SIGN_ROUNDS rounds, by more than
+#: SIGN_MARGIN of that round's faster median each time, wins whatever the band (module doc)
+SIGN_MARGIN = 0.02
+SIGN_ROUNDS = 5
 
 
 def time_and_decide(
@@ -98,11 +110,19 @@ def _decide(
         gain = b["paired_gain_us"]
         noise = max(b["paired_spread_us"], NOISE_FLOOR * min(b["median_us"], ref["median_us"]))
         rounds = len(medians[""])
+        margins = _sign_margins(medians[""], medians[best])
         if gain > noise:
             winner, why = (
                 best,
                 f"{best} faster than the reference by {gain:.2f} us (median of {rounds} paired rounds) "
                 f"> noise {noise:.2f} us",
+            )
+        elif rounds >= SIGN_ROUNDS and min(margins) > SIGN_MARGIN:
+            winner, why = (
+                best,
+                f"{best} faster than the reference in every one of {rounds} paired rounds, by at least "
+                f"{100 * min(margins):.1f}% (> {100 * SIGN_MARGIN:g}%), though its median gain {gain:.2f} us "
+                f"is within the rounds' noise {noise:.2f} us",
             )
         else:
             how = "slower than" if gain < -noise else "within the noise of"
@@ -120,6 +140,11 @@ def _decide(
         "winner": winner,
         "why": why,
     }
+
+
+def _sign_margins(ref: Sequence[float], cand: Sequence[float]) -> list[float]:
+    """Per round, (reference - candidate) over the faster of the two: > 0 where the candidate was faster."""
+    return [(r - c) / max(min(r, c), 1e-9) for r, c in zip(ref, cand, strict=True)]
 
 
 #: the failure text of a candidate ``triage`` pruned at a bucket starts with this
@@ -145,4 +170,4 @@ def triage(candidates: Sequence[str], probe: Callable[[str, float], float], fact
     return out
 
 
-__all__ = ["PRUNED", "time_and_decide", "triage"]
+__all__ = ["PRUNED", "SIGN_MARGIN", "SIGN_ROUNDS", "time_and_decide", "triage"]

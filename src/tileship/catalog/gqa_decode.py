@@ -160,7 +160,8 @@ gqa = Operator(
     dtypes=("float16", "bfloat16"),
     targets=("cuda-sm90a",),
     shapes=tuple({"B": b, "S": s, "HQ": H_Q, "HKV": H_KV, "D": HEAD_DIM}
-                 for b, s in ((1, 1024), (1, 8192), (1, 32768), (8, 1024), (8, 8192), (32, 1024), (32, 8192))),
+                 for b, s in ((1, 1024), (1, 8192), (1, 32768), (8, 1024), (8, 8192), (16, 1024), (16, 8192),
+                              (32, 1024), (32, 8192))),
     tolerances={"float16": Tolerance(atol=2e-3, rtol=1e-2), "bfloat16": Tolerance(atol=1.6e-2, rtol=2e-2)},
     pass_configs=PASS_CONFIGS,
     sample=gqa_decode_sample,

@@ -77,8 +77,11 @@ _ROUTES_LIMIT = 64
 
 class KernelLinear(_Bypassing):
     """``nn.Linear`` through the release's GEMM. Keeps ``weight``/``bias`` (same parameters,
-    same state-dict keys) plus ``weight_t``, a contiguous W^T made once (not saved; refreshed
-    on ``load_state_dict``; call ``refresh()`` after editing ``weight`` in place).
+    same state-dict keys) plus ``weight_t``, the weight in the operator's layout (not saved; refreshed
+    on ``load_state_dict``; call ``refresh()`` after replacing ``weight``): for a GEMM declared
+    ``A(M, K), B(K, N)`` a contiguous W^T made once (the weight then exists twice in memory); for an
+    operator declared in ``F.linear``'s layout, ``X(M, K), W(N, K)`` (``nn_layout``), a detached alias
+    of the weight itself, no copy.
 
     In eager mode, an input whose key the dispatcher sends to the reference (a decode batch the
     evidence routes to PyTorch, an undeclared size, a CPU tensor) runs ``F.linear`` on the layer's
@@ -87,13 +90,14 @@ class KernelLinear(_Bypassing):
 
     _native = True
 
-    def __init__(self, linear: nn.Linear, op: Any) -> None:
+    def __init__(self, linear: nn.Linear, op: Any, *, nn_layout: bool = False) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.register_buffer("weight_t", linear.weight.detach().t().contiguous(), persistent=False)
+        self.nn_layout = nn_layout
+        self.register_buffer("weight_t", self._operand(), persistent=False)
         self.op = op
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,9 +110,13 @@ class KernelLinear(_Bypassing):
     def _op_args(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return inputs[0].reshape(-1, self.in_features), self.weight_t
 
+    def _operand(self) -> torch.Tensor:
+        w = self.weight.detach()
+        return w if self.nn_layout else w.t().contiguous()
+
     @torch.no_grad()
     def refresh(self) -> None:
-        self.weight_t = self.weight.detach().t().contiguous()
+        self.weight_t = self._operand()
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
@@ -116,7 +124,7 @@ class KernelLinear(_Bypassing):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, op={self.op}")
+                f"bias={self.bias is not None}, nn_layout={self.nn_layout}, op={self.op}")
 
 
 class KernelRMSNorm(_Bypassing):

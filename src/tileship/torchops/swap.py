@@ -51,7 +51,7 @@ from tileship.torchops.stamp import (
 DEFAULT_NAMES: Mapping[str, str] = {"linear": "gemm", "rmsnorm": "rmsnorm", "attention": "attention"}
 #: layer kind -> (input ranks, the signature a reader expects)
 _SIGNATURES: Mapping[str, tuple[tuple[int, ...], str]] = {
-    "linear": ((2, 2), "A(M, K), B(K, N) -> C(M, N)"),
+    "linear": ((2, 2), "A(M, K), B(K, N) -> C(M, N), or F.linear's X(M, K), W(N, K) -> Y(M, N)"),
     "rmsnorm": ((2, 1), "X(M, N), W(N) -> Y(M, N)"),
     "attention": ((4, 4, 4), "Q, K, V (B, H, S, D) -> O(B, H, S, D), causal"),
 }
@@ -143,8 +143,20 @@ def _linear(path: str, m: nn.Linear, release: Release, ops: TorchOps,
     if type(m) is not nn.Linear:
         return SwapRecord(path, "linear", False, None,
                           f"{type(m).__name__} subclasses nn.Linear and may behave differently"), None
-    return _cover(path, "linear", release, ops, op_name, m.weight.dtype,
-                  ((1, 0, m.in_features), (1, 1, m.out_features)), lambda op: KernelLinear(m, op))
+    nn_layout = _nn_layout(release, op_name)
+    where = ((1, 1, m.in_features), (1, 0, m.out_features)) if nn_layout else \
+        ((1, 0, m.in_features), (1, 1, m.out_features))
+    return _cover(path, "linear", release, ops, op_name, m.weight.dtype, where,
+                  lambda op: KernelLinear(m, op, nn_layout=nn_layout))
+
+
+def _nn_layout(release: Release, op_name: str) -> bool:
+    """True when ``op_name`` takes its weight in ``F.linear``'s layout: the second input's last dim is
+    the first input's (``X(M, K), W(N, K)``), so ``nn.Linear.weight`` is passed as it is."""
+    if op_name not in release.ops:
+        return False
+    inputs = release.declarations[op_name]["inputs"]
+    return list(inputs[1][1])[1] == list(inputs[0][1])[1]
 
 
 def _rmsnorm(path: str, m: Any, release: Release, ops: TorchOps, op_name: str) -> tuple[SwapRecord, nn.Module | None]:

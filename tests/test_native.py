@@ -190,7 +190,7 @@ def test_a_kernel_that_raises_only_in_the_table_is_retried_on_the_python_path(mo
     assert torch.equal(op(a, a), a + a)
 
 
-def test_check_finite_and_out_bypass_the_table(module: Any) -> None:
+def test_check_finite_bypasses_the_table(module: Any) -> None:
     op, entry = ffi_runner(module)
     a = torch.randn(64)
     op(a, a)
@@ -198,10 +198,78 @@ def test_check_finite_and_out_bypass_the_table(module: Any) -> None:
     before = op._table.count(0)
     op.check_finite = True
     assert torch.equal(op(a, a), a + a) and op._table.count(0) == before
-    op.check_finite = False
     c = torch.empty(64)
     assert op(a, a, out=c) is c and torch.equal(c, a + a) and op._table.count(0) == before
+    op.check_finite = False
     assert torch.equal(op(a, a), a + a) and op._table.count(0) == before + 1
+
+
+def test_out_is_written_by_the_kernel_itself_through_the_table(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tileship.runtime.dispatch as dispatch
+
+    op, entry = ffi_runner(module)
+    a, b = torch.randn(64), torch.randn(64)
+    op(a, b)
+    op(a, b)  # the key's second call writes its row
+    assert op._table.size() == 1
+    before = op._table.count(0)
+    c = torch.full((64,), float("nan"))
+    ptr = c.data_ptr()
+    monkeypatch.setattr(dispatch, "fill_out", lambda *a: pytest.fail("out= was served by a copy"))
+    assert op(a, b, out=c) is c and c.data_ptr() == ptr and torch.equal(c, a + b)
+    assert op._table.count(0) == before + 1 and entry.kernel.adapter is not None  # one launch, in the table
+    # the table keeps allocating for calls without out=: the allocator swap ended with the call
+    d = op(a, b)
+    assert d.data_ptr() != ptr and torch.equal(d, a + b) and op._table.count(0) == before + 2
+
+
+def test_an_out_the_kernel_cannot_write_gets_a_copy_or_a_clear_error(module: Any) -> None:
+    from tileship.errors import CallError
+
+    op, entry = ffi_runner(module)
+    a, b = torch.randn(64), torch.randn(64)
+    op(a, b)
+    op(a, b)
+    for out in (torch.empty(65)[1:], a):  # misaligned (4 bytes in); the same bytes as an input
+        want = a + b
+        before = op._table.count(0)
+        assert op(a, b, out=out) is out and torch.equal(out, want)
+        assert op._table.count(0) == before + 1  # the kernel ran once, into its own output, then a copy
+    with pytest.raises(CallError, match="out is not contiguous"):  # as without the table
+        op(a, b, out=torch.empty(128)[::2])
+    with pytest.raises(CallError, match="out is \\(32,\\) torch.float32, this call needs \\(64,\\)"):
+        op(a, b, out=torch.empty(32))
+    with pytest.raises(CallError, match="out is \\(64,\\) torch.float64"):
+        op(a, b, out=torch.empty(64, dtype=torch.float64))
+    with pytest.raises(CallError, match="expected a tensor"):
+        op(a, b, out=[1, 2])
+    c = torch.empty(64)
+    assert op(a, b, out=c) is c and torch.equal(c, a + b)  # and a good out still goes straight in
+
+
+def test_out_through_the_table_from_many_threads_lands_in_each_callers_tensor(module: Any) -> None:
+    import threading
+
+    op, _ = ffi_runner(module)
+    a = torch.randn(4096)
+    op(a, a)
+    op(a, a)
+    errors: list[str] = []
+
+    def worker(k: int) -> None:
+        b = torch.full((4096,), float(k))
+        for _ in range(200):
+            c = torch.empty(4096)
+            if op(a, b, out=c) is not c or not torch.equal(c, a + b):
+                errors.append(f"thread {k}")
+                return
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
 
 
 def test_many_threads_through_the_table_count_exactly(module: Any) -> None:
@@ -242,7 +310,8 @@ def test_attach_gives_tables_only_to_operators_with_tvm_ffi_kernels(tmp_path: Pa
 
 
 # -- "c"-target kernels: the CPU catalog, compiled by TileLang, served by the table ---------------
-def test_a_cpu_release_serves_its_c_kernels_through_the_table(cpu_release_build: Any) -> None:
+def test_a_cpu_release_serves_its_c_kernels_through_the_table(cpu_release_build: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from tileship.runtime.loader import load
 
     release = load(cpu_release_build.path)
@@ -262,6 +331,19 @@ def test_a_cpu_release_serves_its_c_kernels_through_the_table(cpu_release_build:
     assert served == calls - 2 * 4, "the table did not serve each key from its third call on"
     assert norm._table.count(next(i for i, e in enumerate(norm.entries) if e.kernel is not None)) >= 1
     assert release.counters() == {"add": {"kernel:kernel": calls}, "rmsnorm_cpu": {"kernel:kernel": 3}}
+    # out=: the "c" kernel writes into the caller's tensor itself (its output allocation is handed it): no copy
+    import tileship.runtime.dispatch as dispatch
+
+    monkeypatch.setattr(dispatch, "fill_out", lambda *a: pytest.fail("out= was served by a copy"))
+    a, b = torch.randn(4096), torch.randn(4096)
+    before = sum(add._table.count(i) for i in range(len(add.entries)))
+    for _ in range(3):
+        c = torch.full((4096,), float("nan"))
+        assert add(a, b, out=c) is c and torch.equal(c, a + b)
+    assert sum(add._table.count(i) for i in range(len(add.entries))) == before + 3
+    y = torch.empty(33, 1024)
+    assert norm(x, w, out=y) is y
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (1024,), w, 1e-6), atol=1e-5, rtol=1e-5)
 
 
 def test_malformed_plans_are_refused_with_the_reason(module: Any) -> None:

@@ -134,6 +134,8 @@ class OpRunner(Breaker, TableRows):
                 route = self._route(args)
                 why = "non_contiguous" if res == native_mod.NON_CONTIGUOUS else "misaligned"
                 return self._reference(args, why, route.entry, route=route)[0]
+        elif out is not None and native is not None and not self._check_finite and self.shape.n_outputs == 1:
+            return self._native_out(native, args, out)
         elif out is not None or self._check_finite:
             return self.call(*args, out=out)[0]
         if route is None:
@@ -173,6 +175,21 @@ class OpRunner(Breaker, TableRows):
             return self._reference(args, "circuit_open", entry, route=route)[0]
         next(entry.calls.it)  # a fast launch's one counter bump (``Counter.it``: cheaper than add())
         return res
+
+    def _native_out(self, native: Callable[..., Any], args: tuple[Any, ...], out: Any) -> Any:
+        """``out=`` through the table's OUT: None back, the kernel wrote into ``out``; a tensor, ``out`` could not
+        take it (checked as ``call`` checks it, then copied in); an int or an error, ``call`` decides."""
+        try:
+            res = native(6, out, *args)
+        except Exception:  # a kernel that raised, or an ``out`` tvm-ffi cannot take: the Python path decides
+            return self.call(*args, out=out)[0]
+        if res is None:
+            return out
+        if type(res) is int:
+            return self.call(*args, out=out)[0]
+        route = self._route(args)
+        outs = check_out(out, route, args, 1, self.name)
+        return fill_out(outs, res, out, self.name)
 
     def call(self, *args: Any, out: Any = None) -> tuple[Any, Decision]:
         """Run the operator; return (output, decision). Raises CallError for unservable args

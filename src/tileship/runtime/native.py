@@ -18,6 +18,11 @@ circuit breaker, ``forget``, an assignment to ``Entry.kernel``): the table never
 differently from the Python path (``runtime.table_rows``). Kernel calls it serves are counted in C,
 per entry (``Entry.native_calls``).
 
+With ``out=`` (one output) the table is called as OUT, ``(6, out, *tensors)``: the kernel's output
+allocation is handed ``out`` itself (the thread's DLPack allocator, swapped for the call), so the
+kernel writes there with no second launch; an ``out`` it cannot take (strided, misaligned, sharing bytes
+with an input) gets the kernel's own output copied in, as the Python path does.
+
 Two kinds of kernels are served this way, each with one output or none: those TileLang's ``tvm_ffi``
 backend built (CUDA; the kernel allocates its output, the callee-allocated ABI), and "c"-target
 kernels (TileLang's cython library: the table allocates the output through the caller's tensor
@@ -44,7 +49,7 @@ from tileship import env
 SOURCE = Path(__file__).with_name("native") / "fastcall.c"
 #: where the release keeps the library (a release file: hashed in the manifest, checked before load)
 LIBRARY = "native/fastcall.so"
-ABI = 2
+ABI = 3
 MAX_ARGS = 16
 MAX_CALL = 24  # pointers + symbolic dims + the stream of a "c"-target call (fastcall.c)
 MAX_OUT_NDIM = 16

@@ -23,6 +23,13 @@
  *                                    the parameter order, the output's dtype and shape, the symbolic dims,
  *                                    the ``call`` and ``get_last_error`` addresses. The output is allocated
  *                                    through the caller's tensor allocator (TVMFFIEnvTensorAlloc)
+ *   (6, out, *tensors)               OUT: the call above, with the output written into the caller's tensor
+ *                                    ``out``: while the kernel runs, the thread's tensor allocator hands it
+ *                                    ``out`` for its first allocation of out's dtype, shape and device (both
+ *                                    kernel ABIs allocate outputs through TVMFFIEnvTensorAlloc). Returns None
+ *                                    when the kernel wrote into ``out``; a tensor when it did not (``out`` not
+ *                                    contiguous, misaligned, overlapping an input, or not the kernel's output
+ *                                    layout: the caller copies); the ints above when no kernel ran
  *   (2,)                             CLEAR: forget every row (the counts stay)
  *   (3, slot)                        COUNT: kernel calls served under ``slot``
  *   (4,)                             SIZE: rows in the table
@@ -37,7 +44,7 @@
 #include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
-#define FASTCALL_ABI 2
+#define FASTCALL_ABI 3
 #define MAX_ARGS 16
 #define MAX_KEY 64
 #define MISS (-1)
@@ -377,12 +384,80 @@ static int call_c(const CPlan* c, DLTensor** ts, TVMFFIAny* result) {
   return 0;
 }
 
+/* OUT: the caller's ``out`` handed to the kernel's output allocation (thread-local while one call runs). */
+typedef struct {
+  DLManagedTensorVersioned m;
+  int64_t shape[MAX_OUT_NDIM];
+} OutView;
+
+static _Thread_local DLTensor* tl_out = NULL;
+static _Thread_local int tl_used = 0;
+static _Thread_local DLPackManagedTensorAllocator tl_orig = NULL;
+
+static void out_view_free(DLManagedTensorVersioned* m) { free(m); }
+
+static int same_layout(const DLTensor* a, const DLTensor* b) {
+  if (a->ndim != b->ndim || a->dtype.code != b->dtype.code || a->dtype.bits != b->dtype.bits ||
+      a->dtype.lanes != b->dtype.lanes || a->device.device_type != b->device.device_type ||
+      a->device.device_id != b->device.device_id)
+    return 0;
+  for (int d = 0; d < a->ndim; ++d)
+    if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+
+static int out_alloc(DLTensor* proto, DLManagedTensorVersioned** res, void* ctx,
+                     void (*set_error)(void*, const char*, const char*)) {
+  DLTensor* o = tl_out;
+  if (o == NULL || tl_used || !same_layout(proto, o)) return tl_orig(proto, res, ctx, set_error);
+  OutView* v = (OutView*)calloc(1, sizeof(OutView));
+  if (v == NULL) {
+    set_error(ctx, "MemoryError", "fastcall: out of memory");
+    return -1;
+  }
+  v->m.version.major = DLPACK_MAJOR_VERSION;
+  v->m.version.minor = DLPACK_MINOR_VERSION;
+  v->m.deleter = out_view_free;
+  v->m.dl_tensor = *o;
+  memcpy(v->shape, o->shape, sizeof(int64_t) * (size_t)o->ndim);
+  v->m.dl_tensor.shape = v->shape;
+  v->m.dl_tensor.strides = NULL; /* ``out`` was checked contiguous */
+  tl_used = 1;
+  *res = &v->m;
+  return 0;
+}
+
+static int64_t nbytes(const DLTensor* t) {
+  int64_t n = ((int64_t)t->dtype.bits * t->dtype.lanes + 7) / 8;
+  for (int d = 0; d < t->ndim; ++d) n *= t->shape[d];
+  return n;
+}
+
+/* ``out`` may take the kernel's output: contiguous, aligned, at most MAX_OUT_NDIM dims, no byte shared with an input. */
+static int usable_out(const DLTensor* o, DLTensor* const* ts, int n) {
+  if (o->ndim > MAX_OUT_NDIM || !contiguous(o)) return 0;
+  uintptr_t lo = (uintptr_t)o->data + o->byte_offset, hi = lo + (uintptr_t)nbytes(o);
+  if (lo % ALIGNMENT) return 0;
+  for (int i = 0; i < n; ++i) {
+    uintptr_t a = (uintptr_t)ts[i]->data + ts[i]->byte_offset, b = a + (uintptr_t)nbytes(ts[i]);
+    if (a < hi && lo < b) return 0;
+  }
+  return 1;
+}
+
+static int serve(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result, DLTensor* out);
+
 static int control(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result) {
   switch (args[0].v_int64) {
     case 1:
       return put(t, args, n, result);
     case 5:
       return put_c(t, args, n, result);
+    case 6: {
+      DLTensor* out = n >= 2 ? tensor_of(&args[1]) : NULL;
+      if (out == NULL) return fail("fastcall OUT takes (6, out, *tensors) with out a tensor");
+      return serve(t, args + 2, n - 2, result, out);
+    }
     case 2:
       pthread_mutex_lock(&t->mu);
       clear_rows(t);
@@ -406,6 +481,40 @@ static int control(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result) {
 static int table_call(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* result) {
   Table* t = (Table*)self;
   if (n > 0 && args[0].type_index == kTVMFFIInt) return control(t, args, n, result);
+  return serve(t, args, n, result, NULL);
+}
+
+/* Run the kernel ``fn`` (or the "c" ``plan``) with ``out`` taking its output when it can (OUT, above). */
+static int launch(TVMFFIObjectHandle fn, const CPlan* plan, int anchor, const TVMFFIAny* args, int n, DLTensor** ts,
+                  TVMFFIAny* result, DLTensor* out) {
+  int into = out != NULL && usable_out(out, ts, n);
+  if (into) {
+    tl_out = out;
+    tl_used = 0;
+    TVMFFIEnvSetDLPackManagedTensorAllocator(out_alloc, 0, &tl_orig);
+  }
+  int rc;
+  if (plan != NULL) {
+    rc = call_c(plan, ts, result);
+  } else {
+    TVMFFIAny call_args[MAX_ARGS + 1];
+    memcpy(call_args, args, sizeof(TVMFFIAny) * (size_t)n);
+    if (anchor) call_args[n] = args[0];
+    rc = TVMFFIFunctionCall(fn, call_args, n + anchor, result);
+  }
+  if (!into) return rc;
+  TVMFFIEnvSetDLPackManagedTensorAllocator(tl_orig, 0, NULL);
+  tl_out = NULL;
+  if (rc == 0 && tl_used && result->type_index >= kTVMFFIStaticObjectBegin) {
+    TVMFFIObjectDecRef((TVMFFIObjectHandle)result->v_obj); /* the view of ``out``: the caller returns ``out`` */
+    result->type_index = kTVMFFINone;
+    result->zero_padding = 0;
+    result->v_int64 = 0;
+  }
+  return rc;
+}
+
+static int serve(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result, DLTensor* out) {
   if (n != t->n_args) return ret_int(result, MISS);
   int64_t key[MAX_KEY];
   DLTensor* ts[MAX_ARGS];
@@ -445,16 +554,8 @@ static int table_call(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* r
       return ret_int(result, MISALIGNED);
     }
   }
-  if (has_plan) {
-    int rc = call_c(&plan, ts, result);
-    if (rc == 0) atomic_fetch_add_explicit(&t->counts[slot], 1, memory_order_relaxed);
-    return rc;
-  }
-  TVMFFIAny call_args[MAX_ARGS + 1];
-  memcpy(call_args, args, sizeof(TVMFFIAny) * (size_t)n);
-  if (anchor) call_args[n] = args[0];
-  int rc = TVMFFIFunctionCall(fn, call_args, n + anchor, result);
-  TVMFFIObjectDecRef(fn);
+  int rc = launch(fn, has_plan ? &plan : NULL, anchor, args, n, ts, result, out);
+  if (fn != NULL) TVMFFIObjectDecRef(fn);
   if (rc == 0) atomic_fetch_add_explicit(&t->counts[slot], 1, memory_order_relaxed);
   return rc;
 }

@@ -17,8 +17,8 @@ the call and writes the results back into the caller's tensors.
 Each operator (with outputs, updating no input in place) also gets an ``out=`` form,
 ``torch.ops.tileship_<release id>.<operator>_out(..., out)`` (``ops.out("gemm")``), a custom op
 that mutates ``out`` (one tensor, or a list for several outputs) and returns nothing:
-``OpRunner.call(..., out=out)``, so a wrong ``out`` is a CallError naming it and either path writes
-into it.
+``OpRunner(..., out=out)`` (through the compiled table's OUT call where the release has one: the kernel
+writes into ``out`` itself), so a wrong ``out`` is a CallError naming it and either path writes into it.
 
 Registering the same release id again (a second ``load`` in the process) rebinds the
 existing ops to the newly loaded release; another release gets its own namespace, so two
@@ -217,7 +217,7 @@ def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequen
 
 def _define_out(ns: str, name: str, inputs: Sequence[Sequence[Any]], n_outputs: int, dtypes: Mapping[str, str],
                 scalars: Sequence[str]) -> Any:
-    """``<name>_out(inputs..., out) -> ()``: the runner's ``call(..., out=out)``, mutating ``out``."""
+    """``<name>_out(inputs..., out) -> ()``: the runner called with ``out=out``, mutating ``out``."""
     qual = f"{ns}::{name}"
     args = ", ".join(f"{_schema_type(dtypes.get(str(n), SAME)) if n in scalars else 'Tensor'} {n}"
                      for n, *_ in inputs)
@@ -225,7 +225,7 @@ def _define_out(ns: str, name: str, inputs: Sequence[Sequence[Any]], n_outputs: 
 
     def run(*args: Any) -> None:
         *ins, out = args
-        _runners[qual].call(*ins, out=out)
+        _runners[qual](*ins, out=out)
 
     op = torch.library.custom_op(f"{qual}_out", run, mutates_args=("out",), schema=f"({args}, {out_t}) -> ()")
     op.register_fake(lambda *a: None)

@@ -505,8 +505,10 @@ static int launch(TVMFFIObjectHandle fn, const CPlan* plan, int anchor, const TV
   if (!into) return rc;
   TVMFFIEnvSetDLPackManagedTensorAllocator(tl_orig, 0, NULL);
   tl_out = NULL;
-  if (rc == 0 && tl_used && result->type_index >= kTVMFFIStaticObjectBegin) {
-    TVMFFIObjectDecRef((TVMFFIObjectHandle)result->v_obj); /* the view of ``out``: the caller returns ``out`` */
+  DLTensor* r = rc == 0 && tl_used ? tensor_of(result) : NULL;
+  /* the result is the view of ``out`` (not another allocation the kernel made first): the caller returns ``out`` */
+  if (r != NULL && r->data == out->data && r->byte_offset == out->byte_offset) {
+    TVMFFIObjectDecRef((TVMFFIObjectHandle)result->v_obj);
     result->type_index = kTVMFFINone;
     result->zero_padding = 0;
     result->v_int64 = 0;

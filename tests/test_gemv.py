@@ -64,41 +64,34 @@ def test_the_sample_gives_outputs_of_order_one() -> None:
     assert torch.allclose(y, x @ w.t(), atol=1e-4)
 
 
-def test_the_cuda_kernel_builds_with_16_byte_streamed_weights(tmp_path: Path) -> None:
+def _built(tmp_path: Path, dtype: str, m: int, k: int) -> tuple[Path, str]:
+    """Build the declared ``linear`` specialization (dtype, M, K) with nvcc as the release build does, check
+    its calling convention and the load-time ABI check; (its directory, its CUDA source)."""
     from tileship.build.builder import compile_one
     from tileship.runtime import artifact, signature
 
+    spec = next(s for s in expand(gemv.linear) if s.dtype == dtype and s.dim_map()["M"] == m and s.dim_map()["K"] == k)
+    d = tmp_path / spec.id
+    r = compile_one(gemv.linear, spec, d, timeout_s=300)
+    assert r.ok, r.error
+    art = json.loads((d / "artifact.json").read_text())
+    sig = signature.read((d / "signature.json").read_text(), art["out_idx"])
+    assert [p.name for p in sig.params] == ["X", "W", "Y"] and art["out_idx"] == [2]
+    artifact.ffi_abi(d, art, sig, spec.id)  # the load-time ABI check passes on what was built
+    return d, (d / "device_kernel.cu").read_text()
+
+
+def test_the_cuda_kernel_builds_with_16_byte_streamed_weights(tmp_path: Path) -> None:
     for dtype, m in (("float16", 1), ("bfloat16", 2)):
-        spec = next(s for s in expand(gemv.linear) if s.dtype == dtype and s.dim_map()["M"] == m
-                    and s.dim_map()["K"] == 14336)
-        d = tmp_path / spec.id
-        r = compile_one(gemv.linear, spec, d, timeout_s=300)
-        assert r.ok, r.error
-        art = json.loads((d / "artifact.json").read_text())
-        sig = signature.read((d / "signature.json").read_text(), art["out_idx"])
-        assert [p.name for p in sig.params] == ["X", "W", "Y"] and art["out_idx"] == [2]
-        artifact.ffi_abi(d, art, sig, spec.id)  # the load-time ABI check passes on what was built
-        src = (d / "device_kernel.cu").read_text()
+        d, src = _built(tmp_path, dtype, m, 14336)
         assert "*(uint4*)(w_reg + " in src and "*(uint4*)(W + " in src, "the weight loads are not 16-byte vectorized"
         assert "__shfl_down_sync" in src, "the block sum is not a warp-shuffle all-reduce"
         assert (d / "kernel.cubin").stat().st_size > 0
 
 
 def test_past_the_gemv_the_swapped_tensor_core_kernel_builds_reading_the_weight_as_stored(tmp_path: Path) -> None:
-    from tileship.build.builder import compile_one
-    from tileship.runtime import artifact, signature
-
     for dtype, m, k in (("float16", 8, 4096), ("bfloat16", 16, 14336)):
-        spec = next(s for s in expand(gemv.linear) if s.dtype == dtype and s.dim_map()["M"] == m
-                    and s.dim_map()["K"] == k)
-        d = tmp_path / spec.id
-        r = compile_one(gemv.linear, spec, d, timeout_s=300)
-        assert r.ok, r.error
-        art = json.loads((d / "artifact.json").read_text())
-        sig = signature.read((d / "signature.json").read_text(), art["out_idx"])
-        assert [p.name for p in sig.params] == ["X", "W", "Y"] and art["out_idx"] == [2]
-        artifact.ffi_abi(d, art, sig, spec.id)
-        src = (d / "device_kernel.cu").read_text()
+        _, src = _built(tmp_path, dtype, m, k)
         # the weight on the MMA's 64-row side, the batch on its narrow side (8 or 16), both tiles by TMA
         assert "wgmma_ss<" in src and f", 64, {8 if m <= 8 else 16}, 16," in src, "not a swapped wgmma"
         assert "tma_load(W_desc" in src and "tma_load(X_desc" in src

@@ -21,6 +21,14 @@ from typing import Any
 
 import tilelang.language as T
 
+#: the shared memory a pipeline may take (of the H200's 227 KiB a block), checked by ``check``
+SMEM_LIMIT = 200 * 1024
+
+
+def smem_bytes(block_M: int, block_N: int, block_K: int, num_stages: int) -> int:
+    """The shared memory of ``num_stages`` fp16/bf16 tiles of A and B."""
+    return num_stages * (block_M + block_N) * block_K * 2
+
 
 def check(N: int, K: int, block_M: int, block_N: int, block_K: int, num_stages: int, split_k: int) -> None:
     """Raise ValueError for a shape or a tile this kernel cannot cover (or whose pipeline does not fit
@@ -30,7 +38,7 @@ def check(N: int, K: int, block_M: int, block_N: int, block_K: int, num_stages: 
     if block_M % 8 or block_M > 64 or block_N % 64:
         raise ValueError(f"gemm_small_m: block_M={block_M} must be 8..64 in steps of 8, block_N={block_N} "
                          "a multiple of 64")
-    if num_stages * (block_M + block_N) * block_K * 2 > 200 * 1024:
+    if smem_bytes(block_M, block_N, block_K, num_stages) > SMEM_LIMIT:
         raise ValueError(f"gemm_small_m: {num_stages} stages of {block_M + block_N}x{block_K} do not fit")
 
 

@@ -29,7 +29,7 @@ import tilelang.language as T
 import torch
 
 from tileship.catalog.gemm import matmul_fields
-from tileship.catalog.gemm_small_m import linear_swap
+from tileship.catalog.gemm_small_m import SMEM_LIMIT, linear_swap, smem_bytes
 from tileship.catalog.w4a16 import LLAMA3_8B
 from tileship.declare.spec import Operator, Tolerance
 
@@ -75,7 +75,7 @@ def swap_tile(M: int, N: int, K: int) -> tuple[int, tuple[int, int, int]]:
     block_N, block_K, stages = small if block_M == 8 else wide
     while block_K > 64 and K % block_K:
         block_K //= 2
-    while stages > 2 and stages * (block_M + block_N) * block_K * 2 > 200 * 1024:
+    while stages > 2 and smem_bytes(block_M, block_N, block_K, stages) > SMEM_LIMIT:
         stages -= 1
     return block_M, (block_N, block_K, stages)
 

@@ -354,3 +354,19 @@ def test_the_compiled_step_writes_the_cache_in_place_and_matches_eager():
             comp.v[layer], eager.v[layer], atol=1e-5
         )
     assert comp.lengths.tolist() == eager.lengths.tolist() == [PLEN + 3] * B
+
+
+def test_greedy_check_tells_a_tie_from_a_wrong_token():
+    """The first difference is found over every row; a token torch itself ranks within 2 fp16 ulps of its top
+    logit is a near tie (not a failure), one a whole logit behind is a wrong token."""
+    ta = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    tb = torch.tensor([[1, 2, 3], [4, 7, 9]])
+    logits = torch.zeros(2, 2, 10, dtype=torch.float16)
+    logits[1, 0, 5] = 3.0
+    logits[1, 0, 7] = 3.0
+    tie = de.greedy_check({"tokens": ta, "logits": logits, "prefill_logits": logits[:, 0]}, {"tokens": tb}, 2)
+    assert (tie["match"], tie["near_tie"], tie["first_mismatch_step"], tie["first_mismatch_row"]) == (False, True, 1, 1)
+    logits[1, 0, 7] = 2.0
+    wrong = de.greedy_check({"tokens": ta, "logits": logits, "prefill_logits": logits[:, 0]}, {"tokens": tb}, 2)
+    assert wrong["near_tie"] is False and wrong["tileship_token_behind_top"] == 1.0
+    assert de.greedy_check({"tokens": ta}, {"tokens": ta.clone()}, 2)["match"] is True

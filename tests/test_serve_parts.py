@@ -58,3 +58,60 @@ def test_only_the_two_inference_routes_take_the_direct_path():
         assert params(path) is None, path
     assert params("/v2/models/add/infer", method="GET") is None
     assert params("/v2/models/add/infer", root="/proxy") is None
+
+
+def test_the_direct_path_sends_each_id_and_release_header_once(cpu_release_build):
+    """An answered inference skips ``RequestIds``' header wrapper (``PartsResponse.complete``): its
+    response still carries the request id, release, kernel revision and evidence headers, each once; a
+    duplicated request header counts by its first value, as Starlette's ``Headers.get`` reads it."""
+    import io
+    import json
+
+    from tileship.serve import ServeConfig
+    from tileship.serve.routes import create_app
+
+    app = create_app(ServeConfig(source=cpu_release_build.path, log_stream=io.StringIO()))
+    a = np.arange(8, dtype=np.float32)
+    head = json.dumps({"inputs": [{"name": n, "shape": [8], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 32}} for n in ("A", "B")],
+                       "outputs": [{"name": "C", "parameters": {"binary_data": True}}]}).encode()
+    body = head + a.tobytes() * 2
+    headers = [(b"content-type", b"application/octet-stream"), (b"content-length", str(len(body)).encode()),
+               (b"inference-header-content-length", str(len(head)).encode()), (b"x-request-id", b"first"),
+               (b"x-request-id", b"second"), (b"content-type", b"text/plain")]
+
+    async def go() -> list[dict[str, Any]]:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        await queue.put({"type": "lifespan.startup"})
+
+        async def nothing(message: Any) -> None:
+            pass
+
+        life = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, queue.get,
+                                       nothing))
+        service = app.state.service
+        while not service._loaded.is_set():
+            await asyncio.sleep(0.01)
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app({"type": "http", "method": "POST", "path": "/v2/models/add/infer", "root_path": "",
+                   "headers": headers, "query_string": b""}, receive, send)
+        await queue.put({"type": "lifespan.shutdown"})
+        await life
+        return sent
+
+    start, *bodies = asyncio.run(go())
+    assert start["status"] == 200, bodies
+    names = [k for k, _ in start["headers"]]
+    for name in (b"x-request-id", b"x-tileship-release", b"x-tileship-kernel-revision", b"x-tileship-evidence"):
+        assert names.count(name) == 1, (name, start["headers"])
+    got = dict(start["headers"])
+    assert got[b"x-request-id"] == b"first" and got[b"x-tileship-release"] == cpu_release_build.release_id.encode()
+    out = bytes(bodies[0]["body"])[int(got[b"inference-header-content-length"]):]
+    assert np.array_equal(np.frombuffer(out, dtype=np.float32), a + a)

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tileship.release.diagnostics_queue import CaptureQueue
@@ -247,8 +246,8 @@ class Service:
             self.on_fatal(reason)
 
     # -- inference ---------------------------------------------------------------------------
-    async def infer(self, request: Request) -> Any:
-        """POST /v2/models/{name}[/versions/{version}]/infer: the REST side of ``calls.run``."""
+    async def infer(self, request: Any) -> Any:
+        """POST /v2/models/{name}[/versions/{version}]/infer: REST's ``calls.run`` (``request``: also ``Incoming``)."""
         rid = request.scope["tileship.request_id"]
         header_length = request.headers.get(protocol.HEADER_LENGTH)
 
@@ -275,9 +274,7 @@ class Service:
                           protocol.encode_response, lambda e: e.size, "rest", on_served)
         answer = await calls.run(self, call)
         if answer.status != 200:
-            body: dict[str, Any] = {"error": answer.message}
-            if answer.diagnostics_id:
-                body["diagnostics_id"] = answer.diagnostics_id
+            body = {"error": answer.message, **({"diagnostics_id": d} if (d := answer.diagnostics_id) else {})}
             retry = {"retry-after": "1"} if answer.status == 503 else None
             return JSONResponse(body, status_code=answer.status, headers=retry)
         encoded, decision = answer.encoded, answer.decision
@@ -288,7 +285,7 @@ class Service:
             media = b"application/octet-stream"
         else:
             media = b"application/json"
-        return PartsResponse(200, encoded.parts, media, headers)
+        return PartsResponse(200, encoded.parts, media, headers, complete=True)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """The holder's readiness, and not ready while every worker thread runs a call past its deadline."""
@@ -339,10 +336,12 @@ class Service:
                        error=message, ms=round((time.perf_counter() - t0) * 1e3, 3))
 
     def _release_headers(self, served: Served, decision: Decision, rid: str) -> list[tuple[bytes, bytes]]:
-        rel = served.release
+        rel = served.release  # with every header ``RequestIds`` adds: sent as it is (``PartsResponse.complete``)
         h = [(b"x-tileship-release", rel.release_id.encode()),
              (b"x-tileship-kernel-revision", rel.kernel_revision.encode()),
-             (b"x-tileship-path", decision.path.encode()), (b"x-tileship-reason", decision.reason.encode())]
+             (b"x-tileship-path", decision.path.encode()), (b"x-tileship-reason", decision.reason.encode()),
+             (b"x-request-id", rid.encode()),
+             (b"x-tileship-evidence", getattr(rel, "evidence_digest", "none").encode())]
         if decision.spec_id:
             h.append((b"x-tileship-spec", decision.spec_id.encode()))
         return h

@@ -7,7 +7,7 @@ import asyncio
 import ctypes
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from tileship.digits import parse_uint
 from tileship.serve.validate import BadRequest, short
@@ -16,7 +16,7 @@ from tileship.serve.validate import BadRequest, short
 ALIGN = 16
 
 
-async def read_body(request: Request, *, limit: int, timeout_s: float, rejected: Any,
+async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any,
                     limit_name: str = "--max-body-mib", into: Any = None, align_at: int | None = None) -> Any:
     """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; BadRequest (413, 408,
     400) otherwise, each rejection counted on ``rejected.labels(reason)``. The buffer is allocated once
@@ -24,7 +24,8 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
     (a writable memoryview of exactly Content-Length bytes, ``serve.staging``) is used instead when
     given, and returned. Otherwise the result is a bytearray, or with ``align_at`` (and a
     Content-Length) a memoryview of one placing that body offset on a 16-byte boundary.
-    ``limit_name`` is what a 413 names as the limit."""
+    ``limit_name`` is what a 413 names as the limit. ``request``: a Starlette ``Request``, or anything
+    with its ``headers.get`` and ``receive`` (``serve.middleware.Incoming``)."""
     cl = request.headers.get("content-length")
     size = None
     if cl is not None:
@@ -36,10 +37,19 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
             raise BadRequest(413, f"request body is {size} bytes; the limit is {limit} bytes ({limit_name})")
     buf: Any = bytearray()
     pos = 0
+    receive = request.receive
+    more = True
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
+            while more:  # the ASGI messages themselves (Starlette's ``Request.stream`` is a generator around them)
+                message = await receive()
+                if message["type"] != "http.request":  # http.disconnect
+                    raise _Disconnected
+                chunk = message.get("body", b"")
+                more = message.get("more_body", False)
                 n = len(chunk)
+                if not n:
+                    continue
                 if size is None:
                     if pos + n > limit:
                         rejected.labels("body_too_large").inc()
@@ -56,14 +66,18 @@ async def read_body(request: Request, *, limit: int, timeout_s: float, rejected:
         rejected.labels("body_timeout").inc()
         raise BadRequest(408, f"timeout: the request body did not arrive within {timeout_s:g} s "
                               f"({pos} of {size if size is not None else '?'} bytes received)") from None
-    except ClientDisconnect:
+    except _Disconnected:
         raise BadRequest(400, f"the client disconnected after {pos} bytes of the body") from None
     if size is not None and pos != size:
         raise BadRequest(400, f"the body has {pos} bytes but Content-Length says {size}")
     return buf
 
 
-async def read_pooled(request: Request, pool: Any, *, limit: int, timeout_s: float, rejected: Any,
+class _Disconnected(Exception):
+    """The client went away before its body ended (an ``http.disconnect`` message)."""
+
+
+async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, rejected: Any,
                       align_at: int | None = None) -> tuple[Any, Any]:
     """``read_body`` into a block of ``pool`` (``serve.staging.Pool``) when Content-Length names a body
     the pool takes: (body, the lease or None). The caller gives the lease back once nothing reads the

@@ -50,6 +50,8 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
     request uses ("cuda", "system", or both, comma-separated), and its ``leases`` (a ``Leases``)
     must be released by the caller once the call has finished on the device, whatever happened
     (``calls.execute`` does). Raises BadRequest (400/404)."""
+    if not req.shm_outputs and all(inp.shm is None for inp in req.inputs):  # the common case: nothing to attach
+        return encode
     leases = Leases()
     kinds: set[str] = set()
     for inp in req.inputs:

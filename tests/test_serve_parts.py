@@ -115,3 +115,19 @@ def test_the_direct_path_sends_each_id_and_release_header_once(cpu_release_build
     assert got[b"x-request-id"] == b"first" and got[b"x-tileship-release"] == cpu_release_build.release_id.encode()
     out = bytes(bodies[0]["body"])[int(got[b"inference-header-content-length"]):]
     assert np.array_equal(np.frombuffer(out, dtype=np.float32), a + a)
+
+
+def test_answered_requests_count_and_time_through_kept_label_children():
+    """``ServeMetrics.answered``: the 200 counter and the latency histogram of (model, version, path)
+    move on every call, also after its kept children were forgotten."""
+    from tileship.serve import metrics as m
+
+    sm = m.ServeMetrics(lambda: 0.0)
+    for _ in range(3):
+        sm.answered("add", "r1", "kernel", 0.0002)
+    sm._answered.clear()
+    sm.answered("add", "r1", "kernel", 0.0002)
+    sm.answered("add", "r1", "reference", 0.004)
+    text = sm.render().decode()
+    assert 'tileship_requests_total{code="200",model="add",path="kernel",version="r1"} 4.0' in text
+    assert 'tileship_request_seconds_count{model="add",path="reference",version="r1"} 1.0' in text

@@ -4,11 +4,14 @@ and gives the block back; an output that shares memory with a pooled input is co
 
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 import torch
 import tritonclient.http as th
 
@@ -107,3 +110,45 @@ def test_a_binary_body_is_placed_so_its_tensors_are_aligned():
                 lease.give_back()
     plain, _ = asyncio.run(read_pooled(_request(b"xyz"), pool, limit=100, timeout_s=5, rejected=rejected))
     assert isinstance(plain, bytearray) and plain == b"xyz"  # without align_at: the bytearray as before
+
+
+def test_a_stalled_body_is_a_408_and_an_outside_cancellation_stays_one():
+    """``read_body``'s deadline: its own timer is a 408 counted as ``body_timeout``; a cancellation from
+    elsewhere (a client gone, a shutdown) propagates as a cancellation, never a 408."""
+    from starlette.requests import Request
+
+    from tileship.serve.body import read_body
+    from tileship.serve.validate import BadRequest
+
+    reasons: list[str] = []
+
+    class Rejected:
+        def labels(self, reason: str) -> Any:
+            reasons.append(reason)
+            return type("Child", (), {"inc": lambda _self: None})()
+
+    rejected = Rejected()
+
+    async def stall() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [(b"content-length", b"10")]}
+
+    async def timed_out() -> None:
+        with pytest.raises(BadRequest) as e:
+            await read_body(Request(scope, stall), limit=100, timeout_s=0.05, rejected=rejected)
+        assert e.value.status == 408 and "within 0.05 s" in e.value.message
+
+    asyncio.run(timed_out())
+    assert reasons == ["body_timeout"]
+
+    async def cancelled() -> None:
+        task = asyncio.create_task(read_body(Request(scope, stall), limit=100, timeout_s=30, rejected=rejected))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    assert reasons == ["body_timeout"]

@@ -187,8 +187,7 @@ async def run(service: Service, call: Call) -> Answer:
     service.canary.record(side, name, 200, timed.seconds, decision.reason)
     elapsed = time.perf_counter() - t0
     m = service.metrics
-    m.requests.labels(labels[0], labels[1], decision.path, "200").inc()
-    m.latency.labels(labels[0], labels[1], decision.path).observe(elapsed)
+    m.answered(labels[0], labels[1], decision.path, elapsed)
     if decision.path == REFERENCE:
         m.fallbacks.labels(labels[0], labels[1], decision.reason).inc()
     service.log.event("infer", request_id=call.request_id, id=kserve_id, model=name, version=labels[1], status=200,
@@ -302,7 +301,9 @@ def _execute(service: Service, served: Served, name: str, plan: protocol.CallPla
     encoded = encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=parameters(served, decision),
                      outputs=outputs, allow_nonfinite=plan.allow_nonfinite)
     t.append(time.perf_counter())
-    plan.spans.update(zip(SPANS, (round((b - a) * 1e3, 3) for a, b in zip(t, t[1:], strict=False)), strict=True))
+    spans = plan.spans
+    for i, key in enumerate(SPANS):
+        spans[key] = round((t[i + 1] - t[i]) * 1e3, 3)
     return encoded, decision
 
 

@@ -37,6 +37,10 @@ LATENCY_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5
                    5.0, 10.0, 30.0)
 
 
+#: (model, version, path) label children ``ServeMetrics.answered`` keeps; past it, it forgets them all
+ANSWERED_KEYS = 4096
+
+
 class ServeMetrics:
     """All metrics of one app. ``render()`` gives the Prometheus text exposition."""
 
@@ -44,6 +48,7 @@ class ServeMetrics:
 
     def __init__(self, compile_attempts: Callable[[], float]) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
+        self._answered: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.requests = Counter("tileship_requests", "Inference requests answered",
                                 ("model", "version", "path", "code"), registry=r)
         self.latency = Histogram("tileship_request_seconds",
@@ -85,6 +90,20 @@ class ServeMetrics:
         self.image_mismatch = Gauge("tileship_image_digest_mismatch",
                                     "1 when the image this server runs in (TILESHIP_IMAGE_DIGEST) is not the one the "
                                     "release's lock pins", registry=r)
+
+    def answered(self, model: str, version: str, path: str, seconds: float) -> None:
+        """One inference request answered 200: ``tileship_requests_total{code="200"}`` and its latency. The
+        label children are kept (the hot path: ``labels()`` takes a lock and builds its key on every call);
+        none of these series is ever removed, so a kept child is the registry's own."""
+        key = (model, version, path)
+        pair = self._answered.get(key)
+        if pair is None:
+            if len(self._answered) >= ANSWERED_KEYS:
+                self._answered.clear()
+            pair = self._answered[key] = (self.requests.labels(model, version, path, "200"),
+                                          self.latency.labels(model, version, path))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def set_release(self, release_id: str, kernel_revision: str, lock_digest: str, device: str,
                     image: Mapping[str, Any] | None = None, evidence: Any = None) -> None:

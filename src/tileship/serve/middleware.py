@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from typing import TYPE_CHECKING, Any
@@ -85,8 +86,20 @@ _INFER_HEADERS = frozenset((b"content-type", b"content-length", b"inference-head
 
 
 def new_request_id() -> str:
-    """A fresh request id: 32 random hex digits (128 bits, as ``uuid4().hex`` gave, at a quarter of its cost)."""
-    return os.urandom(16).hex()
+    """A fresh request id: 32 hex digits, as ``uuid4().hex`` gave: 64 random bits drawn once per process
+    (again in a forked child) and a 64-bit count, so no two ids of a process repeat and no system call is made."""
+    return f"{_id_prefix}{next(_id_count) & _ID_MASK:016x}"
+
+
+def _new_id_prefix() -> None:
+    global _id_prefix, _id_count
+    _id_prefix, _id_count = os.urandom(8).hex(), itertools.count()
+
+
+_ID_MASK = (1 << 64) - 1
+_id_prefix, _id_count = "", itertools.count()
+_new_id_prefix()
+os.register_at_fork(after_in_child=_new_id_prefix)
 
 
 class RequestIds:

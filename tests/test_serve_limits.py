@@ -207,6 +207,27 @@ def test_headers_that_never_finish_are_cut_off(tmp_path):
             assert time.monotonic() < deadline
 
 
+def test_the_header_deadline_moves_with_each_request_on_a_kept_connection(tmp_path):
+    """One timer per connection checks the header deadline: a request whose headers complete in time
+    is never cut off by the timer an earlier request armed, and a later stalled head still is, counted
+    from its own first byte."""
+    with hostile_server(tmp_path, header_timeout_s=0.6) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")  # the timer armed at connect: 0.6 s
+            assert b"200 OK" in s.recv(65536)
+            time.sleep(0.4)
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(0.4)  # past the connect timer's time, within this head's own deadline
+            s.sendall(b"\r\n")
+            assert b"200 OK" in s.recv(65536)
+            t0 = time.monotonic()
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\n")  # never finished
+            while s.recv(65536):
+                pass
+            waited = time.monotonic() - t0
+            assert 0.45 < waited < 5, waited
+
+
 def test_connections_past_the_limit_get_503(tmp_path):
     with hostile_server(tmp_path, max_connections=2) as srv:
         held = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(2)]

@@ -87,22 +87,38 @@ async def over_limit(scope: Any, receive: Any, send: Any) -> None:
 
 
 class _GuardedHttp(HttpToolsProtocol):
+    """The header deadline is a time (``_deadline``; None: disarmed) checked by one timer per connection,
+    which moves itself to a later deadline when it fires early: arming and disarming on every keep-alive
+    request set an attribute instead of making and cancelling a timer."""
+
     header_timeout_s: float = 10.0
     rejected: Any = None  # a prometheus Counter with a ``reason`` label, or None
     _header_timer: asyncio.TimerHandle | None = None
+    _deadline: float | None = None
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(OneWrite(transport, self.loop))  # type: ignore[arg-type]
         self._arm()
 
     def _arm(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+        if self._deadline is None:
+            self._deadline = self.loop.time() + self.header_timeout_s
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_at(self._deadline, self._check_deadline)
 
     def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._deadline = None
+
+    def _check_deadline(self) -> None:
+        self._header_timer = None
+        if self._deadline is None:  # disarmed: the next ``_arm`` starts a timer again
+            return
+        # re-armed since this timer was set: wait for the new deadline (a timer's millisecond may fire it early)
+        if self.loop.time() < self._deadline - 1e-3:
+            self._header_timer = self.loop.call_at(self._deadline, self._check_deadline)
+            return
+        self._deadline = None
+        self._headers_late()
 
     def data_received(self, data: bytes) -> None:
         if self.cycle is None or self.cycle.response_complete:  # bytes of a new request's head
@@ -115,6 +131,9 @@ class _GuardedHttp(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
         super().connection_lost(exc)
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
@@ -125,7 +144,6 @@ class _GuardedHttp(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def _headers_late(self) -> None:
-        self._header_timer = None
         if not self.transport.is_closing():
             self.logger.info("closing a connection: request headers did not arrive within %gs", self.header_timeout_s)
             self.transport.close()

@@ -103,6 +103,7 @@ def in_process(release: Any, op: str, body: bytes, headers: dict[str, str], tens
     import torch
 
     from tileship.serve import protocol
+    from tileship.serve.plans import Plans
     from tileship.serve.staging import Pool
 
     runner = release.ops[op]
@@ -121,13 +122,14 @@ def in_process(release: Any, op: str, body: bytes, headers: dict[str, str], tens
     full_t = []
     hl = headers.get("Inference-Header-Content-Length")
     pool = Pool()  # the server's own body buffers (serve.staging): the body is copied in once, as received
+    plans = Plans()  # planned as the server plans (serve.plans: kept per request signature)
     for i in range(n + 3):
         t0 = time.perf_counter()
         lease = pool.take(len(body))
         buf = lease.view if lease is not None else bytearray(len(body))
         buf[:] = body
         req = protocol.parse_infer(buf, hl)
-        plan = protocol.plan_call(req, op, decl)
+        plan = plans.plan(req, op, decl)
         args = plan.arguments(device)
         out, decision = runner.call(*args)
         sync()

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.dispatch import Decision, OpRunner, Release
-from tileship.serve import calls, extensions, handoff, protocol, shm, staging, standby, validate
+from tileship.serve import calls, extensions, handoff, plans, protocol, shm, staging, standby, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_pooled, tensors_start
 from tileship.serve.config import ServeConfig
@@ -75,6 +75,7 @@ class Service:
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
         self.staging = staging.Pool()  # reused (pinned) blocks for large request bodies (serve.staging)
+        self.plans = plans.Plans()  # kept plans of recurring request signatures (serve.plans)
         self.unloaded: set[str] = set()  # models unloaded through the repository extension
         # Triton's system and CUDA shared-memory regions (serve.shm), closed at shutdown. With worker
         # processes the GPU is theirs: this process opens no CUDA IPC handle

@@ -126,7 +126,7 @@ async def run(service: Service, call: Call) -> Answer:
                                                        encode)
         else:
             decl = rel.declarations[name]
-            plan = protocol.plan_call(req, name, decl)
+            plan = service.plans.plan(req, name, decl)  # ``protocol.plan_call``, kept per signature
             if not plan.declared and config.strict_shapes:
                 dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
                 raise BadRequest(400, f"shape outside the declared set: {dims} (declared: "

@@ -141,6 +141,26 @@ def test_a_misaligned_view_goes_to_the_reference(release):
     assert add.call(aligned, aligned)[1].path == KERNEL
 
 
+def test_an_input_that_requires_grad_goes_to_the_reference_so_autograd_records_it(release):
+    """Grad mode on and an input requires grad: the reference serves (``requires_grad``) on both the
+    compiled table's path and ``call``, and the gradient is right; under no_grad the kernel serves."""
+    add = release.op("add")
+    a, b = torch.randn(4096, requires_grad=True), torch.randn(4096)
+    assert add.call(a.detach(), b)[1].path == KERNEL  # the key is memoized, the table has its row
+    out, d = add.call(a, b)
+    assert (d.path, d.reason, d.spec_id) == (REFERENCE, "requires_grad", "add.float32.N4096.c")
+    y = add(a, b)
+    assert y.grad_fn is not None and out.grad_fn is not None
+    (2 * y).sum().backward()
+    assert torch.equal(a.grad, torch.full((4096,), 2.0))
+    with torch.no_grad():
+        assert add.call(a, b)[1].path == KERNEL and add(a, b).grad_fn is None
+    with pytest.raises(CallError, match="requires grad") as e:
+        add(a, b, out=torch.empty(4096))
+    assert e.value.argument == "out"
+    assert add.snapshot() == {"kernel:kernel": 3, "reference:requires_grad": 2}
+
+
 def test_meta_tensors_go_to_the_reference_with_the_device_reason(release):
     norm = release.op("rmsnorm_cpu")
     x, w = torch.randn(4, 1024, device="meta"), torch.randn(1024, device="meta")

@@ -23,6 +23,8 @@ Reasons (``Decision.reason``):
     not_selected         a candidate that tuning did not pick for this shape (another one serves it)
     disabled_by_policy   an operator switched this specialization (or the release) off
     circuit_open         the kernel raised or returned non-finite values at serve time
+    requires_grad        grad mode is on and an input requires grad: the reference serves, so autograd
+                         records the call (a kernel's output would have no ``grad_fn``)
 """
 
 from __future__ import annotations

@@ -22,10 +22,9 @@ change drops the table's rows, so the table serves a key exactly as the Python p
 
 The reasons a decision names are listed in ``runtime.decision``.
 
-An operator that updates inputs in place (``Operator.mutates``, e.g. a KV-cache append) is
-dispatched the same way: the kernel and the reference both write the caller's tensors (the
-reference serves non-contiguous or misaligned ones, writing through the view), and one with no
-declared outputs returns None on either path.
+An operator that updates inputs in place (``Operator.mutates``) is dispatched the same way: the kernel and the
+reference both write the caller's tensors, and one with no declared outputs returns None on either path. With
+grad mode on, a call whose tensor requires grad goes to the reference (``requires_grad``), which autograd records.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShap
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
 from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned
+from tileship.runtime.runner_info import RunnerInfo
 from tileship.runtime.spec_index import SpecIndex
 from tileship.runtime.table_rows import MEMO_LIMIT, TableRows
 from tileship.runtime.telemetry import SAMPLE, ShapeTable, shape_of
@@ -54,7 +54,7 @@ from tileship.runtime.telemetry import SAMPLE, ShapeTable, shape_of
 _log = logging.getLogger("tileship.runtime.dispatch")
 
 
-class OpRunner(Breaker, TableRows):
+class OpRunner(Breaker, TableRows, RunnerInfo):
     """Callable operator of a loaded release. Thread-safe.
 
     Circuit breaker: a kernel that raises is disabled (``circuit_open``) and the reference
@@ -104,6 +104,9 @@ class OpRunner(Breaker, TableRows):
         self._native_routes: list[Route] = []
         #: recompute non-finite kernel outputs on the reference and open the circuit (see class doc)
         self.check_finite = check_finite
+        import torch
+
+        self._grad_on: Callable[[], bool] = torch.is_grad_enabled
 
     @property
     def n_inputs(self) -> int:
@@ -119,6 +122,8 @@ class OpRunner(Breaker, TableRows):
         """The output only (``out`` when given). The common case (a memoized key served by a
         kernel) is the compiled table's, when there is one; else inlined here: one key tuple,
         one dict lookup, layout, the launch."""
+        if self._grad_on() and rt.needs_grad(args):
+            return self._grad_call(args, out)[0]
         native = self._native
         route = None
         if native is not None and out is None:
@@ -196,6 +201,8 @@ class OpRunner(Breaker, TableRows):
         (a wrong ``out`` included: the argument named is ``out``). With ``out`` (a tensor, or a
         sequence for several outputs) the result is written there, on either path, and ``out``
         returned. With ``check_finite`` on, a non-finite kernel output is checked against the reference."""
+        if self._grad_on() and rt.needs_grad(args):
+            return self._grad_call(args, out)
         if self._check_finite:
             return self._call_checked(args, out)
         return self._call_plain(args, out)
@@ -244,6 +251,14 @@ class OpRunner(Breaker, TableRows):
         if outs is not None:
             res = out if fast else fill_out(outs, res, out, self.name)
         return res, entry.decision
+
+    def _grad_call(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:
+        """Grad mode on and a tensor requires grad: the reference serves (a kernel's output has no ``grad_fn``)."""
+        if out is not None:
+            raise CallError("out= with an input that requires grad (autograd cannot record a write into out)",
+                            operator=self.name, argument="out", hint="call without out=, or under torch.no_grad()")
+        route = self._route(args)
+        return self._reference(args, "requires_grad", route.entry, route=route)
 
     def reference_route(self, *args: Any) -> Route | None:
         """The route of ``args``' key when its specialization sends it to the reference now, else None
@@ -318,15 +333,6 @@ class OpRunner(Breaker, TableRows):
             self._memo[key] = route
         return route
 
-    # -- inputs --------------------------------------------------------------------
-    def sample_inputs(self, dims: Mapping[str, int], dtype: str, device: str, seed: int) -> list[Any]:
-        """Valid inputs at base ``dims`` for a specialization of ``dtype``: each with its declared
-        dtype, from the operator's ``sample`` hook when it has one (demo, warm-up, benchmarks)."""
-        from tileship.declare.inputs import make_inputs
-
-        return make_inputs(self.shape.inputs, dims, dtype, device, seed, dtypes=self.shape.dtypes or None,
-                           sample=self.sample, scalars=self.shape.scalars)
-
     # -- control -------------------------------------------------------------------
     def disable(self, entry: Entry, reason: str, detail: str = "") -> None:
         """Send a specialization to the reference from now on (all memoized keys share the entry)."""
@@ -335,16 +341,3 @@ class OpRunner(Breaker, TableRows):
             entry.decision = Decision(REFERENCE, reason, entry.decision.spec_id)
             entry.detail = detail
             self._drop_rows()
-
-    def launchers(self) -> dict[str, str]:
-        """Per memoized key a kernel serves: its launcher (``ctypes``, ``tvm_ffi``, ...) or ``adapter: <why>``."""
-        return rt.describe(self._memo)
-
-    def snapshot(self) -> dict[str, int]:
-        """Calls so far by ``path:reason``."""
-        counts = {(REFERENCE, reason): n for reason, n in self.telemetry.calls_by_reason().items() if n}
-        n = sum(e.kernel_calls() for e in self.entries)
-        if n:
-            counts[(KERNEL, KERNEL)] = n
-        return {f"{p}:{r}": v for (p, r), v in sorted(counts.items())}
-

@@ -182,6 +182,14 @@ def check_devices(tensors: Sequence[Any], declared: Sequence[tuple[str, Any]], o
                             hint="move all inputs to one device")
 
 
+def needs_grad(args: Sequence[Any]) -> bool:
+    """True when an argument is a tensor that requires grad (the caller checks grad mode first)."""
+    for a in args:
+        if getattr(a, "requires_grad", False):
+            return True
+    return False
+
+
 def misaligned(tensors: Sequence[Any]) -> bool:
     """True when a tensor's address is not a multiple of ``ALIGNMENT`` bytes."""
     for t in tensors:
@@ -228,4 +236,4 @@ def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
 
 
 __all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
-           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned"]
+           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad"]

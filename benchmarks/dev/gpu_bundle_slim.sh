@@ -4,7 +4,7 @@
 # ../shared/tools/gpu-host-bundle (49 MiB) no longer fits. This rebuilds .gpu/site.tar.xz from it without
 # what a GPU-host run of the catalog needs least: the server packages (starlette, fastapi, uvicorn, h11,
 # httptools, pydantic, anyio, opentelemetry), z3's executable, TVM's C++ sources and CUTLASS's tools
-# (TileLang still compiles: CUTLASS's headers and TVM's Python stay): about 38 MiB. The full bundle is kept
+# (TileLang still compiles: CUTLASS's headers and TVM's Python stay): about 37 MiB. The full bundle is kept
 # as .gpu/full.tar.xz. With "serve" it keeps the server packages and drops TileLang and z3 instead (9 MiB):
 # enough to serve a release whose operator modules do not import TileLang at the top.
 set -euo pipefail
@@ -24,6 +24,11 @@ else
   (cd "$work" && rm -rf starlette* fastapi* uvicorn* h11* httptools* pydantic* anyio* opentelemetry* annotated_doc* \
     annotated_types* typing_inspection* z3_solver-*.data tilelang/3rdparty/cutlass/tools tilelang/3rdparty/tvm/src)
 fi
+# Both: tvm-ffi's test library; torch-c-dlpack-ext's prebuilt addons (built for torch 2.4-2.9 only: the host's torch
+# 2.11 exports DLPack through its own __dlpack_c_exchange_api__, and the package loads none of them there); z3's
+# second copy of its library, a symlink instead (xz -T0 compresses in blocks and would keep both).
+(cd "$work" && rm -f tvm_ffi/lib/libtvm_ffi_testing.so torch_c_dlpack_ext/libtorch_c_dlpack_addon_*.so \
+  && if [ -f z3/lib/libz3.so.4.15 ]; then rm -f z3/lib/libz3.so && ln -s libz3.so.4.15 z3/lib/libz3.so; fi)
 tar -C "$work" -cf - . | xz -9 -T0 > .gpu/site.tar.xz.tmp
 mv .gpu/site.tar.xz.tmp .gpu/site.tar.xz
 rm -f .gpu/site.stamp  # gpu-host-bundle must not take the trimmed file for the full one

@@ -29,6 +29,20 @@ fi
 # second copy of its library, a symlink instead (xz -T0 compresses in blocks and would keep both).
 (cd "$work" && rm -f tvm_ffi/lib/libtvm_ffi_testing.so torch_c_dlpack_ext/libtorch_c_dlpack_addon_*.so \
   && if [ -f z3/lib/libz3.so.4.15 ]; then rm -f z3/lib/libz3.so && ln -s libz3.so.4.15 z3/lib/libz3.so; fi)
+if [ "${1:-}" != serve ] && command -v nvcc > /dev/null; then
+  export LC_ALL=C
+  # CUTLASS/CuTe headers: keep those TileLang's CUDA templates include (nvcc -M over every template header for
+  # sm_90a; generated kernels include only these templates and cuda.h), drop the rest (conv, epilogue, gemm, ...)
+  tl=$work/tilelang; inc=$tl/3rdparty/cutlass/include
+  (cd "$tl/src" && find tl_templates/cuda -name '*.h' | grep -v -e sm100 -e tcgen -e nvrtc_std | sort \
+    | sed 's/.*/#include "&"/') > "$work/all_templates.cu"
+  nvcc -M -gencode=arch=compute_90a,code=sm_90a -std=c++17 -I"$tl/src" -I"$inc" -x cu "$work/all_templates.cu" -o "$work/deps.txt"
+  tr ' \\' '\n\n' < "$work/deps.txt" | grep -F "$inc/" | xargs -n1 realpath -m | sort -u > "$work/keep.txt"
+  find "$inc" -type f | sort | comm -23 - "$work/keep.txt" | xargs rm -f
+  echo "gpu_bundle_slim: kept $(wc -l < "$work/keep.txt") CUTLASS/CuTe headers"
+  rm -f "$work/all_templates.cu" "$work/deps.txt" "$work/keep.txt"
+fi
+[ -n "${KEEP_SLIM_TREE:-}" ] && rm -rf "$KEEP_SLIM_TREE" && cp -a "$work" "$KEEP_SLIM_TREE"
 tar -C "$work" -cf - . | xz -9 -T0 > .gpu/site.tar.xz.tmp
 mv .gpu/site.tar.xz.tmp .gpu/site.tar.xz
 rm -f .gpu/site.stamp  # gpu-host-bundle must not take the trimmed file for the full one

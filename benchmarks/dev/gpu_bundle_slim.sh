@@ -24,10 +24,11 @@ else
   (cd "$work" && rm -rf starlette* fastapi* uvicorn* h11* httptools* pydantic* anyio* opentelemetry* annotated_doc* \
     annotated_types* typing_inspection* z3_solver-*.data tilelang/3rdparty/cutlass/tools tilelang/3rdparty/tvm/src)
 fi
-# Both: tvm-ffi's test library; torch-c-dlpack-ext's prebuilt addons (built for torch 2.4-2.9 only: the host's torch
+# Both: torch-c-dlpack-ext's prebuilt addons (built for torch 2.4-2.9 only: the host's torch
 # 2.11 exports DLPack through its own __dlpack_c_exchange_api__, and the package loads none of them there); z3's
 # second copy of its library, a symlink instead (xz -T0 compresses in blocks and would keep both).
-(cd "$work" && rm -f tvm_ffi/lib/libtvm_ffi_testing.so torch_c_dlpack_ext/libtorch_c_dlpack_addon_*.so \
+# (tvm-ffi's libtvm_ffi_testing.so stays: tvm_ffi loads it at import)
+(cd "$work" && rm -f torch_c_dlpack_ext/libtorch_c_dlpack_addon_*.so \
   && if [ -f z3/lib/libz3.so.4.15 ]; then rm -f z3/lib/libz3.so && ln -s libz3.so.4.15 z3/lib/libz3.so; fi)
 if [ "${1:-}" != serve ] && command -v nvcc > /dev/null; then
   export LC_ALL=C

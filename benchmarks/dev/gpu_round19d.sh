@@ -9,6 +9,7 @@ d=/tmp/round19d; mkdir -p "$d" "$out"
 finish() { tar -C "$d" -czf "$out/all.tgz" .; }
 trap finish EXIT
 bash benchmarks/dev/gpu_native.sh "$d/native" overhead
+cp "$d/native/all_overhead.tgz" "$out/" 2>/dev/null  # back even if a later step runs past the limit
 # shellcheck source=benchmarks/gpu_env.sh
 . benchmarks/gpu_env.sh "$d/nvidia-smi.csv"
 t0=$(date +%s)
@@ -20,7 +21,7 @@ t1=$(date +%s)
 timeout 200 python3 -m tileship.cli tune "$rel" --budget-ms 20 --clock latency > "$d/tune.log" 2>&1
 echo "tune rc=$? ($(( $(date +%s) - t1 )) s)"; tail -1 "$d/tune.log"
 export PYTHONPATH=$PYTHONPATH:$PWD
-left=$(( 400 - SECONDS ))
+left=$(( ${EAGER_END:-400} - SECONDS ))
 t1=$(date +%s)
 timeout "$left" python3 benchmarks/model_e2e.py --release "$rel" --out "$d/model_e2e_eager.json" --modes eager \
   --decode-batches 1 --require-evidence --serving-only --iters 100 --repeats 15 > "$d/model_e2e_eager.log" 2>&1

@@ -42,6 +42,10 @@ if [ "${1:-}" != serve ] && command -v nvcc > /dev/null; then
   find "$inc" -type f | sort | comm -23 - "$work/keep.txt" | xargs rm -f
   echo "gpu_bundle_slim: kept $(wc -l < "$work/keep.txt") CUTLASS/CuTe headers"
   rm -f "$work/all_templates.cu" "$work/deps.txt" "$work/keep.txt"
+  # TileLang's own C++ sources (its libraries are prebuilt) and the headers of other backends
+  find "$tl/src" \( -name '*.cc' -o -name '*.cpp' \) -delete
+  rm -rf "$tl/src/ascend" "$tl/src/rocm" "$tl/src/metal" "$tl/src/webgpu" "$tl/src/tl_templates/hip" \
+    "$tl/src/tl_templates/ascend"
 fi
 [ -n "${KEEP_SLIM_TREE:-}" ] && rm -rf "$KEEP_SLIM_TREE" && cp -a "$work" "$KEEP_SLIM_TREE"
 tar -C "$work" -cf - . | xz -9 -T0 > .gpu/site.tar.xz.tmp

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tileship import __version__
 from tileship.serve import calls, extensions, grpc_codec, log_settings
-from tileship.serve.middleware import valid_request_id
+from tileship.serve.middleware import new_request_id, valid_request_id
 from tileship.serve.validate import BadRequest, short
 
 if TYPE_CHECKING:
@@ -103,7 +102,7 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
     @functools.wraps(fn)
     async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         sent = dict(context.invocation_metadata() or ()).get("x-request-id")
-        rid = valid_request_id(sent if isinstance(sent, str) else None) or uuid.uuid4().hex
+        rid = valid_request_id(sent if isinstance(sent, str) else None) or new_request_id()
         trailer = (("x-request-id", rid),)
         if self.active >= self.limit:
             self.service.metrics.rejected.labels("connection_limit").inc()

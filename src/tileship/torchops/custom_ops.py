@@ -48,6 +48,7 @@ import torch
 from tileship.declare.dims import SAME, DimExpr
 from tileship.errors import CallError, lookup
 from tileship.runtime.dispatch import OpRunner, Release
+from tileship.runtime.route import needs_grad
 
 PREFIX = "tileship_"
 
@@ -121,7 +122,7 @@ class EagerOp:
         self.direct = direct
 
     def __call__(self, *args: Any) -> Any:
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(args)):
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and needs_grad(args)):
             return self.op(*args)
         runner = _runners[self.qual]
         if self.direct and not runner.check_finite:
@@ -136,17 +137,13 @@ class EagerOp:
         """(runner, the route of ``args``' key when the runner sends it to the reference, else None),
         for a caller that serves reference-routed calls itself (``OpRunner.serve_reference``);
         None while ``torch.compile`` traces or autograd must see the custom op."""
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and _any_requires_grad(args)):
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and needs_grad(args)):
             return None
         runner = _runners[self.qual]
         return runner, runner.reference_route(*args)
 
     def __repr__(self) -> str:
         return f"eager({self.op})"
-
-
-def _any_requires_grad(args: tuple[Any, ...]) -> bool:
-    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def namespace_of(release_id: str) -> str:

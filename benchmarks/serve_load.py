@@ -1,7 +1,7 @@
 """Bounded load on `tileship serve` over loopback, next to the same calls in-process.
 
 The server runs as a child process (`tileship serve`, its own GIL); the load comes from this
-process over raw keep-alive HTTP/1.1 sockets (asyncio), so client overhead stays small and
+process over raw keep-alive HTTP/1.1 sockets (asyncio's socket calls), so client overhead stays small and
 no HTTP library is needed on the GPU host. Phases, one after the other:
 
 1. in-process: ``call``: the operator on tensors already on the device, synchronized;
@@ -147,43 +147,71 @@ def in_process(release: Any, op: str, body: bytes, headers: dict[str, str], tens
 # -- HTTP client ---------------------------------------------------------------------------------
 
 class Conn:
-    """One keep-alive HTTP/1.1 connection; ``post`` returns (status, headers, body)."""
+    """One keep-alive HTTP/1.1 connection; ``post`` returns (status, headers, body).
+
+    On the loop's own socket calls (``sock_sendall``, ``sock_recv_into``), not asyncio streams: a large
+    body goes out from the caller's bytes and a large response comes into one buffer, with no copy in
+    between. Through ``StreamWriter`` a 128 MiB body was first copied whole into the transport's buffer
+    and the client, not the server, set the pace (4x slower than a blocking ``sendall`` on the CPU
+    machine; ``benchmarks/README.md``, 2026-12-03 nineteenth session)."""
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        self.sock: socket.socket | None = None
+        self._rest = bytearray()  # bytes read past the last response's end (none from a well-behaved server)
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
-            self.writer.transport.set_write_buffer_limits(high=1 << 22)
-        assert self.reader is not None
-        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}",
-                f"Content-Length: {len(body)}"] + [f"{k}: {v}" for k, v in headers.items()]
-        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
-        self.writer.write(body)
-        await self.writer.drain()
-        status_line = await self.reader.readline()
-        if not status_line:
-            raise ConnectionError("server closed the connection")
-        status = int(status_line.split()[1])
+        loop = asyncio.get_running_loop()
+        if self.sock is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, (self.host, self.port))
+            except BaseException:
+                sock.close()
+                raise
+            self.sock, self._rest = sock, bytearray()
+        sock = self.sock
+        head = ("\r\n".join([f"POST {path} HTTP/1.1", f"Host: {self.host}", f"Content-Length: {len(body)}"]
+                             + [f"{k}: {v}" for k, v in headers.items()]) + "\r\n\r\n").encode()
+        if len(body) <= 1 << 16:
+            await loop.sock_sendall(sock, head + body)
+        else:
+            await loop.sock_sendall(sock, head)
+            await loop.sock_sendall(sock, body)
+        buf = self._rest
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            chunk = await loop.sock_recv(sock, 1 << 16)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            buf += chunk
+        lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
         hdrs: dict[str, str] = {}
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            k, _, v = line.decode("latin-1").partition(":")
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
             hdrs[k.strip().lower()] = v.strip()
-        data = await self.reader.readexactly(int(hdrs.get("content-length", "0")))
+        n = int(hdrs.get("content-length", "0"))
+        have = buf[end + 4:end + 4 + n]
+        data = bytearray(n)
+        data[:len(have)] = have
+        self._rest = buf[end + 4 + n:]
+        view, pos = memoryview(data), len(have)
+        while pos < n:
+            got = await loop.sock_recv_into(sock, view[pos:])
+            if not got:
+                raise ConnectionError("server closed the connection mid-response")
+            pos += got
         if hdrs.get("connection", "").lower() == "close":
             self.close()
-        return status, hdrs, data
+        return status, hdrs, data  # type: ignore[return-value]  # a bytearray: bytes to every reader here
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+        self._rest = bytearray()
 
 
 async def http_phase(host: str, port: int, path: str, body: bytes, headers: dict[str, str], clients: int,

@@ -448,3 +448,36 @@ def test_worker_processes_read_and_write_shared_memory(cpu_release_build, region
         c.close()
     assert_close(shm.get_contents_as_numpy(hout, np.float32, [N]), torch.from_numpy(a) + torch.from_numpy(b),
                  1e-5, 1e-5)
+
+
+def test_large_inputs_are_read_into_pooled_blocks_given_back_after_the_call(hc, regions, server, monkeypatch):
+    """System shared-memory inputs of at least a pooled block's size are copied into the server's reused body
+    blocks (``serve.staging``), not fresh buffers, and every block goes back once the call has ended: after an
+    answered request, and after one refused for an unknown output region (the inputs were read first)."""
+    from tileship.serve import staging
+
+    n = staging.MIN_BYTES // 4  # float32 elements: each input is exactly one pooled block's minimum
+    g = np.random.default_rng(7)
+    a, b = g.standard_normal(n).astype(np.float32), g.standard_normal(n).astype(np.float32)
+    hin, in_name, in_key = regions.create(8 * n)
+    shm.set_shared_memory_region(hin, [a, b])
+    hc.register_system_shared_memory(in_name, in_key, 8 * n)
+    pool = server.service.staging
+    taken: list[int] = []
+    take = pool.take
+    monkeypatch.setattr(pool, "take", lambda nbytes: taken.append(nbytes) or take(nbytes))
+    inputs = [th.InferInput("A", [n], "FP32"), th.InferInput("B", [n], "FP32")]
+    inputs[0].set_shared_memory(in_name, 4 * n)
+    inputs[1].set_shared_memory(in_name, 4 * n, offset=4 * n)
+    res = hc.infer("add", inputs, outputs=[th.InferRequestedOutput("C", binary_data=True)])
+    assert_close(res.as_numpy("C"), torch.from_numpy(a) + torch.from_numpy(b), 1e-5, 1e-5)
+    assert [t for t in taken if t >= staging.MIN_BYTES] == [4 * n, 4 * n]  # a block per input (not the JSON body)
+    stats = pool.stats()
+    assert stats["out_bytes"] == 0 and stats["free_bytes"] >= 2 * staging.MIN_BYTES, stats  # back, kept for reuse
+
+    out = th.InferRequestedOutput("C", binary_data=True)
+    out.set_shared_memory("no_such_region", 4 * n)
+    with pytest.raises(InferenceServerException) as e:
+        hc.infer("add", inputs, outputs=[out])
+    assert "no_such_region" in str(e.value) and "404" in str(e.value.status()), e.value
+    assert sum(t >= staging.MIN_BYTES for t in taken) == 4 and pool.stats()["out_bytes"] == 0, (taken, pool.stats())

@@ -117,7 +117,7 @@ async def run(service: Service, call: Call) -> Answer:
         if name in service.unloaded:
             raise extensions.ModelUnloaded(name, call.protocol)
         req, bytes_in = await call.read()
-        encode = shm_requests.attach(service.shm, req, call.encode)  # shared-memory inputs and outputs (400/404)
+        encode = shm_requests.attach(service.shm, req, call.encode, service.staging)  # shared-memory ins and outs
         t_body = time.perf_counter()
         kserve_id = req.id
         on_loop, inline_key = False, None

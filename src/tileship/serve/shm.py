@@ -156,11 +156,13 @@ class Region(Window):
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
-    def read(self, ref: Ref, where: str) -> bytearray:
-        """A copy of ``ref``'s bytes. BadRequest 404 once unregistered, 400 out of bounds or shrunk."""
+    def read(self, ref: Ref, where: str, into: Any = None) -> Any:
+        """A copy of ``ref``'s bytes: into ``into`` (a writable memoryview of ``ref.byte_size`` bytes, e.g. a
+        pooled block's: ``serve.staging``) and that returned, else a fresh bytearray. BadRequest 404 once
+        unregistered, 400 out of bounds or shrunk."""
         with self._lock:
             start = self._start(ref, where)
-            buf = bytearray(ref.byte_size)
+            buf = bytearray(ref.byte_size) if into is None else into
             got = os.preadv(self.fd, [buf], start)
             if got != ref.byte_size:  # the file is shorter than at registration
                 raise self._shrunk(ref, where)

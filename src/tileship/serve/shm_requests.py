@@ -3,7 +3,8 @@
     attach   a parsed request's shared-memory inputs -> their bytes (system regions; CUDA inputs are
              lent in place when the call runs); its outputs -> an Encoder that writes them into their
              regions first (``calls.run`` calls it for REST and gRPC)
-    Leases   the CUDA windows one request reads in place, given back when its call has ended
+    Leases   the CUDA windows one request reads in place and the pooled host blocks its system inputs
+             were copied into, given back when its call has ended
 """
 
 from __future__ import annotations
@@ -21,11 +22,21 @@ if TYPE_CHECKING:
 
 class Leases:
     """The CUDA windows one request reads in place: ``take`` lends a view (``CudaRegion.lend``) and
-    records it; ``release`` gives every one back, once the call has finished on the device."""
+    records it; ``keep`` records a pooled block (``serve.staging.Lease``); ``release`` gives every one
+    back, once the call has finished on the device."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: list[Any] = []
+        self._blocks: list[Any] = []
+
+    def keep(self, block: Any) -> None:
+        with self._lock:
+            self._blocks.append(block)
+
+    @property
+    def empty(self) -> bool:
+        return not self._held and not self._blocks
 
     def take(self, region: Any, ref: Ref, where: str) -> Any:
         view = region.lend(ref, where)
@@ -36,15 +47,21 @@ class Leases:
     def release(self) -> None:
         with self._lock:
             held, self._held = self._held, []
+            blocks, self._blocks = self._blocks, []
         for region in held:
             region.give_back()
+        for block in blocks:
+            block.give_back()
 
 
-def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
-    """Copy ``req``'s system shared-memory inputs out of their regions (CUDA ones get a ``fetch``
+def attach(regions: Regions, req: InferRequest, encode: Any, pool: Any = None) -> Any:
+    """Copy ``req``'s system shared-memory inputs out of their regions, into blocks of ``pool`` where it
+    lends one (``serve.staging.Pool``: reused, and page-locked with a GPU, so neither the read nor the copy
+    to the device faults in fresh pages), else into fresh buffers (CUDA ones get a ``fetch``
     that lends their window in place when the call runs) and check every shared-memory output's
     window; the Encoder to use: ``encode`` itself when nothing goes through shared memory, else a
-    wrapper that writes the shared-memory outputs into their regions and hands ``encode`` their
+    wrapper that writes the shared-memory outputs into their regions (a device output to a system region
+    through a block of ``pool``) and hands ``encode`` their
     parameters (``shm=``) instead of their data. The wrapper's ``device_outputs`` names the outputs
     it wants as device tensors (those bound for CUDA regions), its ``kinds`` the kinds of region the
     request uses ("cuda", "system", or both, comma-separated), and its ``leases`` (a ``Leases``)
@@ -53,26 +70,13 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
     if not req.shm_outputs and all(inp.shm is None for inp in req.inputs):  # the common case: nothing to attach
         return encode
     leases = Leases()
-    kinds: set[str] = set()
-    for inp in req.inputs:
-        if inp.shm is not None:
-            where = f"input {inp.name}"
-            region = regions.region(inp.shm, where)
-            kinds.add(region.kind)
-            if region.kind == "system":
-                inp.raw = memoryview(region.read(inp.shm, where))
-            else:
-                region.check(inp.shm, where)
-                inp.fetch = functools.partial(leases.take, region, inp.shm, where)
-    if not req.shm_outputs and all(inp.fetch is None for inp in req.inputs):
+    try:
+        kinds, on_device = _attach_windows(regions, req, leases, pool)
+    except BaseException:  # blocks taken for inputs before a later input or output was refused go back now
+        leases.release()
+        raise
+    if not req.shm_outputs and leases.empty and all(inp.fetch is None for inp in req.inputs):
         return encode
-    on_device = set()
-    for name, ref in req.shm_outputs.items():
-        region = regions.region(ref, f"output {name}")
-        region.check(ref, f"output {name}")
-        kinds.add(region.kind)
-        if region.kind != "system":
-            on_device.add(name)
     outs = dict(req.shm_outputs)
 
     def write_then_encode(**kw: Any) -> Any:
@@ -88,8 +92,18 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
                 raise BadRequest(400, f"byte size mismatch: output {name} is {list(t.shape)} x "
                                       f"{str(t.dtype).removeprefix('torch.')} = {nbytes} bytes but {BYTE_SIZE} is "
                                       f"{ref.byte_size}")
-            data = t if name in on_device else t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            regions.write(ref, data, f"output {name}")
+            block = None
+            if name in on_device:
+                data = t
+            elif t.device.type != "cpu" and pool is not None and (block := pool.take(nbytes)) is not None:
+                data = block.tensor().copy_(t.detach().contiguous().reshape(-1).view(torch.uint8)).numpy()
+            else:
+                data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            try:
+                regions.write(ref, data, f"output {name}")
+            finally:
+                if block is not None:
+                    block.give_back()
             params[name] = {REGION: ref.region, BYTE_SIZE: ref.byte_size} | ({OFFSET: ref.offset} if ref.offset else {})
         return encode(**kw, shm=params)
 
@@ -97,3 +111,31 @@ def attach(regions: Regions, req: InferRequest, encode: Any) -> Any:
     write_then_encode.leases = leases  # type: ignore[attr-defined]
     write_then_encode.kinds = ",".join(sorted(kinds))  # type: ignore[attr-defined]
     return write_then_encode
+
+
+def _attach_windows(regions: Regions, req: InferRequest, leases: Leases, pool: Any) -> tuple[set[str], set[str]]:
+    """``attach``'s checks and input copies: (the kinds of region used, the outputs bound for CUDA regions)."""
+    kinds: set[str] = set()
+    for inp in req.inputs:
+        if inp.shm is not None:
+            where = f"input {inp.name}"
+            region = regions.region(inp.shm, where)
+            kinds.add(region.kind)
+            if region.kind == "system":
+                block = None if pool is None else pool.take(inp.shm.byte_size)
+                if block is None:
+                    inp.raw = memoryview(region.read(inp.shm, where))
+                else:
+                    leases.keep(block)
+                    inp.raw = region.read(inp.shm, where, into=block.view)
+            else:
+                region.check(inp.shm, where)
+                inp.fetch = functools.partial(leases.take, region, inp.shm, where)
+    on_device = set()
+    for name, ref in req.shm_outputs.items():
+        region = regions.region(ref, f"output {name}")
+        region.check(ref, f"output {name}")
+        kinds.add(region.kind)
+        if region.kind != "system":
+            on_device.add(name)
+    return kinds, on_device

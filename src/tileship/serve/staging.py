@@ -32,6 +32,11 @@ class Lease:
         self.view = memoryview(block.numpy()).cast("B")[:n]
         self._given = False
 
+    def tensor(self) -> Any:
+        """The same ``n`` bytes as a uint8 torch tensor (page-locked where the pool pins): a device-to-host
+        copy into it is one DMA."""
+        return self._block[: self.n]
+
     def give_back(self) -> None:
         """Return the block to the pool (a second call does nothing)."""
         if not self._given:

@@ -187,6 +187,25 @@ def step(log: dict[str, Any], name: str, fn: Any, *args: Any, **kw: Any) -> Any:
     return value
 
 
+def slowest_candidate(ev: dict[str, Any], size: int) -> str:
+    """A candidate B does not serve at ``size`` of the dynamic dim, the slowest tune timed there (one that tune's
+    triage pruned there, when it timed none): the forced copy's canary must lose to B at that size. Not a fixed
+    position in the candidate list: on the H200 the last one, the small-M tile, is the very one B serves at every M
+    of the loop, and a copy forced to it was rightly promoted (round 20)."""
+    for group in ev["tuning"].values():
+        point = next((p for p in group["points"] if p["bucket"][0] <= size <= p["bucket"][1]), None)
+        if point is None:
+            continue
+        others = [c for c in group["candidates"] if c != point["winner"]]
+        timed = {c: r["median_us"] for c, r in point["candidates"].items()
+                 if c in others and r.get("median_us") is not None}
+        if timed:
+            return max(timed, key=lambda c: timed[c])
+        if others:
+            return others[0]
+    raise RuntimeError(f"no tuned bucket holds {size} with a candidate other than its winner")
+
+
 def force_slow(src: Path, dest: Path, candidate: str) -> Path:
     """A copy of release ``src`` (new id) whose evidence routes every bucket to ``candidate``."""
     from tileship.release import bundle
@@ -274,10 +293,10 @@ def run(args: argparse.Namespace, log: dict[str, Any]) -> bool:
         after = phase("load_after", load, log)
         log["reference_share"] = {"before": before["reference_share"], "after": after["reference_share"]}
         if args.rollback:
-            slow = ev["tuning"][next(iter(ev["tuning"]))]["candidates"][-1]
-            forced = force_slow(reg.path_of(id_b), work / "forced", slow)
             heavy = copy.copy(load)  # one hot shape, the largest: a spread of sizes is a spread of latencies,
             heavy.sizes = [max(load.sizes)]  # which the canary counts as noise
+            slow = slowest_candidate(ev, heavy.sizes[0])
+            forced = force_slow(reg.path_of(id_b), work / "forced", slow)
             log["rollback"] = step(log, "canary_rollback", canary, heavy, forced, {**policy, "max_p50_ratio": 1.1})
             log["rollback"]["forced_candidate"] = slow
             log["rollback"]["active_after"] = srv.service.holder.current.release_id

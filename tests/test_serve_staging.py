@@ -17,7 +17,7 @@ import tritonclient.http as th
 
 from tileship.serve import ServeConfig
 from tileship.serve.calls import _own
-from tileship.serve.staging import MIN_BYTES, Pool
+from tileship.serve.staging import MIN_BYTES, Pool, size_class
 
 
 def test_small_bodies_are_not_pooled_and_blocks_come_back():
@@ -44,6 +44,42 @@ def test_the_pool_is_bounded():
     assert pool.stats()["free_bytes"] == 2 * MIN_BYTES and pool.stats()["out_bytes"] == 0  # at most 2 kept
 
 
+def test_size_classes_waste_at_most_a_sixteenth():
+    assert size_class(MIN_BYTES) == MIN_BYTES and size_class(MIN_BYTES + 1) == 2 * MIN_BYTES
+    assert size_class((4 << 20) + 300) == 5 << 20
+    assert size_class((64 << 20) + 300) == 68 << 20  # a power of two would have been 128 MiB
+    for n in (MIN_BYTES, 3 << 20, (17 << 20) + 1, (64 << 20) + 15, 1 << 30, (1 << 30) + 1):
+        assert n <= size_class(n) <= max(n + MIN_BYTES, n * 17 // 16 + 1)
+
+
+def test_a_body_waits_for_a_block_while_the_pool_is_at_its_bound():
+    """``lease`` waits while ``max_bytes`` are out and takes a block as soon as one is given back, from
+    another thread as a finished call gives it; with none back in time it answers None (the body then
+    goes to a plain buffer), and a body too small to pool never waits."""
+    import threading
+    import time
+
+    pool = Pool(pinned=False, max_bytes=2 * MIN_BYTES)
+    held = [pool.take(MIN_BYTES), pool.take(MIN_BYTES)]
+    assert all(x is not None for x in held) and pool.take(MIN_BYTES) is None
+
+    async def wait_for_one() -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        got = await pool.lease(MIN_BYTES, timeout_s=10.0)
+        return got, time.perf_counter() - t0
+
+    threading.Timer(0.2, held[0].give_back).start()
+    got, waited = asyncio.run(wait_for_one())
+    assert got is not None and 0.15 < waited < 5.0, waited
+    t0 = time.perf_counter()
+    assert asyncio.run(pool.lease(MIN_BYTES, timeout_s=0.2)) is None  # both out again: none back in time
+    assert 0.15 < time.perf_counter() - t0 < 5.0
+    assert asyncio.run(pool.lease(1000, timeout_s=10.0)) is None  # not pooled: no wait
+    got.give_back()
+    held[1].give_back()
+    assert pool.stats()["out_bytes"] == 0
+
+
 def test_an_output_sharing_an_input_is_copied():
     x = torch.arange(8.0)
     assert _own(x[2:], [x]) is not x[2:] and _own(x.view(2, 4), [x]).data_ptr() != x.data_ptr()
@@ -68,7 +104,7 @@ def test_a_large_binary_request_lands_in_a_pooled_block(cpu_release_build, tmp_p
                 res = c.infer("add", inputs, outputs=[th.InferRequestedOutput("C", binary_data=True)])
                 np.testing.assert_array_equal(res.as_numpy("C"), a + b)
                 stats = srv.service.staging.stats()
-                assert stats["out_bytes"] == 0 and stats["free_bytes"] == 8 << 20  # one 8 MiB block, back
+                assert stats["out_bytes"] == 0 and stats["free_bytes"] == 5 << 20  # one 5 MiB block, back
         finally:
             c.close()
         assert httpx.get(srv.url + "/v2/health/ready").json()["ready"] is True

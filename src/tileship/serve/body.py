@@ -97,8 +97,9 @@ class _Disconnected(Exception):
 async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, rejected: Any,
                       align_at: int | None = None) -> tuple[Any, Any]:
     """``read_body`` into a block of ``pool`` (``serve.staging.Pool``) when Content-Length names a body
-    the pool takes: (body, the lease or None). The caller gives the lease back once nothing reads the
-    body; on an error here it is given back already.
+    the pool takes: (body, the lease or None). While the pool is at its bound the body waits for a block,
+    up to ``timeout_s``, before it is read (then into a plain buffer if none came back). The caller gives
+    the lease back once nothing reads the body; on an error here it is given back already.
 
     ``align_at``: a body offset that should land on a 16-byte boundary (the binary extension's header
     length: where the first tensor's bytes start), so that tensors viewed in place are aligned and a
@@ -109,10 +110,10 @@ async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, 
     if size is None:
         lease = into = None
     elif align_at is not None and size:
-        lease = pool.take(size + ALIGN - 1)
+        lease = await pool.lease(size + ALIGN - 1, timeout_s)
         into = None if lease is None else _aligned(lease.view, size, align_at)
     else:
-        lease = pool.take(size)
+        lease = await pool.lease(size, timeout_s)
         into = None if lease is None else lease.view
     try:
         data = await read_body(request, limit=limit, timeout_s=timeout_s, rejected=rejected, into=into,

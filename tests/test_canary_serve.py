@@ -281,3 +281,16 @@ def test_canary_missing_a_model_the_active_serves_is_refused(registry, tmp_path)
         r = post(srv, "/v2/tileship/canary", json={"release": id_b, "fraction": 0.5})
         assert r.status_code == 409 and "does not serve rmsnorm_cpu" in r.json()["error"], r.text
         assert srv.service.holder.current.release_id == id_a
+
+
+def test_the_canary_compares_the_operator_time_not_the_copies_around_it():
+    """A call whose ``execute`` recorded its spans is judged on its launch and device wait alone (what a release
+    changes); without them (worker processes, a whole model) on the whole job's time."""
+    from types import SimpleNamespace
+
+    from tileship.serve.calls import _op_seconds
+
+    plan = SimpleNamespace(spans={"args_ms": 40.0, "call_ms": 0.5, "sync_ms": 1.5, "host_ms": 30.0, "encode_ms": 2.0})
+    assert _op_seconds(plan, 0.074) == pytest.approx(0.002)
+    assert _op_seconds(SimpleNamespace(spans={}), 0.074) == 0.074
+    assert _op_seconds(None, 0.074) == 0.074 and _op_seconds(None, None) is None

@@ -141,7 +141,8 @@ async def failover(proc: subprocess.Popen[bytes], port: int, kills: int, clients
         to_standby.append(time.perf_counter() - t_kill)
     stop.set()
     await asyncio.gather(*tasks)
-    ms = lambda xs: {"p50_ms": round(pct(xs, 50) * 1e3, 2), "max_ms": round(max(xs) * 1e3, 2)}  # noqa: E731
+    ms = lambda xs: {"p50_ms": round(pct(xs, 50) * 1e3, 2) if xs else None,  # noqa: E731 (--kills 0: none)
+                     "max_ms": round(max(xs) * 1e3, 2) if xs else None}
     return {"kills": kills, "clients": clients, "answers": len(answers),
             "non_200": sum(1 for _, st, _ in answers if st != 200),
             "wrong": sum(1 for _, st, ok in answers if st == 200 and not ok),

@@ -9,15 +9,15 @@ CPU machine against 18 ms to fill a reused one), and a device copy from pageable
 through the driver's own staging. The blocks are page-locked (``pin_memory``) where torch sees a
 GPU, so a binary input copied to the device is one DMA from the body itself.
 
-Bounds: bodies under ``MIN_BYTES`` are not pooled (a bytearray is cheaper there); blocks come in size
-classes (``size_class``: at most 1/16 spare and whole MiB; powers of two left a
-64 MiB body plus its header a 128 MiB block, so a 2 GiB bound held 16 of them); at most ``keep_bytes``
-of free blocks are kept, and at most ``max_bytes`` are out at once (1 GiB each by default, so in a steady
-load of one size every block given back is kept: freeing and pinning blocks anew costs as much as faulting
-in fresh pages, and may synchronize the device). A body that finds the pool at its
-bound waits for a block (``lease``: the server's body reader, within the body timeout) rather than going
-to a fresh buffer at once: with 64 clients sending 64 MiB bodies to the H200 host, the 48 bodies that
-found no block went to fresh page-faulting buffers and the server took in 0.6 GB/s in all (round 20).
+Bounds: bodies under ``MIN_BYTES`` are not pooled (a bytearray is cheaper there). Blocks come in size
+classes of at most 1/16 spare and whole MiB (``size_class``; powers of two gave a 64 MiB body plus its
+header a 128 MiB block, so a 2 GiB bound held 16 of them). At most ``keep_bytes`` of free blocks are
+kept and at most ``max_bytes`` are out at once, 1 GiB each by default, so in a steady load of one size
+every block given back is kept: freeing and pinning blocks anew costs as much as faulting in fresh
+pages, and may synchronize the device. A body that finds the pool at its bound waits for a block
+(``lease``: the server's body reader, within the body timeout) rather than going to a fresh buffer at
+once: with 64 clients sending 64 MiB bodies to the H200 host, the bodies that found no block went to
+fresh page-faulting buffers and the server took in 0.6 GB/s in all (round 20).
 A lease is given back exactly once, after nothing reads the body any more (``calls.run``, when
 the call has ended); a block is reused only after that.
 """

@@ -1,9 +1,10 @@
 """`tileship serve --workers 1` against `--workers 0`: the worker hop's cost, and failover time.
 
 Two servers run side by side as child processes (`tileship serve REL --workers 0` and
-`--workers 1`, same release, same flags); one client process sends them small binary requests
-over raw keep-alive HTTP/1.1 (``serve_load.Conn``), alternating rounds between the two so that
-machine noise lands on both alike. Phases:
+`--workers 1`, same release, same flags), and a third with `--workers 1 --worker-spin-us 0
+--loop-spin-us 0` (``--no-nospin`` leaves it out: the waits sleep at once, as before the spin);
+one client process sends them small binary requests over raw keep-alive HTTP/1.1
+(``serve_load.Conn``), alternating rounds between them so that machine noise lands on all alike. Phases:
 
 1. latency: ``--rounds`` x ``--per-round`` sequential requests to each server (after a
    warm-up); p50/p99 per mode and the p50 difference: the cost of the hop (copy into the shared
@@ -36,11 +37,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import ROOT, Conn, build_cpu_release, free_port, hop_by_round, pct, summary_us  # noqa: E402
 
+#: the servers side by side: mode -> extra ``tileship serve`` arguments (``workers1_nospin``: the worker and the
+#: event loop sleep at once while waiting, as before ``--worker-spin-us``/``--loop-spin-us``)
+MODES = {"workers0": ["--workers", "0"], "workers1": ["--workers", "1"],
+         "workers1_nospin": ["--workers", "1", "--worker-spin-us", "0", "--loop-spin-us", "0"]}
 
-def start(release: Path, workers: int, log: Path) -> tuple[subprocess.Popen[bytes], str, int]:
+
+def start(release: Path, args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str, int]:
     port = free_port()
     cmd = [sys.executable, "-c", "from tileship.cli import main; main()", "serve", str(release), "--port", str(port),
-           "--workers", str(workers), "--timeout", "10"]
+           *args, "--timeout", "10"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=f, env=env)
@@ -108,6 +114,13 @@ async def latency(ports: dict[str, int], n: int, rounds: int, per_round: int) ->
         c.close()
     out = {m: summary_us(t) for m, t in times.items()}
     out.update(hop_by_round(times, per_round, 100.0))
+    if "workers1_nospin" in times:  # the same hop with the waits sleeping at once
+        nospin = hop_by_round({"workers0": times["workers0"], "workers1": times["workers1_nospin"]}, per_round, 100.0)
+        out.update({f"nospin_{k}": v for k, v in nospin.items()})
+        spin = times["workers1"]
+        out["spin_minus_nospin_rounds_us"] = [
+            round((pct(spin[i:i + per_round], 50) - pct(times["workers1_nospin"][i:i + per_round], 50)) * 1e6, 1)
+            for i in range(0, len(spin), per_round)]
     return out
 
 
@@ -158,15 +171,18 @@ def main() -> int:
     ap.add_argument("--per-round", type=int, default=200)
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--nospin", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time a third server whose waits sleep at once (--worker-spin-us 0 --loop-spin-us 0)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     release = a.release or build_cpu_release(Path(tempfile.mkdtemp(prefix="serve-workers-rel-")))
     logs = Path(tempfile.mkdtemp(prefix="serve-workers-log-"))
-    procs = {m: start(release, w, logs / f"{m}.log") for m, w in (("workers0", 0), ("workers1", 1))}
+    modes = MODES if a.nospin else {m: MODES[m] for m in ("workers0", "workers1")}
+    procs = {m: start(release, args, logs / f"{m}.log") for m, args in modes.items()}
     try:
         t0 = time.perf_counter()
         for m, (p, _, port) in procs.items():
-            wait_ready(p, port, standby_not=set() if m == "workers1" else None)
+            wait_ready(p, port, standby_not=set() if m != "workers0" else None)
         ready_s = time.perf_counter() - t0
         lat = asyncio.run(latency({m: port for m, (_, _, port) in procs.items()}, a.n, a.rounds, a.per_round))
         p1, _, port1 = procs["workers1"]

@@ -195,3 +195,77 @@ def test_a_loop_call_cancelled_mid_flight_retires_its_worker(cpu_release_build):
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim.pid, signal.SIGCONT)
         pool.close()
+
+
+def test_frame_after_returns_a_frame_that_comes_while_it_polls_or_after_it_sleeps():
+    import socket
+    import threading
+
+    from tileship.serve import worker_wire as wire
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        reader = wire.Reader(b)
+
+        def later(delay_s: float, msg: dict[str, Any]) -> threading.Timer:
+            t = threading.Timer(delay_s, wire.send, (a, msg))
+            t.start()
+            return t
+
+        later(0.002, {"id": 1})
+        assert reader.frame_after(30.0) == {"id": 1}   # came while it polled
+        t = later(0.2, {"id": 2})
+        assert reader.frame_after(0.001) == {"id": 2}  # the poll ran out: it slept in recvmsg for the frame
+        t.join()
+        wire.send(a, {"id": 3})
+        assert reader.frame_after(0.0) == {"id": 3}    # 0: no polling at all
+        a.close()
+        with pytest.raises(wire.PeerGone):
+            reader.frame_after(5.0)                    # end-of-file seen while polling
+    finally:
+        b.close()
+
+
+def test_the_loop_polls_for_an_answer_only_while_answers_come_soon():
+    import socket
+    import threading
+
+    from tileship.serve import worker_wire as wire
+    from tileship.serve.workers import Worker
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        w = Worker(proc=None, sock=b, buf=None, spin_s=30.0)  # type: ignore[arg-type]
+        threading.Timer(0.002, wire.send, (a, {"id": 1})).start()
+        assert w._spin(time.perf_counter()) == {"id": 1}   # the answer came while it polled
+        w.quick = False                                    # the last answer took longer than twice the spin
+        t = threading.Timer(0.05, wire.send, (a, {"id": 2}))
+        t.start()
+        assert w._spin(time.perf_counter()) is None        # no polling: the loop waits on the socket instead
+        t.join()
+        assert w._spin(time.perf_counter()) == {"id": 2}   # an answer already there is always taken
+        w.quick, w.spin_s = True, 0.0
+        assert w._spin(time.perf_counter()) is None        # 0 (--loop-spin-us 0): never polls
+    finally:
+        a.close()
+        b.close()
+
+
+def test_workers_with_polling_off_answer_as_with_it(cpu_release_build):
+    with workers_server(cpu_release_build.path, workers=1, worker_timeout_s=5.0, worker_spin_us=0.0,
+                        loop_spin_us=0.0) as srv, httpx.Client() as c:
+        rng = np.random.default_rng(3)
+        for n in (8, 1000, 40000):  # the last is past LOOP_BYTES: a request thread's call
+            a, b = rng.standard_normal((2, n), dtype=np.float32)
+            st, out = add_binary(srv.url, c, a, b)
+            assert st == 200 and np.array_equal(out, a + b), out
+
+
+def test_cli_refuses_a_negative_or_huge_spin(cpu_release_build):
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "tileship.cli", "serve", str(cpu_release_build.path), "--port", "0", "--workers", "1"]
+    for flag, value in (("--worker-spin-us", "-1"), ("--loop-spin-us", "2000000")):
+        r = subprocess.run([*base, flag, value], capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "--loop-spin-us 0 to 1000000" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -35,6 +35,10 @@ def serve(
     inline_us: float = typer.Option(500.0, help="in process, run a small call on the event loop, not a request "
                                                 "thread, once a kernel has served it within this many us "
                                                 "(0: always a thread; such a call is never answered 504)"),
+    worker_spin_us: float = typer.Option(300.0, help="with --workers: a worker polls this many us for its next call "
+                                                     "after each answer before it sleeps (0: it sleeps at once)"),
+    loop_spin_us: float = typer.Option(100.0, help="with --workers: the event loop polls this many us for a small "
+                                                   "call's answer before it waits on the socket (0: it waits at once)"),
     body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
     strict_shapes: bool = typer.Option(False,
                                        help="answer 400 for shapes outside the declared set instead of serving them by "
@@ -105,8 +109,10 @@ def serve(
         raise DeclarationError("--max-body-mib, --max-output-mib, --timeout, --body-timeout and --header-timeout must "
                                "be > 0; --max-inflight, --threads, --max-connections, --keep-alive and "
                                "--warmup-threads >= 1")
-    if workers < 0 or (worker_timeout is not None and worker_timeout <= 0) or not 0 <= inline_us <= 1e6:
-        raise DeclarationError("--workers must be >= 0, --worker-timeout > 0 and --inline-us 0 to 1000000")
+    if workers < 0 or (worker_timeout is not None and worker_timeout <= 0) or \
+            not all(0 <= us <= 1e6 for us in (inline_us, worker_spin_us, loop_spin_us)):
+        raise DeclarationError("--workers must be >= 0, --worker-timeout > 0, and --inline-us, --worker-spin-us and "
+                               "--loop-spin-us 0 to 1000000")
     gpu_list = gpu_map.parse(gpus)
     if gpu_list and not workers:
         raise DeclarationError("--gpus spreads worker processes over GPUs: give --workers N too",
@@ -121,7 +127,7 @@ def serve(
     config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight,
                          worker_threads=threads, workers=workers, gpus=gpu_list, worker_timeout_s=worker_timeout,
                          request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes,
-                         inline_us=inline_us,
+                         inline_us=inline_us, worker_spin_us=worker_spin_us, loop_spin_us=loop_spin_us,
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,
                          reference_only=reference_only, warm_rollback=warm_rollback, warmup_threads=warmup_threads,

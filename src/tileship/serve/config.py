@@ -28,6 +28,10 @@ class ServeConfig:
     #: in process, a small call whose last run a kernel served within this many microseconds runs on the
     #: event loop, not a request thread (``serve.handoff``); 0: every call goes to a thread
     inline_us: float = 500.0
+    #: with workers: a worker polls this many microseconds for its next call after each answer before it
+    #: sleeps, and the event loop polls ``loop_spin_us`` for a small call's answer (``serve.workers``); 0: off
+    worker_spin_us: float = 300.0
+    loop_spin_us: float = 100.0
     body_timeout_s: float = 30.0
     #: bounds on one request: ranks, dims, elements, JSON nesting, output bytes (``--max-output-mib``)
     limits: RequestLimits = RequestLimits()

@@ -126,9 +126,10 @@ def main(fd: int) -> int:
     wire.send(sock, {"op": "ready", "release": served.release_id, "pid": os.getpid(),
                      "import_s": import_s, "load_s": served.load_seconds, "warm_s": w.seconds, "warm_calls": w.calls,
                      "warm_failures": w.failures, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
+    spin_s = float(start["options"].get("spin_us", 0.0)) * 1e-6
     while True:
         try:
-            msg = reader.frame()
+            msg = reader.frame_after(spin_s)  # polls ``spin_us`` for the next call before it sleeps
         except (wire.PeerGone, OSError):
             return 0
         op = msg.get("op")

@@ -41,6 +41,7 @@ import mmap
 import os
 import socket
 import struct
+import time
 from typing import Any
 
 import orjson
@@ -116,6 +117,18 @@ class Reader:
                 self._more(socket.MSG_DONTWAIT)
             except TimeoutError:
                 return None
+
+    def frame_after(self, spin_s: float) -> dict[str, Any]:
+        """``frame``, polling without sleeping for up to ``spin_s`` first: a caller that expects the next
+        frame soon skips the kernel's wake-up of a sleeping thread (tens of microseconds on an idle core)."""
+        if spin_s > 0:
+            end = time.perf_counter() + spin_s
+            while True:
+                if (msg := self.poll()) is not None:
+                    return msg
+                if time.perf_counter() >= end:
+                    break
+        return self.frame()
 
     def fd(self) -> int:
         """The descriptor of the ``map`` frame just read."""

@@ -101,6 +101,10 @@ class Worker:
     seq: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None
+    #: seconds ``acall`` polls for a small call's answer before the loop waits for the socket (``_spin``;
+    #: ``--loop-spin-us``), and whether the last answer came soon enough to poll for the next one
+    spin_s: float = 0.0
+    quick: bool = True
 
     def __post_init__(self) -> None:
         self.reader = wire.Reader(self.sock)
@@ -116,7 +120,8 @@ class Worker:
         proc = subprocess.Popen([sys.executable, "-m", "tileship.serve.worker", str(theirs.fileno())],
                                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=gpu_map.environment(gpu))
         theirs.close()
-        w = cls(proc, ours, wire.Buffer.create(BUFFER_BYTES), pid=proc.pid, gpu=gpu)
+        w = cls(proc, ours, wire.Buffer.create(BUFFER_BYTES), pid=proc.pid, gpu=gpu,
+                spin_s=float(options.get("loop_spin_us", 0.0)) * 1e-6)
         wire.send(ours, {"op": "start", "path": path, "reference_only": reference_only, "options": options})
         wire.send(ours, {"op": "map", "size": w.buf.size}, fd=w.buf.fd)
         return w
@@ -151,16 +156,34 @@ class Worker:
         loop = asyncio.get_running_loop()
         for _ in range(2):
             out_off = self._send(name, args, out_bytes, timeout_s)
+            sent = time.perf_counter()
             deadline = loop.time() + timeout_s
             try:
-                while (reply := self.reader.poll()) is None:
+                reply = self._spin(sent)
+                while reply is None:
                     await self._readable(loop, deadline)
+                    reply = self.reader.poll()
             except (wire.PeerGone, ConnectionResetError) as exc:
                 raise self._died(exc) from None
+            self.quick = time.perf_counter() - sent <= 2 * self.spin_s
             if (need := self._need(reply)) is None:
                 return reply
             out_bytes = need - out_off
         raise WorkerError(f"worker {self.pid}: the outputs did not fit the buffer twice")
+
+    def _spin(self, sent: float) -> dict[str, Any] | None:
+        """The answer if it comes within ``spin_s`` of polling (the event loop does nothing else meanwhile), else
+        None. Polls only while the previous answer came within twice that: a worker that takes longer does
+        not hold the loop. Waking a thread that sleeps in ``epoll`` costs tens of microseconds, about as much
+        as a small call's whole round trip (on the 2-core CPU machine 150-170 us for ``acall`` of a 1000-element
+        add without polling on either side, 40 us with it)."""
+        reply = self.reader.poll()
+        if reply is not None or not self.spin_s or not self.quick:
+            return reply
+        end = sent + self.spin_s
+        while (reply := self.reader.poll()) is None and time.perf_counter() < end:
+            pass
+        return reply
 
     async def _readable(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         """Until the socket has bytes (or end-of-file); TimeoutError past ``deadline`` (loop time).

@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -393,6 +394,8 @@ def main() -> int:
     ap.add_argument("--max-body-mib", type=float, default=64.0)
     ap.add_argument("--threads", type=int, default=1, help="server worker threads")
     ap.add_argument("--allow-unverified", action="store_true", help="run GPU kernels without verification evidence")
+    ap.add_argument("--profile-load", type=Path, help="sample the server with py-spy (PY_SPY, else on PATH) during "
+                                                      "the loaded phase; its raw stacks go to this file")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
@@ -426,7 +429,10 @@ def main() -> int:
             conn.close()
             await http_phase("127.0.0.1", port, path, body, headers, 1, 60.0, 5)  # warm the connection path
             seq = await http_phase("127.0.0.1", port, path, body, headers, 1, 600.0, a.seq)
+            spy = _profile(proc.pid, a.profile_load, a.duration) if a.profile_load else None
             loaded = await http_phase("127.0.0.1", port, path, body, headers, a.clients, a.duration, a.max_requests)
+            if spy is not None:
+                loaded["profile"] = _profile_done(spy, a.profile_load)
             return seq, loaded, diff
 
         seq, loaded, diff = asyncio.run(run_http())
@@ -522,6 +528,29 @@ def _server_side(log_path: Path) -> dict[str, Any]:
         vals = [r[key] for r in rows if key in r]
         out[key] = round(statistics.median(vals), 3) if vals else None
     return out
+
+
+def _profile(pid: int, out: Path, duration_s: float) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the server (``pid``) for the loaded phase, without pausing it (``--nonblocking``);
+    None when there is no py-spy."""
+    exe = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if exe is None:
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([exe, "record", "-p", str(pid), "-d", str(max(1, int(duration_s) - 1)), "-r", "200",
+                             "--nonblocking", "--threads", "-f", "raw", "-o", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
+def _profile_done(spy: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
+    """py-spy's exit status and its last words (it may not be allowed to attach: ptrace)."""
+    try:
+        text, _ = spy.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        text, _ = spy.communicate()
+    return {"rc": spy.returncode, "file": str(out), "exists": out.exists(),
+            "tail": text.decode(errors="replace")[-400:]}
 
 
 def _metric(text: str, name: str) -> float | None:

@@ -106,7 +106,7 @@ if [ -n "$cpurel" ]; then
   step grpc_rmsnorm 45 "$PY" benchmarks/serve_grpc_load.py --release "$cpurel" --op rmsnorm_cpu --dims M=1,N=1024 \
     --clients 16 --duration 3 --seq 1000 --out "$d/serve_grpc_load_rmsnorm.json"; show grpc_rmsnorm 8
   # -- issue 16: the worker hop and kill -9 on the CPU release (serve_workers.py) ------------------------------
-  step workers 70 "$PY" benchmarks/serve_workers.py --release "$cpurel" --rounds 10 --per-round 200 --kills 5 \
+  step workers 110 "$PY" benchmarks/serve_workers.py --release "$cpurel" --rounds 10 --per-round 200 --kills 5 \
     --clients 2 --out "$d/serve_workers.json"
   "$PY" -c "import json; r = json.load(open('$d/serve_workers.json')); l, f = r['latency_us'], r['failover']
 print('workers: hop p50', l['hop_p50_us'], 'us, by round', l.get('hop_spread_us'), l.get('hop_verdict'), '(w0', l['workers0']['p50_us'], 'w1', l['workers1']['p50_us'], ');',

@@ -292,5 +292,7 @@ def test_the_canary_compares_the_operator_time_not_the_copies_around_it():
 
     plan = SimpleNamespace(spans={"args_ms": 40.0, "call_ms": 0.5, "sync_ms": 1.5, "host_ms": 30.0, "encode_ms": 2.0})
     assert _op_seconds(plan, 0.074) == pytest.approx(0.002)
+    plan.spans["device_ms"] = 0.25  # CUDA events around the call, recorded while a canary runs (a GPU)
+    assert _op_seconds(plan, 0.074) == pytest.approx(0.00025)
     assert _op_seconds(SimpleNamespace(spans={}), 0.074) == 0.074
     assert _op_seconds(None, 0.074) == 0.074 and _op_seconds(None, None) is None

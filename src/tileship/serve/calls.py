@@ -32,7 +32,7 @@ from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
 from tileship.serve import extensions, handoff, protocol, remote, shm_requests, validate
-from tileship.serve.canary_stats import Timed
+from tileship.serve.canary_stats import DeviceSpan, Timed
 from tileship.serve.validate import BadRequest
 
 if TYPE_CHECKING:
@@ -204,12 +204,16 @@ async def run(service: Service, call: Call) -> Answer:
 
 
 def _op_seconds(plan: Any, job_s: float | None) -> float | None:
-    """What a canary compares for one answered request: the operator's own time, its launch and the wait
-    for the device (``call_ms`` + ``sync_ms``), where ``execute`` recorded them; else the whole job's.
-    The rest of the job (tensors to and from the device, encoding) is the same code for either release:
-    on the H200 a 4096x4096 GEMM request's job was 1.4 ms, most of it copying its 32 MiB input to the
-    device, and a tile slower by 80 us moved it 3.5%, under the canary's threshold (round 20)."""
+    """What a canary compares for one answered request: the operator's own time, where ``execute`` recorded
+    it: on a GPU the device's time between CUDA events around the call (``device_ms``), else its launch and
+    the wait for the device (``call_ms`` + ``sync_ms``); without spans the whole job's. The rest of the job
+    (tensors to and from the device, encoding) is the same code for either release: on the H200 a
+    4096x4096 GEMM request's job was 1.4 ms, most of it copying its 32 MiB input to the device, and a tile
+    slower by 80 us moved it 3.5% (round 20); launch plus wait still held the input copy's tail (the
+    wait), 0.25 ms against a 30 us slower tile, 1.13x under a 1.25x limit (round 21)."""
     spans = getattr(plan, "spans", None)
+    if spans and "device_ms" in spans:
+        return float(spans["device_ms"]) / 1e3
     if spans and "call_ms" in spans and "sync_ms" in spans:
         return (spans["call_ms"] + spans["sync_ms"]) / 1e3
     return job_s
@@ -289,8 +293,10 @@ def _execute(service: Service, served: Served, name: str, plan: protocol.CallPla
     t = [time.perf_counter()]
     tensors = plan.arguments(device)
     t.append(time.perf_counter())
+    span = DeviceSpan(device != "cpu" and service.canary.state == "running")
     try:
         out, decision = runner.call(*tensors)
+        span.stop()
         t.append(time.perf_counter())
         # None: an operator that only updates inputs in place (``mutates``); it answers with no outputs
         outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
@@ -298,6 +304,8 @@ def _execute(service: Service, served: Served, name: str, plan: protocol.CallPla
             import torch
 
             torch.cuda.current_stream().synchronize()
+            if (device_ms := span.ms()) is not None:
+                plan.spans["device_ms"] = round(device_ms, 4)
         t.append(time.perf_counter())
         out_names = [n for n, _ in rel.declarations[name]["outputs"]]
         on_device = getattr(encode, "device_outputs", ())  # bound for CUDA shared memory: no trip to the host

@@ -33,6 +33,28 @@ class Timed:
         return out
 
 
+class DeviceSpan:
+    """CUDA events around an operator call, recorded only while a canary compares releases (``on``): the
+    device's time from the call's first launch to its last, without the host-to-device copies queued
+    before it (the start event waits for them on the stream) or the copy back after it. ``ms`` once the
+    stream was synchronized; None when off."""
+
+    def __init__(self, on: bool) -> None:
+        self.events: tuple[Any, Any] | None = None
+        if on:
+            import torch
+
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+
+    def stop(self) -> None:
+        if self.events is not None:
+            self.events[1].record()
+
+    def ms(self) -> float | None:
+        return None if self.events is None else float(self.events[0].elapsed_time(self.events[1]))
+
+
 class Window:
     def __init__(self) -> None:
         self.latencies: dict[str, deque[float]] = {}

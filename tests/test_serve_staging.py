@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,14 @@ def test_an_output_sharing_an_input_is_copied():
     assert _own(y, [x]) is y
 
 
-def test_a_large_binary_request_lands_in_a_pooled_block(cpu_release_build, tmp_path: Path):
+def test_a_large_binary_request_lands_in_a_pooled_block(cpu_release_build, tmp_path: Path, monkeypatch):
     from test_serve import serving
 
+    from tileship.serve.body import Sink
+
+    sinks: list[Any] = []
+    install = Sink.install
+    monkeypatch.setattr(Sink, "install", classmethod(lambda cls, r, into: sinks.append(install(r, into)) or sinks[-1]))
     n = 1 << 19  # 2 MiB a tensor: the body is pooled
     a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     b = np.random.default_rng(1).standard_normal(n).astype(np.float32)
@@ -108,6 +114,68 @@ def test_a_large_binary_request_lands_in_a_pooled_block(cpu_release_build, tmp_p
         finally:
             c.close()
         assert httpx.get(srv.url + "/v2/health/ready").json()["ready"] is True
+    # the real protocol wrote each body straight into its block (one copy), and the sinks are gone
+    assert len(sinks) == 3 and all(k is not None and k.pos == k.into.nbytes for k in sinks), sinks
+    assert all(getattr(k.cycle, "tileship_sink", None) is None for k in sinks)
+
+
+def _post_head(port: int, size: int, head_len: int) -> Any:
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+              b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (head_len, size))
+    return s
+
+
+def _binary_add(n: int, seed: int) -> tuple[bytes, int, np.ndarray]:
+    import json
+
+    a, b = np.random.default_rng(seed).standard_normal((2, n), dtype=np.float32)
+    head = json.dumps({"inputs": [{"name": k, "shape": [n], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 4 * n}} for k in ("A", "B")],
+                       "outputs": [{"name": "C", "parameters": {"binary_data": True}}]}).encode()
+    return head + a.tobytes() + b.tobytes(), len(head), a + b
+
+
+def test_a_body_stalled_or_cut_mid_block_loses_nothing_and_writes_no_late_byte(cpu_release_build, tmp_path: Path):
+    """A large body that stalls past the body timeout is a 408 and one cut short by the client a 400; either
+    way the block goes back, bytes arriving after the 408 never land in it, and the next request is right."""
+    from test_serve import serving
+
+    n = 1 << 19
+    body, hl, want = _binary_add(n, 5)
+    with serving(ServeConfig(source=cpu_release_build.path, diagnostics_dir=tmp_path / "d", body_timeout_s=1.0,
+                             log_stream=io.StringIO())) as srv:
+        pool = srv.service.staging
+        s = _post_head(srv.port, len(body), hl)
+        s.sendall(body[:len(body) // 3])
+        s.settimeout(20)
+        answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408") and b"within 1 s" in answer, answer[:300]
+        assert pool.stats()["out_bytes"] == 0
+        blocks = [bytes(memoryview(blk.numpy())) for blk in pool.free_blocks()]
+        try:
+            s.sendall(body[len(body) // 3:])  # late bytes: the connection may be closed already
+        except OSError:
+            pass
+        s.close()
+        time.sleep(0.3)
+        assert [bytes(memoryview(blk.numpy())) for blk in pool.free_blocks()] == blocks  # no late byte landed
+        s = _post_head(srv.port, len(body), hl)
+        s.sendall(body[:12345])
+        s.shutdown(__import__("socket").SHUT_WR)  # the client gives up mid-body
+        s.settimeout(20)
+        answer = s.recv(65536)
+        s.close()
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:300]
+        with httpx.Client() as c:
+            r = c.post(srv.url + "/v2/models/add/infer", content=body, timeout=30,
+                       headers={"inference-header-content-length": str(hl), "content-type": "application/octet-stream"})
+        assert r.status_code == 200, r.text[:300]
+        got = np.frombuffer(r.content[int(r.headers["inference-header-content-length"]):], dtype=np.float32)
+        assert np.array_equal(got, want)
+        assert pool.stats()["out_bytes"] == 0
 
 
 def _request(body: bytes, chunk: int = 4096):
@@ -188,3 +256,33 @@ def test_a_stalled_body_is_a_408_and_an_outside_cancellation_stays_one():
 
     asyncio.run(cancelled())
     assert reasons == ["body_timeout"]
+
+
+def test_a_new_block_is_allocated_off_the_loop_and_kept_when_its_lease_is_cancelled():
+    import threading
+
+    pool = Pool(pinned=False)
+    threads: list[str] = []
+    new = pool._new
+
+    def slow_new(size: int) -> Any:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.2)
+        return new(size)
+
+    pool._new = slow_new  # type: ignore[method-assign]
+
+    async def main() -> None:
+        lease = await pool.lease(MIN_BYTES + 1, 5.0)
+        assert lease is not None and threads and threads[-1] != threading.current_thread().name
+        lease.give_back()
+        task = asyncio.ensure_future(pool.lease(2 * MIN_BYTES + 1, 5.0))  # another size class: a new block
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.4)  # the allocation ends on its thread
+
+    asyncio.run(main())
+    stats = pool.stats()
+    assert stats["out_bytes"] == 0 and len(pool.free_blocks()) == 2, stats  # both blocks kept, none lost

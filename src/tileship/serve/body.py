@@ -38,6 +38,9 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
     buf: Any = bytearray()
     pos = 0
     receive = request.receive
+    sink = Sink.install(receive, into) if size is not None and into is not None and len(into) == size else None
+    if sink is not None:
+        buf = into
     more = True
     # the deadline as ``asyncio.timeout`` keeps it (a timer cancels this task; only that cancellation becomes a
     # 408), without its context manager's bookkeeping: about half its cost, on every request
@@ -82,12 +85,59 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
         raise BadRequest(408, f"timeout: the request body did not arrive within {timeout_s:g} s "
                               f"({pos} of {size if size is not None else '?'} bytes received)") from None
     except _Disconnected:
-        raise BadRequest(400, f"the client disconnected after {pos} bytes of the body") from None
+        raise BadRequest(400, f"the client disconnected after {pos + (sink.pos if sink else 0)} bytes of the body"
+                         ) from None
     finally:
         timer.cancel()
+        if sink is not None:  # before the caller may give ``into`` back: no later byte lands there
+            sink.remove()
+    if sink is not None:
+        if pos:  # a chunk the protocol passed on anyway: the sink was not the one that took the body
+            raise BadRequest(400, "the request body arrived in two ways at once")
+        pos = sink.pos
     if size is not None and pos != size:
         raise BadRequest(400, f"the body has {pos} bytes but Content-Length says {size}")
     return buf
+
+
+class Sink:
+    """The body of one request written straight into its block by the connection's protocol
+    (``serve.connections``: ``on_body`` hands each chunk here), instead of uvicorn's path: each chunk
+    appended to a bytearray, copied again into a ``bytes`` per ASGI message, and then into the block by
+    ``read_body``. One copy instead of three, on the event loop that every connection shares (on the H200
+    host a 64 MiB body took 40 ms through uvicorn's path where a bare ``recv_into`` took 23 ms, round 20).
+    Installed only on uvicorn's httptools cycle (``install``), removed before the block can go back."""
+
+    __slots__ = ("cycle", "into", "pos")
+
+    def __init__(self, cycle: Any, into: memoryview) -> None:
+        self.cycle, self.into, self.pos = cycle, into, 0
+
+    @classmethod
+    def install(cls, receive: Any, into: memoryview) -> Sink | None:
+        """A sink on the request cycle behind ``receive`` (uvicorn's bound ``RequestResponseCycle.receive``),
+        with the body bytes that already arrived moved in; None for any other ``receive`` (h11, tests, gRPC)."""
+        cycle = getattr(receive, "__self__", None)
+        if cycle is None or not hasattr(cycle, "message_event") or not isinstance(getattr(cycle, "body", None),
+                                                                                 bytearray):
+            return None
+        sink = cls(cycle, into)
+        early, cycle.body = cycle.body, bytearray()
+        sink.write(early)
+        cycle.tileship_sink = sink
+        return sink
+
+    def write(self, chunk: bytes | bytearray) -> None:
+        """Copy ``chunk`` in; bytes past the block's end are counted, not written (``read_body`` then answers
+        400: Content-Length and the body disagree)."""
+        end = self.pos + len(chunk)
+        if end <= len(self.into):
+            self.into[self.pos:end] = chunk
+        self.pos = end
+
+    def remove(self) -> None:
+        if getattr(self.cycle, "tileship_sink", None) is self:
+            self.cycle.tileship_sink = None
 
 
 class _Disconnected(Exception):

@@ -129,6 +129,17 @@ class _GuardedHttp(HttpToolsProtocol):
         self._disarm()
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        """A chunk of a request body: into the block of the request's ``serve.body.Sink`` when its reader
+        installed one (one copy, and no pause: the block has room for the whole body), else uvicorn's way."""
+        cycle = self.cycle
+        sink = getattr(cycle, "tileship_sink", None)
+        if sink is None or cycle.response_complete:
+            super().on_body(body)
+            return
+        sink.write(body)
+        cycle.message_event.set()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._header_timer is not None:

@@ -7,6 +7,8 @@ own receive time (first body byte to last, in the response) and its round trip. 
   raw            a blocking socket reading the body with ``recv_into`` into one buffer (the floor)
   tileship       tileship's protocol (``serve.connections.guarded_http``) and body reader (``serve.body.read_pooled``
                  into the server's reused blocks, ``serve.staging.Pool``)
+  tileship_nosink the same without the protocol's sink (``serve.body.Sink``): each chunk through uvicorn's
+                 bytearray and its ``bytes`` per message, then copied into the block (tileship before round 21)
   *_m<M>t<T>     the same under glibc's ``MALLOC_MMAP_THRESHOLD_`` M MiB and ``MALLOC_TRIM_THRESHOLD_`` T MiB
 
 Prints a table (median and p10-p90 per variant, in ms and GB/s) and writes JSON with every sample.
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("raw", "tileship", "tileship_m1t64")
+VARIANTS = ("raw", "tileship", "tileship_nosink")
 
 SERVER = r'''
 import os, socket, sys, time
@@ -85,6 +87,9 @@ async def tileship_app(scope, receive, send):
 
 from tileship.serve.connections import guarded_http
 from tileship.serve.staging import Pool
+if sys.argv[3] == "nosink":
+    import tileship.serve.body as body_mod
+    body_mod.Sink.install = classmethod(lambda cls, receive, into: None)
 POOL = Pool()  # the server's reused (pinned where torch sees a GPU) body blocks
 config = uvicorn.Config(tileship_app, port=port, log_level="warning", http=guarded_http(30.0),
                         timeout_keep_alive=600)

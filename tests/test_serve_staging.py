@@ -286,3 +286,30 @@ def test_a_new_block_is_allocated_off_the_loop_and_kept_when_its_lease_is_cancel
     asyncio.run(main())
     stats = pool.stats()
     assert stats["out_bytes"] == 0 and len(pool.free_blocks()) == 2, stats  # both blocks kept, none lost
+
+
+def test_a_sink_goes_only_on_cycles_of_tileships_protocol_and_takes_early_bytes():
+    """``Sink.install`` needs a cycle that ``serve.connections``' protocol marked (stock uvicorn and h11 never
+    call a sink); it moves the bytes that came before it into the block, and ``remove`` leaves the cycle clean."""
+    from tileship.serve.body import Sink
+
+    class Cycle:
+        def __init__(self, marked: bool) -> None:
+            self.body = bytearray(b"early")
+            if marked:
+                self.tileship_sinkable = True
+
+        async def receive(self) -> dict[str, Any]:
+            return {}
+
+    into = memoryview(bytearray(8))
+    assert Sink.install(Cycle(False).receive, into) is None           # not marked: uvicorn's own path
+    assert Sink.install(lambda: None, into) is None                   # a plain callable (tests, gRPC)
+    cycle = Cycle(True)
+    sink = Sink.install(cycle.receive, into)
+    assert sink is not None and cycle.tileship_sink is sink and cycle.body == b"" and bytes(into[:5]) == b"early"
+    sink.write(b"abc")
+    sink.write(b"toolong")                                            # past the end: counted, not written
+    assert bytes(into) == b"earlyabc" and sink.pos == 15
+    sink.remove()
+    assert cycle.tileship_sink is None

@@ -66,6 +66,9 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
             n = len(chunk)
             if not n:
                 continue
+            if sink is not None:  # bytes that came the ASGI way (e.g. before the sink): into the block as well
+                sink.write(chunk)
+                continue
             if size is None:
                 if pos + n > limit:
                     rejected.labels("body_too_large").inc()
@@ -83,7 +86,8 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
             raise
         rejected.labels("body_timeout").inc()
         raise BadRequest(408, f"timeout: the request body did not arrive within {timeout_s:g} s "
-                              f"({pos} of {size if size is not None else '?'} bytes received)") from None
+                              f"({pos + (sink.pos if sink else 0)} of {size if size is not None else '?'} bytes "
+                              "received)") from None
     except _Disconnected:
         raise BadRequest(400, f"the client disconnected after {pos + (sink.pos if sink else 0)} bytes of the body"
                          ) from None
@@ -92,8 +96,6 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
         if sink is not None:  # before the caller may give ``into`` back: no later byte lands there
             sink.remove()
     if sink is not None:
-        if pos:  # a chunk the protocol passed on anyway: the sink was not the one that took the body
-            raise BadRequest(400, "the request body arrived in two ways at once")
         pos = sink.pos
     if size is not None and pos != size:
         raise BadRequest(400, f"the body has {pos} bytes but Content-Length says {size}")
@@ -106,7 +108,8 @@ class Sink:
     appended to a bytearray, copied again into a ``bytes`` per ASGI message, and then into the block by
     ``read_body``. One copy instead of three, on the event loop that every connection shares (on the H200
     host a 64 MiB body took 40 ms through uvicorn's path where a bare ``recv_into`` took 23 ms, round 20).
-    Installed only on uvicorn's httptools cycle (``install``), removed before the block can go back."""
+    Installed only on a request cycle of tileship's protocol (marked ``tileship_sinkable``: stock uvicorn,
+    h11 or another embedder never calls the sink), removed before the block can go back."""
 
     __slots__ = ("cycle", "into", "pos")
 
@@ -115,12 +118,12 @@ class Sink:
 
     @classmethod
     def install(cls, receive: Any, into: memoryview) -> Sink | None:
-        """A sink on the request cycle behind ``receive`` (uvicorn's bound ``RequestResponseCycle.receive``),
-        with the body bytes that already arrived moved in; None for any other ``receive`` (h11, tests, gRPC)."""
-        cycle = getattr(receive, "__self__", None)
-        if cycle is None or not hasattr(cycle, "message_event") or not isinstance(getattr(cycle, "body", None),
-                                                                                 bytearray):
-            return None
+        """A sink on the request cycle behind ``receive`` (the bound ``RequestResponseCycle.receive`` of a
+        connection of ``serve.connections``' protocol), with the body bytes that already arrived moved in;
+        None for any other ``receive`` (stock uvicorn, h11, tests, gRPC)."""
+        cycle: Any = getattr(receive, "__self__", None)
+        if not getattr(cycle, "tileship_sinkable", False) or not isinstance(getattr(cycle, "body", None), bytearray):
+            return None  # not a cycle of tileship's protocol: nothing would hand it the chunks
         sink = cls(cycle, into)
         early, cycle.body = cycle.body, bytearray()
         sink.write(early)

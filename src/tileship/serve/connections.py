@@ -128,6 +128,8 @@ class _GuardedHttp(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.tileship_sinkable = True  # type: ignore[attr-defined]  # ``on_body`` feeds its sink
 
     def on_body(self, body: bytes) -> None:
         """A chunk of a request body: into the block of the request's ``serve.body.Sink`` when its reader

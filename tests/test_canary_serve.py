@@ -296,3 +296,29 @@ def test_the_canary_compares_the_operator_time_not_the_copies_around_it():
     assert _op_seconds(plan, 0.074) == pytest.approx(0.00025)
     assert _op_seconds(SimpleNamespace(spans={}), 0.074) == 0.074
     assert _op_seconds(None, 0.074) == 0.074 and _op_seconds(None, None) is None
+
+
+def test_a_stalled_device_span_is_no_sample_rather_than_host_time():
+    """While a canary runs on a GPU, a call whose launches took longer to queue than the device was held
+    (``DeviceSpan``: the events would hold the host's delay) is left out of the window, not judged on the
+    job's time; ``DeviceSpan`` off (no canary, or the CPU) records nothing."""
+    from types import SimpleNamespace
+
+    from tileship.serve.calls import _op_seconds
+    from tileship.serve.canary_stats import GATE_US, DeviceSpan
+
+    plan = SimpleNamespace(spans={"call_ms": 0.5, "sync_ms": 1.5, "device_stalled_ms": 0.9})
+    assert _op_seconds(plan, 0.074) is None
+    off = DeviceSpan(False)
+    off.start()
+    off.stop()
+    spans: dict[str, float] = {}
+    off.note(spans)
+    assert spans == {} and off.ms() is None and not off.stalled
+    late = DeviceSpan(False)
+    late.queued_s = GATE_US / 1e6  # queued for the whole gate: the device may have idled inside the span
+    assert late.stalled and late.ms() is None
+    late.note(spans)
+    assert spans == {"device_stalled_ms": round(GATE_US / 1e3, 3)}
+    late.queued_s = GATE_US / 4e6
+    assert not late.stalled

@@ -228,3 +228,46 @@ def test_gpu_fault_recovery_script(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "fault_recovery.json").read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert report["fault"]["readiness_after_fault"] is False and report["passed"] is True
+
+
+class Span:
+    """A canary span that logs its ``start``/``stop`` beside the kernel's calls and the finiteness checks."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def start(self) -> None:
+        self.log.append("start")
+
+    def stop(self) -> None:
+        self.log.append("stop")
+
+
+@pytest.mark.parametrize("checked", [False, True])
+@pytest.mark.parametrize("mode", ["ok", "raise", "nan"])
+def test_a_span_brackets_the_launch_and_never_the_finiteness_check(monkeypatch, checked: bool, mode: str) -> None:
+    """The server's canary timer (``DeviceSpan``) is started before the call's routing and launch and stopped
+    right after them: the non-finite check (which synchronizes with the device) and a raising kernel's
+    reference rerun for NaN stay outside; a kernel that raises still stops it."""
+    import tileship.runtime.route as rt
+
+    log: list[str] = []
+    kernel = FakeKernel(mode)
+    real_kernel_call = kernel.__call__
+
+    def logged(a: torch.Tensor) -> torch.Tensor:
+        log.append("kernel")
+        return real_kernel_call(a)
+
+    op, _ = runner(logged, check_finite=checked)  # type: ignore[arg-type]
+    real_finite = rt.all_finite
+    monkeypatch.setattr(rt, "all_finite", lambda t: log.append("finite") or real_finite(t))
+    a = torch.arange(8, dtype=torch.float32)
+    out, d = op.call(a, span=Span(log))
+    assert torch.equal(out, a * 2) if (checked or mode != "nan") else not bool(torch.isfinite(out).all())
+    assert log[0] == "start" and log.count("stop") == 1 and "kernel" in log[:log.index("stop")]
+    assert ("finite" in log) == (checked and mode != "raise")  # the reference's answer after a raise: unchecked
+    if "finite" in log:
+        assert log.index("finite") > log.index("stop"), log
+    plain, _ = op.call(a)  # without a span: the same answer, nothing logged around it
+    assert log.count("start") == 1 and torch.allclose(plain, out, equal_nan=True)

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tileship.runtime.route as rt
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("tileship.runtime.dispatch")
 _fault_call = threading.local()
+R = TypeVar("R")
 
 
 def fault_args() -> tuple[Any, ...] | None:
@@ -52,12 +53,12 @@ class Breaker:
 
         def _drop_rows(self) -> None: ...
 
-    def _call_checked(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:
-        """``call`` with the non-finite check (``check_finite`` on)."""
+    def _call_checked(self, args: tuple[Any, ...], out: Any, span: Any = None) -> tuple[Any, Decision]:
+        """``call`` with the non-finite check (``check_finite`` on); ``span`` around the plain call only."""
         outs = None if out is None else check_out(out, self._route(args), self._tensors(args),
                                                   self.shape.n_outputs, self.name)
         saved = [args[i].clone() for i in self.shape.mutates]  # the reference reruns on the inputs as they were
-        res, d = self._call_plain(args, None)
+        res, d = self._call_plain(args, None) if span is None else spanned(span, self._call_plain, args, None)
         if d.path == KERNEL and not rt.all_finite(res):
             for i, before in zip(self.shape.mutates, saved, strict=True):
                 args[i].copy_(before)
@@ -96,4 +97,13 @@ class Breaker:
 
 
 
-__all__ = ["Breaker", "fault_args"]
+def spanned(span: Any, fn: Callable[..., R], *args: Any) -> R:
+    """``fn(*args)`` between ``span.start()`` and ``span.stop()`` (stopped on an error too)."""
+    span.start()
+    try:
+        return fn(*args)
+    finally:
+        span.stop()
+
+
+__all__ = ["Breaker", "fault_args", "spanned"]

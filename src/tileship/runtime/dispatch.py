@@ -41,7 +41,7 @@ import tileship.runtime.route as rt
 from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
-from tileship.runtime.breaker import Breaker, fault_args  # noqa: F401 (fault_args re-exported)
+from tileship.runtime.breaker import Breaker, fault_args, spanned  # noqa: F401 (fault_args re-exported)
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
@@ -196,16 +196,18 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         outs = check_out(out, route, args, 1, self.name)
         return fill_out(outs, res, out, self.name)
 
-    def call(self, *args: Any, out: Any = None) -> tuple[Any, Decision]:
+    def call(self, *args: Any, out: Any = None, span: Any = None) -> tuple[Any, Decision]:
         """Run the operator; return (output, decision). Raises CallError for unservable args
         (a wrong ``out`` included: the argument named is ``out``). With ``out`` (a tensor, or a
         sequence for several outputs) the result is written there, on either path, and ``out``
-        returned. With ``check_finite`` on, a non-finite kernel output is checked against the reference."""
+        returned. With ``check_finite`` on, a non-finite kernel output is checked against the reference.
+        ``span`` (``start()``/``stop()``, e.g. the server's canary timer) brackets routing and launches,
+        and never the non-finite check."""
         if self._grad_on() and rt.needs_grad(args):
             return self._grad_call(args, out)
         if self._check_finite:
-            return self._call_checked(args, out)
-        return self._call_plain(args, out)
+            return self._call_checked(args, out, span)
+        return self._call_plain(args, out) if span is None else spanned(span, self._call_plain, args, out)
 
     def _route(self, args: tuple[Any, ...]) -> Route:
         if len(args) != self._n:

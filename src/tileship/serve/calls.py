@@ -210,8 +210,11 @@ def _op_seconds(plan: Any, job_s: float | None) -> float | None:
     (tensors to and from the device, encoding) is the same code for either release: on the H200 a
     4096x4096 GEMM request's job was 1.4 ms, most of it copying its 32 MiB input to the device, and a tile
     slower by 80 us moved it 3.5% (round 20); launch plus wait still held the input copy's tail (the
-    wait), 0.25 ms against a 30 us slower tile, 1.13x under a 1.25x limit (round 21)."""
+    wait), 0.25 ms against a 30 us slower tile, 1.13x under a 1.25x limit (round 21); events around the call
+    held host delays too, 0.29 ms for a 20-45 us GEMM (round 21): ``DeviceSpan`` gates the device now."""
     spans = getattr(plan, "spans", None)
+    if spans and "device_stalled_ms" in spans:
+        return None  # on a GPU, no sample rather than one with host time in it (``DeviceSpan``)
     if spans and "device_ms" in spans:
         return float(spans["device_ms"]) / 1e3
     if spans and "call_ms" in spans and "sync_ms" in spans:
@@ -295,8 +298,7 @@ def _execute(service: Service, served: Served, name: str, plan: protocol.CallPla
     t.append(time.perf_counter())
     span = DeviceSpan(device != "cpu" and service.canary.state == "running")
     try:
-        out, decision = runner.call(*tensors)
-        span.stop()
+        out, decision = runner.call(*tensors, span=span) if span.on else runner.call(*tensors)
         t.append(time.perf_counter())
         # None: an operator that only updates inputs in place (``mutates``); it answers with no outputs
         outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
@@ -304,8 +306,7 @@ def _execute(service: Service, served: Served, name: str, plan: protocol.CallPla
             import torch
 
             torch.cuda.current_stream().synchronize()
-            if (device_ms := span.ms()) is not None:
-                plan.spans["device_ms"] = round(device_ms, 4)
+            span.note(plan.spans)
         t.append(time.perf_counter())
         out_names = [n for n, _ in rel.declarations[name]["outputs"]]
         on_device = getattr(encode, "device_outputs", ())  # bound for CUDA shared memory: no trip to the host

@@ -33,26 +33,72 @@ class Timed:
         return out
 
 
+GATE_US = 200.0     # how long a canary span holds the device while the host queues the operator's work
+_rate: list[float] = []  # the device's spin cycles per microsecond, measured once per process
+
+
 class DeviceSpan:
-    """CUDA events around an operator call, recorded only while a canary compares releases (``on``): the
-    device's time from the call's first launch to its last, without the host-to-device copies queued
-    before it (the start event waits for them on the stream) or the copy back after it. ``ms`` once the
-    stream was synchronized; None when off."""
+    """The device's time of one operator call's own work, recorded only while a canary compares releases
+    (``on``); the dispatcher calls ``start`` and ``stop`` around the call's launches (``Dispatcher.call``'s
+    ``span``), before its non-finite check synchronizes.
+
+    Two CUDA events around launches time the work only if the device is busy from the first event to the
+    last: on an idle device the first event completes as it is queued, and every host delay before the
+    first launch (routing, the GIL, a thread switch) is counted as the operator's (0.29 ms measured for a
+    20-45 us GEMM on the H200, round 21). So ``start`` first queues a spin of ``GATE_US`` on the stream
+    (``torch.cuda._sleep``): the device reaches the first event only after the host has queued the launches
+    and the last event, unless queuing took longer than the gate. A call whose queuing took more than half
+    the gate gives no sample: ``ms()`` None, ``stalled`` True. ``ms()`` once the stream was synchronized."""
 
     def __init__(self, on: bool) -> None:
+        self.on = on
         self.events: tuple[Any, Any] | None = None
-        if on:
-            import torch
+        self.queued_s: float | None = None
+        self._t0 = 0.0
 
-            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self.events[0].record()
+    def start(self) -> None:
+        if not self.on:
+            return
+        import torch
+
+        if not _rate:
+            _rate.append(_spin_rate(torch))
+        self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        self._t0 = time.perf_counter()
+        torch.cuda._sleep(int(GATE_US * _rate[0]))
+        self.events[0].record()
 
     def stop(self) -> None:
         if self.events is not None:
             self.events[1].record()
+            self.queued_s = time.perf_counter() - self._t0
+
+    @property
+    def stalled(self) -> bool:
+        return self.queued_s is not None and self.queued_s * 1e6 > GATE_US / 2
 
     def ms(self) -> float | None:
-        return None if self.events is None else float(self.events[0].elapsed_time(self.events[1]))
+        if self.events is None or self.queued_s is None or self.stalled:
+            return None
+        return float(self.events[0].elapsed_time(self.events[1]))
+
+    def note(self, spans: dict[str, Any]) -> None:
+        """Into a request's spans: ``device_ms``, or ``device_stalled`` (no sample) with the queuing time."""
+        if (ms := self.ms()) is not None:
+            spans["device_ms"] = round(ms, 4)
+        elif self.stalled:
+            spans["device_stalled_ms"] = round((self.queued_s or 0.0) * 1e3, 3)
+
+
+def _spin_rate(torch: Any) -> float:
+    """Cycles of ``torch.cuda._sleep`` per microsecond on the current device (timed once: about 1 ms)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    a.record()
+    torch.cuda._sleep(1_000_000)
+    b.record()
+    b.synchronize()
+    return 1_000_000 / max(1e-3, a.elapsed_time(b) * 1e3)
 
 
 class Window:

@@ -301,11 +301,13 @@ def test_the_canary_compares_the_operator_time_not_the_copies_around_it():
 def test_a_stalled_device_span_is_no_sample_rather_than_host_time():
     """While a canary runs on a GPU, a call whose launches took longer to queue than the device was held
     (``DeviceSpan``: the events would hold the host's delay) is left out of the window, not judged on the
-    job's time; ``DeviceSpan`` off (no canary, or the CPU) records nothing."""
+    job's time; ``DeviceSpan`` off (no canary, or the CPU) records nothing. The gate follows the recent
+    queuing times, within its bounds."""
     from types import SimpleNamespace
 
+    from tileship.serve import canary_stats
     from tileship.serve.calls import _op_seconds
-    from tileship.serve.canary_stats import GATE_US, DeviceSpan
+    from tileship.serve.canary_stats import GATE_US, DeviceSpan, gate_us
 
     plan = SimpleNamespace(spans={"call_ms": 0.5, "sync_ms": 1.5, "device_stalled_ms": 0.9})
     assert _op_seconds(plan, 0.074) is None
@@ -316,9 +318,22 @@ def test_a_stalled_device_span_is_no_sample_rather_than_host_time():
     off.note(spans)
     assert spans == {} and off.ms() is None and not off.stalled
     late = DeviceSpan(False)
-    late.queued_s = GATE_US / 1e6  # queued for the whole gate: the device may have idled inside the span
+    late.queued_s = late.gate_us / 1e6  # queued for the whole gate: the device may have idled inside the span
     assert late.stalled and late.ms() is None
     late.note(spans)
-    assert spans == {"device_stalled_ms": round(GATE_US / 1e3, 3)}
-    late.queued_s = GATE_US / 4e6
+    assert spans == {"device_stalled_ms": round(late.gate_us / 1e3, 3)}
+    late.queued_s = late.gate_us / 4e6
     assert not late.stalled
+    saved = list(canary_stats._queued)
+    try:
+        canary_stats._queued.clear()
+        assert gate_us() == GATE_US[0]
+        canary_stats._queued.extend([300.0] * 9 + [5000.0] * 7)  # the host slowed after idling: the gate widens
+        assert gate_us() == 600.0
+        canary_stats._queued.extend([5000.0] * 16)
+        assert gate_us() == GATE_US[1]
+        canary_stats._queued.extend([20.0] * 16)  # busy again: never under the lower bound
+        assert gate_us() == GATE_US[0]
+    finally:
+        canary_stats._queued.clear()
+        canary_stats._queued.extend(saved)

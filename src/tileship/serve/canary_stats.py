@@ -33,8 +33,18 @@ class Timed:
         return out
 
 
-GATE_US = 200.0     # how long a canary span holds the device while the host queues the operator's work
+GATE_US = (200.0, 2000.0)  # the bounds of how long a canary span holds the device while the host queues the work
 _rate: list[float] = []  # the device's spin cycles per microsecond, measured once per process
+_queued: deque[float] = deque(maxlen=16)  # the last spans' queuing times (us), stalled ones included
+
+
+def gate_us() -> float:
+    """Twice the median queuing time of the last spans, within ``GATE_US``: on the H200 host the same queuing
+    took 25-40 us with the device busy and 250-330 us after 20 ms idle, the host's own calls slowed (round 22,
+    ``benchmarks/dev/span_probe.py``): a fixed gate either stalls every call of a lightly loaded server or
+    holds every call of a busy one longer than it needs."""
+    recent = sorted(_queued)
+    return GATE_US[0] if not recent else min(GATE_US[1], max(GATE_US[0], 2 * recent[len(recent) // 2]))
 
 
 class DeviceSpan:
@@ -46,14 +56,16 @@ class DeviceSpan:
     last: on an idle device the first event completes as it is queued, and every host delay before the
     first launch (routing, the GIL, a thread switch) is counted as the operator's (0.29 ms measured for a
     20-45 us GEMM on the H200, round 21). So ``start`` first queues a spin of ``GATE_US`` on the stream
-    (``torch.cuda._sleep``): the device reaches the first event only after the host has queued the launches
-    and the last event, unless queuing took longer than the gate. A call whose queuing took more than half
-    the gate gives no sample: ``ms()`` None, ``stalled`` True. ``ms()`` once the stream was synchronized."""
+    (``torch.cuda._sleep``, ``gate_us()``): the device reaches the first event only after the host has queued
+    the launches and the last event, unless queuing took longer than the gate. A call whose queuing took more
+    than 0.8 of its gate gives no sample: ``ms()`` None, ``stalled`` True. ``ms()`` once the stream was
+    synchronized. Calls of other threads queued on the same stream inside a span are counted in it."""
 
     def __init__(self, on: bool) -> None:
         self.on = on
         self.events: tuple[Any, Any] | None = None
         self.queued_s: float | None = None
+        self.gate_us = GATE_US[0]
         self._t0 = 0.0
 
     def start(self) -> None:
@@ -64,18 +76,20 @@ class DeviceSpan:
         if not _rate:
             _rate.append(_spin_rate(torch))
         self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        self.gate_us = gate_us()
         self._t0 = time.perf_counter()
-        torch.cuda._sleep(int(GATE_US * _rate[0]))
+        torch.cuda._sleep(int(self.gate_us * _rate[0]))
         self.events[0].record()
 
     def stop(self) -> None:
         if self.events is not None:
             self.events[1].record()
             self.queued_s = time.perf_counter() - self._t0
+            _queued.append(self.queued_s * 1e6)
 
     @property
     def stalled(self) -> bool:
-        return self.queued_s is not None and self.queued_s * 1e6 > GATE_US / 2
+        return self.queued_s is not None and self.queued_s * 1e6 > 0.8 * self.gate_us
 
     def ms(self) -> float | None:
         if self.events is None or self.queued_s is None or self.stalled:

@@ -96,3 +96,24 @@ def test_bad_policy_names_the_field(field, value):
 
 def test_quantile():
     assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5 and quantile([5.0], 0.95) == 5.0
+
+
+def test_a_model_both_sides_served_without_latency_samples_is_never_promoted():
+    """A full window whose model has too few latency samples on a side (a GPU server leaves out calls whose
+    device time it could not measure) waits for them; after ``BLIND_WINDOWS`` windows of canary requests it
+    rolls back. With the samples, the same counts promote."""
+    from tileship.serve.canary import BLIND_WINDOWS
+
+    served = frozenset({"gemm"})
+    a, c = noisy(300, 1.0, 1), noisy(100, 1.0, 2)
+    blind_a, blind_c = Side({}, 300, 0, served), Side({"gemm": c[:3]}, 100, 0, served)
+    v = decide(blind_a, blind_c, POLICY, elapsed_s=5.0)
+    assert v.action == "wait" and "no latency evidence" in v.reasons[0] and "gemm 0/3" in v.reasons[0], v.to_json()
+    late = Side({"gemm": c[:3]}, BLIND_WINDOWS * POLICY.window_requests, 0, served)
+    v = decide(blind_a, late, POLICY, elapsed_s=60.0)
+    assert v.action == "rollback" and "after 400 canary requests" in v.reasons[0], v.to_json()
+    v = decide(Side({"gemm": a}, 300, 0, served), Side({"gemm": c}, 100, 0, served), POLICY, elapsed_s=5.0)
+    assert v.action == "promote", v.to_json()
+    # a model only one side served cannot be compared and does not hold the canary back
+    v = decide(Side({"gemm": a}, 300, 0, served), Side({"gemm": c}, 100, 0, served | {"other"}), POLICY, elapsed_s=5.0)
+    assert v.action == "promote", v.to_json()

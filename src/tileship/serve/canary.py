@@ -19,7 +19,11 @@ what the active release served over the same period and returns a ``Verdict``:
   Equal distributions give a ratio near 1 and never trip; a 2x slower canary trips as soon as
   the samples are not wider than the slowdown itself.
 - **promote** once the window is full (at least ``window_requests`` canary requests and
-  ``window_seconds`` elapsed) and neither rule trips.
+  ``window_seconds`` elapsed), neither rule trips, and every model both sides served has
+  ``min_samples`` latency samples a side. A model short of them keeps the canary waiting (a GPU
+  server leaves out calls whose device time it could not measure, ``serve.canary_stats``), and
+  after ``BLIND_WINDOWS`` windows of canary requests rolls it back: nothing is promoted unseen
+  (round 22 on the H200: every span stalled and the slow canary was promoted on errors alone).
 - **wait** otherwise.
 
 ``ratio`` in the numbers is always canary / active (above 1: the canary is slower).
@@ -37,6 +41,8 @@ from tileship.errors import TileshipError
 from tileship.verify.timing import quantile  # noqa: F401 (re-exported: the canary rule uses timing's quantile)
 
 Action = Literal["promote", "rollback", "wait"]
+#: windows of canary requests without enough latency samples of a model both sides serve before a rollback
+BLIND_WINDOWS = 4
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class Side:
     latencies: Mapping[str, Sequence[float]] = field(default_factory=dict)
     requests: int = 0
     errors: int = 0
+    served: frozenset[str] = frozenset()  # models with answered requests (latency samples or not)
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,13 @@ def decide(active: Side, canary: Side, policy: CanaryPolicy, elapsed_s: float) -
             for m, r in models.items() if r.get("slower")]
     if slow:
         return Verdict("rollback", tuple(slow), numbers)
+    blind = sorted(m for m in active.served & canary.served if not models.get(m, {}).get("compared"))
+    if blind:  # served on both sides, but too few latency samples to compare: never promoted unseen
+        counts = ", ".join(f"{m} {len(active.latencies.get(m, ()))}/{len(canary.latencies.get(m, ()))}" for m in blind)
+        why = f"no latency evidence yet: samples active/canary {counts} (at least {policy.min_samples} a side)"
+        if canary.requests >= BLIND_WINDOWS * policy.window_requests:
+            return Verdict("rollback", (f"{why} after {canary.requests} canary requests",), numbers)
+        return Verdict("wait", (why,), numbers)
     compared = [m for m, r in models.items() if r["compared"]]
     return Verdict("promote", (f"window full; no error excess; p50 within {policy.max_p50_ratio:g}x beyond noise for "
                                f"{', '.join(compared) or 'no model with enough samples on both sides'}",), numbers)

@@ -132,7 +132,8 @@ class Window:
             self.latencies.setdefault(model, deque(maxlen=RING)).append(seconds)
 
     def side(self) -> Side:
-        return Side({m: list(v) for m, v in self.latencies.items()}, self.requests, self.errors)
+        return Side({m: list(v) for m, v in self.latencies.items()}, self.requests, self.errors,
+                    frozenset(m for m, r in self.per_model.items() if r["requests"] > r["errors"]))
 
 
 def metrics(registry: Any) -> dict[str, Any]:

@@ -40,6 +40,8 @@ def serve(
     loop_spin_us: float = typer.Option(100.0, help="with --workers: the event loop polls this many us for a small "
                                                    "call's answer before it waits on the socket (0: it waits at once)"),
     body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
+    body_threads: int = typer.Option(8, help="threads reading request bodies of 4 MiB and more straight from the "
+                                             "socket, off the event loop (0: all on the event loop)"),
     strict_shapes: bool = typer.Option(False,
                                        help="answer 400 for shapes outside the declared set instead of serving them by "
                                             "reference"),
@@ -110,9 +112,9 @@ def serve(
                                "be > 0; --max-inflight, --threads, --max-connections, --keep-alive and "
                                "--warmup-threads >= 1")
     if workers < 0 or (worker_timeout is not None and worker_timeout <= 0) or \
-            not all(0 <= us <= 1e6 for us in (inline_us, worker_spin_us, loop_spin_us)):
-        raise DeclarationError("--workers must be >= 0, --worker-timeout > 0, and --inline-us, --worker-spin-us and "
-                               "--loop-spin-us 0 to 1000000")
+            not all(0 <= us <= 1e6 for us in (inline_us, worker_spin_us, loop_spin_us)) or not 0 <= body_threads <= 256:
+        raise DeclarationError("--workers must be >= 0, --worker-timeout > 0, --body-threads 0 to 256, and "
+                               "--inline-us, --worker-spin-us and --loop-spin-us 0 to 1000000")
     gpu_list = gpu_map.parse(gpus)
     if gpu_list and not workers:
         raise DeclarationError("--gpus spreads worker processes over GPUs: give --workers N too",
@@ -126,7 +128,8 @@ def serve(
         spec = llama_example().parse_spec(llama)
     config = ServeConfig(source=source, max_body_bytes=int(max_body_mib * (1 << 20)), max_inflight=max_inflight,
                          worker_threads=threads, workers=workers, gpus=gpu_list, worker_timeout_s=worker_timeout,
-                         request_timeout_s=timeout, body_timeout_s=body_timeout, strict_shapes=strict_shapes,
+                         request_timeout_s=timeout, body_timeout_s=body_timeout, body_threads=body_threads,
+                         strict_shapes=strict_shapes,
                          inline_us=inline_us, worker_spin_us=worker_spin_us, loop_spin_us=loop_spin_us,
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,

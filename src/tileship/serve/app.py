@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.dispatch import Decision, OpRunner, Release
-from tileship.serve import calls, extensions, handoff, plans, protocol, shm, staging, standby, validate
+from tileship.serve import body_pull, calls, extensions, handoff, plans, protocol, shm, staging, standby, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_pooled, tensors_start
 from tileship.serve.config import ServeConfig
@@ -75,6 +75,7 @@ class Service:
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
         self.staging = staging.Pool()  # reused (pinned) blocks for large request bodies (serve.staging)
+        self.pulls = body_pull.Pulls(config.body_threads)  # threads reading large bodies (serve.body_pull)
         self.plans = plans.Plans()  # kept plans of recurring request signatures (serve.plans)
         self.unloaded: set[str] = set()  # models unloaded through the repository extension
         # Triton's system and CUDA shared-memory regions (serve.shm), closed at shutdown. With worker
@@ -258,7 +259,7 @@ class Service:
             # A large one lands in a reused (pinned) block, given back by ``calls.run`` once the call has ended
             data, lease = await read_pooled(request, self.staging, limit=self.config.max_body_bytes,
                                             timeout_s=self.config.body_timeout_s, rejected=self.metrics.rejected,
-                                            align_at=tensors_start(header_length))
+                                            align_at=tensors_start(header_length), pulls=self.pulls)
             try:
                 req = protocol.parse_infer(data, header_length, self.config.limits)
             except BaseException:
@@ -346,5 +347,3 @@ class Service:
         if decision.spec_id:
             h.append((b"x-tileship-spec", decision.spec_id.encode()))
         return h
-
-

@@ -17,7 +17,8 @@ ALIGN = 16
 
 
 async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any,
-                    limit_name: str = "--max-body-mib", into: Any = None, align_at: int | None = None) -> Any:
+                    limit_name: str = "--max-body-mib", into: Any = None, align_at: int | None = None,
+                    pulls: Any = None) -> Any:
     """The whole body, at most ``limit`` bytes, arriving within ``timeout_s``; BadRequest (413, 408,
     400) otherwise, each rejection counted on ``rejected.labels(reason)``. The buffer is allocated once
     the first body bytes arrive, never on the word of the Content-Length header alone; ``into``
@@ -25,7 +26,8 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
     given, and returned. Otherwise the result is a bytearray, or with ``align_at`` (and a
     Content-Length) a memoryview of one placing that body offset on a 16-byte boundary.
     ``limit_name`` is what a 413 names as the limit. ``request``: a Starlette ``Request``, or anything
-    with its ``headers.get`` and ``receive`` (``serve.middleware.Incoming``)."""
+    with its ``headers.get`` and ``receive`` (``serve.middleware.Incoming``). ``pulls``
+    (``serve.body_pull.Pulls``): a large body going into ``into`` is read there, on a thread."""
     cl = request.headers.get("content-length")
     size = None
     if cl is not None:
@@ -57,6 +59,11 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
     cancelling = task.cancelling()
     timer = loop.call_at(loop.time() + timeout_s, expire)
     try:
+        if sink is not None and pulls is not None and size is not None and pulls.takes(sink, size):
+            why = await pulls.pull(sink, size, timeout_s)
+            if why is not None:
+                raise _Disconnected(why)
+            more = False
         while more:  # the ASGI messages themselves (Starlette's ``Request.stream`` is a generator around them)
             message = await receive()
             if message["type"] != "http.request":  # http.disconnect
@@ -88,9 +95,10 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
         raise BadRequest(408, f"timeout: the request body did not arrive within {timeout_s:g} s "
                               f"({pos + (sink.pos if sink else 0)} of {size if size is not None else '?'} bytes "
                               "received)") from None
-    except _Disconnected:
+    except _Disconnected as exc:
+        why = f" ({exc})" if str(exc) and str(exc) != "eof" else ""
         raise BadRequest(400, f"the client disconnected after {pos + (sink.pos if sink else 0)} bytes of the body"
-                         ) from None
+                              f"{why}") from None
     finally:
         timer.cancel()
         if sink is not None:  # before the caller may give ``into`` back: no later byte lands there
@@ -148,7 +156,7 @@ class _Disconnected(Exception):
 
 
 async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, rejected: Any,
-                      align_at: int | None = None) -> tuple[Any, Any]:
+                      align_at: int | None = None, pulls: Any = None) -> tuple[Any, Any]:
     """``read_body`` into a block of ``pool`` (``serve.staging.Pool``) when Content-Length names a body
     the pool takes: (body, the lease or None). While the pool is at its bound the body waits for a block,
     up to ``timeout_s``, before it is read (then into a plain buffer if none came back). The caller gives
@@ -156,7 +164,8 @@ async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, 
 
     ``align_at``: a body offset that should land on a 16-byte boundary (the binary extension's header
     length: where the first tensor's bytes start), so that tensors viewed in place are aligned and a
-    CPU kernel takes them without a copy. The body is then a memoryview into a buffer 15 bytes longer."""
+    CPU kernel takes them without a copy. The body is then a memoryview into a buffer 15 bytes longer.
+    ``pulls``: as ``read_body``'s."""
     size = parse_uint(request.headers.get("content-length"), strip=True)
     if size is not None and size > limit:
         size = None
@@ -170,7 +179,7 @@ async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, 
         into = None if lease is None else lease.view
     try:
         data = await read_body(request, limit=limit, timeout_s=timeout_s, rejected=rejected, into=into,
-                               align_at=align_at)
+                               align_at=align_at, pulls=pulls)
     except BaseException:
         if lease is not None:
             lease.give_back()

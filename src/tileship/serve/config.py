@@ -33,6 +33,9 @@ class ServeConfig:
     worker_spin_us: float = 300.0
     loop_spin_us: float = 100.0
     body_timeout_s: float = 30.0
+    #: threads reading request bodies with at least 4 MiB still to come straight from the socket into their
+    #: block, off the event loop (``serve.body_pull``); 0: every body is read on the event loop
+    body_threads: int = 8
     #: bounds on one request: ranks, dims, elements, JSON nesting, output bytes (``--max-output-mib``)
     limits: RequestLimits = RequestLimits()
     #: connections: at most this many (503 past it), request headers within ``header_timeout_s``

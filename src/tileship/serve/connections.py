@@ -13,8 +13,10 @@ plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
+import httptools
 import orjson
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -130,6 +132,18 @@ class _GuardedHttp(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:
             self.cycle.tileship_sinkable = True  # type: ignore[attr-defined]  # ``on_body`` feeds its sink
+            self.cycle.tileship_conn = self  # type: ignore[attr-defined]  # ``serve.body_pull`` may read its body
+
+    def body_pulled(self, cycle: Any) -> None:
+        """``cycle``'s body was read from the socket past the parser (``serve.body_pull``): the message is
+        complete, the next bytes start a new request (a fresh parser), and the connection reads again."""
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # httptools < 0.6.3, as uvicorn does
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        cycle.more_body = False
+        cycle.message_event.set()
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
 
     def on_body(self, body: bytes) -> None:
         """A chunk of a request body: into the block of the request's ``serve.body.Sink`` when its reader

@@ -138,6 +138,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
             if not task.done():
                 task.cancel()
             service.pool.shutdown(wait=False, cancel_futures=True)
+            service.pulls.close()
             if service.workers is not None:
                 await asyncio.to_thread(service.workers.close)
             service.diagnostics.close()

@@ -396,6 +396,8 @@ def main() -> int:
     ap.add_argument("--allow-unverified", action="store_true", help="run GPU kernels without verification evidence")
     ap.add_argument("--profile-load", type=Path, help="sample the server with py-spy (PY_SPY, else on PATH) during "
                                                       "the loaded phase; its raw stacks go to this file")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="one more argument for `tileship serve` (repeat it), e.g. --server-arg=--body-threads=0")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
@@ -413,6 +415,7 @@ def main() -> int:
             str(a.threads)]
     if a.allow_unverified:
         args.append("--allow-unverified")
+    args += a.server_arg
     t_start = time.perf_counter()
     proc, log_path = start_server(release_dir, port, args, "serve-load-log-")
     try:
@@ -446,7 +449,8 @@ def main() -> int:
         "benchmark": "serve_load",
         "config": {"op": a.op, "dims": dims, "dtype": a.dtype, "tensors": "binary" if binary else "json",
                    "clients": a.clients, "duration_s": a.duration, "max_requests": a.max_requests, "seq": a.seq,
-                   "server_threads": a.threads, "request_bytes": len(body), "response_bytes": inproc["response_bytes"]},
+                   "server_threads": a.threads, "server_args": a.server_arg, "request_bytes": len(body),
+                   "response_bytes": inproc["response_bytes"]},
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
                         "device": device, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                         "platform": platform.platform(), "http_parser": _http_parser(),

@@ -76,7 +76,8 @@ def _connect(port: int) -> socket.socket:
 
 
 def _config(release: Any, tmp_path: Path, **kw: Any) -> ServeConfig:
-    return ServeConfig(source=release.path, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO(), **kw)
+    return ServeConfig(source=release.path, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO(),
+                       **{"body_threads": 8, **kw})
 
 
 def test_bodies_on_one_keep_alive_connection_and_a_pipelined_request(cpu_release_build, tmp_path: Path):
@@ -188,9 +189,11 @@ def test_a_client_gone_mid_body_gives_its_block_back(cpu_release_build, tmp_path
 
 
 def test_no_threads_keeps_every_body_on_the_loop(cpu_release_build, tmp_path: Path):
+    """``body_threads=0``, the default: no thread, every body read on the event loop."""
     from test_serve import serving
 
     body, hl, want = _body(N, 7)
+    assert ServeConfig(source=cpu_release_build.path).body_threads == 0
     with serving(_config(cpu_release_build, tmp_path, body_threads=0)) as srv:
         s = _connect(srv.port)
         s.sendall(_head(len(body), hl) + body)
@@ -198,3 +201,13 @@ def test_no_threads_keeps_every_body_on_the_loop(cpu_release_build, tmp_path: Pa
         assert status == 200 and np.array_equal(_sum_of(headers, out), want)
         s.close()
         assert srv.service.pulls.bodies == 0 and srv.service.pulls.threads == 0
+
+
+def test_cli_refuses_a_negative_or_huge_thread_count(cpu_release_build):
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "tileship.cli", "serve", str(cpu_release_build.path), "--port", "0"]
+    for value in ("-1", "257"):
+        r = subprocess.run([*base, "--body-threads", value], capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "--body-threads 0 to 256" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -40,8 +40,9 @@ def serve(
     loop_spin_us: float = typer.Option(100.0, help="with --workers: the event loop polls this many us for a small "
                                                    "call's answer before it waits on the socket (0: it waits at once)"),
     body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
-    body_threads: int = typer.Option(8, help="threads reading request bodies of 4 MiB and more straight from the "
-                                             "socket, off the event loop (0: all on the event loop)"),
+    body_threads: int = typer.Option(0, help="threads reading request bodies of 4 MiB and more straight from the "
+                                             "socket, off the event loop (0: all on the event loop; see "
+                                             "docs/serving.md before turning it on)"),
     strict_shapes: bool = typer.Option(False,
                                        help="answer 400 for shapes outside the declared set instead of serving them by "
                                             "reference"),

@@ -9,6 +9,10 @@ reading (``pause_reading``), the thread ``recv_into``s the block on a duplicate 
 (the kernel's one copy, the GIL released), then the protocol starts the connection's next request afresh
 and reading resumes. Reads of several connections run on several cores.
 
+Off by default (``ServeConfig.body_threads`` 0): on the H200 host, 64 clients sending 64 MiB GEMM bodies got
+21.1 and 21.7 req/s with 8 threads against 23.8 and 23.2 with none, in two runs of both orders
+(``benchmarks/dev/gpu_round22b.sh``, round 22): the event loop was not what set the pace there.
+
 Only where the bytes on the socket are exactly the body: a connection of tileship's protocol
 (``serve.connections``), plain TCP or a Unix socket (no TLS), a Content-Length and no Transfer-Encoding, no
 ``Expect: 100-continue`` still to answer. Anything else, and smaller bodies, keep the loop's path.

@@ -75,6 +75,15 @@ def _connect(port: int) -> socket.socket:
     return s
 
 
+def _answered(port: int, body: bytes, hl: int, want: np.ndarray) -> None:
+    """One request on a new connection, answered 200 with the exact sum."""
+    s = _connect(port)
+    s.sendall(_head(len(body), hl) + body)
+    status, headers, out = Reader(s).response()
+    assert status == 200 and np.array_equal(_sum_of(headers, out), want), out[:300]
+    s.close()
+
+
 def _config(release: Any, tmp_path: Path, **kw: Any) -> ServeConfig:
     return ServeConfig(source=release.path, diagnostics_dir=tmp_path / "d", log_stream=io.StringIO(),
                        **{"body_threads": 8, **kw})
@@ -152,11 +161,7 @@ def test_a_stalled_body_is_a_408_that_closes_and_no_late_byte_lands(cpu_release_
         s.close()
         time.sleep(0.3)
         assert [bytes(memoryview(blk.numpy())) for blk in pool.free_blocks()] == blocks
-        s = _connect(srv.port)  # the server serves on
-        s.sendall(_head(len(body), hl) + body)
-        status, headers, out = Reader(s).response()
-        assert status == 200 and np.array_equal(_sum_of(headers, out), want)
-        s.close()
+        _answered(srv.port, body, hl, want)  # the server serves on
 
 
 def test_a_client_gone_mid_body_gives_its_block_back(cpu_release_build, tmp_path: Path):
@@ -181,11 +186,7 @@ def test_a_client_gone_mid_body_gives_its_block_back(cpu_release_build, tmp_path
         while srv.service.staging.stats()["out_bytes"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert srv.service.staging.stats()["out_bytes"] == 0
-        s = _connect(srv.port)
-        s.sendall(_head(len(body), hl) + body)
-        status, headers, out = Reader(s).response()
-        assert status == 200 and np.array_equal(_sum_of(headers, out), want)
-        s.close()
+        _answered(srv.port, body, hl, want)
 
 
 def test_no_threads_keeps_every_body_on_the_loop(cpu_release_build, tmp_path: Path):
@@ -195,11 +196,7 @@ def test_no_threads_keeps_every_body_on_the_loop(cpu_release_build, tmp_path: Pa
     body, hl, want = _body(N, 7)
     assert ServeConfig(source=cpu_release_build.path).body_threads == 0
     with serving(_config(cpu_release_build, tmp_path, body_threads=0)) as srv:
-        s = _connect(srv.port)
-        s.sendall(_head(len(body), hl) + body)
-        status, headers, out = Reader(s).response()
-        assert status == 200 and np.array_equal(_sum_of(headers, out), want)
-        s.close()
+        _answered(srv.port, body, hl, want)
         assert srv.service.pulls.bodies == 0 and srv.service.pulls.threads == 0
 
 

@@ -47,17 +47,9 @@ def main() -> int:
     a_ = ap.parse_args()
     import torch
 
-    GATE_US = 200.0  # noqa: N806 (serve.canary_stats.GATE_US; its package needs the server's modules)
+    from tileship.verify.latency import spin_rate as _spin_rate
 
-    def _spin_rate(torch):  # serve.canary_stats._spin_rate
-        x, y = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)
-        x.record()
-        torch.cuda._sleep(1_000_000)
-        y.record()
-        y.synchronize()
-        return 1_000_000 / max(1e-3, x.elapsed_time(y) * 1e3)
-
+    GATE_US = 200.0  # noqa: N806 (serve.canary_stats.GATE_US's lower bound: that package needs the server's modules)
     a = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
     for _ in range(10):

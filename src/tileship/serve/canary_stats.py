@@ -8,6 +8,7 @@ from collections import deque
 from typing import Any
 
 from tileship.serve.canary import Side
+from tileship.verify.latency import spin_rate
 
 RING = 2048          # latency samples kept per (side, model)
 
@@ -74,7 +75,7 @@ class DeviceSpan:
         import torch
 
         if not _rate:
-            _rate.append(_spin_rate(torch))
+            _rate.append(spin_rate(torch))
         self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         self.gate_us = gate_us()
         self._t0 = time.perf_counter()
@@ -102,17 +103,6 @@ class DeviceSpan:
             spans["device_ms"] = round(ms, 4)
         elif self.stalled:
             spans["device_stalled_ms"] = round((self.queued_s or 0.0) * 1e3, 3)
-
-
-def _spin_rate(torch: Any) -> float:
-    """Cycles of ``torch.cuda._sleep`` per microsecond on the current device (timed once: about 1 ms)."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)
-    a.record()
-    torch.cuda._sleep(1_000_000)
-    b.record()
-    b.synchronize()
-    return 1_000_000 / max(1e-3, a.elapsed_time(b) * 1e3)
 
 
 class Window:

@@ -192,3 +192,15 @@ def _sync(device: str) -> Callable[[], Any]:
 
 
 __all__ = ["PROBE_CALLS", "HostGauge", "Latency", "SAMPLE_US", "SLEEP_MARGIN", "latency", "probe", "scaled_host"]
+
+
+def spin_rate(torch: Any) -> float:
+    """Cycles of ``torch.cuda._sleep`` per microsecond on the current device, timed once with CUDA events
+    (about 1 ms of device time): what a wanted spin of N microseconds asks ``_sleep`` for."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    a.record()
+    torch.cuda._sleep(1_000_000)
+    b.record()
+    b.synchronize()
+    return 1_000_000 / max(1e-3, a.elapsed_time(b) * 1e3)

@@ -111,7 +111,9 @@ def test_a_model_both_sides_served_without_latency_samples_is_never_promoted():
     assert v.action == "wait" and "no latency evidence" in v.reasons[0] and "gemm 0/3" in v.reasons[0], v.to_json()
     late = Side({"gemm": c[:3]}, BLIND_WINDOWS * POLICY.window_requests, 0, served)
     v = decide(blind_a, late, POLICY, elapsed_s=60.0)
-    assert v.action == "rollback" and "after 400 canary requests" in v.reasons[0], v.to_json()
+    assert v.action == "rollback" and "after 400 canary and 300 active requests" in v.reasons[0], v.to_json()
+    few = Side({}, 30, 0, served)  # a canary taking most of the traffic: the active side has had few requests
+    assert decide(few, late, POLICY, elapsed_s=60.0).action == "wait"
     v = decide(Side({"gemm": a}, 300, 0, served), Side({"gemm": c}, 100, 0, served), POLICY, elapsed_s=5.0)
     assert v.action == "promote", v.to_json()
     # a model only one side served cannot be compared and does not hold the canary back

@@ -22,7 +22,9 @@ what the active release served over the same period and returns a ``Verdict``:
   ``window_seconds`` elapsed), neither rule trips, and every model both sides served has
   ``min_samples`` latency samples a side. A model short of them keeps the canary waiting (a GPU
   server leaves out calls whose device time it could not measure, ``serve.canary_stats``), and
-  after ``BLIND_WINDOWS`` windows of canary requests rolls it back: nothing is promoted unseen
+  after ``BLIND_WINDOWS`` windows of canary requests (and ``BLIND_WINDOWS * min_samples`` active
+  ones, so that a canary taking most of the traffic is not blamed for the active side's few) rolls
+  it back: nothing is promoted unseen
   (round 22 on the H200: every span stalled and the slow canary was promoted on errors alone).
 - **wait** otherwise.
 
@@ -150,8 +152,10 @@ def decide(active: Side, canary: Side, policy: CanaryPolicy, elapsed_s: float) -
     if blind:  # served on both sides, but too few latency samples to compare: never promoted unseen
         counts = ", ".join(f"{m} {len(active.latencies.get(m, ()))}/{len(canary.latencies.get(m, ()))}" for m in blind)
         why = f"no latency evidence yet: samples active/canary {counts} (at least {policy.min_samples} a side)"
-        if canary.requests >= BLIND_WINDOWS * policy.window_requests:
-            return Verdict("rollback", (f"{why} after {canary.requests} canary requests",), numbers)
+        if canary.requests >= BLIND_WINDOWS * policy.window_requests and \
+                active.requests >= BLIND_WINDOWS * policy.min_samples:  # samples should have come: they do not
+            return Verdict("rollback", (f"{why} after {canary.requests} canary and {active.requests} active "
+                                        "requests",), numbers)
         return Verdict("wait", (why,), numbers)
     compared = [m for m, r in models.items() if r["compared"]]
     return Verdict("promote", (f"window full; no error excess; p50 within {policy.max_p50_ratio:g}x beyond noise for "

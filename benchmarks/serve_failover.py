@@ -43,7 +43,7 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 from serve_load import Conn, _metric, hop_by_round, scrape, summary_us  # noqa: E402
-from serve_workers import readiness, start, wait_ready  # noqa: E402
+from serve_workers import MODES, readiness, start, wait_ready  # noqa: E402
 
 OP, PATH = "fault_copy", "/v2/models/fault_copy/infer"
 FAILOVER_GOAL_S = 1.0
@@ -286,7 +286,7 @@ def main() -> int:
         flush=True,
     )
     logs = {m: work / f"server_{m}.log" for m in ("workers0", "workers1")}
-    procs = {m: start(release, w, logs[m]) for m, w in (("workers0", 0), ("workers1", 1))}
+    procs = {m: start(release, MODES[m], logs[m]) for m in ("workers0", "workers1")}
     result: dict[str, Any] = {
         "benchmark": "serve_failover",
         "device": device,

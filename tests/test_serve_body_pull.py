@@ -208,3 +208,20 @@ def test_cli_refuses_a_negative_or_huge_thread_count(cpu_release_build):
     for value in ("-1", "257"):
         r = subprocess.run([*base, "--body-threads", value], capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "--body-threads 0 to 256" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_no_descriptor_to_spare_leaves_the_body_to_the_loop(cpu_release_build, tmp_path: Path, monkeypatch):
+    """When the socket cannot be duplicated (EMFILE), the event loop reads the body as without threads."""
+    from test_serve import serving
+
+    from tileship.serve import body_pull
+
+    def no_fd(fd: int) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(body_pull.socket, "dup", no_fd)
+    body, hl, want = _body(N, 8)
+    with serving(_config(cpu_release_build, tmp_path)) as srv:
+        _answered(srv.port, body, hl, want)
+        _answered(srv.port, body, hl, want)
+        assert srv.service.pulls.bodies == 0 and srv.service.staging.stats()["out_bytes"] == 0

@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 
 from tileship.digits import parse_uint
+from tileship.serve import body_pull
 from tileship.serve.validate import BadRequest, short
 
 #: the alignment ``read_pooled`` gives a body's tensors (what CPU kernels and vector loads want)
@@ -61,9 +62,9 @@ async def read_body(request: Any, *, limit: int, timeout_s: float, rejected: Any
     try:
         if sink is not None and pulls is not None and size is not None and pulls.takes(sink, size):
             why = await pulls.pull(sink, size, timeout_s)
-            if why is not None:
+            if why is not None and why != body_pull.ON_LOOP:
                 raise _Disconnected(why)
-            more = False
+            more = why is not None
         while more:  # the ASGI messages themselves (Starlette's ``Request.stream`` is a generator around them)
             message = await receive()
             if message["type"] != "http.request":  # http.disconnect

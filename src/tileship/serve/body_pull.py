@@ -37,6 +37,8 @@ from typing import Any
 PULL_BYTES = 4 << 20
 #: how often a waiting read looks at its stop flag and deadline
 POLL_S = 0.02
+#: ``Pulls.pull``'s answer when no thread took the body (the event loop reads it)
+ON_LOOP = "on the loop"
 
 
 class Pulls:
@@ -54,15 +56,19 @@ class Pulls:
 
     async def pull(self, sink: Any, size: int, timeout_s: float) -> str | None:
         """Read the rest of ``sink``'s body into its block on a thread, within ``timeout_s``; None when it is
-        all there, else why not (``timeout``, ``eof``, an error's text; ``sink.pos`` counts what came). On a
-        cancellation the thread is stopped and waited for before the CancelledError propagates."""
+        all there, ``ON_LOOP`` when no thread took it (no descriptor to spare: the loop's path reads it, as if
+        ``takes`` had said no), else why not (``timeout``, ``eof``, an error's text; ``sink.pos`` counts what
+        came). On a cancellation the thread is stopped and waited for before the CancelledError propagates."""
         assert self._pool is not None
         cycle = sink.cycle
-        cycle.flow.pause_reading()
-        start = sink.pos  # chunks the loop delivered before the pause are in already
         # a duplicate taken here, on the loop: the loop may close its own descriptor (the client went away) and
         # its number be reused before the thread runs; the duplicate keeps this socket until ``_read`` closes it
-        dup = socket.socket(fileno=socket.dup(cycle.transport.get_extra_info("socket").fileno()))
+        try:
+            dup = socket.socket(fileno=socket.dup(cycle.transport.get_extra_info("socket").fileno()))
+        except OSError:  # EMFILE and the like
+            return ON_LOOP
+        cycle.flow.pause_reading()
+        start = sink.pos  # chunks the loop delivered before the pause are in already
         stop = threading.Event()
         self._stops.add(stop)
         # the thread's deadline a second past the reader's: ``read_body``'s own timer answers the 408

@@ -337,3 +337,21 @@ def test_a_stalled_device_span_is_no_sample_rather_than_host_time():
     finally:
         canary_stats._queued.clear()
         canary_stats._queued.extend(saved)
+
+
+def test_a_span_that_cannot_gate_is_no_span_never_an_error():
+    """``DeviceSpan`` on where the device cannot be gated (this CPU build of torch has no CUDA events or spin;
+    a torch without its private ``_sleep``): start and stop do nothing and the call is judged on its launch
+    and wait, as without a canary span."""
+    import torch
+
+    from tileship.serve.canary_stats import DeviceSpan
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the gate works here")
+    span = DeviceSpan(True)
+    span.start()
+    span.stop()
+    spans: dict[str, float] = {}
+    span.note(spans)
+    assert span.events is None and span.ms() is None and not span.stalled and spans == {}

@@ -74,13 +74,17 @@ class DeviceSpan:
             return
         import torch
 
-        if not _rate:
-            _rate.append(spin_rate(torch))
-        self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        self.gate_us = gate_us()
-        self._t0 = time.perf_counter()
-        torch.cuda._sleep(int(self.gate_us * _rate[0]))
-        self.events[0].record()
+        try:
+            if not _rate:
+                _rate.append(spin_rate(torch))
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.gate_us = gate_us()
+            self._t0 = time.perf_counter()
+            torch.cuda._sleep(int(self.gate_us * _rate[0]))
+            events[0].record()
+        except (AttributeError, RuntimeError):  # no spin in this torch (a private API), or the device failed:
+            return  # no span (the call itself meets a device failure and answers for it)
+        self.events = events
 
     def stop(self) -> None:
         if self.events is not None:

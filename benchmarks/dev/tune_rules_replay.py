@@ -11,9 +11,11 @@ more than 2%):
     median    max(host scaled to the run's median slowdown, device)
     raw       max(host as timed, device)                          (``--no-host-gauge``)
     device    device time alone
+    headroom  max(host as used x 1.5, device)                     (``--host-headroom 1.5``, the default)
 
 A rule's score in one served_vs_best run is the number of buckets where its pick was within 1.05x
-of the fastest path that run measured (``reference_us`` and ``kernels_us``; the dispatcher's own
+of the fastest path that run measured, and its worst ratio the largest (its pick) / (that path)
+(``reference_us`` and ``kernels_us``; the dispatcher's own
 cost on the served path is left out, so the scores are upper bounds).
 
 Two yardsticks follow the rules: ``reference`` (cuBLAS everywhere) and ``hindsight``, the one table
@@ -30,7 +32,8 @@ import statistics as st
 import sys
 from typing import Any
 
-RULES = ("fastest", "median", "raw", "device")
+RULES = ("fastest", "median", "raw", "device", "headroom")
+HEADROOM = 1.5
 
 
 def load(path: str) -> Any:
@@ -47,6 +50,8 @@ def pick(parts: dict[str, dict[str, list[float]]], rule: str, slowdown: float) -
             v = [max(h, d) for h, d in zip(raw, dev, strict=True)]
         elif rule == "device":
             v = list(dev)
+        elif rule == "headroom":
+            v = [max(h * HEADROOM, d) for h, d in zip(host, dev, strict=True)]
         else:
             v = [max(h * slowdown, d) for h, d in zip(host, dev, strict=True)]
         lat[c] = st.median(v)
@@ -58,6 +63,7 @@ def main() -> None:
     ev, runs = load(sys.argv[1]), [load(p) for p in sys.argv[2:]]
     by_run = [{(r["group"], json.dumps(r["dims"], sort_keys=True)): r for r in run["rows"]} for run in runs]
     score = {rule: [0] * len(runs) for rule in RULES}
+    worst = {rule: [1.0] * len(runs) for rule in RULES}
     n = 0
     for gid, g in ev["tuning"].items():
         slow = [s for p in g["points"] for x in p.get("clock_parts_us", {}).values() for s in x.get("slowdown", [])]
@@ -74,10 +80,12 @@ def main() -> None:
                     times = {} if r is None else {"reference": r["reference_us"], **r["kernels_us"]}
                     if choice in times and times[choice] <= 1.05 * min(times.values()):
                         score[rule][i] += 1
+                    if choice in times:
+                        worst[rule][i] = max(worst[rule][i], times[choice] / min(times.values()))
     print(f"{n} buckets; per rule, buckets within 1.05x of the fastest measured path in each run "
-          f"({', '.join(sys.argv[2:])}):")
+          f"({', '.join(sys.argv[2:])}), and the worst ratio of its pick to that path:")
     for rule, s in score.items():
-        print(f"  {rule:8s} {s}")
+        print(f"  {rule:8s} {s}, worst ratio {[round(w, 3) for w in worst[rule]]}")
     for name, within, worst in yardsticks(by_run):
         print(f"  {name:9s} within 1.05x {within}, worst ratio {[round(w, 3) for w in worst]}")
 

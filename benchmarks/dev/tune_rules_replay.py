@@ -11,12 +11,12 @@ more than 2%):
     median    max(host scaled to the run's median slowdown, device)
     raw       max(host as timed, device)                          (``--no-host-gauge``)
     device    device time alone
-    headroom  max(host as used x 1.5, device)                     (``--host-headroom 1.5``, the default)
+    headroom  max(host as used x 1.5, device)                     (a host 1.5x slower: replayed only)
 
 A rule's score in one served_vs_best run is the number of buckets where its pick was within 1.05x
 of the fastest path that run measured, and its worst ratio the largest (its pick) / (that path)
-(``reference_us`` and ``kernels_us``; the dispatcher's own
-cost on the served path is left out, so the scores are upper bounds).
+(``reference_us`` and ``kernels_us``; the dispatcher's own cost on the served path is left out, so
+the scores are upper bounds).
 
 Two yardsticks follow the rules: ``reference`` (cuBLAS everywhere) and ``hindsight``, the one table
 that minimises each bucket's worst ratio over all the runs given, chosen after seeing them: no table

@@ -114,15 +114,29 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
         for stages in (5, 6, 8):
             if K % (128 * sp) == 0 and (sp == 1 or N % 256 == 0) and K // 128 // sp >= stages:
                 out.append(("rst", {**rule, "split_k": sp, "num_stages": stages, "decode": "lop3"}))
+    # "mv": the MMA-GEMV (``w4a16_mma``: weights streamed to registers, mma.sync m16n8k16 on them)
+    groups = K // 128
+    for rt in (1, 2, 4):
+        for wn in (1, 2, 4):
+            for wk in (1, 2, 4, 8):
+                for unroll, pf in ((2, True), (4, False)):
+                    blocks = N // (16 * rt * wn) if N % (16 * rt * wn) == 0 else 0
+                    if not (128 <= 32 * wn * wk <= 512) or blocks < 64 or groups % (wk * unroll) or M > 32:
+                        continue
+                    if rt * unroll * (2 if pf else 1) > 8:
+                        continue
+                    out.append(("mv", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf)))
     return out
 
 
 def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
-    from tileship.catalog import w4a16_gemv, w4a16_tc
+    from tileship.catalog import w4a16_gemv, w4a16_mma, w4a16_tc
     from tileship.catalog.w4a16 import w4a16_linear
 
     if kind == "catalog":
         return w4a16_linear(M, N, K, dtype)
+    if kind == "mv":
+        return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
     if kind in ("rs", "rsl", "rule", "rsp", "rsc", "rsw", "rsg", "rst"):
@@ -133,7 +147,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 def compile_variant(tilelang: Any, kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
     """The compiled kernel; ``cfg["ws"] = False`` compiles without warp specialization."""
     cfg = dict(cfg)
-    ws = cfg.pop("ws", kind != "catalog")  # the catalog's operator compiles without warp specialization
+    ws = cfg.pop("ws", kind not in ("catalog", "mv"))  # the catalog's operator compiles without warp specialization
     pass_configs = {} if ws else {"tl.disable_warp_specialized": True}
     return tilelang.compile(make(kind, M, N, K, dtype, cfg), out_idx=[3], target=TARGET, pass_configs=pass_configs)
 

@@ -1,0 +1,226 @@
+"""The W4A16 MMA-GEMV: decode batches (M up to 32) on tensor cores, weights streamed straight to registers.
+
+``y[M, N] = x[M, K] @ W^T`` with ``W`` packed as ``w4a16.quantize`` packs it (eight int4 a word,
+``w4a16_device``'s interleave, one scale per 128-weight group). The tensor-core kernels of
+``w4a16_tc`` stage the weight tile through shared memory in a pipeline; at M=8 they stream the
+weights at about half the copy ceiling (Nsight Compute, ``benchmarks/README.md`` round 13), where the
+M=1 GEMV, which loads 16 bytes a lane straight into registers, streams at about 0.9 of it. This kernel
+keeps the GEMV's loads and does the arithmetic with ``mma.sync.m16n8k16``:
+
+- a warp owns ``16 * rt`` rows of W (``rt`` row tiles) and ``K / wk`` of K; lane (g, c) = (lane / 4,
+  lane % 4) loads, per 128-weight group, words ``4c .. 4c + 3`` (16 bytes) of rows g and g + 8 of each
+  tile, ``unroll`` groups issued before any is used;
+- the MMA's K order inside a group is a permutation of the physical one: lane c's A-fragment pairs
+  of k-step s are the pairs ``2 (s % 2)`` and ``2 (s % 2) + 1`` of its word ``s / 2`` (decoded by one
+  LOP3 each, times the row's scale in the input dtype, which is the reference's rounding), and the
+  B fragment takes x at the same physical k, which is x[n, 32c .. 32c + 31] for the lane's column n:
+  four 16-byte loads a group and column tile (``mma_order`` states the permutation; tests replay it);
+- the ``wk`` warps along K of a block (``wn`` of them along N) meet in shared memory; one launch,
+  no workspace.
+"""
+
+from typing import Any
+
+import tilelang.language as T
+
+from tileship.catalog.w4a16_device import DEVICE_SRC, GROUP, device_types
+
+MMA_SRC = r"""
+template <bool BF16> struct TsMma;
+template <> struct TsMma<false> {
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct TsMma<true> {
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ unsigned ts_u4(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The packed words (16 bytes a row: words 4c .. 4c + 3 of the group) and scales of rows r, r + 8 of each of RT
+// row tiles, for U groups from grp: every load issued before any is used.
+template <typename T1, int RT, int U>
+__device__ __forceinline__ void ts_w4_mma_load(const int* B, const T1* S, int ldb, int lds, int r, int grp, int word,
+                                               uint4 (&w)[U][RT][2], T1 (&sc)[U][RT][2]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = r + 16 * t + 8 * h;
+        w[u][t][h] = ts_ldg_stream(B + (size_t)row * ldb + (size_t)(grp + u) * 16 + word);
+        sc[u][t][h] = S[(size_t)row * lds + grp + u];
+      }
+}
+
+// One block: WN x WK warps, warp (wn, wk) = threadIdx.x / 32 = wk * WN + wn. Rows [row0, row0 + 16 RT) of
+// W for warp wn, groups [wk GPW, (wk + 1) GPW) of K. C (M x N) gets the block's 16 RT WN rows.
+template <typename T2, typename T1, bool BF16, int RT, int NT, int M, int GPW, int U, int WN, int WK, bool PF>
+__device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, const void* Sv, void* Cv,
+                                                float* part, int K, int N, int bx) {
+  const int* B = reinterpret_cast<const int*>(Bv);
+  const T1* A = reinterpret_cast<const T1*>(Av);
+  const T1* S = reinterpret_cast<const T1*>(Sv);
+  T1* C = reinterpret_cast<T1*>(Cv);
+  const int ldb = K / 8, lds = K / 128;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wn = warp % WN, wk = warp / WN;
+  const int g = lane >> 2, c = lane & 3;
+  const int row0 = (bx * WN + wn) * 16 * RT;
+  const int grp0 = wk * GPW;
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int t = 0; t < RT; ++t)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][n][i] = 0.f;
+  const T1* ap[NT];
+  bool aval[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    aval[n] = 8 * n + g < M;
+    ap[n] = A + (size_t)(aval[n] ? 8 * n + g : 0) * K + (size_t)grp0 * 128 + 32 * c;
+  }
+  uint4 w[U][RT][2], wnext[U][RT][2];
+  T1 sc[U][RT][2], snext[U][RT][2];
+  ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, row0 + g, grp0, 4 * c, w, sc);
+#pragma unroll 1
+  for (int j0 = 0; j0 < GPW; j0 += U) {
+    if (PF && j0 + U < GPW) ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, row0 + g, grp0 + j0 + U, 4 * c, wnext, snext);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      uint4 x[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          x[n][q] = aval[n] ? __ldg(reinterpret_cast<const uint4*>(ap[n] + (size_t)(j0 + u) * 128) + q)
+                            : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int wi = 0; wi < 4; ++wi) {
+#pragma unroll
+        for (int t = 0; t < RT; ++t) {
+          T2 d0[4], d1[4];
+          ts_w4_decode8(ts_u4(w[u][t][0], wi), d0);
+          ts_w4_decode8(ts_u4(w[u][t][1], wi), d1);
+          T2 s0, s1;
+          s0.x = sc[u][t][0];
+          s0.y = sc[u][t][0];
+          s1.x = sc[u][t][1];
+          s1.y = sc[u][t][1];
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+            d0[p] = __hmul2(d0[p], s0);
+            d1[p] = __hmul2(d1[p], s1);
+          }
+          const unsigned* e0 = reinterpret_cast<const unsigned*>(d0);
+          const unsigned* e1 = reinterpret_cast<const unsigned*>(d1);
+          const unsigned lo[4] = {e0[0], e1[0], e0[1], e1[1]};  // k-step 2 wi: pairs 0 and 1
+          const unsigned hi[4] = {e0[2], e1[2], e0[3], e1[3]};  // k-step 2 wi + 1: pairs 2 and 3
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            const uint4& xv = x[n][wi];
+            TsMma<BF16>::run(acc[t][n], lo, xv.x, xv.y);
+            TsMma<BF16>::run(acc[t][n], hi, xv.z, xv.w);
+          }
+        }
+      }
+    }
+    if (j0 + U < GPW) {
+      if (PF) {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int t = 0; t < RT; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              w[u][t][h] = wnext[u][t][h];
+              sc[u][t][h] = snext[u][t][h];
+            }
+      } else {
+        ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, row0 + g, grp0 + j0 + U, 4 * c, w, sc);
+      }
+    }
+  }
+  // the WK partial sums of each output meet in shared memory: part[wk][wn][t][n][i][lane]
+  constexpr int PER = RT * NT * 4;
+#pragma unroll
+  for (int t = 0; t < RT; ++t)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[((wk * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane] = acc[t][n][i];
+  __syncthreads();
+  if (wk == 0) {
+#pragma unroll
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v = 0.f;
+#pragma unroll
+          for (int k = 0; k < WK; ++k) v += part[((k * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane];
+          const int row = row0 + 16 * t + g + 8 * (i >> 1);  // C fragment: (g, 2c + i % 2), (g + 8, ...)
+          const int col = 8 * n + 2 * c + (i & 1);
+          if (col < M) C[(size_t)col * N + row] = T1(v);
+        }
+  }
+}
+"""
+
+
+def check(M: int, N: int, K: int, rt: int, wn: int, wk: int, unroll: int) -> int:
+    """Groups per warp; raises ValueError for a shape or tiling the kernel does not cover."""
+    groups = K // GROUP
+    if K % GROUP or N % (16 * rt * wn) or groups % wk or (groups // wk) % unroll:
+        raise ValueError(f"w4a16_gemm_mv needs K % {GROUP} == 0, N % {16 * rt * wn} == 0 and "
+                         f"(K / {GROUP}) divisible by wk * unroll = {wk * unroll} (M={M}, N={N}, K={K})")
+    if not 1 <= M <= 32:
+        raise ValueError(f"w4a16_gemm_mv serves decode batches of 1 to 32 rows, not M={M}")
+    return groups // wk
+
+
+def w4a16_gemm_mv(M: int, N: int, K: int, dtype: str = "float16", rt: int = 2, wn: int = 2, wk: int = 4,
+                  unroll: int = 2, prefetch: bool = True) -> Any:
+    """y[M, N] = x[M, K] @ W^T for a static M of 1..32 (module doc): blocks of ``wn * wk`` warps over
+    ``16 * rt * wn`` rows each, ``unroll`` weight groups in flight a lane (twice that with ``prefetch``:
+    the next groups' loads are issued before the current ones are used)."""
+    gpw = check(M, N, K, rt, wn, wk, unroll)
+    pair, scalar, _ = device_types(dtype)
+    nt = -(-M // 8)
+    fn = (f"ts_w4_mma_block<{pair}, {scalar}, {'true' if dtype == 'bfloat16' else 'false'}, {rt}, {nt}, {M}, "
+          f"{gpw}, {unroll}, {wn}, {wk}, {'true' if prefetch else 'false'}>")
+    part_len = wk * wn * rt * nt * 4 * 32
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+             S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(N // (16 * rt * wn), threads=32 * wn * wk) as bx:
+            part = T.alloc_shared((part_len,), "float32")
+            T.import_source(DEVICE_SRC + MMA_SRC)
+            T.evaluate(T.call_extern("handle", fn, T.address_of(B[0, 0]), T.address_of(A[0, 0]),
+                                     T.address_of(S[0, 0]), T.address_of(C[0, 0]), T.access_ptr(part, "rw"),
+                                     K, N, bx))
+
+    return main
+
+
+def mma_order(c: int, s: int) -> list[int]:
+    """The physical offsets, inside a 128-weight group, of the MMA's logical k = 2c, 2c + 1, 2c + 8, 2c + 9
+    of k-step ``s`` (0..7) for lane column ``c`` (0..3): the same for the weights (A) and x (B)."""
+    base = 32 * c + 8 * (s // 2) + 4 * (s % 2)
+    return [base, base + 1, base + 2, base + 3]

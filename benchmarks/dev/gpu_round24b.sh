@@ -21,11 +21,11 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 for r in d["rows"]:
     c = r["candidates"]
-    mv = [x for x in c if x["kind"] == "mv" and "us" in x]
+    mv = [x for x in c if x["kind"].startswith("mv") and "us" in x]
     bad = [x for x in mv if x["relerr"] >= 2e-2]
     best = min((x for x in mv if x["relerr"] < 2e-2), key=lambda x: x["us"], default=None)
     rule = next((x for x in c if x["kind"] == "rule" and "us" in x), None)
-    errs = [x for x in c if x["kind"] == "mv" and "error" in x]
+    errs = [x for x in c if x["kind"].startswith("mv") and "error" in x]
     print(f"{r['op']:8s} M={r['M']:3d} cuBLAS {r['cublas_fp16_us']:7.1f}  rule {rule['us'] if rule else float('nan'):7.1f}"
           f"  mv best {best['us'] if best else float('nan'):7.1f} ({best['cfg'] if best else None}, "
           f"{best['tbps'] if best else 0:.2f} TB/s)  x{r['cublas_fp16_us'] / best['us'] if best else 0:.2f}"

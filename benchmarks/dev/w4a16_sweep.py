@@ -126,6 +126,19 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                     if rt * unroll * (2 if pf else 1) > 8:
                         continue
                     out.append(("mv", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf)))
+    # "mv2": round 24's second grid, around the first one's M=8 winners (wn 1, wk 8, unroll 4): wider K splits,
+    # deeper unrolls at one row tile, and the activations loaded early (x_early)
+    for rt in (1, 2):
+        for wn in (1, 2):
+            for wk in (4, 8, 16):
+                for unroll, pf in ((2, True), (4, False), (4, True), (8, False)):
+                    for xe in (False, True):
+                        blocks = N // (16 * rt * wn) if N % (16 * rt * wn) == 0 else 0
+                        if wn * wk > 16 or blocks < 64 or groups % (wk * unroll) or M > 32:
+                            continue
+                        if rt * unroll * (2 if pf else 1) > 8 or (xe and unroll * -(-M // 8) > 4):
+                            continue
+                        out.append(("mv2", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf, x_early=xe)))
     return out
 
 
@@ -135,7 +148,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 
     if kind == "catalog":
         return w4a16_linear(M, N, K, dtype)
-    if kind == "mv":
+    if kind in ("mv", "mv2"):
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
@@ -147,7 +160,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 def compile_variant(tilelang: Any, kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
     """The compiled kernel; ``cfg["ws"] = False`` compiles without warp specialization."""
     cfg = dict(cfg)
-    ws = cfg.pop("ws", kind not in ("catalog", "mv"))  # the catalog's operator compiles without warp specialization
+    ws = cfg.pop("ws", kind not in ("catalog", "mv", "mv2"))  # the catalog's operator: no warp specialization
     pass_configs = {} if ws else {"tl.disable_warp_specialized": True}
     return tilelang.compile(make(kind, M, N, K, dtype, cfg), out_idx=[3], target=TARGET, pass_configs=pass_configs)
 

@@ -65,9 +65,20 @@ __device__ __forceinline__ void ts_w4_mma_load(const int* B, const T1* S, int ld
       }
 }
 
+// The activations of group j for each column tile: x[8n + g, 32c .. 32c + 31] of the group (zeros past M).
+template <typename T1, int NT>
+__device__ __forceinline__ void ts_w4_mma_x(const T1* (&ap)[NT], bool (&aval)[NT], int j, uint4 (&x)[NT][4]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      x[n][q] = aval[n] ? __ldg(reinterpret_cast<const uint4*>(ap[n] + (size_t)j * 128) + q)
+                        : make_uint4(0u, 0u, 0u, 0u);
+}
+
 // One block: WN x WK warps, warp (wn, wk) = threadIdx.x / 32 = wk * WN + wn. Rows [row0, row0 + 16 RT) of
 // W for warp wn, groups [wk GPW, (wk + 1) GPW) of K. C (M x N) gets the block's 16 RT WN rows.
-template <typename T2, typename T1, bool BF16, int RT, int NT, int M, int GPW, int U, int WN, int WK, bool PF>
+template <typename T2, typename T1, bool BF16, int RT, int NT, int M, int GPW, int U, int WN, int WK, bool PF, bool XE>
 __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, const void* Sv, void* Cv,
                                                 float* part, int K, int N, int bx) {
   const int* B = reinterpret_cast<const int*>(Bv);
@@ -100,15 +111,16 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
 #pragma unroll 1
   for (int j0 = 0; j0 < GPW; j0 += U) {
     if (PF && j0 + U < GPW) ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, row0 + g, grp0 + j0 + U, 4 * c, wnext, snext);
+    uint4 xe[XE ? U : 1][NT][4];  // XE: every group's activations loaded before the first is used
+    if (XE) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xe[XE ? u : 0]);
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      uint4 x[NT][4];
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          x[n][q] = aval[n] ? __ldg(reinterpret_cast<const uint4*>(ap[n] + (size_t)(j0 + u) * 128) + q)
-                            : make_uint4(0u, 0u, 0u, 0u);
+      uint4 xl[NT][4];
+      if (!XE) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xl);
+      uint4 (&x)[NT][4] = XE ? xe[XE ? u : 0] : xl;
 #pragma unroll
       for (int wi = 0; wi < 4; ++wi) {
 #pragma unroll
@@ -195,15 +207,17 @@ def check(M: int, N: int, K: int, rt: int, wn: int, wk: int, unroll: int) -> int
 
 
 def w4a16_gemm_mv(M: int, N: int, K: int, dtype: str = "float16", rt: int = 2, wn: int = 2, wk: int = 4,
-                  unroll: int = 2, prefetch: bool = True) -> Any:
+                  unroll: int = 2, prefetch: bool = True, x_early: bool = False) -> Any:
     """y[M, N] = x[M, K] @ W^T for a static M of 1..32 (module doc): blocks of ``wn * wk`` warps over
     ``16 * rt * wn`` rows each, ``unroll`` weight groups in flight a lane (twice that with ``prefetch``:
-    the next groups' loads are issued before the current ones are used)."""
+    the next groups' loads are issued before the current ones are used; with ``x_early`` the activations
+    of all ``unroll`` groups are loaded before the first is used)."""
     gpw = check(M, N, K, rt, wn, wk, unroll)
     pair, scalar, _ = device_types(dtype)
     nt = -(-M // 8)
     fn = (f"ts_w4_mma_block<{pair}, {scalar}, {'true' if dtype == 'bfloat16' else 'false'}, {rt}, {nt}, {M}, "
-          f"{gpw}, {unroll}, {wn}, {wk}, {'true' if prefetch else 'false'}>")
+          f"{gpw}, {unroll}, {wn}, {wk}, {'true' if prefetch else 'false'}, "
+          f"{'true' if x_early else 'false'}>")
     part_len = wk * wn * rt * nt * 4 * 32
 
     @T.prim_func

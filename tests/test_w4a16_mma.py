@@ -97,18 +97,21 @@ def test_shapes_the_tiling_does_not_cover_are_refused() -> None:
         w4a16_gemm_mv(8, 4096, 4096, wk=4, unroll=3)
     with pytest.raises(ValueError, match="1 to 32 rows"):
         w4a16_gemm_mv(64, 4096, 4096)
+    with pytest.raises(ValueError, match="128 row blocks do not split into tiles=3"):
+        w4a16_gemm_mv(8, 4096, 4096, rt=1, wn=2, tiles=3)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         w4a16_gemm_mv(8, 4096, 4096, "float32")
 
 
-@pytest.mark.parametrize("dtype,prefetch", [("float16", True), ("bfloat16", False)])
-def test_it_compiles_with_nvcc_for_sm90a(dtype: str, prefetch: bool) -> None:
+@pytest.mark.parametrize("dtype,prefetch,tiles", [("float16", True, 2), ("bfloat16", False, 1)])
+def test_it_compiles_with_nvcc_for_sm90a(dtype: str, prefetch: bool, tiles: int) -> None:
     import shutil
 
     tilelang = pytest.importorskip("tilelang")
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
-    kernel = tilelang.compile(w4a16_gemm_mv(8, 256, 1024, dtype, rt=1, wn=2, wk=2, unroll=2, prefetch=prefetch),
+    kernel = tilelang.compile(w4a16_gemm_mv(8, 256, 1024, dtype, rt=1, wn=2, wk=2, unroll=2, prefetch=prefetch,
+                                                    tiles=tiles),
                               out_idx=[3], target={"kind": "cuda", "arch": "sm_90a"})
     src = kernel.get_kernel_source()
     assert "ts_w4_mma_block<" in src and "mma.sync.aligned.m16n8k16" in src

@@ -139,6 +139,20 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                         if rt * unroll * (2 if pf else 1) > 8 or (xe and unroll * -(-M // 8) > 4):
                             continue
                         out.append(("mv2", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf, x_early=xe)))
+    # "mv3": blocks that serve several row blocks in turn (tiles), the next one's weights loaded during the
+    # current one's last groups: about one or two waves of blocks instead of 3-7
+    for rt in (1, 2):
+        for wn in (1, 2):
+            for wk in (4, 8):
+                for unroll, pf, xe in ((4, False, False), (2, True, False), (2, True, True), (8, False, False)):
+                    blocks = N // (16 * rt * wn) if N % (16 * rt * wn) == 0 else 0
+                    if blocks < 64 or groups % (wk * unroll) or M > 16 or rt * unroll * (2 if pf else 1) > 8:
+                        continue
+                    if xe and unroll * -(-M // 8) > 4:
+                        continue
+                    tiles = sorted({t for t in range(1, blocks + 1) if blocks % t == 0 and 120 <= blocks // t <= 300})
+                    for t in {1, *tiles[:1], *tiles[-1:]}:
+                        out.append(("mv3", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf, x_early=xe, tiles=t)))
     return out
 
 
@@ -148,7 +162,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 
     if kind == "catalog":
         return w4a16_linear(M, N, K, dtype)
-    if kind in ("mv", "mv2"):
+    if kind in ("mv", "mv2", "mv3"):
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
@@ -160,7 +174,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 def compile_variant(tilelang: Any, kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
     """The compiled kernel; ``cfg["ws"] = False`` compiles without warp specialization."""
     cfg = dict(cfg)
-    ws = cfg.pop("ws", kind not in ("catalog", "mv", "mv2"))  # the catalog's operator: no warp specialization
+    ws = cfg.pop("ws", kind not in ("catalog", "mv", "mv2", "mv3"))  # the catalog's operator: no warp specialization
     pass_configs = {} if ws else {"tl.disable_warp_specialized": True}
     return tilelang.compile(make(kind, M, N, K, dtype, cfg), out_idx=[3], target=TARGET, pass_configs=pass_configs)
 

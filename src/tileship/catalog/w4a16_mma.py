@@ -78,7 +78,8 @@ __device__ __forceinline__ void ts_w4_mma_x(const T1* (&ap)[NT], bool (&aval)[NT
 
 // One block: WN x WK warps, warp (wn, wk) = threadIdx.x / 32 = wk * WN + wn. Rows [row0, row0 + 16 RT) of
 // W for warp wn, groups [wk GPW, (wk + 1) GPW) of K. C (M x N) gets the block's 16 RT WN rows.
-template <typename T2, typename T1, bool BF16, int RT, int NT, int M, int GPW, int U, int WN, int WK, bool PF, bool XE>
+template <typename T2, typename T1, bool BF16, int RT, int NT, int M, int GPW, int U, int WN, int WK, bool PF, bool XE,
+          int TPB>
 __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, const void* Sv, void* Cv,
                                                 float* part, int K, int N, int bx) {
   const int* B = reinterpret_cast<const int*>(Bv);
@@ -89,15 +90,10 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % WN, wk = warp / WN;
   const int g = lane >> 2, c = lane & 3;
-  const int row0 = (bx * WN + wn) * 16 * RT;
   const int grp0 = wk * GPW;
-  float acc[RT][NT][4];
-#pragma unroll
-  for (int t = 0; t < RT; ++t)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[t][n][i] = 0.f;
+  const int nblk = gridDim.x;  // a block serves TPB row blocks: bx, bx + nblk, ...
+  constexpr int CHUNKS = GPW / U;
+  constexpr int PER = RT * NT * 4;
   const T1* ap[NT];
   bool aval[NT];
 #pragma unroll
@@ -107,89 +103,106 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
   }
   uint4 w[U][RT][2], wnext[U][RT][2];
   T1 sc[U][RT][2], snext[U][RT][2];
-  ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, row0 + g, grp0, 4 * c, w, sc);
+  ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, (bx * WN + wn) * 16 * RT + g, grp0, 4 * c, w, sc);
 #pragma unroll 1
-  for (int j0 = 0; j0 < GPW; j0 += U) {
-    if (PF && j0 + U < GPW) ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, row0 + g, grp0 + j0 + U, 4 * c, wnext, snext);
-    uint4 xe[XE ? U : 1][NT][4];  // XE: every group's activations loaded before the first is used
-    if (XE) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xe[XE ? u : 0]);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      uint4 xl[NT][4];
-      if (!XE) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xl);
-      uint4 (&x)[NT][4] = XE ? xe[XE ? u : 0] : xl;
-#pragma unroll
-      for (int wi = 0; wi < 4; ++wi) {
-#pragma unroll
-        for (int t = 0; t < RT; ++t) {
-          T2 d0[4], d1[4];
-          ts_w4_decode8(ts_u4(w[u][t][0], wi), d0);
-          ts_w4_decode8(ts_u4(w[u][t][1], wi), d1);
-          T2 s0, s1;
-          s0.x = sc[u][t][0];
-          s0.y = sc[u][t][0];
-          s1.x = sc[u][t][1];
-          s1.y = sc[u][t][1];
-#pragma unroll
-          for (int p = 0; p < 4; ++p) {
-            d0[p] = __hmul2(d0[p], s0);
-            d1[p] = __hmul2(d1[p], s1);
-          }
-          const unsigned* e0 = reinterpret_cast<const unsigned*>(d0);
-          const unsigned* e1 = reinterpret_cast<const unsigned*>(d1);
-          const unsigned lo[4] = {e0[0], e1[0], e0[1], e1[1]};  // k-step 2 wi: pairs 0 and 1
-          const unsigned hi[4] = {e0[2], e1[2], e0[3], e1[3]};  // k-step 2 wi + 1: pairs 2 and 3
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            const uint4& xv = x[n][wi];
-            TsMma<BF16>::run(acc[t][n], lo, xv.x, xv.y);
-            TsMma<BF16>::run(acc[t][n], hi, xv.z, xv.w);
-          }
-        }
-      }
-    }
-    if (j0 + U < GPW) {
-      if (PF) {
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int t = 0; t < RT; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              w[u][t][h] = wnext[u][t][h];
-              sc[u][t][h] = snext[u][t][h];
-            }
-      } else {
-        ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, row0 + g, grp0 + j0 + U, 4 * c, w, sc);
-      }
-    }
-  }
-  // the WK partial sums of each output meet in shared memory: part[wk][wn][t][n][i][lane]
-  constexpr int PER = RT * NT * 4;
-#pragma unroll
-  for (int t = 0; t < RT; ++t)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) part[((wk * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane] = acc[t][n][i];
-  __syncthreads();
-  if (wk == 0) {
+  for (int ti = 0; ti < TPB; ++ti) {
+    const int row0 = ((bx + ti * nblk) * WN + wn) * 16 * RT;
+    const int next0 = ((bx + (ti + 1) * nblk) * WN + wn) * 16 * RT;  // the next tile's rows (ti + 1 < TPB)
+    float acc[RT][NT][4];
 #pragma unroll
     for (int t = 0; t < RT; ++t)
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float v = 0.f;
+        for (int i = 0; i < 4; ++i) acc[t][n][i] = 0.f;
+#pragma unroll 1
+    for (int ch = 0; ch < CHUNKS; ++ch) {
+      const int j0 = ch * U;
+      // the chunk after this one: the same rows' next groups, else the next tile's first ones
+      const bool more = ch + 1 < CHUNKS || ti + 1 < TPB;
+      const int nrow = ch + 1 < CHUNKS ? row0 : next0;
+      const int ngrp = ch + 1 < CHUNKS ? grp0 + j0 + U : grp0;
+      if (PF && more) ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, nrow + g, ngrp, 4 * c, wnext, snext);
+      uint4 xe[XE ? U : 1][NT][4];  // XE: every group's activations loaded before the first is used
+      if (XE) {
 #pragma unroll
-          for (int k = 0; k < WK; ++k) v += part[((k * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane];
-          const int row = row0 + 16 * t + g + 8 * (i >> 1);  // C fragment: (g, 2c + i % 2), (g + 8, ...)
-          const int col = 8 * n + 2 * c + (i & 1);
-          if (col < M) C[(size_t)col * N + row] = T1(v);
+        for (int u = 0; u < U; ++u) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xe[XE ? u : 0]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        uint4 xl[NT][4];
+        if (!XE) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xl);
+        uint4 (&x)[NT][4] = XE ? xe[XE ? u : 0] : xl;
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+#pragma unroll
+          for (int t = 0; t < RT; ++t) {
+            T2 d0[4], d1[4];
+            ts_w4_decode8(ts_u4(w[u][t][0], wi), d0);
+            ts_w4_decode8(ts_u4(w[u][t][1], wi), d1);
+            T2 s0, s1;
+            s0.x = sc[u][t][0];
+            s0.y = sc[u][t][0];
+            s1.x = sc[u][t][1];
+            s1.y = sc[u][t][1];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+              d0[p] = __hmul2(d0[p], s0);
+              d1[p] = __hmul2(d1[p], s1);
+            }
+            const unsigned* e0 = reinterpret_cast<const unsigned*>(d0);
+            const unsigned* e1 = reinterpret_cast<const unsigned*>(d1);
+            const unsigned lo[4] = {e0[0], e1[0], e0[1], e1[1]};  // k-step 2 wi: pairs 0 and 1
+            const unsigned hi[4] = {e0[2], e1[2], e0[3], e1[3]};  // k-step 2 wi + 1: pairs 2 and 3
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              const uint4& xv = x[n][wi];
+              TsMma<BF16>::run(acc[t][n], lo, xv.x, xv.y);
+              TsMma<BF16>::run(acc[t][n], hi, xv.z, xv.w);
+            }
+          }
         }
+      }
+      if (more) {
+        if (PF) {
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int t = 0; t < RT; ++t)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                w[u][t][h] = wnext[u][t][h];
+                sc[u][t][h] = snext[u][t][h];
+              }
+        } else {
+          ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, nrow + g, ngrp, 4 * c, w, sc);
+        }
+      }
+    }
+    // the WK partial sums of each output meet in shared memory: part[wk][wn][t][n][i][lane]
+    if (ti > 0) __syncthreads();  // the previous tile's sums have been read
+#pragma unroll
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[((wk * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane] = acc[t][n][i];
+    __syncthreads();
+    if (wk == 0) {
+#pragma unroll
+      for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < WK; ++k) v += part[((k * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane];
+            const int row = row0 + 16 * t + g + 8 * (i >> 1);  // C fragment: (g, 2c + i % 2), (g + 8, ...)
+            const int col = 8 * n + 2 * c + (i & 1);
+            if (col < M) C[(size_t)col * N + row] = T1(v);
+          }
+    }
   }
 }
 """
@@ -207,23 +220,27 @@ def check(M: int, N: int, K: int, rt: int, wn: int, wk: int, unroll: int) -> int
 
 
 def w4a16_gemm_mv(M: int, N: int, K: int, dtype: str = "float16", rt: int = 2, wn: int = 2, wk: int = 4,
-                  unroll: int = 2, prefetch: bool = True, x_early: bool = False) -> Any:
+                  unroll: int = 2, prefetch: bool = True, x_early: bool = False, tiles: int = 1) -> Any:
     """y[M, N] = x[M, K] @ W^T for a static M of 1..32 (module doc): blocks of ``wn * wk`` warps over
     ``16 * rt * wn`` rows each, ``unroll`` weight groups in flight a lane (twice that with ``prefetch``:
     the next groups' loads are issued before the current ones are used; with ``x_early`` the activations
-    of all ``unroll`` groups are loaded before the first is used)."""
+    of all ``unroll`` groups are loaded before the first is used). Each block serves ``tiles`` row blocks
+    in turn, the next one's first weights loaded while the last groups of the current one are used."""
     gpw = check(M, N, K, rt, wn, wk, unroll)
+    blocks = N // (16 * rt * wn)
+    if tiles < 1 or blocks % tiles:
+        raise ValueError(f"w4a16_gemm_mv: {blocks} row blocks do not split into tiles={tiles} a block")
     pair, scalar, _ = device_types(dtype)
     nt = -(-M // 8)
     fn = (f"ts_w4_mma_block<{pair}, {scalar}, {'true' if dtype == 'bfloat16' else 'false'}, {rt}, {nt}, {M}, "
           f"{gpw}, {unroll}, {wn}, {wk}, {'true' if prefetch else 'false'}, "
-          f"{'true' if x_early else 'false'}>")
+          f"{'true' if x_early else 'false'}, {tiles}>")
     part_len = wk * wn * rt * nt * 4 * 32
 
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
              S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(N // (16 * rt * wn), threads=32 * wn * wk) as bx:
+        with T.Kernel(blocks // tiles, threads=32 * wn * wk) as bx:
             part = T.alloc_shared((part_len,), "float32")
             T.import_source(DEVICE_SRC + MMA_SRC)
             T.evaluate(T.call_extern("handle", fn, T.address_of(B[0, 0]), T.address_of(A[0, 0]),

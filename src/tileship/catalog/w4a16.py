@@ -17,6 +17,7 @@ import torch
 from tileship.catalog import costs
 from tileship.catalog.w4a16_device import GROUP
 from tileship.catalog.w4a16_gemv import w4a16_gemv, w4a16_gemv3
+from tileship.catalog.w4a16_mma import mv_config, w4a16_gemm_mv
 from tileship.catalog.w4a16_tc import w4a16_gemm, w4a16_gemm_rs, w4a16_gemm_swap
 from tileship.declare.spec import DynamicRange, Operator, TensorArg, Tolerance
 
@@ -36,7 +37,12 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
     - M=1: the K-split GEMV, 4 rows a block, 4 warps along K (2 for bf16, and where K / 1024 is
       not a multiple of 4);
     - M=2, 3: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise;
-    - M = 4 to 64: the swapped tensor-core GEMM with the weights decoded into its register operand
+    - M = 4 to 8: the MMA-GEMV (``w4a16_mma``: weights streamed to registers, ``mma.sync`` on them, one
+      launch): 1.05-1.25x faster than the GEMM below at M=8 on every projection (round 24,
+      ``benchmarks/results/h200/round24/mv{1,2,3}/``: gate_up 27.8-28.0 vs 32.2-33.3 us, down 18.6-19.6
+      vs 21.5-21.6, lm_head 91.6-92.9 vs 105.6-107.8); at M=4 it does the same work (B lanes past M
+      hold zeros), as the GEMM below does with the batch padded to 8;
+    - M = 9 to 64: the swapped tensor-core GEMM with the weights decoded into its register operand
       by LOP3 (``w4a16_gemm_rs(decode="lop3")``, ``benchmarks/results/h200/round11/w4a16_sweep_rsl.json``),
       compiled without warp specialization: 1.4-2.4x faster than cuBLAS fp16 where the int-to-float
       decode it replaces was 0.8-1.7x; at M=4 (the batch padded to 8 rows, ``..._m4.json``) faster than
@@ -60,6 +66,9 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
         return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=2)
     if M < 4:
         return w4a16_gemv(M, N, K, dtype, rows=2, n_warps=4, nw=2)
+    mv = mv_config(M, N, K) if M <= 8 else None
+    if mv is not None:
+        return w4a16_gemm_mv(M, N, K, dtype, **mv)
     block_M = min(64, -(-M // 8) * 8)
     if M <= 64:
         # the register-decoded GEMM with the LOP3 decode (``..._rsl.json``): 64-wide weight tiles, K split

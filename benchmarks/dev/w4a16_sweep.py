@@ -153,6 +153,17 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                     tiles = sorted({t for t in range(1, blocks + 1) if blocks % t == 0 and 120 <= blocks // t <= 300})
                     for t in {1, *tiles[:1], *tiles[-1:]}:
                         out.append(("mv3", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf, x_early=xe, tiles=t)))
+    # "mvk": K split 7 to 28 ways along a block's warps (down's 112 groups; round 24's grids stopped at 8 there)
+    for rt in (1, 2):
+        for wn in (1, 2):
+            for wk in (7, 14, 16, 28):
+                for unroll, pf in ((1, True), (2, True), (1, False), (2, False), (4, False)):
+                    blocks = N // (16 * rt * wn) if N % (16 * rt * wn) == 0 else 0
+                    if 32 * wn * wk > 1024 or blocks < 64 or groups % (wk * unroll) or M > 16:
+                        continue
+                    if rt * unroll * (2 if pf else 1) > 8:
+                        continue
+                    out.append(("mvk", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf)))
     return out
 
 
@@ -162,7 +173,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 
     if kind == "catalog":
         return w4a16_linear(M, N, K, dtype)
-    if kind in ("mv", "mv2", "mv3"):
+    if kind in ("mv", "mv2", "mv3", "mvk"):
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
@@ -174,7 +185,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 def compile_variant(tilelang: Any, kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
     """The compiled kernel; ``cfg["ws"] = False`` compiles without warp specialization."""
     cfg = dict(cfg)
-    ws = cfg.pop("ws", kind not in ("catalog", "mv", "mv2", "mv3"))  # the catalog's operator: no warp specialization
+    ws = cfg.pop("ws", not kind.startswith(("catalog", "mv")))  # the catalog and the MMA-GEMV: no warp specialization
     pass_configs = {} if ws else {"tl.disable_warp_specialized": True}
     return tilelang.compile(make(kind, M, N, K, dtype, cfg), out_idx=[3], target=TARGET, pass_configs=pass_configs)
 

@@ -84,10 +84,10 @@ def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
     src = {m: str(w4a16.w4a16_linear(m, 4096, 14336).script()) for m in (1, 2, 4, 8, 16)}
     assert "ts_w4_gemv3_steps" in src[1] and "T.gemm" not in src[1]
     assert "ts_w4_gemv3_steps<__half2, __half, 2, 4, 7, 4>" in src[2]  # K-split GEMV, 2 warps of 7 steps
-    # M=4 and 8: the MMA-GEMV (one row tile, 2 warps along N, 8 along K: 14 of the 112 groups each, 2 in
-    # flight, prefetched); at M=4 the B lanes past M hold zeros
+    # M=4 and 8: the MMA-GEMV (one row tile, 14 warps along K: 8 of the 112 groups each, 2 in flight); at
+    # M=4 the B lanes past M hold zeros
     for m in (4, 8):
-        assert f"ts_w4_mma_block<__half2, __half, false, 1, 1, {m}, 14, 2, 2, 8, true, false, 1>" in src[m]
+        assert f"ts_w4_mma_block<__half2, __half, false, 1, 1, {m}, 8, 2, 1, 14, false, false, 1>" in src[m]
         assert "T.gemm" not in src[m]
     # M=16: weights decoded into the MMA's registers by LOP3, K split 8 at N=4096 (14336 / 1024 steps)
     assert "T.gemm" in src[16] and "ts_w4_elem<__half2" in src[16] and "ts_w4_dq8" not in src[16]

@@ -252,13 +252,14 @@ def w4a16_gemm_mv(M: int, N: int, K: int, dtype: str = "float16", rt: int = 2, w
 
 def mv_config(M: int, N: int, K: int) -> dict[str, Any] | None:
     """The tiling ``w4a16_linear`` uses at M = 4..8, as measured on the H200 (fp16, M=8, three sweeps of
-    ``benchmarks/dev/w4a16_sweep.py``: ``benchmarks/results/h200/round24/mv{1,2,3}/``), or None where it
-    does not cover the shape: K past 4096 (down) one row tile, two warps along N, 8 along K, two groups
-    in flight and two prefetched; N of 64k or more (lm_head) two row tiles, 4 warps along K, 4 groups;
+    ``benchmarks/dev/w4a16_sweep.py``: ``benchmarks/results/h200/round24/mv{1,2,3,k}/``), or None where it
+    does not cover the shape: K past 4096 (down) one row tile, 14 warps along K (8 groups each), two in
+    flight (17.5 us; 18.6-19.6 with 8 warps along K, which the first three sweeps found best among wk <= 8);
+    N of 64k or more (lm_head) two row tiles, 4 warps along K, 4 groups;
     N of 16k or more (gate_up) the same with 8 warps along K; the rest (qkv, o) one row tile and 8 warps
     along K with 4 groups (N up to 4096) or 4 warps with 8 groups."""
     if K > 4096:
-        cfg: dict[str, Any] = dict(rt=1, wn=2, wk=8, unroll=2, prefetch=True)
+        cfg: dict[str, Any] = dict(rt=1, wn=1, wk=14, unroll=2, prefetch=False)
     elif N >= 65536:
         cfg = dict(rt=2, wn=1, wk=4, unroll=4, prefetch=False)
     elif N >= 16384:

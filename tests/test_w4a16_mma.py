@@ -123,3 +123,16 @@ def test_it_compiles_with_nvcc_for_sm90a(dtype: str, prefetch: bool, tiles: int)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ts_w4_mma_block<" in out.stdout and "mma.sync.aligned.m16n8k16" in out.stdout
+
+
+def test_mv_config_covers_the_llama_projections_and_falls_back_where_it_cannot() -> None:
+    from tileship.catalog.w4a16 import LLAMA3_8B, w4a16_linear
+    from tileship.catalog.w4a16_mma import mv_config
+
+    for _, n, k in LLAMA3_8B:
+        for m in (4, 8):
+            cfg = mv_config(m, n, k)
+            assert cfg is not None, (n, k)
+            check(m, n, k, cfg["rt"], cfg["wn"], cfg["wk"], cfg["unroll"])  # raises if the tiling does not fit
+    assert mv_config(8, 4096, 4096 + 128) is None  # 33 groups: no split of 8 warps x 4 groups
+    assert "ts_w4_mma_block" not in str(w4a16_linear(8, 4096, 4096 + 128).script())  # the GEMM serves it

@@ -21,7 +21,8 @@ keeps the GEMV's loads and does the arithmetic with ``mma.sync.m16n8k16``:
 Measured on the H200 (``benchmarks/README.md``, round 24): at M=8 it streams int4 weights at 1.0-2.9 TB/s
 (2.0-2.8x cuBLAS fp16, faster than ``w4a16_tc``'s kernel at every Llama-3-8B projection), so
 ``w4a16_linear`` uses it at M = 4..8; at M=16 and 32 the two and four times larger activation traffic and MMA
-count make it slower than ``w4a16_tc``'s, which keeps those batches.
+count make it slower than ``w4a16_tc``'s at the large projections (faster only at qkv and o at M=16), so that
+kernel keeps those batches.
 """
 
 from typing import Any

@@ -21,6 +21,10 @@ TMA pipeline. Its tiles (``SWAP_TILES``) are the fastest of the round-17 sweep a
 on the H200 (``benchmarks/results/h200/round17/llama_swap/best_per_shape.txt``, measured in the
 [K, N] layout): 1.07-1.18x of the faster of cuBLAS's ``matmul`` and ``F.linear`` on qkv, o and down at
 M=1-16, a tie on gate_up and lm_head, a loss from M=32 (not declared).
+
+At M = 4..16 the operator also declares the 16-bit MMA-GEMV of ``catalog.linear_mma`` as tune candidates
+(Option B): ``tileship tune`` routes a shape to one of them only where it verified and measured faster than
+both this kernel and cuBLAS on the target GPU; an untuned release serves the kernel above.
 """
 
 from typing import Any
@@ -30,6 +34,7 @@ import torch
 
 from tileship.catalog.gemm import matmul_fields
 from tileship.catalog.gemm_small_m import SMEM_LIMIT, linear_swap, smem_bytes
+from tileship.catalog.linear_mma import LINEAR_MV_CANDIDATES, linear_mv, mv_applies
 from tileship.catalog.w4a16 import LLAMA3_8B
 from tileship.declare.spec import Operator, Tolerance
 
@@ -58,9 +63,13 @@ def plan(M: int, N: int, K: int) -> tuple[int, int]:
     return 1, k_threads
 
 
-def linear_decode(M: int, N: int, K: int, dtype: str = "float16") -> Any:
+def linear_decode(M: int, N: int, K: int, dtype: str = "float16", mv_rt: int = 0, mv_wk: int = 8,
+                  mv_unroll: int = 1) -> Any:
     """The kernel for one decode shape: the GEMV up to ``GEMV_MAX_M`` rows, else ``linear_swap`` with the
-    tile ``swap_tile`` picks (M up to 64)."""
+    tile ``swap_tile`` picks (M up to 64); with ``mv_rt`` set, the 16-bit MMA-GEMV of ``catalog.linear_mma``
+    with that tiling (a tune candidate)."""
+    if mv_rt:
+        return linear_mv(M, N, K, dtype, rt=mv_rt, wk=mv_wk, unroll=mv_unroll)
     if M <= GEMV_MAX_M:
         return linear_gemv(M, N, K, dtype)
     block_M, (block_N, block_K, stages) = swap_tile(M, N, K)
@@ -145,4 +154,7 @@ linear = Operator(
     shapes=tuple({"M": m, "N": n, "K": k} for _, n, k in LLAMA3_8B for m in DECODE_M),
     tolerances={"float16": Tolerance(atol=1e-2, rtol=1e-2), "bfloat16": Tolerance(atol=4e-2, rtol=4e-2)},
     sample=linear_sample,
+    # the kernel above first (what an untuned release serves), then the MMA-GEMV's tilings where they apply
+    candidates=[{}, *LINEAR_MV_CANDIDATES],
+    applies=mv_applies,
 )

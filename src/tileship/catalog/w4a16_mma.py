@@ -71,6 +71,38 @@ __device__ __forceinline__ void ts_w4_mma_load(const int* B, const T1* S, int ld
       }
 }
 
+// The WK partial sums of each output of a warp meet in shared memory (part[wk][wn][t][n][i][lane]); the warps
+// with wk == 0 add them up and store rows [row0, row0 + 16 RT) of C (M x N) from the C fragments:
+// (g, 2c + i % 2) and (g + 8, 2c + i % 2) of row tile t, column tile n. Ends with no barrier after the reads.
+template <typename T1, int RT, int NT, int M, int WN, int WK>
+__device__ __forceinline__ void ts_mma_reduce_store(const float (&acc)[RT][NT][4], float* part, T1* C, int N,
+                                                    int row0, int wn, int wk, int lane) {
+  constexpr int PER = RT * NT * 4;
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int t = 0; t < RT; ++t)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) part[((wk * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane] = acc[t][n][i];
+  __syncthreads();
+  if (wk == 0) {
+#pragma unroll
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float v = 0.f;
+#pragma unroll
+          for (int k = 0; k < WK; ++k) v += part[((k * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane];
+          const int row = row0 + 16 * t + g + 8 * (i >> 1);
+          const int col = 8 * n + 2 * c + (i & 1);
+          if (col < M) C[(size_t)col * N + row] = T1(v);
+        }
+  }
+}
+
 // The activations of group j for each column tile: x[8n + g, 32c .. 32c + 31] of the group (zeros past M).
 template <typename T1, int NT>
 __device__ __forceinline__ void ts_w4_mma_x(const T1* (&ap)[NT], bool (&aval)[NT], int j, uint4 (&x)[NT][4]) {
@@ -99,7 +131,6 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
   const int grp0 = wk * GPW;
   const int nblk = gridDim.x;  // a block serves TPB row blocks: bx, bx + nblk, ...
   constexpr int CHUNKS = GPW / U;
-  constexpr int PER = RT * NT * 4;
   const T1* ap[NT];
   bool aval[NT];
 #pragma unroll
@@ -185,43 +216,22 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
         }
       }
     }
-    // the WK partial sums of each output meet in shared memory: part[wk][wn][t][n][i][lane]
     if (ti > 0) __syncthreads();  // the previous tile's sums have been read
-#pragma unroll
-    for (int t = 0; t < RT; ++t)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) part[((wk * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane] = acc[t][n][i];
-    __syncthreads();
-    if (wk == 0) {
-#pragma unroll
-      for (int t = 0; t < RT; ++t)
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float v = 0.f;
-#pragma unroll
-            for (int k = 0; k < WK; ++k) v += part[((k * WN + wn) * PER + (t * NT + n) * 4 + i) * 32 + lane];
-            const int row = row0 + 16 * t + g + 8 * (i >> 1);  // C fragment: (g, 2c + i % 2), (g + 8, ...)
-            const int col = 8 * n + 2 * c + (i & 1);
-            if (col < M) C[(size_t)col * N + row] = T1(v);
-          }
-    }
+    ts_mma_reduce_store<T1, RT, NT, M, WN, WK>(acc, part, C, N, row0, wn, wk, lane);
   }
 }
 """
 
 
-def check(M: int, N: int, K: int, rt: int, wn: int, wk: int, unroll: int) -> int:
-    """Groups per warp; raises ValueError for a shape or tiling the kernel does not cover."""
+def check(M: int, N: int, K: int, rt: int, wn: int, wk: int, unroll: int, kernel: str = "w4a16_gemm_mv") -> int:
+    """Groups of 128 columns of K a warp; raises ValueError naming ``kernel`` for a shape or tiling the kernel
+    does not cover."""
     groups = K // GROUP
     if K % GROUP or N % (16 * rt * wn) or groups % wk or (groups // wk) % unroll:
-        raise ValueError(f"w4a16_gemm_mv needs K % {GROUP} == 0, N % {16 * rt * wn} == 0 and "
+        raise ValueError(f"{kernel} needs K % {GROUP} == 0, N % {16 * rt * wn} == 0 and "
                          f"(K / {GROUP}) divisible by wk * unroll = {wk * unroll} (M={M}, N={N}, K={K})")
     if not 1 <= M <= 32:
-        raise ValueError(f"w4a16_gemm_mv serves decode batches of 1 to 32 rows, not M={M}")
+        raise ValueError(f"{kernel} serves decode batches of 1 to 32 rows, not M={M}")
     return groups // wk
 
 

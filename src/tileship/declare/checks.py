@@ -189,6 +189,7 @@ def check_operator(decl: Operator) -> None:
     for name, value, hint in (
         ("sample", decl.sample, "pass sample=fn(dims, dtype, device) returning one tensor per input"),
         ("cost", decl.cost, "pass cost=fn(dims, dtype) returning (flops, bytes) of one call"),
+        ("applies", decl.applies, "pass applies=fn(config, dims) returning whether a candidate builds a shape"),
     ):
         if value is not None and not callable(value):
             raise DeclarationError(f"{name} is not callable", operator=op, field=name, hint=hint)

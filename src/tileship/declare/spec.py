@@ -35,6 +35,7 @@ from tileship.declare.parts import (  # noqa: F401 (re-exported)
     Tolerance,
 )
 from tileship.declare.specialization import Specialization, tensor_dtypes, tensor_tolerance  # noqa: F401 (re-exported)
+from tileship.errors import DeclarationError
 
 #: ``sample(dims, dtype, device) -> tuple of input tensors``: valid inputs for the base ``dims``
 Sampler = Callable[[dict[str, int], str, Any], tuple[Any, ...]]
@@ -79,6 +80,10 @@ class Operator:
     #: shape: a list of dicts, a ``Space(...)``, or ``"factory"`` (the factory's ``@autotune`` configs).
     #: ``tileship tune`` picks the winner per shape bucket on the target GPU (``tileship.declare.candidates``)
     candidates: Any = ()
+    #: optional ``applies(config, dims) -> bool``: whether a candidate (its config laid over ``config``) is
+    #: built for a shape; dims as declared, a dynamic range's dim as its ``(min, max)``. The first candidate
+    #: must apply to every shape: it is what serves a shape that was never tuned
+    applies: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None = None
     #: input names the kernel (and the reference) update in place, e.g. ``("k_cache", "v_cache")``; an
     #: operator that mutates inputs may declare no outputs (its outputs are then not read from the kernel)
     mutates: tuple[str, ...] = ()
@@ -167,9 +172,32 @@ def expand(op: Operator, targets: tuple[str, ...] | None = None) -> list[Special
             for shape in op.shapes:
                 dims_list.append(tuple((d, shape[d]) for d in op.dims))
             for dims in dims_list:
-                for cid, cfg in cands:
-                    out.append(Specialization(op.name, dtype, dims, target, candidate=cid, config=cfg))
+                for i, (cid, cfg) in enumerate(cands):
+                    if _applies(op, i, cid, cfg, dims):
+                        out.append(Specialization(op.name, dtype, dims, target, candidate=cid, config=cfg))
     return out
+
+
+def _applies(op: Operator, index: int, cid: str, cfg: tuple[tuple[str, Any], ...],
+             dims: tuple[tuple[str, Any], ...]) -> bool:
+    """``op.applies`` for one candidate and shape (True without it). Raises DeclarationError when it raises,
+    returns a non-bool, or refuses the first candidate (the one an untuned shape is served by)."""
+    if op.applies is None or not cid:
+        return True
+    shape = {d: (list(v) if isinstance(v, tuple) else v) for d, v in dims}
+    try:
+        ok = op.applies({**op.config, **dict(cfg)}, dict(dims))
+    except Exception as exc:  # noqa: BLE001 - a user's callable: its failure names the candidate and shape
+        raise DeclarationError(f"applies() raised {type(exc).__name__}: {exc} (candidate {cid}, dims {shape})",
+                               operator=op.name, field="applies") from exc
+    if not isinstance(ok, bool):
+        raise DeclarationError(f"applies() must return a bool, got {type(ok).__name__} (candidate {cid})",
+                               operator=op.name, field="applies")
+    if index == 0 and not ok:
+        raise DeclarationError(f"applies() refuses the first candidate {cid} at dims {shape}",
+                               operator=op.name, field="applies",
+                               hint="the first candidate serves every shape before tuning: it must apply to all")
+    return ok
 
 
 def describe(op: Operator) -> dict[str, Any]:
@@ -208,5 +236,7 @@ def describe(op: Operator) -> dict[str, Any]:
         "reference": qualified(op.reference, operator=op.name, field="reference"),
         "sample": qualified(op.sample, operator=op.name, field="sample") if op.sample is not None else None,
         "cost": qualified(op.cost, operator=op.name, field="cost") if op.cost is not None else None,
+        # only operators with a candidate filter carry the key: the others' descriptions (and locks) are unchanged
+        **({"applies": qualified(op.applies, operator=op.name, field="applies")} if op.applies is not None else {}),
         "fallback": "tested-reference",
     }

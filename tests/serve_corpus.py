@@ -116,6 +116,12 @@ CASES: list[tuple[str, str, str, bytes, dict[str, str], int, str]] = [
     ("huge-input-name", "POST", _ADD, _doc([_x(name="N" * 100_000), _Y]), JSON, 400,
      "inputs[0].name is 100000 characters long"),
     ("huge-datatype", "POST", _ADD, _doc([_x(dt="F" * 100_000), _Y]), JSON, 400, "unsupported datatype 'FFFF"),
+    ("duplicate-output", "POST", _ADD, _doc([_x(), _Y], outputs=[{"name": "Z"}, {"name": "Z", "parameters": {
+        "binary_data": True}}]), JSON, 400, "output Z is requested twice"),
+    ("content-encoding-unknown", "POST", _ADD, _doc([_x(), _Y]), {**JSON, "content-encoding": "br"}, 415,
+     "Content-Encoding 'br' is not supported"),
+    ("content-encoding-not-gzip", "POST", _ADD, _doc([_x(), _Y]), {**JSON, "content-encoding": "gzip"}, 400,
+     "the body is not valid gzip data"),
     ("huge-output-name", "POST", _ADD, _doc([_x(), _Y], outputs=[{"name": "Q" * 100_000}]), JSON, 400,
      "unknown output 'QQQ"),
     ("huge-model-name", "POST", "/v2/models/" + "m" * 20_000 + "/infer", _doc([_x(), _Y]), JSON, 404,

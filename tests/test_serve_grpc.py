@@ -141,6 +141,10 @@ def _extra_bad() -> list[tuple[str, Any, str, list[str]]]:
     r.outputs.add(name="D")
     cases.append(("unknown-output", r, "INVALID_ARGUMENT", ["unknown output 'D'", "produces C"]))
     r = _raw(A=("FP32", [4], F4), B=("FP32", [4], F4))
+    r.outputs.add(name="C")
+    r.outputs.add(name="C")
+    cases.append(("duplicate-output", r, "INVALID_ARGUMENT", ["output C is requested twice"]))
+    r = _raw(A=("FP32", [4], F4), B=("FP32", [4], F4))
     r.inputs[0].parameters["shared_memory_region"].string_param = "r0"
     cases.append(("shared-memory", r, "INVALID_ARGUMENT", ["input A", "needs shared_memory_byte_size"]))
     r = _raw(A=("FP32", [4], F4), B=("FP32", [4], F4))

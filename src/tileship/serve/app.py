@@ -259,7 +259,8 @@ class Service:
             # A large one lands in a reused (pinned) block, given back by ``calls.run`` once the call has ended
             data, lease = await read_pooled(request, self.staging, limit=self.config.max_body_bytes,
                                             timeout_s=self.config.body_timeout_s, rejected=self.metrics.rejected,
-                                            align_at=tensors_start(header_length), pulls=self.pulls)
+                                            align_at=tensors_start(header_length), pulls=self.pulls,
+                                            encoding=request.headers.get("content-encoding"))
             try:
                 req = protocol.parse_infer(data, header_length, self.config.limits)
             except BaseException:

@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 
 from tileship.digits import parse_uint
-from tileship.serve import body_pull
+from tileship.serve import body_pull, content_coding
 from tileship.serve.validate import BadRequest, short
 
 #: the alignment ``read_pooled`` gives a body's tensors (what CPU kernels and vector loads want)
@@ -157,7 +157,7 @@ class _Disconnected(Exception):
 
 
 async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, rejected: Any,
-                      align_at: int | None = None, pulls: Any = None) -> tuple[Any, Any]:
+                      align_at: int | None = None, pulls: Any = None, encoding: str | None = None) -> tuple[Any, Any]:
     """``read_body`` into a block of ``pool`` (``serve.staging.Pool``) when Content-Length names a body
     the pool takes: (body, the lease or None). While the pool is at its bound the body waits for a block,
     up to ``timeout_s``, before it is read (then into a plain buffer if none came back). The caller gives
@@ -166,7 +166,10 @@ async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, 
     ``align_at``: a body offset that should land on a 16-byte boundary (the binary extension's header
     length: where the first tensor's bytes start), so that tensors viewed in place are aligned and a
     CPU kernel takes them without a copy. The body is then a memoryview into a buffer 15 bytes longer.
-    ``pulls``: as ``read_body``'s."""
+    ``pulls``: as ``read_body``'s. ``encoding``: the request's Content-Encoding header; a body compressed
+    with gzip or deflate is returned inflated (``serve.content_coding``; its lease then None), any other
+    coding is a 415 before a byte is read."""
+    name = content_coding.coding(encoding)
     size = parse_uint(request.headers.get("content-length"), strip=True)
     if size is not None and size > limit:
         size = None
@@ -181,6 +184,7 @@ async def read_pooled(request: Any, pool: Any, *, limit: int, timeout_s: float, 
     try:
         data = await read_body(request, limit=limit, timeout_s=timeout_s, rejected=rejected, into=into,
                                align_at=align_at, pulls=pulls)
+        data, lease = await content_coding.inflated(data, lease, name, limit)
     except BaseException:
         if lease is not None:
             lease.give_back()

@@ -7,7 +7,10 @@ armed whenever a request may begin (on connect, and on the first byte after a re
 cancelled when the headers are complete: past it the connection is closed. Its transport is
 wrapped in ``OneWrite``, so a response's head and its body leave in one write. A request past
 ``limit_concurrency`` gets a JSON 503 with ``Retry-After`` (``over_limit``) in place of uvicorn's
-plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``.
+plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``. A request whose line
+and headers pass ``REQUEST_HEAD_LIMIT`` gets a JSON 431 and the connection is closed (counted as
+``reason="headers_too_large"``): httptools has no such bound, and joins a long header's pieces by
+copying, so one client sending megabytes of header slowed every other request on the event loop.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 HEAD_BYTES = 16 << 10
 #: a body at most this large is joined to the held head (one copy); a larger one follows it in a write of its own
 JOIN_BYTES = 1 << 20
+#: the most bytes a request's line and headers may take (431 past it; uvicorn's h11 bound too)
+REQUEST_HEAD_LIMIT = 64 << 10
+#: how long a connection refused with 431 stays open, reading and dropping, so its client reads the answer
+LINGER_S = 1.0
 
 
 class OneWrite:
@@ -97,6 +104,11 @@ class _GuardedHttp(HttpToolsProtocol):
     rejected: Any = None  # a prometheus Counter with a ``reason`` label, or None
     _header_timer: asyncio.TimerHandle | None = None
     _deadline: float | None = None
+    _in_head = False  # a request's line and headers are being parsed
+    _heads = 0  # requests begun on this connection
+    _between = True  # no request is being parsed: the next byte starts one
+    _head_bytes = 0  # bytes of the current request's head seen so far (a lower bound)
+    _refused = False  # answered 431: reading on only so that the client gets the answer, not a reset
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(OneWrite(transport, self.loop))  # type: ignore[arg-type]
@@ -123,11 +135,29 @@ class _GuardedHttp(HttpToolsProtocol):
         self._headers_late()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:  # a 431 went out: what follows is read and dropped until the connection closes
+            return
         if self.cycle is None or self.cycle.response_complete:  # bytes of a new request's head
             self._arm()
+        heads, between = self._heads, self._between
         super().data_received(data)
+        # all of ``data`` is the current request's head when no request began in it, or when it began the
+        # only one and no earlier request's bytes came before (else the count leaves it out: a lower bound)
+        if self._in_head and (self._heads == heads or (between and self._heads == heads + 1)):
+            self._head_bytes += len(data)
+            if self._head_bytes > REQUEST_HEAD_LIMIT and not self.transport.is_closing():
+                self._headers_too_large()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._between, self._head_bytes, self._heads = True, False, 0, self._heads + 1
+
+    def on_message_complete(self) -> None:
+        self._between = True
+        super().on_message_complete()
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._disarm()
         super().on_headers_complete()
         if self.cycle is not None:
@@ -176,6 +206,20 @@ class _GuardedHttp(HttpToolsProtocol):
             self.transport.close()
 
 
+    def _headers_too_large(self) -> None:
+        self._disarm()
+        if self.rejected is not None:
+            self.rejected.labels("headers_too_large").inc()
+        body = orjson.dumps({"error": f"the request line and headers pass {REQUEST_HEAD_LIMIT} bytes, the limit"})
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        # closing now, with the client's bytes unread, would reset the connection and lose the answer: send
+        # it and the end of the stream, drop what still comes for a moment, then close
+        self._refused = True
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+
 def guarded_http(header_timeout_s: float, rejected: Any = None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a header-read deadline of ``header_timeout_s`` seconds, its
     503s past the connection limit as JSON and counted on ``rejected`` (when given)."""
@@ -186,4 +230,4 @@ def uvicorn_limits(config: Any, rejected: Any = None) -> dict[str, Any]:
     """uvicorn.Config keyword arguments for a ``ServeConfig``'s connection settings (``rejected``: the
     server's ``tileship_rejected`` counter)."""
     return {"http": guarded_http(config.header_timeout_s, rejected), "timeout_keep_alive": config.keep_alive_s,
-            "limit_concurrency": config.max_connections, "h11_max_incomplete_event_size": 64 << 10}
+            "limit_concurrency": config.max_connections, "h11_max_incomplete_event_size": REQUEST_HEAD_LIMIT}

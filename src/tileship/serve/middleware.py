@@ -82,7 +82,8 @@ class Incoming:
 
 
 #: the request headers ``Service.infer`` (and ``serve.body``) read, collected in one pass over the scope
-_INFER_HEADERS = frozenset((b"content-type", b"content-length", b"inference-header-content-length"))
+_INFER_HEADERS = frozenset((b"content-type", b"content-length", b"content-encoding",
+                            b"inference-header-content-length"))
 
 
 def new_request_id() -> str:

@@ -298,10 +298,13 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
     dims = b.dims
     out_names = [n for n, *_ in decl["outputs"]]
     if req.outputs:
-        outputs = []
+        outputs, asked = [], set()
         for name, binary in req.outputs:
             if name not in out_names:
                 raise BadRequest(400, f"unknown output {short(name)}: model {model} produces {', '.join(out_names)}")
+            if name in asked:  # as Triton: one answer per output, and one shared-memory place for it
+                raise BadRequest(400, f"output {name} is requested twice")
+            asked.add(name)
             outputs.append((name, req.binary_output if binary is None else binary))
     else:
         outputs = [(n, req.binary_output) for n in out_names]

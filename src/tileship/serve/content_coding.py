@@ -1,0 +1,66 @@
+"""Compressed request bodies: ``Content-Encoding: gzip`` or ``deflate`` on an inference request, what
+tritonclient sends with ``request_compression_algorithm`` and Triton accepts.
+
+The body is inflated, at most the server's body limit (``--max-body-mib``) of it: a small body that
+inflates past the limit (a zip bomb) is refused with 413 once the limit is reached, never inflated
+whole. ``Inference-Header-Content-Length`` counts the inflated body's JSON header, as tritonclient
+sets it. A body of more than ``THREAD_BYTES`` is inflated on a thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Any
+
+from tileship.serve.validate import BadRequest, short
+
+#: Content-Encoding -> zlib's ``wbits`` for it (RFC 9110: ``deflate`` is the zlib format, as ``zlib.compress`` writes)
+WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+#: a compressed body larger than this is inflated on a thread
+THREAD_BYTES = 64 << 10
+
+
+def coding(header: str | None) -> str | None:
+    """The content coding a ``Content-Encoding`` header names: None for none (absent, empty or
+    ``identity``), else ``gzip`` or ``deflate``. Raises BadRequest 415 for any other coding, or a list of them."""
+    if header is None:
+        return None
+    name = header.strip().lower()
+    if name in ("", "identity"):
+        return None
+    if name not in WBITS:
+        raise BadRequest(415, f"Content-Encoding {short(header)} is not supported: send the body as is, "
+                              "or compressed with gzip or deflate")
+    return "gzip" if name == "x-gzip" else name
+
+
+def inflate(data: Any, name: str, limit: int) -> bytearray:
+    """``data`` (a body compressed with ``name``, from ``coding``) inflated, in a writable buffer (binary
+    inputs are viewed in place as tensors, which torch wants writable). Raises BadRequest: 413 when
+    it inflates past ``limit`` bytes (stopping there), 400 when it is not one whole stream of ``name``."""
+    d = zlib.decompressobj(WBITS[name])
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise BadRequest(400, f"the body is not valid {name} data (Content-Encoding: {name}): {exc}") from None
+    if len(out) > limit:
+        raise BadRequest(413, f"the {name} body inflates past {limit} bytes, the limit (--max-body-mib)")
+    if not d.eof:
+        raise BadRequest(400, f"the {name} body ends before its compressed stream does (Content-Encoding: {name})")
+    if d.unused_data:
+        raise BadRequest(400, f"the {name} body has {len(d.unused_data)} bytes after its compressed stream")
+    return bytearray(out)
+
+
+async def inflated(data: Any, lease: Any, name: str | None, limit: int) -> tuple[Any, Any]:
+    """(body, lease) as they are when ``name`` (from ``coding``) is None, else (``data`` inflated, None):
+    the compressed bytes are read by then, so their pooled block (``lease``, ``serve.staging``) goes back
+    here. Raises BadRequest as ``inflate`` does (the caller still holds ``lease`` then)."""
+    if name is None:
+        return data, lease
+    big = len(data) > THREAD_BYTES
+    out = await asyncio.to_thread(inflate, data, name, limit) if big else inflate(data, name, limit)
+    if lease is not None:
+        lease.give_back()
+    return out, None

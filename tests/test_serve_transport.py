@@ -123,3 +123,25 @@ def test_heads_under_the_limit_and_pipelined_requests_are_served(server):
         s.sendall(one * 4 + one.replace(b"Host: x", b"Host: x\r\nConnection: close"))
         answer = _read_all(s)
     assert answer.count(b"HTTP/1.1 200 OK") == 5, answer[:500]
+
+
+@pytest.mark.parametrize("head,words", [
+    (b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", "Content-Length"),
+    (b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+     "Duplicate Content-Length"),
+    (b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+     "Transfer-Encoding can't be present with Content-Length"),
+    (b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+     "chunk size"),
+    (b"GET /v2/health/live HTTP/9.9\r\nHost: x\r\n\r\n", "HTTP version"),
+], ids=["content-length-not-a-number", "two-content-lengths", "content-length-and-chunked", "bad-chunk-size",
+        "http-9.9"])
+def test_bytes_that_are_no_http_request_get_a_json_400_naming_the_problem(server, head, words):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.settimeout(10)
+        s.sendall(head)
+        answer = _read_all(s)
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400 ") and b"application/json" in status, answer
+    assert words in json.loads(body)["error"], body
+    served_right(server)

@@ -7,7 +7,8 @@ armed whenever a request may begin (on connect, and on the first byte after a re
 cancelled when the headers are complete: past it the connection is closed. Its transport is
 wrapped in ``OneWrite``, so a response's head and its body leave in one write. A request past
 ``limit_concurrency`` gets a JSON 503 with ``Retry-After`` (``over_limit``) in place of uvicorn's
-plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``. A request whose line
+plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``. Bytes that are no HTTP
+request get a JSON 400 naming what the parser refused, where uvicorn sends plain text. A request whose line
 and headers pass ``REQUEST_HEAD_LIMIT`` gets a JSON 431 and the connection is closed (counted as
 ``reason="headers_too_large"``): httptools has no such bound, and joins a long header's pieces by
 copying, so one client sending megabytes of header slowed every other request on the event loop.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from typing import Any
 
 import httptools
@@ -206,13 +208,25 @@ class _GuardedHttp(HttpToolsProtocol):
             self.transport.close()
 
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are no HTTP request (called in its ``except HttpParserError``), as
+        JSON naming what the parser refused (``Invalid character in Content-Length``, ...), then close."""
+        exc = sys.exc_info()[1]
+        why = str(exc) if isinstance(exc, httptools.HttpParserError) and str(exc) else msg
+        self._write_error(b"400 Bad Request", f"invalid HTTP request: {why[:200]}")
+        self.transport.close()
+
+    def _write_error(self, status: bytes, message: str) -> None:
+        body = orjson.dumps({"error": message})
+        self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, len(body), body))
+
     def _headers_too_large(self) -> None:
         self._disarm()
         if self.rejected is not None:
             self.rejected.labels("headers_too_large").inc()
-        body = orjson.dumps({"error": f"the request line and headers pass {REQUEST_HEAD_LIMIT} bytes, the limit"})
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self._write_error(b"431 Request Header Fields Too Large",
+                          f"the request line and headers pass {REQUEST_HEAD_LIMIT} bytes, the limit")
         # closing now, with the client's bytes unread, would reset the connection and lose the answer: send
         # it and the end of the stream, drop what still comes for a moment, then close
         self._refused = True

@@ -115,6 +115,21 @@ def test_workers_answer_like_the_in_process_server(server, cpu_release_build, mo
     assert w["serving"] and w["standby"] and os.getpid() not in [*w["serving"], w["standby"]]
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_and_a_duplicate_output_through_a_worker(server, algorithm):
+    a, b = np.arange(5000, dtype=np.float32), np.full(5000, 0.5, dtype=np.float32)
+    c = client(server)
+    try:  # 5000 floats: the worker's buffer path, not the event loop's (remote.LOOP_BYTES)
+        res = infer(c, "add", {"A": a, "B": b}, binary=True, out="C", request_compression_algorithm=algorithm)
+    finally:
+        c.close()
+    np.testing.assert_array_equal(res.as_numpy("C"), a + b)
+    r = httpx.post(f"{server.url}/v2/models/add/infer", json={"inputs": [
+        {"name": "A", "shape": [1], "datatype": "FP32", "data": [1]},
+        {"name": "B", "shape": [1], "datatype": "FP32", "data": [2]}], "outputs": [{"name": "C"}, {"name": "C"}]})
+    assert r.status_code == 400 and r.json()["error"] == "output C is requested twice", r.text
+
+
 def test_undeclared_shape_and_bad_calls_through_a_worker(server):
     with httpx.Client() as c:
         st, out = add_binary(server.url, c, np.ones(3, np.float32), np.full(3, 2, np.float32))

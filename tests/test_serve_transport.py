@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as triton
 from tests.test_serve_limits import hostile_server, metric
 
-from tileship.serve import BackgroundServer
+from tileship.serve import BackgroundServer, content_coding
 from tileship.serve.connections import REQUEST_HEAD_LIMIT
 
 LIMIT = 1 << 20  # the server's body limit here: a bomb needs to inflate past only this
@@ -145,3 +145,10 @@ def test_bytes_that_are_no_http_request_get_a_json_400_naming_the_problem(server
     assert status.startswith(b"HTTP/1.1 400 ") and b"application/json" in status, answer
     assert words in json.loads(body)["error"], body
     served_right(server)
+
+
+def test_a_small_body_that_inflates_large_is_left_to_a_thread():
+    bomb = gzip.compress(b" " * (8 * content_coding.LOOP_BYTES))
+    assert len(bomb) < content_coding.LOOP_BYTES
+    assert content_coding.inflate(bomb, "gzip", LIMIT, content_coding.LOOP_BYTES) is None  # not on the loop
+    assert content_coding.inflate(bomb, "gzip", LIMIT) == b" " * (8 * content_coding.LOOP_BYTES)

@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("drill-report"), "--out", "-o",
                                  help="where drill.json, drill.txt, server.log go"),
         url: str | None = typer.Option(None, help="use a running server that follows REGISTRY instead of starting one"),
-        port: int = typer.Option(0, help="port for the started server (0: a free one)"),
+        port: int = typer.Option(0, min=0, max=65535, help="port for the started server (0: a free one)"),
         phase_seconds: float = typer.Option(5.0, help="seconds of load in each phase"),
         concurrency: int = typer.Option(4, help="concurrent clients (closed loop: one request in flight each)"),
         op: list[str] = typer.Option([], "--op", help="operators to load (default: all that both releases serve)"),

@@ -188,20 +188,6 @@ def test_build_cli_exit_status_and_summary(tmp_path):
     assert "1 built, 2 failed" in res.output
 
 
-@pytest.mark.parametrize("command", ["build", "lock", "promote"])
-def test_a_project_path_that_does_not_exist_is_an_error_not_the_builtin_catalog(command, tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
-    from tileship.cli import app
-
-    monkeypatch.chdir(tmp_path)  # where `lock` would write tileship.lock
-    missing = tmp_path / "tileship-typo.toml"
-    res = CliRunner().invoke(app, [command, "--project", str(missing)])
-    assert res.exit_code == 1, res.output
-    assert "no such project file or directory" in res.output and "tileship-typo.toml" in res.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
-
-
 def test_tampered_pack_refused(cpu_release_build, tmp_path):
     root = tmp_path / "r"
     shutil.copytree(cpu_release_build.path, root)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, err_console, handle_errors
+from tileship.cli._common import console, err_console, escape, handle_errors
 from tileship.cli.registry_cmd import REGISTRY_HELP
 
 
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
                 target = do_load(path)
             except TileshipError as exc:  # a release that will not load is exactly what to diagnose
                 failure, reason = exc, "load_refused"
-                err_console.print(f"[yellow]the release does not load here[/]: {exc.message}")
+                err_console.print(f"[yellow]the release does not load here[/]: {escape(exc.message)}")
         ref = diagnostics.capture(target, spec_id=spec, exc=failure, out_dir=out, reason=reason)
         console.print(f"[green]diagnostics {ref.id}[/]\n  {ref.path}/\n  {ref.archive}")
 

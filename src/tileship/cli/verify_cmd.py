@@ -12,6 +12,7 @@ from tileship.cli._common import (
     SeedsOption,
     VerifierKeyOption,
     console,
+    escape,
     handle_errors,
     parse_seeds,
 )
@@ -111,9 +112,9 @@ def verify_cmd(
                       _fmt(max(ratios) if ratios else None, ".3f"), speed, doc["route"])
     console.print(table)
     for v in result.failed:
-        console.print(f"[red]failed[/] {v.spec.id}: {v.failure}")
+        console.print(f"[red]failed[/] {v.spec.id}: {escape(str(v.failure))}")
     for sid, why in sorted(result.skipped.items()):
-        console.print(f"[dim]skipped {sid}: {why}[/]")
+        console.print(f"[dim]skipped {sid}: {escape(str(why))}[/]")
     dev = result.evidence.get("device") or {}
     console.print(f"device: {dev.get('name', 'no GPU')} cc {dev.get('compute_capability', '-')}, "
                   f"{dev.get('sm_count', '-')} SMs, "

@@ -51,3 +51,11 @@ def test_a_file_system_error_names_the_file_and_exits_1(tmp_path):
     assert res.exit_code == 1, res.output
     assert "No such file or directory" in res.output and str(tmp_path / "no" / "such" / "dir") in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("args", [["build", "-j", "0"], ["verify", ".", "--grid", "-1"],
+                                  ["tune", ".", "--budget-ms", "-5"], ["verify", ".", "--budget-ms", "0"]])
+def test_numbers_out_of_range_are_refused_naming_the_option(args):
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert args[-2] in res.output, res.output

@@ -26,7 +26,7 @@ ProjectOption = Annotated[Path | None, typer.Option(help="tileship.toml / pyproj
 #: ``--out`` and ``--jobs`` of the commands that build (``build``, ``promote``)
 BuildOutOption = Annotated[Path | None, typer.Option("--out", "-o", help="releases are written to OUT/<release id> "
                                                                          "(default .tileship/builds)")]
-JobsOption = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles")]
+JobsOption = Annotated[int, typer.Option("--jobs", "-j", min=1, help="parallel compiles")]
 #: the release directory that ``verify``, ``tune`` and ``explain`` read their evidence from
 ReleaseDir = Annotated[Path, typer.Argument(help="release directory")]
 #: ``--limit``: how far ``verify`` and ``tune`` go into a ``T.dynamic`` range

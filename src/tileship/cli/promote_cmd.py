@@ -50,7 +50,7 @@ def promote_cmd(
     timeout: float = typer.Option(600.0, help="seconds to wait for the canary's verdict"),
     verify: bool = typer.Option(True, help="verify on this machine before publishing"),
     tune: bool = typer.Option(True, help="tune on this machine before publishing (tileship tune)"),
-    budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run in verify and tune"),
+    budget_ms: float = typer.Option(40.0, min=0.001, help="measured milliseconds per timing run in verify and tune"),
 ) -> None:
     """Take a release to production: build (unless RELEASE is given) -> verify -> tune ->
     publish -> activate. With --server, activation is a canary in that server: --canary P of

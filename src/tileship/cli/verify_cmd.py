@@ -49,9 +49,11 @@ def verify_cmd(
     release: ReleaseDir,
     seeds: SeedsOption = "0,1,2",
     limit: LimitOption = None,
-    grid: int = typer.Option(4, help="ratio between verified T.dynamic sizes besides the edges; 0: edge sizes only"),
+    grid: int = typer.Option(4, min=0, help="ratio between verified T.dynamic sizes besides the edges; "
+                                            "0: edge sizes only"),
     timing: bool = typer.Option(True, help="time kernel vs reference (needed for routing by speed)"),
-    budget_ms: float = typer.Option(100.0, help="measured milliseconds per timing run (each path is timed twice)"),
+    budget_ms: float = typer.Option(100.0, min=0.001, help="measured milliseconds per timing run (each path is "
+                                                          "timed twice)"),
     warmup_ms: float = typer.Option(25.0),
     max_repeats: int = typer.Option(50, help="most timing samples per run"),
     reference_dtype: str = typer.Option("float64",

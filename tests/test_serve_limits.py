@@ -422,3 +422,15 @@ def test_a_grpc_message_over_the_body_limit_is_refused_named_and_counted(tmp_pat
         metrics = httpx.get(srv.url + "/metrics", timeout=10).text
         assert metric(metrics, "tileship_rejected_total", reason="body_too_large") == 1
         assert metric(metrics, "tileship_requests_total", code="500") == 0
+
+
+@pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"], ["--grpc-port", "70000"]])
+def test_a_port_outside_0_to_65535_is_refused_before_anything_loads(args, tmp_path):
+    """--port 99999 used to listen on 34463 (the number wrapped at 16 bits) and report ready there."""
+    from typer.testing import CliRunner
+
+    from tileship.cli import app
+
+    res = CliRunner().invoke(app, ["serve", str(tmp_path / "no-release"), *args])
+    assert res.exit_code in (1, 2), res.output
+    assert args[0] in res.output and "load" not in res.output.lower(), res.output

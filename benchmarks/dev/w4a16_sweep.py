@@ -164,6 +164,21 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                     if rt * unroll * (2 if pf else 1) > 8:
                         continue
                     out.append(("mvk", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf)))
+    # "mv4": four and eight row tiles a warp at M = 9..32. Each warp's activation bytes per weight byte are
+    # 4 M / (16 rt) (8 at M=32, rt=1), and at M=32 round 24's best time fell 35-40% from rt 1 to 2 (gate_up
+    # 85.6 -> 55.9 us), so the activation loads, not the weights, set the pace there. ptxas (nvcc 13.0, sm_90a,
+    # M=32, ``-Xptxas=-v``): rt 4 takes 193-248 registers a thread with no spill, rt 8 255 with 8-28 bytes
+    # spilled (unroll 1, no prefetch), so a block stays within 256 threads
+    for rt in (4, 8):
+        for wn in (1, 2):
+            for wk in (1, 2, 4, 8):
+                for unroll, pf in ((1, False), (1, True), (2, False)):
+                    blocks = N // (16 * rt * wn) if N % (16 * rt * wn) == 0 else 0
+                    if not 64 <= 32 * wn * wk <= 256 or blocks < 32 or groups % (wk * unroll) or not 9 <= M <= 32:
+                        continue
+                    if rt == 8 and (unroll, pf) != (1, False):
+                        continue
+                    out.append(("mv4", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf)))
     return out
 
 
@@ -173,7 +188,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 
     if kind == "catalog":
         return w4a16_linear(M, N, K, dtype)
-    if kind in ("mv", "mv2", "mv3", "mvk"):
+    if kind in ("mv", "mv2", "mv3", "mvk", "mv4"):
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)

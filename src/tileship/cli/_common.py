@@ -10,9 +10,12 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tileship.errors import TileshipError
 
+#: what commands print goes through rich markup: text from outside (messages, reasons, paths) through
+#: ``escape``, so that "[tool.tileship]" prints as written and a "[/" cannot raise
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,7 +26,7 @@ ProjectOption = Annotated[Path | None, typer.Option(help="tileship.toml / pyproj
 #: ``--out`` and ``--jobs`` of the commands that build (``build``, ``promote``)
 BuildOutOption = Annotated[Path | None, typer.Option("--out", "-o", help="releases are written to OUT/<release id> "
                                                                          "(default .tileship/builds)")]
-JobsOption = Annotated[int, typer.Option("--jobs", "-j", help="parallel compiles")]
+JobsOption = Annotated[int, typer.Option("--jobs", "-j", min=1, help="parallel compiles")]
 #: the release directory that ``verify``, ``tune`` and ``explain`` read their evidence from
 ReleaseDir = Annotated[Path, typer.Argument(help="release directory")]
 #: ``--limit``: how far ``verify`` and ``tune`` go into a ``T.dynamic`` range
@@ -64,16 +67,22 @@ def parse_seeds(seeds: str) -> tuple[int, ...]:
 
 
 def handle_errors(fn: F) -> F:
-    """Print a TileshipError (message + hint) and exit 1 instead of a traceback."""
+    """Print a TileshipError (message + hint), or an OSError with the file it names (a folder that does not
+    exist, no permission, a full disk), and exit 1 instead of a traceback."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except TileshipError as exc:
-            err_console.print(f"[bold red]error[/]: {exc.message}")
+            err_console.print(f"[bold red]error[/]: {escape(exc.message)}")
             if exc.hint:
-                err_console.print(f"  [dim]hint: {exc.hint}[/]")
+                err_console.print(f"  [dim]hint: {escape(exc.hint)}[/]")
+            raise typer.Exit(1) from None
+        except OSError as exc:
+            where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+            what = f"{where}: {exc.strerror or exc}" if where else str(exc.strerror or exc)
+            err_console.print(f"[bold red]error[/]: {escape(what)}")
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]

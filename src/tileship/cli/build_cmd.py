@@ -11,6 +11,7 @@ from tileship.cli._common import (
     ProjectOption,
     console,
     default_out,
+    escape,
     handle_errors,
     resolve_project,
 )
@@ -70,7 +71,7 @@ def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float,
                 console.print(f"[yellow]diagnostics {ref.id}[/]: compiler commands and logs of the failures "
                               f"-> {ref.archive}")
         except OSError as exc:
-            console.print(f"[yellow]no diagnostics bundle[/]: {exc}")
+            console.print(f"[yellow]no diagnostics bundle[/]: {escape(str(exc))}")
     return result
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, handle_errors
+from tileship.cli._common import console, escape, handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -41,8 +41,8 @@ def register(app: typer.Typer) -> None:
             return
         for d in report.differences:
             style = "bold red" if d.blocking else "yellow"
-            console.print(f"[{style}]{'BLOCKING' if d.blocking else 'info'}[/] {d.field}: "
-                          f"locked {d.locked!r} -> running {d.current!r}\n    {d.consequence}")
+            console.print(f"[{style}]{'BLOCKING' if d.blocking else 'info'}[/] "
+                          + escape(f"{d.field}: locked {d.locked!r} -> running {d.current!r}\n    {d.consequence}"))
         blocking = sorted(f for f, (b, _) in RULES.items() if b)
         console.print(f"[dim]blocking fields: {', '.join(blocking)}[/]")
         if any(d.blocking for d in references):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, err_console, handle_errors
+from tileship.cli._common import console, err_console, escape, handle_errors
 from tileship.cli.registry_cmd import REGISTRY_HELP
 
 
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
                 target = do_load(path)
             except TileshipError as exc:  # a release that will not load is exactly what to diagnose
                 failure, reason = exc, "load_refused"
-                err_console.print(f"[yellow]the release does not load here[/]: {exc.message}")
+                err_console.print(f"[yellow]the release does not load here[/]: {escape(exc.message)}")
         ref = diagnostics.capture(target, spec_id=spec, exc=failure, out_dir=out, reason=reason)
         console.print(f"[green]diagnostics {ref.id}[/]\n  {ref.path}/\n  {ref.archive}")
 
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("drill-report"), "--out", "-o",
                                  help="where drill.json, drill.txt, server.log go"),
         url: str | None = typer.Option(None, help="use a running server that follows REGISTRY instead of starting one"),
-        port: int = typer.Option(0, help="port for the started server (0: a free one)"),
+        port: int = typer.Option(0, min=0, max=65535, help="port for the started server (0: a free one)"),
         phase_seconds: float = typer.Option(5.0, help="seconds of load in each phase"),
         concurrency: int = typer.Option(4, help="concurrent clients (closed loop: one request in flight each)"),
         op: list[str] = typer.Option([], "--op", help="operators to load (default: all that both releases serve)"),

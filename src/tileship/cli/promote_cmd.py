@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from tileship.cli._common import BuildOutOption, JobsOption, ProjectOption, console, default_out, handle_errors
+from tileship.cli._common import BuildOutOption, JobsOption, ProjectOption, console, default_out, escape, handle_errors
 
 EXIT_ROLLED_BACK = 3
 
@@ -50,7 +50,7 @@ def promote_cmd(
     timeout: float = typer.Option(600.0, help="seconds to wait for the canary's verdict"),
     verify: bool = typer.Option(True, help="verify on this machine before publishing"),
     tune: bool = typer.Option(True, help="tune on this machine before publishing (tileship tune)"),
-    budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run in verify and tune"),
+    budget_ms: float = typer.Option(40.0, min=0.001, help="measured milliseconds per timing run in verify and tune"),
 ) -> None:
     """Take a release to production: build (unless RELEASE is given) -> verify -> tune ->
     publish -> activate. With --server, activation is a canary in that server: --canary P of
@@ -92,7 +92,8 @@ def promote_cmd(
     outcome = result.status.get("outcome") or {}
     if not result.promoted:
         why = outcome.get("reason") or f"no verdict within {timeout:g} s"
-        console.print(f"[red]{result.state}[/]: {why}; the active release keeps serving, the registry is unchanged")
+        console.print(f"[red]{result.state}[/]: {escape(str(why))}; the active release keeps serving, "
+                      "the registry is unchanged")
         raise typer.Exit(EXIT_ROLLED_BACK)
     if outcome.get("registry") is None:  # the server follows a release directory: move our registry's pointer too
         active = reg.activate(rid)

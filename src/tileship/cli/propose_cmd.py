@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, handle_errors
+from tileship.cli._common import console, escape, handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"{len(report.proposals)} proposal(s), ~{build:g} s of compile in all (serial; "
                       f"{report.compile_seconds_source})")
         for op, what, why in report.dropped:
-            console.print(f"[yellow]dropped[/] {op} {what}: {why}")
+            console.print(f"[yellow]dropped[/] {op} {escape(str(what))}: {escape(str(why))}")
         for (op, reason), (calls, secs) in sorted(report.not_fixable.items()):
             console.print(f"[dim]not fixable by shapes[/] {op} {reason}: {calls} calls, {secs:.4g} s")
         for op, calls in sorted(report.tail.items()):

@@ -12,7 +12,7 @@ def serve(
     source: Path = typer.Argument(...,
                                   help="a release directory, or a registry directory (its active release is served)"),
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
-    port: int = typer.Option(8000, help="port to listen on"),
+    port: int = typer.Option(8000, min=0, max=65535, help="port to listen on (0: a free one)"),
     grpc_port: int | None = typer.Option(None, help="also serve KServe v2 gRPC (tritonclient.grpc) on this port, "
                                                      "same process and models (Triton's default is 8001; 0: a free "
                                                      "port); off when not given"),

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, handle_errors
+from tileship.cli._common import console, escape, handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -47,9 +47,9 @@ def register(app: typer.Typer) -> None:
         _, seal = open_evidence(checked.root, checked.release_id, checked.manifest["files"],
                                 trusted_verifier_key or None)
         for warning in checked.warnings:
-            console.print(f"[yellow]warning[/]: {warning}")
+            console.print(f"[yellow]warning[/]: {escape(str(warning))}")
         if checked.key_id:
             console.print(f"[green]signature ok[/]: {checked.key_id}")
         style = "yellow" if seal.state == "ignored" else "dim"
-        console.print(f"[{style}]evidence {seal.state}[/]: {seal.reason} (digest {seal.label})")
+        console.print(f"[{style}]evidence {seal.state}[/]: {escape(str(seal.reason))} (digest {seal.label})")
         console.print(f"[green]intact[/]: release {checked.release_id}, {len(checked.manifest['files'])} files")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tileship.cli._common import console, handle_errors
+from tileship.cli._common import console, escape, handle_errors
 
 LOCK_HELP = "the project's lock (or a release directory): TileLang, apache-tvm-ffi, z3 and nvcc versions"
 
@@ -90,8 +90,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         diffs = compare(locked or {"cuda": None}, tc)
         for d in diffs:
-            console.print(f"[bold red]differs[/] {d.field}: locked {d.locked!r} -> here {d.current!r}\n"
-                          f"    {d.consequence}")
+            console.print("[bold red]differs[/] " + escape(f"{d.field}: locked {d.locked!r} -> here {d.current!r}\n"
+                                                         f"    {d.consequence}"))
         if diffs:
             raise typer.Exit(1)
         n = len((locked or {}).get("wheels", {}))
@@ -107,6 +107,7 @@ def print_toolchain_drift(lock: dict, directory: Path | None) -> None:
 
     diffs = compare(lock["toolchain"], Toolchain(directory) if directory else None)
     for d in diffs:
-        console.print(f"[yellow]toolchain[/] {d.field}: locked {d.locked!r} -> here {d.current!r}\n    {d.consequence}")
+        console.print("[yellow]toolchain[/] " + escape(f"{d.field}: locked {d.locked!r} -> here {d.current!r}\n"
+                                                         f"    {d.consequence}"))
     if not diffs:
         console.print(f"[green]toolchain matches the lock[/]: {len(lock['toolchain'].get('wheels', {}))} wheels")

@@ -13,7 +13,7 @@ def tune_cmd(
     release: common.ReleaseDir,
     seeds: common.SeedsOption = "0,1",
     limit: common.LimitOption = None,
-    budget_ms: float = typer.Option(40.0, help="measured milliseconds per timing run of one path"),
+    budget_ms: float = typer.Option(40.0, min=0.001, help="measured milliseconds per timing run of one path"),
     rounds: int = typer.Option(5, help="timing rounds per bucket (their spread is the noise band)"),
     confirm_rounds: int = typer.Option(5, min=0, help="more rounds where only the noise band kept the reference "
                                                       "(0: never)"),

@@ -12,6 +12,7 @@ from tileship.cli._common import (
     SeedsOption,
     VerifierKeyOption,
     console,
+    escape,
     handle_errors,
     parse_seeds,
 )
@@ -48,9 +49,11 @@ def verify_cmd(
     release: ReleaseDir,
     seeds: SeedsOption = "0,1,2",
     limit: LimitOption = None,
-    grid: int = typer.Option(4, help="ratio between verified T.dynamic sizes besides the edges; 0: edge sizes only"),
+    grid: int = typer.Option(4, min=0, help="ratio between verified T.dynamic sizes besides the edges; "
+                                            "0: edge sizes only"),
     timing: bool = typer.Option(True, help="time kernel vs reference (needed for routing by speed)"),
-    budget_ms: float = typer.Option(100.0, help="measured milliseconds per timing run (each path is timed twice)"),
+    budget_ms: float = typer.Option(100.0, min=0.001, help="measured milliseconds per timing run (each path is "
+                                                          "timed twice)"),
     warmup_ms: float = typer.Option(25.0),
     max_repeats: int = typer.Option(50, help="most timing samples per run"),
     reference_dtype: str = typer.Option("float64",
@@ -111,9 +114,9 @@ def verify_cmd(
                       _fmt(max(ratios) if ratios else None, ".3f"), speed, doc["route"])
     console.print(table)
     for v in result.failed:
-        console.print(f"[red]failed[/] {v.spec.id}: {v.failure}")
+        console.print(f"[red]failed[/] {v.spec.id}: {escape(str(v.failure))}")
     for sid, why in sorted(result.skipped.items()):
-        console.print(f"[dim]skipped {sid}: {why}[/]")
+        console.print(f"[dim]skipped {sid}: {escape(str(why))}[/]")
     dev = result.evidence.get("device") or {}
     console.print(f"device: {dev.get('name', 'no GPU')} cc {dev.get('compute_capability', '-')}, "
                   f"{dev.get('sm_count', '-')} SMs, "

@@ -104,7 +104,13 @@ def parse_project(data: Mapping[str, Any], *, root: Path | None = None, source: 
 
 
 def find_project(start: Path | None = None) -> Project:
-    """The project of ``start`` (default: cwd): tileship.toml, else [tool.tileship], else builtin."""
+    """The project of ``start`` (default: cwd): tileship.toml, else [tool.tileship], else builtin.
+
+    Raises DeclarationError when ``start`` is given and does not exist: a mistyped ``--project`` must not
+    quietly fall back to the built-in catalog."""
+    if start is not None and not start.exists():
+        raise DeclarationError(f"{start}: no such project file or directory", field="project",
+                               hint="name a tileship.toml, a pyproject.toml with [tool.tileship], or their folder")
     here = (start or Path.cwd()).resolve()
     if here.is_file():
         return _read(here)

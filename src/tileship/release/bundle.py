@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tileship.build.lock import sha256_file
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
+from tileship.release import strict_json
 from tileship.release.inplace import leftover, settle, stage
 
 MANIFEST = "manifest.json"
@@ -82,11 +83,9 @@ def write_manifest(root: Path) -> dict[str, Any]:
 def read_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     try:
-        data = json.loads(path.read_text())
+        data = strict_json.loads(path.read_bytes(), path, "manifest")
     except FileNotFoundError:
         raise BundleIntegrityError(f"{path}: manifest missing: not a tileship release", path=str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleIntegrityError(f"{path}: manifest is not valid JSON ({exc})", path=str(path)) from None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or "release_id" not in data:
         raise BundleIntegrityError(f"{path}: manifest lacks files/release_id", path=str(path))
     return data
@@ -181,8 +180,11 @@ def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trus
     if sig_file is None:
         raise SignatureError(f"{path}: release is not signed but a trusted key is required", path=str(path))
     try:
-        data = json.loads(sig_file)
+        data = strict_json.loads(sig_file, path, "signature file", SignatureError)
         sig = base64.b64decode(data["signature"], validate=True)
+    except SignatureError as exc:
+        raise SignatureError(f"{path}: malformed signature file ({exc.message.split(': ', 1)[-1]})",
+                             path=str(path)) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise SignatureError(f"{path}: malformed signature file ({exc})", path=str(path)) from None
     for key in trusted:

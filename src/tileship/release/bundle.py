@@ -249,14 +249,19 @@ def unpack(archive: Path, dest: Path) -> Path:
     """Extract a packed release under ``dest``; integrity is checked before it is returned. An
     unreadable archive (truncated, a corrupt stream) raises ``tarfile.ReadError`` (the filesystem's
     own errors, a full disk among them, stay OSError); members outside one top directory (absolute,
-    ``..``) and a failed check raise BundleError naming the archive, never the temporary ``dest``."""
+    ``..``), what ``release.archive`` refuses before extracting (links, special files, a name given
+    twice, more data than the limit or the free space, bytes after the end) and a failed check raise
+    BundleError naming the archive, never the temporary ``dest``."""
     import zlib
     from pathlib import PurePosixPath
+
+    from tileship.release import archive as archive_check
 
     try:
         with tarfile.open(archive, "r:gz") as tar:
             tops = set()
-            for m in tar.getmembers():
+            listed = archive_check.members(tar, archive, dest)
+            for m in listed:
                 parts = PurePosixPath(m.name).parts
                 if m.name.startswith("/") or ".." in parts:
                     raise BundleError(f"{archive}: member {m.name[:200]!r} leaves the archive's release directory",
@@ -266,7 +271,8 @@ def unpack(archive: Path, dest: Path) -> Path:
             if len(tops) != 1:
                 raise BundleError(f"{archive}: expected one release directory, found {sorted(tops)[:8]}",
                                   path=str(archive))
-            tar.extractall(dest, filter="data")
+            archive_check.no_trailing_data(tar, archive)
+            tar.extractall(dest, members=listed, filter="data")
     except (EOFError, zlib.error, ValueError) as exc:  # what gzip and tarfile raise for a damaged stream
         raise tarfile.ReadError(f"a damaged archive ({type(exc).__name__}: {exc})") from None
     root = dest / tops.pop()

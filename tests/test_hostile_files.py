@@ -228,3 +228,26 @@ def test_a_hostile_active_pointer_is_a_registry_error(tmp_path: Path, case: str)
     reg.pointer.write_bytes(HOSTILE_JSON[case][0])
     with pytest.raises(RegistryError, match="active.json: not valid JSON"):
         reg.active()
+
+
+def test_the_registry_lists_a_published_release_with_hostile_files_without_a_traceback(cpu_release: Path,
+                                                                                        tmp_path: Path) -> None:
+    """publish checks integrity only, so an unsigned release with a deeply nested release.json and
+    evidence is published; listing the registry must still work (before: a RecursionError)."""
+    from tileship.release.registry import Registry
+
+    deep = HOSTILE_JSON["deep-nesting"][0]
+    (cpu_release / "release.json").write_bytes(deep)
+    _empty(cpu_release)
+    (cpu_release / evidence.EVIDENCE).write_bytes(deep)
+    bundle.write_manifest(cpu_release)
+    reg = Registry(tmp_path / "reg")
+    rid = reg.publish(cpu_release)
+    (reg.root / "images").mkdir()
+    (reg.root / "images" / f"{rid}.json").write_bytes(deep)
+    [info] = reg.releases()
+    assert (info.release_id, info.model, info.integrity_ok) == (rid, "?", True)
+    assert info.verification == "unreadable" and "nested too deeply" in info.verification_detail, info
+    assert reg.image_digest(rid) is None
+    with pytest.raises(BundleIntegrityError, match="release.json: release description is not valid JSON"):
+        load(reg.path_of(rid))

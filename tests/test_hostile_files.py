@@ -251,3 +251,23 @@ def test_the_registry_lists_a_published_release_with_hostile_files_without_a_tra
     assert reg.image_digest(rid) is None
     with pytest.raises(BundleIntegrityError, match="release.json: release description is not valid JSON"):
         load(reg.path_of(rid))
+
+
+@pytest.mark.parametrize("command", [["verify"], ["explain", "@", "add", "N=4096"], ["report", "@", "-o", "OUT"],
+                                     ["tune"]], ids=lambda c: c[0])
+def test_commands_reading_release_json_name_a_hostile_one(cpu_release: Path, tmp_path: Path,
+                                                          command: list[str]) -> None:
+    """Before: verify, explain, report and tune raised RecursionError from json.loads (a traceback)."""
+    from typer.testing import CliRunner
+
+    from tileship.cli import app
+
+    (cpu_release / "release.json").write_bytes(HOSTILE_JSON["deep-nesting"][0])
+    bundle.write_manifest(cpu_release)
+    args = [str(cpu_release) if a == "@" else str(tmp_path / "out") if a == "OUT" else a for a in command]
+    if len(args) == 1:
+        args.append(str(cpu_release))
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), repr(res.exception)
+    flat = "".join(res.output.split())  # rich wraps long paths anywhere
+    assert "release.json:releasedescriptionisnotvalidJSON(nestedtoodeeply)" in flat, res.output

@@ -177,3 +177,38 @@ def test_a_compression_bomb_is_refused_past_the_limit_before_it_is_written(packe
     assert not (tmp_path / "out").exists()
     monkeypatch.setenv("TILESHIP_MAX_ARCHIVE_BYTES", str(16 << 20))
     assert bundle.unpack(good, tmp_path / "good").name == top  # the real release fits the same limit
+
+
+def test_a_huge_metadata_header_is_refused_before_tarfile_reads_it_into_memory(tmp_path):
+    """A pax header declaring 512 MiB of zeros (2 MiB of gzip): tarfile read it whole into memory
+    (about 550 MiB resident) before any member was seen. Now refused from its header, in a child
+    process whose peak memory is measured (VmHWM: getrusage's maxrss survives exec, so it would
+    count the forking test process)."""
+    import subprocess
+    import sys
+    import zlib
+
+    head = tarfile.TarInfo("././@PaxHeader")
+    head.type, head.size = tarfile.XHDTYPE, 512 << 20
+    path = tmp_path / "pax.tar.gz"
+    c = zlib.compressobj(1, zlib.DEFLATED, 31)
+    with open(path, "wb") as f:
+        f.write(c.compress(head.tobuf(format=tarfile.USTAR_FORMAT)))
+        for _ in range(512):
+            f.write(c.compress(b"\0" * (1 << 20)))
+        f.write(c.flush())
+    assert path.stat().st_size < 4 << 20
+    code = ("import sys, tarfile\nfrom pathlib import Path\nfrom tileship.release import bundle\n"
+            "try:\n    bundle.unpack(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+            "except tarfile.ReadError as e:\n    print('refused:', e)\n"
+            "hwm = next(x for x in Path('/proc/self/status').read_text().splitlines() if x.startswith('VmHWM'))\n"
+            "print('rss_mib', int(hwm.split()[1]) >> 10)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "out")], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert "refused: a metadata header ('././@PaxHeader') declares 536870912 bytes" in out, out
+    rss = int(out.split("rss_mib")[1])
+    assert rss < 300, f"{rss} MiB resident: the header was read into memory"
+    reg = Registry(tmp_path / "reg")
+    with pytest.raises(TileshipError, match="declares 536870912 bytes") as e:
+        reg.publish(path)
+    assert str(path) in e.value.message

@@ -9,6 +9,7 @@ refused here, each naming the archive and the member:
 - more data than the limit (BundleError), or than the destination's filesystem has free (OSError
   ENOSPC, as the full disk would give): the sizes are read from the headers, one at a time, so
   neither a huge declared size nor a compression bomb is written (or decompressed) past either;
+- a pax or GNU long-name header of more than 1 MiB (``Header``): tarfile would read it into memory;
 - bytes after the archive's end (beyond the zero padding a tar ends with), or after the gzip
   stream: not what ``pack`` wrote, and nothing any check would have looked at.
 """
@@ -23,6 +24,10 @@ from pathlib import Path, PurePosixPath
 from tileship import env
 from tileship.errors import BundleError
 
+#: the largest pax / GNU long-name header read (tarfile reads one whole into memory before any check)
+_META_LIMIT = 1 << 20
+_META_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+               tarfile.GNUTYPE_LONGLINK)
 #: zero bytes a tar may end with (a record is 10 KiB; writers pad to one); more is trailing data
 _PADDING = 1 << 20
 _MAX_MEMBERS = 1_000_000
@@ -31,6 +36,20 @@ _MAX_MEMBERS = 1_000_000
 def _refuse(archive: Path, why: str) -> BundleError:
     return BundleError(f"{archive}: {why}", path=str(archive),
                        hint="an archive written by `tileship pack` never holds this; pack the release again")
+
+
+class Header(tarfile.TarInfo):
+    """A TarInfo (``tarfile.open(..., tarinfo=Header)``) that refuses a metadata header (pax, GNU long
+    name) declaring more than 1 MiB before tarfile reads it whole into memory: 2 MiB of gzip made a
+    512 MiB allocation before. Raises ``tarfile.ReadError`` naming the header, as for a damaged archive."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Header:
+        info = super().frombuf(buf, encoding, errors)
+        if info.type in _META_TYPES and info.size > _META_LIMIT:
+            raise tarfile.ReadError(f"a metadata header ({info.name[:100]!r}) declares {info.size} bytes, more than "
+                                    f"{_META_LIMIT}: not an archive `tileship pack` writes")
+        return info
 
 
 def members(tar: tarfile.TarFile, archive: Path, dest: Path) -> list[tarfile.TarInfo]:

@@ -258,7 +258,7 @@ def unpack(archive: Path, dest: Path) -> Path:
     from tileship.release import archive as archive_check
 
     try:
-        with tarfile.open(archive, "r:gz") as tar:
+        with tarfile.open(archive, "r:gz", tarinfo=archive_check.Header) as tar:
             tops = set()
             listed = archive_check.members(tar, archive, dest)
             for m in listed:

@@ -271,3 +271,38 @@ def test_commands_reading_release_json_name_a_hostile_one(cpu_release: Path, tmp
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), repr(res.exception)
     flat = "".join(res.output.split())  # rich wraps long paths anywhere
     assert "release.json:releasedescriptionisnotvalidJSON(nestedtoodeeply)" in flat, res.output
+
+
+HOSTILE_TOML = {
+    "invalid-utf8": (b'model = "\xff\xfe"\n', "utf-8"),
+    "deep-arrays": (b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply"),
+    "deep-inline-tables": (b"x = " + b"{a=" * 3000 + b"1" + b"}" * 3000 + b"\n", "nested too deeply"),
+    "huge-number": (b"model_version = " + b"9" * 5000 + b"\n", "digits"),
+    "not-toml": (b"model = = 1\n", "not valid TOML"),
+}
+
+
+@pytest.mark.parametrize("name", ["tileship.toml", "pyproject.toml"])
+@pytest.mark.parametrize("case", HOSTILE_TOML, ids=list(HOSTILE_TOML))
+def test_a_hostile_project_file_is_a_declaration_error_naming_it(tmp_path: Path, case: str, name: str) -> None:
+    """Before: invalid UTF-8, deep nesting and overlong integers escaped as UnicodeDecodeError,
+    RecursionError and ValueError; any error in pyproject.toml escaped as TOMLDecodeError."""
+    from tileship.declare.project import find_project
+    from tileship.errors import DeclarationError
+
+    body, words = HOSTILE_TOML[case]
+    (tmp_path / name).write_bytes(body)
+    with pytest.raises(DeclarationError) as e:
+        find_project(tmp_path)
+    assert e.value.message.startswith(f"{tmp_path / name}: not valid TOML") and words in e.value.message, \
+        e.value.message
+
+
+@pytest.mark.parametrize("targets", ["5", "true", "[1]", "[[\"c\"]]", "{c = 1}"])
+def test_project_targets_of_the_wrong_type_name_the_field(tmp_path: Path, targets: str) -> None:
+    from tileship.declare.project import find_project
+    from tileship.errors import DeclarationError
+
+    (tmp_path / "tileship.toml").write_text(f'model = "m"\noperators = ["mod"]\ntargets = {targets}\n')
+    with pytest.raises(DeclarationError, match="tileship.toml.targets: must be a list of target names"):
+        find_project(tmp_path)

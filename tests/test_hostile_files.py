@@ -306,3 +306,13 @@ def test_project_targets_of_the_wrong_type_name_the_field(tmp_path: Path, target
     (tmp_path / "tileship.toml").write_text(f'model = "m"\noperators = ["mod"]\ntargets = {targets}\n')
     with pytest.raises(DeclarationError, match="tileship.toml.targets: must be a list of target names"):
         find_project(tmp_path)
+
+
+@pytest.mark.parametrize(("name", "size"), [("manifest.json", (64 << 20) + 1), ("manifest.sig", (64 << 10) + 1)])
+def test_an_oversized_manifest_or_signature_is_refused_from_its_size(cpu_release: Path, name: str,
+                                                                     size: int) -> None:
+    """Before: read whole into memory (a 10 GB manifest.json in a directory being published)."""
+    with open(cpu_release / name, "wb") as f:
+        f.truncate(size)  # sparse: no disk used
+    with pytest.raises(BundleIntegrityError, match=f"{name}: larger than"):
+        integrity.check(cpu_release, trusted_keys=[])

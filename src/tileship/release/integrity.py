@@ -108,7 +108,9 @@ def _open_regular(root_fd: int, rel: str, root: Path) -> int:
             os.close(d)
 
 
-def _read_small(root_fd: int, rel: str, root: Path) -> bytes | None:
+def _read_small(root_fd: int, rel: str, root: Path, limit: int = 64 << 20) -> bytes | None:
+    """The bytes of the manifest or signature ``rel`` (None when missing); larger than ``limit``
+    is refused from its size, before it is read into memory."""
     try:
         fd = _open_regular(root_fd, rel, root)
     except BundleIntegrityError as exc:
@@ -116,7 +118,10 @@ def _read_small(root_fd: int, rel: str, root: Path) -> bytes | None:
             return None
         raise
     with os.fdopen(fd, "rb") as f:
-        return f.read()
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise _refuse(root / rel, f"larger than {limit} bytes: not a file tileship writes")
+    return data
 
 
 def _present(root: Path) -> list[str]:
@@ -219,7 +224,7 @@ def _check(root: Path | str, manifest_name: str, trusted_keys: Iterable[Path] | 
         body = _read_small(root_fd, manifest_name, root)
         if body is None:
             raise _refuse(root / MANIFEST, "manifest missing: not a tileship release")
-        sig = _read_small(root_fd, SIGNATURE, root)
+        sig = _read_small(root_fd, SIGNATURE, root, limit=1 << 16)
         manifest = parse_manifest(body, root / MANIFEST)
         rid, warnings = manifest["release_id"], []
         named = RELEASE_DIR_RE.fullmatch(root.name)

@@ -21,6 +21,7 @@ Precedence everywhere: command-line flag > environment variable > project file >
     TILESHIP_IMAGE_DIGEST   the digest (sha256:<64 hex>) of the container image this process runs in,
                             set by the deployment (an image cannot know its own digest at build
                             time); the server reports it and warns when the release pins another
+    TILESHIP_MAX_ARCHIVE_BYTES  the most a `tileship pack` archive may unpack to (default 64 GiB)
     TILELANG_CACHE_DIR      TileLang needs a writable cache dir to import; when unset
                             tileship points it at a private temp dir (a release never reads it)
 """
@@ -104,3 +105,10 @@ def ensure_tilelang_cache_dir() -> str:
     path = tempfile.mkdtemp(prefix="tileship-tlcache-")
     os.environ["TILELANG_CACHE_DIR"] = path
     return path
+
+
+def max_archive_bytes() -> int:
+    """``TILESHIP_MAX_ARCHIVE_BYTES``: the most a ``tileship pack`` archive may unpack to (default
+    64 GiB; a larger release is refused before anything is written). An unparsable value: the default."""
+    raw = os.environ.get("TILESHIP_MAX_ARCHIVE_BYTES", "").strip()
+    return int(raw) if raw.isdigit() else 64 << 30

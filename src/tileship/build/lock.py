@@ -203,17 +203,21 @@ def write_lock(lock: Mapping[str, Any], path: Path) -> None:
 
 
 def read_lock(path: Path) -> dict[str, Any]:
+    """The lock at ``path``. Raises LockError naming the file (and the field) for anything that is
+    not a tileship lock: missing, not UTF-8 YAML, nested too deeply, a section of the wrong type."""
+    from tileship.build import lock_shape
+
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise LockError(f"no lock at {path}", hint="run `tileship lock` first") from None
-    except yaml.YAMLError as exc:
-        raise LockError(f"{path} is not valid YAML: {exc}") from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: not UTF-8, an integer past the digit limit
+        raise LockError(f"{path} is not valid YAML: {str(exc)[:300]}") from None
+    except RecursionError:
+        raise LockError(f"{path} is not valid YAML: nested too deeply") from None
     if not isinstance(data, dict) or data.get("schema") != LOCK_SCHEMA:
         raise LockError(f"{path} is not a tileship lock (schema {LOCK_SCHEMA})")
-    for key in ("framework", "backend", "device_arch", "kernel_revision"):
-        if key not in data:
-            raise LockError(f"{path} lacks {key!r}")
+    lock_shape.check(data, path)
     return data
 
 

@@ -86,6 +86,9 @@ def parse_project(data: Mapping[str, Any], *, root: Path | None = None, source: 
     if not mods or not all(isinstance(m, str) for m in mods):
         raise DeclarationError("must be a non-empty list of module names", field=f"{source}.operators")
     targets = data.get("targets", ["cuda-sm90a", "c"])
+    if not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        raise DeclarationError(f"must be a list of target names (e.g. [\"cuda-sm90a\", \"c\"]), got {targets!r}",
+                               field=f"{source}.targets")
     for t in targets:
         try:
             Target(t)
@@ -119,21 +122,29 @@ def find_project(start: Path | None = None) -> Project:
             return _read(d / "tileship.toml")
         py = d / "pyproject.toml"
         if py.is_file():
-            with py.open("rb") as f:
-                tool = tomllib.load(f).get("tool", {})
-            if "tileship" in tool:
+            tool = _toml(py).get("tool", {})
+            if isinstance(tool, dict) and "tileship" in tool:
                 return parse_project(tool["tileship"], root=d, source="[tool.tileship]")
     return builtin_project()
 
 
-def _read(path: Path) -> Project:
+def _toml(path: Path) -> dict[str, Any]:
+    """``path`` parsed as TOML. Raises DeclarationError naming the file for anything else: invalid
+    TOML or UTF-8, an integer past Python's digit limit, arrays or tables nested too deeply."""
     try:
         with path.open("rb") as f:
-            data = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise DeclarationError(f"{path}: not valid TOML: {exc}") from None
+            return tomllib.load(f)
+    except ValueError as exc:  # TOMLDecodeError, UnicodeDecodeError, the integer digit limit
+        raise DeclarationError(f"{path}: not valid TOML: {str(exc)[:300]}") from None
+    except RecursionError:
+        raise DeclarationError(f"{path}: not valid TOML: nested too deeply") from None
+
+
+def _read(path: Path) -> Project:
+    data = _toml(path)
     if path.name == "pyproject.toml":
-        data = data.get("tool", {}).get("tileship", {})
+        tool = data.get("tool", {})
+        data = tool.get("tileship", {}) if isinstance(tool, dict) else {}
     return parse_project(data, root=path.parent, source=path.name)
 
 

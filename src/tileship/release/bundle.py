@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tileship.build.lock import sha256_file
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
+from tileship.release import strict_json
 from tileship.release.inplace import leftover, settle, stage
 
 MANIFEST = "manifest.json"
@@ -82,11 +83,9 @@ def write_manifest(root: Path) -> dict[str, Any]:
 def read_manifest(root: Path) -> dict[str, Any]:
     path = root / MANIFEST
     try:
-        data = json.loads(path.read_text())
+        data = strict_json.loads(path.read_bytes(), path, "manifest")
     except FileNotFoundError:
         raise BundleIntegrityError(f"{path}: manifest missing: not a tileship release", path=str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleIntegrityError(f"{path}: manifest is not valid JSON ({exc})", path=str(path)) from None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or "release_id" not in data:
         raise BundleIntegrityError(f"{path}: manifest lacks files/release_id", path=str(path))
     return data
@@ -181,8 +180,11 @@ def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trus
     if sig_file is None:
         raise SignatureError(f"{path}: release is not signed but a trusted key is required", path=str(path))
     try:
-        data = json.loads(sig_file)
+        data = strict_json.loads(sig_file, path, "signature file", SignatureError)
         sig = base64.b64decode(data["signature"], validate=True)
+    except SignatureError as exc:
+        raise SignatureError(f"{path}: malformed signature file ({exc.message.split(': ', 1)[-1]})",
+                             path=str(path)) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise SignatureError(f"{path}: malformed signature file ({exc})", path=str(path)) from None
     for key in trusted:
@@ -247,14 +249,19 @@ def unpack(archive: Path, dest: Path) -> Path:
     """Extract a packed release under ``dest``; integrity is checked before it is returned. An
     unreadable archive (truncated, a corrupt stream) raises ``tarfile.ReadError`` (the filesystem's
     own errors, a full disk among them, stay OSError); members outside one top directory (absolute,
-    ``..``) and a failed check raise BundleError naming the archive, never the temporary ``dest``."""
+    ``..``), what ``release.archive`` refuses before extracting (links, special files, a name given
+    twice, more data than the limit or the free space, bytes after the end) and a failed check raise
+    BundleError naming the archive, never the temporary ``dest``."""
     import zlib
     from pathlib import PurePosixPath
 
+    from tileship.release import archive as archive_check
+
     try:
-        with tarfile.open(archive, "r:gz") as tar:
+        with tarfile.open(archive, "r:gz", tarinfo=archive_check.Header) as tar:
             tops = set()
-            for m in tar.getmembers():
+            listed = archive_check.members(tar, archive, dest)
+            for m in listed:
                 parts = PurePosixPath(m.name).parts
                 if m.name.startswith("/") or ".." in parts:
                     raise BundleError(f"{archive}: member {m.name[:200]!r} leaves the archive's release directory",
@@ -264,7 +271,8 @@ def unpack(archive: Path, dest: Path) -> Path:
             if len(tops) != 1:
                 raise BundleError(f"{archive}: expected one release directory, found {sorted(tops)[:8]}",
                                   path=str(archive))
-            tar.extractall(dest, filter="data")
+            archive_check.no_trailing_data(tar, archive)
+            tar.extractall(dest, members=listed, filter="data")
     except (EOFError, zlib.error, ValueError) as exc:  # what gzip and tarfile raise for a damaged stream
         raise tarfile.ReadError(f"a damaged archive ({type(exc).__name__}: {exc})") from None
     root = dest / tops.pop()

@@ -33,7 +33,6 @@ Routing rules (``route``, evaluated once per specialization at load):
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import platform
@@ -43,6 +42,7 @@ from typing import Any
 
 from tileship.declare.spec import Target
 from tileship.errors import BundleIntegrityError
+from tileship.release import evidence_shape, strict_json
 
 EVIDENCE = "evidence/verification.json"
 SCHEMA = 1
@@ -67,13 +67,11 @@ def read(root: Path) -> dict[str, Any] | None:
 def parse(body: bytes, p: Path) -> dict[str, Any]:
     """The evidence parsed from ``body`` (the bytes a signature is checked over); ``p`` names it
     in errors. Raises BundleIntegrityError like ``read``."""
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleIntegrityError(f"{p}: evidence is not valid JSON ({exc})", path=str(p)) from None
+    data = strict_json.loads(body, p, "evidence")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("specializations"), dict):
         raise BundleIntegrityError(f"{p}: not tileship verification evidence (schema {SCHEMA})", path=str(p),
                                    hint="re-run `tileship verify` on the release")
+    evidence_shape.check(data, p)
     return data
 
 

@@ -12,15 +12,14 @@ evidence from another device; that check needs the device and is not made here):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tileship.build.lock import lock_digest, read_lock
 from tileship.declare.spec import Specialization
+from tileship.release import described, tuning
 from tileship.release import evidence as ev_mod
-from tileship.release import tuning
 
 
 def _covers(spec: Specialization, dims: Mapping[str, int]) -> bool:
@@ -39,7 +38,7 @@ def explain(root: Path | str, op: str, dims: Mapping[str, int], *, dtype: str | 
     """(lines, whether any specialization covers the shape). Raises BundleIntegrityError for an
     unreadable evidence file; an unknown operator or dim is a line, not an exception."""
     root = Path(root)
-    rel = json.loads((root / "release.json").read_text())
+    rel = described.read(root / "release.json")
     if op not in rel["operators"]:
         return [f"operator {op!r} is not in this release (it has: {', '.join(sorted(rel['operators']))})"], False
     lock = read_lock(root / "tileship.lock")

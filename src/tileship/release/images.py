@@ -16,14 +16,14 @@ that holds one, else the lock's ``image_digest``. Nothing here imports torch or 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tileship.build.lock import IMAGE_DIGEST
-from tileship.errors import RegistryError
+from tileship.errors import BundleError, RegistryError
+from tileship.release import strict_json
 
 IMAGES = "images"
 _COPY = re.compile(r"^([0-9a-f]{16})(@\d+)?$")  # releases/<id>[@n] (registry.py's layout)
@@ -51,8 +51,9 @@ def record(registry_root: Path, release_id: str, digest: str) -> Path:
 def recorded(registry_root: Path, release_id: str) -> str | None:
     """The image digest recorded for ``release_id``; None when there is none or it is unreadable."""
     try:
-        data = json.loads((Path(registry_root) / IMAGES / f"{release_id}.json").read_text())
-    except (OSError, ValueError):
+        path = Path(registry_root) / IMAGES / f"{release_id}.json"
+        data = strict_json.loads(path.read_bytes(), path)
+    except (OSError, BundleError):
         return None
     digest = data.get("image_digest") if isinstance(data, dict) else None
     return digest if isinstance(digest, str) and IMAGE_DIGEST.fullmatch(digest) else None

@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import errno
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -39,6 +38,7 @@ from typing import Any
 
 from tileship import env
 from tileship.errors import BundleError, BundleIntegrityError
+from tileship.release import strict_json
 from tileship.release.inplace import leftover, pending_manifests, raise_if_replaced
 
 MANIFEST = "manifest.json"
@@ -108,7 +108,9 @@ def _open_regular(root_fd: int, rel: str, root: Path) -> int:
             os.close(d)
 
 
-def _read_small(root_fd: int, rel: str, root: Path) -> bytes | None:
+def _read_small(root_fd: int, rel: str, root: Path, limit: int = 64 << 20) -> bytes | None:
+    """The bytes of the manifest or signature ``rel`` (None when missing); larger than ``limit``
+    is refused from its size, before it is read into memory."""
     try:
         fd = _open_regular(root_fd, rel, root)
     except BundleIntegrityError as exc:
@@ -116,7 +118,10 @@ def _read_small(root_fd: int, rel: str, root: Path) -> bytes | None:
             return None
         raise
     with os.fdopen(fd, "rb") as f:
-        return f.read()
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise _refuse(root / rel, f"larger than {limit} bytes: not a file tileship writes")
+    return data
 
 
 def _present(root: Path) -> list[str]:
@@ -150,10 +155,7 @@ def parse_manifest(data: bytes, path: Path) -> dict[str, Any]:
     """The manifest parsed from ``data`` (the bytes the signature covers), structure checked."""
     from tileship.release.bundle import release_id_of
 
-    try:
-        man = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _refuse(path, f"manifest is not valid JSON ({exc})") from None
+    man = strict_json.loads(data, path, "manifest")
     if not (isinstance(man, dict) and isinstance(man.get("files"), dict) and isinstance(man.get("release_id"), str)):
         raise _refuse(path, "manifest lacks files/release_id")
     for rel, digest in man["files"].items():
@@ -222,7 +224,7 @@ def _check(root: Path | str, manifest_name: str, trusted_keys: Iterable[Path] | 
         body = _read_small(root_fd, manifest_name, root)
         if body is None:
             raise _refuse(root / MANIFEST, "manifest missing: not a tileship release")
-        sig = _read_small(root_fd, SIGNATURE, root)
+        sig = _read_small(root_fd, SIGNATURE, root, limit=1 << 16)
         manifest = parse_manifest(body, root / MANIFEST)
         rid, warnings = manifest["release_id"], []
         named = RELEASE_DIR_RE.fullmatch(root.name)
@@ -265,12 +267,12 @@ def _check(root: Path | str, manifest_name: str, trusted_keys: Iterable[Path] | 
 
 def _check_artifact(path: Path, data: bytes, listed: dict[str, str]) -> None:
     """``specs/<id>/artifact.json``'s ``library`` must name a listed file of its own spec directory."""
-    try:
-        lib = json.loads(data).get("library")
-    except (ValueError, AttributeError):
-        raise _refuse(path, "artifact description is not a JSON object") from None
+    art = strict_json.loads(data, path, "artifact description")
+    if not isinstance(art, dict):
+        raise _refuse(path, "artifact description is not a JSON object")
+    lib = art.get("library")
     spec_dir = path.parent.name
-    if not (confined(lib) and "/" not in lib and f"specs/{spec_dir}/{lib}" in listed):
+    if not (isinstance(lib, str) and confined(lib) and "/" not in lib and f"specs/{spec_dir}/{lib}" in listed):
         raise _refuse(path, f"library {lib!r} is not a file of its own specialization directory "
                             "(paths must stay inside specs/<id>/)")
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tileship.errors import RegistryError
-from tileship.release import integrity
+from tileship.errors import BundleIntegrityError, RegistryError
+from tileship.release import integrity, strict_json
 
 POINTER_SCHEMA = 1
 POINTER_TMP_PREFIX = ".active.tmp-"
@@ -62,9 +62,11 @@ def verification_status(root: Path) -> tuple[str, str]:
     if not p.exists():
         return "unverified", "no evidence/verification.json"
     try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
+        data = strict_json.loads(p.read_bytes(), p, "evidence")
+    except OSError as exc:
         return "unreadable", f"{p}: {exc}"
+    except BundleIntegrityError as exc:
+        return "unreadable", exc.message
     specs = data.get("specializations") if isinstance(data, dict) else None
     if not isinstance(specs, dict):
         return "unreadable", f"{p}: no 'specializations' mapping"
@@ -100,10 +102,10 @@ def read_pointer(pointer: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {"schema": POINTER_SCHEMA, "release_id": None, "reference_only": False, "history": []}
     try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise RegistryError(f"{pointer}: not valid JSON ({exc})",
-                            hint="it is only ever replaced whole; restore it with `tileship activate ID`") from None
+        data = strict_json.loads(raw, pointer, error=RegistryError)
+    except RegistryError as exc:
+        raise RegistryError(exc.message, hint="it is only ever replaced whole; restore it with `tileship activate ID`"
+                            ) from None
     ok = (isinstance(data, dict) and data.get("schema") == POINTER_SCHEMA and isinstance(data.get("history"), list)
           and (data.get("release_id") is None or isinstance(data.get("release_id"), str))
           and all(isinstance(h, dict) and isinstance(h.get("release_id"), str) for h in data["history"]))

@@ -24,7 +24,6 @@ Readers (``active()``) take no lock. Nothing here imports torch or TileLang.
 from __future__ import annotations
 
 import errno
-import json
 import re
 import tarfile
 import tempfile
@@ -37,7 +36,7 @@ from filelock import FileLock, Timeout
 
 from tileship import env
 from tileship.errors import BundleError, RegistryError
-from tileship.release import bundle, images, integrity, layout
+from tileship.release import bundle, images, integrity, layout, strict_json
 from tileship.release.records import (  # noqa: F401 (re-exported)
     POINTER_SCHEMA,
     RESERVE,
@@ -139,10 +138,10 @@ class Registry:
             ok, err = False, exc.message
         status, detail = verification_status(root)
         try:
-            rel = json.loads((root / "release.json").read_text())
+            rel = strict_json.loads((root / "release.json").read_bytes(), root / "release.json")
             model = f"{rel['model']['name']}:{rel['model']['version']}"
             revision = str(rel.get("kernel_revision", "?"))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, BundleError, KeyError, TypeError, AttributeError):
             model, revision = "?", "?"
         is_active = rid == state["release_id"]
         return ReleaseInfo(rid, root, model, revision, status, detail, ok, err, is_active,

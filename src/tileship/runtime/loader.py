@@ -11,7 +11,6 @@ that would compile raises instead (and is counted).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable
@@ -75,7 +74,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     assert snap is not None
     for warning in checked.warnings:
         _log.info("%s: %s", root, warning)  # also in the release's notes (status, /v2/health/ready)
-    rel = json.loads((snap / "release.json").read_text())
+    rel, groups, shapes = _described(snap / "release.json")
     lock = read_lock(snap / "tileship.lock")
     policy = dict(rel.get("policy", {}))
     drift_policy = drift_policy or policy.get("drift", "fallback")
@@ -115,7 +114,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     tuned = tuning.table(ev, lock_digest=lock_digest(lock), release_id=manifest["release_id"])
     ctx = _Context(snap, report.blocking, reference_only, disabled, device, load_seconds, load_errors)
     by_op: dict[str, dict[str, Any]] = {}
-    for gid, members in tuning.groups(rel).items():
+    for gid, members in groups.items():
         by_op.setdefault(members[0][2].op, {})[gid] = members
     for name, desc in sorted(rel["operators"].items()):
         reference = references[name]
@@ -142,7 +141,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
             entries.extend(Entry(s, None, Decision(REFERENCE, tuning.NOT_SELECTED, i),
                                  detail="not tuned: the first declared candidate serves") for i, _, s in members[1:])
         device_reasons = {"cuda": "device_not_covered", "cpu": "device_not_covered"}
-        ops[name] = OpRunner(op_shape(desc, name), reference, entries, device_reasons=device_reasons)
+        ops[name] = OpRunner(shapes[name], reference, entries, device_reasons=device_reasons)
         ops[name].sample = import_sample(desc, name)
     if (line := native.attach(snap, ops)) is not None:
         notes.append(line)
@@ -156,6 +155,20 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
                       evidence_seal=seal)
     release.load_seconds["__total__"] = time.perf_counter() - t0
     return release
+
+
+def _described(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, OpShape]]:
+    """release.json, its specialization groups and operator shapes. Raises BundleIntegrityError
+    naming the file for a structure the interpreting code cannot read (``described.read`` names
+    the field for most; what is left is named by the exception the interpretation raised)."""
+    from tileship.release import described
+
+    rel = described.read(path)
+    try:
+        return rel, tuning.groups(rel), {name: op_shape(desc, name) for name, desc in rel["operators"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise BundleIntegrityError(f"{path}: malformed release description ({type(exc).__name__}: {exc})",
+                                   path=str(path), hint="release.json is written by `tileship build`") from None
 
 
 @dataclass

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship.errors import TileshipError
+from tileship.release import described
 from tileship.release.registry import Registry
 from tileship.verify.drill_load import Record, Sample, encode_request, run_client
 from tileship.verify.drill_report import render_text, summarize
@@ -161,8 +162,8 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
     from tileship.declare.inputs import make_inputs, sample_points
     from tileship.declare.spec import Specialization, tensor_dtypes
 
-    rel_new = json.loads((reg.path_of(new) / "release.json").read_text())
-    rel_old = json.loads((reg.path_of(old) / "release.json").read_text())
+    rel_new = described.read(reg.path_of(new) / "release.json")
+    rel_old = described.read(reg.path_of(old) / "release.json")
     ops = [o for o in sorted(rel_new["operators"]) if o in rel_old["operators"] and (not opts.ops or o in opts.ops)]
     unknown = sorted(set(opts.ops) - set(ops))
     if unknown:

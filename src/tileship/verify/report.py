@@ -18,6 +18,7 @@ from typing import Any
 
 from tileship.declare.spec import Specialization, Target
 from tileship.errors import VerificationError
+from tileship.release import described
 from tileship.release import evidence as ev_mod
 
 KERNEL_COLOR = "#1b9e77"
@@ -217,7 +218,7 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
         raise VerificationError(f"{dest}: the report cannot go inside the release (extra files break its integrity)",
                                 hint="pass --out elsewhere")
     dest.mkdir(parents=True, exist_ok=True)
-    rel = json.loads((root / "release.json").read_text())
+    rel = described.read(root / "release.json")
     lock = read_lock(root / "tileship.lock")
     ev = ev_mod.read(root)
     policy = rel.get("policy", {}).get("routing", "pinned")

@@ -231,14 +231,13 @@ def open_for_evidence(path: Path | str) -> tuple[Path, dict[str, Any], dict[str,
     """(root, manifest, release.json, lock) of a release about to get evidence (verify, tune).
     Raises BundleIntegrityError for a release that is not intact and VerificationError on blocking
     drift: measurements taken here would not describe its artifacts."""
-    import json
 
     from tileship.build.lock import capture_environment, compare, read_lock
-    from tileship.release import bundle
+    from tileship.release import bundle, described
 
     root = Path(path)
     manifest = bundle.check_integrity(root)
-    rel = json.loads((root / "release.json").read_text())
+    rel = described.read(root / "release.json")
     lock = read_lock(root / "tileship.lock")
     drift = compare(lock, capture_environment())
     if drift.blocking:

@@ -1,0 +1,50 @@
+"""Parsing the JSON files of a release (and the registry's) as hostile input.
+
+``json.loads`` alone lets a crafted file through as a traceback, never as an error that names
+it: a number of more than 4300 digits raises a bare ValueError, nesting deeper than the
+interpreter's stack a RecursionError. And it takes the last of two equal keys, so one file
+could mean two things to two readers (a manifest whose ``files`` is listed twice). ``loads``
+refuses all of these with the caller's error, naming the file and what is wrong. tileship
+never writes a duplicate key (its files are dumped from dicts), so nothing it wrote is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tileship.errors import BundleError, BundleIntegrityError, TileshipError
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key[:80]!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def loads(body: bytes | str, path: Path | str, what: str = "",
+          error: type[TileshipError] = BundleIntegrityError) -> Any:
+    """``body`` (the contents of ``path``) parsed as JSON. Never raises anything but ``error``
+    (``path=`` is passed to it when it is a BundleError): invalid UTF-8 or JSON, a duplicate key,
+    an integer too long to convert, nesting too deep to parse. ``what`` names the file's role in the
+    message (``<path>: <what> is not valid JSON (...)``)."""
+    try:
+        return json.loads(body, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        why = str(exc)
+    except RecursionError:
+        why = "nested too deeply"
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the integer digit limit
+        why = str(exc)[:300]
+    message = f"{path}: {what + ' is ' if what else ''}not valid JSON ({why})"
+    if issubclass(error, BundleError):
+        raise error(message, path=str(path))
+    raise error(message)

@@ -17,7 +17,7 @@ from tileship.errors import TileshipError
 #: what commands print goes through rich markup: text from outside (messages, reasons, paths) through
 #: ``escape``, so that "[tool.tileship]" prints as written and a "[/" cannot raise
 console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)  # an error line keeps its paths whole
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: ``--project``: the project a command reads (``tileship.declare.project.find_project``)

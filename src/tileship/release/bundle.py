@@ -32,7 +32,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tileship.build.lock import sha256_file
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
-from tileship.release.inplace import leftover, settle, stage
+from tileship.release.inplace import leftover, settle, stage, writing
+from tileship.release.keys import generate_key  # noqa: F401 (re-exported)
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
@@ -105,19 +106,6 @@ def check_integrity(root: Path) -> dict[str, Any]:
 
 # -- signing -------------------------------------------------------------------
 
-def generate_key(private_path: Path) -> Path:
-    """Write a new ed25519 private key (PEM, 0600) and its public key beside it (.pub). Returns the .pub path."""
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    pub = private_path.with_suffix(private_path.suffix + ".pub")
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
-    return pub
-
-
 def _key_id(pub: Ed25519PublicKey) -> str:
     raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
@@ -153,10 +141,12 @@ def sign(root: Path, private_key_path: Path) -> str:
     """Sign ``root``'s manifest (the bytes integrity was checked on). Returns the key id."""
     from tileship.release import integrity
 
-    body = integrity.check(root, trusted_keys=[]).manifest_bytes
-    record = signature_record(load_private_key(private_key_path), body)
-    settle(root, body)
-    write_json_atomic(root / SIGNATURE, record)
+    key = load_private_key(private_key_path)
+    with writing(root):  # not while an evidence write changes the manifest under it
+        body = integrity.check(root, trusted_keys=[]).manifest_bytes
+        record = signature_record(key, body)
+        settle(root, body)
+        write_json_atomic(root / SIGNATURE, record)
     return record["key_id"]
 
 

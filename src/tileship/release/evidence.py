@@ -86,40 +86,42 @@ def write(root: Path, data: Mapping[str, Any], *, verifier_key: Path | None = No
     pending manifest, ``integrity.check``). The release id does not change (evidence is not part of it); the manifest
     signature does not survive (the manifest changed): re-sign afterwards. Raises
     BundleIntegrityError when the release was not intact before writing, SignatureError for an
-    unusable key (before anything is written).
+    unusable key (before anything is written). Concurrent writers of one release (``tileship verify``
+    and ``tileship tune`` at once, ``sign``) take turns (``inplace.writing``); the last one's evidence stays.
     """
     from tileship.release import bundle, evidence_seal, inplace, integrity
 
     root = Path(root)
     key = bundle.load_private_key(verifier_key) if verifier_key is not None else None
-    checked = integrity.check(root, trusted_keys=[])
-    inplace.settle(root, checked.manifest_bytes)
-    files = dict(checked.manifest["files"])
-    body = bundle.json_bytes(dict(data))
-    (root / EVIDENCE).parent.mkdir(exist_ok=True)
-    moves = [(inplace.stage(root / EVIDENCE, body), root / EVIDENCE)]
-    files[EVIDENCE] = "sha256:" + hashlib.sha256(body).hexdigest()
-    sig = root / evidence_seal.SIGNATURE
-    if key is not None:
-        seal = bundle.json_bytes(bundle.signature_record(key, evidence_seal.DOMAIN + body))
-        moves.append((inplace.stage(sig, seal), sig))
-        files[evidence_seal.SIGNATURE] = "sha256:" + hashlib.sha256(seal).hexdigest()
-    else:
-        files.pop(evidence_seal.SIGNATURE, None)
-    manifest = {"schema": 1, "release_id": bundle.release_id_of(files), "files": files}
-    if manifest["release_id"] != checked.release_id:  # would mean evidence leaked into the identity files
-        raise BundleIntegrityError(f"{root}: writing evidence changed the release id {checked.release_id} -> "
-                                   f"{manifest['release_id']}", path=str(root))
-    # the new manifest is on disk before any file moves: killed from here on, the files match
-    # either the old manifest or this pending one, which ``integrity.check`` then accepts
-    pending = inplace.stage(root / bundle.MANIFEST, bundle.json_bytes(manifest))
-    for tmp, final in moves:
-        os.replace(tmp, final)
-    if key is None:
-        sig.unlink(missing_ok=True)
-    os.replace(pending, root / bundle.MANIFEST)
-    (root / bundle.SIGNATURE).unlink(missing_ok=True)  # the manifest changed: re-sign
-    return manifest
+    with inplace.writing(root):  # one writer of this release at a time (verify and tune at once)
+        checked = integrity.check(root, trusted_keys=[])
+        inplace.settle(root, checked.manifest_bytes)
+        files = dict(checked.manifest["files"])
+        body = bundle.json_bytes(dict(data))
+        (root / EVIDENCE).parent.mkdir(exist_ok=True)
+        moves = [(inplace.stage(root / EVIDENCE, body), root / EVIDENCE)]
+        files[EVIDENCE] = "sha256:" + hashlib.sha256(body).hexdigest()
+        sig = root / evidence_seal.SIGNATURE
+        if key is not None:
+            seal = bundle.json_bytes(bundle.signature_record(key, evidence_seal.DOMAIN + body))
+            moves.append((inplace.stage(sig, seal), sig))
+            files[evidence_seal.SIGNATURE] = "sha256:" + hashlib.sha256(seal).hexdigest()
+        else:
+            files.pop(evidence_seal.SIGNATURE, None)
+        manifest = {"schema": 1, "release_id": bundle.release_id_of(files), "files": files}
+        if manifest["release_id"] != checked.release_id:  # would mean evidence leaked into the identity files
+            raise BundleIntegrityError(f"{root}: writing evidence changed the release id {checked.release_id} -> "
+                                       f"{manifest['release_id']}", path=str(root))
+        # the new manifest is on disk before any file moves: killed from here on, the files match
+        # either the old manifest or this pending one, which ``integrity.check`` then accepts
+        pending = inplace.stage(root / bundle.MANIFEST, bundle.json_bytes(manifest))
+        for tmp, final in moves:
+            os.replace(tmp, final)
+        if key is None:
+            sig.unlink(missing_ok=True)
+        os.replace(pending, root / bundle.MANIFEST)
+        (root / bundle.SIGNATURE).unlink(missing_ok=True)  # the manifest changed: re-sign
+        return manifest
 
 
 # -- fingerprints ----------------------------------------------------------------

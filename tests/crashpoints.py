@@ -12,6 +12,7 @@ are not), so a sweep is exhaustive over tileship's own writes.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -20,9 +21,14 @@ from pathlib import Path
 
 KILLED = 137
 _BOOT = r"""
-import builtins, io, os, shutil, sys
-N = int(sys.argv[1]); count = [0]
+import atexit, builtins, io, os, shutil, sys
+N = int(sys.argv[1]); count = [0]; armed = [os.environ.get("CRASHPOINTS_ARMED", "1") == "1"]
+atexit.register(lambda: sys.stderr.write(f"crashpoints: {count[0]} boundaries\n"))
+def arm():
+    armed[0] = True
 def boundary():
+    if not armed[0]:
+        return False
     count[0] += 1
     return count[0] == N
 def die():
@@ -52,8 +58,11 @@ def opened(file, mode="r", *a, **k):
     return Half(f) if any(c in mode for c in "wax+") else f
 builtins.open = io.open = opened
 sys.argv = ["tileship", *sys.argv[2:]]
-from tileship.cli import main
-main()
+if os.environ.get("CRASHPOINTS_CODE"):
+    exec(os.environ["CRASHPOINTS_CODE"])
+else:
+    from tileship.cli import main
+    main()
 """
 
 
@@ -65,23 +74,35 @@ class Outcome:
     output: str
 
 
-def run(args: Sequence[str], n: int, *, cwd: Path | None = None, timeout_s: float = 120.0) -> Outcome:
-    """The command killed at its ``n``-th write boundary (``killed``), or run to its end."""
+def boundaries(outcome: Outcome) -> int:
+    """How many write boundaries a run that was not killed went through."""
+    m = re.search(r"crashpoints: ([0-9]+) boundaries", outcome.output)
+    assert m is not None and not outcome.killed, outcome.output[-500:]
+    return int(m.group(1))
+
+
+def run(args: Sequence[str], n: int, *, cwd: Path | None = None, timeout_s: float = 120.0,
+        code: str | None = None) -> Outcome:
+    """The command killed at its ``n``-th write boundary (``killed``), or run to its end. With ``code``,
+    that Python code runs instead of the CLI (``sys.argv[1:]`` is ``args``); its boundaries count from
+    its call of ``arm()`` on."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    if code is not None:  # it calls arm() where the boundaries start to count
+        env.update(CRASHPOINTS_CODE=code, CRASHPOINTS_ARMED="0")
     r = subprocess.run([sys.executable, "-c", _BOOT, str(n), *args], capture_output=True, text=True,
                        cwd=cwd, env=env, timeout=timeout_s)
     return Outcome(n, r.returncode == KILLED, r.returncode, r.stdout + r.stderr)
 
 
 def sweep(args: Sequence[str], *, before: Callable[[], None] | None = None, check: Callable[[Outcome], None],
-          limit: int = 400, cwd: Path | None = None, step: int = 1) -> Iterator[Outcome]:
+          limit: int = 400, cwd: Path | None = None, step: int = 1, code: str | None = None) -> Iterator[Outcome]:
     """Kill the command at boundary 1, 1 + step, ... until it completes; ``before`` restores the
     starting state before each run, ``check`` asserts on the state each run left. Yields each outcome;
     raises AssertionError when the command never completes within ``limit`` boundaries."""
     for n in range(1, limit + 1, step):
         if before is not None:
             before()
-        out = run(args, n, cwd=cwd)
+        out = run(args, n, cwd=cwd, code=code)
         check(out)
         yield out
         if not out.killed:

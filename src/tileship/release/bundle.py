@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tileship.build.lock import sha256_file
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
-from tileship.release.inplace import leftover, settle, stage, writing
+from tileship.release.inplace import leftover, settle, write_atomic, writing
 from tileship.release.keys import generate_key  # noqa: F401 (re-exported)
 
 MANIFEST = "manifest.json"
@@ -65,7 +65,8 @@ def json_bytes(data: Any) -> bytes:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    os.replace(stage(path, json_bytes(data)), path)
+    """``path`` replaced whole by ``data`` as tileship writes JSON (``inplace.write_atomic``)."""
+    write_atomic(path, json_bytes(data))
 
 
 def write_manifest(root: Path) -> dict[str, Any]:

@@ -72,6 +72,16 @@ def stage(path: Path, body: bytes) -> Path:
     return tmp
 
 
+def write_atomic(path: Path, body: bytes) -> None:
+    """Replace ``path`` by ``body`` whole (``stage`` + ``os.replace``): killed at any instant, ``path``
+    holds the old bytes or the new ones. Temporaries of ``path`` that killed writers left are removed."""
+    for tmp in path.parent.glob(path.name + ".tmp*"):
+        m = _LEFTOVER.fullmatch(tmp.name)
+        if m is not None and m.group(1) == path.name and not running(int(m.group(2))):
+            tmp.unlink(missing_ok=True)
+    os.replace(stage(path, body), path)
+
+
 def pending_manifests(root: Path) -> list[str]:
     """``manifest.json.tmp<pid>`` files directly in ``root``, newest first."""
     try:
@@ -128,4 +138,5 @@ def running(pid: int) -> bool:
 
 
 __all__ = ["IN_PLACE", "LOCK_TIMEOUT_S", "leftover", "pending_manifests", "raise_if_replaced", "running", "settle",
-           "stage", "writing"]
+           "stage", "write_atomic",
+           "writing"]

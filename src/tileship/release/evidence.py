@@ -112,16 +112,35 @@ def write(root: Path, data: Mapping[str, Any], *, verifier_key: Path | None = No
         if manifest["release_id"] != checked.release_id:  # would mean evidence leaked into the identity files
             raise BundleIntegrityError(f"{root}: writing evidence changed the release id {checked.release_id} -> "
                                        f"{manifest['release_id']}", path=str(root))
-        # the new manifest is on disk before any file moves: killed from here on, the files match
-        # either the old manifest or this pending one, which ``integrity.check`` then accepts
+        # the manifests are on disk before any file moves: killed from here on, the files match the old one,
+        # ``_between`` or the new one; ``integrity.check`` accepts a pending manifest the files match
         pending = inplace.stage(root / bundle.MANIFEST, bundle.json_bytes(manifest))
+        between = _between(manifest, checked.manifest, root)
+        (root / bundle.SIGNATURE).unlink(missing_ok=True)  # the manifest changes: never a stale signature
         for tmp, final in moves:
             os.replace(tmp, final)
         if key is None:
             sig.unlink(missing_ok=True)
+        if between is not None:
+            between.unlink(missing_ok=True)
         os.replace(pending, root / bundle.MANIFEST)
-        (root / bundle.SIGNATURE).unlink(missing_ok=True)  # the manifest changed: re-sign
         return manifest
+
+
+def _between(new: Mapping[str, Any], old: Mapping[str, Any], root: Path) -> Path | None:
+    """Stage the manifest of the state where the new evidence has moved and its seal not yet (the old
+    seal or none, which does not vouch for it: not trusted). None when that is the new manifest. Named
+    as a dead writer's pending manifest (pid above pid_max): the next writer (after the lock) removes it."""
+    from tileship.release import bundle, evidence_seal, inplace
+
+    files = dict(new["files"])
+    files.pop(evidence_seal.SIGNATURE, None)
+    if evidence_seal.SIGNATURE in old["files"]:
+        files[evidence_seal.SIGNATURE] = old["files"][evidence_seal.SIGNATURE]
+    if files == new["files"]:
+        return None
+    body = bundle.json_bytes({**new, "files": files})
+    return inplace.stage(root / bundle.MANIFEST, body, pid=os.getpid() + (1 << 22))
 
 
 # -- fingerprints ----------------------------------------------------------------

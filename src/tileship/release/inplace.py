@@ -61,10 +61,10 @@ def leftover(rel: str) -> bool:
     return m is not None and m.group(1) in IN_PLACE
 
 
-def stage(path: Path, body: bytes) -> Path:
-    """Write ``body`` to ``path``'s temporary ``<name>.tmp<pid>`` and fsync it; returns the temporary
-    (``os.replace`` it onto ``path`` to commit)."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+def stage(path: Path, body: bytes, *, pid: int | None = None) -> Path:
+    """Write ``body`` to ``path``'s temporary ``<name>.tmp<pid>`` (this process's pid unless given) and
+    fsync it; returns the temporary (``os.replace`` it onto ``path`` to commit)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid() if pid is None else pid}")
     with open(tmp, "wb") as f:
         f.write(body)
         f.flush()

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tileship.build.lock import sha256_file
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
-from tileship.release.inplace import leftover, settle, write_atomic, writing
+from tileship.release.inplace import leftover, running, settle, write_atomic, writing
 from tileship.release.keys import generate_key  # noqa: F401 (re-exported)
 
 MANIFEST = "manifest.json"
@@ -192,13 +192,18 @@ def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trus
 def pack(root: Path, archive: Path) -> Path:
     """Write one reproducible .tar.gz of the release (sorted, zeroed owners and times). The files
     packed are the bytes integrity checked (a private copy made while hashing), written to a
-    temporary of its own, fsynced, then renamed: concurrent packs to one path never mix."""
+    temporary of its own (``<archive>.tmp<pid>-*``), fsynced, then renamed: concurrent packs to one path
+    never mix; the temporaries of killed packs are removed by the next pack to that path."""
     import gzip
     import tempfile
 
     from tileship.release import integrity
 
-    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=archive.name + ".tmp")
+    for left in archive.parent.glob(archive.name + ".tmp*-*"):  # what killed packs left
+        pid = left.name[len(archive.name) + 4:].partition("-")[0]
+        if pid.isdigit() and not running(int(pid)):
+            left.unlink(missing_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=archive.name + f".tmp{os.getpid()}-")
     os.close(fd)
     tmp = Path(tmp_name)
     with tempfile.TemporaryDirectory(prefix="tileship-pack-") as scratch:

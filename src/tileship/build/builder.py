@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from tileship.build import import_check, pins, schedule, sources
+from tileship.build import import_check, outputs, pins, schedule, sources
 from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock
 from tileship.declare.project import Project, revision_root, source_digest
 from tileship.declare.spec import Operator, Specialization, describe, expand
@@ -60,6 +59,8 @@ class BuildResult:
     results: tuple[SpecResult, ...]
     seconds: float
     key_id: str | None = None
+    #: what this build finished or removed of killed builds in its output directory (``outputs.recover``)
+    recovered: tuple[str, ...] = ()
 
     @property
     def built(self) -> list[str]:
@@ -163,9 +164,9 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
         raise BuildError(f"no specialization to build for targets {list(project.targets)}",
                          hint="check the project's targets against each operator's targets")
     out_root.mkdir(parents=True, exist_ok=True)
+    recovered = tuple(outputs.recover(out_root))  # what killed builds left: a release moved aside is put back
     specs = schedule.longest_first(specs, out_root)  # the start order only: the release is the same
-    staging = out_root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
+    staging = outputs.staging_dir(out_root)
     try:
         tool = opts.toolchain.require() if opts.toolchain else None  # raises ToolchainError when unusable
         env = opts.toolchain.capture_environment() if opts.toolchain else capture_environment()
@@ -219,20 +220,11 @@ def build(project: Project, ops: Mapping[str, Operator], out_root: Path,
             "specializations": {r.spec.id: {"ok": r.ok, "seconds": round(r.seconds, 3), "timed_out": r.timed_out,
                                             "error": r.error, "commands": [" ".join(c) for c in r.commands],
                                             "log": r.log} for r in results}})
-        manifest = bundle.write_manifest(staging)
-        final = out_root / manifest["release_id"]
-        if final.exists():
-            trash = out_root / f".trash-{uuid.uuid4().hex[:8]}"
-            os.replace(final, trash)
-            os.replace(staging, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(staging, final)
+        manifest, final, key_id = outputs.commit(staging, out_root, opts.sign_key)  # signed, then one rename
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    key_id = bundle.sign(final, opts.sign_key) if opts.sign_key else None
-    return BuildResult(manifest["release_id"], final, tuple(results), time.perf_counter() - t0, key_id)
+    return BuildResult(manifest["release_id"], final, tuple(results), time.perf_counter() - t0, key_id, recovered)
 
 
 def _native_table(project: Project, staging: Path) -> native.NativeBuild | None:

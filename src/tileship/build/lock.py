@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as md
 import importlib.util
-import os
 import platform
 import re
 import shutil
@@ -196,10 +195,10 @@ def lock_digest(lock: Mapping[str, Any]) -> str:
 
 
 def write_lock(lock: Mapping[str, Any], path: Path) -> None:
-    """Atomic: the old file stays whole until the new one is complete."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(dump_lock(lock))
-    os.replace(tmp, path)
+    """Atomic: the old file stays whole until the new one is complete (and fsynced)."""
+    from tileship.release.inplace import write_atomic
+
+    write_atomic(path, dump_lock(lock).encode())
 
 
 def read_lock(path: Path) -> dict[str, Any]:

@@ -74,26 +74,38 @@ def cuda_of(requirements: str) -> str | None:
 def compile_requirements(top: list[str], out: Path, *, timeout_s: float = 900) -> str:
     """Resolve ``top`` with pip-tools into ``out``: every distribution ``==``-pinned, with hashes.
 
-    Raises ToolchainError when pip-tools is missing or the resolution fails."""
+    Raises ToolchainError when pip-tools is missing or the resolution fails. pip-compile writes a
+    temporary beside ``out`` (seeded with ``out``, so its pins are kept where they still resolve),
+    renamed onto ``out`` only once it is complete and hash-locked: a failed or killed resolution
+    leaves the previous file whole."""
+    import shutil
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    src = out.with_name(out.name + ".in")
+    src = out.with_name(out.name + f".in.tmp{os.getpid()}")
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     src.write_text("\n".join(top) + "\n")
+    if out.is_file():
+        shutil.copyfile(out, tmp)
     cmd = [sys.executable, "-m", "piptools", "compile", "--generate-hashes", "--allow-unsafe", "--strip-extras",
            "--no-header", "--no-annotate", "--no-emit-index-url", "--no-emit-find-links", "--quiet",
-           "--output-file", str(out), str(src)]
+           "--output-file", str(tmp), str(src)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except FileNotFoundError as exc:
-        raise ToolchainError(f"cannot run pip-tools: {exc}") from exc
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except FileNotFoundError as exc:
+            raise ToolchainError(f"cannot run pip-tools: {exc}") from exc
+        if proc.returncode != 0:
+            hint = "pip install pip-tools==7.6.2" if "No module named piptools" in proc.stderr else None
+            raise ToolchainError(f"pip-compile failed: {_last_lines(proc.stderr)}" + (
+                f" (exit status {proc.returncode})" if not proc.stderr.strip() else ""), hint=hint)
+        text = tmp.read_text()
+        problems = check_hashed(text)
+        if problems:
+            raise ToolchainError(f"{out}: the resolution is not fully hash-locked: {'; '.join(problems)}")
+        os.replace(tmp, out)
     finally:
         src.unlink(missing_ok=True)
-    if proc.returncode != 0:
-        hint = "pip install pip-tools==7.6.2" if "No module named piptools" in proc.stderr else None
-        raise ToolchainError(f"pip-compile failed: {_last_lines(proc.stderr)}", hint=hint)
-    text = out.read_text()
-    problems = check_hashed(text)
-    if problems:
-        raise ToolchainError(f"{out} is not fully hash-locked: {'; '.join(problems)}")
+        tmp.unlink(missing_ok=True)
     return text
 
 
@@ -240,7 +252,9 @@ def create(root: Path, requirements: Path, *, python: str | None = None) -> Tool
         }
     digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     rec = {"cuda": cuda_of(text), "requirements": digest, "wheels": dict(sorted(wheels.items()))}
-    (root / RECORD).write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    from tileship.release.bundle import write_json_atomic
+
+    write_json_atomic(root / RECORD, rec)  # last, and whole: a killed install leaves no record
     return tc
 
 

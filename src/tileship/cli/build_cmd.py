@@ -53,6 +53,8 @@ def run_build(project: Path | None, out: Path | None, jobs: int, timeout: float,
         result = build(proj, ops, out or default_out(),
                        BuildOptions(jobs=jobs, timeout_s=timeout, sign_key=sign, image_digest=image_digest,
                                     on_progress=None if farm else tick, toolchain=tc, ray=farm))
+    for line in result.recovered:
+        console.print(f"[yellow]recovered[/]: {line}")
     table = Table(title=f"release {result.release_id}")
     for col in ("specialization", "status", "seconds", "error"):
         table.add_column(col)

@@ -12,9 +12,15 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def keygen(path: Path = typer.Argument(...,
                                            help="private key path; the public key is written to PATH.pub")) -> None:
-        """Create an ed25519 signing key pair."""
-        from tileship.release.bundle import generate_key
+        """Create an ed25519 signing key pair. Never overwrites a key; a private key left without its
+        public key (a keygen killed between the two) gets the public key written from it."""
+        from tileship.release.keys import complete_pair, generate_key, public_path
 
+        if path.is_file() and not public_path(path).exists():
+            pub = complete_pair(path)
+            console.print(f"[yellow]completed[/] {path}: its public key was missing (an interrupted keygen?); "
+                          f"wrote {pub} from it")
+            return
         pub = generate_key(path)
         console.print(f"[green]wrote[/] {path} (private, 0600) and {pub}")
 

@@ -131,7 +131,9 @@ def verify_cmd(
         console.print("[yellow]the release signature was removed (the manifest changed): re-sign it with `tileship "
                       "sign`[/]")
     if json_out:
-        json_out.write_text(json.dumps(result.evidence, indent=2, sort_keys=True) + "\n")
+        from tileship.release.bundle import write_json_atomic
+
+        write_json_atomic(json_out, result.evidence)  # a kill leaves the previous file whole
     if result.failed:
         raise typer.Exit(2)
 

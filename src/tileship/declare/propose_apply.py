@@ -10,7 +10,6 @@ DeclarationError and the file left as it was.
 
 from __future__ import annotations
 
-import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -68,9 +67,9 @@ def apply_to_project(project: Project, proposals: Iterable[Proposal], ops: Mappi
                                f"expected {sorted(want)}",
                                hint="add the printed [shapes.<operator>] tables by hand")
     apply_shapes(dict(ops), parsed.shapes)
-    tmp = path.with_name(path.name + ".tileship-tmp")
-    tmp.write_text(new)
-    os.replace(tmp, path)
+    from tileship.release.inplace import write_atomic
+
+    write_atomic(path, new.encode())  # whole, fsynced, per-process temporary
     return path
 
 

@@ -33,7 +33,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from tileship.build.lock import sha256_file
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
 from tileship.release import strict_json
-from tileship.release.inplace import leftover, settle, stage
+from tileship.release.inplace import leftover, running, settle, write_atomic, writing
+from tileship.release.keys import generate_key  # noqa: F401 (re-exported)
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
@@ -65,7 +66,8 @@ def json_bytes(data: Any) -> bytes:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    os.replace(stage(path, json_bytes(data)), path)
+    """``path`` replaced whole by ``data`` as tileship writes JSON (``inplace.write_atomic``)."""
+    write_atomic(path, json_bytes(data))
 
 
 def write_manifest(root: Path) -> dict[str, Any]:
@@ -104,19 +106,6 @@ def check_integrity(root: Path) -> dict[str, Any]:
 
 # -- signing -------------------------------------------------------------------
 
-def generate_key(private_path: Path) -> Path:
-    """Write a new ed25519 private key (PEM, 0600) and its public key beside it (.pub). Returns the .pub path."""
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    pub = private_path.with_suffix(private_path.suffix + ".pub")
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
-    return pub
-
-
 def _key_id(pub: Ed25519PublicKey) -> str:
     raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
@@ -152,10 +141,12 @@ def sign(root: Path, private_key_path: Path) -> str:
     """Sign ``root``'s manifest (the bytes integrity was checked on). Returns the key id."""
     from tileship.release import integrity
 
-    body = integrity.check(root, trusted_keys=[]).manifest_bytes
-    record = signature_record(load_private_key(private_key_path), body)
-    settle(root, body)
-    write_json_atomic(root / SIGNATURE, record)
+    key = load_private_key(private_key_path)
+    with writing(root):  # not while an evidence write changes the manifest under it
+        body = integrity.check(root, trusted_keys=[]).manifest_bytes
+        record = signature_record(key, body)
+        settle(root, body)
+        write_json_atomic(root / SIGNATURE, record)
     return record["key_id"]
 
 
@@ -203,13 +194,18 @@ def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trus
 def pack(root: Path, archive: Path) -> Path:
     """Write one reproducible .tar.gz of the release (sorted, zeroed owners and times). The files
     packed are the bytes integrity checked (a private copy made while hashing), written to a
-    temporary of its own, fsynced, then renamed: concurrent packs to one path never mix."""
+    temporary of its own (``<archive>.tmp<pid>-*``), fsynced, then renamed: concurrent packs to one path
+    never mix; the temporaries of killed packs are removed by the next pack to that path."""
     import gzip
     import tempfile
 
     from tileship.release import integrity
 
-    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=archive.name + ".tmp")
+    for left in archive.parent.glob(archive.name + ".tmp*-*"):  # what killed packs left
+        pid = left.name[len(archive.name) + 4:].partition("-")[0]
+        if pid.isdigit() and not running(int(pid)):
+            left.unlink(missing_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=archive.name + f".tmp{os.getpid()}-")
     os.close(fd)
     tmp = Path(tmp_name)
     with tempfile.TemporaryDirectory(prefix="tileship-pack-") as scratch:

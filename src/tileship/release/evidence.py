@@ -84,40 +84,61 @@ def write(root: Path, data: Mapping[str, Any], *, verifier_key: Path | None = No
     pending manifest, ``integrity.check``). The release id does not change (evidence is not part of it); the manifest
     signature does not survive (the manifest changed): re-sign afterwards. Raises
     BundleIntegrityError when the release was not intact before writing, SignatureError for an
-    unusable key (before anything is written).
+    unusable key (before anything is written). Concurrent writers of one release (``tileship verify``
+    and ``tileship tune`` at once, ``sign``) take turns (``inplace.writing``); the last one's evidence stays.
     """
     from tileship.release import bundle, evidence_seal, inplace, integrity
 
     root = Path(root)
     key = bundle.load_private_key(verifier_key) if verifier_key is not None else None
-    checked = integrity.check(root, trusted_keys=[])
-    inplace.settle(root, checked.manifest_bytes)
-    files = dict(checked.manifest["files"])
-    body = bundle.json_bytes(dict(data))
-    (root / EVIDENCE).parent.mkdir(exist_ok=True)
-    moves = [(inplace.stage(root / EVIDENCE, body), root / EVIDENCE)]
-    files[EVIDENCE] = "sha256:" + hashlib.sha256(body).hexdigest()
-    sig = root / evidence_seal.SIGNATURE
-    if key is not None:
-        seal = bundle.json_bytes(bundle.signature_record(key, evidence_seal.DOMAIN + body))
-        moves.append((inplace.stage(sig, seal), sig))
-        files[evidence_seal.SIGNATURE] = "sha256:" + hashlib.sha256(seal).hexdigest()
-    else:
-        files.pop(evidence_seal.SIGNATURE, None)
-    manifest = {"schema": 1, "release_id": bundle.release_id_of(files), "files": files}
-    if manifest["release_id"] != checked.release_id:  # would mean evidence leaked into the identity files
-        raise BundleIntegrityError(f"{root}: writing evidence changed the release id {checked.release_id} -> "
-                                   f"{manifest['release_id']}", path=str(root))
-    # the new manifest is on disk before any file moves: killed from here on, the files match
-    # either the old manifest or this pending one, which ``integrity.check`` then accepts
-    pending = inplace.stage(root / bundle.MANIFEST, bundle.json_bytes(manifest))
-    for tmp, final in moves:
-        os.replace(tmp, final)
-    if key is None:
-        sig.unlink(missing_ok=True)
-    os.replace(pending, root / bundle.MANIFEST)
-    (root / bundle.SIGNATURE).unlink(missing_ok=True)  # the manifest changed: re-sign
-    return manifest
+    with inplace.writing(root):  # one writer of this release at a time (verify and tune at once)
+        checked = integrity.check(root, trusted_keys=[])
+        inplace.settle(root, checked.manifest_bytes)
+        files = dict(checked.manifest["files"])
+        body = bundle.json_bytes(dict(data))
+        (root / EVIDENCE).parent.mkdir(exist_ok=True)
+        moves = [(inplace.stage(root / EVIDENCE, body), root / EVIDENCE)]
+        files[EVIDENCE] = "sha256:" + hashlib.sha256(body).hexdigest()
+        sig = root / evidence_seal.SIGNATURE
+        if key is not None:
+            seal = bundle.json_bytes(bundle.signature_record(key, evidence_seal.DOMAIN + body))
+            moves.append((inplace.stage(sig, seal), sig))
+            files[evidence_seal.SIGNATURE] = "sha256:" + hashlib.sha256(seal).hexdigest()
+        else:
+            files.pop(evidence_seal.SIGNATURE, None)
+        manifest = {"schema": 1, "release_id": bundle.release_id_of(files), "files": files}
+        if manifest["release_id"] != checked.release_id:  # would mean evidence leaked into the identity files
+            raise BundleIntegrityError(f"{root}: writing evidence changed the release id {checked.release_id} -> "
+                                       f"{manifest['release_id']}", path=str(root))
+        # the manifests are on disk before any file moves: killed from here on, the files match the old one,
+        # ``_between`` or the new one; ``integrity.check`` accepts a pending manifest the files match
+        pending = inplace.stage(root / bundle.MANIFEST, bundle.json_bytes(manifest))
+        between = _between(manifest, checked.manifest, root)
+        (root / bundle.SIGNATURE).unlink(missing_ok=True)  # the manifest changes: never a stale signature
+        for tmp, final in moves:
+            os.replace(tmp, final)
+        if key is None:
+            sig.unlink(missing_ok=True)
+        if between is not None:
+            between.unlink(missing_ok=True)
+        os.replace(pending, root / bundle.MANIFEST)
+        return manifest
+
+
+def _between(new: Mapping[str, Any], old: Mapping[str, Any], root: Path) -> Path | None:
+    """Stage the manifest of the state where the new evidence has moved and its seal not yet (the old
+    seal or none, which does not vouch for it: not trusted). None when that is the new manifest. Named
+    as a dead writer's pending manifest (pid above pid_max): the next writer (after the lock) removes it."""
+    from tileship.release import bundle, evidence_seal, inplace
+
+    files = dict(new["files"])
+    files.pop(evidence_seal.SIGNATURE, None)
+    if evidence_seal.SIGNATURE in old["files"]:
+        files[evidence_seal.SIGNATURE] = old["files"][evidence_seal.SIGNATURE]
+    if files == new["files"]:
+        return None
+    body = bundle.json_bytes({**new, "files": files})
+    return inplace.stage(root / bundle.MANIFEST, body, pid=os.getpid() + (1 << 22))
 
 
 # -- fingerprints ----------------------------------------------------------------

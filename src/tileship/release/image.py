@@ -14,6 +14,7 @@ into the lock with ``--image-digest``. The tests lint the file with hadolint and
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -105,7 +106,14 @@ DOCKERIGNORE = "# only what the Dockerfile copies\n*\n!Dockerfile\n!requirements
 def write_context(release: Path, out: Path, base: BaseImage, *, cuda: str, requirements: Path, wheel: Path) -> Path:
     """Write a build context for ``release`` into ``out``; returns the Dockerfile's path.
 
-    Raises BuildError when the requirements are not hash-locked or the wheel is missing."""
+    The context is written whole beside ``out`` first, then put in its place in one step
+    (``swap.replace_dir``): killed at any instant, ``out`` is the previous context or the new one,
+    never a Dockerfile of one release beside the files of another. ``out`` is tileship's: a directory
+    holding anything else is refused (nothing is lost). Raises BuildError when the requirements are
+    not hash-locked, the wheel is missing or ``out`` holds files tileship did not write."""
+    from tileship.release import swap
+    from tileship.release.inplace import running
+
     text = requirements.read_text()
     problems = check_hashed(text)
     if problems:
@@ -113,12 +121,29 @@ def write_context(release: Path, out: Path, base: BaseImage, *, cuda: str, requi
                          hint="generate it with pip-compile --generate-hashes")
     if not wheel.is_file() or wheel.suffix != ".whl":
         raise BuildError(f"no tileship wheel at {wheel}", hint="build one with `pip wheel --no-deps -w dist .`")
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(out / "release", ignore_errors=True)
-    shutil.copytree(release, out / "release")
-    shutil.copyfile(requirements, out / "requirements-serve.txt")
-    shutil.copyfile(wheel, out / wheel.name)
-    (out / ".dockerignore").write_text(DOCKERIGNORE)
-    path = out / "Dockerfile"
-    path.write_text(dockerfile(release, base, cuda=cuda, wheel=wheel.name))
-    return path
+    foreign = sorted(p.name for p in out.iterdir() if not _ours(p.name)) if out.is_dir() else []
+    if foreign:
+        raise BuildError(f"{out} holds files `tileship image` did not write: {', '.join(foreign[:5])}",
+                         hint="choose an empty or new --out directory (the context is replaced whole)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for left in out.parent.glob(f".{out.name}.tmp*"):  # what a killed `tileship image` left
+        pid = left.name.rpartition(".tmp")[2]
+        if pid.isdigit() and not running(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    staged = out.parent / f".{out.name}.tmp{os.getpid()}"
+    staged.mkdir()
+    try:
+        shutil.copytree(release, staged / "release")
+        shutil.copyfile(requirements, staged / "requirements-serve.txt")
+        shutil.copyfile(wheel, staged / wheel.name)
+        (staged / ".dockerignore").write_text(DOCKERIGNORE)
+        (staged / "Dockerfile").write_text(dockerfile(release, base, cuda=cuda, wheel=wheel.name))
+        swap.replace_dir(staged, out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return out / "Dockerfile"
+
+
+def _ours(name: str) -> bool:
+    return name in ("release", "requirements-serve.txt", ".dockerignore", "Dockerfile") or name.endswith(".whl")

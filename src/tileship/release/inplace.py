@@ -6,15 +6,23 @@ temporary: a ``leftover``, which ``integrity.check`` ignores (it is never part o
 loaded) and the next writer removes (``settle``). A writer that moves several files
 (``evidence.write``: the evidence, its seal and the manifest) writes the new manifest first: killed
 between its renames, the files match that pending manifest, which ``integrity.check`` accepts and
-``settle`` makes the manifest. A reader whose release directory is retired under it (a registry's
-``publish --replace``) is told so (``raise_if_replaced``), not that a file is missing.
+``settle`` makes the manifest. Writers of one release are serialized (``writing``: a file lock), so two
+of them at once (``tileship verify`` and ``tileship tune``, or ``sign``) never mix their files. A reader
+whose release directory is retired under it (a registry's ``publish --replace``) is told so
+(``raise_if_replaced``), not that a file is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from tileship.errors import BundleError
 
@@ -22,6 +30,29 @@ MANIFEST = "manifest.json"
 #: the files tileship rewrites inside an existing release
 IN_PLACE = frozenset({MANIFEST, "manifest.sig", "evidence/verification.json", "evidence/verification.sig"})
 _LEFTOVER = re.compile(r"(.+)\.tmp([0-9]+)")
+#: how long an in-place writer waits for another one writing the same release
+LOCK_TIMEOUT_S = 120.0
+
+
+@contextmanager
+def writing(root: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the lock of ``root``'s in-place writers for the block. The lock file lives outside the
+    release (under the temp directory, named by the release's resolved path), so the release's
+    files stay exactly its manifest's; a killed holder's lock is released by the kernel. Raises
+    BundleError naming the release when another writer holds it longer than ``timeout_s``."""
+    key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
+    where = Path(tempfile.gettempdir()) / "tileship-release-locks"
+    where.mkdir(exist_ok=True)
+    lock = FileLock(str(where / f"{key}.lock"))
+    try:
+        lock.acquire(timeout=timeout_s)
+    except Timeout:
+        raise BundleError(f"{root}: another writer (sign, verify, tune) has held this release for {timeout_s:g} s",
+                          path=str(root), hint=f"wait for it to finish; a stuck one holds {lock.lock_file}") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def leftover(rel: str) -> bool:
@@ -30,15 +61,25 @@ def leftover(rel: str) -> bool:
     return m is not None and m.group(1) in IN_PLACE
 
 
-def stage(path: Path, body: bytes) -> Path:
-    """Write ``body`` to ``path``'s temporary ``<name>.tmp<pid>`` and fsync it; returns the temporary
-    (``os.replace`` it onto ``path`` to commit)."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+def stage(path: Path, body: bytes, *, pid: int | None = None) -> Path:
+    """Write ``body`` to ``path``'s temporary ``<name>.tmp<pid>`` (this process's pid unless given) and
+    fsync it; returns the temporary (``os.replace`` it onto ``path`` to commit)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid() if pid is None else pid}")
     with open(tmp, "wb") as f:
         f.write(body)
         f.flush()
         os.fsync(f.fileno())
     return tmp
+
+
+def write_atomic(path: Path, body: bytes) -> None:
+    """Replace ``path`` by ``body`` whole (``stage`` + ``os.replace``): killed at any instant, ``path``
+    holds the old bytes or the new ones. Temporaries of ``path`` that killed writers left are removed."""
+    for tmp in path.parent.glob(path.name + ".tmp*"):
+        m = _LEFTOVER.fullmatch(tmp.name)
+        if m is not None and m.group(1) == path.name and not running(int(m.group(2))):
+            tmp.unlink(missing_ok=True)
+    os.replace(stage(path, body), path)
 
 
 def pending_manifests(root: Path) -> list[str]:
@@ -66,7 +107,7 @@ def settle(root: Path, manifest_bytes: bytes) -> None:
             continue
         for tmp in target.parent.glob(target.name + ".tmp*"):
             m = _LEFTOVER.fullmatch(tmp.relative_to(root).as_posix())
-            if m is not None and m.group(1) in IN_PLACE and not _running(int(m.group(2))):
+            if m is not None and m.group(1) in IN_PLACE and not running(int(m.group(2))):
                 tmp.unlink(missing_ok=True)
 
 
@@ -83,7 +124,8 @@ def raise_if_replaced(root: Path, before: os.stat_result | None, exc: Exception)
                           hint="resolve the release again (the registry's active pointer) and retry") from exc
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is this one or still alive (a temporary's writer)."""
     if pid == os.getpid():
         return True
     try:
@@ -95,4 +137,6 @@ def _running(pid: int) -> bool:
     return True
 
 
-__all__ = ["IN_PLACE", "leftover", "pending_manifests", "raise_if_replaced", "settle", "stage"]
+__all__ = ["IN_PLACE", "LOCK_TIMEOUT_S", "leftover", "pending_manifests", "raise_if_replaced", "running", "settle",
+           "stage", "write_atomic",
+           "writing"]

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship import env
-from tileship.errors import BundleError, BundleIntegrityError
+from tileship.errors import BundleError, BundleIntegrityError, SignatureError
 from tileship.release import strict_json
 from tileship.release.inplace import leftover, pending_manifests, raise_if_replaced
 
@@ -193,12 +193,15 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
         raise_if_replaced(real, before, exc)
         if not isinstance(exc, BundleIntegrityError):
             raise  # e.g. a full disk while copying: the caller names it
-        first = exc
+        first: BundleError = exc
         for pending in pending_manifests(Path(os.path.realpath(root))):
             if copy_to is not None:
                 shutil.rmtree(copy_to, ignore_errors=True)
             try:
                 got = _check(root, pending, trusted_keys, copy_to, durable)
+            except SignatureError as sig_exc:  # the files are whole; what is wrong is the signature
+                first = sig_exc
+                continue
             except BundleError:
                 continue
             note = (f"{pending}: the manifest of an interrupted write (its writer was stopped between renames) "

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tileship.build import outputs
 from tileship.release import integrity
 
@@ -51,3 +53,51 @@ def test_build_killed_at_random_instants_then_rebuilt(tmp_path: Path) -> None:
         assert len(releases) == 1 and not releases[0].name.startswith("."), sorted(p.name for p in out.iterdir())
         integrity.check(releases[0], trusted_keys=[])
         shutil.rmtree(out)
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The compile workers whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            ppid = int(next(ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("PPid:"))
+                       .split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue
+        if ppid == pid and b"tileship.build.worker" in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_build_takes_its_compile_worker_with_it(tmp_path: Path) -> None:
+    """The worker runs in its own session; before, it compiled on as an orphan and then removed the cache
+    directory a new build of the same specialization was using."""
+    if not Path("/proc/self/status").is_file():
+        pytest.skip("needs /proc (Linux)")
+    shutil.copy(TESTS / "crash_ops.py", tmp_path / "crash_ops.py")
+    (tmp_path / "tileship.toml").write_text('model = "m"\noperators = ["crash_ops"]\ntargets = ["c"]\n')
+    proc = _build(tmp_path, tmp_path / "builds")
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while not workers and proc.poll() is None and time.monotonic() < deadline:
+        workers = _workers_of(proc.pid)
+        time.sleep(0.02)
+    assert workers, "no compile worker seen while the build ran"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    deadline = time.monotonic() + 2  # a worker left alone imports TileLang and compiles for 5 s or more here
+    alive = list(workers)
+    while alive and time.monotonic() < deadline:
+        alive = [w for w in alive if Path(f"/proc/{w}").exists() and "State:\tZ" not in _status(w)]
+        time.sleep(0.05)
+    assert not alive, f"compile worker(s) {alive} outlived their build"
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "State:\tZ"

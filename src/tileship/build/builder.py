@@ -97,7 +97,7 @@ def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: flo
     work = Path(tempfile.gettempdir()) / "tileship-build" / hashlib.sha256(spec.id.encode()).hexdigest()[:16]
     work.parent.mkdir(parents=True, exist_ok=True)
     job = {"spec_id": spec.id, "module": op.module, "op": op.name, "spec": spec.to_json(),
-           "out": str(out), "cache_dir": str(work / "cache"), "sys_path": sys_path}
+           "out": str(out), "cache_dir": str(work / "cache"), "sys_path": sys_path, "parent": os.getpid()}
     t0 = time.perf_counter()
     with FileLock(str(work) + ".lock"):
         job_file = work.with_suffix(".job.json")

@@ -111,8 +111,27 @@ def _portable(saved: str) -> str:
     return _SOURCE_NAME.sub(rel, saved)
 
 
+def _die_with_parent(parent: int | None) -> None:
+    """Linux: the kernel SIGKILLs this worker when the build that started it dies, kill -9 included. The worker
+    runs in a session of its own (a build's timeout kills its whole group), so nothing else would stop it: an
+    orphan would go on compiling and, at its end, remove the cache directory that the next build of the same
+    specialization had taken over. Elsewhere, or where prctl is missing, nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:  # the build died before the request took effect
+        os._exit(137)
+
+
 def main(job_path: str) -> int:
     job = json.loads(Path(job_path).read_text())
+    _die_with_parent(job.get("parent"))
     out = Path(job["out"])
     out.mkdir(parents=True, exist_ok=True)
     cache = Path(job["cache_dir"])

@@ -61,6 +61,8 @@ def recover(out_root: Path) -> list[str]:
     done: list[str] = []
     if not out_root.is_dir():
         return done
+    if not any(p.name.startswith((STAGING, TRASH)) for p in out_root.iterdir()):
+        return done  # nothing a killed build left: no lock file either (a refused build leaves nothing)
     with _lock(out_root):
         _recover(out_root, sorted(out_root.iterdir()), done)
     for line in done:

@@ -4,7 +4,8 @@ what its operator declares is refused before it is compiled, with an error namin
 Per parameter, in the kernel's order (the declared inputs, then the declared outputs at the
 output positions):
 
-- a ``TensorArg`` is a tensor parameter and a ``ScalarArg`` a scalar one;
+- a ``TensorArg`` is a tensor parameter and a ``ScalarArg`` a scalar one of the declared dtype (a float32
+  one over an int32 parameter would let a call pass 2.5, which the launch cannot convert);
 - the same number of dims, and every dim the kernel fixes (a constant) equal to the declared size
   at this specialization (a dim of the ``T.dynamic`` range, or one the kernel computes, is not
   compared);
@@ -63,6 +64,10 @@ def _check_one(decl: Any, param: Any, buf: Any, sizes: dict[str, int], spec: Any
         if buf is not None:
             raise BuildError(f"{what} is declared a ScalarArg but the kernel takes a tensor", spec_id=spec.id,
                              hint=_FIX)
+        dtype = resolve_dtype(decl.dtype, spec.dtype)
+        if str(param.dtype) != dtype:  # the declared dtype decides which Python numbers a call may pass
+            raise BuildError(f"{what}: declared a {dtype} ScalarArg but the kernel takes a {param.dtype}",
+                             spec_id=spec.id, hint=f'declare ScalarArg("{decl.name}", dtype="{param.dtype}")')
         return
     if buf is None:
         raise BuildError(f"{what} is declared a tensor but the kernel takes a scalar", spec_id=spec.id, hint=_FIX)

@@ -3,6 +3,8 @@ tree a35008a42), declared through tileship's public API as ``docs/declaring.md``
 ``tests/test_foreign.py`` builds them (CUDA sm_90a with nvcc, and the CPU "c" target), loads the releases with no
 JIT and calls them. Each kernel names the upstream file it comes from; the references are ours."""
 
+import itertools
+
 import tilelang
 import tilelang.language as T
 import torch
@@ -227,6 +229,89 @@ def _layernorm_bwd(N, D, blk_m=32, threads=256, in_dtype="bfloat16"):
     return main
 
 
+# examples/cast/example_per_token_cast_to_fp8.py: eager, two T.empty outputs, one of them float8_e4m3fn
+@tilelang.jit
+def per_token_cast_to_fp8(X, blk_m):
+    M, N = T.const("M, N")
+    dtype = T.float
+    group_size = 128
+    fp8_min = -448.0
+    fp8_max = 448.0
+
+    X: T.Tensor((M, N), dtype)
+    X_fp8 = T.empty((M, N), T.float8_e4m3fn)
+    X_amax = T.empty((M, T.ceildiv(N, group_size)), dtype)
+
+    with T.Kernel(T.ceildiv(M, blk_m), T.ceildiv(N, group_size), threads=128) as (bx, by):
+        row = bx
+        row_g_id = by
+        y_local = T.alloc_fragment((blk_m, group_size), dtype)
+        y_amax_local = T.alloc_fragment((blk_m,), dtype)
+        y_s_local = T.alloc_fragment((blk_m,), dtype)
+        y_q_local = T.alloc_fragment((blk_m, group_size), dtype)
+        y_q_local_fp8 = T.alloc_fragment((blk_m, group_size), T.float8_e4m3fn)
+
+        T.copy(X[row * blk_m : (row + 1) * blk_m, row_g_id * group_size : (row_g_id + 1) * group_size], y_local)
+        T.reduce_absmax(y_local, y_amax_local, dim=1)
+        for i in T.Parallel(blk_m):
+            y_amax_local[i] = T.max(y_amax_local[i], 1e-4)
+            y_s_local[i] = y_amax_local[i] / fp8_max
+        for i, j in T.Parallel(blk_m, group_size):
+            y_q_local[i, j] = T.clamp(y_local[i, j] / y_s_local[i], fp8_min, fp8_max)
+        T.copy(y_q_local, y_q_local_fp8)
+        for i in T.Parallel(blk_m):
+            X_amax[row * blk_m + i, row_g_id] = y_s_local[i]
+        T.copy(y_q_local_fp8, X_fp8[row * blk_m : (row + 1) * blk_m, row_g_id * group_size : (row_g_id + 1) * group_size])
+
+    return X_fp8, X_amax
+
+
+# examples/topk/example_topk.py: @autotune over an eager kernel; its outputs are (M, topk), topk a config: six columns
+def get_configs():
+    iter_params = dict(
+        blk_m=[64, 128, 256],
+        threads=[128, 256, 512],
+    )
+    return [dict(zip(iter_params, values)) for values in itertools.product(*iter_params.values())]
+
+
+@tilelang.autotune(configs=get_configs())
+@tilelang.jit
+def tl_topk(logits, topk, blk_m, threads=128):
+    M, N = T.const("M, N")
+    dtype = T.float32
+
+    logits: T.Tensor([M, N], dtype)
+    topk_gates = T.empty([M, topk], dtype)
+    topk_indices = T.empty([M, topk], T.int32)
+
+    with T.Kernel(T.ceildiv(M, blk_m), threads=threads) as bx:
+        logits_frag = T.alloc_fragment([blk_m, N], dtype=dtype)
+        max_val = T.alloc_fragment([blk_m], dtype=dtype)
+        expand_max_idx = T.alloc_fragment([blk_m, N], T.int32)
+        max_idx = T.alloc_fragment([blk_m], T.int32)
+
+        T.copy(logits[bx * blk_m, 0], logits_frag)
+
+        for k in T.serial(topk):
+            T.fill(expand_max_idx, -1)
+            T.reduce_max(logits_frag, max_val, dim=1, clear=True)
+
+            for i, j in T.Parallel(blk_m, N):
+                expand_max_idx[i, j] = T.if_then_else(max_val[i] == logits_frag[i, j], j, expand_max_idx[i, j])
+
+            T.reduce_max(expand_max_idx, max_idx, dim=1, clear=True)
+
+            for i, j in T.Parallel(blk_m, N):
+                logits_frag[i, j] = T.if_then_else(max_val[i] == logits_frag[i, j], -10000.0, logits_frag[i, j])
+
+            for i in T.Parallel(blk_m):
+                topk_gates[bx * blk_m + i, k] = max_val[i]
+                topk_indices[bx * blk_m + i, k] = max_idx[i]
+
+    return topk_gates, topk_indices
+
+
 # examples/dynamic_shape/example_dynamic.py: eager, every dim T.dynamic inside the kernel, trans flags as configs
 @tilelang.jit
 def matmul_dynamic_mnk(
@@ -432,6 +517,20 @@ def ln_bwd_ref(dy, x, gamma, mean, rstd, dgamma, dbeta):
     return dx.to(x.dtype)
 
 
+def cast_fp8_ref(x):
+    """The upstream example's ref_program for N a multiple of 128."""
+    m, n = x.shape
+    x_view = x.view(m, -1, 128)
+    x_amax = x_view.abs().float().amax(dim=2).view(m, -1).clamp(1e-4)
+    x_fp8 = (x_view * (448.0 / x_amax.unsqueeze(2))).to(torch.float8_e4m3fn)
+    return x_fp8.view(m, n), (x_amax / 448.0).view(m, -1)
+
+
+def topk_ref(logits):
+    gates, indices = logits.topk(6, dim=1)
+    return gates, indices.to(torch.int32)
+
+
 def matmul_ref(a, b):
     return (a.float() @ b.float()).to(a.dtype)
 
@@ -490,6 +589,14 @@ ln_fwd = Operator(name="ln_fwd", factory=_layernorm_fwd, reference=ln_fwd_ref,
                            TensorArg("Rstd", ("N",), dtype="float32")),
                   dtypes=("float16",), targets=SM90, params={"dtype": ("in_dtype", "out_dtype")},
                   shapes=({"N": 64, "D": 256},))
+# outputs read from the T.empty tensors: X_fp8 (M, N) float8_e4m3fn, X_amax (M, N/128)
+cast_fp8 = Operator(name="cast_fp8", factory=per_token_cast_to_fp8, reference=cast_fp8_ref,
+                    inputs=(TensorArg("X", ("M", "N")),), dtypes=("float32",), targets=SM90, params={"dtype": None},
+                    config={"blk_m": 8}, shapes=({"M": 40, "N": 512},))
+# outputs read from the T.empty tensors: (M, 6) each, 6 a size the kernel fixes (topk=6)
+topk = Operator(name="topk", factory=tl_topk, reference=topk_ref, inputs=(TensorArg("logits", ("M", "N")),),
+                dtypes=("float32",), targets=SM90, params={"dtype": None},
+                config={"topk": 6, "blk_m": 64, "threads": 128}, shapes=({"M": 320, "N": 128},))
 # the output is parameter 5 of 8: the inputs are the other seven, in the kernel's order
 ln_bwd = Operator(name="ln_bwd", factory=_layernorm_bwd, reference=ln_bwd_ref,
                   inputs=(TensorArg("DY", ("N", "D")), TensorArg("X", ("N", "D")), TensorArg("gamma", ("D",)),

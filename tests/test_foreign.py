@@ -269,3 +269,113 @@ def test_without_a_gpu_the_reference_serves_and_says_why(cuda_build):
     dx, d = rel.op("ln_bwd").call(*args)
     assert (d.path, d.reason) == ("reference", "device_not_covered") and dx.dtype == torch.bfloat16
     assert not torch.equal(args[5], dgamma) and not torch.equal(args[6], dbeta)  # updated in place, as declared
+
+
+# -- an 8-bit float output: declared, built, served --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fp8_build(tmp_path_factory):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    return _build(("cuda-sm90a",), ("cast_fp8", "topk"), tmp_path_factory.mktemp("foreign-fp8"))
+
+
+def test_an_fp8_output_is_declared_built_and_served_by_the_reference_without_a_gpu(fp8_build):
+    """``per_token_cast_to_fp8``'s X_fp8 is ``T.float8_e4m3fn``: the declaration refused the dtype ('unknown dtype
+    float8_e4m3fn'), so the upstream cast kernel could not ship at all."""
+    from tileship.runtime.loader import load
+
+    assert fp8_build.ok, [(r.spec.id, r.error) for r in fp8_build.failed]
+    desc = json.loads((fp8_build.path / "release.json").read_text())["operators"]["cast_fp8"]
+    assert desc["outputs"] == [["X_fp8", ["M", "N"]], ["X_amax", ["M", "N/128"]]]
+    assert desc["tensor_dtypes"]["X_fp8"] == "float8_e4m3fn"
+    rel = load(fp8_build.path)
+    x = torch.randn(40, 512, generator=torch.Generator().manual_seed(2))
+    (q, s), d = rel.op("cast_fp8").call(x)
+    if not torch.cuda.is_available():
+        assert (d.path, d.reason) == ("reference", "device_not_covered")
+    rq, rs = foreign_ops.cast_fp8_ref(x)
+    assert q.dtype == torch.float8_e4m3fn and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+    assert torch.equal(s, rs)
+
+
+def test_fp8_tensors_verify_and_travel_over_kserve():
+    """The pieces an fp8 output passes through besides the kernel: the poison verification fills it with, the
+    non-finite check of the circuit breaker, and the KServe encoding (FP8_E4M3: raw bytes, or JSON numbers)."""
+    import orjson
+
+    from tileship.declare.parts import DEFAULT_TOLERANCES
+    from tileship.runtime.route import all_finite
+    from tileship.serve.encoding import DATATYPES, encode_response
+    from tileship.verify.compare import check_output, fill_poison
+
+    x = torch.randn(8, 128, generator=torch.Generator().manual_seed(3))
+    q, _ = foreign_ops.cast_fp8_ref(x)
+    atol, rtol = DEFAULT_TOLERANCES["float8_e4m3fn"]
+    assert check_output(q, q.double(), atol=atol, rtol=rtol).passed
+    half = fill_poison(torch.empty_like(q))
+    half[:4] = q[:4]
+    check = check_output(half, q.double(), atol=atol, rtol=rtol)
+    assert check.unwritten == 4 * 128 and "never written" in (check.failure or "")
+    assert all_finite((q,)) and not all_finite((torch.full((2,), float("nan")).to(torch.float8_e4m3fn),))
+    assert DATATYPES["FP8_E4M3"] == "float8_e4m3fn" and DATATYPES["FP8_E5M2"] == "float8_e5m2"
+    enc = encode_response(model="cast_fp8", version="r", request_id=None, parameters={},
+                          outputs=[("X_fp8", q, True), ("again", q, False)])
+    head = orjson.loads(enc.parts[0])
+    assert head["outputs"][0]["datatype"] == "FP8_E4M3" and bytes(enc.parts[1]) == q.view(torch.uint8).numpy().tobytes()
+    assert head["outputs"][1]["data"] == q.double().reshape(-1).tolist()
+
+
+# -- a size the kernel fixes ---------------------------------------------------------------------------------
+
+
+def test_an_output_of_a_fixed_size_is_read_from_the_kernel_and_built(fp8_build):
+    """``tl_topk``'s outputs are (M, topk) with topk=6 from the config: no input determines 6, so the declaration
+    could not say it ('the size of dim 1 of the kernel's T.empty output topk_gates (6) matches no declared dim', and
+    'output topk_gates uses dim 'topk' that no input determines'). A fixed size is a dim now: read, built, served."""
+    from tileship.runtime.loader import load
+    from tileship.serve.encoding import tensor_metadata
+
+    assert fp8_build.ok, [(r.spec.id, r.error) for r in fp8_build.failed]
+    desc = json.loads((fp8_build.path / "release.json").read_text())["operators"]["topk"]
+    assert desc["outputs"] == [["topk_gates", ["M", "6"]], ["topk_indices", ["M", "6"]]]
+    rel = load(fp8_build.path)
+    for m in (320, 100):  # the declared shape, and one the reference serves as undeclared
+        x = torch.rand(m, 128, generator=torch.Generator().manual_seed(m))
+        (gates, idx), d = rel.op("topk").call(x)
+        want = foreign_ops.topk_ref(x)
+        assert gates.shape == (m, 6) and torch.equal(gates, want[0]) and torch.equal(idx, want[1]), d
+    assert [t["shape"] for t in tensor_metadata(rel.declarations["topk"], "outputs")] == [[320, 6], [320, 6]]
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tileship.torchops.custom_ops import register
+
+    ops = register(rel)
+    with FakeTensorMode():  # what torch.compile traces the custom op with
+        gates, idx = ops.topk(torch.empty(17, 128))
+        assert gates.shape == idx.shape == (17, 6) and idx.dtype == torch.int32
+
+
+def test_a_fixed_size_is_declared_checked_and_bound():
+    from tileship.declare import contract
+    from tileship.declare.dims import DimExpr, bind, shape_at
+
+    assert foreign_ops.TensorArg("g", ("M", 6)).dims == ("M", "6")
+    op = dataclasses.replace(foreign_ops.topk, outputs=(foreign_ops.TensorArg("topk_gates", ("M", 6)),
+                                                        foreign_ops.TensorArg("topk_indices", ("M", 6), "int32")))
+    op.check()
+    assert op.dims == ("M", "N") and [s.id for s in expand(op)] == ["topk.float32.M320_N128.cuda-sm90a"]
+    op, spec, func, (_, positions) = _traced(op)
+    contract.check(op, spec, func, positions)
+    eight = dataclasses.replace(op, outputs=(foreign_ops.TensorArg("topk_gates", ("M", 8)), op.outputs[1]))
+    with pytest.raises(BuildError, match=r"topk_gates \(the kernel's parameter topk_gates\): dim 1 is fixed at 8 in "
+                                         r"the declaration but 6 in the kernel"):
+        contract.check(eight, spec, func, positions)
+    assert shape_at(("M", "6"), {"M": 3}) == (3, 6)
+    assert DimExpr.parse("6").size({}) == 6 and str(DimExpr.parse("6")) == "6"
+    assert bind([("w", ("C", "3"))], [(4, 3)]).dims == {"C": 4}
+    b = bind([("w", ("C", "3"))], [(4, 5)])
+    assert b.problem == "derived" and b.message == "has 5 where the declaration fixes 3"  # the reference serves it
+    with pytest.raises(DeclarationError, match="a fixed size must be a positive int"):
+        dataclasses.replace(op, outputs=(foreign_ops.TensorArg("topk_gates", ("M", "0")),)).check()

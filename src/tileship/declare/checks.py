@@ -61,8 +61,11 @@ def _check_tensors(decl: Operator, op: str) -> None:
                         str(exc),
                         operator=op,
                         field=f"{f}.dims",
-                        hint='write a dim name ("K") or <dim>/<int>, <dim>//<int>, <dim>*<int> ("K/8")',
+                        hint='write a dim name ("K"), <dim>/<int>, <dim>//<int>, <dim>*<int> ("K/8") or a fixed size '
+                        '("6")',
                     ) from None
+                if e.literal:  # a size the kernel fixes (a top-k's k): no input needs to determine it
+                    continue
                 if group == "inputs":
                     in_dims.add(e.base)
                 elif e.base not in in_dims:

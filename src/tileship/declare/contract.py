@@ -77,10 +77,15 @@ def _check_one(decl: Any, param: Any, buf: Any, sizes: dict[str, int], spec: Any
                          f"{len(shape)} ({', '.join(str(s) for s in shape)})", spec_id=spec.id, hint=_FIX)
     for i, (d, s) in enumerate(zip(decl.dims, shape, strict=True)):
         e = DimExpr.parse(d)
-        if e.base not in sizes or not isinstance(s, tvm.tirx.IntImm) or not e.exact(sizes[e.base]):
+        want = e.size(sizes)
+        if e.literal and not isinstance(s, tvm.tirx.IntImm):
+            raise BuildError(f"{what}: dim {i} is fixed at {e.k} in the declaration but the kernel's is {s}",
+                             spec_id=spec.id, hint=_FIX)
+        if want is None or not isinstance(s, tvm.tirx.IntImm):
             continue
-        if int(s) != e.apply(sizes[e.base]):
-            raise BuildError(f"{what}: dim {i} is {d} = {e.apply(sizes[e.base])} in the declaration but {int(s)} in "
+        if int(s) != want:
+            size = f"{d} = {want}" if not e.literal else f"fixed at {want}"
+            raise BuildError(f"{what}: dim {i} is {size} in the declaration but {int(s)} in "
                              "the kernel", spec_id=spec.id, hint=_FIX)
     dtype = resolve_dtype(decl.dtype, spec.dtype)
     if str(buf.dtype) != dtype:

@@ -73,7 +73,9 @@ def _dim(op: Operator, dims: dict[str, Any], size: Any, out: str, k: int) -> str
             hits += [f"{d}*{factor}" for d, v in static.items() if v * factor == value]
         if len(hits) == 1:
             return hits[0]
-        why = f"could be any of {', '.join(hits)}" if hits else "matches no declared dim"
+        if not hits:  # a size the kernel fixes (a top-k's k); the build holds every other shape to it
+            return str(value)
+        why = f"could be any of {', '.join(hits)}"
     else:
         why = f"is the expression {size}"
     raise DeclarationError(f"the size of dim {k} of the kernel's T.empty output {out} ({size}) {why}", operator=op.name,

@@ -128,14 +128,17 @@ class Operator:
     # -- derived -------------------------------------------------------------
     @property
     def dims(self) -> tuple[str, ...]:
-        """The base dims, in order of first appearance (derived dims contribute their base)."""
+        """The base dims, in order of first appearance (derived dims contribute their base, fixed sizes none)."""
         seen: dict[str, None] = {}
         for arg in self.inputs + self.outputs:
             for d in arg.dims:
                 try:
-                    seen.setdefault(DimExpr.parse(d).base)
+                    e = DimExpr.parse(d)
                 except ValueError:
                     seen.setdefault(d)
+                    continue
+                if not e.literal:
+                    seen.setdefault(e.base)
         return tuple(seen)
 
     @property

@@ -14,12 +14,11 @@ from typing import Any
 from tileship.declare.dims import SAME
 from tileship.errors import DeclarationError
 
-#: dtype names accepted in declarations (TileLang spelling == torch attribute name).
+#: dtype names accepted in declarations (TileLang spelling == torch attribute name); the 8-bit floats are a
+#: quantizing kernel's outputs (``T.float8_e4m3fn``), compared in float64
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
           "float8_e4m3fn", "float8_e5m2")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-#: the 8-bit floats (a quantized output, ``T.float8_e4m3fn``): compared in float64; no KServe v2 datatype carries them
-FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 #: defaults when an operator gives no tolerance for a dtype (compared to a float32/float64 reference).
 DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = {

@@ -27,6 +27,7 @@ result, a verification verdict. Exceptions from TileLang/TVM are translated in o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TypeVar
 
@@ -190,3 +191,29 @@ def translate(exc: BaseException, *, spec_id: str) -> TileshipError:
     else:
         hint = "run `tileship diagnose` to collect the sources, logs and environment"
     return ArtifactLoadError(first, spec_id=spec_id, hint=hint)
+
+
+#: the summary of a compile that TileLang's compiler step refused (``build_summary``)
+COMPILER_FAILED = "the compiler failed"
+#: a compiler's diagnostic line (g++: ``x.cpp:57:22: error: ...``; nvcc: ``x.cu(57): error: ...``)
+_DIAGNOSTIC = re.compile(r"\b(?:fatal )?error\b\s*:")
+
+
+def build_summary(exc: BaseException) -> str:
+    """One line for a specialization that failed to build (the build table, ``build-log.json``'s ``error``).
+    TileLang's compiler failures open with the generated source (nvcc: ``<the .cu>\\nCompilation error: ...``)
+    or the command line (the host compiler: ``Compilation Failed! [...]``): their summary is
+    ``COMPILER_FAILED`` and the first diagnostic, when the text holds one (``build.compile_one`` looks for it in
+    the compiler's output otherwise). The full text stays in the log."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "Compilation error" in text or "Compilation Failed" in text:
+        hit = first_diagnostic(text.split("Compilation error:", 1)[-1])  # after nvcc's copy of the source
+        return f"{type(exc).__name__}: {COMPILER_FAILED}" + (f": {hit}" if hit else "")
+    return text.splitlines()[0][:2000] if text.strip() else type(exc).__name__
+
+
+def first_diagnostic(text: str) -> str | None:
+    """The first compiler diagnostic of ``text`` from its ``error:`` on (the temporary file's path dropped; at
+    most 1000 characters), None when there is none."""
+    return next((line[m.start():].strip()[:1000] for line in text.splitlines() if (m := _DIAGNOSTIC.search(line))),
+                None)

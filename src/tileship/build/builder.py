@@ -31,7 +31,7 @@ from tileship.build import import_check, outputs, pins, schedule, sources
 from tileship.build.lock import capture_environment, dump_lock, kernel_revision, make_lock
 from tileship.declare.project import Project, revision_root, source_digest
 from tileship.declare.spec import Operator, Specialization, describe, expand
-from tileship.errors import BuildError
+from tileship.errors import COMPILER_FAILED, BuildError, first_diagnostic
 from tileship.release import bundle
 from tileship.runtime import native
 
@@ -133,6 +133,8 @@ def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: flo
             f" (signal {-proc.returncode})" if proc.returncode < 0 else "")
     else:
         error = result.get("error", "unknown error")
+    if error.endswith(COMPILER_FAILED) and (hit := first_diagnostic(output)) is not None:
+        error = f"{error}: {hit}"  # g++ wrote it to the worker's output, not into TileLang's exception
     log = _tail(output + ("\n" + result["traceback"] if result.get("traceback") else ""))
     return SpecResult(spec, False, seconds, error=error, log=log, commands=commands)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship import tilelang_version
+from tileship.errors import build_summary
 
 # before TileLang is imported: a release outside the supported range fails here, naming both versions
 tilelang_version.check()
@@ -217,7 +218,7 @@ def main(job_path: str) -> int:
             runtime_artifact.ffi_abi(out, artifact, runtime_signature.read(sig_text, positions), job["spec_id"])
         result.update(ok=True, backend=kernel.execution_backend)
     except BaseException as exc:  # report everything; the parent decides
-        result.update(error=f"{type(exc).__name__}: {exc}".splitlines()[0][:2000], traceback=traceback.format_exc())
+        result.update(error=build_summary(exc), traceback=traceback.format_exc())
     finally:
         result["seconds"] = round(time.perf_counter() - t0, 3)
         result["commands"] = COMMANDS

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from tileship.declare import sequences
 from tileship.declare.dims import SAME, DimExpr, shape_at
+from tileship.declare.importable import check_arity
 from tileship.declare.parts import DTYPES, ScalarArg, Target, TensorArg, Tolerance
 from tileship.errors import DeclarationError
 
@@ -60,8 +61,11 @@ def _check_tensors(decl: Operator, op: str) -> None:
                         str(exc),
                         operator=op,
                         field=f"{f}.dims",
-                        hint='write a dim name ("K") or <dim>/<int>, <dim>//<int>, <dim>*<int> ("K/8")',
+                        hint='write a dim name ("K"), <dim>/<int>, <dim>//<int>, <dim>*<int> ("K/8") or a fixed size '
+                        '("6")',
                     ) from None
+                if e.literal:  # a size the kernel fixes (a top-k's k): no input needs to determine it
+                    continue
                 if group == "inputs":
                     in_dims.add(e.base)
                 elif e.base not in in_dims:
@@ -186,13 +190,20 @@ def check_operator(decl: Operator) -> None:
             raise DeclarationError(
                 f"must be a Tolerance(atol, rtol), got {type(tol).__name__}", operator=op, field=f"tolerances.{key}"
             )
-    for name, value, hint in (
-        ("sample", decl.sample, "pass sample=fn(dims, dtype, device) returning one tensor per input"),
-        ("cost", decl.cost, "pass cost=fn(dims, dtype) returning (flops, bytes) of one call"),
-        ("applies", decl.applies, "pass applies=fn(config, dims) returning whether a candidate builds a shape"),
+    names = [a.name for a in decl.inputs]
+    check_arity(decl.reference, names, op, "reference",
+                 f"the reference takes the inputs in declaration order, like a call: def ref({', '.join(names)}): ...")
+    for name, value, hint, args in (
+        ("sample", decl.sample, "pass sample=fn(dims, dtype, device) returning one tensor per input",
+         ["dims", "dtype", "device"]),
+        ("cost", decl.cost, "pass cost=fn(dims, dtype) returning (flops, bytes) of one call", ["dims", "dtype"]),
+        ("applies", decl.applies, "pass applies=fn(config, dims) returning whether a candidate builds a shape",
+         ["config", "dims"]),
     ):
         if value is not None and not callable(value):
             raise DeclarationError(f"{name} is not callable", operator=op, field=name, hint=hint)
+        if value is not None:
+            check_arity(value, args, op, name, hint)
     _check_factory(decl, op)
 
 
@@ -244,11 +255,19 @@ def _check_factory(decl: Operator, op: str) -> None:
                 field=f"params.{key}",
                 hint=f'map it to the factory parameter that takes it, e.g. params={{"{key}": "{key.lower()}"}}',
             )
-        if target is not None and not isinstance(target, str):
+        several = key == "dtype" and isinstance(target, (tuple, list))
+        if several and (not target or not all(isinstance(t, str) for t in target) or len(set(target)) != len(target)):
             raise DeclarationError(
-                f"must be a parameter name or None, got {type(target).__name__}", operator=op, field=f"params.{key}"
+                f"must name each factory parameter once, got {target!r}", operator=op, field="params.dtype",
+                hint='e.g. params={"dtype": ("in_dtype", "out_dtype")} when both take the operator dtype',
             )
-    if decl.factory_param("dtype") is None and len(decl.dtypes) > 1:
+        if target is not None and not isinstance(target, str) and not several:
+            raise DeclarationError(
+                f"must be a parameter name or None, got {type(target).__name__}", operator=op, field=f"params.{key}",
+                hint='a dim takes one parameter name; "dtype" also takes a tuple of them' if key != "dtype" else
+                'a parameter name, a tuple of them (params={"dtype": ("in_dtype", "out_dtype")}) or None',
+            )
+    if not decl.dtype_params() and len(decl.dtypes) > 1:
         raise DeclarationError(
             f"passes no dtype to the factory, but dtypes lists {len(decl.dtypes)}: "
             "every build would be the same kernel",
@@ -261,14 +280,19 @@ def _check_factory(decl: Operator, op: str) -> None:
         return
     accepts_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     fname = info.qualname.rpartition(".")[2]
-    wanted = [(f"params.{d}" if d in decl.params else "params", decl.factory_param(d)) for d in decl.dims]
-    wanted.append(("params.dtype" if "dtype" in decl.params else "dtype_param", decl.factory_param("dtype")))
-    wanted += [(f"config.{k}", k) for k in decl.config]
-    _check_collisions(decl, op, wanted)
+    givers = [(f"params.{d}" if d in decl.params else "params", decl.factory_param(d), f"dim {d}") for d in decl.dims]
+    givers += [("params.dtype" if "dtype" in decl.params else "dtype_param", p, "the operator dtype")
+               for p in decl.dtype_params() or (None,)]
+    givers += [(f"config.{k}", k, f"config[{k!r}]") for k in decl.config]
+    _check_collisions(op, givers)
+    wanted = [(field_name, name) for field_name, name, _ in givers]
     for cid, cfg in decl.candidate_configs():
         wanted += [(f"candidates.{cid}.{k}", k) for k in cfg if k not in decl.config]
+    # an eager kernel's dims are its T.const names, passed as keywords its signature does not list (a name
+    # the body never declares is refused by the trace); config keys and the dtype stay real parameters
+    consts = {decl.factory_param(d) for d in decl.dims} if info.tensor_params else set()
     for field_name, name in wanted:
-        if name is not None and name not in sig.parameters and not accepts_kw:
+        if name is not None and name not in sig.parameters and not accepts_kw and name not in consts:
             known = ", ".join(sig.parameters)
             hint = (
                 'map it: params={"dtype": "<the dtype parameter>"}, '
@@ -286,6 +310,7 @@ def _check_factory(decl: Operator, op: str) -> None:
         p.name
         for p in sig.parameters.values()
         if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in info.tensor_params  # bound by TileLang from the tensor annotations, never passed
     ]
     given = {n for _, n in wanted if n is not None}
     missing = [n for n in required if n not in given]
@@ -298,12 +323,11 @@ def _check_factory(decl: Operator, op: str) -> None:
         )
 
 
-def _check_collisions(decl: Operator, op: str, wanted: list[tuple[str, str | None]]) -> None:
+def _check_collisions(op: str, givers: list[tuple[str, str | None, str]]) -> None:
     """Each factory keyword receives one value: a dim named like the dtype parameter (``("dtype",)``) or
-    like a config key would be passed twice."""
-    what = [f"dim {d}" for d in decl.dims] + ["the operator dtype"] + [f"config[{k!r}]" for k in decl.config]
+    like a config key would be passed twice. ``givers``: (field, factory keyword or None, what it passes)."""
     seen: dict[str, str] = {}
-    for (field_name, name), who in zip(wanted, what, strict=True):
+    for field_name, name, who in givers:
         if name is None:
             continue
         if name in seen:

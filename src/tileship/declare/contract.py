@@ -4,7 +4,8 @@ what its operator declares is refused before it is compiled, with an error namin
 Per parameter, in the kernel's order (the declared inputs, then the declared outputs at the
 output positions):
 
-- a ``TensorArg`` is a tensor parameter and a ``ScalarArg`` a scalar one;
+- a ``TensorArg`` is a tensor parameter and a ``ScalarArg`` a scalar one of the declared dtype (a float32
+  one over an int32 parameter would let a call pass 2.5, which the launch cannot convert);
 - the same number of dims, and every dim the kernel fixes (a constant) equal to the declared size
   at this specialization (a dim of the ``T.dynamic`` range, or one the kernel computes, is not
   compared);
@@ -63,6 +64,10 @@ def _check_one(decl: Any, param: Any, buf: Any, sizes: dict[str, int], spec: Any
         if buf is not None:
             raise BuildError(f"{what} is declared a ScalarArg but the kernel takes a tensor", spec_id=spec.id,
                              hint=_FIX)
+        dtype = resolve_dtype(decl.dtype, spec.dtype)
+        if str(param.dtype) != dtype:  # the declared dtype decides which Python numbers a call may pass
+            raise BuildError(f"{what}: declared a {dtype} ScalarArg but the kernel takes a {param.dtype}",
+                             spec_id=spec.id, hint=f'declare ScalarArg("{decl.name}", dtype="{param.dtype}")')
         return
     if buf is None:
         raise BuildError(f"{what} is declared a tensor but the kernel takes a scalar", spec_id=spec.id, hint=_FIX)
@@ -72,10 +77,15 @@ def _check_one(decl: Any, param: Any, buf: Any, sizes: dict[str, int], spec: Any
                          f"{len(shape)} ({', '.join(str(s) for s in shape)})", spec_id=spec.id, hint=_FIX)
     for i, (d, s) in enumerate(zip(decl.dims, shape, strict=True)):
         e = DimExpr.parse(d)
-        if e.base not in sizes or not isinstance(s, tvm.tirx.IntImm) or not e.exact(sizes[e.base]):
+        want = e.size(sizes)
+        if e.literal and not isinstance(s, tvm.tirx.IntImm):
+            raise BuildError(f"{what}: dim {i} is fixed at {e.k} in the declaration but the kernel's is {s}",
+                             spec_id=spec.id, hint=_FIX)
+        if want is None or not isinstance(s, tvm.tirx.IntImm):
             continue
-        if int(s) != e.apply(sizes[e.base]):
-            raise BuildError(f"{what}: dim {i} is {d} = {e.apply(sizes[e.base])} in the declaration but {int(s)} in "
+        if int(s) != want:
+            size = f"{d} = {want}" if not e.literal else f"fixed at {want}"
+            raise BuildError(f"{what}: dim {i} is {size} in the declaration but {int(s)} in "
                              "the kernel", spec_id=spec.id, hint=_FIX)
     dtype = resolve_dtype(decl.dtype, spec.dtype)
     if str(buf.dtype) != dtype:

@@ -1,8 +1,9 @@
 """Dim expressions and per-tensor dtypes: the one home of how a declared tensor's shape and dtype
 follow from the base dims and the operator dtype of a specialization.
 
-A dim is a base name (``"K"``) or a simple expression of one: ``"K/8"``, ``"K//128"``, ``"K*2"``
-(``<dim>{/,//,*}<positive int>``). Both divisions are exact: a size that does not divide
+A dim is a base name (``"K"``), a simple expression of one: ``"K/8"``, ``"K//128"``, ``"K*2"``
+(``<dim>{/,//,*}<positive int>``), or a size the kernel fixes, ``"6"`` (a top-k's k columns: a
+``literal``, the same at every shape). Both divisions are exact: a size that does not divide
 is not a shape the declaration covers. Only base dims are factory parameters and appear in
 specialization ids; derived sizes are computed here, by build, dispatch, serve and verify alike.
 
@@ -20,11 +21,12 @@ from typing import Any
 
 SAME = "same"
 _EXPR = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:(//|/|\*)\s*([0-9]+))?\s*$")
+_LITERAL = re.compile(r"^\s*([0-9]+)\s*$")
 
 
 @dataclass(frozen=True)
 class DimExpr:
-    """``base`` alone (``op`` None), or ``base op k``."""
+    """``base`` alone (``op`` None), ``base op k``, or the literal size ``k`` (``base`` "")."""
 
     base: str
     op: str | None = None
@@ -38,9 +40,15 @@ class DimExpr:
 
     @classmethod
     def _parse_uncached(cls, text: str) -> DimExpr:
+        lit = _LITERAL.match(text) if isinstance(text, str) else None
+        if lit is not None:
+            if int(lit.group(1)) < 1:
+                raise ValueError(f"dim {text!r}: a fixed size must be a positive int")
+            return cls("", None, int(lit.group(1)))
         m = _EXPR.match(text) if isinstance(text, str) else None
         if m is None:
-            raise ValueError(f"dim {text!r} is not a dim name or <dim>/<int>, <dim>//<int>, <dim>*<int> (e.g. \"K/8\")")
+            raise ValueError(f"dim {text!r} is not a dim name, <dim>/<int>, <dim>//<int>, <dim>*<int> (e.g. \"K/8\") "
+                             "or a fixed size (\"6\")")
         base, op, k = m.group(1), m.group(2), m.group(3)
         if op is None:
             return cls(base)
@@ -52,12 +60,26 @@ class DimExpr:
     def derived(self) -> bool:
         return self.op is not None
 
+    @property
+    def literal(self) -> bool:
+        """A size the declaration fixes (``"6"``): no base dim, the same at every shape."""
+        return not self.base
+
+    def size(self, sizes: Mapping[str, Any]) -> Any:
+        """This dim's size given the base ``sizes``; None when its base is not there or does not divide."""
+        if self.literal:
+            return self.k
+        v = sizes.get(self.base)
+        return None if v is None or (isinstance(v, int) and not self.exact(v)) else self.apply(v)
+
     def exact(self, base_size: int) -> bool:
         """Whether ``base_size`` gives a whole size (divisions must divide)."""
         return self.op in (None, "*") or base_size % self.k == 0
 
     def apply(self, base_size: Any) -> Any:
         """The size of this dim given its base's size (int or SymInt); check ``exact`` first."""
+        if self.literal:
+            return self.k
         if self.op is None:
             return base_size
         return base_size * self.k if self.op == "*" else base_size // self.k
@@ -73,6 +95,8 @@ class DimExpr:
         return size * self.k
 
     def __str__(self) -> str:
+        if self.literal:
+            return str(self.k)
         return self.base if self.op is None else f"{self.base}{self.op}{self.k}"
 
 
@@ -92,6 +116,9 @@ def shape_at(dims: Sequence[str], sizes: Mapping[str, int]) -> tuple[int, ...]:
     out = []
     for d in dims:
         e = DimExpr.parse(d)
+        if e.literal:
+            out.append(e.k)
+            continue
         v = int(sizes[e.base])
         if not e.exact(v):
             raise ValueError(f"{e.base}={v} is not divisible by {e.k} (dim {d})")
@@ -129,7 +156,9 @@ def bind(declared: Sequence[tuple[str, Sequence[str]]], shapes: Sequence[Sequenc
     dims: dict[str, int] = {}
     for (name, exprs), shape in zip(parsed, shapes, strict=True):
         for e, size in zip(exprs, shape, strict=True):
-            if e.derived:
+            if e.literal and int(size) != e.k:
+                return Binding(dims, "derived", name, f"has {int(size)} where the declaration fixes {e.k}")
+            if e.derived or e.literal:
                 continue
             if dims.setdefault(e.base, int(size)) != int(size):
                 return Binding(dims, "disagree", name,

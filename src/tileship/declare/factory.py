@@ -3,7 +3,9 @@
 Forms (``FactoryInfo.form``):
     function   a plain function returning a ``T.prim_func`` (defined here or imported)
     jit        a ``@tilelang.jit`` object (lazy: the function returns the prim_func; eager-style
-               bodies that allocate outputs with ``T.empty`` included)
+               bodies that allocate outputs with ``T.empty`` included; eager kernels whose tensors
+               are function parameters, ``def k(A, B, block): M, N = T.const("M, N"); A: T.Tensor(...)``,
+               take their ``T.const`` dims as keywords: ``tensor_params`` names the tensors)
     autotune   an ``@autotune``-wrapped jit object: built with ``Operator.config``, no search
 
 ``resolve`` finds the TIR builder, the real signature (for jit objects, the wrapped function's),
@@ -16,6 +18,7 @@ outputs with the kernel's own ``tilelang_out_idx``.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePath, PurePosixPath
@@ -24,6 +27,8 @@ from typing import Any
 from tileship.errors import DeclarationError
 
 FORMS = ("function", "jit", "autotune")
+#: TileLang's refusal when an eager kernel's ``T.const`` dim is given no value
+_MISSING_CONST = re.compile(r"Cannot find value for constexpr variable `([^`]+)`")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,10 @@ class FactoryInfo:
     source_files: tuple[str, ...]
     decorator_pass_configs: Mapping[str, Any] = field(default_factory=dict)
     decorator_out_idx: Any = None
+    #: an eager ``@tilelang.jit`` kernel's tensor parameters (``def k(A, B, block)`` with ``A: T.Tensor(...)``
+    #: in the body): TileLang binds them from the annotations, so they are never passed, and the dims
+    #: (``T.const``) are passed as keywords the signature does not list; empty for every other form
+    tensor_params: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """Deterministic across machines: sources as module-relative posix paths."""
@@ -46,7 +55,9 @@ class FactoryInfo:
         return {"form": self.form, "function": self.qualname,
                 "sources": [module_relative(f, module) for f in self.source_files],
                 "decorator_pass_configs": {k: _plain(v) for k, v in sorted(self.decorator_pass_configs.items())},
-                "decorator_out_idx": _plain(self.decorator_out_idx)}
+                "decorator_out_idx": _plain(self.decorator_out_idx),
+                # only eager kernels with tensor parameters carry the key: the others' descriptions are unchanged
+                **({"tensor_params": list(self.tensor_params)} if self.tensor_params else {})}
 
 
 def module_relative(path: str, module: str) -> str:
@@ -80,16 +91,19 @@ def resolve(factory: Any, *, operator: str = "<unnamed>") -> FactoryInfo:
     elif _is_primfunc(factory):
         raise DeclarationError("factory is a PrimFunc, not a factory", operator=operator, field="factory",
                                hint="pass the function that builds it (def f(M, N, dtype): ... return main)")
+    tensors: tuple[str, ...] = ()
     if impl is not None:
         fn = getattr(impl.func, "orig_func", impl.func)
         sig = getattr(impl, "signature", None) or _signature(fn)
         pcs = dict(getattr(impl, "pass_configs", None) or {})
         out_idx = getattr(impl, "out_idx", None)
+        # TileLang's JITFunc knows an eager kernel's tensor parameters from the decoration on (no trace)
+        tensors = tuple(str(n) for n in (getattr(impl.func, "tensor_args", None) or {}))
     else:
         fn, sig, pcs, out_idx = factory, _signature(factory), {}, None
     module = getattr(fn, "__module__", "?")
     return FactoryInfo(form, builder, fn, sig, f"{module}.{getattr(fn, '__qualname__', '?')}",
-                       tuple(f for f in (_source_file(fn),) if f), pcs, out_idx)
+                       tuple(f for f in (_source_file(fn),) if f), pcs, out_idx, tensors)
 
 
 def _is_primfunc(obj: Any) -> bool:
@@ -119,12 +133,20 @@ def trace(op: Any, spec: Any) -> Any:
 
     info = resolve(op.factory, operator=op.name)
     kwargs: dict[str, Any] = {**op.config, **dict(getattr(spec, "config", ()))}  # a candidate's config over the op's
-    dtype_param = op.factory_param("dtype")
-    if dtype_param is not None:
+    for dtype_param in op.dtype_params():
         kwargs[dtype_param] = spec.dtype
     for d, v in spec.dims:
         kwargs[op.factory_param(d)] = T.dynamic(d.lower()) if isinstance(v, tuple) else v
-    func = info.builder(**kwargs)
+    try:
+        func = info.builder(**kwargs)
+    except ValueError as exc:
+        const = _MISSING_CONST.match(str(exc))
+        if not info.tensor_params or const is None:
+            raise
+        raise BuildError(f"the kernel's T.const dim {const.group(1)} is none of the declared dims "
+                         f"({', '.join(op.dims)}): an eager kernel takes its dims by their T.const names",
+                         spec_id=spec.id, hint=f'name the dim {const.group(1)} in the declaration, or map it: '
+                         f'params={{"<declared dim>": "{const.group(1)}"}}') from None
     if not _is_primfunc(func) and hasattr(func, "get_tir"):  # a function returning a lazy jit object
         func = func.get_tir()
     if not _is_primfunc(func):
@@ -145,29 +167,56 @@ def kernel_out_idx(func: Any) -> list[int] | None:
 
 def reconcile_out_idx(op: Any, info: FactoryInfo, func: Any) -> tuple[list[int] | None, list[int]]:
     """(``out_idx`` to pass to ``tilelang.compile`` or None to let the kernel's attribute speak,
-    the output positions). Raises BuildError naming both when the declaration and the kernel
-    (or its decorator) disagree."""
+    the output positions).
+
+    The kernel says where its outputs are when it can: its ``T.empty`` tensors (``tilelang_out_idx``),
+    else its decorator's ``@tilelang.jit(out_idx=...)``. The declared outputs take those positions in
+    order and the declared inputs the others, as TileLang's own ``kernel(*inputs)`` does, so an output
+    need not be the last parameter (``out_idx=[-3]`` before two buffers updated in place). A kernel that
+    says nothing takes its outputs where the declared names sit among its parameters, else at the tail.
+    ``declare.contract`` then holds every position to its declared name, rank, sizes and dtype. Raises
+    BuildError when the declaration and the kernel disagree on how many outputs there are."""
     from tileship.errors import BuildError
 
     n = len(func.params)
     attr = kernel_out_idx(func)
-    own = attr
-    declared = None if op.infers_outputs else op.out_idx
+    deco = None
     if info.decorator_out_idx is not None:
         raw = info.decorator_out_idx
         deco = sorted(int(i) % n for i in ([raw] if isinstance(raw, int) else raw))
-        if declared is not None and deco != declared:
-            raise BuildError(f"outputs= declares parameters {declared} as outputs but @tilelang.jit(out_idx={raw!r}) "
-                             f"says {deco}", hint="make outputs= list the decorator's outputs, or drop one of the two")
-        own = own or deco
-    if own is not None and declared is not None and own != declared:
-        raise BuildError(f"outputs= declares parameters {declared} as outputs but the kernel's T.empty outputs are "
-                         f"{own} "
-                         f"(tilelang_out_idx)",
-                         hint="make outputs= match the kernel's T.empty tensors in order, or omit outputs=")
-    if own is None and declared is None:
-        raise BuildError("outputs= is omitted but the kernel allocates no outputs with T.empty",
-                         hint="declare outputs=(TensorArg(...), ...) for the kernel's trailing parameters")
-    positions = own if own is not None else declared
-    assert positions is not None
-    return (None if attr is not None else positions), positions
+    own = attr if attr is not None else deco
+    if op.infers_outputs:
+        if own is None:
+            raise BuildError("outputs= is omitted but the kernel allocates no outputs with T.empty",
+                             hint="declare outputs=(TensorArg(...), ...) for the kernel's output parameters")
+        return (None if attr is not None else own), own
+    declared = [a.name for a in op.outputs]
+    if own is None:
+        positions = _named_positions(op, func) or op.out_idx
+        return positions, positions
+    if len(own) != len(declared):
+        where = (f"the kernel's T.empty outputs are parameters {own}" if attr is not None
+                 else f"@tilelang.jit(out_idx={info.decorator_out_idx!r}) makes parameters {own} its outputs")
+        names = ", ".join(_param_name(func, i) for i in own)
+        raise BuildError(f"outputs= declares {len(declared)} outputs ({', '.join(declared) or 'none'}) but {where} "
+                         f"({names})", hint="declare one TensorArg in outputs= per output of the kernel, in order")
+    return (None if attr is not None else own), own
+
+
+def _param_name(func: Any, i: int) -> str:
+    p = func.params[i]
+    buf = func.buffer_map.get(p)
+    return str(buf.name) if buf is not None else str(p.name)
+
+
+def _named_positions(op: Any, func: Any) -> list[int] | None:
+    """The positions of the declared outputs among the kernel's parameters, by name, when the declaration
+    names exactly the kernel's parameters and its inputs in the kernel's order; None otherwise."""
+    names = [_param_name(func, i) for i in range(len(func.params))]
+    outs = [a.name for a in op.outputs]
+    if sorted(names) != sorted([a.name for a in op.inputs] + outs) or len(set(names)) != len(names):
+        return None
+    positions = [names.index(o) for o in outs]
+    if positions != sorted(positions) or [x for x in names if x not in outs] != [a.name for a in op.inputs]:
+        return None  # another order: declare.contract names what differs
+    return positions

@@ -4,7 +4,8 @@ must be importable that way: checked when the operator is described for the lock
 A serving host imports ``module.qualname`` from the release's sources (``runtime.references``); a lambda, a
 function defined inside another function (``<locals>``), a ``functools.partial`` or a callable object has no
 such name, so a release holding one would build and then fail to load, verify or tune. ``qualified``
-refuses them at build time with a ``DeclarationError`` naming the field (``double.reference``).
+refuses them at build time with a ``DeclarationError`` naming the field (``double.reference``);
+``check_arity`` refuses, when the operator is checked, one that cannot take the arguments tileship passes.
 """
 
 from __future__ import annotations
@@ -61,4 +62,20 @@ def _resolves(fn: Any, module: str, qual: str) -> str | None:
 
 _MISSING = object()
 
-__all__ = ["qualified"]
+
+def check_arity(fn: object, args: list[str], op: str, field_name: str, hint: str) -> None:
+    """A callable tileship calls with ``args`` positionally must accept them: a reference that takes two
+    arguments for three inputs would build, then fail at the first call the kernel does not serve."""
+    try:
+        sig = inspect.signature(fn)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to hold it to
+        return
+    try:
+        sig.bind(*args)
+    except TypeError as exc:
+        fname = getattr(fn, "__qualname__", type(fn).__name__)
+        raise DeclarationError(f"{fname}{sig} cannot be called with the {len(args)} arguments tileship passes "
+                               f"({', '.join(args)}): {exc}", operator=op, field=field_name, hint=hint) from None
+
+
+__all__ = ["check_arity", "qualified"]

@@ -54,11 +54,14 @@ def _output(op: Operator, spec: Specialization, buf: Any) -> TensorArg:
 def _dim(op: Operator, dims: dict[str, Any], size: Any, out: str, k: int) -> str:
     from tilelang import tvm
 
-    if isinstance(size, tvm.tirx.Var):  # the T.dynamic dim
+    if isinstance(size, tvm.tirx.Var):  # the T.dynamic dim, or one the kernel makes dynamic itself (T.dynamic("n"))
         want = str(size.name)
         for d, v in dims.items():
             if isinstance(v, tuple) and d.lower() == want:
                 return d
+        named = [d for d in dims if want in (d, d.lower())]
+        if len(named) == 1:
+            return named[0]
     value = getattr(size, "value", None)
     if isinstance(value, int):
         static = {d: v for d, v in dims.items() if not isinstance(v, tuple)}
@@ -70,7 +73,9 @@ def _dim(op: Operator, dims: dict[str, Any], size: Any, out: str, k: int) -> str
             hits += [f"{d}*{factor}" for d, v in static.items() if v * factor == value]
         if len(hits) == 1:
             return hits[0]
-        why = f"could be any of {', '.join(hits)}" if hits else "matches no declared dim"
+        if not hits:  # a size the kernel fixes (a top-k's k); the build holds every other shape to it
+            return str(value)
+        why = f"could be any of {', '.join(hits)}"
     else:
         why = f"is the expression {size}"
     raise DeclarationError(f"the size of dim {k} of the kernel's T.empty output {out} ({size}) {why}", operator=op.name,

@@ -14,8 +14,10 @@ from typing import Any
 from tileship.declare.dims import SAME
 from tileship.errors import DeclarationError
 
-#: dtype names accepted in declarations (TileLang spelling == torch attribute name).
-DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+#: dtype names accepted in declarations (TileLang spelling == torch attribute name); the 8-bit floats are a
+#: quantizing kernel's outputs (``T.float8_e4m3fn``), compared in float64
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
+          "float8_e4m3fn", "float8_e5m2")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 #: defaults when an operator gives no tolerance for a dtype (compared to a float32/float64 reference).
@@ -30,6 +32,10 @@ DEFAULT_TOLERANCES: Mapping[str, tuple[float, float]] = {
     "int64": (0.0, 0.0),
     "uint8": (0.0, 0.0),
     "bool": (0.0, 0.0),
+    # one step of the 3- and 2-bit mantissas (a scale rounded differently moves a value by one), the smallest
+    # subnormal absolute
+    "float8_e4m3fn": (2.0**-9, 2.0**-3),
+    "float8_e5m2": (2.0**-16, 2.0**-2),
 }
 
 _TARGET_RE = re.compile(r"^(c|cuda-sm(\d+)(a?))$")
@@ -78,7 +84,8 @@ class TensorArg:
     """One tensor argument: its name, its dims and its dtype.
 
     ``TensorArg("A", ("M", "K"))`` has the operator's dtype; ``TensorArg("qweight", ("N", "K/8"),
-    dtype="int32")`` packs eight int4 values per int32 along a ``K`` that the factory receives.
+    dtype="int32")`` packs eight int4 values per int32 along a ``K`` that the factory receives;
+    ``TensorArg("topk_idx", ("M", 6), dtype="int32")`` has six columns at every shape.
     """
 
     name: str
@@ -89,6 +96,8 @@ class TensorArg:
     def __post_init__(self) -> None:
         if isinstance(self.dims, list):  # dims=["N"] is dims=("N",)
             object.__setattr__(self, "dims", tuple(self.dims))
+        if isinstance(self.dims, tuple) and any(type(d) is int for d in self.dims):  # ("M", 6) is ("M", "6")
+            object.__setattr__(self, "dims", tuple(str(d) if type(d) is int else d for d in self.dims))
 
     def dtype_for(self, op_dtype: str) -> str:
         return op_dtype if self.dtype == SAME else self.dtype

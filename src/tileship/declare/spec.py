@@ -7,7 +7,9 @@ TileLang or torch: declarations are checked, hashed and expanded into ``Speciali
 values without either.
 
 Call convention: ``op(*inputs) -> output`` (or a tuple when several outputs; None when none). The
-factory's prim_func takes ``inputs + outputs`` in declaration order, so ``out_idx`` is the tail.
+outputs are the kernel's own (its ``T.empty`` tensors, else its decorator's ``out_idx``), else the
+parameters of those names, else the tail; the inputs are its other parameters in declaration order
+(``declare.factory.reconcile_out_idx``).
 Inputs named in ``mutates`` are updated in place by the kernel and the reference alike (a KV-cache
 append): ordinary caller-owned buffers, never allocated by the kernel; ``docs/declaring.md``.
 
@@ -67,8 +69,9 @@ class Operator:
     tolerances: Mapping[str, Tolerance] = field(default_factory=dict)
     dtype_param: str = "dtype"
     #: declared name (a dim, or "dtype") -> factory keyword (default: the name itself);
-    #: ``{"dtype": None}`` passes no dtype (a factory that hard-codes its dtypes)
-    params: Mapping[str, str | None] = field(default_factory=dict)
+    #: ``{"dtype": None}`` passes no dtype (a factory that hard-codes its dtypes), and
+    #: ``{"dtype": ("in_dtype", "out_dtype")}`` passes it to each of several
+    params: Mapping[str, str | tuple[str, ...] | None] = field(default_factory=dict)
     #: TileLang pass configs the kernel is compiled with (part of the specialization's identity)
     pass_configs: Mapping[str, Any] = field(default_factory=dict)
     #: optional input generator (see the class docstring)
@@ -107,22 +110,35 @@ class Operator:
         return {**resolve(self.factory, operator=self.name).decorator_pass_configs, **self.pass_configs}
 
     def factory_param(self, name: str) -> str | None:
-        """The factory keyword receiving the declared ``name`` (a dim or "dtype"); None: not passed."""
-        if name in self.params:
-            return self.params[name]
-        return self.dtype_param if name == "dtype" else name
+        """The factory keyword receiving the declared ``name`` (a dim or "dtype"); None: not passed.
+        The first of several dtype keywords for "dtype" (``dtype_params`` lists them all)."""
+        if name == "dtype":
+            return next(iter(self.dtype_params()), None)
+        target = self.params.get(name, name)
+        return target if isinstance(target, str) else None
+
+    def dtype_params(self) -> tuple[str, ...]:
+        """The factory keywords receiving the operator dtype: ``(dtype_param,)`` by default, ``()`` for
+        ``params={"dtype": None}``, every one of ``params={"dtype": ("in_dtype", "out_dtype")}``."""
+        target = self.params.get("dtype", self.dtype_param)
+        if target is None:
+            return ()
+        return (target,) if isinstance(target, str) else tuple(target)
 
     # -- derived -------------------------------------------------------------
     @property
     def dims(self) -> tuple[str, ...]:
-        """The base dims, in order of first appearance (derived dims contribute their base)."""
+        """The base dims, in order of first appearance (derived dims contribute their base, fixed sizes none)."""
         seen: dict[str, None] = {}
         for arg in self.inputs + self.outputs:
             for d in arg.dims:
                 try:
-                    seen.setdefault(DimExpr.parse(d).base)
+                    e = DimExpr.parse(d)
                 except ValueError:
                     seen.setdefault(d)
+                    continue
+                if not e.literal:
+                    seen.setdefault(e.base)
         return tuple(seen)
 
     @property

@@ -222,7 +222,7 @@ def _dl_dtypes() -> dict[Any, int]:
 
     pairs = {torch.float32: (2, 32), torch.float64: (2, 64), torch.float16: (2, 16), torch.bfloat16: (4, 16),
              torch.int8: (0, 8), torch.int16: (0, 16), torch.int32: (0, 32), torch.int64: (0, 64),
-             torch.uint8: (1, 8), torch.bool: (6, 8)}
+             torch.uint8: (1, 8), torch.bool: (6, 8), torch.float8_e4m3fn: (10, 8), torch.float8_e5m2: (12, 8)}
     return {dt: code | bits << 8 | 1 << 16 for dt, (code, bits) in pairs.items()}
 
 

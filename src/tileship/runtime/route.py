@@ -207,9 +207,9 @@ def all_finite(out: Any) -> bool:
     for t in out if isinstance(out, (tuple, list)) else (out,):
         # a finite sum means every element is finite (NaN and Inf propagate, Inf - Inf is NaN): one
         # reduction and no bool tensor on the usual path; a sum that overflowed gets the full check.
-        # 16-bit and wider floats only: torch does not sum the 8-bit ones everywhere
+        # 16-bit and wider floats only: torch does not sum the 8-bit ones everywhere (nor isfinite them on the CPU)
         if t.dtype.is_floating_point and not (t.dtype.itemsize > 1 and math.isfinite(t.sum().item())) \
-                and not bool(torch.isfinite(t).all()):
+                and not bool(torch.isfinite(t if t.dtype.itemsize > 1 else t.float()).all()):
             return False
     return True
 

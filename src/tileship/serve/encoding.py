@@ -14,14 +14,28 @@ import orjson
 from tileship.declare.dims import SAME, DimExpr, resolve_dtype
 from tileship.serve.validate import BadRequest
 
-#: KServe datatype -> torch dtype name (the declaration's spelling)
+#: KServe datatype -> torch dtype name (the declaration's spelling). FP8_E4M3 and FP8_E5M2 are tileship's
+#: (the protocol has no 8-bit float): raw bytes, or JSON numbers rounded to the format
 DATATYPES: Mapping[str, str] = {
     "BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
     "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
+    "FP8_E4M3": "float8_e4m3fn", "FP8_E5M2": "float8_e5m2",
 }
 KSERVE: Mapping[str, str] = {v: k for k, v in DATATYPES.items()}
 ITEMSIZE: Mapping[str, int] = {"BOOL": 1, "UINT8": 1, "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8, "FP16": 2,
-                               "BF16": 2, "FP32": 4, "FP64": 8}
+                               "BF16": 2, "FP32": 4, "FP64": 8, "FP8_E4M3": 1, "FP8_E5M2": 1}
+
+
+def numpy_view(t: Any) -> Any:
+    """``t`` as a numpy array of its bytes' own width: numpy has no bfloat16 or 8-bit floats, so those
+    are viewed as int16 / uint8 (the bytes unchanged)."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    elif t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        t = t.view(torch.uint8)
+    return t.contiguous().numpy()
 
 
 @dataclass
@@ -58,18 +72,19 @@ def encode_response(*, model: str, version: str, request_id: str | None, paramet
         if shm and name in shm:
             entry["parameters"] = dict(shm[name])
         elif binary:
-            arr = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).contiguous().numpy()
+            arr = numpy_view(t)
             mv = memoryview(arr).cast("B")
             entry["parameters"] = {"binary_data_size": mv.nbytes}
             raw.append(mv)
         else:
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            # numbers as ``tolist`` gives them (floats through float64: the same text), written by orjson
+            flat = t.detach().reshape(-1).to(torch.float64 if t.is_floating_point() else t.dtype)
+            if t.is_floating_point() and not bool(torch.isfinite(flat).all()):  # float64: the 8-bit floats have none
                 if not allow_nonfinite:
                     raise BadRequest(422, f"output {name} holds NaN or Infinity, which JSON cannot carry; ask for "
                                           "binary output or set parameters.allow_nonfinite to true")
                 tokens = True
-            # numbers as ``tolist`` gives them (floats through float64: the same text), written by orjson
-            entry["data"] = t.detach().reshape(-1).to(torch.float64 if t.is_floating_point() else t.dtype).numpy()
+            entry["data"] = flat.numpy()
         head_outputs.append(entry)
     head: dict[str, Any] = {"model_name": model, "model_version": version}
     if request_id is not None:
@@ -114,8 +129,8 @@ def tensor_metadata(decl: Mapping[str, Any], which: str) -> list[dict[str, Any]]
 
     def size(d: str) -> int:
         e = DimExpr.parse(d)
-        v = fixed.get(e.base)
-        return e.apply(v) if v and e.exact(v) else -1
+        v = e.size({b: n for b, n in fixed.items() if n})
+        return -1 if v is None else int(v)
 
     return [{"name": n, "datatype": KSERVE[resolve_dtype(exprs.get(n, SAME), decl["dtypes"][0])],
              "shape": [size(d) for d in ds]}

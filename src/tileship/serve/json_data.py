@@ -20,7 +20,7 @@ from tileship.serve.validate import BadRequest, flatten
 
 #: KServe datatype -> the array type code that holds its values exactly as torch will read them
 _CODES = {"FP32": "f", "FP64": "d", "FP16": "d", "BF16": "d", "INT8": "b", "UINT8": "B", "INT16": "h",
-          "INT32": "i", "INT64": "q", "BOOL": "B"}
+          "INT32": "i", "INT64": "q", "BOOL": "B", "FP8_E4M3": "d", "FP8_E5M2": "d"}
 #: array type code -> the torch dtype name of its items
 _ITEM = {"f": "float32", "d": "float64", "b": "int8", "B": "uint8", "h": "int16", "i": "int32", "q": "int64"}
 

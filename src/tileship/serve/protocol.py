@@ -288,7 +288,7 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
                 raise BadRequest(400,
                                  f"shape outside the declared set: input {name} has {d}=0; every declared dim is at "
                                  "least 1")
-            if DimExpr.parse(d).derived:
+            if DimExpr.parse(d).derived or DimExpr.parse(d).literal:  # bind checks these
                 continue
             first, where = seen.setdefault(d, (size, name))
             if first != size:

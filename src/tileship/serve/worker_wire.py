@@ -180,7 +180,7 @@ class Buffer:
         n = t.numel() * t.element_size()
         if not n:
             return desc
-        if t.device.type == "cpu" and t.dtype != torch.bfloat16:
+        if t.device.type == "cpu" and str(t.dtype) not in _NO_NUMPY:
             self.mm[off:off + n] = memoryview(t.contiguous().numpy()).cast("B")
         else:
             flat = t.contiguous().reshape(-1)
@@ -205,11 +205,15 @@ class Buffer:
 
         dt = getattr(torch, d["dtype"])
         count = nbytes(d["shape"], dt) // dt.itemsize
-        if dt == torch.bfloat16:  # numpy has no bfloat16
-            t = self.u8[d["off"]:d["off"] + count * 2].view(dt).reshape(d["shape"])
+        if str(dt) in _NO_NUMPY:  # numpy has no bfloat16 or 8-bit floats
+            t = self.u8[d["off"]:d["off"] + count * dt.itemsize].view(dt).reshape(d["shape"])
             return t.clone() if copy else t
         a = np.frombuffer(self.mm, dtype=_numpy_dtype(dt), count=count, offset=d["off"]).reshape(d["shape"])
         return torch.from_numpy(a.copy() if copy else a)
+
+
+#: torch dtypes (as str) numpy has no type for: moved as their bytes
+_NO_NUMPY = frozenset(("torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"))
 
 
 @functools.cache

@@ -265,6 +265,8 @@ def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outpu
                                 operator=name, argument=arg)
             for d, size in zip(dims, a.shape, strict=True):
                 e = DimExpr.parse(d)
+                if e.literal:  # a fixed size: the dispatcher sends another one to the reference
+                    continue
                 if e.derived:
                     derived.append((arg, e, size))
                 elif d not in sizes:
@@ -280,7 +282,7 @@ def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outpu
         for _arg, e, size in derived:
             sizes.setdefault(e.base, e.inverse(size))
         same = next((a.dtype for (_, _, dt), a in zip(inputs, args, strict=True) if dt == SAME), args[0].dtype)
-        outs = tuple(args[0].new_empty(tuple(DimExpr.parse(d).apply(sizes[DimExpr.parse(d).base]) for d in dims),
+        outs = tuple(args[0].new_empty(tuple(DimExpr.parse(d).size(sizes) for d in dims),
                                        dtype=same if dt == SAME else getattr(torch, dt))
                      for dims, dt in zip(outputs, out_dtypes or (SAME,) * len(outputs), strict=True))
         if not outs:

@@ -15,7 +15,9 @@ from tileship.verify.timing import _num
 POISON_BITS = {"float32": ("int32", 0x7FC0DEAD), "float16": ("int16", 0x7E6D), "bfloat16": ("int16", 0x7FED),
                "float64": ("int64", 0x7FF80000DEADBEEF), "int64": ("int64", 0x5A5A5A5A5A5A5A5A),
                "int32": ("int32", 0x5A5A5A5A),
-               "int16": ("int16", 0x5A5A), "int8": ("int8", 0x5A), "uint8": ("uint8", 0x5A), "bool": ("uint8", 0x5A)}
+               "int16": ("int16", 0x5A5A), "int8": ("int8", 0x5A), "uint8": ("uint8", 0x5A), "bool": ("uint8", 0x5A),
+               # e4m3fn has a single NaN pattern (0x7F; 0xFF with the sign): a kernel writing NaN reads as unwritten
+               "float8_e4m3fn": ("uint8", 0x7F), "float8_e5m2": ("uint8", 0x7D)}
 
 
 @dataclass(frozen=True)

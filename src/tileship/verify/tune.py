@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +43,11 @@ from tileship.build import pins
 from tileship.declare.inputs import make_inputs, point_seed
 from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, VerificationError
-from tileship.release import bundle, evidence_seal, tuning
+from tileship.release import bundle, evidence_write, tuning
 from tileship.release import evidence as ev_mod
-from tileship.verify.latency import PROBE_CALLS, HostGauge, latency, probe
-from tileship.verify.timing import NOISE_FLOOR, l2_flush_buffer, measure, rotation_sets
+from tileship.verify import tune_evidence
+from tileship.verify.latency import HostGauge, latency, probe
+from tileship.verify.timing import l2_flush_buffer, measure, rotation_sets
 from tileship.verify.tune_rule import time_and_decide, triage
 from tileship.verify.verify import VerifyOptions, open_for_evidence, verify_spec
 
@@ -257,20 +257,12 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     use_sources(root)
     cuda = torch.cuda.is_available()
     digest = lock_digest(lock)
-    old = ev_mod.read(root) or {}
-    same_device = ev_mod.applies_here(old, {"device_type": "cuda"}) if cuda else old.get("device") is None
-    keep = (
-        old.get("lock_digest") == digest
-        and old.get("release_id") in (None, manifest["release_id"])
-        and same_device
-        and ev_mod.applies_here(old, {"device_type": "cpu"})
-    )  # else the old numbers describe another machine
     verifier_key = verifier_key or env.verifier_key()
-    if verifier_key is not None and keep and old:
-        vouch = [bundle.load_private_key(verifier_key).public_key(), *evidence_seal.trusted(None)]
-        keep = evidence_seal.check_dir(root, vouch).state == evidence_seal.VERIFIED
-    specs_ev: dict[str, Any] = dict(old.get("specializations", {})) if keep else {}
-    table: dict[str, Any] = dict(old.get("tuning", {})) if keep else {}
+    if write and verifier_key is not None:
+        bundle.load_private_key(verifier_key)  # an unusable key fails before minutes of measuring
+    ev_mod.read(root)  # and evidence that is not tileship evidence (read again, to merge, when written)
+    verdicts: dict[str, Any] = {}
+    table: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     gauge = None
     if cuda and options.clock == "latency" and options.host_gauge and "cuda" in options.devices:
@@ -302,47 +294,28 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
                 loaded.append((sid, spec, load_artifact(root / "specs" / sid, sid)))
             except ArtifactLoadError as exc:
                 loaded.append((sid, spec, f"artifact failed to load: {exc}"))
-        group, verdicts = tune_group(
+        group, spec_verdicts = tune_group(
             gid, loaded, reference, desc, options=options, sample=import_sample(desc, spec0.op), root=root,
             gauge=gauge if dev == "cuda" else None,
         )
         table[gid] = group
-        for v in verdicts:
-            specs_ev[v.spec.id] = v.to_json()
+        verdicts.update((v.spec.id, v.to_json()) for v in spec_verdicts)
         if options.on_group:
             options.on_group(gid, group)
-    if not any(g for g in table if g not in skipped):
+    if not table:
         raise VerificationError(
             f"nothing to tune on this machine ({len(skipped)} groups skipped: "
             f"{', '.join(sorted(set(skipped.values())))})",
             hint="run `tileship tune` on the GPU the release will serve on",
         )
-    data = {
-        **(old if keep else {}),
-        "schema": ev_mod.SCHEMA,
-        "release_id": manifest["release_id"],
-        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "lock_digest": digest,
-        "device": ev_mod.current_device(),
-        "host": ev_mod.current_host(),
-        "specializations": dict(sorted(specs_ev.items())),
-        "tuning": dict(sorted(table.items())),
-        "tuning_options": {
-            "seeds": list(options.seeds),
-            "budget_ms": options.budget_ms,
-            "warmup_ms": options.warmup_ms,
-            "rounds": options.rounds,
-            "confirm_rounds": options.confirm_rounds,
-            "flush": options.flush,
-            "clock": options.clock,
-            "host_gauge": None if gauge is None else {"probe_calls": PROBE_CALLS, "fastest_probe_us": gauge.best_us},
-            "prune": options.prune,
-            "limit": options.limit,
-            "noise_floor": NOISE_FLOOR,
-            "buckets": {k: list(v) for k, v in options.buckets.items()},
-        },
-    }
-    data.setdefault("options", {"seeds": list(options.seeds), "timing": False, "source": "tune"})
-    if write:
-        ev_mod.write(root, data, verifier_key=verifier_key)
-    return data
+
+    def merge(old: dict[str, Any] | None) -> dict[str, Any]:
+        return tune_evidence.merge(old, root=root, release_id=manifest["release_id"], digest=digest, cuda=cuda,
+                                   verifier_key=verifier_key, groups=table, verdicts=verdicts, options=options,
+                                   gauge=gauge)
+
+    if not write:
+        return merge(ev_mod.read(root))
+    # read, merged and written under the release's writer lock: a verify or tune that stored evidence
+    # while this one measured keeps it
+    return evidence_write.update(root, merge, verifier_key=verifier_key)

@@ -1,0 +1,83 @@
+"""Concurrent evidence writers of one release and ``tileship tune``: tune merges its table into the
+evidence (read-modify-write). It read the evidence when it began and wrote its merge minutes later,
+outside the release's writer lock: a ``verify`` or another ``tune`` that stored evidence in between
+was overwritten by a merge made without it (a lost update). Now the evidence is read, merged and
+written under the lock (``evidence_write.update``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tileship.release import evidence, integrity
+from tileship.verify import tune as tune_mod
+from tileship.verify.tune import TuneOptions, tune_release
+
+#: the cheapest tuning there is: static shapes, two rounds, ~1 ms a timing run
+FAST = dict(seeds=(0,), budget_ms=1.0, warmup_ms=0.5, min_repeats=2, max_repeats=3, rounds=2, confirm_rounds=0,
+            prune=0.0, limit=4, flush=False)
+
+
+def _groups(root: Path) -> dict[str, Any]:
+    return json.loads((root / evidence.EVIDENCE).read_text())["tuning"]
+
+
+def _static_groups(root: Path) -> list[str]:
+    from tileship.release import described, tuning
+
+    rel = described.read(root / "release.json")
+    return sorted(g for g, members in tuning.groups(rel).items() if members[0][2].dynamic_dim is None)
+
+
+def test_two_tunes_at_once_both_keep_their_tables(cpu_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two tunes of different groups, both measuring before either writes (a barrier in the tuning):
+    the evidence ends with both groups' tables."""
+    a, b = _static_groups(cpu_release)[:2]
+    barrier = threading.Barrier(2, timeout=120)
+    real = tune_mod.tune_group
+
+    def tune_group(*args: Any, **kw: Any) -> Any:
+        got = real(*args, **kw)
+        barrier.wait()  # both tunes measured (and once read the evidence) before either writes
+        return got
+
+    monkeypatch.setattr(tune_mod, "tune_group", tune_group)
+    errors: list[BaseException] = []
+
+    def one(gid: str) -> None:
+        try:
+            tune_release(cpu_release, TuneOptions(only=(gid,), **FAST))  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=one, args=(g,)) for g in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert {a, b} <= set(_groups(cpu_release)), f"a tune's table was lost: {sorted(_groups(cpu_release))}"
+    integrity.check(cpu_release, trusted_keys=[])
+
+
+def test_evidence_stored_while_a_tune_measured_is_kept(cpu_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer (here an evidence update standing for a second tune or a verify) stores a table
+    while a tune measures: the tune's merge keeps it."""
+    a, b = _static_groups(cpu_release)[:2]
+    first = tune_release(cpu_release, TuneOptions(only=(a,), **FAST), write=False)  # type: ignore[arg-type]
+    real = tune_mod.tune_group
+
+    def tune_group(*args: Any, **kw: Any) -> Any:
+        got = real(*args, **kw)
+        evidence.write(cpu_release, first)  # stored after the tune began
+        return got
+
+    monkeypatch.setattr(tune_mod, "tune_group", tune_group)
+    data = tune_release(cpu_release, TuneOptions(only=(b,), **FAST))  # type: ignore[arg-type]
+    assert {a, b} <= set(data["tuning"]) and {a, b} <= set(_groups(cpu_release)), sorted(_groups(cpu_release))
+    assert data["tuning"][a] == first["tuning"][a]

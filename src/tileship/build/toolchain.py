@@ -219,18 +219,37 @@ class Toolchain:
 def create(root: Path, requirements: Path, *, python: str | None = None) -> Toolchain:
     """A fresh venv at ``root`` installed from ``requirements`` with ``--require-hashes``.
 
-    The record is written last, so an interrupted or refused install (a hash mismatch) leaves
-    no usable toolchain. Raises ToolchainError naming pip's complaint."""
+    Built beside ``root`` and put in its place only once complete, its record written and its python
+    run there (``toolchain_place``): a refused install (a hash mismatch), a failure or a kill leaves the
+    toolchain that was at ``root`` (or none) whole, and the next create removes what a killed one left.
+    Raises ToolchainError naming pip's complaint."""
     import shutil
+
+    from tileship.build import toolchain_place
 
     text = requirements.read_text()
     problems = check_hashed(text)
     if problems:
         raise ToolchainError(f"{requirements} is not hash-locked: {'; '.join(problems)}",
                              hint="regenerate it with `tileship toolchain lock`")
-    shutil.rmtree(root, ignore_errors=True)
+    staged = toolchain_place.staging(root)
+    try:
+        _install(staged, requirements, text, python)
+        toolchain_place.relocate(staged, root)
+        toolchain_place.install(staged, root)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return Toolchain(root)
+
+
+def _install(root: Path, requirements: Path, text: str, python: str | None) -> None:
+    """Make the venv at ``root`` (absent) and install ``requirements`` (whose content is ``text``) into it,
+    then write its record (last, and whole: a venv without one is no usable toolchain)."""
     base = python or getattr(sys, "_base_executable", None) or sys.executable  # not a venv of this venv
-    subprocess.run([base, "-m", "venv", str(root)], check=True, capture_output=True)
+    made = subprocess.run([base, "-m", "venv", str(root)], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise ToolchainError(f"`{base} -m venv {root}` failed: {_last_lines(made.stderr)}")
     tc = Toolchain(root)
     report = root / "install-report.json"
     proc = subprocess.run([str(tc.python), "-m", "pip", "install", "--quiet", "--no-input",
@@ -239,7 +258,7 @@ def create(root: Path, requirements: Path, *, python: str | None = None) -> Tool
                            str(requirements)],
                           capture_output=True, text=True, env={**os.environ, "PIP_NO_WARN_SCRIPT_LOCATION": "1"})
     if proc.returncode != 0:
-        raise ToolchainError(f"hash-checked install into {root} failed: {_last_lines(proc.stderr, 12)}",
+        raise ToolchainError(f"hash-checked install of {requirements} failed: {_last_lines(proc.stderr, 12)}",
                              hint="a hash mismatch means the file on the index is not the one locked: do not edit the "
                                   "hash")
     wheels = {}
@@ -255,7 +274,6 @@ def create(root: Path, requirements: Path, *, python: str | None = None) -> Tool
     from tileship.release.bundle import write_json_atomic
 
     write_json_atomic(root / RECORD, rec)  # last, and whole: a killed install leaves no record
-    return tc
 
 
 #: wheel -> what changes when it differs

@@ -45,3 +45,44 @@ def test_pack_killed_at_write_boundaries(cpu_release: Path, tmp_path: Path) -> N
 
     outcomes = list(crashpoints.sweep(args, before=fresh, check=check, step=max(1, total // 8)))
     assert sum(o.killed for o in outcomes) >= 4 and seen == {"old", "new"}, seen
+
+
+def test_a_killed_pack_leaves_its_scratch_copy_beside_the_archive_for_the_next_pack(
+        cpu_release: Path, tmp_path: Path, monkeypatch) -> None:
+    """The private copy a pack hashes and packs lived in a ``tempfile`` directory: a killed pack left
+    a copy of the release in /tmp for good. It is now beside the archive, named for the pack's pid,
+    and the next pack to that path removes it."""
+    private_tmp = tmp_path / "tmpdir"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    out = tmp_path / "out"
+    out.mkdir()
+    archive = out / "r.tileship.tar.gz"
+    args = ["pack", str(cpu_release), "-o", str(archive)]
+    total = crashpoints.boundaries(crashpoints.run(args, 10**6))
+    archive.unlink()
+    killed = crashpoints.run(args, total // 2)  # in the middle of the copy
+    assert killed.killed, killed.output
+    assert not list(private_tmp.rglob("manifest.json")), "a killed pack left a copy of the release in the temp dir"
+    left = [p for p in out.iterdir() if p.is_dir()]
+    assert left and all(p.name.startswith(archive.name + ".tmp") for p in left), sorted(out.iterdir())
+    bundle.pack(cpu_release, archive)  # the next pack
+    assert sorted(p.name for p in out.iterdir()) == [archive.name], "the next pack left a killed one's scratch"
+    assert bundle.unpack(archive, tmp_path / "u").name == integrity.check(cpu_release, trusted_keys=[]).release_id
+
+
+def test_the_next_pack_removes_dead_packs_scratch_directories_and_keeps_live_ones(cpu_release: Path,
+                                                                                  tmp_path: Path) -> None:
+    import os
+
+    archive = tmp_path / "r.tileship.tar.gz"
+    dead = 2**22 + 4321  # no such pid
+    stale = tmp_path / f"{archive.name}.tmp{dead}-copy-abc123"
+    (stale / "copy" / "specs").mkdir(parents=True)
+    (stale / "copy" / "manifest.json").write_text("{}")
+    (tmp_path / f"{archive.name}.tmp{dead}-xyz").write_bytes(b"half an archive")
+    live = tmp_path / f"{archive.name}.tmp{os.getppid()}-copy-def456"  # a pack still running
+    live.mkdir()
+    bundle.pack(cpu_release, archive)
+    assert sorted(p.name for p in tmp_path.glob(archive.name + "*")) == [archive.name, live.name]
+    assert bundle.unpack(archive, tmp_path / "u").name == integrity.check(cpu_release, trusted_keys=[]).release_id

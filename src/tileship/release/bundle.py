@@ -193,9 +193,11 @@ def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trus
 
 def pack(root: Path, archive: Path) -> Path:
     """Write one reproducible .tar.gz of the release (sorted, zeroed owners and times). The files
-    packed are the bytes integrity checked (a private copy made while hashing), written to a
-    temporary of its own (``<archive>.tmp<pid>-*``), fsynced, then renamed: concurrent packs to one path
-    never mix; the temporaries of killed packs are removed by the next pack to that path."""
+    packed are the bytes integrity checked (a private copy made while hashing, in a scratch directory
+    ``<archive>.tmp<pid>-copy-*`` beside the archive), written to a temporary of its own
+    (``<archive>.tmp<pid>-*``), fsynced, then renamed: concurrent packs to one path never mix; the
+    scratch directories and temporaries of killed packs (their pid gone) are removed by the next pack
+    to that path."""
     import gzip
     import tempfile
 
@@ -204,26 +206,33 @@ def pack(root: Path, archive: Path) -> Path:
     for left in archive.parent.glob(archive.name + ".tmp*-*"):  # what killed packs left
         pid = left.name[len(archive.name) + 4:].partition("-")[0]
         if pid.isdigit() and not running(int(pid)):
-            left.unlink(missing_ok=True)
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left, ignore_errors=True)
+            else:
+                left.unlink(missing_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=archive.name + f".tmp{os.getpid()}-")
     os.close(fd)
     tmp = Path(tmp_name)
-    with tempfile.TemporaryDirectory(prefix="tileship-pack-") as scratch:
-        try:
-            checked = integrity.check(root, trusted_keys=[], copy_to=Path(scratch) / "copy")
-            copy, manifest = Path(scratch) / "copy", checked.manifest
-            names = [MANIFEST, *([SIGNATURE] if checked.signature_bytes is not None else []),
-                     *sorted(manifest["files"])]
-            with open(tmp, "wb") as raw:
-                with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz:
-                    _tar(gz, copy, names, manifest["release_id"])
-                raw.flush()
-                os.fsync(raw.fileno())
-            os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temporary only
-            os.replace(tmp, archive)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+    scratch = None
+    try:
+        scratch = Path(tempfile.mkdtemp(dir=archive.parent, prefix=archive.name + f".tmp{os.getpid()}-copy-"))
+        checked = integrity.check(root, trusted_keys=[], copy_to=scratch / "copy")
+        copy, manifest = scratch / "copy", checked.manifest
+        names = [MANIFEST, *([SIGNATURE] if checked.signature_bytes is not None else []),
+                 *sorted(manifest["files"])]
+        with open(tmp, "wb") as raw:
+            with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz:
+                _tar(gz, copy, names, manifest["release_id"])
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temporary only
+        os.replace(tmp, archive)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return archive
 
 

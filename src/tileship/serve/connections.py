@@ -8,10 +8,12 @@ cancelled when the headers are complete: past it the connection is closed. Its t
 wrapped in ``OneWrite``, so a response's head and its body leave in one write. A request past
 ``limit_concurrency`` gets a JSON 503 with ``Retry-After`` (``over_limit``) in place of uvicorn's
 plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``. Bytes that are no HTTP
-request get a JSON 400 naming what the parser refused, where uvicorn sends plain text. A request whose line
-and headers pass ``REQUEST_HEAD_LIMIT`` gets a JSON 431 and the connection is closed (counted as
-``reason="headers_too_large"``): httptools has no such bound, and joins a long header's pieces by
-copying, so one client sending megabytes of header slowed every other request on the event loop.
+request get a JSON 400 naming what the parser refused, where uvicorn sends plain text, and a head that
+``serve.framing`` refuses (a transfer coding other than chunked: 501) its JSON answer. A request whose line
+and headers pass ``REQUEST_HEAD_LIMIT`` gets a JSON 431 (counted as ``reason="headers_too_large"``):
+httptools has no such bound, and joins a long header's pieces by copying, so one client sending megabytes
+of header slowed every other request on the event loop. After each of these refusals the connection is
+closed, its client's bytes read and dropped for ``LINGER_S`` first, so that the answer is not lost to a reset.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ import orjson
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from tileship.serve import framing
+
 #: a write at most this large that ends a response head is held for the body that follows it
 HEAD_BYTES = 16 << 10
 #: a body at most this large is joined to the held head (one copy); a larger one follows it in a write of its own
 JOIN_BYTES = 1 << 20
 #: the most bytes a request's line and headers may take (431 past it; uvicorn's h11 bound too)
 REQUEST_HEAD_LIMIT = 64 << 10
-#: how long a connection refused with 431 stays open, reading and dropping, so its client reads the answer
+#: how long a refused connection stays open, reading and dropping, so that its client reads the answer
 LINGER_S = 1.0
 
 
@@ -110,7 +114,7 @@ class _GuardedHttp(HttpToolsProtocol):
     _heads = 0  # requests begun on this connection
     _between = True  # no request is being parsed: the next byte starts one
     _head_bytes = 0  # bytes of the current request's head seen so far (a lower bound)
-    _refused = False  # answered 431: reading on only so that the client gets the answer, not a reset
+    _refused = False  # refused: reading on only so that the client gets the answer, not a reset
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(OneWrite(transport, self.loop))  # type: ignore[arg-type]
@@ -161,6 +165,9 @@ class _GuardedHttp(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
+        refusal = framing.head_refusal(self.headers, self.parser.get_http_version())
+        if refusal is not None:  # httptools stops and raises; uvicorn hands that to ``send_400_response``
+            raise refusal
         super().on_headers_complete()
         if self.cycle is not None:
             self.cycle.tileship_sinkable = True  # type: ignore[attr-defined]  # ``on_body`` feeds its sink
@@ -210,28 +217,45 @@ class _GuardedHttp(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are no HTTP request (called in its ``except HttpParserError``), as
-        JSON naming what the parser refused (``Invalid character in Content-Length``, ...), then close."""
+        JSON naming what the parser refused (``Invalid character in Content-Length``, ...), or the answer of
+        a ``framing.Refusal`` raised in ``on_headers_complete``; then the connection closes."""
         exc = sys.exc_info()[1]
+        cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+        if isinstance(cause, framing.Refusal):
+            self._refuse(cause.status, cause.message)
+            return
         why = str(exc) if isinstance(exc, httptools.HttpParserError) and str(exc) else msg
-        self._write_error(b"400 Bad Request", f"invalid HTTP request: {why[:200]}")
-        self.transport.close()
+        self._refuse(b"400 Bad Request", f"invalid HTTP request: {why[:200]}")
 
-    def _write_error(self, status: bytes, message: str) -> None:
+    def _refuse(self, status: bytes, message: str) -> None:
+        """Answer ``status`` with ``{"error": message}`` and close. Closing at once, with the client's bytes
+        unread, would reset the connection and lose the answer: the answer and the end of the stream go out,
+        what still comes is dropped for ``LINGER_S``, then the connection closes. A request still in flight
+        on it sends nothing more (its answer can't follow the end of the stream)."""
+        self._disarm()
+        self._refused = True
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.pipeline.clear()
         body = orjson.dumps({"error": message})
         self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                              b"connection: close\r\n\r\n%s" % (status, len(body), body))
+        try:
+            self.transport.write_eof()
+        except OSError:  # the client is gone already
+            self.transport.close()
+            return
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def _headers_too_large(self) -> None:
-        self._disarm()
         if self.rejected is not None:
             self.rejected.labels("headers_too_large").inc()
-        self._write_error(b"431 Request Header Fields Too Large",
-                          f"the request line and headers pass {REQUEST_HEAD_LIMIT} bytes, the limit")
-        # closing now, with the client's bytes unread, would reset the connection and lose the answer: send
-        # it and the end of the stream, drop what still comes for a moment, then close
-        self._refused = True
-        self.transport.write_eof()
-        self.loop.call_later(LINGER_S, self.transport.close)
+        self._refuse(b"431 Request Header Fields Too Large",
+                     f"the request line and headers pass {REQUEST_HEAD_LIMIT} bytes, the limit")
 
 
 def guarded_http(header_timeout_s: float, rejected: Any = None) -> type[HttpToolsProtocol]:

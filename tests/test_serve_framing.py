@@ -1,0 +1,140 @@
+"""HTTP framing and header hostility over raw sockets (``serve.framing``, ``serve.connections``): transfer
+codings, Transfer-Encoding with Content-Length, chunked requests. Each answer is a JSON 4xx/5xx (or the right
+result), closing the connection where the framing is lost; the server logs no traceback, and a second
+connection is served afterwards. A real server on 127.0.0.1 (tests/test_serve_limits's fake release:
+``add`` X[N] + Y[N] -> Z[N])."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from tests.test_serve_limits import hostile_server
+from tests.test_serve_transport import _read_all, served_right
+
+from tileship.serve import BackgroundServer
+
+LIMIT = 1 << 20
+INFER = b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+DOC = json.dumps({"inputs": [{"name": "X", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]},
+                             {"name": "Y", "shape": [3], "datatype": "FP32", "data": [10, 20, 30]}]}).encode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
+    with hostile_server(tmp_path_factory.mktemp("framing"), max_body_bytes=LIMIT, header_timeout_s=3.0) as srv:
+        yield srv
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def no_traceback(server: BackgroundServer) -> Iterator[None]:
+    """No uvicorn or asyncio record with a traceback (or at level error) while the test runs, no JSON log
+    line with one, and the server serves a second connection afterwards."""
+    kept = _Kept()
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "asyncio")]
+    for lg in loggers:
+        lg.addHandler(kept)
+    log = server.service.config.log_stream
+    start = len(log.getvalue())
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeHandler(kept)
+    bad = [r.getMessage() for r in kept.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not bad, bad
+    assert '"traceback"' not in log.getvalue()[start:]
+    served_right(server)
+
+
+def chunked(body: bytes, pieces: int = 1) -> bytes:
+    step = -(-len(body) // pieces)
+    parts = [body[i:i + step] for i in range(0, len(body), step)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+def exchange(srv: BackgroundServer, data: bytes) -> bytes:
+    """``data`` sent on a fresh connection; every byte the server sends until it closes (10 s at most)."""
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.settimeout(10)
+        s.sendall(data)
+        return _read_all(s)
+
+
+def answer(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """The first response in ``raw``: (status, headers by lower-case name, body by its Content-Length)."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, rest[:int(headers.get("content-length", len(rest)))]
+
+
+def refused(raw: bytes, status: int, words: str) -> None:
+    """``raw`` is one JSON answer of ``status`` whose error holds ``words``, then the end of the stream."""
+    code, headers, body = answer(raw)
+    assert code == status and headers["content-type"] == "application/json", raw[:600]
+    assert words in json.loads(body)["error"], body
+    assert headers.get("connection") == "close" and raw.count(b"HTTP/1.1 ") == 1, raw[:600]
+
+
+@pytest.mark.parametrize("codings,body", [
+    ([b"gzip, chunked"], chunked(gzip.compress(DOC))),
+    ([b"gzip"], gzip.compress(DOC)),
+    ([b"gzip", b"chunked"], chunked(gzip.compress(DOC))),
+    ([b"identity"], DOC),
+    ([b"x-custom;p=1, Chunked"], chunked(DOC)),
+], ids=["gzip-chunked", "gzip", "two-headers", "identity", "custom-with-a-parameter"])
+def test_a_transfer_coding_other_than_chunked_gets_a_json_501_naming_it_and_a_close(server, codings, body):
+    te = b"".join(b"Transfer-Encoding: %s\r\n" % c for c in codings)
+    raw = exchange(server, INFER + te + b"\r\n" + body)
+    name = next(m.strip() for c in codings for m in c.decode().split(",") if m.strip().lower() != "chunked")
+    refused(raw, 501, f"Transfer-Encoding {name!r} is not implemented")
+
+
+@pytest.mark.parametrize("te", [b"chunked", b"CHUNKED", b" , chunked"], ids=["chunked", "upper-case", "empty-member"])
+def test_a_chunked_inference_request_is_answered(server, te):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.settimeout(10)
+        s.sendall(INFER + b"Transfer-Encoding: " + te + b"\r\nConnection: close\r\n\r\n")
+        body = chunked(DOC, pieces=4)
+        for i in range(0, len(body), 40):  # the chunks in pieces, as a streaming client sends them
+            s.sendall(body[i:i + 40])
+            time.sleep(0.002)
+        code, _, out = answer(_read_all(s))
+    assert code == 200 and json.loads(out)["outputs"][0]["data"] == [11.0, 22.0, 33.0], out
+
+
+def test_a_streamed_body_from_httpx_goes_chunked_and_is_answered(server):
+    def pieces() -> Iterator[bytes]:
+        yield from (DOC[i:i + 17] for i in range(0, len(DOC), 17))
+
+    r = httpx.post(server.url + "/v2/models/add/infer", content=pieces(), timeout=30,
+                   headers={"content-type": "application/json"})
+    assert r.request.headers["transfer-encoding"] == "chunked"
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [11.0, 22.0, 33.0], r.text
+
+
+@pytest.mark.parametrize("head", [
+    b"Transfer-Encoding: chunked\r\nContent-Length: 2\r\n",
+    b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n",
+    b"Transfer-Encoding: gzip, chunked\r\nContent-Length: 2\r\n",
+    b"Content-Length: 2\r\nTransfer-Encoding: gzip, chunked\r\n",
+], ids=["te-then-cl", "cl-then-te", "gzip-te-then-cl", "cl-then-gzip-te"])
+def test_transfer_encoding_with_content_length_gets_a_json_400_and_a_close(server, head):
+    raw = exchange(server, INFER + head + b"\r\n" + chunked(b"{}") + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    refused(raw, 400, "present with")

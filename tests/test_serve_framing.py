@@ -9,7 +9,9 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -138,3 +140,32 @@ def test_a_streamed_body_from_httpx_goes_chunked_and_is_answered(server):
 def test_transfer_encoding_with_content_length_gets_a_json_400_and_a_close(server, head):
     raw = exchange(server, INFER + head + b"\r\n" + chunked(b"{}") + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
     refused(raw, 400, "present with")
+
+
+@pytest.mark.parametrize("value,named", [
+    (b"200-ok", "200-ok"), (b"100-continue, x-fast", "x-fast"), (b"100-continue=1", "100-continue=1"),
+], ids=["other", "in-a-list", "with-a-value"])
+def test_an_expectation_other_than_100_continue_gets_a_json_417_naming_it(server, value, named):
+    raw = exchange(server, INFER + b"Expect: %s\r\nContent-Length: %d\r\n\r\n%s" % (value, len(DOC), DOC))
+    refused(raw, 417, f"Expect {named!r} is not supported")
+
+
+@pytest.mark.parametrize("value", [b"100-continue", b"100-Continue", b"100-CONTINUE"])
+def test_expect_100_continue_gets_its_interim_answer_before_the_body_is_sent(server, value):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.settimeout(10)
+        s.sendall(INFER + b"Expect: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (value, len(DOC)))
+        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"  # the body is not sent before this
+        s.sendall(DOC)
+        code, _, out = answer(_read_all(s))
+    assert code == 200 and json.loads(out)["outputs"][0]["data"] == [11.0, 22.0, 33.0], out
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+def test_curl_sending_expect_100_continue_is_answered(server, tmp_path):
+    body = tmp_path / "body.json"  # past 1 MiB curl sends Expect: 100-continue itself; here it is asked for
+    body.write_bytes(DOC)
+    out = subprocess.run(["curl", "-sS", "-H", "Expect: 100-continue", "-H", "Content-Type: application/json",
+                          "--data-binary", f"@{body}", server.url + "/v2/models/add/infer"],
+                         capture_output=True, timeout=30, check=True)
+    assert json.loads(out.stdout)["outputs"][0]["data"] == [11.0, 22.0, 33.0], out

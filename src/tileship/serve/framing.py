@@ -5,6 +5,8 @@ message for the JSON answer, after which ``serve.connections`` closes the connec
     Transfer-Encoding  only ``chunked``: llhttp reads ``gzip, chunked`` as chunked and serves the body
                        still gzipped; any other coding is a 501 naming it (RFC 9112 6.1), the body's
                        framing unknown (compressed bodies take Content-Encoding, ``serve.content_coding``)
+    Expect             only ``100-continue``, in any case (RFC 9110 10.1.1: 417 naming any other
+                       expectation, which uvicorn ignored; tritonclient and curl send 100-continue)
 
 A request whose Transfer-Encoding and Content-Length come together never gets here: llhttp refuses it
 (a JSON 400, then the connection closes), as it refuses ``chunked`` that is not the last coding.
@@ -35,13 +37,21 @@ def _members(value: bytes) -> list[bytes]:
 def head_refusal(headers: Iterable[tuple[bytes, bytes]], http_version: str) -> Refusal | None:
     """Why a request with ``headers`` (lower-case names, as uvicorn keeps them) is refused, or None."""
     codings: list[bytes] = []
+    expect: list[bytes] = []
     for name, value in headers:
         if name == b"transfer-encoding":
             codings += _members(value)
+        elif name == b"expect":
+            expect += _members(value)
     for coding in codings:
         if coding.lower() != b"chunked":
             return Refusal(b"501 Not Implemented",
                            f"Transfer-Encoding {short(coding.decode('latin-1'))} is not implemented: send the body "
                            "with a Content-Length or Transfer-Encoding: chunked alone (to compress it, "
                            "Content-Encoding: gzip or deflate)")
+    for member in expect:
+        if member.lower() != b"100-continue":
+            return Refusal(b"417 Expectation Failed",
+                           f"Expect {short(member.decode('latin-1'))} is not supported: the one expectation "
+                           "this server meets is 100-continue")
     return None

@@ -91,7 +91,7 @@ def refused(raw: bytes, status: int, words: str) -> None:
     code, headers, body = answer(raw)
     assert code == status and headers["content-type"] == "application/json", raw[:600]
     assert words in json.loads(body)["error"], body
-    assert headers.get("connection") == "close" and raw.count(b"HTTP/1.1 ") == 1, raw[:600]
+    assert headers.get("connection") == "close" and raw.endswith(b"\r\n\r\n" + body), raw[:600]
 
 
 @pytest.mark.parametrize("codings,body", [
@@ -169,3 +169,21 @@ def test_curl_sending_expect_100_continue_is_answered(server, tmp_path):
                           "--data-binary", f"@{body}", server.url + "/v2/models/add/infer"],
                          capture_output=True, timeout=30, check=True)
     assert json.loads(out.stdout)["outputs"][0]["data"] == [11.0, 22.0, 33.0], out
+
+
+@pytest.mark.parametrize("head,has", [
+    (b"GET /v2/health/live HTTP/1.1\r\n\r\n", 0),
+    (b"GET /v2/health/live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 2),
+    (b"GET /v2/health/live HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n", 2),
+], ids=["http-1.1-without", "two", "two-in-http-1.0"])
+def test_a_request_without_one_host_gets_a_json_400(server, head, has):
+    refused(exchange(server, head), 400, f"Host header; this one has {has}")
+
+
+def test_an_http_1_0_request_without_host_and_an_absolute_form_target_are_served(server):
+    code, _, body = answer(exchange(server, b"GET /v2/health/live HTTP/1.0\r\n\r\n"))
+    assert code == 200 and json.loads(body) == {"live": True}
+    raw = exchange(server, b"POST http://elsewhere:1/v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           b"application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(DOC), DOC))
+    code, _, body = answer(raw)
+    assert code == 200 and json.loads(body)["outputs"][0]["data"] == [11.0, 22.0, 33.0], raw

@@ -10,7 +10,7 @@ wrapped in ``OneWrite``, so a response's head and its body leave in one write. A
 plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``. Bytes that are no HTTP
 request get a JSON 400 naming what the parser refused, where uvicorn sends plain text, and a head that
 ``serve.framing`` refuses (a transfer coding other than chunked: 501; an Expect other than 100-continue:
-417) its JSON answer. A request whose line and headers pass ``REQUEST_HEAD_LIMIT`` gets a JSON 431
+417; no Host or two: 400) its JSON answer. A request whose line and headers pass ``REQUEST_HEAD_LIMIT`` gets a JSON 431
 (counted as ``reason="headers_too_large"``): httptools has no such bound, and joins a long header's pieces
 by copying, so one client sending megabytes of header slowed every other request on the event loop. After
 each of these refusals the connection is closed, its client's bytes read and dropped for ``LINGER_S``

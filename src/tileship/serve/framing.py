@@ -2,6 +2,7 @@
 httptools (llhttp) lets it through (RFC 9110, RFC 9112). Each refusal is a ``Refusal``: a status and a
 message for the JSON answer, after which ``serve.connections`` closes the connection.
 
+    Host               exactly one in an HTTP/1.1 request, at most one in any (RFC 9112 3.2: 400 otherwise)
     Transfer-Encoding  only ``chunked``: llhttp reads ``gzip, chunked`` as chunked and serves the body
                        still gzipped; any other coding is a 501 naming it (RFC 9112 6.1), the body's
                        framing unknown (compressed bodies take Content-Encoding, ``serve.content_coding``)
@@ -36,13 +37,19 @@ def _members(value: bytes) -> list[bytes]:
 
 def head_refusal(headers: Iterable[tuple[bytes, bytes]], http_version: str) -> Refusal | None:
     """Why a request with ``headers`` (lower-case names, as uvicorn keeps them) is refused, or None."""
+    hosts = 0
     codings: list[bytes] = []
     expect: list[bytes] = []
     for name, value in headers:
-        if name == b"transfer-encoding":
+        if name == b"host":
+            hosts += 1
+        elif name == b"transfer-encoding":
             codings += _members(value)
         elif name == b"expect":
             expect += _members(value)
+    if hosts > 1 or (hosts == 0 and http_version == "1.1"):
+        takes = "a request takes one" if hosts else "an HTTP/1.1 request takes exactly one"
+        return Refusal(b"400 Bad Request", f"{takes} Host header; this one has {hosts}")
     for coding in codings:
         if coding.lower() != b"chunked":
             return Refusal(b"501 Not Implemented",

@@ -86,6 +86,16 @@ def answer(raw: bytes) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, rest[:int(headers.get("content-length", len(rest)))]
 
 
+def answers(raw: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """Every response in ``raw``, in order."""
+    out = []
+    while raw:
+        code, headers, body = answer(raw)
+        out.append((code, headers, body))
+        raw = raw[raw.index(b"\r\n\r\n") + 4 + len(body):]
+    return out
+
+
 def refused(raw: bytes, status: int, words: str) -> None:
     """``raw`` is one JSON answer of ``status`` whose error holds ``words``, then the end of the stream."""
     code, headers, body = answer(raw)
@@ -187,3 +197,24 @@ def test_an_http_1_0_request_without_host_and_an_absolute_form_target_are_served
                            b"application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(DOC), DOC))
     code, _, body = answer(raw)
     assert code == 200 and json.loads(body)["outputs"][0]["data"] == [11.0, 22.0, 33.0], raw
+
+
+_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize("bad,status,words", [
+    (b"GET /v2/health/live HTTP/9.9\r\nHost: x\r\n\r\n", 400, "HTTP version"),
+    (_LIVE.replace(b"Host: x", b"Host: x\r\nExpect: nope"), 417, "Expect 'nope'"),
+    (INFER + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\nzz\r\n", 400, "chunk size"),
+], ids=["bad-version", "bad-expect", "bad-chunk-in-the-body"])
+def test_a_refusal_behind_pipelined_requests_comes_after_their_answers(server, bad, status, words):
+    first = INFER + b"Content-Length: %d\r\n\r\n%s" % (len(DOC), DOC)
+    got = answers(exchange(server, first + _LIVE + bad))
+    assert [code for code, _, _ in got] == [200, 200, status], got
+    assert json.loads(got[0][2])["outputs"][0]["data"] == [11.0, 22.0, 33.0] and json.loads(got[1][2]) == {"live": True}
+    assert words in json.loads(got[2][2])["error"] and got[2][1]["connection"] == "close", got[2]
+
+
+def test_a_refused_request_ahead_of_others_ends_the_connection_with_its_answer(server):
+    raw = exchange(server, INFER + b"Expect: nope\r\nContent-Length: %d\r\n\r\n%s" % (len(DOC), DOC) + _LIVE)
+    refused(raw, 417, "Expect 'nope'")

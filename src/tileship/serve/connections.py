@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections import deque
 from typing import Any
 
 import httptools
@@ -116,6 +117,8 @@ class _GuardedHttp(HttpToolsProtocol):
     _between = True  # no request is being parsed: the next byte starts one
     _head_bytes = 0  # bytes of the current request's head seen so far (a lower bound)
     _refused = False  # refused: reading on only so that the client gets the answer, not a reset
+    _pending: list[tuple[bytes, str] | None] = []  # a refusal's answer (None: none) waiting for those ahead of it
+    _cycle_heads = 0  # ``_heads`` when ``cycle`` began: it is the request being parsed when equal
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(OneWrite(transport, self.loop))  # type: ignore[arg-type]
@@ -142,7 +145,7 @@ class _GuardedHttp(HttpToolsProtocol):
         self._headers_late()
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:  # a 431 went out: what follows is read and dropped until the connection closes
+        if self._refused:  # refused: what follows is read and dropped until the connection closes
             return
         if self.cycle is None or self.cycle.response_complete:  # bytes of a new request's head
             self._arm()
@@ -170,6 +173,7 @@ class _GuardedHttp(HttpToolsProtocol):
         if refusal is not None:  # httptools stops and raises; uvicorn hands that to ``send_400_response``
             raise refusal
         super().on_headers_complete()
+        self._cycle_heads = self._heads
         if self.cycle is not None:
             self.cycle.tileship_sinkable = True  # type: ignore[attr-defined]  # ``on_body`` feeds its sink
             self.cycle.tileship_conn = self  # type: ignore[attr-defined]  # ``serve.body_pull`` may read its body
@@ -229,22 +233,47 @@ class _GuardedHttp(HttpToolsProtocol):
         self._refuse(b"400 Bad Request", f"invalid HTTP request: {why[:200]}")
 
     def _refuse(self, status: bytes, message: str) -> None:
-        """Answer ``status`` with ``{"error": message}`` and close. Closing at once, with the client's bytes
-        unread, would reset the connection and lose the answer: the answer and the end of the stream go out,
-        what still comes is dropped for ``LINGER_S``, then the connection closes. A request still in flight
-        on it sends nothing more (its answer can't follow the end of the stream)."""
+        """Answer ``status`` with ``{"error": message}`` and close (``_answer_and_close``), once the answers
+        to the requests ahead of the refused one are out: pipelined requests are answered in order. The
+        refused request's own ASGI cycle, when its body was being read, stops (it reads a disconnect and
+        sends nothing); when it had answered already, the connection just closes. What the client sends
+        from here on is dropped."""
         self._disarm()
         self._refused = True
-        if self.transport.is_closing():
-            return
         cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
+        answer: tuple[bytes, str] | None = (status, message)
+        if cycle is not None and self._cycle_heads == self._heads:  # refused in its body: the cycle is its own
+            if cycle.response_started:
+                answer = None
             cycle.disconnected = True
             cycle.message_event.set()
-        self.pipeline.clear()
-        body = orjson.dumps({"error": message})
-        self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                             b"connection: close\r\n\r\n%s" % (status, len(body), body))
+            waiting = len(self.pipeline)
+            self.pipeline = deque(p for p in self.pipeline if p[0] is not cycle)
+            in_flight = len(self.pipeline) < waiting  # it was queued behind a request in flight
+        else:
+            in_flight = cycle is not None and not cycle.response_complete
+        if in_flight:
+            self._pending = [answer]
+            return
+        self._answer_and_close(answer)
+
+    def on_response_complete(self) -> None:
+        last = not self.pipeline  # no request waits: this was the last one in flight
+        super().on_response_complete()
+        if last and self._pending:
+            (answer,), self._pending = self._pending, []
+            self._answer_and_close(answer)
+
+    def _answer_and_close(self, answer: tuple[bytes, str] | None) -> None:
+        """Send ``answer`` (status, message) as JSON, if any, and close. Closing at once, with the client's
+        bytes unread, would reset the connection and lose the answer: the answer and the end of the stream
+        go out, what still comes is dropped for ``LINGER_S``, then the connection closes."""
+        if self.transport.is_closing():
+            return
+        if answer is not None:
+            body = orjson.dumps({"error": answer[1]})
+            self.transport.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                                 b"connection: close\r\n\r\n%s" % (answer[0], len(body), body))
         try:
             self.transport.write_eof()
         except OSError:  # the client is gone already

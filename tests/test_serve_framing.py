@@ -21,6 +21,7 @@ from tests.test_serve_limits import hostile_server
 from tests.test_serve_transport import _read_all, served_right
 
 from tileship.serve import BackgroundServer
+from tileship.serve.connections import REQUEST_HEAD_LIMIT
 
 LIMIT = 1 << 20
 INFER = b"POST /v2/models/add/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -218,3 +219,41 @@ def test_a_refusal_behind_pipelined_requests_comes_after_their_answers(server, b
 def test_a_refused_request_ahead_of_others_ends_the_connection_with_its_answer(server):
     raw = exchange(server, INFER + b"Expect: nope\r\nContent-Length: %d\r\n\r\n%s" % (len(DOC), DOC) + _LIVE)
     refused(raw, 417, "Expect 'nope'")
+
+
+def _stream(srv: BackgroundServer, head: bytes, piece: bytes, total: int) -> tuple[bytes, float]:
+    """``head``, then ``piece`` over and over (``total`` bytes at most, as a slow client sends them) until
+    the server answers or stops reading; (everything it sent until it closed, seconds that took)."""
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.settimeout(10)
+        s.sendall(head)
+        t0, sent = time.monotonic(), 0
+        try:
+            while sent < total:
+                s.sendall(piece)
+                sent += len(piece)
+                time.sleep(0.0005)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return _read_all(s), time.monotonic() - t0
+
+
+_CHUNKED = INFER + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(DOC)[:-2]  # the last chunk; trailers next
+
+
+@pytest.mark.parametrize("head,piece,status,words", [
+    (_CHUNKED + b"X-Long: ", b"t" * 4096, 431, f"trailer fields of the chunked body pass {REQUEST_HEAD_LIMIT} bytes"),
+    (_CHUNKED, b"X-Trailer: " + b"t" * 500 + b"\r\n", 431, "trailer fields of the chunked body pass"),
+    (INFER + b"Transfer-Encoding: chunked\r\n\r\n2;ext=", b"e" * 4096, 400,
+     f"a chunk line of the chunked body passes {REQUEST_HEAD_LIMIT} bytes"),
+], ids=["one-endless-trailer", "endless-small-trailers", "endless-chunk-extension"])
+def test_chunked_framing_past_the_head_limit_gets_a_json_4xx_at_the_limit(server, head, piece, status, words):
+    raw, took = _stream(server, head, piece, 32 * REQUEST_HEAD_LIMIT)
+    refused(raw, status, words)
+    assert took < 3.0, "refused at the limit, not at the body deadline"
+
+
+def test_a_chunked_request_with_small_trailers_is_answered(server):
+    body = chunked(DOC, pieces=2)[:-2] + b"X-Checksum: 1\r\nContent-Type: text/plain\r\n\r\n"
+    code, _, out = answer(exchange(server, INFER + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + body))
+    assert code == 200 and json.loads(out)["outputs"][0]["data"] == [11.0, 22.0, 33.0], out

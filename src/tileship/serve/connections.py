@@ -10,11 +10,14 @@ wrapped in ``OneWrite``, so a response's head and its body leave in one write. A
 plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``. Bytes that are no HTTP
 request get a JSON 400 naming what the parser refused, where uvicorn sends plain text, and a head that
 ``serve.framing`` refuses (a transfer coding other than chunked: 501; an Expect other than 100-continue:
-417; no Host or two: 400) its JSON answer. A request whose line and headers pass ``REQUEST_HEAD_LIMIT`` gets a JSON 431
-(counted as ``reason="headers_too_large"``): httptools has no such bound, and joins a long header's pieces
-by copying, so one client sending megabytes of header slowed every other request on the event loop. After
-each of these refusals the connection is closed, its client's bytes read and dropped for ``LINGER_S``
-first, so that the answer is not lost to a reset.
+417; no Host or two: 400) its JSON answer. A request whose line and headers pass ``REQUEST_HEAD_LIMIT``
+gets a JSON 431 (counted as ``reason="headers_too_large"``): httptools has no such bound, and joins a long
+header's pieces by copying, so one client sending megabytes of header slowed every other request on the
+event loop. The trailer fields of a chunked body have the same bound (431, the same count), and a chunk
+line (its size and extensions) too (400): no bound held either, trailers were joined by copying as headers
+were, and added to the request's headers after its app had read them (they are dropped now). After each
+of these refusals the connection is closed, its client's bytes read and dropped for ``LINGER_S`` first, so
+that the answer is not lost to a reset.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ HEAD_BYTES = 16 << 10
 JOIN_BYTES = 1 << 20
 #: the most bytes a request's line and headers may take (431 past it; uvicorn's h11 bound too)
 REQUEST_HEAD_LIMIT = 64 << 10
+#: the answer to trailer fields past ``REQUEST_HEAD_LIMIT`` (a ``framing.Refusal``'s arguments)
+_TRAILERS = (b"431 Request Header Fields Too Large",
+             f"the trailer fields of the chunked body pass {REQUEST_HEAD_LIMIT} bytes, the limit", "headers_too_large")
 #: how long a refused connection stays open, reading and dropping, so that its client reads the answer
 LINGER_S = 1.0
 
@@ -119,6 +125,10 @@ class _GuardedHttp(HttpToolsProtocol):
     _refused = False  # refused: reading on only so that the client gets the answer, not a reset
     _pending: list[tuple[bytes, str] | None] = []  # a refusal's answer (None: none) waiting for those ahead of it
     _cycle_heads = 0  # ``_heads`` when ``cycle`` began: it is the request being parsed when equal
+    _events = 0  # parser callbacks past a request's head: bytes that bring none are a chunk line's or a trailer's
+    _quiet = 0  # bytes of a body that brought no callback, in a row (a lower bound)
+    _in_chunk = False  # between a chunk's size line and its end: quiet bytes there are trailer fields
+    _trailer_bytes = 0  # the trailer fields' bytes so far
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(OneWrite(transport, self.loop))  # type: ignore[arg-type]
@@ -149,7 +159,7 @@ class _GuardedHttp(HttpToolsProtocol):
             return
         if self.cycle is None or self.cycle.response_complete:  # bytes of a new request's head
             self._arm()
-        heads, between = self._heads, self._between
+        heads, between, events = self._heads, self._between, self._events
         super().data_received(data)
         # all of ``data`` is the current request's head when no request began in it, or when it began the
         # only one and no earlier request's bytes came before (else the count leaves it out: a lower bound)
@@ -157,17 +167,43 @@ class _GuardedHttp(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > REQUEST_HEAD_LIMIT and not self.transport.is_closing():
                 self._headers_too_large()
+        elif not self._in_head and not self._between and not self._refused:  # in a body
+            self._quiet = self._quiet + len(data) if self._events == events else 0
+            if self._quiet > REQUEST_HEAD_LIMIT:
+                self._chunk_framing_too_large()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._between, self._head_bytes, self._heads = True, False, 0, self._heads + 1
+        self._quiet = self._trailer_bytes = 0
+        self._events += 1
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._in_head:
+            super().on_header(name, value)
+            return
+        # a trailer field of a chunked body: counted, and left out (the app read the request's headers already)
+        self._events += 1
+        self._trailer_bytes += len(name) + len(value) + 4
+        if self._trailer_bytes > REQUEST_HEAD_LIMIT:
+            raise framing.Refusal(*_TRAILERS)
+
+    def on_chunk_header(self) -> None:
+        self._events += 1
+        self._in_chunk = True
+
+    def on_chunk_complete(self) -> None:
+        self._events += 1
+        self._in_chunk = False
 
     def on_message_complete(self) -> None:
+        self._events += 1
         self._between = True
         super().on_message_complete()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._events += 1
         self._disarm()
         refusal = framing.head_refusal(self.headers, self.parser.get_http_version())
         if refusal is not None:  # httptools stops and raises; uvicorn hands that to ``send_400_response``
@@ -181,6 +217,7 @@ class _GuardedHttp(HttpToolsProtocol):
     def body_pulled(self, cycle: Any) -> None:
         """``cycle``'s body was read from the socket past the parser (``serve.body_pull``): the message is
         complete, the next bytes start a new request (a fresh parser), and the connection reads again."""
+        self._between = True
         self.parser = httptools.HttpRequestParser(self)
         with contextlib.suppress(AttributeError):  # httptools < 0.6.3, as uvicorn does
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
@@ -192,6 +229,7 @@ class _GuardedHttp(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         """A chunk of a request body: into the block of the request's ``serve.body.Sink`` when its reader
         installed one (one copy, and no pause: the block has room for the whole body), else uvicorn's way."""
+        self._events += 1
         cycle = self.cycle
         sink = getattr(cycle, "tileship_sink", None)
         if sink is None or cycle.response_complete:
@@ -227,6 +265,8 @@ class _GuardedHttp(HttpToolsProtocol):
         exc = sys.exc_info()[1]
         cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
         if isinstance(cause, framing.Refusal):
+            if cause.reason is not None and self.rejected is not None:
+                self.rejected.labels(cause.reason).inc()
             self._refuse(cause.status, cause.message)
             return
         why = str(exc) if isinstance(exc, httptools.HttpParserError) and str(exc) else msg
@@ -280,6 +320,15 @@ class _GuardedHttp(HttpToolsProtocol):
             self.transport.close()
             return
         self.loop.call_later(LINGER_S, self.transport.close)
+
+    def _chunk_framing_too_large(self) -> None:
+        if not self._in_chunk:
+            self._refuse(b"400 Bad Request", f"a chunk line of the chunked body passes {REQUEST_HEAD_LIMIT} bytes, "
+                                             "the limit")
+            return
+        if self.rejected is not None:
+            self.rejected.labels(_TRAILERS[2]).inc()
+        self._refuse(*_TRAILERS[:2])
 
     def _headers_too_large(self) -> None:
         if self.rejected is not None:

@@ -21,13 +21,14 @@ from tileship.serve.validate import short
 
 
 class Refusal(Exception):
-    """A request refused before its body is read: ``status`` (the status line's code and phrase) and
-    ``message`` (the JSON answer's ``error``)."""
+    """A request refused: ``status`` (the status line's code and phrase) and ``message`` (the JSON answer's
+    ``error``)."""
 
-    def __init__(self, status: bytes, message: str) -> None:
+    def __init__(self, status: bytes, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.reason = reason  # counted as ``tileship_rejected_total{reason=...}`` when given
 
 
 def _members(value: bytes) -> list[bytes]:

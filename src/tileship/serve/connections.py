@@ -5,7 +5,7 @@ uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and answers 
 open forever. ``guarded_http(header_timeout_s)`` is uvicorn's httptools protocol with a timer
 armed whenever a request may begin (on connect, and on the first byte after a response) and
 cancelled when the headers are complete: past it the connection is closed. Its transport is
-wrapped in ``OneWrite``, so a response's head and its body leave in one write. A request past
+wrapped in ``serve.one_write.OneWrite``, so a response's head and its body leave in one write. A request past
 ``limit_concurrency`` gets a JSON 503 with ``Retry-After`` (``over_limit``) in place of uvicorn's
 plain-text one, counted as ``tileship_rejected_total{reason="connection_limit"}``. Bytes that are no HTTP
 request get a JSON 400 naming what the parser refused, where uvicorn sends plain text, and a head that
@@ -34,11 +34,8 @@ from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tileship.serve import framing
+from tileship.serve.one_write import OneWrite
 
-#: a write at most this large that ends a response head is held for the body that follows it
-HEAD_BYTES = 16 << 10
-#: a body at most this large is joined to the held head (one copy); a larger one follows it in a write of its own
-JOIN_BYTES = 1 << 20
 #: the most bytes a request's line and headers may take (431 past it; uvicorn's h11 bound too)
 REQUEST_HEAD_LIMIT = 64 << 10
 #: the answer to trailer fields past ``REQUEST_HEAD_LIMIT`` (a ``framing.Refusal``'s arguments)
@@ -46,58 +43,6 @@ _TRAILERS = (b"431 Request Header Fields Too Large",
              f"the trailer fields of the chunked body pass {REQUEST_HEAD_LIMIT} bytes, the limit", "headers_too_large")
 #: how long a refused connection stays open, reading and dropping, so that its client reads the answer
 LINGER_S = 1.0
-
-
-class OneWrite:
-    """A connection's transport whose writes of a response head (a write of at most ``HEAD_BYTES``
-    ending in a blank line) are held until the next write, which then goes out joined to it, or until
-    the event loop's next turn, whichever comes first. uvicorn writes a response's head and body in
-    two ``send`` calls: on loopback each one is a segment and a wake-up of the client, the largest
-    single cost of a small request in the server (profiled on the CPU machine). Nothing is reordered
-    or dropped: ``close`` and ``write_eof`` send what is held first; every other attribute is the
-    transport's own."""
-
-    __slots__ = ("_held", "_loop", "_transport")
-
-    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._held: bytes | None = None
-
-    def write(self, data: Any) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            if len(data) <= JOIN_BYTES:
-                self._transport.write(held + data)
-                return
-            self._transport.write(held)
-        elif len(data) <= HEAD_BYTES and data[-4:] == b"\r\n\r\n":
-            self._held = bytes(data)
-            self._loop.call_soon(self.flush)
-            return
-        self._transport.write(data)
-
-    def flush(self) -> None:
-        """Send what is held, if anything (a head whose body has not come by the loop's next turn)."""
-        held, self._held = self._held, None
-        if held is not None and not self._transport.is_closing():
-            self._transport.write(held)
-
-    def writelines(self, data: Any) -> None:
-        self.flush()
-        self._transport.writelines(data)
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 async def over_limit(scope: Any, receive: Any, send: Any) -> None:

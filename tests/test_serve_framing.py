@@ -257,3 +257,20 @@ def test_a_chunked_request_with_small_trailers_is_answered(server):
     body = chunked(DOC, pieces=2)[:-2] + b"X-Checksum: 1\r\nContent-Type: text/plain\r\n\r\n"
     code, _, out = answer(exchange(server, INFER + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + body))
     assert code == 200 and json.loads(out)["outputs"][0]["data"] == [11.0, 22.0, 33.0], out
+
+
+_WS = (b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+       b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n")
+_H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+
+
+@pytest.mark.parametrize("upgrade", [_WS, _H2C], ids=["websocket", "h2c"])
+def test_an_upgrade_request_is_served_as_http_1_1_and_the_connection_serves_on(server, upgrade):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.settimeout(10)
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + upgrade + b"\r\n")
+        first = answer(s.recv(65536))
+        s.sendall(INFER + b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(DOC), DOC))
+        second = answer(_read_all(s))
+    assert first[0] == 200 and json.loads(first[2]) == {"live": True}, first
+    assert second[0] == 200 and json.loads(second[2])["outputs"][0]["data"] == [11.0, 22.0, 33.0], second

@@ -197,6 +197,11 @@ class _GuardedHttp(HttpToolsProtocol):
                 self.rejected.labels("connection_limit").inc()
         super()._start_asgi_task(cycle, app)
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """An Upgrade (websocket, h2c) is ignored and the request served as HTTP/1.1: nothing to warn of
+        (uvicorn's warning would tell to install a WebSocket library)."""
+        self.logger.debug("an Upgrade request was served as HTTP/1.1")
+
     def _headers_late(self) -> None:
         if not self.transport.is_closing():
             self.logger.info("closing a connection: request headers did not arrive within %gs", self.header_timeout_s)
@@ -290,6 +295,8 @@ def guarded_http(header_timeout_s: float, rejected: Any = None) -> type[HttpTool
 
 def uvicorn_limits(config: Any, rejected: Any = None) -> dict[str, Any]:
     """uvicorn.Config keyword arguments for a ``ServeConfig``'s connection settings (``rejected``: the
-    server's ``tileship_rejected`` counter)."""
+    server's ``tileship_rejected`` counter). No WebSocket: the app has no such route, and uvicorn answered
+    an upgrade request with an empty 403; it is served as HTTP/1.1 instead (an Upgrade a server may ignore)."""
     return {"http": guarded_http(config.header_timeout_s, rejected), "timeout_keep_alive": config.keep_alive_s,
-            "limit_concurrency": config.max_connections, "h11_max_incomplete_event_size": REQUEST_HEAD_LIMIT}
+            "limit_concurrency": config.max_connections, "h11_max_incomplete_event_size": REQUEST_HEAD_LIMIT,
+            "ws": "none"}

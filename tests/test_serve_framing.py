@@ -274,3 +274,10 @@ def test_an_upgrade_request_is_served_as_http_1_1_and_the_connection_serves_on(s
         second = answer(_read_all(s))
     assert first[0] == 200 and json.loads(first[2]) == {"live": True}, first
     assert second[0] == 200 and json.loads(second[2])["outputs"][0]["data"] == [11.0, 22.0, 33.0], second
+
+
+@pytest.mark.parametrize("line,target", [
+    (b"CONNECT example.org:443 HTTP/1.1", "example.org:443"), (b"GET http:// HTTP/1.1", "http://"),
+], ids=["authority-form", "empty-authority"])
+def test_a_request_target_that_is_no_path_gets_a_json_400_naming_it(server, line, target):
+    refused(exchange(server, line + b"\r\nHost: x\r\n\r\n"), 400, f"the request target {target!r} is")

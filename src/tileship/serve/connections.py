@@ -35,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tileship.serve import framing
 from tileship.serve.one_write import OneWrite
+from tileship.serve.validate import short
 
 #: the most bytes a request's line and headers may take (431 past it; uvicorn's h11 bound too)
 REQUEST_HEAD_LIMIT = 64 << 10
@@ -210,8 +211,9 @@ class _GuardedHttp(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are no HTTP request (called in its ``except HttpParserError``), as
-        JSON naming what the parser refused (``Invalid character in Content-Length``, ...), or the answer of
-        a ``framing.Refusal`` raised in ``on_headers_complete``; then the connection closes."""
+        JSON naming what the parser refused (``Invalid character in Content-Length``, a request target that
+        is no path, ...), or the answer of a ``framing.Refusal`` raised in a callback; then the connection
+        closes."""
         exc = sys.exc_info()[1]
         cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
         if isinstance(cause, framing.Refusal):
@@ -220,6 +222,8 @@ class _GuardedHttp(HttpToolsProtocol):
             self._refuse(cause.status, cause.message)
             return
         why = str(exc) if isinstance(exc, httptools.HttpParserError) and str(exc) else msg
+        if isinstance(cause, httptools.HttpParserInvalidURLError):  # from uvicorn's parse_url: "User callback error"
+            why = f"the request target {short(self.url.decode('latin-1'))} is neither a path nor an absolute URL"
         self._refuse(b"400 Bad Request", f"invalid HTTP request: {why[:200]}")
 
     def _refuse(self, status: bytes, message: str) -> None:

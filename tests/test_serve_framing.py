@@ -1,5 +1,6 @@
 """HTTP framing and header hostility over raw sockets (``serve.framing``, ``serve.connections``): transfer
-codings, Transfer-Encoding with Content-Length, chunked requests. Each answer is a JSON 4xx/5xx (or the right
+codings, Expect, Host, Transfer-Encoding with Content-Length, chunked requests and their trailers, pipelined
+refusals, upgrades, request targets, with worker processes too. Each answer is a JSON 4xx/5xx (or the right
 result), closing the connection where the framing is lost; the server logs no traceback, and a second
 connection is served afterwards. A real server on 127.0.0.1 (tests/test_serve_limits's fake release:
 ``add`` X[N] + Y[N] -> Z[N])."""
@@ -281,3 +282,46 @@ def test_an_upgrade_request_is_served_as_http_1_1_and_the_connection_serves_on(s
 ], ids=["authority-form", "empty-authority"])
 def test_a_request_target_that_is_no_path_gets_a_json_400_naming_it(server, line, target):
     refused(exchange(server, line + b"\r\nHost: x\r\n\r\n"), 400, f"the request target {target!r} is")
+
+
+@pytest.fixture(scope="module")
+def workers2(cpu_release_build) -> Iterator[BackgroundServer]:
+    """``--workers 2`` over the CPU release (``add`` A[N] + B[N] -> C[N]): calls run in worker processes."""
+    from tests.test_serve_workers import workers_server
+
+    with workers_server(cpu_release_build.path, workers=2, header_timeout_s=3.0) as srv:
+        yield srv
+
+
+def test_framing_is_checked_the_same_with_worker_processes(workers2):
+    doc = json.dumps({"inputs": [{"name": "A", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]},
+                                 {"name": "B", "shape": [3], "datatype": "FP32", "data": [10, 20, 30]}]}).encode()
+    te, ok = b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n", [11.0, 22.0, 33.0]
+    code, _, out = answer(exchange(workers2, INFER + te + chunked(doc, pieces=3)))
+    assert code == 200 and json.loads(out)["outputs"][0]["data"] == ok, out
+    refused(exchange(workers2, INFER + b"Transfer-Encoding: gzip, chunked\r\n\r\n" + chunked(gzip.compress(doc))),
+            501, "Transfer-Encoding 'gzip' is not implemented")
+    refused(exchange(workers2, INFER + b"Expect: nope\r\nContent-Length: %d\r\n\r\n%s" % (len(doc), doc)), 417,
+            "Expect 'nope'")
+    refused(exchange(workers2, b"GET /v2/health/live HTTP/1.1\r\n\r\n"), 400, "exactly one Host header")
+    got = answers(exchange(workers2, INFER + b"Content-Length: %d\r\n\r\n%s" % (len(doc), doc) + _LIVE
+                           + INFER + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\nzz\r\n"))
+    assert [c for c, _, _ in got] == [200, 200, 400] and json.loads(got[0][2])["outputs"][0]["data"] == ok, got
+    with socket.create_connection(("127.0.0.1", workers2.port)) as s:
+        s.settimeout(10)
+        s.sendall(INFER + b"Expect: 100-continue\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(doc))
+        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(doc)
+        code, _, out = answer(_read_all(s))
+    assert code == 200 and json.loads(out)["outputs"][0]["data"] == ok, out
+    assert '"traceback"' not in workers2.logs.getvalue()  # type: ignore[attr-defined]
+    assert httpx.get(workers2.url + "/v2/health/live", timeout=10).json() == {"live": True}
+
+
+@pytest.mark.parametrize("expect", [b"", b"Expect: 100-continue\r\n"], ids=["plain", "expect-100-continue"])
+def test_a_content_length_past_the_limit_gets_a_413_before_any_body_byte(server, expect):
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.settimeout(10)
+        s.sendall(INFER + expect + b"Content-Length: %d\r\n\r\n" % (LIMIT + 1))
+        code, _, body = answer(s.recv(65536))  # no 100 Continue first: the body is not asked for
+    assert code == 413 and f"the limit is {LIMIT} bytes" in json.loads(body)["error"], body

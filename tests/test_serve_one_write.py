@@ -1,4 +1,4 @@
-"""A response's head and body leave the server in one write (``serve.connections.OneWrite``):
+"""A response's head and body leave the server in one write (``serve.one_write.OneWrite``):
 the contract on a recording transport, then a real server on 127.0.0.1 whose answers stay whole
 and in order (keep-alive, pipelined requests, a body larger than the join limit, HEAD, 100-continue)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tileship.serve.connections import HEAD_BYTES, JOIN_BYTES, OneWrite
+from tileship.serve.one_write import HEAD_BYTES, JOIN_BYTES, OneWrite
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
 

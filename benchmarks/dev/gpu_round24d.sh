@@ -16,10 +16,10 @@ python3 -m tileship.cli build --project benchmarks/decode/w4a16.toml --out /tmp/
 echo "build rc=$? ($(( $(date +%s) - t0 )) s)"; tail -1 "$d/build.log"
 rel=$(ls -d /tmp/w4-rel/*/ | head -1)
 t1=$(date +%s)
-timeout 200 python3 -m tileship.cli verify "$rel" --json-out "$d/verification.json" --grid 2 > "$d/verify.log" 2>&1
+timeout "${VERIFY_TIMEOUT:-200}" python3 -m tileship.cli verify "$rel" --json-out "$d/verification.json" --grid 2 > "$d/verify.log" 2>&1
 echo "verify rc=$? ($(( $(date +%s) - t1 )) s)"; grep -E "M(4|8)_K14336" "$d/verify.log" | cut -c1-200 | head -8
 t1=$(date +%s)
-timeout 150 python3 benchmarks/decode_kernels.py "$rel" --out "$d/decode_kernels.json" --ops w4a16_linear \
+timeout "${KERNELS_TIMEOUT:-150}" python3 benchmarks/decode_kernels.py "$rel" --out "$d/decode_kernels.json" --ops w4a16_linear \
   > "$d/decode_kernels.log" 2>&1
 echo "decode_kernels rc=$? ($(( $(date +%s) - t1 )) s)"
 python3 - "$d/decode_kernels.json" <<'PY' 2>&1

@@ -152,6 +152,24 @@ def test_worker_processes_get_the_pin(verified_twice: tuple[Path, dict[str, byte
     assert (r.headers["x-tileship-path"], r.headers["x-tileship-reason"]) == ("reference", "unverified")
 
 
+def test_diagnose_of_the_active_release_loads_it_as_a_server_would(verified_twice: tuple[Path, dict[str, bytes]],
+                                                                     tmp_path: Path) -> None:
+    from tileship.cli import app
+
+    src, older = verified_twice
+    reg = Registry(tmp_path / "reg")
+    rid = reg.publish(src)
+    reg.activate(rid)
+    _put_back(reg.path_of(rid), older)
+    out = tmp_path / "diag"
+    r = CliRunner().invoke(app, ["diagnose", "--registry", str(reg.root), "--out", str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    [d] = [p for p in out.iterdir() if p.is_dir()]
+    runtime = json.loads((d / "runtime.json").read_text())
+    assert runtime["status"]["evidence"]["state"] == "ignored", runtime["status"]["evidence"]  # by path: used
+    assert set(d for op in runtime["decisions"].values() for d in op.values()) == {"reference:unverified"}
+
+
 def test_evidence_added_or_removed_after_activation_is_not_used(verified_twice: tuple[Path, dict[str, bytes]],
                                                                  tmp_path: Path) -> None:
     src, _ = verified_twice
@@ -196,6 +214,21 @@ def test_reverify_publish_replace_and_activate_re_pins(verified_twice: tuple[Pat
     assert rel.evidence_seal.state == "verified" and rel.evidence_digest == _digest(src)
     assert "kernel:kernel" in _decisions(rel)
     rel.close()
+
+
+def test_re_pinning_evidence_that_records_a_failure_needs_no_force(tmp_path: Path) -> None:
+    src, rid = fake_release(tmp_path, "a")
+    add_evidence(src, {"x": True})
+    reg = Registry(tmp_path / "reg")
+    reg.publish(src)
+    reg.activate(rid)
+    add_evidence(src, {"x": False})  # re-verified: x is wrong on this device after all
+    reg.publish(src, replace=True)
+    # the active release re-pinned: its failed specialization serves the reference, as the new evidence says
+    assert reg.activate(rid).evidence == bundle.check_integrity(src)["files"][EVIDENCE]
+    reg.activate_reference()
+    with pytest.raises(RegistryError, match="verification failed"):  # from reference-only back to kernels: checked
+        reg.activate(rid)
 
 
 def test_cli_prints_the_pin_and_says_when_evidence_is_not_the_pinned_one(tmp_path: Path) -> None:

@@ -227,16 +227,17 @@ class Registry:
                  evidence: str | None = None) -> Active:
         """Make ``release_id`` active (atomically), pinning its evidence (``Active.evidence``). Returns the new state.
 
-        Refused with RegistryError naming why, unless ``force``: the release fails its
-        integrity check (or its signature, when trusted keys are configured), or its
-        verification evidence records a failure. ``reference_only`` activates it with every
-        operator on the PyTorch reference (no checks needed: no native code will run).
+        Refused with RegistryError naming why, unless ``force``: the release fails its integrity check
+        (or its signature, when trusted keys are configured), or its verification evidence records a
+        failure (not when re-pinning the active release: failed specializations serve the reference).
+        ``reference_only``: every operator on the PyTorch reference (no checks: no native code runs).
         ``evidence``: the pin the caller loaded it with (a canary); refused when its evidence is now other.
         """
         with self._locked():
             rid = self.resolve(release_id)
             if not (force or reference_only):
-                self._check_activatable(rid)
+                state = self._read_pointer()
+                self._check_activatable(rid, repin=(state["release_id"], bool(state["reference_only"])) == (rid, False))
             self._write_state(rid, reference_only, evidence)
         return self.active()
 
@@ -291,7 +292,7 @@ class Registry:
         """
         return layout.collect_leftovers(self.root, self.releases_dir)
 
-    def _check_activatable(self, rid: str) -> None:
+    def _check_activatable(self, rid: str, *, repin: bool = False) -> None:
         root = self._current(rid)
         hint = "fix or re-publish the release, or pass --force to activate it anyway"
         try:
@@ -300,7 +301,7 @@ class Registry:
             raise RegistryError(f"refusing to activate {rid}: integrity check failed: {exc.message}",
                                 hint=hint) from exc
         status, detail = verification_status(root)
-        if status in ("failed", "unreadable"):
+        if status == "unreadable" or (status == "failed" and not repin):
             raise RegistryError(f"refusing to activate {rid}: verification {status}: {detail}", hint=hint)
 
     def _write_state(self, rid: str, reference_only: bool, expect: str | None = None) -> None:

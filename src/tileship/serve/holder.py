@@ -205,7 +205,7 @@ class ReleaseHolder:
 
     def warm(self, target: Target) -> Served | None:
         """A release already loaded and warmed in this process that is exactly ``target`` (the same
-        directory, mode and release id on disk): the standby, or one swapped out and still kept."""
+        directory, mode, evidence pin and release id on disk): the standby, or one swapped out and still kept."""
         rid = release_id_at(target.path)
         for served in ([self.standby] if self.standby else []) + self.retired[::-1]:
             if (served.target == target and served.release_id == rid and self.fatal is None):

@@ -274,16 +274,17 @@ class Rollout:
         self._started = self._ended = 0.0
 
     def _target(self, release: str) -> Target:
-        """A release directory, or an id (prefix) in the registry the server follows: then loaded with its
-        evidence pinned as it is now, and promoted only while it still is (``Registry.activate(evidence=)``)."""
+        """A release directory, or an id (prefix) in the registry the server follows; loaded with its evidence
+        pinned as it is now, and promoted into a registry only while it still is (``Registry.activate(evidence=)``)."""
+        from tileship.release.evidence_seal import pin
+
         path = Path(release)
         if (path / "manifest.json").is_file():
-            return Target(path, False)
+            return Target(path, False, pin(path))
         src = self.service.holder.source
         if (src / "manifest.json").is_file() or not src.is_dir():
             raise TileshipError(f"{release!r} is not a release directory, and this server serves {src}, not a registry",
                                 hint="give the canary's release directory (one holding manifest.json)")
-        from tileship.release.evidence_seal import pin
         from tileship.release.registry import Registry
 
         path = Registry(src).path_of(release)

@@ -102,13 +102,14 @@ def test_republish_with_new_evidence_needs_replace(tmp_path: Path) -> None:
 
 def test_activate_rollback_and_reference_only(two: tuple[Registry, str, str]) -> None:
     reg, a, b = two
-    assert reg.activate(a) == Active(a, reg.releases_dir / a, False, None)
-    assert reg.activate(b) == Active(b, reg.releases_dir / b, False, a)
+    # "none": the evidence pin of a release without evidence (tests/test_evidence_pin.py)
+    assert reg.activate(a) == Active(a, reg.releases_dir / a, False, None, "none")
+    assert reg.activate(b) == Active(b, reg.releases_dir / b, False, a, "none")
     assert reg.activate(b).previous == a  # activating the active one again records nothing
     ref = reg.activate_reference()
     assert (ref.release_id, ref.reference_only, ref.previous) == (b, True, b)
-    assert reg.rollback() == Active(b, reg.releases_dir / b, False, a)
-    assert reg.rollback() == Active(a, reg.releases_dir / a, False, None)
+    assert reg.rollback() == Active(b, reg.releases_dir / b, False, a, "none")
+    assert reg.rollback() == Active(a, reg.releases_dir / a, False, None, "none")
     with pytest.raises(RegistryError, match="nothing to roll back"):
         reg.rollback()
     assert [r.active for r in reg.releases() if r.release_id == a] == [True]
@@ -342,7 +343,7 @@ def test_drill_switches_under_load_without_a_failed_request(cpu_release_build: o
     assert report["compile_attempts"] == 0
     text = (tmp_path / "report" / "drill.txt").read_text()
     assert text.startswith("tileship rollback drill: PASSED") and "switch N -> N-1" in text
-    assert reg.active() == Active(new, reg.releases_dir / new, False, reg.active().previous)
+    assert reg.active() == Active(new, reg.releases_dir / new, False, reg.active().previous, "none")
 
 
 def test_drill_reports_a_release_that_fails_to_load_and_the_old_one_keeps_serving(

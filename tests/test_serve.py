@@ -723,7 +723,9 @@ def test_serving_a_registry_follows_activation_and_reference_only(cpu_release_bu
 
 def test_a_replaced_copy_of_the_active_release_is_loaded_on_reload(cpu_release_build, tmp_path):
     """``publish --replace`` of the active id (new evidence, same release id) makes a new copy
-    (``<id>@1``): a reload loads it, rather than answer "unchanged" for the same id (found by a probe)."""
+    (``<id>@1``): a reload loads it, rather than answer "unchanged" for the same id (found by a probe).
+    Its new evidence is used once the release is activated again, which re-pins it (docs/releases.md,
+    "Evidence freshness"); until then the copy serves on the reference."""
     from tileship.build.lock import lock_digest, read_lock
     from tileship.release import evidence
     from tileship.release.registry import Registry
@@ -741,6 +743,11 @@ def test_a_replaced_copy_of_the_active_release_is_loaded_on_reload(cpu_release_b
                                 "lock_digest": lock_digest(read_lock(failed / "tileship.lock")),
                                 "specializations": {spec: {"passed": False, "failure": "a failed check"}}})
         reg.publish(failed, replace=True)
+        r = post(srv, "/v2/repository/reload")
+        assert r.status_code == 200 and r.json()["result"] == "swapped", r.text
+        waiting = post(srv, "/v2/models/add/infer", **_json([_a([4]), _GOOD_B]))  # not the evidence pinned
+        assert (waiting.headers["x-tileship-path"], waiting.headers["x-tileship-reason"]) == ("reference", "unverified")
+        reg.activate(rid)  # the deliberate step: the new evidence is pinned
         r = post(srv, "/v2/repository/reload")
         assert r.status_code == 200 and r.json()["result"] == "swapped", r.text
         after = post(srv, "/v2/models/add/infer", **_json([_a([4]), _GOOD_B]))

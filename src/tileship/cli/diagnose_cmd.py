@@ -10,20 +10,21 @@ from tileship.cli._common import console, err_console, escape, handle_errors
 from tileship.cli.registry_cmd import REGISTRY_HELP
 
 
-def _release_dir(release: str | None, registry: Path | None) -> Path:
+def _release_dir(release: str | None, registry: Path | None) -> tuple[Path, str | None]:
+    """(the release directory, the evidence pin a load expects: the registry's, for the active release)."""
     from tileship.errors import RegistryError
     from tileship.release.registry import Registry
 
     if release is not None and Path(release).is_dir():
-        return Path(release)
+        return Path(release), None
     reg = Registry(registry)
     if release is not None:
-        return reg.path_of(release)
+        return reg.path_of(release), None
     active = reg.active()
     if active.path is None:
         raise RegistryError(f"no RELEASE given and registry {reg.root} has no active release",
                             hint="pass a release directory or id")
-    return active.path
+    return active.path, active.evidence
 
 
 def register(app: typer.Typer) -> None:
@@ -45,7 +46,7 @@ def register(app: typer.Typer) -> None:
         from tileship.errors import TileshipError
         from tileship.release import diagnostics
 
-        path = _release_dir(release, registry)
+        path, pin = _release_dir(release, registry)
         target: object = path
         failure: BaseException | None = None
         reason = "on_demand"
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
             from tileship.runtime.loader import load as do_load
 
             try:
-                target = do_load(path)
+                target = do_load(path, expect_evidence_digest=pin)  # as a server following the registry
             except TileshipError as exc:  # a release that will not load is exactly what to diagnose
                 failure, reason = exc, "load_refused"
                 err_console.print(f"[yellow]the release does not load here[/]: {escape(exc.message)}")

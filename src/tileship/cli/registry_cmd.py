@@ -1,4 +1,4 @@
-"""``tileship releases | publish | activate | rollback | gc``: the release registry."""
+"""``tileship releases | publish | activate | rollback | gc``: the release registry (each says the evidence pin)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,18 @@ def _registry(path: Path | None) -> Registry:
     return Registry(path)
 
 
+def _pin_text(pin: str | None) -> str:
+    """An evidence pin (``Active.evidence``) in words."""
+    if pin is None:
+        return "not pinned (the pointer predates evidence pins: nothing is checked; activate again to pin)"
+    return "none (the release has no evidence; evidence added later is ignored)" if pin == "none" else pin
+
+
 def _say_active(a: Active) -> None:
     mode = " [yellow](reference only: every operator on its PyTorch reference)[/]" if a.reference_only else ""
     prev = f"; rollback would return to {a.previous}" if a.previous else ""
     console.print(f"[green]active[/]: {a.release_id}{mode}{prev}")
+    console.print(f"evidence pinned: {_pin_text(a.evidence)}")
     console.print("[dim]a server following this registry switches on `POST /v2/repository/reload`[/]")
 
 
@@ -50,6 +58,13 @@ def register(app: typer.Typer) -> None:
             integrity = "[green]ok[/]" if r.integrity_ok else f"[red]BROKEN[/] {r.integrity_error}"
             table.add_row(mark, r.release_id, r.model, r.kernel_revision, ver, integrity)
         console.print(table)
+        for r in rows:
+            if r.active:
+                console.print(f"active {r.release_id}: evidence pinned: {_pin_text(r.pinned)}")
+                if r.pinned not in (None, r.evidence):
+                    console.print(f"[red]its evidence is now {r.evidence}[/]: a server following the registry "
+                                  "ignores it (every operator on the reference); if it was re-verified on purpose, "
+                                  f"run `tileship activate {r.release_id}`")
 
     @app.command("publish")
     @handle_errors
@@ -66,6 +81,12 @@ def register(app: typer.Typer) -> None:
         reg = _registry(registry)
         rid = reg.publish(bundle, replace=replace, image_digest=image_digest)
         console.print(f"[green]published[/] {rid} -> {reg.path_of(rid)}")
+        from tileship.release.evidence_seal import pin
+
+        active = reg.active()
+        if active.release_id == rid and active.evidence not in (None, now := pin(reg.path_of(rid))):
+            console.print(f"[yellow]{rid} is active with other evidence pinned[/] ({active.evidence}; now {now}): "
+                          f"a server following the registry ignores the new evidence until `tileship activate {rid}`")
         if image_digest is not None:
             console.print(f"image {image_digest} recorded for {rid} (a server in another image reports the mismatch)")
 

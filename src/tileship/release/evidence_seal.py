@@ -18,6 +18,22 @@ it with a *verifier* key, a role separate from the build key that signs the mani
   next to the release id (``GET /v2``, the ``x-tileship-evidence`` header, the
   ``tileship_release`` info metric), so two servers of one release with different evidence
   are told apart.
+
+Freshness (rollback protection, as TUF's and Uptane's): a signature says who measured the release,
+not that the evidence is the *latest* measurement. Anyone who can write the release directory can
+put back an older, validly signed evidence file (from before a kernel was found wrong on this
+device) and recompute the manifest. So the registry *pins* the evidence when a release is
+activated: ``active.json`` (and each history entry, so ``rollback`` restores it) records
+``pin(root)``, the evidence's sha256 as the manifest records it (what ``Seal.digest`` is when the
+evidence is used), or null when there is none. A load through the registry (``tileship serve
+REGISTRY``, its worker processes, ``tileship diagnose``) passes the pin as ``expect``
+(``load(expect_evidence_digest=...)``, which users loading by path may pass themselves). Evidence
+that is not the pinned one (replayed, replaced, added or removed) is ignored before its signature
+is even read, and ``Seal.stale`` says the pin failed: then *every* specialization serves the
+reference, CPU ones and ``allow_unverified`` ones included (the directory is known not to hold the
+state that was activated). A deliberate re-verify is re-pinned by activating again (``publish
+--replace`` then ``activate``). A pointer written before pins (no ``evidence`` key) checks nothing.
+The pin is as trustworthy as ``active.json`` itself, which is not signed.
 """
 
 from __future__ import annotations
@@ -30,7 +46,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from tileship import env
-from tileship.errors import BundleIntegrityError, SignatureError
+from tileship.errors import BundleError, BundleIntegrityError, SignatureError
 from tileship.release import bundle
 from tileship.release.evidence import EVIDENCE, parse
 
@@ -38,21 +54,28 @@ SIGNATURE = "evidence/verification.sig"
 DOMAIN = b"tileship-evidence-v1\0"
 #: Seal.state values
 NONE, UNCHECKED, VERIFIED, IGNORED = "none", "unchecked", "verified", "ignored"
+#: the pin of a release without evidence (also ``Seal.label`` when none is in effect)
+NO_EVIDENCE = "none"
 
 
 @dataclass(frozen=True)
 class Seal:
     """What a loader made of a release's evidence. ``digest``: sha256 of the evidence in effect
     (None when there is none or it was ignored); ``signer``: the trusted verifier key id that
-    signed it; ``state``: none | unchecked (no verifier key trusted) | verified | ignored."""
+    signed it; ``state``: none | unchecked (no verifier key trusted) | verified | ignored;
+    ``pinned``: the evidence pin it was checked against (None: not pinned); ``stale``: the
+    evidence found was not the pinned one (state ignored, every specialization on the reference)."""
 
     state: str
     digest: str | None = None
     signer: str | None = None
     reason: str = ""
+    pinned: str | None = None
+    stale: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "digest": self.digest, "signer": self.signer, "reason": self.reason}
+        return {"state": self.state, "digest": self.digest, "signer": self.signer, "reason": self.reason,
+                "pinned": self.pinned, "stale": self.stale}
 
     @property
     def label(self) -> str:
@@ -72,6 +95,32 @@ def seal(root: Path, key: Ed25519PrivateKey | None) -> str | None:
     return record["key_id"]
 
 
+def found(digests: Mapping[str, str]) -> str:
+    """The evidence pin of a release whose manifest lists ``digests``: the evidence's sha256 as the
+    manifest records it (``Seal.digest`` when the evidence is used), or ``NO_EVIDENCE``."""
+    digest = digests.get(EVIDENCE)
+    return digest if isinstance(digest, str) else NO_EVIDENCE
+
+
+def pin(root: Path) -> str:
+    """The evidence pin of the release directory ``root`` (what the registry records on activation):
+    ``found`` over its manifest, which the loader checks every file against. ``NO_EVIDENCE`` when
+    the manifest cannot be read (only a forced activation gets that far; the loader refuses it)."""
+    try:
+        return found(bundle.read_manifest(Path(root))["files"])
+    except BundleError:
+        return NO_EVIDENCE
+
+
+def check_pin(found_: str, expect: str | None) -> str | None:
+    """Why evidence ``found_`` (a pin) is not the pinned ``expect``, or None when it is (or nothing is pinned)."""
+    if expect is None or found_ == expect:
+        return None
+    return (f"evidence digest {found_} is not the one pinned when the release was activated ({expect}): older or "
+            "replaced evidence is not used; after a deliberate re-verify, publish the release again (`tileship "
+            "publish --replace`) and re-activate it (`tileship activate ID`) to pin its new evidence")
+
+
 def trusted(keys: Iterable[Path | Ed25519PublicKey] | None) -> list[Ed25519PublicKey]:
     """Public keys from paths or key objects; None reads ``TILESHIP_TRUSTED_VERIFIER_KEYS``.
     Raises SignatureError naming an unusable key file."""
@@ -80,11 +129,14 @@ def trusted(keys: Iterable[Path | Ed25519PublicKey] | None) -> list[Ed25519Publi
 
 
 def open_evidence(root: Path, release_id: str, digests: Mapping[str, str],
-                  keys: Iterable[Path | Ed25519PublicKey] | None = None) -> tuple[dict[str, Any] | None, Seal]:
+                  keys: Iterable[Path | Ed25519PublicKey] | None = None,
+                  expect: str | None = None) -> tuple[dict[str, Any] | None, Seal]:
     """(evidence in effect or None, its Seal) for the checked release (or snapshot) at ``root``.
 
     ``digests``: the manifest's file hashes (the evidence was hashed against them by the
-    integrity check). With trusted verifier keys the signature is checked before the evidence is
+    integrity check). ``expect``: the evidence pin (a sha256 ``found`` gives, or ``NO_EVIDENCE``;
+    None: not pinned); evidence that is not the pinned one is ignored first, with ``Seal.stale``.
+    With trusted verifier keys the signature is checked before the evidence is
     parsed: anything not signed by one of them (garbage included) is ignored, a value, and
     ``Seal.reason`` says why. Raises BundleIntegrityError for evidence that is not tileship evidence
     but is used (signed, or no key trusted: as ``evidence.read``) and SignatureError for an
@@ -92,14 +144,18 @@ def open_evidence(root: Path, release_id: str, digests: Mapping[str, str],
     """
     path = Path(root) / EVIDENCE
     try:
-        body = path.read_bytes()
+        body: bytes | None = path.read_bytes()
     except FileNotFoundError:
-        return None, Seal(NONE, reason="the release has no verification evidence")
+        body = None
+    if (stale := check_pin(found(digests) if body is not None else NO_EVIDENCE, expect)) is not None:
+        return None, Seal(IGNORED, reason=stale, pinned=expect, stale=True)
+    if body is None:
+        return None, Seal(NONE, reason="the release has no verification evidence", pinned=expect)
     digest = digests.get(EVIDENCE)
     pubs = trusted(keys)
     if not pubs:
         why = "no verifier key is trusted (TILESHIP_TRUSTED_VERIFIER_KEYS): evidence used unchecked"
-        return parse(body, path), Seal(UNCHECKED, digest, reason=why)
+        return parse(body, path), Seal(UNCHECKED, digest, reason=why, pinned=expect)
     try:
         sig = (Path(root) / SIGNATURE).read_bytes()
     except FileNotFoundError:
@@ -108,18 +164,20 @@ def open_evidence(root: Path, release_id: str, digests: Mapping[str, str],
         signer = bundle.verify_signature_bytes(DOMAIN + body, sig, Path(root) / SIGNATURE, pubs)
     except SignatureError as exc:
         why = "unsigned" if sig is None else exc.message.split(": ", 1)[-1]
-        return None, Seal(IGNORED, reason=f"evidence {why} (trusted verifier keys are set)")
+        return None, Seal(IGNORED, reason=f"evidence {why} (trusted verifier keys are set)", pinned=expect)
     data = parse(body, path)
     if data.get("release_id") != release_id:
         return None, Seal(IGNORED, reason=f"evidence is signed for release {data.get('release_id')}, this is "
-                                          f"{release_id}")
-    return data, Seal(VERIFIED, digest, signer, f"signed by verifier key {signer}")
+                                          f"{release_id}", pinned=expect)
+    return data, Seal(VERIFIED, digest, signer, f"signed by verifier key {signer}", pinned=expect)
 
 
 def note(seal_: Seal, *, cuda: bool = False, allow_unverified: bool = False) -> str | None:
     """The release-status line for ignored evidence, saying what serves (None otherwise)."""
     if seal_.state != IGNORED:
         return None
+    if seal_.stale:
+        return f"verification evidence ignored: {seal_.reason}; every specialization serves the PyTorch reference"
     what = ""
     if cuda:
         what = (": CUDA kernels run UNVERIFIED (allow_unverified is on)" if allow_unverified

@@ -1,5 +1,10 @@
 """Registry records: the active pointer (read, atomic write, full-disk reserve), a stored release as listed,
 and its verification status.
+
+A pointer state and each history entry: ``{"release_id", "reference_only", "evidence"}``. ``evidence``
+is the evidence pin recorded on activation (``evidence_seal.pin``: the evidence's sha256, null for a
+release without evidence); a pointer written before pins has no such key: then nothing is checked.
+Schema 1 either way (older readers ignore the key; an older writer drops it, which unpins).
 """
 
 from __future__ import annotations
@@ -7,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +20,13 @@ from typing import Any
 
 from tileship.errors import BundleIntegrityError, RegistryError
 from tileship.release import integrity, strict_json
+from tileship.release.evidence_seal import NO_EVIDENCE
 
 POINTER_SCHEMA = 1
 POINTER_TMP_PREFIX = ".active.tmp-"
 RESERVE = ".reserve"
 RESERVE_BYTES = 64 * 1024
+PIN = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -27,12 +35,16 @@ class Active:
 
     ``reference_only``: serve that release's operators through their PyTorch references
     only (no native code is loaded). ``previous``: the release ``rollback`` would return to.
+    ``evidence``: the evidence pin recorded when it was activated (a sha256, or ``none`` for a
+    release without evidence), which a load through the registry expects; None when the pointer
+    predates pins (nothing is checked).
     """
 
     release_id: str | None
     path: Path | None
     reference_only: bool
     previous: str | None
+    evidence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,9 @@ class ReleaseInfo:
     active: bool
     reference_only: bool
     published_at: float
+    #: its evidence pin now (``evidence_seal.pin``) and, for the active release, the one activated
+    evidence: str = NO_EVIDENCE
+    pinned: str | None = None
 
 
 def verification_status(root: Path) -> tuple[str, str]:
@@ -95,6 +110,27 @@ def _losing_candidates(tuning: Any) -> set[str]:
     return out
 
 
+def entry(release_id: str, reference_only: bool, pin: str | None) -> dict[str, Any]:
+    """A pointer state or history entry as stored: ``pin`` (``evidence_seal.pin``) as ``evidence``,
+    null for ``none``; no ``evidence`` key when ``pin`` is None (unpinned)."""
+    out: dict[str, Any] = {"release_id": release_id, "reference_only": bool(reference_only)}
+    if pin is not None:
+        out["evidence"] = None if pin == NO_EVIDENCE else pin
+    return out
+
+
+def pin_of(state: dict[str, Any]) -> str | None:
+    """The evidence pin of a stored state or history entry (``entry``'s inverse); None: unpinned."""
+    if "evidence" not in state:
+        return None
+    return state["evidence"] if state["evidence"] is not None else NO_EVIDENCE
+
+
+def _pin_ok(state: Any) -> bool:
+    pin = state.get("evidence") if isinstance(state, dict) else None
+    return pin is None or (isinstance(pin, str) and PIN.fullmatch(pin) is not None)
+
+
 def read_pointer(pointer: Path) -> dict[str, Any]:
     """The pointer's state (an empty state when there is none). Raises RegistryError when it is not one."""
     try:
@@ -108,7 +144,8 @@ def read_pointer(pointer: Path) -> dict[str, Any]:
                             ) from None
     ok = (isinstance(data, dict) and data.get("schema") == POINTER_SCHEMA and isinstance(data.get("history"), list)
           and (data.get("release_id") is None or isinstance(data.get("release_id"), str))
-          and all(isinstance(h, dict) and isinstance(h.get("release_id"), str) for h in data["history"]))
+          and all(isinstance(h, dict) and isinstance(h.get("release_id"), str) for h in data["history"])
+          and _pin_ok(data) and all(_pin_ok(h) for h in data["history"]))
     if not ok:
         raise RegistryError(f"{pointer}: not a tileship active pointer (schema {POINTER_SCHEMA})",
                             hint="restore it with `tileship activate ID`")

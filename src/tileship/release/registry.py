@@ -6,7 +6,7 @@ Layout (default ``$TILESHIP_HOME/registry``)::
                              ``publish --replace`` renames a complete ``<id>@<n+1>`` into place
                              (the highest n is current) before the older copy is removed, so
                              there is no instant without a valid copy of the id
-    active.json              {"schema", "release_id", "reference_only", "history": [...]}
+    active.json              {"schema", "release_id", "reference_only", "evidence", "history": [...]}
     images/<release id>.json the image the release ships in (``publish --image-digest``; ``release.images``)
     .lock                    serializes every change (filelock)
     .reserve                 64 KiB kept free so that the pointer can be rewritten on a full disk
@@ -18,6 +18,9 @@ superseded by a newer ``@<n>``) are removed at the start of the next change (``g
 mode) and the states active before it, newest first: ``rollback`` pops that stack. It is
 only ever replaced whole (temp file, fsync, ``os.replace``, fsync of the directory), so a
 process killed at any instant leaves the old pointer or the new one, never a torn file.
+Each state pins the evidence in effect when it was activated (``evidence``, ``records``): a
+load through the registry ignores evidence other than the pinned one (``evidence_seal``);
+activating the active release again re-pins it in place (after ``publish --replace``).
 Readers (``active()``) take no lock. Nothing here imports torch or TileLang.
 """
 
@@ -36,13 +39,15 @@ from filelock import FileLock, Timeout
 
 from tileship import env
 from tileship.errors import BundleError, RegistryError
-from tileship.release import bundle, images, integrity, layout, strict_json
+from tileship.release import bundle, evidence_seal, images, integrity, layout, strict_json
 from tileship.release.records import (  # noqa: F401 (re-exported)
     POINTER_SCHEMA,
     RESERVE,
     Active,
     ReleaseInfo,
+    entry,
     make_reserve,
+    pin_of,
     read_pointer,
     verification_status,
     write_pointer,
@@ -85,10 +90,10 @@ class Registry:
         history = state["history"]
         return Active(release_id=rid, path=self._current(rid) if rid else None,
                       reference_only=bool(state["reference_only"]),
-                      previous=history[0]["release_id"] if history else None)
+                      previous=history[0]["release_id"] if history else None, evidence=pin_of(state))
 
     def history(self) -> list[dict[str, Any]]:
-        """Earlier active states, newest first: ``{"release_id", "reference_only"}``."""
+        """Earlier active states, newest first: ``{"release_id", "reference_only", "evidence"}`` (``records``)."""
         return list(self._read_pointer()["history"])
 
     def path_of(self, release_id: str) -> Path:
@@ -145,7 +150,8 @@ class Registry:
             model, revision = "?", "?"
         is_active = rid == state["release_id"]
         return ReleaseInfo(rid, root, model, revision, status, detail, ok, err, is_active,
-                           is_active and bool(state["reference_only"]), root.stat().st_mtime)
+                           is_active and bool(state["reference_only"]), root.stat().st_mtime,
+                           evidence_seal.pin(root), pin_of(state) if is_active else None)
 
     # -- changing ---------------------------------------------------------------
     def publish(self, source: Path | str, *, replace: bool = False, image_digest: str | None = None) -> str:
@@ -217,19 +223,22 @@ class Registry:
             bundle.copy_release(src, dest)
         return rid
 
-    def activate(self, release_id: str, *, force: bool = False, reference_only: bool = False) -> Active:
-        """Make ``release_id`` active (atomically). Returns the new state.
+    def activate(self, release_id: str, *, force: bool = False, reference_only: bool = False,
+                 evidence: str | None = None) -> Active:
+        """Make ``release_id`` active (atomically), pinning its evidence (``Active.evidence``). Returns the new state.
 
-        Refused with RegistryError naming why, unless ``force``: the release fails its
-        integrity check (or its signature, when trusted keys are configured), or its
-        verification evidence records a failure. ``reference_only`` activates it with every
-        operator on the PyTorch reference (no checks needed: no native code will run).
+        Refused with RegistryError naming why, unless ``force``: the release fails its integrity check
+        (or its signature, when trusted keys are configured), or its verification evidence records a
+        failure (not when re-pinning the active release: failed specializations serve the reference).
+        ``reference_only``: every operator on the PyTorch reference (no checks: no native code runs).
+        ``evidence``: the pin the caller loaded it with (a canary); refused when its evidence is now other.
         """
         with self._locked():
             rid = self.resolve(release_id)
             if not (force or reference_only):
-                self._check_activatable(rid)
-            self._write_state(rid, reference_only)
+                state = self._read_pointer()
+                self._check_activatable(rid, repin=(state["release_id"], bool(state["reference_only"])) == (rid, False))
+            self._write_state(rid, reference_only, evidence)
         return self.active()
 
     def activate_reference(self, release_id: str | None = None) -> Active:
@@ -256,8 +265,8 @@ class Registry:
             prev, rest = state["history"][0], state["history"][1:]
             if not (force or prev["reference_only"]):
                 self._check_activatable(prev["release_id"])
-            self._write_pointer({"schema": POINTER_SCHEMA, "release_id": prev["release_id"],
-                                 "reference_only": prev["reference_only"], "history": rest})
+            self._write_pointer({"schema": POINTER_SCHEMA, **entry(prev["release_id"], prev["reference_only"],
+                                                                    pin_of(prev)), "history": rest})
         return self.active()
 
     # -- internals ----------------------------------------------------------------
@@ -283,7 +292,7 @@ class Registry:
         """
         return layout.collect_leftovers(self.root, self.releases_dir)
 
-    def _check_activatable(self, rid: str) -> None:
+    def _check_activatable(self, rid: str, *, repin: bool = False) -> None:
         root = self._current(rid)
         hint = "fix or re-publish the release, or pass --force to activate it anyway"
         try:
@@ -292,18 +301,23 @@ class Registry:
             raise RegistryError(f"refusing to activate {rid}: integrity check failed: {exc.message}",
                                 hint=hint) from exc
         status, detail = verification_status(root)
-        if status in ("failed", "unreadable"):
+        if status == "unreadable" or (status == "failed" and not repin):
             raise RegistryError(f"refusing to activate {rid}: verification {status}: {detail}", hint=hint)
 
-    def _write_state(self, rid: str, reference_only: bool) -> None:
+    def _write_state(self, rid: str, reference_only: bool, expect: str | None = None) -> None:
+        """Activate (``rid``, mode) with its evidence pinned now. The same release in the same mode again
+        re-pins it in place when its evidence changed (``publish --replace``), else records nothing."""
         state = self._read_pointer()
-        if state["release_id"] == rid and bool(state["reference_only"]) == reference_only:
-            return
+        new = entry(rid, reference_only, pin := evidence_seal.pin(self._current(rid)))
+        if evidence_seal.check_pin(pin, expect) is not None:
+            raise RegistryError(f"refusing to activate {rid}: its evidence is now {pin}, not {expect} as loaded")
         history = state["history"]
-        if state["release_id"] is not None:
-            history = [{"release_id": state["release_id"], "reference_only": bool(state["reference_only"])}, *history]
-        self._write_pointer({"schema": POINTER_SCHEMA, "release_id": rid, "reference_only": reference_only,
-                             "history": history[:HISTORY_LIMIT]})
+        if state["release_id"] == rid and bool(state["reference_only"]) == reference_only:
+            if pin_of(state) == pin_of(new):
+                return
+        elif state["release_id"] is not None:
+            history = [entry(state["release_id"], state["reference_only"], pin_of(state)), *history]
+        self._write_pointer({"schema": POINTER_SCHEMA, **new, "history": history[:HISTORY_LIMIT]})
 
     def _read_pointer(self) -> dict[str, Any]:
         return read_pointer(self.pointer)

@@ -17,7 +17,8 @@ Reasons (``Decision.reason``):
     drift                blocking environment drift against the lock
     build_failed         the specialization failed to compile at build time
     load_failed          its artifact failed to load or warm up here
-    unverified           on a GPU without verification evidence (and unverified not allowed)
+    unverified           on a GPU without verification evidence (and unverified not allowed); any
+                         specialization when the evidence is not the one pinned at activation
     verification_failed  evidence says the kernel was wrong on this device
     slower_than_reference  evidence says the reference is faster for this shape
     not_selected         a candidate that tuning did not pick for this shape (another one serves it)

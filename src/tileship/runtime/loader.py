@@ -52,7 +52,7 @@ def _device_state() -> dict[str, Any]:
 def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_policy: str | None = None,
          allow_unverified: bool | None = None, routing: str | None = None, forbid_compile: bool = True,
          disabled: Iterable[str] = (), reference_only: bool = False, allow_reference_drift: bool | None = None,
-         trusted_verifier_keys: Iterable[Path] | None = None) -> Release:
+         trusted_verifier_keys: Iterable[Path] | None = None, expect_evidence_digest: str | None = None) -> Release:
     """Load the release at ``path``. Never compiles.
 
     Raises BundleIntegrityError / SignatureError (names the file) before anything is loaded;
@@ -61,7 +61,11 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     pinned, unless ``allow_reference_drift`` (default: ``TILESHIP_ALLOW_REFERENCE_DRIFT``; then it is
     a note). ``trusted_verifier_keys`` (default: ``TILESHIP_TRUSTED_VERIFIER_KEYS``): when any are
     trusted, evidence not signed by one of them for this release is ignored, with a note, and the
-    release serves as unverified (``Release.evidence_seal``). ``reference_only``
+    release serves as unverified (``Release.evidence_seal``). ``expect_evidence_digest``: the evidence
+    pin (the sha256 ``GET /v2`` reports as ``evidence_digest``, or ``"none"`` for a release without
+    evidence; a registry records it on activation and passes it when a server loads the active
+    release): evidence that is not that one is ignored (``Seal.stale``, the reason names both
+    digests) and every specialization serves the reference; None (default): not checked. ``reference_only``
     loads nothing native: every specialization serves the reference (``disabled_by_policy``),
     the last line of defence. Every other problem
     (drift under ``fallback``, an artifact that fails to load, a device not covered) is a
@@ -93,7 +97,8 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
 
         nojit.install()
     device = _device_state()
-    ev, seal = evidence_seal.open_evidence(snap, manifest["release_id"], manifest["files"], trusted_verifier_keys)
+    ev, seal = evidence_seal.open_evidence(snap, manifest["release_id"], manifest["files"], trusted_verifier_keys,
+                                           expect=expect_evidence_digest)
     notes: list[str] = list(checked.warnings)
     if (line := evidence_seal.note(seal, cuda=device["cuda"], allow_unverified=allow_unverified)) is not None:
         notes.append(line)
@@ -112,7 +117,7 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     references, drift_notes = import_references(rel["operators"], lock, snap / "sources", allow_drift=allow_drift)
     notes.extend(drift_notes)
     tuned = tuning.table(ev, lock_digest=lock_digest(lock), release_id=manifest["release_id"])
-    ctx = _Context(snap, report.blocking, reference_only, disabled, device, load_seconds, load_errors)
+    ctx = _Context(snap, report.blocking, reference_only, disabled, device, load_seconds, load_errors, seal.stale)
     by_op: dict[str, dict[str, Any]] = {}
     for gid, members in groups.items():
         by_op.setdefault(members[0][2].op, {})[gid] = members
@@ -182,6 +187,8 @@ class _Context:
     device: dict[str, Any]
     load_seconds: dict[str, float]
     load_errors: dict[str, str]
+    #: the evidence is not the pinned one: nothing native runs, not even what may run unverified
+    stale: bool = False
 
 
 def _prepare(ctx: _Context, sid: str, info: dict[str, Any], spec: Specialization) -> tuple[str | None, Any]:
@@ -193,6 +200,8 @@ def _prepare(ctx: _Context, sid: str, info: dict[str, Any], spec: Specialization
         return "drift", None
     if ctx.reference_only or sid in ctx.disabled:
         return "disabled_by_policy", None
+    if ctx.stale:
+        return "unverified", None
     dev = ctx.device
     if target.device_type == "cuda" and (not dev["cuda"] or target.compute_capability
                                          not in dev.get("capabilities", [dev["capability"]])):

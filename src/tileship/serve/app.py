@@ -30,7 +30,7 @@ from tileship.serve import body_pull, calls, extensions, handoff, plans, protoco
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_pooled, tensors_start
 from tileship.serve.config import ServeConfig
-from tileship.serve.holder import ReleaseHolder, Served, Target, image_check, release_id_at
+from tileship.serve.holder import ReleaseHolder, Served, Target, image_check, release_id_at, unpinned
 from tileship.serve.jsonlog import JsonLog
 from tileship.serve.metrics import ServeMetrics
 from tileship.serve.middleware import PartsResponse
@@ -51,7 +51,7 @@ class Service:
             from tileship.extras import llama_example
 
             bind = llama_example().LlamaHost(config.llama).bind
-        self.holder = ReleaseHolder(config.source, config.loader or self._default_loader,
+        self.holder = ReleaseHolder(config.source, unpinned(config.loader) or self._default_loader,
                                     force_reference=config.reference_only, warmup_limit=config.warmup_limit,
                                     warmup_threads=config.warmup_threads,
                                     after_load=self._after_load, bind_models=bind)
@@ -107,12 +107,12 @@ class Service:
         self.executor = execute_remote
 
     # -- loading -------------------------------------------------------------------------
-    def _default_loader(self, path: Path, reference_only: bool) -> Release:
+    def _default_loader(self, path: Path, reference_only: bool, evidence: str | None) -> Release:
         from tileship.runtime.loader import load
 
         c = self.config
         return load(path, trusted_keys=c.trusted_keys, drift_policy=c.drift_policy, allow_unverified=c.allow_unverified,
-                    reference_only=reference_only)
+                    reference_only=reference_only, expect_evidence_digest=evidence)
 
     def _after_load(self, release: Release) -> str | None:
         """Arm the circuit breaker (non-finite checks, diagnostics per trip) and write a
@@ -141,7 +141,7 @@ class Service:
             await self._load_and_swap(trigger="startup", accept_warm_failures=True)
             if self.workers is not None and (cur := self.holder.current) is not None:
                 # the workers load exactly what the front-end resolved (a registry may move meanwhile)
-                self.workers.start(str(cur.target.path), cur.target.reference_only, cur.release_id)
+                self.workers.start(cur.target, cur.release_id)
         finally:
             self._loaded.set()
 
@@ -168,7 +168,7 @@ class Service:
                 return 200, {"result": "unchanged", "release": rid, "reference_only": target.reference_only}
             warm = h.warm(target) if self.workers is None else None
             self.log.event("load_start", trigger=trigger, source=str(target.path), release=rid,
-                           reference_only=target.reference_only, warm=warm is not None)
+                           reference_only=target.reference_only, warm=warm is not None, evidence=target.evidence)
             if warm is not None:  # a rollback to a release this process holds warm: no load, no warm-up
                 served = h.take(warm)
             else:
@@ -185,11 +185,10 @@ class Service:
             if self.workers is not None and self.workers.release_id is not None:
                 # --workers: the new release's workers start (standby first) while the old ones serve
                 try:
-                    fresh = await asyncio.to_thread(self.workers.roll, str(target.path), target.reference_only,
-                                                    served.release_id)
+                    fresh = await asyncio.to_thread(self.workers.roll, target, served.release_id)
                 except Exception as exc:
                     return self._failed(str(target.path), "workers", exc, trigger)
-                self.workers.switch(fresh, str(target.path), target.reference_only, served.release_id)
+                self.workers.switch(fresh, target, served.release_id)
             old = h.swap(served)
             standby.prewarm_rollback(self)
             m = self.metrics

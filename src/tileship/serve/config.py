@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from tileship.serve.holder import Loader
+from tileship.serve.holder import LoadHook
 from tileship.serve.validate import RequestLimits
 
 
@@ -69,6 +69,7 @@ class ServeConfig:
     handle_sighup: bool = False
     #: a whole model served next to the operators (``examples.llama.serve.LlamaSpec``; ``--llama``)
     llama: Any = None
-    #: test hook: (release path, reference_only) -> Release; default tileship.runtime.loader.load
-    loader: Loader | None = None
+    #: test hook: (release path, reference_only) -> Release; default tileship.runtime.loader.load. It is not
+    #: given the registry's evidence pin (``holder.Target.evidence``): the default loader checks it
+    loader: LoadHook | None = None
     log_stream: TextIO | None = None

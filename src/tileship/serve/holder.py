@@ -1,7 +1,8 @@
 """The live release of a server, and how a new one replaces it (hot swap).
 
 A source is a release directory (reload re-reads it: point a symlink elsewhere, or rebuild
-in place) or a registry directory (reload follows ``Registry(root).active()``). ``prepare``
+in place) or a registry directory (reload follows ``Registry(root).active()``, and the loader
+expects the evidence pinned when it was activated: ``Target.evidence``). ``prepare``
 loads, checks and warms a release off to the side; only then does ``ReleaseHolder`` swap
 it in, with one attribute assignment. A request takes ``holder.current`` once when it
 starts and finishes on that release, so in-flight requests complete on the old one while
@@ -31,10 +32,13 @@ RETIRED_KEEP = 2
 
 @dataclass(frozen=True)
 class Target:
-    """What a source points at now: a release directory, maybe in reference-only mode."""
+    """What a source points at now: a release directory, maybe in reference-only mode. ``evidence``:
+    the evidence pin the registry recorded on activation (``Active.evidence``), which the loader
+    checks; None for a release directory or a pointer written before pins (not checked)."""
 
     path: Path
     reference_only: bool
+    evidence: str | None = None
 
 
 def resolve(source: Path, *, force_reference: bool = False) -> Target:
@@ -50,7 +54,7 @@ def resolve(source: Path, *, force_reference: bool = False) -> Target:
     if active.path is None:
         raise RegistryError(f"registry {source} has no active release",
                             hint="run `tileship activate ID` (or `tileship activate --reference ID`)")
-    return Target(Path(active.path), bool(active.reference_only) or force_reference)
+    return Target(Path(active.path), bool(active.reference_only) or force_reference, active.evidence)
 
 
 #: the most of a manifest ``release_id_at`` reads (a release's manifest is a few KiB)
@@ -126,7 +130,15 @@ def serving_devices(release: Release) -> tuple[dict[str, str], str]:
     return devices, "cpu"
 
 
-Loader = Callable[[Path, bool], Release]
+#: (release path, reference_only, evidence pin or None) -> the loaded release
+Loader = Callable[[Path, bool, "str | None"], Release]
+#: ``ServeConfig.loader``, a test hook: (release path, reference_only) -> the loaded release
+LoadHook = Callable[[Path, bool], Release]
+
+
+def unpinned(hook: LoadHook | None) -> Loader | None:
+    """A two-argument loader (``ServeConfig.loader``, a test hook) as a ``Loader``: it is not given the pin."""
+    return (lambda path, reference_only, _pin: hook(path, reference_only)) if hook is not None else None
 
 
 class ReleaseHolder:
@@ -168,7 +180,7 @@ class ReleaseHolder:
         values (``Served.warm``).
         """
         t0 = time.perf_counter()
-        release = self._load(target.path, target.reference_only)
+        release = self._load(target.path, target.reference_only, target.evidence)
         load_s = time.perf_counter() - t0
         diag = self.after_load(release) if self.after_load else None
         devices, label = serving_devices(release)
@@ -181,22 +193,22 @@ class ReleaseHolder:
         registry's history. None for a release directory or an empty history. Raises RegistryError."""
         if (self.source / "manifest.json").is_file() or not self.source.is_dir():
             return None
-        from tileship.release.registry import Registry
+        from tileship.release.registry import Registry, pin_of
 
         reg = Registry(self.source)
         history = reg.history()
         if not history:
             return None
         prev = history[0]
-        return Target(reg.path_of(prev["release_id"]), bool(prev["reference_only"]) or self.force_reference)
+        return Target(reg.path_of(prev["release_id"]), bool(prev["reference_only"]) or self.force_reference,
+                      pin_of(prev))
 
     def warm(self, target: Target) -> Served | None:
         """A release already loaded and warmed in this process that is exactly ``target`` (the same
-        directory, mode and release id on disk): the standby, or one swapped out and still kept."""
+        directory, mode, evidence pin and release id on disk): the standby, or one swapped out and still kept."""
         rid = release_id_at(target.path)
         for served in ([self.standby] if self.standby else []) + self.retired[::-1]:
-            if (served.target.path == target.path and served.target.reference_only == target.reference_only
-                    and served.release_id == rid and self.fatal is None):
+            if (served.target == target and served.release_id == rid and self.fatal is None):
                 return served
         return None
 

@@ -240,7 +240,7 @@ class Rollout:
             rid = reg.resolve(can.release_id)
         except RegistryError:
             rid = reg.publish(can.target.path)
-        active = reg.activate(rid)
+        active = reg.activate(rid, evidence=can.target.evidence)  # what the canary loaded, not newer evidence
         return {"root": str(reg.root), "active": active.release_id, "previous": active.previous}
 
     def _finish(self, state: str, result: dict[str, Any]) -> None:
@@ -274,17 +274,21 @@ class Rollout:
         self._started = self._ended = 0.0
 
     def _target(self, release: str) -> Target:
-        """A release directory, or an id (prefix) in the registry the server follows."""
+        """A release directory, or an id (prefix) in the registry the server follows; loaded with its evidence
+        pinned as it is now, and promoted into a registry only while it still is (``Registry.activate(evidence=)``)."""
+        from tileship.release.evidence_seal import pin
+
         path = Path(release)
         if (path / "manifest.json").is_file():
-            return Target(path, False)
+            return Target(path, False, pin(path))
         src = self.service.holder.source
         if (src / "manifest.json").is_file() or not src.is_dir():
             raise TileshipError(f"{release!r} is not a release directory, and this server serves {src}, not a registry",
                                 hint="give the canary's release directory (one holding manifest.json)")
         from tileship.release.registry import Registry
 
-        return Target(Registry(src).path_of(release), False)
+        path = Registry(src).path_of(release)
+        return Target(path, False, pin(path))
 
     def _failed(self, stage: str, error: BaseException | str) -> tuple[int, dict[str, Any]]:
         msg = error.message if isinstance(error, TileshipError) else (

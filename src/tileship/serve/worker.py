@@ -42,9 +42,10 @@ def _load(msg: dict[str, Any]) -> Any:
     o = msg["options"]
     keys = tuple(Path(k) for k in o["trusted_keys"]) if o.get("trusted_keys") is not None else None
 
-    def loader(path: Path, reference_only: bool) -> Any:
+    def loader(path: Path, reference_only: bool, evidence: str | None) -> Any:
         rel = load(path, trusted_keys=keys, drift_policy=o.get("drift_policy"),
-                   allow_unverified=o.get("allow_unverified"), reference_only=reference_only)
+                   allow_unverified=o.get("allow_unverified"), reference_only=reference_only,
+                   expect_evidence_digest=evidence)
         from tileship.runtime.dispatch import OpRunner
 
         for runner in rel.ops.values():
@@ -54,7 +55,7 @@ def _load(msg: dict[str, Any]) -> Any:
 
     holder = ReleaseHolder(Path(msg["path"]), loader, warmup_limit=int(o.get("warmup_limit", 256)),
                            warmup_threads=int(o.get("warmup_threads", 1)))
-    return holder.prepare(Target(Path(msg["path"]), bool(msg["reference_only"])))
+    return holder.prepare(Target(Path(msg["path"]), bool(msg["reference_only"]), msg.get("evidence")))
 
 
 def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:

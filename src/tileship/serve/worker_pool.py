@@ -30,12 +30,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tileship.errors import WorkerError
 from tileship.serve import gpu_map
 from tileship.serve.pool_calls import PoolCalls
 from tileship.serve.workers import Worker
+
+if TYPE_CHECKING:
+    from tileship.serve.holder import Target
 
 #: times a worker that failed to start is started again before the pool gives up on it
 START_ATTEMPTS = 3
@@ -55,7 +58,7 @@ class WorkerPool(PoolCalls):
         self.starting = 0
         #: per release: the serving workers free for a call
         self.idle: dict[str, queue.Queue[Worker]] = {}
-        self.target: tuple[str, bool] | None = None
+        self.target: Target | None = None
         self.release_id: str | None = None
         #: swapped-out releases: their workers (still answering requests that started there), since when
         self.draining: dict[str, tuple[list[Worker], float]] = {}
@@ -83,9 +86,9 @@ class WorkerPool(PoolCalls):
                                 registry=registry)
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self, path: str, reference_only: bool, release_id: str) -> None:
-        """Start N serving workers and the standby on ``path`` (returns at once), and the monitor."""
-        self.target, self.release_id = (path, reference_only), release_id
+    def start(self, target: Target, release_id: str) -> None:
+        """Start N serving workers and the standby on ``target`` (returns at once), and the monitor."""
+        self.target, self.release_id = target, release_id
         self.idle[release_id] = queue.Queue()
         for _ in range(self.n + 1):
             self._spawn()
@@ -104,7 +107,7 @@ class WorkerPool(PoolCalls):
             gpu = gpu_map.pick(self.gpus, live)
             self.pending_gpus.append(gpu)
         try:
-            w = Worker.spawn(*self.target, self.options, gpu)
+            w = Worker.spawn(self.target, self.options, gpu)
             w.wait_ready(self.start_timeout_s)
             if w.release != self.release_id:
                 raise WorkerError(f"worker {w.pid} loaded release {w.release}, the front-end serves {self.release_id}")
@@ -201,14 +204,14 @@ class WorkerPool(PoolCalls):
             w.stop()
 
     # -- hot swap ------------------------------------------------------------------------
-    def roll(self, path: str, reference_only: bool, release_id: str) -> list[Worker]:
+    def roll(self, target: Target, release_id: str) -> list[Worker]:
         """Start the workers of a new release one at a time (the standby first) while the old ones
         serve; returns them (standby first) for ``switch``. Raises WorkerError, stopping the
         ones it started, when one cannot load or loads another release."""
         fresh: list[Worker] = []
         try:
             for _ in range(self.n + 1):
-                w = Worker.spawn(path, reference_only, self.options, gpu_map.pick(self.gpus, [x.gpu for x in fresh]))
+                w = Worker.spawn(target, self.options, gpu_map.pick(self.gpus, [x.gpu for x in fresh]))
                 fresh.append(w)
                 w.wait_ready(self.start_timeout_s)
                 if w.release != release_id:
@@ -221,7 +224,7 @@ class WorkerPool(PoolCalls):
             raise
         return fresh
 
-    def switch(self, fresh: list[Worker], path: str, reference_only: bool, release_id: str) -> None:
+    def switch(self, fresh: list[Worker], target: Target, release_id: str) -> None:
         """Make ``fresh`` (from ``roll``) the current workers; the old serving ones drain, the old
         standby stops. Call on the event loop, right next to the holder's swap."""
         with self.lock:
@@ -231,7 +234,7 @@ class WorkerPool(PoolCalls):
             self.idle[release_id] = q
             for w in self.serving:
                 q.put(w)
-            self.target, self.release_id = (path, reference_only), release_id
+            self.target, self.release_id = target, release_id
             if old_id is not None and old_id != release_id:
                 self.draining[old_id] = (old_serving, time.monotonic())
         if old_standby is not None:

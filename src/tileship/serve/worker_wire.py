@@ -10,7 +10,7 @@ one ``recvmsg`` per frame when it fits (``Reader``); a call's receive timeout is
 
 Front-end -> worker:
 
-    {"op": "start", "path", "reference_only", "options": {...}}   then {"op": "map", "size"} + fd
+    {"op": "start", "path", "reference_only", "evidence", "options": {...}}   then {"op": "map", "size"} + fd
     {"op": "map", "size": n} + fd         replace the buffer (it grew); the old mapping is dropped
                                           (the fd rides as SCM_RIGHTS on the frame's own bytes)
     {"op": "call", "id": k, "name": op, "args": [Arg...], "out": [offset, capacity]}

@@ -19,11 +19,14 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tileship.errors import WorkerError
 from tileship.serve import gpu_map
 from tileship.serve import worker_wire as wire
+
+if TYPE_CHECKING:
+    from tileship.serve.holder import Target
 
 #: first size of a worker's shared buffer; it grows to fit the largest call seen
 BUFFER_BYTES = 1 << 20
@@ -115,14 +118,16 @@ class Worker:
             self.timeout_s = seconds
 
     @classmethod
-    def spawn(cls, path: str, reference_only: bool, options: dict[str, Any], gpu: int | None = None) -> Worker:
+    def spawn(cls, target: Target, options: dict[str, Any], gpu: int | None = None) -> Worker:
+        """Start a worker loading ``target`` (its path, mode and evidence pin); ``wait_ready`` waits for it."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         proc = subprocess.Popen([sys.executable, "-m", "tileship.serve.worker", str(theirs.fileno())],
                                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=gpu_map.environment(gpu))
         theirs.close()
         w = cls(proc, ours, wire.Buffer.create(BUFFER_BYTES), pid=proc.pid, gpu=gpu,
                 spin_s=float(options.get("loop_spin_us", 0.0)) * 1e-6)
-        wire.send(ours, {"op": "start", "path": path, "reference_only": reference_only, "options": options})
+        wire.send(ours, {"op": "start", "path": str(target.path), "reference_only": target.reference_only,
+                         "evidence": target.evidence, "options": options})
         wire.send(ours, {"op": "map", "size": w.buf.size}, fd=w.buf.fd)
         return w
 

@@ -7,7 +7,9 @@ written under the lock (``evidence_write.update``)."""
 from __future__ import annotations
 
 import json
-import threading
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ import pytest
 from tileship.release import evidence, integrity
 from tileship.verify import tune as tune_mod
 from tileship.verify.tune import TuneOptions, tune_release
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: the cheapest tuning there is: static shapes, two rounds, ~1 ms a timing run
 FAST = dict(seeds=(0,), budget_ms=1.0, warmup_ms=0.5, min_repeats=2, max_repeats=3, rounds=2, confirm_rounds=0,
@@ -33,34 +37,41 @@ def _static_groups(root: Path) -> list[str]:
     return sorted(g for g, members in tuning.groups(rel).items() if members[0][2].dynamic_dim is None)
 
 
-def test_two_tunes_at_once_both_keep_their_tables(cpu_release: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two tunes of different groups, both measuring before either writes (a barrier in the tuning):
-    the evidence ends with both groups' tables."""
+#: one tune in a process of its own: after measuring, it marks ``SYNC/<group>`` and waits for the other's mark
+#: before it writes, so both have measured (and the old code had read the evidence) before either writes
+_ONE_TUNE = """
+import json, pathlib, sys, time
+from tileship.verify import tune as m
+root, gid, sync, fast = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]), json.loads(sys.argv[4])
+fast["seeds"] = tuple(fast["seeds"])
+real = m.tune_group
+def tune_group(*args, **kw):
+    got = real(*args, **kw)
+    (sync / gid).touch()
+    deadline = time.monotonic() + 120
+    while len(list(sync.iterdir())) < 2:
+        if time.monotonic() > deadline:
+            sys.exit("the other tune never measured")
+        time.sleep(0.01)
+    return got
+m.tune_group = tune_group
+m.tune_release(root, m.TuneOptions(only=(gid,), **fast))
+"""
+
+
+def test_two_tunes_at_once_both_keep_their_tables(cpu_release: Path, tmp_path: Path) -> None:
+    """Two ``tune`` processes of one release, tuning different groups, both measuring before either
+    writes: the evidence ends with both groups' tables. (Processes, as two operators' tunes would be:
+    TileLang's module loading is not something two threads of one process should race on.)"""
     a, b = _static_groups(cpu_release)[:2]
-    barrier = threading.Barrier(2, timeout=120)
-    real = tune_mod.tune_group
-
-    def tune_group(*args: Any, **kw: Any) -> Any:
-        got = real(*args, **kw)
-        barrier.wait()  # both tunes measured (and once read the evidence) before either writes
-        return got
-
-    monkeypatch.setattr(tune_mod, "tune_group", tune_group)
-    errors: list[BaseException] = []
-
-    def one(gid: str) -> None:
-        try:
-            tune_release(cpu_release, TuneOptions(only=(gid,), **FAST))  # type: ignore[arg-type]
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread below
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=one, args=(g,)) for g in (a, b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    fast = json.dumps({**FAST, "seeds": list(FAST["seeds"])})
+    procs = [subprocess.Popen([sys.executable, "-c", _ONE_TUNE, str(cpu_release), g, str(sync), fast], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for g in (a, b)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
     assert {a, b} <= set(_groups(cpu_release)), f"a tune's table was lost: {sorted(_groups(cpu_release))}"
     integrity.check(cpu_release, trusted_keys=[])
 

@@ -157,6 +157,7 @@ def test_a_loop_call_cancelled_mid_flight_retires_its_worker(cpu_release_build):
     give that worker back: its late answer would be read as the next call's."""
     import asyncio
 
+    from tileship.serve.holder import Target
     from tileship.serve.worker_pool import WorkerPool
     from tileship.serve.workers import Raw
 
@@ -166,7 +167,7 @@ def test_a_loop_call_cancelled_mid_flight_retires_its_worker(cpu_release_build):
 
     rid = cpu_release_build.path.name
     pool = WorkerPool(1, {"trusted_keys": None}, log=Log(), timeout_s=30.0)
-    pool.start(str(cpu_release_build.path), False, rid)
+    pool.start(Target(cpu_release_build.path, False), rid)
     try:
         deadline = time.monotonic() + 120
         while not (pool.serving and pool.standby) and time.monotonic() < deadline:

@@ -63,3 +63,39 @@ def grpc_server(cpu_release_build, tmp_path_factory: pytest.TempPathFactory):
                       log_stream=io.StringIO())
     with serving(cfg) as srv:
         yield srv
+
+
+# Leaving the test process. A fresh-clone CI run at 21ce770 passed every test (1401 passed, 6 skipped)
+# and then died with SIGSEGV in interpreter finalization, after pytest had printed its summary: a
+# native library's teardown racing a daemon thread that a test left behind (pools' monitors,
+# Ray's and gRPC's own threads). Two later runs of the same tree exited cleanly. The verdict is
+# pytest's exit status, so once pytest is done with everything (reports, cache) the process leaves
+# with that status and skips finalization. The threads still alive are listed first, to hunt the
+# race down; TILESHIP_TEST_FINALIZE=1 keeps the normal exit (to reproduce the crash).
+_EXIT: dict[str, int] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT["status"] = int(exitstatus)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    import threading
+
+    alive = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    if alive:
+        terminalreporter.write_line(f"threads alive at the end of the session ({len(alive)}): "
+                                    f"{', '.join(alive[:40])}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import sys
+
+    if "status" not in _EXIT or os.environ.get("TILESHIP_TEST_FINALIZE") == "1":
+        return
+    if hasattr(config, "workerinput"):  # never in a pytest-xdist worker: its controller waits for it
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT["status"])

@@ -9,9 +9,9 @@ readiness and index). tritonclient.grpc (sync and ``aio``) works against it.
 Every error is a gRPC status with a message naming what was wrong (``grpc_codec.code_for``):
 INVALID_ARGUMENT for a request that does not fit the model (names, datatypes, shapes, byte
 sizes), NOT_FOUND for an unknown model or version, UNAVAILABLE while not ready, overloaded or
-for an unloaded model, RESOURCE_EXHAUSTED past a request limit, DEADLINE_EXCEEDED past the
-request timeout, FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory
-region registered twice, UNIMPLEMENTED for streaming and trace
+for an unloaded model, RESOURCE_EXHAUSTED past a request limit or the shared-memory region limit,
+DEADLINE_EXCEEDED past the request timeout, FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS
+for a shared-memory region registered twice, UNIMPLEMENTED for streaming and trace
 (``LogSettings`` is Triton's logging extension, ``serve.log_settings``).
 A bug is INTERNAL naming the request id (the client's ``x-request-id`` metadata when printable,
 else a fresh one; echoed as trailing metadata) and is logged with its traceback, as REST's 500s are.

@@ -27,20 +27,19 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import stat
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tileship.serve.validate import BadRequest, clip, short
 
-if TYPE_CHECKING:
-    pass
-
 #: where POSIX shm_open names live on Linux
 SHM_DIR = "/dev/shm"
-#: regions one server holds at once (each holds a file descriptor)
+#: regions one server holds at once (a system region holds a file descriptor): at most this, and at most a
+#: quarter of the process's descriptors (``region_limit``)
 MAX_REGIONS = 1024
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -50,6 +49,18 @@ _KEY = re.compile(r"/?([^/\x00]{1,255})")
 
 class RegionExists(BadRequest):
     """A region name registered twice (409; gRPC ALREADY_EXISTS)."""
+
+
+class RegionLimit(BadRequest):
+    """One region more than ``region_limit`` (400; gRPC RESOURCE_EXHAUSTED)."""
+
+
+def region_limit() -> int:
+    """How many regions this process may hold: ``MAX_REGIONS``, and at most a quarter of its soft limit on
+    open files, so that registering never takes the descriptors connections and files need (at the usual
+    ``ulimit -n`` of 1024, 1024 regions left the server unable to accept a connection while it said ready)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return MAX_REGIONS if soft == resource.RLIM_INFINITY else max(1, min(MAX_REGIONS, soft // 4))
 
 
 @dataclass(frozen=True)
@@ -225,8 +236,9 @@ class Regions:
             if name in self._regions:
                 raise RegionExists(409, f"shared-memory region {short(name)} is already registered "
                                         f"({self._regions[name].kind}); unregister it first")
-            if len(self._regions) >= MAX_REGIONS:
-                raise BadRequest(400, f"{MAX_REGIONS} shared-memory regions are registered, the limit; unregister some")
+            if len(self._regions) >= (limit := region_limit()):
+                raise RegionLimit(400, f"{limit} shared-memory regions are registered, the limit (at most a quarter of "
+                                       "this server's open-file limit, ulimit -n); unregister some")
             self._regions[name] = make()
 
     def unregister(self, name: str | None, kind: str = "system") -> None:

@@ -295,13 +295,15 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
     """Listen on ``host:port`` (0: a free port) on the running loop; (server, bound port).
 
     Messages are bounded as REST bodies are: ``max_body_bytes`` in (the handlers' deserializer refuses
-    and counts a larger one), the output limit plus the response header out. At most
+    and counts a larger one); out, the output limit plus what a response echoes of its request (its ``id``,
+    as long as a request may be) plus its header, so an answer the call produced is never dropped at send.
+    At most
     ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past it, counted: ``_rpc``). grpc's own
     limits, twice ours, are uncounted backstops for what never reaches a handler. A connection must
     finish its handshake within ``header_timeout_s``. Raises RuntimeError when the address cannot be
     bound."""
     c = service.config
-    out = min(c.limits.max_output_bytes + (1 << 20), (1 << 31) - 1)
+    out = min(c.limits.max_output_bytes + c.max_body_bytes + (1 << 20), (1 << 31) - 1)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", min(2 * c.max_body_bytes, (1 << 31) - 1)),
                                       ("grpc.max_send_message_length", out),
                                       ("grpc.so_reuseport", 0),

@@ -3,13 +3,18 @@ here failed on the code before its fix (see the commit that added it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as tg
-from test_serve import serving
+from test_serve import fake_config, fake_release, point, serving
 from tritonclient.utils import InferenceServerException
 
 from tileship.serve import ServeConfig
@@ -42,5 +47,48 @@ def test_a_long_request_id_is_echoed_not_dropped_at_send(cpu_release_build, tmp_
             with pytest.raises(InferenceServerException) as e:  # past the output limit: refused, never run
                 c.infer("add", _ab(n + 1))
             assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--max-output-mib" in e.value.message()
+        finally:
+            c.close()
+
+
+def test_a_load_whose_client_gives_up_still_loads(tmp_path: Path):
+    """RepositoryModelLoad with a deadline shorter than the load: the client gets DEADLINE_EXCEEDED, and the
+    server finishes the load all the same, as it does for a REST client that hangs up. The handler's
+    cancellation used to abandon the load halfway: the new release prepared and dropped (its snapshot
+    never closed), the model left unloaded, the old release serving."""
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    root = tmp_path / "releases"
+    p1, r1 = fake_release(root, "r1", {"dbl": double})
+    p2, r2 = fake_release(root, "r2", {"dbl": double})
+    link = tmp_path / "current"
+    point(link, p1)
+    slow = threading.Event()
+
+    def loader(path: Any, ref: Any) -> Any:
+        if slow.is_set():
+            time.sleep(1.0)
+        return {"r1": r1, "r2": r2}[Path(path).resolve().name]
+
+    cfg = fake_config(tmp_path, {}, link, grpc_port=0)
+    cfg = dataclasses.replace(cfg, loader=loader)
+    with serving(cfg) as srv:
+        c = tg.InferenceServerClient(srv.grpc_url)
+        try:
+            c.unload_model("dbl")
+            point(link, p2)
+            slow.set()
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model("dbl", client_timeout=0.2)
+            assert e.value.status() == "StatusCode.DEADLINE_EXCEEDED", e.value.message()
+            deadline = time.monotonic() + 10
+            while not c.is_model_ready("dbl") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert c.is_model_ready("dbl") and c.is_server_ready()
+            assert srv.service.holder.current.release_id == "r2"
+            x = tg.InferInput("X", [3], "FP32")
+            x.set_data_from_numpy(np.arange(3, dtype=np.float32))
+            assert c.infer("dbl", [x]).as_numpy("Y").tolist() == [0.0, 2.0, 4.0]
         finally:
             c.close()

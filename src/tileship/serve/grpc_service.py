@@ -151,6 +151,19 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         self.service = service
         self.limit = service.config.max_connections
         self.active = 0  # RPCs running now (``_rpc``)
+        self._finishing: set[asyncio.Task[Any]] = set()  # work ``_finish`` runs on past its RPC
+
+    async def _finish(self, work: Awaitable[Any]) -> Any:
+        """``await work``, which runs to its end even if this RPC is cancelled (its outcome is then dropped)."""
+        task = asyncio.ensure_future(work)
+        self._finishing.add(task)
+        task.add_done_callback(self._finished)
+        return await asyncio.shield(task)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._finishing.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: an RPC that gave up never reads it, and asyncio would log it
 
     # -- health and metadata ------------------------------------------------------------------
     @_rpc
@@ -230,7 +243,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     @_rpc
     async def RepositoryModelLoad(self, request: Any, context: Any, rid: str) -> Any:
         extensions.check_load_parameters(request.parameters)
-        status, body = await extensions.load_model(self.service, request.model_name, "grpc")
+        # to its end even when the client gives up (a deadline, a cancel), as for a REST client that hangs up:
+        # a load cancelled halfway would drop the release it prepared and leave the model unloaded
+        status, body = await self._finish(extensions.load_model(self.service, request.model_name, "grpc"))
         if status != 200:
             hint = f" ({body['hint']})" if body.get("hint") else ""
             raise BadRequest(status, f"load of {short(request.model_name)} failed at {body.get('stage')}: "

@@ -224,7 +224,7 @@ def unload_model(service: Service, name: str) -> None:
 
 async def unload(request: Request) -> Response:
     """Stop serving one model (Triton's repository unload). 200 ``{}`` as Triton; 404 for an unknown name."""
-    _parameters(await _body(request))
+    _parameters(await read_body(request))
     unload_model(request.app.state.service, request.path_params["name"])
     return JSONResponse({})
 
@@ -253,12 +253,13 @@ async def load_model(service: Service, name: str, trigger: str) -> tuple[int, di
 
 async def load(request: Request) -> Response:
     """``load_model`` over REST: 200 with the reload's body, its 409 when it failed."""
-    check_load_parameters(_parameters(await _body(request)))
+    check_load_parameters(_parameters(await read_body(request)))
     status, body = await load_model(request.app.state.service, request.path_params["name"], "http")
     return JSONResponse(body, status_code=status)
 
 
-async def _body(request: Request) -> bytes:
+async def read_body(request: Request) -> bytes:
+    """A control route's body (``serve.body.control_body``); its BadRequest as an HTTPException."""
     try:
         return await control_body(request)
     except BadRequest as exc:
@@ -277,6 +278,20 @@ def _parameters(raw: bytes) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise HTTPException(400, "the body must be a JSON object whose 'parameters' is an object")
     return params
+
+
+def index_ready_only(raw: bytes) -> bool:
+    """The ``ready`` of a REST repository-index body (False for no body); 400 for a body that is not
+    ``{"ready": true|false}``."""
+    try:
+        body = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError:
+        body = None
+    ready = body.get("ready", False) if isinstance(body, dict) else None
+    if not isinstance(ready, bool):
+        raise HTTPException(400, 'the repository index body must be a JSON object {"ready": true|false}, '
+                                 f"got {short(raw.decode('utf-8', 'replace'))}")
+    return ready
 
 
 def unloaded_error(name: str, protocol: str = "rest") -> str:

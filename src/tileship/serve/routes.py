@@ -84,7 +84,11 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
                             status_code=200 if ok else 503)
 
     async def index(request: Request) -> Response:
-        return JSONResponse(extensions.mark_index(service.holder.index(), service.unloaded))
+        """Triton's repository index: every model, or with ``{"ready": true}`` only those ready now (as gRPC's)."""
+        rows = extensions.mark_index(service.holder.index(), service.unloaded)
+        if extensions.index_ready_only(await extensions.read_body(request)):
+            rows = [r for r in rows if r["state"] == "READY"]
+        return JSONResponse(rows)
 
     async def reload(request: Request) -> Response:
         status, body = await service.reload(trigger="http")

@@ -7,6 +7,8 @@ import dataclasses
 import io
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as tg
+import tritonclient.utils.shared_memory as shm
 from test_serve import fake_config, fake_release, point, serving
 from tritonclient.utils import InferenceServerException
 
-from tileship.serve import ServeConfig
+from tileship.serve import BackgroundServer, ServeConfig
 from tileship.serve.validate import RequestLimits
 
 
@@ -30,25 +33,69 @@ def _ab(n: int) -> list[tg.InferInput]:
     return out
 
 
-def test_a_long_request_id_is_echoed_not_dropped_at_send(cpu_release_build, tmp_path: Path):
+@pytest.fixture(scope="module")
+def small_out(cpu_release_build, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
+    """A server of the CPU release with --max-output-mib 1."""
+    cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path_factory.mktemp("diag"),
+                      log_stream=io.StringIO(), limits=RequestLimits(max_output_bytes=1 << 20))
+    with serving(cfg) as srv:
+        yield srv
+
+
+def test_a_long_request_id_is_echoed_not_dropped_at_send(small_out):
     """The response echoes the request's ``id``, which may be as long as a request may be: the send limit
     leaves it room. It used to be the output limit plus 1 MiB, so with --max-output-mib 1 a 3 MiB id ran
     the call, counted it a success, and then the client got grpc's own "Sent message larger than max"."""
-    cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path / "diag",
-                      log_stream=io.StringIO(), limits=RequestLimits(max_output_bytes=1 << 20))
-    with serving(cfg) as srv:
-        c = tg.InferenceServerClient(srv.grpc_url)
-        try:
-            n = (1 << 20) // 4  # outputs right at the limit
-            rid = "i" * (3 << 20)
-            res = c.infer("add", _ab(n), request_id=rid)
-            assert res.get_response().id == rid
-            assert res.as_numpy("C")[:3].tolist() == [0.0, 2.0, 4.0]
-            with pytest.raises(InferenceServerException) as e:  # past the output limit: refused, never run
-                c.infer("add", _ab(n + 1))
-            assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--max-output-mib" in e.value.message()
-        finally:
-            c.close()
+    c = tg.InferenceServerClient(small_out.grpc_url)
+    try:
+        n = (1 << 20) // 4  # outputs right at the limit
+        rid = "i" * (3 << 20)
+        res = c.infer("add", _ab(n), request_id=rid)
+        assert res.get_response().id == rid
+        assert res.as_numpy("C")[:3].tolist() == [0.0, 2.0, 4.0]
+        with pytest.raises(InferenceServerException) as e:  # past the output limit: refused, never run
+            c.infer("add", _ab(n + 1))
+        assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--max-output-mib" in e.value.message()
+    finally:
+        c.close()
+
+
+def test_shared_memory_inputs_are_read_only_once_the_request_passed_its_checks(small_out, monkeypatch):
+    """Shared-memory inputs skip the body limit (a client can register a sparse /dev/shm file of any size),
+    so nothing is read from a region before the request has passed every check that needs only its header:
+    the output limit, the model's names, dtypes and ranks. It used to copy the inputs first: two 1 GiB
+    windows became 2 GiB of server memory and 7 s of work before the 413 (and 2^32-element inputs, an OOM)."""
+    from tileship.serve import shm as server_shm
+
+    reads: list[int] = []
+    real = server_shm.Region.read
+    monkeypatch.setattr(server_shm.Region, "read", lambda self, ref, *a, **k: reads.append(ref.byte_size) or
+                        real(self, ref, *a, **k))
+    n = (1 << 20) // 4 + 1  # one element past the output limit
+    tag = uuid.uuid4().hex[:12]
+    h = shm.create_shared_memory_region(f"r_{tag}", f"/tileship_test_{tag}", 8 * n)
+    c = tg.InferenceServerClient(small_out.grpc_url)
+    try:
+        c.register_system_shared_memory("ab", f"/tileship_test_{tag}", 8 * n)
+        for shape, dtype, code, words in [([n], "FP32", "RESOURCE_EXHAUSTED", "--max-output-mib"),
+                                          ([1, n], "FP32", "INVALID_ARGUMENT", "wrong rank"),
+                                          ([n], "INT32", "INVALID_ARGUMENT", "wrong datatype")]:
+            inputs = [tg.InferInput("A", shape, dtype), tg.InferInput("B", shape, dtype)]
+            inputs[0].set_shared_memory("ab", 4 * n)
+            inputs[1].set_shared_memory("ab", 4 * n, offset=4 * n)
+            with pytest.raises(InferenceServerException) as e:
+                c.infer("add", inputs)
+            assert e.value.status() == f"StatusCode.{code}" and words in e.value.message(), e.value.message()
+        assert reads == []
+        inputs = [tg.InferInput("A", [n - 1], "FP32"), tg.InferInput("B", [n - 1], "FP32")]
+        inputs[0].set_shared_memory("ab", 4 * (n - 1))
+        inputs[1].set_shared_memory("ab", 4 * (n - 1), offset=4 * n)
+        assert c.infer("add", inputs).as_numpy("C").shape == (n - 1,)
+        assert len(reads) == 2
+    finally:
+        c.unregister_system_shared_memory()
+        c.close()
+        shm.destroy_shared_memory_region(h)
 
 
 def test_a_load_whose_client_gives_up_still_loads(tmp_path: Path):

@@ -4,7 +4,8 @@
 (canary or active release) -> readiness (503) -> model and version (404) -> unloaded (400)
 -> ``call.read()`` (the transport reads and parses its request into a ``protocol.InferRequest``;
 REST checks Content-Type and reads the body here, outside admission) -> plan against the
-declaration (400), ``--strict-shapes`` (400), output bytes (413) -> admission (503) -> the
+declaration (400), ``--strict-shapes`` (400), output bytes (413) -> shared-memory inputs read,
+outputs' windows checked (``shm_requests.attach``: 400/404) -> admission (503) -> the
 call on a worker thread with a deadline (504) -> ``call.encode`` on the worker -> metrics,
 statistics, canary window and one log line. The call itself is ``service.executor``: ``execute``
 here, or ``remote.execute_remote`` (the same contract, in a worker process: ``serve.worker_pool``)
@@ -117,13 +118,10 @@ async def run(service: Service, call: Call) -> Answer:
         if name in service.unloaded:
             raise extensions.ModelUnloaded(name, call.protocol)
         req, bytes_in = await call.read()
-        encode = shm_requests.attach(service.shm, req, call.encode, service.staging)  # shared-memory ins and outs
-        t_body = time.perf_counter()
         kserve_id = req.id
         on_loop, inline_key = False, None
         if whole is not None:
-            job: Callable[[], Any] = functools.partial(execute_model, service, served, whole, whole.plan(req), req.id,
-                                                       encode)
+            whole_plan = whole.plan(req)
         else:
             decl = rel.declarations[name]
             plan = service.plans.plan(req, name, decl)  # ``protocol.plan_call``, kept per signature
@@ -133,6 +131,15 @@ async def run(service: Service, call: Call) -> Answer:
                                       f"{validate.declared_shapes_text(decl)}); this server runs with --strict-shapes")
             out_bytes = protocol.output_bytes(decl, plan)
             validate.check_outputs(name, out_bytes, config.limits)
+        # shared-memory inputs and outputs, only now: they skip the body limit, so no window is read before
+        # the request passed every check its header allows (two 1 GiB inputs were read before a 413)
+        encode = shm_requests.attach(service.shm, req, call.encode, service.staging)
+        t_body = time.perf_counter()
+        if whole is not None:
+            job: Callable[[], Any] = functools.partial(execute_model, service, served, whole, whole_plan, req.id,
+                                                       encode)
+        else:
+            assert plan is not None  # planned above
             on_loop = remote.on_loop(service, plan, out_bytes)
             if inline is not None and remote.host_bytes(
                     plan, out_bytes, getattr(encode, "device_outputs", ())) <= remote.LOOP_BYTES:

@@ -173,3 +173,19 @@ def test_an_infer_line_says_where_the_call_spent_its_time(server, http):
     assert all(isinstance(v, float) and v >= 0 for v in spans.values()), spans
     assert sum(spans.values()) <= line["run_ms"], (spans, line["run_ms"])  # parts of the time on the thread
     assert line["on"] in ("thread", "inline")  # in process: a request thread, or the loop once a kernel was quick
+
+
+def test_a_long_request_id_costs_the_log_a_bounded_line(server, http):
+    """The request ``id`` is echoed in the answer whole, but the infer log line carries its head only: a
+    client sending megabyte ids must not write megabytes of log per request."""
+    from tileship.serve.jsonlog import FIELD_CHARS
+
+    long_id = "x" * (2 << 20)
+    mark = _mark(server)
+    r = http.post("/v2/models/add/infer", json={**GOOD, "id": long_id})
+    assert r.status_code == 200 and r.json()["id"] == long_id
+    infers = [ln for ln in _lines_after(server, mark) if ln["event"] == "infer"]
+    assert len(infers) == 1, infers
+    assert infers[0]["id"] == f"{'x' * FIELD_CHARS}...(+{len(long_id) - FIELD_CHARS} chars)"
+    assert http.post("/v2/models/add/infer", json={**GOOD, "id": "short"}).status_code == 200
+    assert [ln["id"] for ln in _lines_after(server, mark) if ln["event"] == "infer"][-1] == "short"

@@ -20,6 +20,15 @@ import orjson
 from tileship.serve.log_settings import LogSettings
 
 _ORJSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
+#: a string field longer than this is cut in the line (a client's request ``id`` may be megabytes)
+FIELD_CHARS = 1024
+
+
+def clipped(value: str) -> str:
+    """``value`` when it has at most ``FIELD_CHARS`` characters, else its head and how much was cut."""
+    if len(value) <= FIELD_CHARS:
+        return value
+    return f"{value[:FIELD_CHARS]}...(+{len(value) - FIELD_CHARS} chars)"
 
 
 def line_of(record: dict[str, Any]) -> str:
@@ -40,9 +49,14 @@ class JsonLog:
         self.settings = LogSettings()
 
     def event(self, event: str, level: str = "info", *, always: bool = False, **fields: Any) -> None:
-        """One line, when ``settings`` allows ``level`` or ``always`` (a change of the settings themselves)."""
+        """One line, when ``settings`` allows ``level`` or ``always`` (a change of the settings themselves).
+        String fields are cut to ``FIELD_CHARS`` characters (``clipped``), so a client's long request id
+        or model name costs the log a bounded line."""
         if not (always or self.settings.allows(level)):
             return
+        for key, value in fields.items():
+            if isinstance(value, str) and len(value) > FIELD_CHARS:
+                fields[key] = clipped(value)
         record = {"ts": round(time.time(), 6), "level": level, "event": event, **fields}
         line = line_of(record)
         stream = self._stream or sys.stderr

@@ -1,23 +1,18 @@
 """One inference request through the server, whatever carried it (REST or gRPC).
 
-``run(service, call)`` is the whole path after the transport has named the model: route
-(canary or active release) -> readiness (503) -> model and version (404) -> unloaded (400)
--> ``call.read()`` (the transport reads and parses its request into a ``protocol.InferRequest``;
-REST checks Content-Type and reads the body here, outside admission) -> plan against the
-declaration (400), ``--strict-shapes`` (400), output bytes (413) -> shared-memory inputs read,
-outputs' windows checked (``shm_requests.attach``: 400/404) -> admission (503) -> the
-call on a worker thread with a deadline (504) -> ``call.encode`` on the worker -> metrics,
-statistics, canary window and one log line. The call itself is ``service.executor``: ``execute``
-here, or ``remote.execute_remote`` (the same contract, in a worker process: ``serve.worker_pool``)
-with ``--workers N``; small calls to workers run on the event loop instead of a thread
-(``remote.execute_remote_async``, admitted the same way), and in process small calls a kernel
-served quickly before run on the loop itself (``handoff``: the three ways, their price). Every
-outcome is an ``Answer``; nothing raises
-out of ``run``: a bug is a logged 500 carrying the request id.
+``run(service, call)`` is the whole path after the transport has named the model: route (canary or active release) ->
+readiness (503) -> model and version (404) -> unloaded (400) -> ``call.read()`` (the transport reads and parses its
+request into a ``protocol.InferRequest``; REST checks Content-Type and reads the body here, outside admission) -> plan
+against the declaration (400), ``--strict-shapes`` (400), output bytes (413) -> shared-memory inputs read, outputs'
+windows checked (``shm_requests.attach``: 400/404) -> admission (503) -> the call on a worker thread with a deadline
+(504) -> ``call.encode`` on the worker -> metrics, statistics, canary window and one log line. The call itself is
+``service.executor``: ``execute`` here, or ``remote.execute_remote`` (the same contract, in a worker process:
+``serve.worker_pool``) with ``--workers N``; small calls to workers run on the event loop instead of a thread
+(``remote.execute_remote_async``, admitted the same way), and in process small calls a kernel served quickly before
+run on the loop itself (``handoff``: the three ways, their price). ``run`` never raises: a bug is a logged 500.
 
-The transports differ only in ``Call.read`` and ``Call.encode`` (``protocol.encode_response``
-for REST, ``serve.grpc_codec.encode`` for gRPC), so validation, routing, admission, metrics
-and readiness cannot drift apart between them.
+The transports differ only in ``Call.read`` and ``Call.encode`` (``protocol.encode_response`` for REST,
+``serve.grpc_codec.encode`` for gRPC), so validation, routing, admission, metrics and readiness cannot drift.
 """
 
 from __future__ import annotations
@@ -212,13 +207,13 @@ async def run(service: Service, call: Call) -> Answer:
 
 def _op_seconds(plan: Any, job_s: float | None) -> float | None:
     """What a canary compares for one answered request: the operator's own time, where ``execute`` recorded
-    it: on a GPU the device's time between CUDA events around the call (``device_ms``), else its launch and
-    the wait for the device (``call_ms`` + ``sync_ms``); without spans the whole job's. The rest of the job
-    (tensors to and from the device, encoding) is the same code for either release: on the H200 a
-    4096x4096 GEMM request's job was 1.4 ms, most of it copying its 32 MiB input to the device, and a tile
-    slower by 80 us moved it 3.5% (round 20); launch plus wait still held the input copy's tail (the
-    wait), 0.25 ms against a 30 us slower tile, 1.13x under a 1.25x limit (round 21); events around the call
-    held host delays too, 0.29 ms for a 20-45 us GEMM (round 21): ``DeviceSpan`` gates the device now."""
+    it: on a GPU the device's time between CUDA events around the call (``device_ms``), else its launch and the
+    wait for the device (``call_ms`` + ``sync_ms``); without spans the whole job's. The rest of the job (tensors
+    to and from the device, encoding) is the same code for either release: on the H200 a 4096x4096 GEMM
+    request's job was 1.4 ms, most of it copying its 32 MiB input to the device, and a tile slower by 80 us
+    moved it 3.5% (round 20); launch plus wait still held the input copy's tail (the wait), 0.25 ms against a
+    30 us slower tile, 1.13x under a 1.25x limit (round 21); events around the call held host delays too,
+    0.29 ms for a 20-45 us GEMM (round 21): ``DeviceSpan`` gates the device now."""
     spans = getattr(plan, "spans", None)
     if spans and "device_stalled_ms" in spans:
         return None  # on a GPU, no sample rather than one with host time in it (``DeviceSpan``)
@@ -240,9 +235,8 @@ def _own(out: Any, inputs: list[Any]) -> Any:
 
 
 def _give_back_after(lease: Any, fut: Any) -> None:
-    """Give a pooled body block (``give_back``) or borrowed CUDA windows (``release``) back once
-    nothing reads them: now, or when the call still running on its worker thread (a 504 or a
-    cancelled client) ends."""
+    """Give a pooled body block (``give_back``) or borrowed CUDA windows (``release``) back once nothing
+    reads them: now, or when the call still running on its worker thread (a 504 or a cancelled client) ends."""
     back = lease.give_back if hasattr(lease, "give_back") else lease.release
     if fut is None or fut.done():
         back()

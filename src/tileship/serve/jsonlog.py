@@ -50,12 +50,12 @@ class JsonLog:
 
     def event(self, event: str, level: str = "info", *, always: bool = False, **fields: Any) -> None:
         """One line, when ``settings`` allows ``level`` or ``always`` (a change of the settings themselves).
-        String fields are cut to ``FIELD_CHARS`` characters (``clipped``), so a client's long request id
-        or model name costs the log a bounded line."""
+        String fields but ``traceback`` are cut to ``FIELD_CHARS`` characters (``clipped``), so a client's
+        long request id or model name costs the log a bounded line."""
         if not (always or self.settings.allows(level)):
             return
         for key, value in fields.items():
-            if isinstance(value, str) and len(value) > FIELD_CHARS:
+            if key != "traceback" and isinstance(value, str) and len(value) > FIELD_CHARS:
                 fields[key] = clipped(value)
         record = {"ts": round(time.time(), 6), "level": level, "event": event, **fields}
         line = line_of(record)

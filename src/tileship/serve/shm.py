@@ -217,7 +217,7 @@ class Regions:
     def register(self, name: Any, key: Any, offset: Any, byte_size: Any) -> None:
         """Map a window of ``/dev/shm/<key>`` under ``name``. BadRequest 400 for a bad value or
         window, 409 (``RegionExists``) when ``name`` is registered already."""
-        _name(name)
+        check_name(name)
         offset = _nonneg(offset, f"region {short(name)}: offset")
         byte_size = _nonneg(byte_size, f"region {short(name)}: byte_size")
         self._add(name, lambda: Region(name, key, offset, byte_size))
@@ -226,7 +226,7 @@ class Regions:
         """Open the CUDA IPC ``handle`` (raw bytes) under ``name`` (``cuda_shm.CudaRegion``); errors as ``register``."""
         from tileship.serve.cuda_shm import CudaRegion
 
-        _name(name)
+        check_name(name)
         if self.cuda_off is not None:
             raise BadRequest(400, f"region {short(name)}: CUDA shared memory is off in this server: {self.cuda_off}")
         self._add(name, lambda: CudaRegion(name, handle, device_id, byte_size))
@@ -302,6 +302,15 @@ KNOWN_SHOWN = 8
 _ROUTE = {"system": "systemsharedmemory", "cuda": "cudasharedmemory"}
 
 
-def _name(name: Any) -> None:
-    if not isinstance(name, str) or not name or len(name) > 256:
-        raise BadRequest(400, f"a region name must be a string of 1 to 256 characters, got {short(name)}")
+#: the longest region name
+MAX_NAME = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_name(name: Any) -> None:
+    """BadRequest 400 unless ``name`` is a region name: 1 to ``MAX_NAME`` characters, none a control character
+    (NUL, newline, ...). ``/`` and other URL-special characters are allowed (REST routes take them percent-encoded
+    or, for ``/``, as is: ``serve.shm_http``). Registration over REST and gRPC, system and CUDA, checks this."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or _CONTROL.search(name):
+        raise BadRequest(400, f"a region name must be a string of 1 to {MAX_NAME} characters and no control "
+                              f"characters (NUL, newline, ...), got {short(name)}")

@@ -19,8 +19,11 @@ request is parsed, so the call never touches client memory that may change under
 Every refusal is ``BadRequest``: 400 for a malformed or out-of-bounds value, 404 for an unknown
 region, 409 for a name registered twice; the message names the field and the region.
 
-Unregistering (or stopping) closes the region at once; a read or write in progress on it
-finishes first (each holds the region's lock).
+Unregistering (or stopping) takes the name at once and closes the region once no request holds it:
+a request admitted with a shared-memory output holds its region (``Region.hold``) until its call
+has ended, and writes its output there even when the name was unregistered (or registered again)
+meanwhile, as Triton defers an unregister until the requests using the region are done. A read or
+write in progress finishes first (each holds the region's lock).
 """
 
 from __future__ import annotations
@@ -163,6 +166,8 @@ class Region(Window):
         self.base = offset
         self.closed = False
         self._lock = threading.Lock()
+        self._held = 0  # requests that will write an output here (``hold``)
+        self._closing = False  # unregistered while held: closed by the last ``give_back``
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -196,12 +201,31 @@ class Region(Window):
         return BadRequest(400, f"{where}: shared-memory region {short(ref.region)} shrank to {size} bytes "
                                f"since it was registered; register it again")
 
-    def close(self) -> None:
+    def hold(self, ref: Ref, where: str) -> None:
+        """Keep the file open for a request that will write ``ref`` here, until its ``give_back``;
+        BadRequest as ``check``."""
         with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            os.close(self.fd)
+            self._start(ref, where)
+            self._held += 1
+
+    def give_back(self) -> None:
+        """One ``hold`` has ended; the last one closes a region unregistered meanwhile."""
+        with self._lock:
+            self._held -= 1
+            if not self._held and self._closing:
+                self._shut()
+
+    def close(self) -> None:
+        """Close now, or once the requests holding the region have given it back."""
+        with self._lock:
+            if self._held:
+                self._closing = True
+            elif not self.closed:
+                self._shut()
+
+    def _shut(self) -> None:
+        self.closed, self._closing = True, False
+        os.close(self.fd)
 
 
 class Regions:

@@ -38,6 +38,7 @@ async def main(http_url: str, grpc_url: str) -> dict[str, Any]:
         out["rest_live"] = await rest.is_server_live(http_url)
         out["rest_ready"] = await rest.is_server_ready(http_url)
         out["rest_model_ready"] = await rest.is_model_ready(http_url, "add")
+        out["rest_unknown_model_ready"] = await rest.is_model_ready(http_url, "nope")
         out["rest_json"] = outputs(await rest.infer(http_url, request(False), model_name="add"))
         out["rest_binary"] = outputs(await rest.infer(http_url, request(True), model_name="add"))
         try:
@@ -51,6 +52,10 @@ async def main(http_url: str, grpc_url: str) -> dict[str, Any]:
     try:
         out["grpc_ready"] = await grpc_client.is_server_ready()
         out["grpc_model_ready"] = await grpc_client.is_model_ready("add")
+        try:  # the SDK raises on any error status
+            out["grpc_unknown_model_ready"] = await grpc_client.is_model_ready("nope")
+        except Exception as exc:  # noqa: BLE001
+            out["grpc_unknown_model_ready"] = f"{type(exc).__name__}: {exc}"
         out["grpc_infer"] = outputs(await grpc_client.infer(request(False)))
         try:
             await grpc_client.infer(request(False, model="nope"))

@@ -25,6 +25,7 @@ import pytest
 import torch
 import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
+import tritonclient.http as th
 from test_serve import assert_close, fake_config, fake_release, log_lines, metric, post, serving
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -228,8 +229,7 @@ def test_health_metadata_and_config_match_rest(server, gc, cpu_release_build):
     rid = cpu_release_build.release_id
     assert gc.is_server_live() and gc.is_server_ready()
     assert gc.is_model_ready("add") and gc.is_model_ready("add", rid)
-    _fails(lambda: gc.is_model_ready("add", "0123456789abcdef"), "NOT_FOUND", "unknown version")
-    _fails(lambda: gc.is_model_ready("gemm"), "NOT_FOUND", "unknown model 'gemm'")
+    assert not gc.is_model_ready("add", "0123456789abcdef") and not gc.is_model_ready("gemm")  # as Triton: no error
     meta = gc.get_server_metadata(as_json=True)
     assert meta["name"] == "tileship" and meta["extensions"] == EXTENSIONS
     for name in ("add", "rmsnorm_cpu"):
@@ -246,6 +246,34 @@ def test_health_metadata_and_config_match_rest(server, gc, cpu_release_build):
     _fails(lambda: gc.get_model_metadata("gemm"), "NOT_FOUND", "unknown model 'gemm'")
     _fails(lambda: gc.get_model_config("gemm"), "NOT_FOUND", "unknown model 'gemm'")
     _fails(lambda: gc.get_inference_statistics("add", "0123456789abcdef"), "NOT_FOUND", "unknown version")
+
+
+def test_model_ready_of_an_unknown_model_is_false_over_both_protocols(server, gc, stub, cpu_release_build):
+    """Triton's ModelReady answers ``ready: false`` (status OK) for a model or version it does not know; REST's
+    ``/ready`` answers a 4xx with a JSON error (KServe v2: a 4xx is "not ready"; 404 as KServe's own server), so
+    tritonclient's ``is_model_ready`` says False over both, sync and aio, and raises over neither."""
+    rid = cpu_release_build.release_id
+    hc = th.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=30.0)
+    try:
+        for name, version in [("gemm", ""), ("", ""), ("add", "0123456789abcdef"), ("gemm", rid)]:
+            assert gc.is_model_ready(name, version) is False, (name, version)
+            resp = stub.ModelReady(pb.ModelReadyRequest(name=name, version=version))
+            assert resp.ready is False
+            if name:
+                assert hc.is_model_ready(name, version) is False, (name, version)
+        assert gc.is_model_ready("add") and gc.is_model_ready("add", rid) and hc.is_model_ready("add", rid)
+    finally:
+        hc.close()
+
+    async def aio() -> bool:
+        async with tga.InferenceServerClient(server.grpc_url) as c:
+            return bool(await c.is_model_ready("gemm"))
+
+    assert asyncio.run(aio()) is False
+    r = httpx.get(f"{server.url}/v2/models/gemm/ready")
+    assert r.status_code == 404 and r.json()["error"].startswith("unknown model 'gemm': this release serves"), r.text
+    r = httpx.get(f"{server.url}/v2/models/add/versions/0123456789abcdef/ready")
+    assert r.status_code == 404 and "unknown version '0123456789abcdef' of model add" in r.json()["error"], r.text
 
 
 def test_what_is_not_supported_is_unimplemented(gc):

@@ -29,5 +29,6 @@ def test_the_kserve_sdk_clients_infer_and_see_errors(tmp_path: Path) -> None:
     assert got["rest_live"] is True and got["rest_ready"] is True and got["rest_model_ready"] is True, got
     assert got["rest_json"] == {"Z": want} and got["rest_binary"] == {"Z": want}, got
     assert got["grpc_ready"] is True and got["grpc_model_ready"] is True and got["grpc_infer"] == {"Z": want}, got
+    assert got["rest_unknown_model_ready"] is False and got["grpc_unknown_model_ready"] is False, got  # as Triton
     assert "404" in got["rest_unknown_model"] and "nope" in got["rest_unknown_model"], got
     assert "NOT_FOUND" in got["grpc_unknown_model"] and "nope" in got["grpc_unknown_model"], got

@@ -397,6 +397,37 @@ def test_inputs_are_copied_out_and_an_unregistered_region_is_404(regions):
     assert _fds(key) == client
 
 
+def test_a_held_region_unregistered_stays_open_for_its_request_only(regions):
+    """The registry alone: a request's output region (``Leases.hold``) unregistered before the output is
+    written: the name is free at once (registered again, to another file), the held region is still written
+    (not the new one), and its descriptor closes when the request gives it back."""
+    from tileship.serve import shm as server_shm
+    from tileship.serve.shm_requests import Leases
+    from tileship.serve.validate import BadRequest
+
+    h1, name, key1 = regions.create(64)
+    h2, _, key2 = regions.create(64)
+    client = _fds(key1)
+    reg = server_shm.Regions()
+    reg.register(name, key1, 0, 64)
+    ref = server_shm.Ref(name, 0, 64)
+    leases = Leases()
+    held = leases.hold(reg.region(ref, "output C"), ref, "output C")
+    reg.unregister(name)
+    assert reg.status(None) == [] and _fds(key1) == client + 1  # gone by name, open for the request
+    reg.register(name, key2, 0, 64)
+    held.write(ref, np.full(16, 3, np.float32), "output C")
+    assert (shm.get_contents_as_numpy(h1, np.float32, [16]) == 3).all()
+    assert (shm.get_contents_as_numpy(h2, np.float32, [16]) == 0).all()
+    leases.release()
+    leases.release()  # idempotent
+    assert _fds(key1) == client
+    with pytest.raises(BadRequest) as e:
+        held.write(ref, b"x" * 64, "output C")
+    assert e.value.status == 404 and "unregistered" in e.value.message
+    reg.close()
+
+
 def test_a_file_truncated_under_a_registered_window_never_faults_a_read_or_write(regions):
     """Truncated at any point after registration: reads and writes give a 400 naming the region
     (pread/pwrite, no mapping), and a write never extends the client's file."""

@@ -8,11 +8,11 @@ readiness and index). tritonclient.grpc (sync and ``aio``) works against it.
 
 Every error is a gRPC status with a message naming what was wrong (``grpc_codec.code_for``):
 INVALID_ARGUMENT for a request that does not fit the model (names, datatypes, shapes, byte
-sizes), NOT_FOUND for an unknown model or version, UNAVAILABLE while not ready, overloaded or
-for an unloaded model, RESOURCE_EXHAUSTED past a request limit or the shared-memory region limit,
-DEADLINE_EXCEEDED past the request timeout, FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS
-for a shared-memory region registered twice, UNIMPLEMENTED for streaming and trace
-(``LogSettings`` is Triton's logging extension, ``serve.log_settings``).
+sizes), NOT_FOUND for an unknown model or version (``ModelReady`` answers ``ready: false`` instead, as
+Triton's does), UNAVAILABLE while not ready, overloaded or for an unloaded model, RESOURCE_EXHAUSTED
+past a request limit or the shared-memory region limit, DEADLINE_EXCEEDED past the request timeout,
+FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory region registered twice,
+UNIMPLEMENTED for streaming and trace (``LogSettings`` is Triton's logging extension, ``serve.log_settings``).
 A bug is INTERNAL naming the request id (the client's ``x-request-id`` metadata when printable,
 else a fresh one; echoed as trailing metadata) and is logged with its traceback, as REST's 500s are.
 """
@@ -176,12 +176,15 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     @_rpc
     async def ModelReady(self, request: Any, context: Any, rid: str) -> Any:
-        """False while no release serves (nothing is ready) or the model is unloaded; NOT_FOUND for a
-        model or version the serving release does not have."""
+        """False while no release serves (nothing is ready), for an unloaded model, and for a model or
+        version the serving release does not have: never an error, as Triton's ``ModelReady`` (its core
+        answers ``ready=false`` for a model it does not know; REST's ``/ready`` answers that with a 404)."""
         svc = self.service
-        if svc.holder.current is None:
+        cur = svc.holder.current
+        if cur is None or (request.name not in cur.release.ops and request.name not in cur.models):
             return pb.ModelReadyResponse(ready=False)
-        self._model(request.name, request.version)
+        if request.version and request.version != cur.release_id:
+            return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=svc.readiness()[0] and request.name not in svc.unloaded)
 
     @_rpc

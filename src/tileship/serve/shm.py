@@ -19,8 +19,11 @@ request is parsed, so the call never touches client memory that may change under
 Every refusal is ``BadRequest``: 400 for a malformed or out-of-bounds value, 404 for an unknown
 region, 409 for a name registered twice; the message names the field and the region.
 
-Unregistering (or stopping) closes the region at once; a read or write in progress on it
-finishes first (each holds the region's lock).
+Unregistering (or stopping) takes the name at once and closes the region once no request holds it:
+a request admitted with a shared-memory output holds its region (``Region.hold``) until its call
+has ended, and writes its output there even when the name was unregistered (or registered again)
+meanwhile, as Triton defers an unregister until the requests using the region are done. A read or
+write in progress finishes first (each holds the region's lock).
 """
 
 from __future__ import annotations
@@ -163,6 +166,8 @@ class Region(Window):
         self.base = offset
         self.closed = False
         self._lock = threading.Lock()
+        self._held = 0  # requests that will write an output here (``hold``)
+        self._closing = False  # unregistered while held: closed by the last ``give_back``
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -196,12 +201,31 @@ class Region(Window):
         return BadRequest(400, f"{where}: shared-memory region {short(ref.region)} shrank to {size} bytes "
                                f"since it was registered; register it again")
 
-    def close(self) -> None:
+    def hold(self, ref: Ref, where: str) -> None:
+        """Keep the file open for a request that will write ``ref`` here, until its ``give_back``;
+        BadRequest as ``check``."""
         with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            os.close(self.fd)
+            self._start(ref, where)
+            self._held += 1
+
+    def give_back(self) -> None:
+        """One ``hold`` has ended; the last one closes a region unregistered meanwhile."""
+        with self._lock:
+            self._held -= 1
+            if not self._held and self._closing:
+                self._shut()
+
+    def close(self) -> None:
+        """Close now, or once the requests holding the region have given it back."""
+        with self._lock:
+            if self._held:
+                self._closing = True
+            elif not self.closed:
+                self._shut()
+
+    def _shut(self) -> None:
+        self.closed, self._closing = True, False
+        os.close(self.fd)
 
 
 class Regions:
@@ -217,7 +241,7 @@ class Regions:
     def register(self, name: Any, key: Any, offset: Any, byte_size: Any) -> None:
         """Map a window of ``/dev/shm/<key>`` under ``name``. BadRequest 400 for a bad value or
         window, 409 (``RegionExists``) when ``name`` is registered already."""
-        _name(name)
+        check_name(name)
         offset = _nonneg(offset, f"region {short(name)}: offset")
         byte_size = _nonneg(byte_size, f"region {short(name)}: byte_size")
         self._add(name, lambda: Region(name, key, offset, byte_size))
@@ -226,7 +250,7 @@ class Regions:
         """Open the CUDA IPC ``handle`` (raw bytes) under ``name`` (``cuda_shm.CudaRegion``); errors as ``register``."""
         from tileship.serve.cuda_shm import CudaRegion
 
-        _name(name)
+        check_name(name)
         if self.cuda_off is not None:
             raise BadRequest(400, f"region {short(name)}: CUDA shared memory is off in this server: {self.cuda_off}")
         self._add(name, lambda: CudaRegion(name, handle, device_id, byte_size))
@@ -302,6 +326,15 @@ KNOWN_SHOWN = 8
 _ROUTE = {"system": "systemsharedmemory", "cuda": "cudasharedmemory"}
 
 
-def _name(name: Any) -> None:
-    if not isinstance(name, str) or not name or len(name) > 256:
-        raise BadRequest(400, f"a region name must be a string of 1 to 256 characters, got {short(name)}")
+#: the longest region name
+MAX_NAME = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_name(name: Any) -> None:
+    """BadRequest 400 unless ``name`` is a region name: 1 to ``MAX_NAME`` characters, none a control character
+    (NUL, newline, ...). ``/`` and other URL-special characters are allowed (REST routes take them percent-encoded
+    or, for ``/``, as is: ``serve.shm_http``). Registration over REST and gRPC, system and CUDA, checks this."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME or _CONTROL.search(name):
+        raise BadRequest(400, f"a region name must be a string of 1 to {MAX_NAME} characters and no control "
+                              f"characters (NUL, newline, ...), got {short(name)}")

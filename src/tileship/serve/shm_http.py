@@ -10,19 +10,26 @@
 
 Errors are ``{"error": ...}`` with the status ``serve.shm`` chose (400, 404, 409). Regions do
 not depend on a release: these routes answer while loading too.
+
+``{name}`` is the region's name as registered, percent-decoded, and may hold ``/``: tritonclient.http
+sends a name through ``urllib.parse.quote``, which leaves ``/`` as is (``region/a/b/status``), and
+other clients send ``%2F``; both reach the region ``a/b`` (``RegionRoute``). Triton itself matches
+``[^/]+`` against the undecoded path, so it cannot address such a name (registered over gRPC) over REST.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, compile_path
 
-from tileship.serve import cuda_shm
+from tileship.serve import cuda_shm, shm
 from tileship.serve.body import control_body
 from tileship.serve.validate import BadRequest
 
@@ -42,6 +49,7 @@ async def register(request: Request) -> Response:
     service = request.app.state.service
     name = request.path_params["name"]
     try:
+        shm.check_name(name)  # before the body is read: a bad name is refused whatever the body
         raw = await control_body(request)
         try:
             body = orjson.loads(raw)
@@ -72,7 +80,23 @@ async def unregister(request: Request) -> Response:
     return JSONResponse({})
 
 
-ROUTES = [Route(f"/v2/{kind}sharedmemory{path}", fn, methods=[method])
+class RegionRoute(Route):
+    """A route whose ``{name}`` matches any run of characters, ``/`` and newlines included (the greedy
+    ``{name:path}``, dot-all: ``region/a/register/status`` is the status of ``a/register``, and a name the
+    registry refuses gets its 400, not a 404 for the route); ``path`` keeps ``{name}``, as the OpenAPI
+    description names it."""
+
+    def __init__(self, path: str, endpoint: Any, methods: list[str]) -> None:
+        super().__init__(path, endpoint, methods=methods)
+        regex, self.path_format, self.param_convertors = compile_path(path.replace("{name}", "{name:path}"))
+        self.path_regex = re.compile(regex.pattern, re.DOTALL)
+
+
+def _route(path: str, fn: Any, method: str) -> Route:
+    return (RegionRoute if "{name}" in path else Route)(path, fn, methods=[method])
+
+
+ROUTES = [_route(f"/v2/{kind}sharedmemory{path}", fn, method)
           for kind in ("system", "cuda")
           for path, fn, method in (("/status", status, "GET"), ("/region/{name}/status", status, "GET"),
                                    ("/region/{name}/register", register, "POST"), ("/unregister", unregister, "POST"),

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 class Leases:
     """The CUDA windows one request reads in place: ``take`` lends a view (``CudaRegion.lend``) and
-    records it; ``keep`` records a pooled block (``serve.staging.Lease``); ``release`` gives every one
-    back, once the call has finished on the device."""
+    records it; ``hold`` keeps a system output region open (``Region.hold``); ``keep`` records a pooled
+    block (``serve.staging.Lease``); ``release`` gives every one back, once the call has finished on the
+    device and its outputs are written."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -37,6 +38,14 @@ class Leases:
     @property
     def empty(self) -> bool:
         return not self._held and not self._blocks
+
+    def hold(self, region: Any, ref: Ref, where: str) -> Any:
+        """Hold the system region ``ref`` will be written into (``Region.hold``) until ``release``: an
+        unregister meanwhile leaves it open for this request; ``region`` returned."""
+        region.hold(ref, where)
+        with self._lock:
+            self._held.append(region)
+        return region
 
     def take(self, region: Any, ref: Ref, where: str) -> Any:
         view = region.lend(ref, where)
@@ -71,7 +80,7 @@ def attach(regions: Regions, req: InferRequest, encode: Any, pool: Any = None) -
         return encode
     leases = Leases()
     try:
-        kinds, on_device = _attach_windows(regions, req, leases, pool)
+        kinds, on_device, held = _attach_windows(regions, req, leases, pool)
     except BaseException:  # blocks taken for inputs before a later input or output was refused go back now
         leases.release()
         raise
@@ -99,8 +108,9 @@ def attach(regions: Regions, req: InferRequest, encode: Any, pool: Any = None) -
                 data = block.tensor().copy_(t.detach().contiguous().reshape(-1).view(torch.uint8)).numpy()
             else:
                 data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            try:
-                regions.write(ref, data, f"output {name}")
+            try:  # a system region into the one held since admission, even if unregistered since
+                (held[name] if name in held else regions.region(ref, f"output {name}")).write(ref, data,
+                                                                                               f"output {name}")
             finally:
                 if block is not None:
                     block.give_back()
@@ -113,8 +123,10 @@ def attach(regions: Regions, req: InferRequest, encode: Any, pool: Any = None) -
     return write_then_encode
 
 
-def _attach_windows(regions: Regions, req: InferRequest, leases: Leases, pool: Any) -> tuple[set[str], set[str]]:
-    """``attach``'s checks and input copies: (the kinds of region used, the outputs bound for CUDA regions)."""
+def _attach_windows(regions: Regions, req: InferRequest, leases: Leases,
+                    pool: Any) -> tuple[set[str], set[str], dict[str, Any]]:
+    """``attach``'s checks and input copies: (the kinds of region used, the outputs bound for CUDA regions,
+    the system regions the other outputs go to, held in ``leases``)."""
     kinds: set[str] = set()
     for inp in req.inputs:
         if inp.shm is not None:
@@ -131,11 +143,13 @@ def _attach_windows(regions: Regions, req: InferRequest, leases: Leases, pool: A
             else:
                 region.check(inp.shm, where)
                 inp.fetch = functools.partial(leases.take, region, inp.shm, where)
-    on_device = set()
+    on_device, held = set(), {}
     for name, ref in req.shm_outputs.items():
         region = regions.region(ref, f"output {name}")
-        region.check(ref, f"output {name}")
         kinds.add(region.kind)
-        if region.kind != "system":
+        if region.kind == "system":
+            held[name] = leases.hold(region, ref, f"output {name}")
+        else:
+            region.check(ref, f"output {name}")
             on_device.add(name)
-    return kinds, on_device
+    return kinds, on_device, held

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from test_registry import fake_release
+from test_registry import SRC, fake_release
 from test_serve import copy_release, post, serving
 from test_serve_warm_rollback import served_by
 from typer.testing import CliRunner
@@ -145,6 +148,9 @@ def test_a_replayed_older_pointer_is_refused(signed, keys) -> None:
     assert "generation 2 is older than generation 3" in exc.value.message and "replay" in exc.value.message
     # without a pointer served yet (a fresh server) it is accepted: trust on first use of the generation
     assert resolve(reg.root, activator_keys=trust).path == reg.releases_dir / b
+    # the activator's next pointer is newer than any it wrote, not than the one put back (2): servers take it
+    assert reg.rollback().generation == 4
+    assert resolve(reg.root, activator_keys=trust, after=gen3.sealed).path == reg.releases_dir / a
 
 
 def test_another_pointer_of_the_same_generation_is_refused(tmp_path, keys) -> None:
@@ -222,17 +228,23 @@ def test_the_warm_rollback_standby_is_not_taken_from_an_unsealed_pointer(signed,
         rollback_target(reg.root, activator_keys=trust)
 
 
-def test_serve_refuses_to_start_on_a_pointer_its_activator_keys_refuse(tmp_path, keys, monkeypatch) -> None:
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`tileship serve ...` in a child process (a server that starts anyway is a timeout, not a hung test)."""
+    environ = {**os.environ, "PYTHONPATH": SRC, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tileship.cli", "serve", "--port", "0", *args], env=environ,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_serve_refuses_to_start_on_a_pointer_its_activator_keys_refuse(tmp_path, keys) -> None:
     reg = Registry(tmp_path / "reg")
     reg.activate(reg.publish(fake_release(tmp_path, "a")[0]))  # unsigned
-    res = CliRunner().invoke(app, ["serve", str(reg.root), "--trusted-activator-key", str(keys["activator"][1])])
-    out = " ".join(res.output.split())
-    assert res.exit_code == 1, out
-    assert f"{reg.pointer}: the pointer is not signed, but activator keys are trusted" in out
-    monkeypatch.setenv("TILESHIP_TRUSTED_ACTIVATOR_KEYS", str(keys["other"][1]))
+    res = _serve(str(reg.root), "--trusted-activator-key", str(keys["activator"][1]))
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 1, err
+    assert f"{reg.pointer}: the pointer is not signed, but activator keys are trusted" in err
     Registry(reg.root, activator_key=keys["activator"][0]).activate(str(reg.active().release_id))  # sealed now
-    res = CliRunner().invoke(app, ["serve", str(reg.root)])
-    assert res.exit_code == 1 and "which is not trusted" in " ".join(res.output.split())
+    res = _serve(str(reg.root), env={"TILESHIP_TRUSTED_ACTIVATOR_KEYS": str(keys["other"][1])})
+    assert res.returncode == 1 and "which is not trusted" in " ".join(res.stderr.split()), res.stderr
 
 
 def test_a_reload_refuses_a_replayed_tampered_or_unsigned_pointer_and_keeps_serving(
@@ -269,6 +281,13 @@ def test_a_reload_refuses_a_replayed_tampered_or_unsigned_pointer_and_keeps_serv
         assert served_by(srv) == id_a and srv.service.holder.pointer.generation == 9
         reg.pointer.write_bytes(gen1)  # the pointer naming the release now serving, but older: still refused
         refused("generation 1 is older than generation 9", serving=id_a)
+        reg.activate(id_b)
+        gen10 = reg.pointer.read_bytes()
+        reg.activate(id_a)  # generation 11: the state serving, so the reload finds it unchanged...
+        r = post(srv, "/v2/repository/reload")
+        assert r.status_code == 200 and r.json()["result"] == "unchanged", r.text
+        reg.pointer.write_bytes(gen10)  # ...and a pointer older than 11 is refused, though newer than 9
+        refused("generation 10 is older than generation 11", serving=id_a)
 
 
 def test_registry_errors_stay_registry_errors_with_keys(tmp_path, keys) -> None:

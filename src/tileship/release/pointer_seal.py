@@ -7,8 +7,9 @@ As TUF's timestamp/snapshot roles and Uptane's director do for their metadata, t
 a role and a counter of its own:
 
 - Every registry change of the pointer (``activate``, ``activate --reference``, ``rollback``, a
-  promotion, the drill) writes ``generation``: the pointer's before plus one (a pointer from before
-  generations counts as 0), so a later pointer always has a higher one.
+  promotion, the drill) writes ``generation``: one above the pointer's before (a pointer from before
+  generations counts as 0) and above the highest the registry wrote (``.generation``, a hint: an older
+  pointer put back does not make the next ones older), so a later pointer always has a higher one.
 - With an *activator* key (``Registry(activator_key=)``, ``--sign-key``, else ``TILESHIP_ACTIVATOR_KEY``;
   the ed25519 PEM keys ``tileship keygen`` writes) the pointer also holds ``sealed_by`` (the key id) and
   ``signature``: ed25519 over ``DOMAIN`` + the canonical JSON (sorted keys, no whitespace, ASCII) of every
@@ -36,6 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +47,15 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from tileship import env
+from tileship.digits import parse_uint
 from tileship.errors import PointerSignatureError
 from tileship.release import bundle
 
 DOMAIN = b"tileship-pointer-v1\0"
 #: the fields this module writes into a pointer (``signature`` is the one not signed)
 FIELDS = ("generation", "sealed_by", "signature")
+#: beside the pointer: the highest generation the registry wrote (``next_generation``)
+HIGH_WATER = ".generation"
 _RESEAL_HINT = "restore it with `tileship activate ID --sign-key KEY` (or `tileship rollback --sign-key KEY`)"
 
 
@@ -87,6 +92,29 @@ def seal(state: Mapping[str, Any], generation: int, key: Ed25519PrivateKey | Non
         out["sealed_by"] = bundle.key_id(key.public_key())
         out["signature"] = base64.b64encode(key.sign(signed_bytes(out))).decode()
     return out
+
+
+def next_generation(root: Path, old: Mapping[str, Any]) -> int:
+    """The next pointer's generation: one above both the pointer ``old``'s and the highest this registry wrote
+    (``HIGH_WATER``), so that after an older pointer is put back (which servers that served a newer one refuse)
+    the activator's next pointer is newer than theirs at once. The mark is a hint, not trusted: an unreadable one
+    counts as 0, and one lowered or removed only delays that recovery."""
+    try:
+        mark = parse_uint((Path(root) / HIGH_WATER).read_text().strip()) or 0
+    except OSError:
+        mark = 0
+    return max(generation_of(old), mark) + 1
+
+
+def record_generation(root: Path, generation: int) -> None:
+    """Best effort, once the pointer of ``generation`` is in place: ``HIGH_WATER`` says it (through a temporary
+    that the registry's ``gc`` removes if a kill leaves it; a failure, a full disk included, is ignored)."""
+    tmp = Path(root) / f"{HIGH_WATER}.tmp{os.getpid()}"
+    try:
+        tmp.write_text(f"{generation}\n")
+        os.replace(tmp, Path(root) / HIGH_WATER)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def sealed_by(state: Mapping[str, Any]) -> str | None:

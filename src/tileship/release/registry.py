@@ -10,6 +10,7 @@ Layout (default ``$TILESHIP_HOME/registry``)::
     images/<release id>.json the image the release ships in (``publish --image-digest``; ``release.images``)
     .lock                    serializes every change (filelock)
     .reserve                 64 KiB kept free so that the pointer can be rewritten on a full disk
+    .generation              the highest pointer generation written (``pointer_seal.next_generation``)
 
 Leftovers of a killed writer (``.tmp*``, ``.incoming-*``, ``.trash-*``, ``.unpack-*``, copies superseded by a
 newer ``@<n>``) are removed at the start of the next change (``gc``).
@@ -319,7 +320,9 @@ class Registry:
 
     def _write_pointer(self, state: dict[str, Any], old: dict[str, Any]) -> None:
         """``state`` as the pointer after ``old``: its next generation, sealed when there is an activator key."""
-        write_pointer(self.pointer, pointer_seal.seal(state, pointer_seal.generation_of(old) + 1, self._sealer()))
+        gen = pointer_seal.next_generation(self.root, old)
+        write_pointer(self.pointer, pointer_seal.seal(state, gen, self._sealer()))
+        pointer_seal.record_generation(self.root, gen)
 
     @contextmanager
     def _locked(self) -> Iterator[list[str]]:

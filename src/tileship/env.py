@@ -10,6 +10,11 @@ Precedence everywhere: command-line flag > environment variable > project file >
                             signed by one of them is ignored and the release serves as unverified
     TILESHIP_VERIFIER_KEY   the ed25519 private key (PEM) `verify` and `tune` sign evidence with
                             when no --verifier-key is given
+    TILESHIP_ACTIVATOR_KEY  the ed25519 private key (PEM) `activate`, `rollback` (every registry change of the
+                            pointer) seal ``active.json`` with when no --sign-key is given
+    TILESHIP_TRUSTED_ACTIVATOR_KEYS  os.pathsep-separated ed25519 public keys (PEM) of the activator role;
+                            when set, `tileship serve REGISTRY` refuses a pointer not sealed by one of
+                            them, or older than the one it serves (``release.pointer_seal``)
     TILESHIP_ALLOW_UNVERIFIED  "1" to run unverified kernels on a GPU (default off)
     TILESHIP_ALLOW_REFERENCE_DRIFT  "1" to load a release whose pinned reference modules differ from
                             the ones this process imports (default off: ReferenceDrift)
@@ -50,6 +55,16 @@ def trusted_verifier_key_paths() -> list[Path]:
 def verifier_key() -> Path | None:
     raw = os.environ.get("TILESHIP_VERIFIER_KEY", "").strip()
     return Path(raw) if raw else None
+
+
+def activator_key() -> Path | None:
+    raw = os.environ.get("TILESHIP_ACTIVATOR_KEY", "").strip()
+    return Path(raw) if raw else None
+
+
+def trusted_activator_key_paths() -> list[Path]:
+    raw = os.environ.get("TILESHIP_TRUSTED_ACTIVATOR_KEYS", "")
+    return [Path(p) for p in raw.split(os.pathsep) if p]
 
 
 def allow_reference_drift() -> bool:

@@ -10,6 +10,8 @@
     ├── BundleError                    a release bundle is malformed
     │   ├── BundleIntegrityError       a file's hash, a missing/extra file, an edited manifest (names the file)
     │   └── SignatureError             the signature is missing, malformed or does not verify
+    │       └── PointerSignatureError  a registry's active.json is unsigned, tampered, sealed by an untrusted
+    │                                  activator key, or older than the pointer served (names file, key id)
     ├── ArtifactLoadError              a compiled artifact could not be loaded into this process
     ├── CompileForbidden               something tried to compile while a release was serving
     ├── CallError                      a call no path can serve (wrong arity, rank, mixed devices; names the argument)
@@ -107,6 +109,17 @@ class BundleIntegrityError(BundleError):
 
 class SignatureError(BundleError):
     """The manifest signature is missing, malformed, or made by an untrusted key."""
+
+
+class PointerSignatureError(SignatureError):
+    """A registry pointer (``active.json``) a server that trusts activator keys refuses: unsigned,
+    malformed, sealed by a key it does not trust, changed after it was sealed, or a generation older
+    than the pointer it serves (``release.pointer_seal``). ``path`` names the file; ``key_id`` the
+    key the pointer says sealed it (None: unsigned)."""
+
+    def __init__(self, message: str, *, path: str, key_id: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message, path=path, hint=hint)
+        self.key_id = key_id
 
 
 class ArtifactLoadError(TileshipError):

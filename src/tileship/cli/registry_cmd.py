@@ -1,4 +1,5 @@
-"""``tileship releases | publish | activate | rollback | gc``: the release registry (each says the evidence pin)."""
+"""``tileship releases | publish | activate | rollback | gc``: the release registry (each says the evidence pin;
+``activate`` and ``rollback`` also the pointer's generation and the activator key that sealed it)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ if TYPE_CHECKING:
     from tileship.release.registry import Active, Registry
 
 REGISTRY_HELP = "registry directory (default: $TILESHIP_HOME/registry, i.e. ./.tileship/registry)"
+SIGN_KEY_HELP = ("ed25519 private key of the activator role that seals the new active.json, which a server with "
+                 "--trusted-activator-key requires (default: $TILESHIP_ACTIVATOR_KEY; none: unsigned)")
 
 
-def _registry(path: Path | None) -> Registry:
+def _registry(path: Path | None, sign_key: Path | None = None) -> Registry:
     from tileship.release.registry import Registry
 
-    return Registry(path)
+    return Registry(path, activator_key=sign_key)
 
 
 def _pin_text(pin: str | None) -> str:
@@ -33,6 +36,9 @@ def _say_active(a: Active) -> None:
     prev = f"; rollback would return to {a.previous}" if a.previous else ""
     console.print(f"[green]active[/]: {a.release_id}{mode}{prev}")
     console.print(f"evidence pinned: {_pin_text(a.evidence)}")
+    seal = f"sealed by activator key {a.sealed_by}" if a.sealed_by else (
+        "[yellow]not signed[/] (a server that trusts activator keys refuses it; seal it with --sign-key)")
+    console.print(f"pointer generation {a.generation if a.generation is not None else 0}: {seal}")
     console.print("[dim]a server following this registry switches on `POST /v2/repository/reload`[/]")
 
 
@@ -99,13 +105,15 @@ def register(app: typer.Typer) -> None:
                                        help="serve every operator through its PyTorch reference only"),
         force: bool = typer.Option(False, "--force", help="activate even if integrity or verification checks fail"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
+        sign_key: Path | None = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP),
     ) -> None:
         """Make a release active (atomic; concurrent activations are serialized).
 
         Refused, naming why, when the release fails its integrity check or its verification
-        evidence records a failure; --force overrides.
+        evidence records a failure; --force overrides. With --sign-key the pointer is sealed (activating
+        the active release again seals it, when that key did not).
         """
-        reg = _registry(registry)
+        reg = _registry(registry, sign_key)
         if reference:
             active = reg.activate_reference(release_id)
         elif release_id is None:
@@ -119,9 +127,10 @@ def register(app: typer.Typer) -> None:
     def rollback(
         force: bool = typer.Option(False, "--force", help="roll back even if the earlier release now fails its checks"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
+        sign_key: Path | None = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP),
     ) -> None:
-        """Return to the previously active release (repeat to go further back)."""
-        _say_active(_registry(registry).rollback(force=force))
+        """Return to the previously active release (repeat to go further back); --sign-key seals the pointer."""
+        _say_active(_registry(registry, sign_key).rollback(force=force))
 
     @app.command("gc")
     @handle_errors

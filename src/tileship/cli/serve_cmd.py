@@ -63,6 +63,10 @@ def serve(
                                            "circuit"),
     trusted_key: list[Path] = typer.Option([],
                                            help="ed25519 public key(s); when given, the release must be signed by one"),
+    trusted_activator_key: list[Path] = typer.Option([], help="ed25519 public key(s) of the activator role; when "
+                                                     "given (default: $TILESHIP_TRUSTED_ACTIVATOR_KEYS), a registry's "
+                                                     "active.json must be sealed by one and never older than the "
+                                                     "pointer serving"),
     diagnostics_dir: Path | None = typer.Option(None,
                                                 help="where diagnostics bundles go (default "
                                                      "$TILESHIP_HOME/diagnostics)"),
@@ -90,7 +94,7 @@ def serve(
     Each operator is a model, its version the release id. Ready once the release is loaded
     and warmed. SIGHUP or POST /v2/repository/reload swaps in what SOURCE points at now.
     Exit 0 on SIGINT/SIGTERM; 3 after a sticky device error (restart the process); 1 if it
-    could not listen.
+    could not listen, or when trusted activator keys refuse the registry's pointer.
     """
     from tileship.errors import DeclarationError, TileshipError
 
@@ -134,12 +138,14 @@ def serve(
                          inline_us=inline_us, worker_spin_us=worker_spin_us, loop_spin_us=loop_spin_us,
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,
+                         trusted_activator_keys=tuple(trusted_activator_key) or None,
                          reference_only=reference_only, warm_rollback=warm_rollback, warmup_threads=warmup_threads,
                          check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec,
                          limits=RequestLimits(max_output_bytes=int(max_output_mib * (1 << 20))),
                          max_connections=max_connections, header_timeout_s=header_timeout, keep_alive_s=keep_alive,
                          diagnostics_interval_s=diagnostics_interval, diagnostics_keep=diagnostics_keep,
                          grpc_port=grpc_port)
+    _check_pointer(source, config.trusted_activator_keys)
     if ray or ray_address:
         from tileship.cli.serve_ray import serve_fleet
 
@@ -147,6 +153,20 @@ def serve(
                                      min_replicas=min_replicas, max_replicas=max_replicas,
                                      canary_requests=canary_requests, canary_seconds=canary_seconds))
     raise typer.Exit(run(config, host=host, port=port, log_level=log_level))
+
+
+def _check_pointer(source: Path, keys: tuple[Path, ...] | None) -> None:
+    """Refuse to start (exit 1, naming the file, the key id and what is wrong) on a registry pointer that trusted
+    activator keys refuse; a reload refuses the same pointer with 409 and keeps serving."""
+    from tileship.errors import RegistryError
+    from tileship.release import pointer_seal
+    from tileship.serve.source import resolve
+
+    if trusted := pointer_seal.trusted(keys):
+        try:
+            resolve(source, activator_keys=trusted)
+        except RegistryError:
+            pass  # nothing active, no such directory: the server starts and says so, as without activator keys
 
 
 def register(app: typer.Typer) -> None:

@@ -106,7 +106,8 @@ def check_integrity(root: Path) -> dict[str, Any]:
 
 # -- signing -------------------------------------------------------------------
 
-def _key_id(pub: Ed25519PublicKey) -> str:
+def key_id(pub: Ed25519PublicKey) -> str:
+    """How tileship names a public key: ``ed25519:`` and 16 hex digits of the sha256 of its raw bytes."""
     raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
 
@@ -134,7 +135,7 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 
 def signature_record(key: Ed25519PrivateKey, body: bytes) -> dict[str, str]:
     """The JSON a signature file holds: ``{"key_id", "signature"}`` (base64 ed25519 over ``body``)."""
-    return {"key_id": _key_id(key.public_key()), "signature": base64.b64encode(key.sign(body)).decode()}
+    return {"key_id": key_id(key.public_key()), "signature": base64.b64encode(key.sign(body)).decode()}
 
 
 def sign(root: Path, private_key_path: Path) -> str:
@@ -152,11 +153,12 @@ def sign(root: Path, private_key_path: Path) -> str:
 
 def verify_signature(root: Path, trusted: Iterable[Ed25519PublicKey]) -> str:
     """Check the signature against the trusted keys. Returns the signing key id."""
-    return verify_signature_bytes(_read_or_none(root / MANIFEST) or b"", _read_or_none(root / SIGNATURE),
+    return verify_signature_bytes(read_or_none(root / MANIFEST) or b"", read_or_none(root / SIGNATURE),
                                   root / SIGNATURE, trusted)
 
 
-def _read_or_none(path: Path) -> bytes | None:
+def read_or_none(path: Path) -> bytes | None:
+    """The bytes of ``path``, or None when there is no such file."""
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -183,7 +185,7 @@ def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trus
             key.verify(sig, body)
         except InvalidSignature:
             continue
-        return _key_id(key)
+        return key_id(key)
     raise SignatureError(f"{path}: signature does not verify with any trusted key (key id {data.get('key_id')})",
                          path=str(path),
                          hint="sign with a trusted key (`tileship sign`) or add its public key to the trusted set")

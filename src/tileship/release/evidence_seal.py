@@ -33,7 +33,8 @@ is even read, and ``Seal.stale`` says the pin failed: then *every* specializatio
 reference, CPU ones and ``allow_unverified`` ones included (the directory is known not to hold the
 state that was activated). A deliberate re-verify is re-pinned by activating again (``publish
 --replace`` then ``activate``). A pointer written before pins (no ``evidence`` key) checks nothing.
-The pin is as trustworthy as ``active.json`` itself, which is not signed.
+The pin is as trustworthy as ``active.json`` itself: sealed by an activator key, which a server that
+trusts activator keys checks (``pointer_seal``), else unchecked.
 """
 
 from __future__ import annotations

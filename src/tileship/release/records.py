@@ -1,10 +1,12 @@
-"""Registry records: the active pointer (read, atomic write, full-disk reserve), a stored release as listed,
-and its verification status.
+"""Registry records: the active pointer (read, atomic write, full-disk reserve), a stored release as listed
+(``release_info``), and its verification status.
 
 A pointer state and each history entry: ``{"release_id", "reference_only", "evidence"}``. ``evidence``
 is the evidence pin recorded on activation (``evidence_seal.pin``: the evidence's sha256, null for a
 release without evidence); a pointer written before pins has no such key: then nothing is checked.
-Schema 1 either way (older readers ignore the key; an older writer drops it, which unpins).
+Schema 1 either way (older readers ignore the key; an older writer drops it, which unpins). The pointer
+(not its history entries) also holds ``generation`` and, when sealed by an activator key, ``sealed_by`` and
+``signature`` (``pointer_seal``; older readers ignore them too).
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tileship.errors import BundleIntegrityError, RegistryError
-from tileship.release import integrity, strict_json
+from tileship.errors import BundleError, BundleIntegrityError, RegistryError
+from tileship.release import bundle, evidence_seal, integrity, strict_json
 from tileship.release.evidence_seal import NO_EVIDENCE
 
 POINTER_SCHEMA = 1
@@ -37,7 +39,10 @@ class Active:
     only (no native code is loaded). ``previous``: the release ``rollback`` would return to.
     ``evidence``: the evidence pin recorded when it was activated (a sha256, or ``none`` for a
     release without evidence), which a load through the registry expects; None when the pointer
-    predates pins (nothing is checked).
+    predates pins (nothing is checked). ``generation``: the pointer's counter (``pointer_seal``; None
+    before generations); ``sealed_by``: the activator key id the pointer names (None: unsigned), checked
+    only by a reader that trusts activator keys. Neither takes part in ``==``: they say which pointer
+    named the state, not what it is.
     """
 
     release_id: str | None
@@ -45,6 +50,8 @@ class Active:
     reference_only: bool
     previous: str | None
     evidence: str | None = None
+    generation: int | None = field(default=None, compare=False)
+    sealed_by: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,27 @@ def verification_status(root: Path) -> tuple[str, str]:
     device = (data.get("device") or {}).get("name", "?")
     lost = f"; {len(excused)} failed candidates never win a tuned bucket" if excused else ""
     return "passed", f"{len(specs) - len(excused)} specializations passed on {device}{lost}"
+
+
+def release_info(rid: str, root: Path, state: dict[str, Any]) -> ReleaseInfo:
+    """Published release ``rid`` at ``root`` as ``Registry.releases`` lists it, against the pointer ``state``
+    (integrity re-checked: every file hashed). Raises FileNotFoundError when the copy went meanwhile."""
+    try:
+        bundle.check_integrity(root)
+        ok, err = True, None
+    except BundleError as exc:
+        ok, err = False, exc.message
+    status, detail = verification_status(root)
+    try:
+        rel = strict_json.loads((root / "release.json").read_bytes(), root / "release.json")
+        model = f"{rel['model']['name']}:{rel['model']['version']}"
+        revision = str(rel.get("kernel_revision", "?"))
+    except (OSError, BundleError, KeyError, TypeError, AttributeError):
+        model, revision = "?", "?"
+    is_active = rid == state["release_id"]
+    return ReleaseInfo(rid, root, model, revision, status, detail, ok, err, is_active,
+                       is_active and bool(state["reference_only"]), root.stat().st_mtime,
+                       evidence_seal.pin(root), pin_of(state) if is_active else None)
 
 
 def _losing_candidates(tuning: Any) -> set[str]:

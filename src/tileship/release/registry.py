@@ -2,26 +2,28 @@
 
 Layout (default ``$TILESHIP_HOME/registry``)::
 
-    releases/<release id>[@<n>]/  a complete, integrity-checked, fsynced copy of a release bundle;
-                             ``publish --replace`` renames a complete ``<id>@<n+1>`` into place
-                             (the highest n is current) before the older copy is removed, so
-                             there is no instant without a valid copy of the id
-    active.json              {"schema", "release_id", "reference_only", "evidence", "history": [...]}
+    releases/<release id>[@<n>]/  a complete, integrity-checked, fsynced copy of a release bundle; ``publish
+                             --replace`` renames a complete ``<id>@<n+1>`` into place (the highest n is current)
+                             before the older copy is removed: there is no instant without a valid copy of the id
+    active.json              {"schema", "release_id", "reference_only", "evidence", "history": [...], "generation",
+                             "sealed_by", "signature"}
     images/<release id>.json the image the release ships in (``publish --image-digest``; ``release.images``)
     .lock                    serializes every change (filelock)
     .reserve                 64 KiB kept free so that the pointer can be rewritten on a full disk
+    .generation              the highest pointer generation written (``pointer_seal.next_generation``)
 
-Leftovers of a killed writer (``.tmp*``, ``.incoming-*``, ``.trash-*``, ``.unpack-*``, copies
-superseded by a newer ``@<n>``) are removed at the start of the next change (``gc``).
+Leftovers of a killed writer (``.tmp*``, ``.incoming-*``, ``.trash-*``, ``.unpack-*``, copies superseded by a
+newer ``@<n>``) are removed at the start of the next change (``gc``).
 
-``active.json`` names the release a server should serve (or that release in reference-only
-mode) and the states active before it, newest first: ``rollback`` pops that stack. It is
-only ever replaced whole (temp file, fsync, ``os.replace``, fsync of the directory), so a
-process killed at any instant leaves the old pointer or the new one, never a torn file.
-Each state pins the evidence in effect when it was activated (``evidence``, ``records``): a
-load through the registry ignores evidence other than the pinned one (``evidence_seal``);
-activating the active release again re-pins it in place (after ``publish --replace``).
-Readers (``active()``) take no lock. Nothing here imports torch or TileLang.
+``active.json`` names the release a server should serve (or that release in reference-only mode) and the states
+active before it, newest first: ``rollback`` pops that stack. It is only ever replaced whole (temp file, fsync,
+``os.replace``, fsync of the directory), so a process killed at any instant leaves the old pointer or the new
+one, never a torn file. Each state pins the evidence in effect when it was activated (``evidence``,
+``records``): a load through the registry ignores evidence other than the pinned one (``evidence_seal``);
+activating the active release again re-pins it in place (after ``publish --replace``). Every write moves the
+pointer's ``generation`` up and, with an activator key, seals it in the same file (``pointer_seal``), so a
+server that trusts activator keys refuses a forged or older pointer. Readers (``active()``) take no lock.
+Nothing here imports torch or TileLang.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock, Timeout
 
 from tileship import env
 from tileship.errors import BundleError, RegistryError
-from tileship.release import bundle, evidence_seal, images, integrity, layout, strict_json
+from tileship.release import bundle, evidence_seal, images, integrity, layout, pointer_seal
 from tileship.release.records import (  # noqa: F401 (re-exported)
     POINTER_SCHEMA,
     RESERVE,
@@ -49,6 +52,7 @@ from tileship.release.records import (  # noqa: F401 (re-exported)
     make_reserve,
     pin_of,
     read_pointer,
+    release_info,
     verification_status,
     write_pointer,
 )
@@ -72,10 +76,13 @@ def _publish_failed(src: Path, exc: OSError, root: Path) -> RegistryError:
 
 class Registry:
     """A registry rooted at ``root`` (created on first write). Every method is safe to call
-    from several processes at once: changes are serialized by a file lock."""
+    from several processes at once: changes are serialized by a file lock. ``activator_key`` (a PEM path or
+    key; default ``TILESHIP_ACTIVATOR_KEY``, else unsigned) seals every pointer written (``pointer_seal``)."""
 
-    def __init__(self, root: Path | str | None = None) -> None:
+    def __init__(self, root: Path | str | None = None, *,
+                 activator_key: Path | Ed25519PrivateKey | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()
+        self.activator_key = activator_key
         self.releases_dir = self.root / "releases"
         self.pointer = self.root / POINTER
 
@@ -85,12 +92,17 @@ class Registry:
 
         Raises RegistryError when the pointer exists but is not a valid pointer file.
         """
-        state = self._read_pointer()
-        rid = state["release_id"]
-        history = state["history"]
+        return self.active_of(self._read_pointer())
+
+    def active_of(self, state: dict[str, Any]) -> Active:
+        """What the pointer state ``state`` (``read_pointer(self.pointer)``) names: a reader that checks the
+        pointer (``pointer_seal.check``) resolves the very state it checked."""
+        rid, history = state["release_id"], state["history"]
         return Active(release_id=rid, path=self._current(rid) if rid else None,
                       reference_only=bool(state["reference_only"]),
-                      previous=history[0]["release_id"] if history else None, evidence=pin_of(state))
+                      previous=history[0]["release_id"] if history else None, evidence=pin_of(state),
+                      generation=pointer_seal.generation_of(state) if "generation" in state else None,
+                      sealed_by=pointer_seal.sealed_by(state))
 
     def history(self) -> list[dict[str, Any]]:
         """Earlier active states, newest first: ``{"release_id", "reference_only", "evidence"}`` (``records``)."""
@@ -126,32 +138,13 @@ class Registry:
         for rid in self._ids():
             for attempt in range(3):  # a copy retired by a concurrent ``publish --replace``: read the next one
                 try:
-                    out.append(self._info(rid, state))
+                    out.append(release_info(rid, self._current(rid), state))
                     break
                 except FileNotFoundError:
                     if attempt == 2:
                         raise RegistryError(f"release {rid} kept changing while it was listed (concurrent "
                                             f"`publish --replace`?)", hint="list the registry again") from None
         return sorted(out, key=lambda r: (r.published_at, r.release_id))
-
-    def _info(self, rid: str, state: dict[str, Any]) -> ReleaseInfo:
-        root = self._current(rid)
-        try:
-            bundle.check_integrity(root)
-            ok, err = True, None
-        except BundleError as exc:
-            ok, err = False, exc.message
-        status, detail = verification_status(root)
-        try:
-            rel = strict_json.loads((root / "release.json").read_bytes(), root / "release.json")
-            model = f"{rel['model']['name']}:{rel['model']['version']}"
-            revision = str(rel.get("kernel_revision", "?"))
-        except (OSError, BundleError, KeyError, TypeError, AttributeError):
-            model, revision = "?", "?"
-        is_active = rid == state["release_id"]
-        return ReleaseInfo(rid, root, model, revision, status, detail, ok, err, is_active,
-                           is_active and bool(state["reference_only"]), root.stat().st_mtime,
-                           evidence_seal.pin(root), pin_of(state) if is_active else None)
 
     # -- changing ---------------------------------------------------------------
     def publish(self, source: Path | str, *, replace: bool = False, image_digest: str | None = None) -> str:
@@ -206,7 +199,7 @@ class Registry:
         if dest.is_dir():
             try:
                 same = (bundle.read_manifest(dest) == manifest
-                        and _read_or_none(dest / bundle.SIGNATURE) == _read_or_none(src / bundle.SIGNATURE))
+                        and bundle.read_or_none(dest / bundle.SIGNATURE) == bundle.read_or_none(src / bundle.SIGNATURE))
             except BundleError:
                 same = False
             if same:
@@ -266,7 +259,7 @@ class Registry:
             if not (force or prev["reference_only"]):
                 self._check_activatable(prev["release_id"])
             self._write_pointer({"schema": POINTER_SCHEMA, **entry(prev["release_id"], prev["reference_only"],
-                                                                    pin_of(prev)), "history": rest})
+                                                                    pin_of(prev)), "history": rest}, state)
         return self.active()
 
     # -- internals ----------------------------------------------------------------
@@ -313,17 +306,23 @@ class Registry:
             raise RegistryError(f"refusing to activate {rid}: its evidence is now {pin}, not {expect} as loaded")
         history = state["history"]
         if state["release_id"] == rid and bool(state["reference_only"]) == reference_only:
-            if pin_of(state) == pin_of(new):
-                return
+            if pin_of(state) == pin_of(new) and not pointer_seal.reseals(state, self._sealer()):
+                return  # unchanged (an activator key that did not seal it seals it anew)
         elif state["release_id"] is not None:
             history = [entry(state["release_id"], state["reference_only"], pin_of(state)), *history]
-        self._write_pointer({"schema": POINTER_SCHEMA, **new, "history": history[:HISTORY_LIMIT]})
+        self._write_pointer({"schema": POINTER_SCHEMA, **new, "history": history[:HISTORY_LIMIT]}, state)
 
     def _read_pointer(self) -> dict[str, Any]:
         return read_pointer(self.pointer)
 
-    def _write_pointer(self, state: dict[str, Any]) -> None:
-        write_pointer(self.pointer, state)
+    def _sealer(self) -> Ed25519PrivateKey | None:
+        return pointer_seal.signing_key(self.activator_key)
+
+    def _write_pointer(self, state: dict[str, Any], old: dict[str, Any]) -> None:
+        """``state`` as the pointer after ``old``: its next generation, sealed when there is an activator key."""
+        gen = pointer_seal.next_generation(self.root, old)
+        write_pointer(self.pointer, pointer_seal.seal(state, gen, self._sealer()))
+        pointer_seal.record_generation(self.root, gen)
 
     @contextmanager
     def _locked(self) -> Iterator[list[str]]:
@@ -341,10 +340,3 @@ class Registry:
             yield removed
         finally:
             lock.release()
-
-
-def _read_or_none(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None

@@ -53,7 +53,7 @@ class Service:
             bind = llama_example().LlamaHost(config.llama).bind
         self.holder = ReleaseHolder(config.source, unpinned(config.loader) or self._default_loader,
                                     force_reference=config.reference_only, warmup_limit=config.warmup_limit,
-                                    warmup_threads=config.warmup_threads,
+                                    warmup_threads=config.warmup_threads, activator_keys=config.trusted_activator_keys,
                                     after_load=self._after_load, bind_models=bind)
         # with --workers N, each request thread talks to one worker process at a time
         threads = config.workers or max(1, config.worker_threads)
@@ -156,13 +156,12 @@ class Service:
     async def _load_and_swap(self, *, trigger: str, accept_warm_failures: bool) -> tuple[int, dict[str, Any]]:
         async with self._reload_lock:
             h = self.holder
-            cur = h.current
             try:
                 target: Target = await asyncio.to_thread(h.resolve)
             except Exception as exc:
                 return self._failed(str(h.source), "resolve", exc, trigger)
             rid = release_id_at(target.path)
-            if cur is not None and (rid, target) == (cur.release_id, cur.target):  # a replaced copy (id@n) loads
+            if h.unchanged(target, rid):  # a replaced copy (id@n) loads
                 self.metrics.reloads.labels("unchanged").inc()
                 self.log.event("reload", trigger=trigger, result="unchanged", release=rid)
                 return 200, {"result": "unchanged", "release": rid, "reference_only": target.reference_only}
@@ -189,7 +188,7 @@ class Service:
                 except Exception as exc:
                     return self._failed(str(target.path), "workers", exc, trigger)
                 self.workers.switch(fresh, target, served.release_id)
-            old = h.swap(served)
+            old = h.swap(served, target.sealed)
             standby.prewarm_rollback(self)
             m = self.metrics
             if warm is None:

@@ -51,6 +51,9 @@ class ServeConfig:
     drift_policy: str | None = None
     allow_unverified: bool | None = None
     trusted_keys: tuple[Path, ...] | None = None
+    #: activator public keys a registry source's pointer must be sealed by (``release.pointer_seal``;
+    #: ``--trusted-activator-key``); None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``, and none there: not checked
+    trusted_activator_keys: tuple[Path, ...] | None = None
     reference_only: bool = False
     check_finite: bool = True
     warmup_limit: int = 256

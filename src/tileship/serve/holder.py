@@ -1,8 +1,8 @@
 """The live release of a server, and how a new one replaces it (hot swap).
 
 A source is a release directory (reload re-reads it: point a symlink elsewhere, or rebuild
-in place) or a registry directory (reload follows ``Registry(root).active()``, and the loader
-expects the evidence pinned when it was activated: ``Target.evidence``). ``prepare``
+in place) or a registry directory (reload follows its pointer, ``serve.source.resolve``: the loader expects
+the evidence pinned on activation, and trusted activator keys refuse a forged or older pointer). ``prepare``
 loads, checks and warms a release off to the side; only then does ``ReleaseHolder`` swap
 it in, with one attribute assignment. A request takes ``holder.current`` once when it
 starts and finishes on that release, so in-flight requests complete on the old one while
@@ -13,76 +13,30 @@ logs and metrics.
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tileship.errors import RegistryError, TileshipError
+from tileship.errors import TileshipError
 from tileship.runtime.dispatch import Release
+from tileship.serve.source import (  # noqa: F401 (re-exported)
+    MANIFEST_READ_LIMIT,
+    Target,
+    release_id_at,
+    resolve,
+    rollback_target,
+)
 from tileship.serve.warmup import WarmReport, warm_up
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from tileship.release.pointer_seal import Sealed
 
 #: releases swapped out whose snapshots are kept (requests still in flight on them finish there)
 RETIRED_KEEP = 2
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a source points at now: a release directory, maybe in reference-only mode. ``evidence``:
-    the evidence pin the registry recorded on activation (``Active.evidence``), which the loader
-    checks; None for a release directory or a pointer written before pins (not checked)."""
-
-    path: Path
-    reference_only: bool
-    evidence: str | None = None
-
-
-def resolve(source: Path, *, force_reference: bool = False) -> Target:
-    """The release ``source`` names now. Raises RegistryError naming what is missing."""
-    source = Path(source)
-    if (source / "manifest.json").is_file():
-        return Target(source, force_reference)
-    if not source.is_dir():
-        raise RegistryError(f"{source}: no such release or registry directory")
-    from tileship.release.registry import Registry  # a registry directory: follow its active pointer
-
-    active = Registry(source).active()
-    if active.path is None:
-        raise RegistryError(f"registry {source} has no active release",
-                            hint="run `tileship activate ID` (or `tileship activate --reference ID`)")
-    return Target(Path(active.path), bool(active.reference_only) or force_reference, active.evidence)
-
-
-#: the most of a manifest ``release_id_at`` reads (a release's manifest is a few KiB)
-MANIFEST_READ_LIMIT = 1 << 20
-
-
-def release_id_at(path: Path) -> str | None:
-    """The release id its manifest claims (unchecked), or None when unreadable. Callable on the event
-    loop with any path a client names: only a regular file is read (opened without blocking, so a
-    FIFO or a device never stalls it), and at most ``MANIFEST_READ_LIMIT`` bytes of it."""
-    try:
-        fd = os.open(path / "manifest.json", os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except (OSError, ValueError):
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MANIFEST_READ_LIMIT:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MANIFEST_READ_LIMIT + 1)
-        if len(data) > MANIFEST_READ_LIMIT:
-            return None
-        rid = json.loads(data)["release_id"]
-        return rid if isinstance(rid, str) and len(rid) <= 128 else None
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return None
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -149,9 +103,11 @@ class ReleaseHolder:
     """
 
     def __init__(self, source: Path, loader: Loader, *, force_reference: bool = False, warmup_limit: int = 256,
-                 warmup_threads: int = 1,
+                 warmup_threads: int = 1, activator_keys: Iterable[Path | Ed25519PublicKey] | None = (),
                  after_load: Callable[[Release], str | None] | None = None,
                  bind_models: Callable[[Release, dict[str, str]], dict[str, Any]] | None = None) -> None:
+        from tileship.release import pointer_seal
+
         self.source = Path(source)
         self._load = loader
         self.force_reference = force_reference
@@ -167,9 +123,22 @@ class ReleaseHolder:
         self.retired: list[Served] = []
         #: the state a registry rollback would return to, loaded and warmed ahead (``App.prewarm_rollback``)
         self.standby: Served | None = None
+        #: trusted activator keys (None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) and the pointer serving under them
+        self.activator_keys = pointer_seal.trusted(activator_keys)
+        self.pointer: Sealed | None = None
 
     def resolve(self) -> Target:
-        return resolve(self.source, force_reference=self.force_reference)
+        """What the source names now; under activator keys, a pointer no older than ``pointer``."""
+        return resolve(self.source, force_reference=self.force_reference, activator_keys=self.activator_keys,
+                       after=self.pointer)
+
+    def unchanged(self, target: Target, rid: str | None) -> bool:
+        """Whether ``target`` (release ``rid`` on disk) is what serves; then its pointer is the one serving."""
+        cur = self.current
+        if cur is None or (rid, target) != (cur.release_id, cur.target):
+            return False
+        self.pointer = target.sealed or self.pointer
+        return True
 
     def prepare(self, target: Target) -> Served:
         """Load ``target`` (integrity, lock, no-JIT dlopen) and warm it, off to the side.
@@ -191,17 +160,8 @@ class ReleaseHolder:
     def rollback_target(self) -> Target | None:
         """What ``tileship rollback`` would make this server's source serve: the newest state in a
         registry's history. None for a release directory or an empty history. Raises RegistryError."""
-        if (self.source / "manifest.json").is_file() or not self.source.is_dir():
-            return None
-        from tileship.release.registry import Registry, pin_of
-
-        reg = Registry(self.source)
-        history = reg.history()
-        if not history:
-            return None
-        prev = history[0]
-        return Target(reg.path_of(prev["release_id"]), bool(prev["reference_only"]) or self.force_reference,
-                      pin_of(prev))
+        return rollback_target(self.source, force_reference=self.force_reference,
+                               activator_keys=self.activator_keys)
 
     def warm(self, target: Target) -> Served | None:
         """A release already loaded and warmed in this process that is exactly ``target`` (the same
@@ -226,11 +186,12 @@ class ReleaseHolder:
         if old is not None and old is not served:
             self.retire(old)
 
-    def swap(self, served: Served) -> Served | None:
-        """Make ``served`` current; return the one it replaces. The last ``RETIRED_KEEP`` replaced
-        releases keep their snapshots (requests still running on them finish there); older ones
-        are closed, so a server reloaded many times keeps a bounded number of snapshot copies."""
+    def swap(self, served: Served, sealed: Sealed | None = None) -> Served | None:
+        """Make ``served`` current (named by the pointer ``sealed``, if checked); return the one it replaces. The
+        last ``RETIRED_KEEP`` replaced releases keep their snapshots (requests still running on them finish there);
+        older ones are closed, so a server reloaded many times keeps a bounded number of snapshot copies."""
         old, self.current = self.current, served
+        self.pointer = sealed or self.pointer
         self.last_failure = None
         if self.fatal is None:
             self.state = "ready"

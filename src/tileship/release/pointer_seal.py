@@ -1,0 +1,181 @@
+"""The signed activation pointer: who moved a registry's ``active.json``, and that it is not an older one.
+
+Release signatures and evidence pins guard the release directories, not the pointer: whoever can write
+the registry root can rewrite ``active.json`` to name another published release, change its evidence
+pin, or put back an older pointer (one naming a release since rolled back, or a pin since superseded).
+As TUF's timestamp/snapshot roles and Uptane's director do for their metadata, the pointer therefore has
+a role and a counter of its own:
+
+- Every registry change of the pointer (``activate``, ``activate --reference``, ``rollback``, a
+  promotion, the drill) writes ``generation``: one above the pointer's before (a pointer from before
+  generations counts as 0) and above the highest the registry wrote (``.generation``, a hint: an older
+  pointer put back does not make the next ones older), so a later pointer always has a higher one.
+- With an *activator* key (``Registry(activator_key=)``, ``--sign-key``, else ``TILESHIP_ACTIVATOR_KEY``;
+  the ed25519 PEM keys ``tileship keygen`` writes) the pointer also holds ``sealed_by`` (the key id) and
+  ``signature``: ed25519 over ``DOMAIN`` + the canonical JSON (sorted keys, no whitespace, ASCII) of every
+  other field, ``generation``, ``sealed_by``, the history and every evidence pin included. The domain
+  prefix keeps the role apart from manifest and evidence signatures even if one key were trusted for two.
+- The signature lives in the pointer itself: the one ``os.replace`` that publishes a pointer publishes
+  its signature, so no crash leaves a pointer beside another pointer's signature (a sibling ``active.sig``
+  would need two renames, and a crash between them would leave a pointer its signature does not cover).
+- A reader that trusts activator keys (``check``; ``tileship serve REGISTRY --trusted-activator-key``,
+  ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) refuses a pointer that is unsigned, malformed, sealed by a key it
+  does not trust, changed after sealing, or older than the pointer it serves (``after``): a lower
+  generation, or the same generation with other content. Refusals are ``PointerSignatureError``.
+- Schema 1 still: an older tileship reads a sealed pointer (it ignores the three keys) and, writing one,
+  drops them, which a reader trusting activator keys refuses as unsigned. With no activator key trusted
+  nothing here is checked.
+
+Not covered: the first pointer a fresh server process sees is trusted on first use for its generation
+(nothing is persisted across restarts); an activator that stops signing (a frozen pointer) is not
+detected (no expiry); a pointer is not bound to one registry (registries sharing an activator key can
+swap pointers of a higher generation).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from tileship import env
+from tileship.digits import parse_uint
+from tileship.errors import PointerSignatureError
+from tileship.release import bundle
+
+DOMAIN = b"tileship-pointer-v1\0"
+#: the fields this module writes into a pointer (``signature`` is the one not signed)
+FIELDS = ("generation", "sealed_by", "signature")
+#: beside the pointer: the highest generation the registry wrote (``next_generation``)
+HIGH_WATER = ".generation"
+_RESEAL_HINT = "restore it with `tileship activate ID --sign-key KEY` (or `tileship rollback --sign-key KEY`)"
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A pointer a reader accepted: its ``generation``, the trusted activator key that sealed it
+    (``key_id``) and the sha256 of its signed bytes (``digest``: two pointers of one generation differ)."""
+
+    generation: int
+    key_id: str
+    digest: str
+
+
+def generation_of(state: Mapping[str, Any]) -> int:
+    """A pointer's generation; 0 for one written before generations."""
+    gen = state.get("generation", 0)
+    return gen if isinstance(gen, int) and not isinstance(gen, bool) else 0
+
+
+def signed_bytes(state: Mapping[str, Any]) -> bytes:
+    """What the signature is over: ``DOMAIN`` + the canonical JSON of every field but ``signature``.
+    Raises ValueError for a state JSON cannot represent canonically (NaN)."""
+    body = {k: v for k, v in state.items() if k != "signature"}
+    return DOMAIN + json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                               allow_nan=False).encode()
+
+
+def seal(state: Mapping[str, Any], generation: int, key: Ed25519PrivateKey | None) -> dict[str, Any]:
+    """``state`` as the next pointer: ``generation`` set and, with ``key``, ``sealed_by`` and ``signature``
+    (without one, an earlier seal is dropped: the pointer is unsigned)."""
+    out = {k: v for k, v in state.items() if k not in FIELDS}
+    out["generation"] = generation
+    if key is not None:
+        out["sealed_by"] = bundle.key_id(key.public_key())
+        out["signature"] = base64.b64encode(key.sign(signed_bytes(out))).decode()
+    return out
+
+
+def next_generation(root: Path, old: Mapping[str, Any]) -> int:
+    """The next pointer's generation: one above both the pointer ``old``'s and the highest this registry wrote
+    (``HIGH_WATER``), so that after an older pointer is put back (which servers that served a newer one refuse)
+    the activator's next pointer is newer than theirs at once. The mark is a hint, not trusted: an unreadable one
+    counts as 0, and one lowered or removed only delays that recovery."""
+    try:
+        mark = parse_uint((Path(root) / HIGH_WATER).read_text().strip()) or 0
+    except OSError:
+        mark = 0
+    return max(generation_of(old), mark) + 1
+
+
+def record_generation(root: Path, generation: int) -> None:
+    """Best effort, once the pointer of ``generation`` is in place: ``HIGH_WATER`` says it (through a temporary
+    that the registry's ``gc`` removes if a kill leaves it; a failure, a full disk included, is ignored)."""
+    tmp = Path(root) / f"{HIGH_WATER}.tmp{os.getpid()}"
+    try:
+        tmp.write_text(f"{generation}\n")
+        os.replace(tmp, Path(root) / HIGH_WATER)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def sealed_by(state: Mapping[str, Any]) -> str | None:
+    """The key id a pointer says sealed it (not checked), or None."""
+    kid = state.get("sealed_by")
+    return kid if isinstance(kid, str) else None
+
+
+def reseals(state: Mapping[str, Any], key: Ed25519PrivateKey | None) -> bool:
+    """Whether ``key`` is an activator key that did not seal ``state``: writing the same state again
+    (activating the active release) then seals it anew rather than leaving it as it is."""
+    return key is not None and sealed_by(state) != bundle.key_id(key.public_key())
+
+
+def signing_key(key: Path | Ed25519PrivateKey | None) -> Ed25519PrivateKey | None:
+    """The activator key to seal with: ``key``, else ``TILESHIP_ACTIVATOR_KEY``; None: unsigned.
+    Raises SignatureError naming an unusable key file."""
+    key = key if key is not None else env.activator_key()
+    return key if key is None or isinstance(key, Ed25519PrivateKey) else bundle.load_private_key(key)
+
+
+def trusted(keys: Iterable[Path | Ed25519PublicKey] | None) -> list[Ed25519PublicKey]:
+    """Trusted activator public keys from paths or key objects; None reads ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``.
+    Raises SignatureError naming an unusable key file."""
+    raw = list(keys) if keys is not None else env.trusted_activator_key_paths()
+    return [k if isinstance(k, Ed25519PublicKey) else bundle.load_public_key(Path(k)) for k in raw]
+
+
+def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey],
+          after: Sealed | None = None) -> Sealed:
+    """Accept the pointer ``state`` (read from ``path``) only when sealed by one of ``keys``, unchanged
+    since, and not older than ``after`` (the pointer a server serves: a lower generation, or the same one
+    with other content, is a replay). Returns what was accepted.
+
+    Raises PointerSignatureError naming ``path``, the key id and what is wrong."""
+    kid, sig = state.get("sealed_by"), state.get("signature")
+    if kid is None and sig is None:
+        raise PointerSignatureError(f"{path}: the pointer is not signed, but activator keys are trusted",
+                                    path=str(path), hint=_RESEAL_HINT)
+    if not isinstance(kid, str) or not isinstance(sig, str):
+        raise PointerSignatureError(f"{path}: malformed pointer seal (sealed_by and signature must be strings)",
+                                    path=str(path), key_id=sealed_by(state), hint=_RESEAL_HINT)
+    by_id = {bundle.key_id(k): k for k in keys}
+    if (key := by_id.get(kid)) is None:
+        raise PointerSignatureError(f"{path}: sealed by activator key {kid}, which is not trusted (trusted: "
+                                    f"{', '.join(sorted(by_id))})", path=str(path), key_id=kid,
+                                    hint="seal it with a trusted activator key, or trust that key's public half "
+                                         "(--trusted-activator-key, TILESHIP_TRUSTED_ACTIVATOR_KEYS)")
+    try:
+        body = signed_bytes(state)
+        key.verify(base64.b64decode(sig, validate=True), body)
+    except (ValueError, InvalidSignature):
+        raise PointerSignatureError(f"{path}: the signature of activator key {kid} does not verify: the pointer "
+                                    "was changed after it was sealed", path=str(path), key_id=kid,
+                                    hint=_RESEAL_HINT) from None
+    gen, digest = generation_of(state), "sha256:" + hashlib.sha256(body).hexdigest()
+    if after is not None and (gen < after.generation or (gen == after.generation and digest != after.digest)):
+        what = "older than" if gen < after.generation else "another pointer of the same generation as"
+        raise PointerSignatureError(f"{path}: generation {gen} is {what} generation {after.generation}, the "
+                                    f"pointer this server serves: an earlier pointer put back is refused (replay)",
+                                    path=str(path), key_id=kid,
+                                    hint="activate or roll back again (`tileship activate ID --sign-key KEY`) to "
+                                         "seal a newer pointer; the release serving keeps serving")
+    return Sealed(gen, kid, digest)

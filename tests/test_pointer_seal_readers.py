@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_pointer_seal import _edit, _kid, keys, signed  # noqa: F401 (fixtures)
+import test_pointer_seal
+from test_pointer_seal import _edit, _kid
 from test_registry import fake_release
 from typer.testing import CliRunner
 
@@ -26,6 +27,7 @@ from tileship.serve.fleet_plan import FleetPolicy
 from tileship.serve.jsonlog import JsonLog
 from tileship.serve.ray_fleet import FleetController, raw_keys
 
+keys, signed = test_pointer_seal.keys, test_pointer_seal.signed  # its fixtures
 POLICY = FleetPolicy(CanaryPolicy(window_requests=10, window_seconds=1.0, min_samples=5))
 
 
@@ -171,3 +173,36 @@ def test_the_fleet_controller_keeps_its_pointer_across_restarts(signed, keys, tm
     again, _ = _controller(reg, [keys["activator"][1]], generation_state=str(state))
     with pytest.raises(Exception, match="generation 2 is older than generation 3"):
         asyncio.run(_started(again))
+
+
+def test_the_fleet_controller_actor_on_a_local_ray_cluster_refuses_an_unsigned_pointer(signed, keys) -> None:
+    """The controller as ``Fleet.start`` deploys it: a Ray actor given the keys as raw bytes, polling on its own."""
+    import time
+
+    from test_serve_ray import _ray
+
+    ray = _ray()
+    reg, a, b = signed
+    opened = not ray.is_initialized()
+    if opened:
+        ray.init(num_cpus=1, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    try:
+        ctrl = ray.remote(num_cpus=0)(FleetController).remote(str(reg.root), POLICY, 0.05,
+                                                             raw_keys([keys["activator"][1]]))
+        assert ray.get(ctrl.start.remote(), timeout=60) == b
+        Registry(reg.root).activate(a)  # unsigned: never rolled
+        time.sleep(0.5)
+        assert [e["event"] for e in ray.get(ctrl.status.remote(), timeout=60)["events"]] == ["stable"]
+        reg.activate(a, force=True)  # sealed by the activator key: rolled
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            events = ray.get(ctrl.status.remote(), timeout=60)["events"]
+            if any(e["event"] == "roll_start" and e["release"] == a for e in events):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the sealed activation was not rolled: {events}")
+        ray.kill(ctrl)
+    finally:
+        if opened:
+            ray.shutdown()

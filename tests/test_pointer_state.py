@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_pointer_seal import _serve, keys, signed  # noqa: F401 (fixtures)
+import test_pointer_seal
+from test_pointer_seal import _serve
 from test_serve import copy_release, post, serving
 
 from tileship.errors import PointerSignatureError
@@ -19,6 +20,8 @@ from tileship.release import pointer_seal
 from tileship.release.registry import Registry
 from tileship.serve import ServeConfig
 from tileship.serve.holder import ReleaseHolder
+
+keys, signed = test_pointer_seal.keys, test_pointer_seal.signed  # its fixtures
 
 
 def _holder(reg: Registry, pub: Path, state: Path | None) -> ReleaseHolder:

@@ -15,6 +15,8 @@ Precedence everywhere: command-line flag > environment variable > project file >
     TILESHIP_TRUSTED_ACTIVATOR_KEYS  os.pathsep-separated ed25519 public keys (PEM) of the activator role;
                             when set, `tileship serve REGISTRY` refuses a pointer not sealed by one of
                             them, or older than the one it serves (``release.pointer_seal``)
+    TILESHIP_POINTER_STATE  a file where `tileship serve REGISTRY` keeps the pointer it served (its generation),
+                            read at start so a restarted server refuses an older one (``--generation-state``)
     TILESHIP_ALLOW_UNVERIFIED  "1" to run unverified kernels on a GPU (default off)
     TILESHIP_ALLOW_REFERENCE_DRIFT  "1" to load a release whose pinned reference modules differ from
                             the ones this process imports (default off: ReferenceDrift)
@@ -65,6 +67,11 @@ def activator_key() -> Path | None:
 def trusted_activator_key_paths() -> list[Path]:
     raw = os.environ.get("TILESHIP_TRUSTED_ACTIVATOR_KEYS", "")
     return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def pointer_state() -> Path | None:
+    raw = os.environ.get("TILESHIP_POINTER_STATE", "").strip()
+    return Path(raw) if raw else None
 
 
 def allow_reference_drift() -> bool:

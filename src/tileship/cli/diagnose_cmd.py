@@ -10,9 +10,13 @@ from tileship.cli._common import console, err_console, escape, handle_errors
 from tileship.cli.registry_cmd import REGISTRY_HELP
 
 
-def _release_dir(release: str | None, registry: Path | None) -> tuple[Path, str | None]:
-    """(the release directory, the evidence pin a load expects: the registry's, for the active release)."""
+def _release_dir(release: str | None, registry: Path | None,
+                 activator_keys: list[Path] | None = None) -> tuple[Path, str | None]:
+    """(the release directory, the evidence pin a load expects: the registry's, for the active release). The
+    active release is followed as a server follows it: with trusted activator keys (``activator_keys``, None:
+    ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) its pointer must be sealed by one (else PointerSignatureError)."""
     from tileship.errors import RegistryError
+    from tileship.release import pointer_seal
     from tileship.release.registry import Registry
 
     if release is not None and Path(release).is_dir():
@@ -20,7 +24,7 @@ def _release_dir(release: str | None, registry: Path | None) -> tuple[Path, str 
     reg = Registry(registry)
     if release is not None:
         return reg.path_of(release), None
-    active = reg.active()
+    active, _ = pointer_seal.active_checked(reg.root, pointer_seal.trusted(activator_keys))
     if active.path is None:
         raise RegistryError(f"no RELEASE given and registry {reg.root} has no active release",
                             hint="pass a release directory or id")
@@ -40,13 +44,16 @@ def register(app: typer.Typer) -> None:
         load: bool = typer.Option(True, help="load the release here too, recording load errors, drift and routing "
                                   "decisions"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
+        trusted_activator_key: list[Path] = typer.Option([], help="ed25519 public key(s) of the activator role: "
+                                                         "the active release is taken only from a pointer sealed by "
+                                                         "one (default: $TILESHIP_TRUSTED_ACTIVATOR_KEYS)"),
     ) -> None:
         """Write a diagnostics bundle: kernel sources, SASS/PTX, compiler commands and logs, the
         lock next to this environment, nvidia-smi -q, and (with --load) what loading does here."""
         from tileship.errors import TileshipError
         from tileship.release import diagnostics
 
-        path, pin = _release_dir(release, registry)
+        path, pin = _release_dir(release, registry, trusted_activator_key or None)
         target: object = path
         failure: BaseException | None = None
         reason = "on_demand"

@@ -1,5 +1,6 @@
 """``tileship releases | publish | activate | rollback | gc``: the release registry (each says the evidence pin;
-``activate`` and ``rollback`` also the pointer's generation and the activator key that sealed it)."""
+``releases``, ``activate`` and ``rollback`` also the pointer's generation and the activator key that sealed it,
+which ``releases`` checks against trusted activator keys and shows, not refuses)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from tileship.cli._common import console, handle_errors
+from tileship.cli._common import console, escape, handle_errors
 
 if TYPE_CHECKING:
     from tileship.release.registry import Active, Registry
@@ -42,11 +43,35 @@ def _say_active(a: Active) -> None:
     console.print("[dim]a server following this registry switches on `POST /v2/repository/reload`[/]")
 
 
+def _seal_text(reg: Registry, keys: list[Path] | None) -> str | None:
+    """The pointer's generation and seal in words, checked (``pointer_seal.check``) when activator keys are trusted
+    (``keys``; None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``): a refusal is said, not raised. None: no pointer."""
+    from tileship.errors import PointerSignatureError
+    from tileship.release import pointer_seal
+    from tileship.release.registry import read_pointer
+
+    if not reg.pointer.exists():
+        return None
+    state = read_pointer(reg.pointer)
+    gen, kid = pointer_seal.generation_of(state), pointer_seal.sealed_by(state)
+    said = f"pointer generation {gen}: " + (f"sealed by activator key {kid}" if kid else "[yellow]not signed[/]")
+    if not (trusted := pointer_seal.trusted(keys)):
+        return said + " (not checked: no trusted activator key)"
+    try:
+        pointer_seal.check(reg.pointer, state, trusted)
+    except PointerSignatureError as exc:
+        return said + f"; [red]REFUSED[/] by the trusted activator keys: {escape(exc.message)}"
+    return said + "; [green]verified[/] (a trusted activator key)"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("releases")
     @handle_errors
-    def releases(registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP)) -> None:
-        """List published releases: verification status, integrity, and which one is active."""
+    def releases(registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
+                 trusted_activator_key: list[Path] = typer.Option(
+                     [], help="ed25519 public key(s) of the activator role the pointer's seal is checked against "
+                              "(default: $TILESHIP_TRUSTED_ACTIVATOR_KEYS; shown, not refused)")) -> None:
+        """List published releases: verification status, integrity, which one is active, and the pointer's seal."""
         from rich.table import Table
 
         reg = _registry(registry)
@@ -71,6 +96,8 @@ def register(app: typer.Typer) -> None:
                     console.print(f"[red]its evidence is now {r.evidence}[/]: a server following the registry "
                                   "ignores it (every operator on the reference); if it was re-verified on purpose, "
                                   f"run `tileship activate {r.release_id}`")
+        if (seal := _seal_text(reg, trusted_activator_key or None)) is not None:
+            console.print(seal)
 
     @app.command("publish")
     @handle_errors

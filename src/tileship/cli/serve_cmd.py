@@ -67,6 +67,9 @@ def serve(
                                                      "given (default: $TILESHIP_TRUSTED_ACTIVATOR_KEYS), a registry's "
                                                      "active.json must be sealed by one and never older than the "
                                                      "pointer serving"),
+    generation_state: Path | None = typer.Option(None, help="with trusted activator keys: keep the pointer served "
+                                                 "(its generation) in this file, so that a restarted server refuses "
+                                                 "an older one (default: $TILESHIP_POINTER_STATE; none: not kept)"),
     diagnostics_dir: Path | None = typer.Option(None,
                                                 help="where diagnostics bundles go (default "
                                                      "$TILESHIP_HOME/diagnostics)"),
@@ -96,7 +99,9 @@ def serve(
     Exit 0 on SIGINT/SIGTERM; 3 after a sticky device error (restart the process); 1 if it
     could not listen, or when trusted activator keys refuse the registry's pointer.
     """
+    from tileship import env
     from tileship.errors import DeclarationError, TileshipError
+    from tileship.release import pointer_seal
 
     try:
         from tileship.serve import ServeConfig, gpu_map, run
@@ -126,6 +131,10 @@ def serve(
                                hint="e.g. --workers 2 --gpus 0,1")
     if workers and llama is not None:
         raise DeclarationError("--llama is not served with --workers yet", hint="drop --workers (or --llama)")
+    generation_state = generation_state or env.pointer_state()
+    if generation_state is not None and not pointer_seal.trusted(tuple(trusted_activator_key) or None):
+        raise DeclarationError(f"--generation-state {generation_state} keeps the pointer a server checked: give "
+                               "--trusted-activator-key (or $TILESHIP_TRUSTED_ACTIVATOR_KEYS) too")
     spec = None
     if llama is not None:
         from tileship.extras import llama_example
@@ -139,13 +148,14 @@ def serve(
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,
                          trusted_activator_keys=tuple(trusted_activator_key) or None,
+                         generation_state=generation_state,
                          reference_only=reference_only, warm_rollback=warm_rollback, warmup_threads=warmup_threads,
                          check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec,
                          limits=RequestLimits(max_output_bytes=int(max_output_mib * (1 << 20))),
                          max_connections=max_connections, header_timeout_s=header_timeout, keep_alive_s=keep_alive,
                          diagnostics_interval_s=diagnostics_interval, diagnostics_keep=diagnostics_keep,
                          grpc_port=grpc_port)
-    _check_pointer(source, config.trusted_activator_keys)
+    _check_pointer(source, config.trusted_activator_keys, generation_state)
     if ray or ray_address:
         from tileship.cli.serve_ray import serve_fleet
 
@@ -155,16 +165,17 @@ def serve(
     raise typer.Exit(run(config, host=host, port=port, log_level=log_level))
 
 
-def _check_pointer(source: Path, keys: tuple[Path, ...] | None) -> None:
+def _check_pointer(source: Path, keys: tuple[Path, ...] | None, state: Path | None) -> None:
     """Refuse to start (exit 1, naming the file, the key id and what is wrong) on a registry pointer that trusted
-    activator keys refuse; a reload refuses the same pointer with 409 and keeps serving."""
+    activator keys refuse, or older than the one kept in ``state`` (``--generation-state``); a reload refuses the
+    same pointer with 409 and keeps serving."""
     from tileship.errors import RegistryError
     from tileship.release import pointer_seal
     from tileship.serve.source import resolve
 
     if trusted := pointer_seal.trusted(keys):
         try:
-            resolve(source, activator_keys=trusted)
+            resolve(source, activator_keys=trusted, after=pointer_seal.read_served(state))
         except RegistryError:
             pass  # nothing active, no such directory: the server starts and says so, as without activator keys
 

@@ -26,8 +26,11 @@ a role and a counter of its own:
   drops them, which a reader trusting activator keys refuses as unsigned. With no activator key trusted
   nothing here is checked.
 
-Not covered: the first pointer a fresh server process sees is trusted on first use for its generation
-(nothing is persisted across restarts); an activator that stops signing (a frozen pointer) is not
+A server may keep the pointer it served across restarts (``write_served``/``read_served``: ``tileship serve
+--generation-state FILE``, ``TILESHIP_POINTER_STATE``), so that a restarted server refuses an older pointer too.
+
+Not covered: without that file, the first pointer a fresh server process sees is trusted on first use for its
+generation; an activator that stops signing (a frozen pointer) is not
 detected (no expiry); a pointer is not bound to one registry (registries sharing an activator key can
 swap pointers of a higher generation).
 """
@@ -41,7 +44,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -50,6 +53,10 @@ from tileship import env
 from tileship.digits import parse_uint
 from tileship.errors import PointerSignatureError
 from tileship.release import bundle
+
+if TYPE_CHECKING:
+    from tileship.release.records import Active
+    from tileship.release.registry import Registry
 
 DOMAIN = b"tileship-pointer-v1\0"
 #: the fields this module writes into a pointer (``signature`` is the one not signed)
@@ -179,3 +186,64 @@ def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey]
                                     hint="activate or roll back again (`tileship activate ID --sign-key KEY`) to "
                                          "seal a newer pointer; the release serving keeps serving")
     return Sealed(gen, kid, digest)
+
+
+def follow(root: Path, keys: Sequence[Ed25519PublicKey],
+           after: Sealed | None = None) -> tuple[Registry, dict[str, Any], Sealed | None]:
+    """(the registry at ``root``, its pointer state read once, what ``check`` accepted of it): how every reader
+    that follows a pointer reads it (``serve.source``, the Ray fleet's controller, ``tileship diagnose``). None
+    is accepted without ``keys``, and for a pointer naming nothing (nothing to load). Raises RegistryError for an
+    unreadable pointer, PointerSignatureError for one the keys refuse."""
+    from tileship.release.registry import Registry, read_pointer
+
+    reg = Registry(root)
+    state = read_pointer(reg.pointer)
+    if not keys or (state["release_id"] is None and not state["history"]):
+        return reg, state, None
+    return reg, state, check(reg.pointer, state, keys, after)
+
+
+def active_checked(root: Path, keys: Sequence[Ed25519PublicKey],
+                   after: Sealed | None = None) -> tuple[Active, Sealed | None]:
+    """The active state of the registry at ``root``, its pointer read and checked once (``follow``), and what
+    the check accepted. Raises as ``follow`` does."""
+    reg, state, sealed = follow(root, keys, after)
+    return reg.active_of(state), sealed
+
+
+def read_served(path: Path | None) -> Sealed | None:
+    """The pointer a server served last, as ``write_served`` left it in ``path``; None when ``path`` is None
+    or does not exist yet (a first start). Raises PointerSignatureError naming ``path`` when it is unreadable
+    or not such a record: it is only ever written whole, so anything else was not written by a server."""
+    if path is None:
+        return None
+    data: Any
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # a directory, unreadable, not JSON
+        data = exc
+    gen = data.get("generation") if isinstance(data, dict) else None
+    kid = data.get("key_id") if isinstance(data, dict) else None
+    digest = data.get("digest") if isinstance(data, dict) else None
+    if not (isinstance(gen, int) and not isinstance(gen, bool) and gen >= 0 and isinstance(kid, str)
+            and isinstance(digest, str) and digest.startswith("sha256:")):
+        why = f"unreadable ({data})" if isinstance(data, Exception) else "not a served-pointer record"
+        raise PointerSignatureError(f"{path}: the generation state is {why}", path=str(path),
+                                    hint="restore it, or remove it to trust the registry's current pointer once "
+                                         "(as a first start does)")
+    return Sealed(gen, kid, digest)
+
+
+def write_served(path: Path, sealed: Sealed) -> None:
+    """Record ``sealed`` as the pointer served, atomically: a temporary beside ``path``, fsynced, renamed over it
+    (``inplace.write_atomic``), then the directory fsynced; killed at any instant, ``path`` holds the old record
+    or the new one. Raises OSError when it cannot be written."""
+    path = Path(path)
+    bundle.write_json_atomic(path, {"generation": sealed.generation, "key_id": sealed.key_id, "digest": sealed.digest})
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -54,7 +54,8 @@ class Service:
         self.holder = ReleaseHolder(config.source, unpinned(config.loader) or self._default_loader,
                                     force_reference=config.reference_only, warmup_limit=config.warmup_limit,
                                     warmup_threads=config.warmup_threads, activator_keys=config.trusted_activator_keys,
-                                    after_load=self._after_load, bind_models=bind)
+                                    generation_state=config.generation_state, after_load=self._after_load,
+                                    bind_models=bind)
         # with --workers N, each request thread talks to one worker process at a time
         threads = config.workers or max(1, config.worker_threads)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tileship-infer")

@@ -54,6 +54,9 @@ class ServeConfig:
     #: activator public keys a registry source's pointer must be sealed by (``release.pointer_seal``;
     #: ``--trusted-activator-key``); None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``, and none there: not checked
     trusted_activator_keys: tuple[Path, ...] | None = None
+    #: under trusted activator keys: the file keeping the pointer served across restarts (``--generation-state``,
+    #: ``pointer_seal.write_served``); None: not kept, a fresh process trusts the first validly sealed pointer
+    generation_state: Path | None = None
     reference_only: bool = False
     check_finite: bool = True
     warmup_limit: int = 256

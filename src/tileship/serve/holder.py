@@ -104,6 +104,7 @@ class ReleaseHolder:
 
     def __init__(self, source: Path, loader: Loader, *, force_reference: bool = False, warmup_limit: int = 256,
                  warmup_threads: int = 1, activator_keys: Iterable[Path | Ed25519PublicKey] | None = (),
+                 generation_state: Path | None = None,
                  after_load: Callable[[Release], str | None] | None = None,
                  bind_models: Callable[[Release, dict[str, str]], dict[str, Any]] | None = None) -> None:
         from tileship.release import pointer_seal
@@ -125,7 +126,10 @@ class ReleaseHolder:
         self.standby: Served | None = None
         #: trusted activator keys (None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) and the pointer serving under them
         self.activator_keys = pointer_seal.trusted(activator_keys)
-        self.pointer: Sealed | None = None
+        #: where the pointer served is kept across restarts (``--generation-state``; None: not kept)
+        self.generation_state = generation_state
+        self.pointer: Sealed | None = pointer_seal.read_served(generation_state)
+        self._kept = self.pointer
 
     def resolve(self) -> Target:
         """What the source names now; under activator keys, a pointer no older than ``pointer``."""
@@ -137,8 +141,25 @@ class ReleaseHolder:
         cur = self.current
         if cur is None or (rid, target) != (cur.release_id, cur.target):
             return False
-        self.pointer = target.sealed or self.pointer
+        self._serving(target.sealed)
         return True
+
+    def _serving(self, sealed: Sealed | None) -> None:
+        """The pointer ``sealed`` (checked; None: not checked) names what serves: replays older than it are refused
+        from now on and, with ``generation_state``, after a restart too. A failure to keep it is a ``last_failure``
+        (stage ``generation_state``): the release serves, and a restart refuses only what is older than the state
+        kept before."""
+        self.pointer = sealed or self.pointer
+        if self.generation_state is None or self.pointer is None or self.pointer == self._kept:
+            return
+        from tileship.release import pointer_seal
+
+        try:
+            pointer_seal.write_served(self.generation_state, self.pointer)
+            self._kept = self.pointer
+        except OSError as exc:
+            self.last_failure = {"stage": "generation_state", "error": f"{self.generation_state}: cannot be "
+                                 f"written ({exc.strerror or exc})", "at": round(time.time(), 3)}
 
     def prepare(self, target: Target) -> Served:
         """Load ``target`` (integrity, lock, no-JIT dlopen) and warm it, off to the side.
@@ -191,8 +212,8 @@ class ReleaseHolder:
         last ``RETIRED_KEEP`` replaced releases keep their snapshots (requests still running on them finish there);
         older ones are closed, so a server reloaded many times keeps a bounded number of snapshot copies."""
         old, self.current = self.current, served
-        self.pointer = sealed or self.pointer
         self.last_failure = None
+        self._serving(sealed)
         if self.fatal is None:
             self.state = "ready"
         if old is not None and old is not served:

@@ -14,6 +14,14 @@ serve and hot-swap to it with ``Service.reload`` (loaded and warmed off to the s
 requests finish on the release they started on), so no request fails during a roll. A rollback
 moves the registry's pointer back (``Registry.rollback``) and logs the reason.
 
+With trusted activator keys (``--trusted-activator-key``, ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``, given to the
+controller as raw public keys) the controller checks the pointer as a server does on every poll
+(``pointer_seal.active_checked``): a pointer that is unsigned, forged or older than the one it follows is not
+rolled (``fleet_pointer_refused`` is logged once per refusal, the fleet keeps its release), and its own rollback moves
+the pointer back only from the pointer it accepted. That rollback is sealed with ``TILESHIP_ACTIVATOR_KEY`` in
+the controller's environment; without it the pointer it writes is unsigned, and refused (logged) like any other.
+With ``--generation-state`` the controller keeps the pointer it followed across restarts (``pointer_seal``).
+
 Ray is optional (the ``tileship[ray]`` extra): nothing here imports it before a fleet starts.
 """
 
@@ -23,11 +31,12 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tileship.errors import DeclarationError, RegistryError, TileshipError
+from tileship.errors import DeclarationError, PointerSignatureError, RegistryError, TileshipError
 from tileship.serve.config import ServeConfig
 from tileship.serve.fleet_plan import FleetPlan, FleetPolicy
 from tileship.serve.ray_replica import CONTROLLER, NAMESPACE, FleetReplica
@@ -81,10 +90,24 @@ def require_serve() -> tuple[Any, Any]:
     return ray, serve
 
 
+def raw_keys(paths: Sequence[Path] | None) -> list[bytes]:
+    """Trusted activator public keys (None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``, read here, on the driver) as raw
+    bytes for the controller actor. Raises SignatureError naming an unusable key file."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from tileship.release import pointer_seal
+
+    return [k.public_bytes(Encoding.Raw, PublicFormat.Raw) for k in pointer_seal.trusted(paths)]
+
+
 class FleetController:
     """The Ray actor owning the plan: replicas sync here; a loop follows the registry."""
 
-    def __init__(self, registry_root: str, policy: FleetPolicy, poll_s: float) -> None:
+    def __init__(self, registry_root: str, policy: FleetPolicy, poll_s: float, activator_keys: Sequence[bytes] = (),
+                 generation_state: str | None = None) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        from tileship.release import pointer_seal
         from tileship.release.registry import Registry
         from tileship.serve.jsonlog import JsonLog
 
@@ -94,10 +117,20 @@ class FleetController:
         self.log = JsonLog(sys.stderr)
         self.logged = 0
         self.task: asyncio.Task[None] | None = None
+        #: trusted activator keys (raw ed25519 public keys: a key file need not exist on the controller's node)
+        self.keys = [Ed25519PublicKey.from_public_bytes(k) for k in activator_keys]
+        self.state = Path(generation_state) if generation_state else None
+        self.pointer = pointer_seal.read_served(self.state)  # the pointer followed (None: none yet, or no keys)
+        self.followed: str | None = None                     # the release id of that pointer
+        self.refused: PointerSignatureError | None = None     # why the last pointer read was refused (logged)
 
     async def start(self) -> str | None:
-        """Start following the registry; returns the release the fleet starts on."""
-        self.plan.tick(self.registry.active().release_id, time.monotonic())
+        """Start following the registry; returns the release the fleet starts on. Raises PointerSignatureError
+        for a pointer the trusted activator keys refuse."""
+        ok, rid = self._active()
+        if not ok and self.refused is not None:
+            raise self.refused
+        self.plan.tick(rid, time.monotonic())
         if self.task is None:
             self.task = asyncio.create_task(self._loop())
         return self.plan.stable
@@ -117,9 +150,30 @@ class FleetController:
                 self.log.event("fleet_error", "error", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(self.poll_s)
 
+    def _active(self) -> tuple[bool, str | None]:
+        """(whether the pointer was accepted, the release to follow): under trusted activator keys, checked as a
+        server does (``pointer_seal.active_checked``: sealed by one of them, not older than the pointer followed); a
+        refused one is logged and the release followed before stays."""
+        from tileship.release import pointer_seal
+
+        try:
+            active, sealed = pointer_seal.active_checked(self.registry.root, self.keys, self.pointer)
+        except PointerSignatureError as exc:
+            last, self.refused = self.refused, exc
+            if last is None or exc.message != last.message:
+                self.log.event("fleet_pointer_refused", "error", error=exc.message, hint=exc.hint,
+                               following=self.followed)
+            return False, self.followed
+        self.refused, self.followed = None, active.release_id
+        if sealed is not None and sealed != self.pointer:
+            self.pointer = sealed
+            if self.state is not None:
+                pointer_seal.write_served(self.state, sealed)
+        return True, active.release_id
+
     async def _step(self) -> None:
-        active = await asyncio.to_thread(self.registry.active)
-        for action, release, reason in self.plan.tick(active.release_id, time.monotonic()):
+        _, active = await asyncio.to_thread(self._active)
+        for action, release, reason in self.plan.tick(active, time.monotonic()):
             if action == "registry_rollback":
                 await asyncio.to_thread(self._registry_rollback, release, reason)
         for ev in [e for e in self.plan.events if e["seq"] > self.logged]:
@@ -128,8 +182,9 @@ class FleetController:
         self.logged = self.plan.seq
 
     def _registry_rollback(self, release: str, reason: str) -> None:
-        """Move the registry back from ``release`` (only while it is still the active one)."""
-        if self.registry.active().release_id != release:
+        """Move the registry back from ``release`` (only while it is still the active one, named by a pointer
+        the trusted activator keys accept)."""
+        if self._active() != (True, release):
             return
         back = self.registry.rollback()
         self.log.event("fleet_registry_rollback", "warning", refused=release, active=back.release_id, reason=reason)
@@ -177,8 +232,10 @@ class Fleet:
                                 hint="stop that `tileship serve --ray` first (one fleet per cluster)")
         serve.start(http_options={"host": host, "port": port})
         actor = ray.remote(num_cpus=0)(FleetController)
+        state = self.config.generation_state
         self.controller = actor.options(name=CONTROLLER, namespace=NAMESPACE).remote(
-            str(Path(self.config.source).resolve()), self.options.policy, self.options.poll_s)
+            str(Path(self.config.source).resolve()), self.options.policy, self.options.poll_s,
+            raw_keys(self.config.trusted_activator_keys), str(Path(state).resolve()) if state else None)
         ray.get(self.controller.start.remote())
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         deployment = serve.deployment(name=APP, **self.options.deployment_options(self.config.max_inflight, gpus))(

@@ -47,7 +47,7 @@ class FleetReplica:
         self.controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
         want = await self.controller.sync.remote(self.id, self._report())
         source = Path(want["path"]) if want["path"] else self.config.source
-        app = create_app(dataclasses.replace(self.config, source=source))
+        app = create_app(dataclasses.replace(self.config, source=source, generation_state=None))  # the controller's
         self.service = app.state.service
         await self.service.initial_load()  # loaded and warmed before Ray Serve routes a request here
         self.task = asyncio.create_task(self._sync_loop())

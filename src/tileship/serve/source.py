@@ -89,13 +89,8 @@ def _pointer(source: Path, keys: Sequence[Ed25519PublicKey],
              after: Sealed | None) -> tuple[Registry, dict[str, Any], Sealed | None]:
     """(the registry, its pointer state read once, what ``pointer_seal.check`` accepted or None without keys)."""
     from tileship.release import pointer_seal
-    from tileship.release.registry import Registry, read_pointer
 
-    reg = Registry(source)
-    state = read_pointer(reg.pointer)
-    if not keys or (state["release_id"] is None and not state["history"]):  # no pointer names nothing to load
-        return reg, state, None
-    return reg, state, pointer_seal.check(reg.pointer, state, keys, after)
+    return pointer_seal.follow(source, keys, after)
 
 
 def rollback_target(source: Path, *, force_reference: bool = False,

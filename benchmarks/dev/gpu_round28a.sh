@@ -20,6 +20,6 @@ rel=$(ls -d /tmp/decode-rel/*/ | head -1)
 left=$(( ${BUDGET_S:-330} - SECONDS ))
 t1=$(date +%s)
 timeout "$left" python3 benchmarks/decode_e2e.py --release "$rel" --out "$d/decode_e2e_1k.json" --contexts 1024 \
-  --batches 8,1 --rms-eps 1e-6 --deadline-s $(( left - 15 )) > "$d/decode_e2e_1k.log" 2>&1
+  --batches "${BATCHES:-8,1}" --rms-eps 1e-6 --deadline-s $(( left - 15 )) > "$d/decode_e2e_1k.log" 2>&1
 echo "decode_e2e 1k rc=$? ($(( $(date +%s) - t1 )) s)"; grep -E "ratio|FAIL" "$d/decode_e2e_1k.log" | cut -c1-300 | tail -6
 echo "total $(( $(date +%s) - t0 )) s"

@@ -41,6 +41,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from tileship import env
 from tileship.digits import parse_uint
 from tileship.errors import PointerSignatureError
-from tileship.release import bundle
+from tileship.release import bundle, small_file, strict_json
+from tileship.release.records import KEY_ID
 
 if TYPE_CHECKING:
     from tileship.release.records import Active
@@ -63,6 +65,9 @@ DOMAIN = b"tileship-pointer-v1\0"
 FIELDS = ("generation", "sealed_by", "signature")
 #: beside the pointer: the highest generation the registry wrote (``next_generation``)
 HIGH_WATER = ".generation"
+#: the most of a ``--generation-state`` file read (``write_served`` writes about a hundred bytes)
+STATE_READ_LIMIT = 4096
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _RESEAL_HINT = "restore it with `tileship activate ID --sign-key KEY` (or `tileship rollback --sign-key KEY`)"
 
 
@@ -105,9 +110,10 @@ def next_generation(root: Path, old: Mapping[str, Any]) -> int:
     """The next pointer's generation: one above both the pointer ``old``'s and the highest this registry wrote
     (``HIGH_WATER``), so that after an older pointer is put back (which servers that served a newer one refuse)
     the activator's next pointer is newer than theirs at once. The mark is a hint, not trusted: an unreadable one
-    counts as 0, and one lowered or removed only delays that recovery."""
+    counts as 0 (garbage, a FIFO, a directory, a huge file: never read whole), and one lowered or removed only
+    delays that recovery."""
     try:
-        mark = parse_uint((Path(root) / HIGH_WATER).read_text().strip()) or 0
+        mark = parse_uint(small_file.read(Path(root) / HIGH_WATER, 64).decode("ascii", "replace").strip()) or 0
     except OSError:
         mark = 0
     return max(generation_of(old), mark) + 1
@@ -214,22 +220,25 @@ def active_checked(root: Path, keys: Sequence[Ed25519PublicKey],
 def read_served(path: Path | None) -> Sealed | None:
     """The pointer a server served last, as ``write_served`` left it in ``path``; None when ``path`` is None
     or does not exist yet (a first start). Raises PointerSignatureError naming ``path`` when it is unreadable
-    or not such a record: it is only ever written whole, so anything else was not written by a server."""
+    or not such a record: it is only ever written whole, so anything else was not written by a server. A FIFO or
+    a device is refused without blocking on it, a file over ``STATE_READ_LIMIT`` bytes without reading it whole."""
     if path is None:
         return None
     data: Any
     try:
-        data = json.loads(Path(path).read_bytes())
+        data = strict_json.loads(small_file.read(Path(path), STATE_READ_LIMIT), path, error=PointerSignatureError)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:  # a directory, unreadable, not JSON
-        data = exc
+    except OSError as exc:  # a directory, a FIFO, unreadable, too large
+        data = exc.strerror or exc
+    except PointerSignatureError as exc:  # not strict JSON
+        data = exc.message
     gen = data.get("generation") if isinstance(data, dict) else None
     kid = data.get("key_id") if isinstance(data, dict) else None
     digest = data.get("digest") if isinstance(data, dict) else None
-    if not (isinstance(gen, int) and not isinstance(gen, bool) and gen >= 0 and isinstance(kid, str)
-            and isinstance(digest, str) and digest.startswith("sha256:")):
-        why = f"unreadable ({data})" if isinstance(data, Exception) else "not a served-pointer record"
+    if not (type(gen) is int and 0 <= gen < 10**18 and isinstance(kid, str) and KEY_ID.fullmatch(kid)
+            and isinstance(digest, str) and DIGEST.fullmatch(digest)):
+        why = "not a served-pointer record" if isinstance(data, dict) else f"unreadable ({data})"
         raise PointerSignatureError(f"{path}: the generation state is {why}", path=str(path),
                                     hint="restore it, or remove it to trust the registry's current pointer once "
                                          "(as a first start does)")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship.errors import BundleError, BundleIntegrityError, RegistryError
-from tileship.release import bundle, evidence_seal, integrity, strict_json
+from tileship.release import bundle, evidence_seal, integrity, small_file, strict_json
 from tileship.release.evidence_seal import NO_EVIDENCE
 
 POINTER_SCHEMA = 1
@@ -29,6 +29,14 @@ POINTER_TMP_PREFIX = ".active.tmp-"
 RESERVE = ".reserve"
 RESERVE_BYTES = 64 * 1024
 PIN = re.compile(r"sha256:[0-9a-f]{64}")
+#: the most of a pointer read: 33 states of a few hundred bytes each fit many times over
+POINTER_READ_LIMIT = 1 << 20
+#: what a pointer may name as a release (``Registry.resolve`` takes no other id)
+RELEASE_ID = re.compile(r"[0-9A-Za-z_-]{1,128}")
+#: how ``bundle.key_id`` names a key: what a pointer's ``sealed_by`` may say
+KEY_ID = re.compile(r"ed25519:[0-9a-f]{16}")
+#: the longest ``signature`` a pointer may hold (an ed25519 signature is 88 characters of base64)
+SIGNATURE_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -154,30 +162,59 @@ def pin_of(state: dict[str, Any]) -> str | None:
     return state["evidence"] if state["evidence"] is not None else NO_EVIDENCE
 
 
+def _state_ok(state: Any) -> bool:
+    """Whether ``state`` names a release by an id (never a path: ``..`` would leave the registry) and a mode."""
+    return (isinstance(state, dict) and isinstance(rid := state.get("release_id"), str)
+            and RELEASE_ID.fullmatch(rid) is not None and isinstance(state.get("reference_only"), bool))
+
+
 def _pin_ok(state: Any) -> bool:
     pin = state.get("evidence") if isinstance(state, dict) else None
     return pin is None or (isinstance(pin, str) and PIN.fullmatch(pin) is not None)
 
 
 def read_pointer(pointer: Path) -> dict[str, Any]:
-    """The pointer's state (an empty state when there is none). Raises RegistryError when it is not one."""
+    """The pointer's state (an empty state when there is none). Raises RegistryError naming the pointer and what
+    is wrong when it is not one: unreadable, not a regular file (never blocking on a FIFO), over
+    ``POINTER_READ_LIMIT`` bytes, not strict JSON, or a field of the wrong type or shape."""
+    hint = "it is only ever replaced whole; move it aside and activate again (`tileship activate ID`)"
     try:
-        raw = pointer.read_text()
+        raw = small_file.read(pointer, POINTER_READ_LIMIT)
     except FileNotFoundError:
         return {"schema": POINTER_SCHEMA, "release_id": None, "reference_only": False, "history": []}
+    except OSError as exc:
+        raise RegistryError(f"{pointer}: cannot be read ({exc.strerror or exc})", hint=hint) from None
     try:
         data = strict_json.loads(raw, pointer, error=RegistryError)
     except RegistryError as exc:
-        raise RegistryError(exc.message, hint="it is only ever replaced whole; restore it with `tileship activate ID`"
-                            ) from None
-    ok = (isinstance(data, dict) and data.get("schema") == POINTER_SCHEMA and isinstance(data.get("history"), list)
-          and (data.get("release_id") is None or isinstance(data.get("release_id"), str))
-          and all(isinstance(h, dict) and isinstance(h.get("release_id"), str) for h in data["history"])
-          and _pin_ok(data) and all(_pin_ok(h) for h in data["history"]))
-    if not ok:
-        raise RegistryError(f"{pointer}: not a tileship active pointer (schema {POINTER_SCHEMA})",
-                            hint="restore it with `tileship activate ID`")
+        raise RegistryError(exc.message, hint=hint) from None
+    if (why := _not_a_pointer(data)) is not None:
+        raise RegistryError(f"{pointer}: not a tileship active pointer (schema {POINTER_SCHEMA}): {why}", hint=hint)
     return data
+
+
+def _not_a_pointer(data: Any) -> str | None:
+    """What makes ``data`` not a pointer state, or None."""
+    if not isinstance(data, dict) or data.get("schema") != POINTER_SCHEMA:
+        return f"not an object with schema {POINTER_SCHEMA}"
+    if not isinstance(data.get("reference_only"), bool):
+        return "reference_only is not true or false"
+    if not (data.get("release_id") is None or _state_ok(data)):
+        return "release_id is neither null nor a release id ([0-9A-Za-z_-], 1 to 128 characters)"
+    history = data.get("history")
+    if not isinstance(history, list) or not all(_state_ok(h) for h in history):
+        return "history is not a list of states, each a release id and reference_only true or false"
+    if not (_pin_ok(data) and all(_pin_ok(h) for h in history)):
+        return "an evidence pin is neither null nor sha256:<64 hex digits>"
+    gen = data.get("generation", 0)
+    if not (type(gen) is int and 0 <= gen < 10**18):
+        return "generation is not a whole number of at most 18 digits"
+    kid, sig = data.get("sealed_by"), data.get("signature")
+    if not (kid is None or (isinstance(kid, str) and KEY_ID.fullmatch(kid))):
+        return "sealed_by is not a key id (ed25519:<16 hex digits>)"
+    if not (sig is None or (isinstance(sig, str) and len(sig) <= SIGNATURE_CHARS)):
+        return f"signature is not a string of at most {SIGNATURE_CHARS} characters"
+    return None
 
 
 def write_pointer(pointer: Path, state: dict[str, Any]) -> None:

@@ -145,3 +145,18 @@ def test_an_unknown_name_with_a_slash_is_404_naming_it(server, hc, gc, region):
         assert r.status_code == 404, r.text
         assert r.json()["error"] == "unknown shared-memory region 'x/z': registered: x/y"
     assert _grpc_names(gc) == {"x/y"}
+
+
+@pytest.mark.parametrize("encoded", ["%C3", "%ED%A0%80", "a%FFb", "%C3%28"], ids=["cut", "surrogate", "ff", "bad-tail"])
+def test_a_name_that_is_not_utf8_once_decoded_is_a_400_not_another_region(server, hc, region, encoded):
+    """The server decodes the path with U+FFFD for bytes that are not UTF-8, so ``%C3`` would register (or
+    unregister) the region named U+FFFD; it is refused naming the name as sent, and that region stays."""
+    _, key = region
+    hc.register_system_shared_memory("\ufffd", key, NBYTES)  # sent as %EF%BF%BD: a real name
+    base = f"{server.url}/v2/systemsharedmemory/region/{encoded}"
+    for method, path in (("POST", "/register"), ("GET", "/status"), ("POST", "/unregister")):
+        body = {"key": key, "offset": 0, "byte_size": NBYTES} if path == "/register" else None
+        r = httpx.request(method, base + path, json=body, timeout=30.0)
+        assert r.status_code == 400, (path, r.text)
+        assert "not UTF-8 once percent-decoded" in r.json()["error"] and encoded in r.json()["error"], r.text
+    assert [r["name"] for r in hc.get_system_shared_memory_status()] == ["\ufffd"]

@@ -288,3 +288,28 @@ def test_an_output_region_too_small_is_a_clear_400(server, hc, gc, regions, prot
         assert e.value.status() == code and words in e.value.message(), (size, e.value.message())
     assert (_c(hout) == 7).all()  # nothing written
     assert server.workers()["serving"] == pids and hc.is_server_ready()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_output_region_of_the_wrong_size_is_refused_before_any_region_is_read(server, hc, gc, regions, protocol):
+    """The declaration fixes C's size for this call (A's shape x float32): an output window of another size is a 400
+    (INVALID_ARGUMENT) before the inputs are read or a worker runs the call, not after. The input region's file
+    shrank since it was registered: reading it is a 400 of its own, which these answers are not."""
+    hin, in_name, in_key = regions.create(2 * NBYTES)
+    hout, out_name, out_key = regions.create(2 * NBYTES)
+    hc.register_system_shared_memory(in_name, in_key, 2 * NBYTES)
+    hc.register_system_shared_memory(out_name, out_key, 2 * NBYTES)
+    os.truncate("/dev/shm/" + in_key.lstrip("/"), 0)
+    mod, client = (th, hc) if protocol == "http" else (tg, gc)
+    code = "400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT"
+    pids = server.workers()["serving"]
+    for size in (NBYTES - 4, NBYTES + 4):
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("add", **_request(mod, in_name, out_name, out_size=size))
+        words = f"byte size mismatch: output C is [1000] x float32 = {NBYTES} bytes but shared_memory_byte_size is "
+        words += str(size)
+        assert e.value.status() == code and words in e.value.message(), (size, e.value.message())
+    with pytest.raises(InferenceServerException) as e:  # the right size: now the inputs are read, and refused
+        client.infer("add", **_request(mod, in_name, out_name))
+    assert "shrank to 0 bytes since it was registered" in e.value.message(), e.value.message()
+    assert server.workers()["serving"] == pids and hc.is_server_ready()

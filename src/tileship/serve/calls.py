@@ -3,11 +3,11 @@
 ``run(service, call)`` is the whole path after the transport has named the model: route (canary or active release) ->
 readiness (503) -> model and version (404) -> unloaded (400) -> ``call.read()`` (the transport reads and parses its
 request into a ``protocol.InferRequest``; REST checks Content-Type and reads the body here, outside admission) -> plan
-against the declaration (400), ``--strict-shapes`` (400), output bytes (413) -> shared-memory inputs read, outputs'
-windows checked (``shm_requests.attach``: 400/404) -> admission (503) -> the call on a worker thread with a deadline
-(504) -> ``call.encode`` on the worker -> metrics, statistics, canary window and one log line. The call itself is
-``service.executor``: ``execute`` here, or ``remote.execute_remote`` (the same contract, in a worker process:
-``serve.worker_pool``) with ``--workers N``; small calls to workers run on the event loop instead of a thread
+against the declaration (400), ``--strict-shapes`` (400), output bytes (413; 400 ``shm_requests.check_sizes``) ->
+shared-memory inputs read, outputs' windows checked (``attach``: 400/404) -> admission (503) -> the call on a worker
+thread with a deadline (504) -> ``call.encode`` on the worker -> metrics, statistics, canary window and one log line.
+The call itself is ``service.executor``: ``execute`` here, or ``remote.execute_remote`` (the same contract, in a worker
+process: ``serve.worker_pool``) with ``--workers N``; small calls to workers run on the event loop instead of a thread
 (``remote.execute_remote_async``, admitted the same way), and in process small calls a kernel served quickly before
 run on the loop itself (``handoff``: the three ways, their price). ``run`` never raises: a bug is a logged 500.
 
@@ -124,8 +124,8 @@ async def run(service: Service, call: Call) -> Answer:
                 dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
                 raise BadRequest(400, f"shape outside the declared set: {dims} (declared: "
                                       f"{validate.declared_shapes_text(decl)}); this server runs with --strict-shapes")
-            out_bytes = protocol.output_bytes(decl, plan)
-            validate.check_outputs(name, out_bytes, config.limits)
+            validate.check_outputs(name, out_bytes := protocol.output_bytes(decl, plan), config.limits)
+            shm_requests.check_sizes(req, decl, plan, out_bytes)  # an output region of the wrong size: not run
         # shared-memory inputs and outputs, only now: they skip the body limit, so no window is read before
         # the request passed every check its header allows (two 1 GiB inputs were read before a 413)
         encode = shm_requests.attach(service.shm, req, call.encode, service.staging)

@@ -15,6 +15,9 @@ not depend on a release: these routes answer while loading too.
 sends a name through ``urllib.parse.quote``, which leaves ``/`` as is (``region/a/b/status``), and
 other clients send ``%2F``; both reach the region ``a/b`` (``RegionRoute``). Triton itself matches
 ``[^/]+`` against the undecoded path, so it cannot address such a name (registered over gRPC) over REST.
+A name whose percent-decoded bytes are not UTF-8 (``%C3``, an encoded surrogate ``%ED%A0%80``) is a 400
+naming it (``_name``): the server decodes the path with U+FFFD for such bytes, which would register, or
+unregister, a region of another name; gRPC refuses such a name as a malformed message.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import re
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -38,17 +42,32 @@ def _kind(request: Request) -> str:
     return "cuda" if request.url.path.startswith("/v2/cuda") else "system"
 
 
+def _name(request: Request) -> str | None:
+    """The region name the path gives (None: every region). BadRequest 400 when its percent-decoded bytes are
+    not UTF-8: the decoded path holds U+FFFD for them, the name of another region."""
+    name = request.path_params.get("name")
+    if name is not None and "\ufffd" in name:
+        raw = request.scope.get("raw_path") or b""
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            shown = raw.decode("ascii", "replace").split("/region/", 1)[-1].rsplit("/", 1)[0]
+            raise BadRequest(400, f"the region name {shown[:80]!r} in the path is not UTF-8 once percent-decoded; "
+                                  "percent-encode the name's UTF-8 bytes") from None
+    return name
+
+
 async def status(request: Request) -> Response:
     try:
-        return JSONResponse(request.app.state.service.shm.status(request.path_params.get("name"), _kind(request)))
+        return JSONResponse(request.app.state.service.shm.status(_name(request), _kind(request)))
     except BadRequest as exc:
         raise HTTPException(exc.status, exc.message) from None
 
 
 async def register(request: Request) -> Response:
     service = request.app.state.service
-    name = request.path_params["name"]
     try:
+        name = _name(request) or ""
         shm.check_name(name)  # before the body is read: a bad name is refused whatever the body
         raw = await control_body(request)
         try:
@@ -73,8 +92,7 @@ async def register(request: Request) -> Response:
 
 async def unregister(request: Request) -> Response:
     try:
-        await asyncio.to_thread(request.app.state.service.shm.unregister, request.path_params.get("name"),
-                                _kind(request))
+        await asyncio.to_thread(request.app.state.service.shm.unregister, _name(request), _kind(request))
     except BadRequest as exc:
         raise HTTPException(exc.status, exc.message) from None
     return JSONResponse({})

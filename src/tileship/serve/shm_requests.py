@@ -1,5 +1,7 @@
 """A request's tensors in shared memory (Triton's extensions; the regions are ``serve.shm``'s).
 
+    check_sizes  before anything is read or run: each shared-memory output's byte size against the size the
+             declaration fixes for the call (400)
     attach   a parsed request's shared-memory inputs -> their bytes (system regions; CUDA inputs are
              lent in place when the call runs); its outputs -> an Encoder that writes them into their
              regions first (``calls.run`` calls it for REST and gRPC)
@@ -11,10 +13,12 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tileship.declare.dims import SAME
 from tileship.serve.shm import BYTE_SIZE, OFFSET, REGION, Ref, Regions
-from tileship.serve.validate import BadRequest
+from tileship.serve.validate import BadRequest, output_shape
 
 if TYPE_CHECKING:
     from tileship.serve.protocol import InferRequest
@@ -61,6 +65,21 @@ class Leases:
             region.give_back()
         for block in blocks:
             block.give_back()
+
+
+def check_sizes(req: InferRequest, decl: Mapping[str, Any], plan: Any, sizes: Mapping[str, int]) -> None:
+    """BadRequest 400 for a shared-memory output whose ``shared_memory_byte_size`` is not the size the operator's
+    declaration fixes for this call (``sizes``: ``protocol.output_bytes`` of ``plan``, a ``protocol.CallPlan``), before
+    any region is read and without running the call (with ``--workers N``, without taking a worker). An output
+    whose size the declaration leaves open (a whole model, a dim it cannot tell) is checked when it is written."""
+    for name, ref in req.shm_outputs.items():
+        if (nbytes := sizes.get(name)) is None or nbytes == ref.byte_size:
+            continue
+        ds = next((o[1] for o in decl.get("outputs", ()) if o[0] == name), ())
+        dtype = (decl.get("tensor_dtypes") or {}).get(name, SAME)
+        raise BadRequest(400, f"byte size mismatch: output {name} is {output_shape(ds, plan.dims)} x "
+                              f"{plan.dtype if dtype == SAME else dtype} = {nbytes} bytes but {BYTE_SIZE} is "
+                              f"{ref.byte_size}")
 
 
 def attach(regions: Regions, req: InferRequest, encode: Any, pool: Any = None) -> Any:

@@ -137,26 +137,28 @@ def output_bytes(decl: Mapping[str, Any], dims: Mapping[str, int], dtype_itemsiz
     exprs = decl.get("tensor_dtypes") or {}
     sizes: dict[str, int] = {}
     for name, ds, *_ in decl.get("outputs", ()):
-        count = 1
-        for d in ds:
-            fixed = d if isinstance(d, int) else parse_uint(d)
-            if fixed is not None:
-                count *= fixed
-                continue
+        shape = output_shape(ds, dims)
+        item = dtype_itemsize.get(exprs.get(name, SAME))
+        if shape is not None and item is not None:
+            sizes[name] = math.prod(shape) * item
+    return sizes
+
+
+def output_shape(ds: Any, dims: Mapping[str, int]) -> list[int] | None:
+    """The shape of an output declared with dims ``ds`` for the call's ``dims``; None when a dim cannot be told."""
+    shape = []
+    for d in ds:
+        fixed = d if isinstance(d, int) else parse_uint(d)
+        if fixed is None:
             try:
                 e = DimExpr.parse(d)
             except ValueError:
-                count = -1
-                break
-            base = dims.get(e.base)
-            if base is None:
-                count = -1
-                break
-            count *= e.apply(base)
-        item = dtype_itemsize.get(exprs.get(name, SAME))
-        if count >= 0 and item is not None:
-            sizes[name] = count * item
-    return sizes
+                return None
+            if (base := dims.get(e.base)) is None:
+                return None
+            fixed = e.apply(base)
+        shape.append(fixed)
+    return shape
 
 
 def check_outputs(model: str, sizes: Mapping[str, int], limits: RequestLimits) -> None:

@@ -160,3 +160,29 @@ def test_a_name_that_is_not_utf8_once_decoded_is_a_400_not_another_region(server
         assert r.status_code == 400, (path, r.text)
         assert "not UTF-8 once percent-decoded" in r.json()["error"] and encoded in r.json()["error"], r.text
     assert [r["name"] for r in hc.get_system_shared_memory_status()] == ["\ufffd"]
+
+
+@pytest.mark.parametrize("kind,body,key_named", [
+    ("system", '{"key": "%s", "offset": 0, "byte_size": 64, "byte_size": 1}', "byte_size"),
+    ("system", '{"key": "/nowhere", "key": "%s", "offset": 0, "byte_size": 64}', "key"),
+    ("cuda", '{"raw_handle": {"b64": "", "b64": ""}, "device_id": 0, "byte_size": 64}', "b64"),
+    ("cuda", '{"raw_handle": {"b64": ""}, "device_id": 0, "device_id": 1, "byte_size": 64}', "device_id")],
+    ids=["system-size", "system-key", "cuda-nested", "cuda-device"])
+def test_a_register_body_with_a_key_twice_is_a_json_400_naming_it(server, hc, region, kind, body, key_named):
+    """orjson would take the last of two equal keys; a body that says two things is refused, nothing registered."""
+    _, key = region
+    r = httpx.post(f"{server.url}/v2/{kind}sharedmemory/region/twice/register", timeout=30.0,
+                   content=body.replace("%s", key), headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
+    assert f"key '{key_named}' appears twice in one object" in r.json()["error"], r.text
+    assert hc.get_system_shared_memory_status() == []
+    assert httpx.get(f"{server.url}/v2/cudasharedmemory/status", timeout=30.0).json() == []
+
+
+def test_a_register_body_with_colons_in_its_strings_is_not_refused(server, hc, region):
+    """The duplicate check parses again only a body with more colons than keys: here the key's colons."""
+    _, key = region
+    r = httpx.post(f"{server.url}/v2/systemsharedmemory/region/a:b:c/register", timeout=30.0,
+                   content=f'{{"key": "{key}", "byte_size": {NBYTES}, "note": "x:y:z"}}')
+    assert r.status_code == 200, r.text
+    assert hc.get_system_shared_memory_status("a:b:c")[0]["byte_size"] == NBYTES

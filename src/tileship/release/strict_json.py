@@ -30,6 +30,30 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def duplicate_key(body: bytes | str, parsed: Any) -> str | None:
+    """Why ``body``, already parsed (by any reader) into ``parsed``, holds a key twice in one object
+    (``key 'k' appears twice in one object``), or None. Every key in the text is followed by a ``:``, so
+    a body with no more colons than ``parsed`` has keys has none twice: only other bodies are parsed
+    again, here with ``_no_duplicates``."""
+    keys, stack = 0, [parsed]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            keys += len(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    if (body.count(b":") if isinstance(body, bytes) else body.count(":")) <= keys:
+        return None
+    try:
+        json.loads(body, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        return str(exc)
+    except (ValueError, RecursionError):  # the caller's reader accepted it: not this reader's to refuse
+        pass
+    return None
+
+
 def loads(body: bytes | str, path: Path | str, what: str = "",
           error: type[TileshipError] = BundleIntegrityError) -> Any:
     """``body`` (the contents of ``path``) parsed as JSON. Never raises anything but ``error``

@@ -8,7 +8,8 @@
                                                                   "byte_size": n}
     POST /v2/cudasharedmemory[/region/{name}]/unregister    one region, or every CUDA region
 
-Errors are ``{"error": ...}`` with the status ``serve.shm`` chose (400, 404, 409). Regions do
+Errors are ``{"error": ...}`` with the status ``serve.shm`` chose (400, 404, 409); a register body
+that holds a key twice in one object (``"byte_size"`` given twice) is a 400 naming the key. Regions do
 not depend on a release: these routes answer while loading too.
 
 ``{name}`` is the region's name as registered, percent-decoded, and may hold ``/``: tritonclient.http
@@ -33,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, compile_path
 
+from tileship.release import strict_json
 from tileship.serve import cuda_shm, shm
 from tileship.serve.body import control_body
 from tileship.serve.validate import BadRequest
@@ -74,6 +76,9 @@ async def register(request: Request) -> Response:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise BadRequest(400, f"malformed JSON in the register request: {exc}") from None
+        twice = strict_json.duplicate_key(raw, body)
+        if twice:  # orjson takes the last of two equal keys: a body that says two things is refused
+            raise BadRequest(400, f"the register request body is refused: {twice}")
         if _kind(request) == "cuda":
             if not isinstance(body, dict) or not {"raw_handle", "device_id", "byte_size"} <= body.keys():
                 raise BadRequest(400, 'the register body must be a JSON object {"raw_handle": {"b64": "..."}, '

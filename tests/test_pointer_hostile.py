@@ -105,6 +105,22 @@ def test_a_pointer_that_is_no_small_json_file_is_refused_at_once(signed, kind) -
     assert code == 1 and str(reg.pointer) in text, text
 
 
+@pytest.mark.parametrize("kind", ["field", "not-utf8", "directory"])
+def test_releases_on_a_refused_pointer_prints_the_error_alone(signed, keys, kind) -> None:  # noqa: F811
+    """``tileship releases`` reads the pointer before its table: a refused or unreadable pointer is the error
+    naming it and exit 1, no table first (which showed no release active, as if nothing were wrong)."""
+    reg, _, _ = signed
+    if kind == "field":
+        _edit(reg, generation=-5)
+    else:
+        reg.pointer.unlink()
+        reg.pointer.write_bytes(b'{"\xff": 1}') if kind == "not-utf8" else reg.pointer.mkdir()
+    for extra in ([], ["--trusted-activator-key", str(keys["activator"][1])]):
+        code, text = _cli("releases", "--registry", str(reg.root), *extra)
+        assert code == 1 and text.startswith(f"error: {reg.pointer}: "), text
+        assert "releases in" not in text and "verification" not in text and "unverified" not in text, text
+
+
 @pytest.mark.parametrize("kind", ["not-utf8", "other-digits", "huge", "fifo", "directory"])
 def test_a_generation_hint_that_is_garbage_counts_as_zero(signed, kind) -> None:  # noqa: F811
     reg, a, _ = signed

@@ -75,6 +75,8 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         reg = _registry(registry)
+        # the pointer first: a refused or unreadable one (or an unusable key file) is its error alone, no table
+        seal = _seal_text(reg, trusted_activator_key or None)
         rows = reg.releases()
         if not rows:
             console.print(f"no releases in {reg.root} (publish one: `tileship publish BUNDLE`)")
@@ -96,7 +98,7 @@ def register(app: typer.Typer) -> None:
                     console.print(f"[red]its evidence is now {r.evidence}[/]: a server following the registry "
                                   "ignores it (every operator on the reference); if it was re-verified on purpose, "
                                   f"run `tileship activate {r.release_id}`")
-        if (seal := _seal_text(reg, trusted_activator_key or None)) is not None:
+        if seal is not None:
             console.print(seal)
 
     @app.command("publish")

@@ -14,10 +14,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import shm_regions
 import torch
 import tritonclient.grpc as tg
 import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
+from shm_regions import Shm
 from test_serve import assert_close, log_lines, serving
 from tritonclient.utils import InferenceServerException
 
@@ -47,27 +49,9 @@ def gc(server) -> Iterator[tg.InferenceServerClient]:
     c.close()
 
 
-class Shm:
-    """tritonclient shared-memory regions created by one test, destroyed after it."""
-
-    def __init__(self) -> None:
-        self.handles: list[Any] = []
-
-    def create(self, byte_size: int) -> tuple[Any, str, str]:
-        """(handle, region name, key) of a fresh /dev/shm object of ``byte_size`` bytes."""
-        tag = uuid.uuid4().hex[:12]
-        name, key = f"r_{tag}", f"/tileship_test_{tag}"
-        h = shm.create_shared_memory_region(name, key, byte_size)
-        self.handles.append(h)
-        return h, name, key
-
-
 @pytest.fixture
 def regions() -> Iterator[Shm]:
-    s = Shm()
-    yield s
-    for h in s.handles:
-        shm.destroy_shared_memory_region(h)
+    yield from shm_regions.regions("r")
 
 
 def _ab(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import shm_regions
 import tritonclient.grpc as tg
 import tritonclient.http as th
 import tritonclient.utils.shared_memory as shm
+from shm_regions import Shm
 from test_serve import metric
 from tritonclient.utils import InferenceServerException
 
@@ -110,25 +111,9 @@ def gc(server) -> Iterator[tg.InferenceServerClient]:
     c.close()
 
 
-class Shm:
-    """tritonclient shared-memory regions created by one test, destroyed after it."""
-
-    def __init__(self) -> None:
-        self.handles: list[Any] = []
-
-    def create(self, byte_size: int) -> tuple[Any, str, str]:
-        tag = uuid.uuid4().hex[:12]
-        name, key = f"w_{tag}", f"/tileship_test_{tag}"
-        self.handles.append(h := shm.create_shared_memory_region(name, key, byte_size))
-        return h, name, key
-
-
 @pytest.fixture
 def regions() -> Iterator[Shm]:
-    s = Shm()
-    yield s
-    for h in s.handles:
-        shm.destroy_shared_memory_region(h)
+    yield from shm_regions.regions("w")
 
 
 def _request(mod: Any, in_name: str, out_name: str, n: int = N, out_size: int | None = None) -> dict[str, Any]:

@@ -179,15 +179,31 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                     if rt == 8 and (unroll, pf) != (1, False):
                         continue
                     out.append(("mv4", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf)))
+    # "mvc": the MMA-GEMV with K split across the CTAs of a cluster (``w4a16_mma_split``): row blocks of 64-256
+    # rows read x once each (``mv``'s blocks of 16-32 rows read it 8-16 times more at M=32) while the grid keeps
+    # ks times as many CTAs; CTA 0 of a cluster adds the others' partials after the cluster barrier
+    for rt in (2, 4):
+        for wn in (1, 2, 4):
+            for wk in (1, 2):
+                for ks in (2, 4, 8):
+                    for unroll, pf in ((1, True), (1, False), (2, False)):
+                        blocks = N // (16 * rt * wn) if N % (16 * rt * wn) == 0 else 0
+                        if not 64 <= 32 * wn * wk <= 256 or blocks * ks < 128 or groups % (ks * wk * unroll):
+                            continue
+                        if rt * unroll * (2 if pf else 1) > 8 or not 8 <= M <= 32 or 16 * rt * wn < 64:
+                            continue
+                        out.append(("mvc", dict(rt=rt, wn=wn, wk=wk, ks=ks, unroll=unroll, prefetch=pf)))
     return out
 
 
 def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
-    from tileship.catalog import w4a16_gemv, w4a16_mma, w4a16_tc
+    from tileship.catalog import w4a16_gemv, w4a16_mma, w4a16_mma_split, w4a16_tc
     from tileship.catalog.w4a16 import w4a16_linear
 
     if kind == "catalog":
         return w4a16_linear(M, N, K, dtype)
+    if kind == "mvc":
+        return w4a16_mma_split.w4a16_gemm_mv_split(M, N, K, dtype, **cfg)
     if kind in ("mv", "mv2", "mv3", "mvk", "mv4"):
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind == "gemv3":

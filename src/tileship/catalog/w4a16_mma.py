@@ -114,6 +114,42 @@ __device__ __forceinline__ void ts_w4_mma_x(const T1* (&ap)[NT], bool (&aval)[NT
                         : make_uint4(0u, 0u, 0u, 0u);
 }
 
+// One 128-weight group of RT row tiles times NT column tiles: decode (LOP3), scale in the input dtype, 8 k-steps
+// of mma.sync m16n8k16 each (the K order of ``mma_order``).
+template <typename T2, typename T1, bool BF16, int RT, int NT>
+__device__ __forceinline__ void ts_w4_mma_group(const uint4 (&w)[RT][2], const T1 (&sc)[RT][2], const uint4 (&x)[NT][4],
+                                                float (&acc)[RT][NT][4]) {
+#pragma unroll
+  for (int wi = 0; wi < 4; ++wi) {
+#pragma unroll
+    for (int t = 0; t < RT; ++t) {
+      T2 d0[4], d1[4];
+      ts_w4_decode8(ts_u4(w[t][0], wi), d0);
+      ts_w4_decode8(ts_u4(w[t][1], wi), d1);
+      T2 s0, s1;
+      s0.x = sc[t][0];
+      s0.y = sc[t][0];
+      s1.x = sc[t][1];
+      s1.y = sc[t][1];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        d0[p] = __hmul2(d0[p], s0);
+        d1[p] = __hmul2(d1[p], s1);
+      }
+      const unsigned* e0 = reinterpret_cast<const unsigned*>(d0);
+      const unsigned* e1 = reinterpret_cast<const unsigned*>(d1);
+      const unsigned lo[4] = {e0[0], e1[0], e0[1], e1[1]};  // k-step 2 wi: pairs 0 and 1
+      const unsigned hi[4] = {e0[2], e1[2], e0[3], e1[3]};  // k-step 2 wi + 1: pairs 2 and 3
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint4& xv = x[n][wi];
+        TsMma<BF16>::run(acc[t][n], lo, xv.x, xv.y);
+        TsMma<BF16>::run(acc[t][n], hi, xv.z, xv.w);
+      }
+    }
+  }
+}
+
 // One block: WN x WK warps, warp (wn, wk) = threadIdx.x / 32 = wk * WN + wn. Rows [row0, row0 + 16 RT) of
 // W for warp wn, groups [wk GPW, (wk + 1) GPW) of K. C (M x N) gets the block's 16 RT WN rows.
 template <typename T2, typename T1, bool BF16, int RT, int NT, int M, int GPW, int U, int WN, int WK, bool PF, bool XE,
@@ -169,36 +205,7 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
       for (int u = 0; u < U; ++u) {
         uint4 xl[NT][4];
         if (!XE) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xl);
-        uint4 (&x)[NT][4] = XE ? xe[XE ? u : 0] : xl;
-#pragma unroll
-        for (int wi = 0; wi < 4; ++wi) {
-#pragma unroll
-          for (int t = 0; t < RT; ++t) {
-            T2 d0[4], d1[4];
-            ts_w4_decode8(ts_u4(w[u][t][0], wi), d0);
-            ts_w4_decode8(ts_u4(w[u][t][1], wi), d1);
-            T2 s0, s1;
-            s0.x = sc[u][t][0];
-            s0.y = sc[u][t][0];
-            s1.x = sc[u][t][1];
-            s1.y = sc[u][t][1];
-#pragma unroll
-            for (int p = 0; p < 4; ++p) {
-              d0[p] = __hmul2(d0[p], s0);
-              d1[p] = __hmul2(d1[p], s1);
-            }
-            const unsigned* e0 = reinterpret_cast<const unsigned*>(d0);
-            const unsigned* e1 = reinterpret_cast<const unsigned*>(d1);
-            const unsigned lo[4] = {e0[0], e1[0], e0[1], e1[1]};  // k-step 2 wi: pairs 0 and 1
-            const unsigned hi[4] = {e0[2], e1[2], e0[3], e1[3]};  // k-step 2 wi + 1: pairs 2 and 3
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-              const uint4& xv = x[n][wi];
-              TsMma<BF16>::run(acc[t][n], lo, xv.x, xv.y);
-              TsMma<BF16>::run(acc[t][n], hi, xv.z, xv.w);
-            }
-          }
-        }
+        ts_w4_mma_group<T2, T1, BF16, RT, NT>(w[u], sc[u], XE ? xe[XE ? u : 0] : xl, acc);
       }
       if (more) {
         if (PF) {

@@ -26,8 +26,9 @@ def test_tilings_that_do_not_fit_are_refused_naming_the_numbers() -> None:
         w4a16_gemm_mv_split(32, 4096, 4096, "float32")
 
 
-@pytest.mark.parametrize("M,N,K,rt,wn,wk,ks,unroll", [(32, 4096, 14336, 2, 4, 1, 4, 1), (32, 4096, 14336, 4, 2, 2, 8, 1),
-                                                      (13, 28672, 4096, 4, 1, 2, 2, 2), (8, 512, 2048, 2, 2, 2, 4, 2)])
+@pytest.mark.parametrize("M,N,K,rt,wn,wk,ks,unroll", [
+    (32, 4096, 14336, 2, 4, 1, 4, 1), (32, 4096, 14336, 4, 2, 2, 8, 1), (13, 28672, 4096, 4, 1, 2, 2, 2),
+    (8, 512, 2048, 2, 2, 2, 4, 2)])
 def test_the_ctas_and_warps_cover_every_row_and_group_once_and_the_partials_never_collide(
         M: int, N: int, K: int, rt: int, wn: int, wk: int, ks: int, unroll: int) -> None:
     """The index arithmetic of ``SPLIT_SRC``, replayed: warp (wn, wk) of CTA (kz, bx) owns rows

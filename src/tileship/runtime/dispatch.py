@@ -85,8 +85,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         if self._scalars:  # scalars add their Python type to the key, never their value
             pick = itemgetter(*tpos)
             self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
-            scal = self._scalars
-            self._key_of = lambda args: (*key_any(self._tensors(args)), *(type(args[i]) for i in scal))
+            self._key_of = rt.scalar_key(self._tensors, self._scalars, self._n)
         #: the operator's ``sample(dims, dtype, device)`` hook when it declares one (demo, warm-up)
         self.sample: Callable[..., Any] | None = None
         self._memo: dict[tuple[Any, ...], Route] = {}

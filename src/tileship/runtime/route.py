@@ -10,7 +10,7 @@ these shapes, or why there is none. Per call the dispatcher only checks layout a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -41,6 +41,20 @@ def _key3(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def key_any(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(map(_KEY, args))
+
+
+def scalar_key(tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]], scalars: Sequence[int],
+               n: int) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The memo key of an operator with ScalarArgs: its ``tensors``' keys, then each scalar's Python type (never
+    its value). It raises TypeError for a call with another number of arguments than ``n``: picking positions
+    would ignore an extra argument, and the memoized kernel would be launched with it (and trip the breaker)."""
+
+    def key_of(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(args) != n:
+            raise TypeError(f"{len(args)} arguments, not {n}")  # the slow path names the operator and its inputs
+        return (*key_any(tensors(args)), *(type(args[i]) for i in scalars))
+
+    return key_of
 
 
 #: the memo key of a call, arity-specialized because this is most of the dispatcher's cost per
@@ -236,4 +250,5 @@ def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
 
 
 __all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
-           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad"]
+           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad",
+           "scalar_key"]

@@ -43,3 +43,30 @@ def test_the_wrong_number_of_arguments_to_an_operator_with_scalars_is_a_call_err
         with pytest.raises(CallError, match=r"scale: expected 3 arguments \(A, s, flag\), got \d"):
             call(*args(x))
     assert release.decisions()["scale"] == {"scale.float32.N32.c": "kernel:kernel"} and not op.faults
+
+
+def test_out_tensors_sharing_memory_are_a_call_error(release):
+    """``out=(o, o)`` for two outputs: the kernel wrote both into ``o`` and the caller got P where S was asked for."""
+    op = release.op("sum_prod")
+    a, b, o = torch.randn(64), torch.randn(64), torch.empty(64)
+    whole = torch.empty(128)
+    for out in ((o, o), (whole[:64], whole[32:96])):
+        for call in (op, op.call):
+            with pytest.raises(CallError, match=r"sum_prod\(out\): out\[0\] and out\[1\] share memory") as info:
+                call(a, b, out=out)
+            assert info.value.argument == "out"
+
+
+@pytest.mark.parametrize("n", [64, 100], ids=["static", "dynamic"])
+def test_an_out_that_is_an_input_gets_the_kernels_answer_copied_in(release, n):
+    """``out=(A, fresh)``: the kernel wrote S into A while it still read A for P, so P was (A + B) * B. The compiled
+    table already hands such an ``out`` the kernel's own output; the Python path now does the same."""
+    op = release.op("sum_prod")
+    g = torch.Generator().manual_seed(n)
+    a0, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    for call in (lambda *x, out: (op(*x, out=out), None), op.call):
+        a, p = a0.clone(), torch.empty(n)
+        got, d = call(a, b, out=(a, p))
+        assert d is None or d.path == "kernel", d
+        assert got[0] is a and got[1] is p
+        assert torch.equal(a, a0 + b) and torch.equal(p, a0 * b), "an output was computed from an overwritten input"

@@ -141,7 +141,24 @@ def check_out(out: Any, route: Route, tensors: Sequence[Any], n_outputs: int, op
         if not o.is_contiguous():
             raise CallError(f"{which} is not contiguous", operator=op, argument="out",
                             hint="pass a contiguous tensor (torch.empty(shape, ...))")
+        for j in range(i):  # every path writes each output whole: one would overwrite the other
+            if overlaps((o,), (outs[j],)):
+                raise CallError(f"out[{j}] and out[{i}] share memory", operator=op, argument="out",
+                                hint="pass a tensor of its own for each output")
     return outs
+
+
+def overlaps(outs: Sequence[Any], tensors: Sequence[Any]) -> bool:
+    """True when a contiguous tensor of ``outs`` shares a byte with a contiguous one of ``tensors`` (an ``out=``
+    that is an input: the kernel must not write it while it still reads the input; the compiled table's test)."""
+    for o in outs:
+        lo = o.data_ptr()
+        hi = lo + o.numel() * o.element_size()
+        for t in tensors:
+            start = t.data_ptr()
+            if start < hi and lo < start + t.numel() * t.element_size():
+                return True
+    return False
 
 
 def fill_out(outs: tuple[Any, ...], result: Any, given: Any, op: str) -> Any:
@@ -251,4 +268,4 @@ def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
 
 __all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
            "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad",
-           "scalar_key"]
+           "overlaps", "scalar_key"]

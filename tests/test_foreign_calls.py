@@ -4,6 +4,7 @@ that requires grad, and an output of the operator dtype when no input has it (ea
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ import torch
 
 pytest.importorskip("tilelang")
 
+import calls_ops  # noqa: E402
 
-from tileship.errors import CallError  # noqa: E402
+from tileship.errors import CallError, DeclarationError  # noqa: E402
 
 TESTS = Path(__file__).parent
 
@@ -70,3 +72,34 @@ def test_an_out_that_is_an_input_gets_the_kernels_answer_copied_in(release, n):
         assert d is None or d.path == "kernel", d
         assert got[0] is a and got[1] is p
         assert torch.equal(a, a0 + b) and torch.equal(p, a0 * b), "an output was computed from an overwritten input"
+
+
+def test_an_output_of_the_operator_dtype_with_no_input_of_it_has_that_dtype_everywhere(release):
+    """``half``: an int32 X and a "same" (float64) Y. ``out=`` demanded an int32 tensor (the first input's dtype) and
+    refused the float64 one the kernel writes; the fake tensor was int32, so opcheck and compiled graphs had the
+    wrong dtype."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tileship.torchops.custom_ops import register
+
+    op = release.op("half")
+    x = torch.arange(48, dtype=torch.int32)
+    y, d = op.call(x, out=torch.empty(48, dtype=torch.float64))
+    assert d.path == "kernel" and y.dtype == torch.float64 and torch.equal(y, x / 2)
+    with pytest.raises(CallError, match=r"half\(out\): out is \(48,\) torch.int32, this call needs \(48,\) "
+                                        r"torch.float64"):
+        op.call(x, out=torch.empty(48, dtype=torch.int32))
+    y, d = op.call(torch.arange(10, dtype=torch.int32), out=torch.empty(10, dtype=torch.float64))  # the reference
+    assert (d.path, d.reason) == ("reference", "undeclared_shape") and torch.equal(y, torch.arange(10) / 2)
+    ops = register(release)
+    with FakeTensorMode():
+        assert ops.half(torch.empty(7, dtype=torch.int32)).dtype == torch.float64
+    torch.library.opcheck(ops.half, (x,))
+
+
+def test_several_dtypes_with_no_input_of_the_operator_dtype_are_refused():
+    """No input tensor says which operator dtype a call wants: the dispatcher silently served whichever
+    specialization came last, in a dtype the caller never chose."""
+    with pytest.raises(DeclarationError) as exc:
+        dataclasses.replace(calls_ops.half, dtypes=("float32", "float64")).check()
+    assert exc.value.field == "dtypes" and "no input tensor has the operator dtype" in str(exc.value)

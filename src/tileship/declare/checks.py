@@ -117,6 +117,10 @@ def check_operator(decl: Operator) -> None:
     for dt in decl.dtypes:
         if dt not in DTYPES:
             raise DeclarationError(f"unknown dtype {dt!r} (known: {', '.join(DTYPES)})", operator=op, field="dtypes")
+    if len(decl.dtypes) > 1 and not any(isinstance(a, TensorArg) and a.dtype == SAME for a in decl.inputs):
+        raise DeclarationError(f"{', '.join(decl.dtypes)}: no input tensor has the operator dtype, so a call cannot "
+                               "say which one it wants", operator=op, field="dtypes",
+                               hint='declare one dtype per operator, or give an input tensor dtype="same"')
     if not decl.targets:
         raise DeclarationError("no targets declared", operator=op, field="targets")
     for t in decl.targets:

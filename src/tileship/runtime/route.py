@@ -59,7 +59,7 @@ def scalar_key(tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]], scalars: S
 
 #: the memo key of a call, arity-specialized because this is most of the dispatcher's cost per
 #: call (one flat tuple, no inner tuples)
-KEY_OF = {1: _key1, 2: _key2, 3: _key3}
+KEY_OF: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {1: _key1, 2: _key2, 3: _key3}
 
 OutSpecs = tuple[tuple[tuple[int, ...], Any], ...]
 

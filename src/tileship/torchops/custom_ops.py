@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from tileship.declare.dims import SAME, DimExpr
+from tileship.declare.specialization import call_dtypes
 from tileship.errors import CallError, lookup
 from tileship.runtime.dispatch import OpRunner, Release
 from tileship.runtime.route import needs_grad
@@ -171,9 +172,8 @@ def register(release: Release) -> TorchOps:
         for name in sorted(release.ops):
             if name not in ops:
                 decl = release.declarations[name]
-                exprs = decl.get("tensor_dtypes") or {}
-                ops[name] = _define(ns, name, decl["inputs"], decl["outputs"],
-                                    {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]},
+                exprs = call_dtypes(decl)
+                ops[name] = _define(ns, name, decl["inputs"], decl["outputs"], exprs,
                                     decl.get("scalars") or (), decl.get("mutates") or ())
                 if f"{name}_out" not in release.ops and decl["outputs"] and not decl.get("mutates"):
                     out_ops[name] = _define_out(ns, name, decl["inputs"], len(decl["outputs"]),

@@ -103,3 +103,29 @@ def test_several_dtypes_with_no_input_of_the_operator_dtype_are_refused():
     with pytest.raises(DeclarationError) as exc:
         dataclasses.replace(calls_ops.half, dtypes=("float32", "float64")).check()
     assert exc.value.field == "dtypes" and "no input tensor has the operator dtype" in str(exc.value)
+
+
+def test_an_out_that_requires_grad_is_a_call_error_on_every_path(release):
+    """The kernel wrote into such an ``out`` behind autograd's back, the reference's copy into it raised
+    RuntimeError ('a leaf Variable that requires grad is being used in an in-place operation')."""
+    op = release.op("scale")
+    for n in (32, 20):  # the kernel, the reference
+        x = torch.randn(n)
+        for call in (op, op.call):
+            with pytest.raises(CallError, match=r"scale\(out\): out requires grad") as info:
+                call(x, 2.0, True, out=torch.empty(n, requires_grad=True))
+            assert info.value.argument == "out"
+        with torch.no_grad():
+            y = torch.empty(n, requires_grad=True)
+            op(x, 2.0, True, out=y)
+            assert torch.equal(y, x * 2)
+
+
+def test_an_out_that_requires_grad_is_refused_by_the_compiled_tables_out_too(cpu_release_build):
+    import tileship
+
+    add = tileship.load(cpu_release_build.path).op("add")
+    a, b = torch.randn(4096), torch.randn(4096)
+    assert add(a, b, out=torch.empty(4096)) is not None  # the table serves out= for this operator
+    with pytest.raises(CallError, match=r"add\(out\): out requires grad"):
+        add(a, b, out=torch.empty(4096, requires_grad=True))

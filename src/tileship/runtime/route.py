@@ -141,11 +141,20 @@ def check_out(out: Any, route: Route, tensors: Sequence[Any], n_outputs: int, op
         if not o.is_contiguous():
             raise CallError(f"{which} is not contiguous", operator=op, argument="out",
                             hint="pass a contiguous tensor (torch.empty(shape, ...))")
+        if o.requires_grad and grad_enabled():  # the kernel would write it behind autograd's back
+            raise CallError(f"{which} requires grad (autograd cannot record a write into out)", operator=op,
+                            argument="out", hint="call under torch.no_grad(), or without out=")
         for j in range(i):  # every path writes each output whole: one would overwrite the other
             if overlaps((o,), (outs[j],)):
                 raise CallError(f"out[{j}] and out[{i}] share memory", operator=op, argument="out",
                                 hint="pass a tensor of its own for each output")
     return outs
+
+
+def grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
 
 
 def overlaps(outs: Sequence[Any], tensors: Sequence[Any]) -> bool:

@@ -129,3 +129,28 @@ def test_an_out_that_requires_grad_is_refused_by_the_compiled_tables_out_too(cpu
     assert add(a, b, out=torch.empty(4096)) is not None  # the table serves out= for this operator
     with pytest.raises(CallError, match=r"add\(out\): out requires grad"):
         add(a, b, out=torch.empty(4096, requires_grad=True))
+
+
+def _twice_in_a_tuple(a):
+    return (a * 2,)
+
+
+def test_a_reference_returning_a_sequence_of_one_for_one_output_fails_verification_and_names_itself():
+    """It passed verification (the result was flattened), then every reference-routed call of the custom op raised
+    AttributeError ('tuple' object has no attribute 'is_contiguous') and ``release.op`` returned a tuple on one path
+    and a tensor on the other."""
+    from test_torch_ops import fake_release
+
+    from tileship.declare.spec import Specialization
+    from tileship.torchops.custom_ops import register
+    from tileship.verify.verify import VerifyOptions, verify_spec
+
+    spec = Specialization("twice", "float32", (("N", 32),), "c")
+    desc = {"inputs": [["A", ["N"]]], "outputs": [["B", ["N"]]], "dtypes": ["float32"]}
+    verdict = verify_spec(spec, lambda a: a * 2, _twice_in_a_tuple, desc,
+                          options=VerifyOptions(timing=False, seeds=(0,), strict_poison=False))
+    assert "the reference returns a tuple of 1 for the one output B, the kernel path a tensor" in verdict.failure
+    op = register(fake_release(_twice_in_a_tuple, release_id="f00d0000000000c1")).scale
+    with pytest.raises(DeclarationError, match=r"scale.reference: the call returned a tuple of 1; the operator "
+                                               r"declares 1 output\(s\): a tensor"):
+        op(torch.randn(4, 8))

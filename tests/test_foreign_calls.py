@@ -154,3 +154,15 @@ def test_a_reference_returning_a_sequence_of_one_for_one_output_fails_verificati
     with pytest.raises(DeclarationError, match=r"scale.reference: the call returned a tuple of 1; the operator "
                                                r"declares 1 output\(s\): a tensor"):
         op(torch.randn(4, 8))
+
+
+@pytest.mark.parametrize("name", ["in", "A b", "x\u00e9", "1x", "", "NoneType", "None"])
+def test_a_tensor_name_no_schema_can_hold_is_refused_when_declared(name):
+    """Such a name built, then ``register`` failed with torch's schema parser error (RuntimeError: 'expected ident
+    but found 'in' here'), taking every operator of the release with it."""
+    from tileship import TensorArg
+
+    for change in (dict(inputs=(TensorArg(name, ("N",)),)), dict(outputs=(TensorArg(name, ("N",), "float64"),))):
+        with pytest.raises(DeclarationError, match="cannot name a kernel parameter or a torch schema argument") as exc:
+            dataclasses.replace(calls_ops.half, **change).check()
+        assert exc.value.field in ("inputs", "outputs")

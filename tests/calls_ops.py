@@ -1,5 +1,5 @@
 """Small foreign "c"-target operators for ``tests/test_foreign_calls.py``: two outputs, by-value scalars (a bool
-among them), an input updated in place with no outputs, and an int32 input with an output of the operator dtype."""
+among them), an int32 input with an output of the operator dtype, and an input updated in place with no outputs."""
 
 import tilelang.language as T
 import torch
@@ -71,3 +71,25 @@ def half_ref(x):
 
 half = Operator(name="half", factory=half_kernel, reference=half_ref, inputs=(TensorArg("X", ("N",), dtype="int32"),),
                 outputs=(TensorArg("Y", ("N",)),), dtypes=("float64",), targets=("c",), shapes=({"N": 48},))
+
+
+def bump_kernel(N, dtype="float32"):
+    """Acc += X, in place; no outputs."""
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), dtype), Acc: T.Tensor((N,), dtype)):
+        with T.Kernel(T.ceildiv(N, 16)) as bx:
+            for i in T.Parallel(16):
+                if bx * 16 + i < N:
+                    Acc[bx * 16 + i] = Acc[bx * 16 + i] + X[bx * 16 + i]
+
+    return main
+
+
+def bump_ref(x, acc):
+    acc.add_(x)
+
+
+bump = Operator(name="bump", factory=bump_kernel, reference=bump_ref,
+                inputs=(TensorArg("X", ("N",)), TensorArg("Acc", ("N",))), mutates=("Acc",),
+                dtypes=("float32",), targets=("c",), shapes=({"N": 64},))

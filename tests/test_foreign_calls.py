@@ -166,3 +166,14 @@ def test_a_tensor_name_no_schema_can_hold_is_refused_when_declared(name):
         with pytest.raises(DeclarationError, match="cannot name a kernel parameter or a torch schema argument") as exc:
             dataclasses.replace(calls_ops.half, **change).check()
         assert exc.value.field in ("inputs", "outputs")
+
+
+def test_out_for_an_operator_without_outputs_or_of_the_wrong_count_says_what_it_got(release):
+    """It said 'expected a sequence of 0 tensors, got Tensor' and 'expected a sequence of 2 tensors, got tuple'."""
+    x, acc = torch.randn(64), torch.zeros(64)
+    with pytest.raises(CallError, match=r"bump\(out\): the operator has no outputs \(it updates inputs in place\)"):
+        release.op("bump").call(x, acc, out=torch.empty(64))
+    assert torch.equal(acc, torch.zeros(64))
+    with pytest.raises(CallError, match=r"sum_prod\(out\): expected a sequence of 2 tensors, got tuple of 3"):
+        release.op("sum_prod").call(x, x, out=(acc, acc.clone(), acc.clone()))
+    assert release.op("bump")(x, acc) is None and torch.equal(acc, x)

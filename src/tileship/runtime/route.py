@@ -122,9 +122,13 @@ def check_out(out: Any, route: Route, tensors: Sequence[Any], n_outputs: int, op
     """The caller's ``out`` as a tuple of tensors; raises CallError (argument ``out``) when one
     has the wrong count, type, shape, dtype or device, or is not contiguous."""
     outs = (out,) if hasattr(out, "data_ptr") else tuple(out) if isinstance(out, (tuple, list)) else None
+    if n_outputs == 0:
+        raise CallError("the operator has no outputs (it updates inputs in place): there is nothing to write into out",
+                        operator=op, argument="out", hint="call without out=")
     if outs is None or len(outs) != n_outputs:
         want = "a tensor" if n_outputs == 1 else f"a sequence of {n_outputs} tensors"
-        raise CallError(f"expected {want}, got {type(out).__name__}", operator=op, argument="out")
+        got = type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
+        raise CallError(f"expected {want}, got {got}", operator=op, argument="out")
     dev = tensors[0].device
     for i, o in enumerate(outs):
         which = "out" if n_outputs == 1 else f"out[{i}]"

@@ -6,6 +6,7 @@ where the fix is mechanical. It imports neither TileLang nor torch.
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -18,6 +19,8 @@ from tileship.errors import DeclarationError
 
 #: the largest size of a ``T.dynamic`` dim (an int32 in the generated code)
 INT32_MAX = 2**31 - 1
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED = frozenset((*keyword.kwlist, "NoneType"))  # words torch's schema parser refuses as names
 
 if TYPE_CHECKING:
     from tileship.declare.spec import Operator
@@ -38,6 +41,9 @@ def _check_tensors(decl: Operator, op: str) -> None:
                 raise DeclarationError(
                     f"must be a TensorArg or ScalarArg, got {type(a).__name__}", operator=op, field=group
                 )
+            if not isinstance(a.name, str) or not _NAME.match(a.name) or a.name in _RESERVED:
+                raise DeclarationError(f"{a.name!r} cannot name a kernel parameter or a torch schema argument",
+                                       operator=op, field=group, hint="use an ASCII identifier, not a Python keyword")
             f = f"{group}.{a.name}"
             if isinstance(a.dims, str):
                 raise DeclarationError(
@@ -117,6 +123,10 @@ def check_operator(decl: Operator) -> None:
     for dt in decl.dtypes:
         if dt not in DTYPES:
             raise DeclarationError(f"unknown dtype {dt!r} (known: {', '.join(DTYPES)})", operator=op, field="dtypes")
+    if len(decl.dtypes) > 1 and not any(isinstance(a, TensorArg) and a.dtype == SAME for a in decl.inputs):
+        raise DeclarationError(f"{', '.join(decl.dtypes)}: no input tensor has the operator dtype, so a call cannot "
+                               "say which one it wants", operator=op, field="dtypes",
+                               hint='declare one dtype per operator, or give an input tensor dtype="same"')
     if not decl.targets:
         raise DeclarationError("no targets declared", operator=op, field="targets")
     for t in decl.targets:

@@ -89,6 +89,18 @@ def tensor_dtypes(desc: Mapping[str, Any], which: str, op_dtype: str) -> list[st
     return [op_dtype if exprs.get(n, SAME) == SAME else exprs[n] for n, *_ in desc[which]]
 
 
+def call_dtypes(desc: Mapping[str, Any]) -> dict[str, str]:
+    """Each tensor's dtype expression (name -> "same" or a literal) as a call sees it. A call's "same" is the dtype
+    of its first "same" input tensor; where no input tensor is "same", that is nothing to go by, and the operator's
+    one dtype (``checks``: it may declare only one) stands for "same" instead."""
+    exprs = {str(n): (desc.get("tensor_dtypes") or {}).get(n, SAME) for n, *_ in [*desc["inputs"], *desc["outputs"]]}
+    scalars = set(desc.get("scalars") or ())
+    dtypes = list(desc.get("dtypes") or ())
+    if len(dtypes) == 1 and not any(exprs[n] == SAME for n, *_ in desc["inputs"] if n not in scalars):
+        return {n: dtypes[0] if e == SAME else e for n, e in exprs.items()}
+    return exprs
+
+
 def tensor_tolerance(desc: Mapping[str, Any], output: str, op_dtype: str) -> Tolerance:
     """The described tolerance of ``output``: its per-output override, else the operator dtype's."""
     t = (desc.get("output_tolerances") or {}).get(output) or (desc.get("tolerances") or {}).get(op_dtype)

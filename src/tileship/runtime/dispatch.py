@@ -85,8 +85,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         if self._scalars:  # scalars add their Python type to the key, never their value
             pick = itemgetter(*tpos)
             self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
-            scal = self._scalars
-            self._key_of = lambda args: (*key_any(self._tensors(args)), *(type(args[i]) for i in scal))
+            self._key_of = rt.scalar_key(self._tensors, self._scalars, self._n)
         #: the operator's ``sample(dims, dtype, device)`` hook when it declares one (demo, warm-up)
         self.sample: Callable[..., Any] | None = None
         self._memo: dict[tuple[Any, ...], Route] = {}
@@ -242,8 +241,9 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         fast = kernel is route.kernel
         if misaligned(tensors) or (fast and outs is not None and route.writes_out and misaligned(outs)):
             return self._reference(args, "misaligned", entry, outs, out, route)
+        direct = None if outs is None or rt.overlaps(outs, tensors) else outs  # else the kernel's own, copied in
         try:
-            res = route.launch(args, outs) if fast else kernel(*args)  # type: ignore[misc]
+            res = route.launch(args, direct) if fast else kernel(*args)  # type: ignore[misc]
         except Exception as exc:  # the circuit breaker: this specialization goes to the reference
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry, outs, out, route)
@@ -251,7 +251,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         if not fast:
             entry.adapter_calls.add()  # after ``calls``: see ``Entry.fast_calls``
         if outs is not None:
-            res = out if fast else fill_out(outs, res, out, self.name)
+            res = out if fast and direct is not None else fill_out(outs, res, out, self.name)
         return res, entry.decision
 
     def _grad_call(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:

@@ -21,6 +21,7 @@ from typing import Any
 from tileship import env
 from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
 from tileship.declare.spec import Specialization, Target
+from tileship.declare.specialization import call_dtypes
 from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch
 from tileship.release import evidence, evidence_seal, integrity, tuning
 from tileship.runtime import native
@@ -247,7 +248,7 @@ def _tuned_entries(ctx: _Context, members: list[tuple[str, dict[str, Any], Speci
 
 def op_shape(desc: dict[str, Any], name: str) -> OpShape:
     """What the dispatcher needs of a described operator (its outputs too: the fast launcher allocates them)."""
-    exprs = desc.get("tensor_dtypes") or {}
+    exprs = call_dtypes(desc)
     inputs = tuple((n, tuple(d)) for n, d, *_ in desc["inputs"])
     outputs = tuple((str(n), tuple(str(d) for d in dims)) for n, dims, *_ in desc["outputs"])
     scalars = set(desc.get("scalars") or ())

@@ -10,7 +10,7 @@ these shapes, or why there is none. Per call the dispatcher only checks layout a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -43,9 +43,23 @@ def key_any(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(map(_KEY, args))
 
 
+def scalar_key(tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]], scalars: Sequence[int],
+               n: int) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The memo key of an operator with ScalarArgs: its ``tensors``' keys, then each scalar's Python type (never
+    its value). It raises TypeError for a call with another number of arguments than ``n``: picking positions
+    would ignore an extra argument, and the memoized kernel would be launched with it (and trip the breaker)."""
+
+    def key_of(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(args) != n:
+            raise TypeError(f"{len(args)} arguments, not {n}")  # the slow path names the operator and its inputs
+        return (*key_any(tensors(args)), *(type(args[i]) for i in scalars))
+
+    return key_of
+
+
 #: the memo key of a call, arity-specialized because this is most of the dispatcher's cost per
 #: call (one flat tuple, no inner tuples)
-KEY_OF = {1: _key1, 2: _key2, 3: _key3}
+KEY_OF: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {1: _key1, 2: _key2, 3: _key3}
 
 OutSpecs = tuple[tuple[tuple[int, ...], Any], ...]
 
@@ -108,9 +122,13 @@ def check_out(out: Any, route: Route, tensors: Sequence[Any], n_outputs: int, op
     """The caller's ``out`` as a tuple of tensors; raises CallError (argument ``out``) when one
     has the wrong count, type, shape, dtype or device, or is not contiguous."""
     outs = (out,) if hasattr(out, "data_ptr") else tuple(out) if isinstance(out, (tuple, list)) else None
+    if n_outputs == 0:
+        raise CallError("the operator has no outputs (it updates inputs in place): there is nothing to write into out",
+                        operator=op, argument="out", hint="call without out=")
     if outs is None or len(outs) != n_outputs:
         want = "a tensor" if n_outputs == 1 else f"a sequence of {n_outputs} tensors"
-        raise CallError(f"expected {want}, got {type(out).__name__}", operator=op, argument="out")
+        got = type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
+        raise CallError(f"expected {want}, got {got}", operator=op, argument="out")
     dev = tensors[0].device
     for i, o in enumerate(outs):
         which = "out" if n_outputs == 1 else f"out[{i}]"
@@ -127,7 +145,33 @@ def check_out(out: Any, route: Route, tensors: Sequence[Any], n_outputs: int, op
         if not o.is_contiguous():
             raise CallError(f"{which} is not contiguous", operator=op, argument="out",
                             hint="pass a contiguous tensor (torch.empty(shape, ...))")
+        if o.requires_grad and grad_enabled():  # the kernel would write it behind autograd's back
+            raise CallError(f"{which} requires grad (autograd cannot record a write into out)", operator=op,
+                            argument="out", hint="call under torch.no_grad(), or without out=")
+        for j in range(i):  # every path writes each output whole: one would overwrite the other
+            if overlaps((o,), (outs[j],)):
+                raise CallError(f"out[{j}] and out[{i}] share memory", operator=op, argument="out",
+                                hint="pass a tensor of its own for each output")
     return outs
+
+
+def grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+def overlaps(outs: Sequence[Any], tensors: Sequence[Any]) -> bool:
+    """True when a contiguous tensor of ``outs`` shares a byte with a contiguous one of ``tensors`` (an ``out=``
+    that is an input: the kernel must not write it while it still reads the input; the compiled table's test)."""
+    for o in outs:
+        lo = o.data_ptr()
+        hi = lo + o.numel() * o.element_size()
+        for t in tensors:
+            start = t.data_ptr()
+            if start < hi and lo < start + t.numel() * t.element_size():
+                return True
+    return False
 
 
 def fill_out(outs: tuple[Any, ...], result: Any, given: Any, op: str) -> Any:
@@ -236,4 +280,5 @@ def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
 
 
 __all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
-           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad"]
+           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad",
+           "overlaps", "scalar_key"]

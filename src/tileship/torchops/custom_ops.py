@@ -46,7 +46,8 @@ from typing import Any
 import torch
 
 from tileship.declare.dims import SAME, DimExpr
-from tileship.errors import CallError, lookup
+from tileship.declare.specialization import call_dtypes
+from tileship.errors import CallError, DeclarationError, lookup
 from tileship.runtime.dispatch import OpRunner, Release
 from tileship.runtime.route import needs_grad
 
@@ -171,9 +172,8 @@ def register(release: Release) -> TorchOps:
         for name in sorted(release.ops):
             if name not in ops:
                 decl = release.declarations[name]
-                exprs = decl.get("tensor_dtypes") or {}
-                ops[name] = _define(ns, name, decl["inputs"], decl["outputs"],
-                                    {n: exprs.get(n, SAME) for n, *_ in [*decl["inputs"], *decl["outputs"]]},
+                exprs = call_dtypes(decl)
+                ops[name] = _define(ns, name, decl["inputs"], decl["outputs"], exprs,
                                     decl.get("scalars") or (), decl.get("mutates") or ())
                 if f"{name}_out" not in release.ops and decl["outputs"] and not decl.get("mutates"):
                     out_ops[name] = _define_out(ns, name, decl["inputs"], len(decl["outputs"]),
@@ -245,13 +245,23 @@ def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
         out, _ = runner.call(*args)
         if n_outputs == 0:  # an operator that only updates inputs in place
             return None
-        if n_outputs == 1:
+        if n_outputs == 1 and isinstance(out, torch.Tensor):
             # compiled graphs assume the fake's contiguous layout; a reference (SDPA's flash
             # path, for one) may return another layout
             return out if out.is_contiguous() else out.contiguous()
+        if n_outputs == 1 or not isinstance(out, (tuple, list)) or len(out) != n_outputs:
+            raise _not_the_outputs(runner.name, n_outputs, out)
         return tuple(o if o.is_contiguous() else o.contiguous() for o in out)
 
     return run
+
+
+def _not_the_outputs(name: str, n_outputs: int, out: Any) -> DeclarationError:
+    """The error for a path (in practice the reference) whose result is not the declared outputs."""
+    got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
+    want = "a tensor" if n_outputs == 1 else f"a tuple of {n_outputs} tensors"
+    return DeclarationError(f"the call returned {got}; the operator declares {n_outputs} output(s): {want}",
+                            operator=name, field="reference", hint=f"make the reference return {want}")
 
 
 def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outputs: tuple[tuple[str, ...], ...],

@@ -48,7 +48,7 @@ from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import bundle
 from tileship.release import evidence as ev_mod
 from tileship.verify.compare import Check, check_output, poisoned_call
-from tileship.verify.mutated import OnClones, mutated_positions
+from tileship.verify.mutated import OnClones, mutated_positions, result_form
 from tileship.verify.results import PointResult, SpecVerdict, VerifyResult
 from tileship.verify.timing import NOISE_FLOOR, Timing, _stats, measure, rotation_sets
 
@@ -203,6 +203,8 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                     failure = (f"output {outputs[i][0]}: the reference returns {_dt(n.dtype)}, declared "
                                f"{_dt(out_dtypes[i])} (a caller's result dtype would depend on the path)")
             del outs, refs, native
+        if failure is None and first_args is not None and not results:  # once: the reference's result's form
+            failure = result_form(reference, first_args, [str(n) for n, *_ in desc["outputs"]], mut)
         if failure is None and not confirmed and options.strict_poison:
             failure = ("could not confirm the outputs were poisoned (the adapter allocated them outside the poisoned "
                        "allocator), "

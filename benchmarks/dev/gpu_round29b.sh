@@ -11,6 +11,8 @@ mkdir -p "$out/e2e"
 BUDGET_S=${BUDGET_S:-330} bash benchmarks/dev/gpu_round28a.sh "$out/e2e"
 mv "$out/e2e/all.tgz" "$out/e2e.tgz"; rmdir "$out/e2e"
 d=/tmp/round29b; rm -rf "$d"; mkdir -p "$d"
+# shellcheck source=benchmarks/gpu_env.sh
+. benchmarks/gpu_env.sh "$d/nvidia-smi.csv"  # (round 29 ran without this line: ncu's python had no TileLang, rc 1)
 t0=$(date +%s)
 timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --kernel-name regex:^main \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \

@@ -1,7 +1,7 @@
 """Commands that read a release's files without loading it (``explain``, ``report``, ``verify``, ``tune``) on a
 release whose ``release.json`` or evidence is a FIFO or a link to ``/dev/zero``: an error naming the file, at once.
 Before: ``tileship explain`` blocked for good on a FIFO (``described.read`` and ``evidence.read`` opened it with
-``read_bytes``, which waits for a writer)."""
+``read_bytes``, which waits for a writer). A project file that is no regular file is refused, not passed over."""
 
 from __future__ import annotations
 
@@ -62,3 +62,17 @@ def test_the_readers_raise_an_integrity_error_naming_the_file(tmp_path: Path, ki
             _plant(path, kind)
         exc = _within(lambda: read(path))
         assert isinstance(exc, BundleIntegrityError) and exc.message.startswith(f"{path}: cannot read"), repr(exc)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+@pytest.mark.parametrize("given", ["file", "folder"])
+def test_a_project_file_that_is_no_regular_file_is_refused_not_skipped(tmp_path: Path, kind: str, given: str) -> None:
+    """Before: a ``tileship.toml`` that was a FIFO or a link to /dev/zero was passed over (``is_file`` is False), so
+    ``--project`` on it, or a build from its folder, quietly used the built-in catalog instead."""
+    from tileship.declare.project import find_project
+    from tileship.errors import DeclarationError
+
+    _plant(tmp_path / "tileship.toml", kind)
+    exc = _within(lambda: find_project(tmp_path / "tileship.toml" if given == "file" else tmp_path))
+    assert isinstance(exc, DeclarationError) and f"{tmp_path / 'tileship.toml'}: not a regular file" in exc.message, \
+        repr(exc)

@@ -201,15 +201,23 @@ def write_lock(lock: Mapping[str, Any], path: Path) -> None:
     write_atomic(path, dump_lock(lock).encode())
 
 
+#: a lock is kilobytes; a larger file is not one
+LOCK_READ_LIMIT = 16 << 20
+
+
 def read_lock(path: Path) -> dict[str, Any]:
     """The lock at ``path``. Raises LockError naming the file (and the field) for anything that is
-    not a tileship lock: missing, not UTF-8 YAML, nested too deeply, a section of the wrong type."""
+    not a tileship lock: missing, not a regular file of at most LOCK_READ_LIMIT bytes (never blocks), not UTF-8
+    YAML, nested too deeply, a section of the wrong type."""
     from tileship.build import lock_shape
+    from tileship.release import small_file
 
     try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        data = yaml.safe_load(small_file.read(Path(path), LOCK_READ_LIMIT).decode("utf-8"))
     except FileNotFoundError:
         raise LockError(f"no lock at {path}", hint="run `tileship lock` first") from None
+    except OSError as exc:  # a FIFO, a device (a link to /dev/zero), a directory, past the limit: never read
+        raise LockError(f"{path}: cannot read the lock: {exc.strerror or exc}") from None
     except (yaml.YAMLError, ValueError) as exc:  # ValueError: not UTF-8, an integer past the digit limit
         raise LockError(f"{path} is not valid YAML: {str(exc)[:300]}") from None
     except RecursionError:

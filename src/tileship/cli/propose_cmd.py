@@ -53,7 +53,9 @@ def register(app: typer.Typer) -> None:
         if apply:
             console.print(f"[green]applied[/] to {apply_to_project(proj, report.proposals, ops)}")
         if out is not None:
-            out.write_text(text)
+            from tileship.release.inplace import write_atomic
+
+            write_atomic(out, text.encode())  # killed at any instant: the old file or the new one, whole
             console.print(f"wrote {out}")
         elif not apply:
             print(text, end="")

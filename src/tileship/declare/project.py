@@ -117,15 +117,28 @@ def find_project(start: Path | None = None) -> Project:
     here = (start or Path.cwd()).resolve()
     if here.is_file():
         return _read(here)
+    if start is not None and not here.is_dir():
+        _regular(start, True)  # named as given (resolved, a link to /dev/zero would read "/dev/zero")
     for d in (here, *here.parents):
-        if (d / "tileship.toml").is_file():
+        if _regular(d / "tileship.toml"):
             return _read(d / "tileship.toml")
         py = d / "pyproject.toml"
-        if py.is_file():
+        if _regular(py):
             tool = _toml(py).get("tool", {})
             if isinstance(tool, dict) and "tileship" in tool:
                 return parse_project(tool["tileship"], root=d, source="[tool.tileship]")
     return builtin_project()
+
+
+def _regular(path: Path, present: bool | None = None) -> bool:
+    """Whether ``path`` is a regular file; raises DeclarationError naming it when it is there as something a
+    project file cannot be (a FIFO would block the read for good, a link to /dev/zero read without end)."""
+    if path.is_file():
+        return True
+    if present if present is not None else (path.exists() and not path.is_dir()):
+        raise DeclarationError(f"{path}: not a regular file (a FIFO, a device or a socket?)", field="project",
+                               hint="a project file is a tileship.toml or a pyproject.toml")
+    return False
 
 
 def _toml(path: Path) -> dict[str, Any]:

@@ -29,13 +29,13 @@ compile seconds of the release's ``build-log.json`` for that operator (else of t
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tileship.declare.parts import DynamicRange
+from tileship.declare.propose_inputs import DEFAULT_COMPILE_SECONDS, compile_seconds, read_telemetry
 from tileship.declare.spec import Operator, expand
 from tileship.errors import DeclarationError
 
@@ -44,8 +44,6 @@ RANGE_MIN_SIZES = 4
 WIDEN_FACTOR = 4
 MAX_STATIC = 16
 MIN_SHARE = 0.01
-#: compile seconds assumed per specialization when no build record is given
-DEFAULT_COMPILE_SECONDS = 60.0
 
 Point = tuple[tuple[str, int], ...]  # base dims in declaration order
 
@@ -78,34 +76,6 @@ class Report:
     #: operator -> undeclared calls left out (below MIN_SHARE or past MAX_STATIC)
     tail: dict[str, int] = field(default_factory=dict)
     compile_seconds_source: str = ""
-
-
-def read_telemetry(path: Path) -> dict[str, Any]:
-    """A telemetry JSON file; raises DeclarationError when it is not one."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise DeclarationError(f"{path}: cannot read telemetry JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("ops"), dict):
-        raise DeclarationError(f"{path}: not a schema-1 telemetry dump",
-                               hint="save GET /v2/tileship/telemetry or release.telemetry() as JSON")
-    return data
-
-
-def compile_seconds(release: Path | None) -> tuple[dict[str, float], float, str]:
-    """(per-operator mean, overall mean, source) of compile seconds from ``release``/build-log.json."""
-    if release is None or not (Path(release) / "build-log.json").is_file():
-        return {}, DEFAULT_COMPILE_SECONDS, f"default {DEFAULT_COMPILE_SECONDS:g} s per specialization"
-    log = json.loads((Path(release) / "build-log.json").read_text())
-    by_op: dict[str, list[float]] = {}
-    for sid, rec in sorted(log.get("specializations", {}).items()):
-        if rec.get("ok"):
-            by_op.setdefault(sid.split(".", 1)[0], []).append(float(rec["seconds"]))
-    every = [s for v in by_op.values() for s in v]
-    if not every:
-        return {}, DEFAULT_COMPILE_SECONDS, f"default {DEFAULT_COMPILE_SECONDS:g} s per specialization"
-    return ({op: sum(v) / len(v) for op, v in by_op.items()}, sum(every) / len(every),
-            f"mean compile seconds of {release}/build-log.json")
 
 
 def covered(op: Operator, dims: Mapping[str, int]) -> bool:

@@ -30,7 +30,7 @@ def read(path: Path) -> dict[str, Any]:
     """``release.json`` at ``path``, its structure checked. Raises BundleIntegrityError naming the
     file and the first field of the wrong type (the interpreting code, ``tuning.groups`` and
     ``loader.op_shape``, runs on it next: the caller translates what those refuse)."""
-    rel = strict_json.loads(path.read_bytes(), path, "release description")
+    rel = strict_json.read(path, "release description")  # never blocks on a FIFO, never reads without end
     if not isinstance(rel, dict):
         raise _bad(path, "the file", "a JSON object")
     for key, kind, want in (("operators", dict, "an object"), ("specializations", dict, "an object"),

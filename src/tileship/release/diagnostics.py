@@ -44,10 +44,12 @@ from tileship.release.diagnostics_sections import (
     TOOL_TIMEOUT_S,  # noqa: F401 (re-exported)
     _clone,
     _environment,
+    _json_file,
     _manifest_id,
     _release_root,
     _run,
     _runtime_view,
+    _safe,
     _save_data,
     _spec,
     _tar,
@@ -109,10 +111,10 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
 
     rel_root, loaded = _release_root(release)
     summary["release_path"] = str(rel_root) if rel_root else None
-    summary["release_id"] = getattr(loaded, "release_id", None) or section("release_id", lambda: _manifest_id(rel_root))
-    rel_json = section("release.json",
-                       lambda: json.loads((rel_root / "release.json").read_text())) if rel_root else None
-    specs = [spec_id] if spec_id else _troubled_specs(rel_json, loaded)
+    summary["release_id"] = (getattr(loaded, "release_id", None)
+                             or section("manifest.json", lambda: _manifest_id(rel_root)))
+    rel_json = section("release.json", lambda: _json_file(rel_root / "release.json")) if rel_root else None
+    specs = _safe([spec_id], notes) if spec_id else _troubled_specs(rel_json, loaded, notes)
     summary["spec_ids"] = specs
     if exc is not None:
         summary["exception"] = {"type": type(exc).__name__, "message": str(exc)}
@@ -133,7 +135,7 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
         _run([tools["nvidia-smi"], "-q"]) if tools["nvidia-smi"]
         else "nvidia-smi is not on PATH: no GPU driver tools on this machine\n"))
     if rel_root is not None:
-        build_log = section("build-log.json", lambda: json.loads((rel_root / "build-log.json").read_text())) or {}
+        build_log = section("build-log.json", lambda: _json_file(rel_root / "build-log.json")) or {}
         for sid in specs:
             def one(sid: str = sid, rr: Path = rel_root) -> None:
                 _spec(root / "specs" / sid, rr, sid, rel_json, build_log, loaded, tools, notes)

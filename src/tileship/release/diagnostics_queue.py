@@ -75,23 +75,24 @@ class CaptureQueue:
         """Delete the oldest bundles past ``keep`` or ``keep_bytes``; returns the ids deleted."""
         if not self.out_dir.is_dir():
             return []
-        ids = sorted({p.name.removesuffix(".tar.gz") for p in self.out_dir.iterdir() if p.name.startswith("diag-")},
-                     key=self._age)
-        sizes = {i: _size(self.out_dir / i) + _size(self.out_dir / f"{i}.tar.gz") for i in ids}
+        # a bundle is its folder, its archive and the half archive a killed writer left (``<id>.tar.gz.tmp``)
+        ids = sorted({_id(p.name) for p in self.out_dir.iterdir() if p.name.startswith("diag-")}, key=self._age)
+        sizes = {i: sum(_size(self.out_dir / f"{i}{s}") for s in _PARTS) for i in ids}
         total = sum(sizes.values())
         gone: list[str] = []
         for i in ids:  # oldest first
             if len(ids) - len(gone) <= self.keep and total <= self.keep_bytes:
                 break
             shutil.rmtree(self.out_dir / i, ignore_errors=True)
-            (self.out_dir / f"{i}.tar.gz").unlink(missing_ok=True)
+            for suffix in _PARTS[1:]:
+                (self.out_dir / f"{i}{suffix}").unlink(missing_ok=True)
             total -= sizes[i]
             gone.append(i)
         return gone
 
     def _age(self, did: str) -> tuple[int, str]:
         # written one at a time by one thread: the last write time orders them (ids only to the second)
-        times = [p.stat().st_mtime_ns for p in (self.out_dir / did, self.out_dir / f"{did}.tar.gz") if p.exists()]
+        times = [p.stat().st_mtime_ns for p in (self.out_dir / f"{did}{s}" for s in _PARTS) if p.exists()]
         return (max(times) if times else 0, did)
 
     def wait(self, timeout: float | None = None) -> None:
@@ -102,6 +103,14 @@ class CaptureQueue:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+#: the names of one bundle, after its id: its folder, its archive, a killed writer's half archive
+_PARTS = ("", ".tar.gz", ".tar.gz.tmp")
+
+
+def _id(name: str) -> str:
+    return name.removesuffix(".tmp").removesuffix(".tar.gz")
 
 
 def _size(p: Path) -> int:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 TOOL_TIMEOUT_S = 30.0
+#: the most bytes of one release file read into a bundle (a manifest lists every file: megabytes)
+READ_LIMIT = 64 << 20
 
 
 def describe_call(args: Iterable[Any], release: Any = None, specs: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -52,20 +54,48 @@ def _release_root(release: Any) -> tuple[Path | None, Any]:
     return (Path(release.path) if getattr(release, "path", None) else None), release
 
 
+def _json_file(path: Path) -> Any:
+    """``path`` parsed as JSON, read as hostile input: never blocks (a FIFO), never reads past READ_LIMIT (a
+    link to ``/dev/zero``). Raises OSError or BundleIntegrityError naming the file."""
+    from tileship.release import small_file, strict_json
+
+    return strict_json.loads(small_file.read(path, READ_LIMIT), path)
+
+
 def _manifest_id(root: Path | None) -> str | None:
     if root is None:
         return None
-    return str(json.loads((root / "manifest.json").read_text())["release_id"])
+    data = _json_file(root / "manifest.json")
+    if not isinstance(data, dict):
+        raise ValueError(f"{root / 'manifest.json'}: not an object")
+    return str(data.get("release_id"))
 
 
-def _troubled_specs(rel_json: dict[str, Any] | None, loaded: Any) -> list[str]:
-    all_specs = sorted((rel_json or {}).get("specializations", {}))
-    bad = {s for s, i in (rel_json or {}).get("specializations", {}).items() if i.get("status") != "built"}
+def safe_spec_id(sid: Any) -> bool:
+    """Whether ``sid`` names a specialization folder: one path component (a hostile release.json may list
+    ``../x`` or ``/abs``, which a bundle must never write to or copy from)."""
+    return (isinstance(sid, str) and sid not in ("", ".", "..") and "/" not in sid and "\\" not in sid
+            and "\0" not in sid)
+
+
+def _troubled_specs(rel_json: Any, loaded: Any, notes: list[str]) -> list[str]:
+    table = rel_json.get("specializations", {}) if isinstance(rel_json, dict) else {}
+    if not isinstance(table, dict):
+        notes.append(f"release.json: specializations is a {type(table).__name__}, not an object")
+        table = {}
+    bad = {s for s, i in table.items() if not isinstance(i, dict) or i.get("status") != "built"}
     if loaded is not None:
         bad |= set(loaded.load_errors)
         bad |= {e.decision.spec_id for r in loaded.ops.values() for e in r.entries
                 if e.decision.reason in ("circuit_open", "load_failed") and e.decision.spec_id}
-    return sorted(bad) or all_specs
+    return _safe(sorted(bad) or sorted(table), notes)
+
+
+def _safe(specs: Sequence[str], notes: list[str]) -> list[str]:
+    for sid in specs:
+        if not safe_spec_id(sid):
+            notes.append(f"{sid[:200]!r}: not a specialization id (a path): left out")
+    return [sid for sid in specs if safe_spec_id(sid)]
 
 
 def _runtime_view(release: Any) -> dict[str, Any]:
@@ -112,8 +142,8 @@ def _spec(dest: Path, rel_root: Path, sid: str, rel_json: dict[str, Any] | None,
     for name in ("device_kernel.cu", "host_kernel.cu", "artifact.json", "params.json"):
         if (src / name).is_file():
             shutil.copyfile(src / name, dest / name)
-    info = (rel_json or {}).get("specializations", {}).get(sid)
-    log = build_log.get("specializations", {}).get(sid)
+    info = _entry(rel_json, sid)
+    log = _entry(build_log, sid)
     build = {"release_status": info, "build": log}
     if loaded is not None:
         build["load_error"] = loaded.load_errors.get(sid)
@@ -137,6 +167,11 @@ def _spec(dest: Path, rel_root: Path, sid: str, rel_json: dict[str, Any] | None,
         notes.append(f"{sid}: cuobjdump absent: SASS from nvdisasm, no PTX")
     else:
         notes.append(f"{sid}: neither cuobjdump nor nvdisasm on PATH: no SASS/PTX (kernel.cubin is in the release)")
+
+
+def _entry(doc: Any, sid: str) -> Any:
+    table = doc.get("specializations") if isinstance(doc, dict) else None
+    return table.get(sid) if isinstance(table, dict) else None
 
 
 def _run(cmd: list[Any]) -> str:

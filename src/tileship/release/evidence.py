@@ -60,13 +60,16 @@ def read(root: Path) -> dict[str, Any] | None:
     p = Path(root) / EVIDENCE
     if not p.exists():
         return None
-    return parse(p.read_bytes(), p)
+    return _check(strict_json.read(p, "evidence"), p)  # never blocks on a FIFO, never reads without end
 
 
 def parse(body: bytes, p: Path) -> dict[str, Any]:
     """The evidence parsed from ``body`` (the bytes a signature is checked over); ``p`` names it
     in errors. Raises BundleIntegrityError like ``read``."""
-    data = strict_json.loads(body, p, "evidence")
+    return _check(strict_json.loads(body, p, "evidence"), p)
+
+
+def _check(data: Any, p: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("specializations"), dict):
         raise BundleIntegrityError(f"{p}: not tileship verification evidence (schema {SCHEMA})", path=str(p),
                                    hint="re-run `tileship verify` on the release")

@@ -16,6 +16,9 @@ from typing import Any
 
 from tileship.errors import BundleError, BundleIntegrityError, TileshipError
 
+#: the most bytes ``read`` takes from one file (a release's largest JSON, its manifest, is megabytes)
+READ_LIMIT = 64 << 20
+
 
 class _DuplicateKey(ValueError):
     pass
@@ -72,3 +75,19 @@ def loads(body: bytes | str, path: Path | str, what: str = "",
     if issubclass(error, BundleError):
         raise error(message, path=str(path))
     raise error(message)
+
+
+def read(path: Path, what: str = "", error: type[TileshipError] = BundleIntegrityError, limit: int = READ_LIMIT) -> Any:
+    """The JSON file at ``path`` read as hostile input (``small_file.read``: a regular file of at most ``limit``
+    bytes, never blocking on a FIFO nor reading without end from a device) and parsed by ``loads``. Raises
+    FileNotFoundError when there is none, else only ``error`` naming the file."""
+    from tileship.release import small_file
+
+    try:
+        body = small_file.read(Path(path), limit)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        message = f"{path}: cannot read {what or 'the file'}: {exc.strerror or exc}"
+        raise (error(message, path=str(path)) if issubclass(error, BundleError) else error(message)) from None
+    return loads(body, path, what, error)

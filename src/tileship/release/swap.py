@@ -13,6 +13,8 @@ import errno
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 TRASH = ".trash-"
@@ -52,4 +54,38 @@ def replace_dir(staged: Path, dest: Path) -> bool:
     return False
 
 
-__all__ = ["TRASH", "exchange", "replace_dir"]
+@contextmanager
+def staged(out: Path, ours: Callable[[str], bool], *, last: str) -> Iterator[Path]:
+    """A fresh directory beside ``out`` (``.<name>.tmp<pid>``) to write the new ``out`` into, put in place when
+    the block ends: where ``out`` is absent or holds only names ``ours`` accepts, the whole directory replaces it
+    (``replace_dir``: killed at any instant, ``out`` is the old one or the new one); where it holds other files too
+    (never removed), each new file replaces its namesake, ``last`` after the others. An exception in the block
+    removes the staged directory and leaves ``out`` as it was. Staged directories of killed writers are removed
+    first. Raises NotADirectoryError when ``out`` is something other than a directory (nothing is replaced)."""
+    from tileship.release.inplace import running
+
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(out))
+    out = out.resolve() if out.is_symlink() else out  # the folder it names is replaced, never the link
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for left in out.parent.glob(f".{out.name}.tmp*"):
+        pid = left.name.rpartition(".tmp")[2]
+        if pid.isdigit() and not running(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if not out.is_dir() or all(ours(p.name) for p in out.iterdir()):
+            replace_dir(tmp, out)
+            return
+        for p in sorted(tmp.iterdir(), key=lambda p: p.name == last):
+            os.replace(p, out / p.name)
+        tmp.rmdir()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+__all__ = ["TRASH", "exchange", "replace_dir", "staged"]

@@ -195,17 +195,13 @@ def _us(v: Any) -> str:
 
 
 def write_report(path: Path | str, out: Path | str | None = None) -> Path:
-    """Write ``index.html`` and the PNGs into ``out``; return the page's path.
-
-    Raises VerificationError when ``out`` lies inside the release (it would break the
-    release's integrity) or matplotlib is missing, BundleIntegrityError for a release that
-    is not intact.
-    """
+    """Write ``index.html`` and the PNGs into ``out``; return the page's path. Staged beside ``out`` and put in
+    place whole (``swap.staged``): killed at any instant, ``out`` holds the old report or the new one. Raises
+    VerificationError when ``out`` lies inside the release (it would break the release's integrity) or
+    matplotlib is missing, BundleIntegrityError for a release that is not intact."""
     import importlib.util
 
-    from tileship.build.lock import lock_digest, read_lock
-    from tileship.release import bundle
-    from tileship.verify import report_roofline
+    from tileship.release import bundle, swap
 
     if importlib.util.find_spec("matplotlib") is None:
         raise VerificationError("the report needs matplotlib, which is not installed",
@@ -217,7 +213,14 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
     if dest.resolve() == root.resolve() or root.resolve() in dest.resolve().parents:
         raise VerificationError(f"{dest}: the report cannot go inside the release (extra files break its integrity)",
                                 hint="pass --out elsewhere")
-    dest.mkdir(parents=True, exist_ok=True)
+    with swap.staged(dest, lambda name: name == "index.html" or name.endswith(".png"), last="index.html") as tmp:
+        _render(root, rid, tmp)  # killed at any instant: the old report or the new one, never half of one
+    return dest / "index.html"
+
+
+def _render(root: Path, rid: str, dest: Path) -> None:
+    from tileship.build.lock import lock_digest, read_lock
+    from tileship.verify import report_roofline
     rel = described.read(root / "release.json")
     lock = read_lock(root / "tileship.lock")
     ev = ev_mod.read(root)
@@ -305,9 +308,7 @@ def write_report(path: Path | str, out: Path | str | None = None) -> Path:
                  "was never measurably slower; <i>evidence</i> picks per shape.</p>")
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tileship report {html.escape(rid)}</title>"
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
-    index = dest / "index.html"
-    index.write_text(page)
-    return index
+    (dest / "index.html").write_text(page)
 
 
 def signature(desc: Mapping[str, Any]) -> str:

@@ -81,6 +81,8 @@ def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
     pytest.importorskip("tilelang")
     import tilelang.language as T
 
+    from tileship.catalog.w4a16_tc import w4a16_gemm_rs as w4a16_gemm_rs_
+
     src = {m: str(w4a16.w4a16_linear(m, 4096, 14336).script()) for m in (1, 2, 4, 8, 16)}
     assert "ts_w4_gemv3_steps" in src[1] and "T.gemm" not in src[1]
     assert "ts_w4_gemv3_steps<__half2, __half, 2, 4, 7, 4>" in src[2]  # K-split GEMV, 2 warps of 7 steps
@@ -93,6 +95,12 @@ def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
     assert "T.gemm" in src[16] and "ts_w4_elem<__half2" in src[16] and "ts_w4_dq8" not in src[16]
     assert 'T.thread_binding(64, thread="blockIdx.x")' in src[16]
     assert 'T.thread_binding(8, thread="blockIdx.z")' in src[16]
+    # its split-K sum: four outputs a thread, the loop over the other 7 splits unrolled (round 29)
+    assert 'T.thread_binding(4, thread="blockIdx.x")' in src[16] and "T.unroll(7)" in src[16]
+    plain_sum = str(w4a16_gemm_rs_(16, 4096, 14336, block_M=16, block_N=64, split_k=8, decode="lop3").script())
+    assert "T.unroll(" not in plain_sum and 'T.thread_binding(16, thread="blockIdx.x")' in plain_sum
+    with pytest.raises(ValueError, match="N % 1024 == 0"):
+        w4a16_gemm_rs_(16, 4096 + 256, 14336, block_M=16, block_N=64, split_k=8, decode="lop3", reduce="vector")
     assert "ts_w4_mma_block<__nv_bfloat162, __nv_bfloat16, true, 2, 1, 8, 4, 4, 1, 8, false, false, 1>" in str(
         w4a16.w4a16_linear(8, 28672, 4096, "bfloat16").script())  # gate_up: two row tiles, 8 warps along K
     assert "ts_w4_elem<__nv_bfloat162" in str(w4a16.w4a16_linear(32, 6144, 4096, "bfloat16").script())

@@ -80,6 +80,9 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
     bm = max(8, -(-M // 8) * 8)
     rule = dict(block_M=bm, block_N=64, split_k=split, num_stages=4 if N >= 65536 else 3, threads=128, ws=False)
     out.append(("rule", {**rule, "decode": "lop3"}))
+    # "rulev": the rule with the split-K sum's loads all in flight (reduce="vector", round 29), where it applies
+    if split > 1 and N % 1024 == 0:
+        out.append(("rulev", {**rule, "decode": "lop3", "reduce": "vector"}))
     for sp in sorted({max(1, split // 2), split, split * 2}):
         for stages in (3, 4):
             if K % (128 * sp) == 0 and (sp == 1 or N % 256 == 0):
@@ -208,7 +211,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind in ("rs", "rsl", "rule", "rsp", "rsc", "rsw", "rsg", "rst"):
+    if kind in ("rs", "rsl", "rule", "rulev", "rsp", "rsc", "rsw", "rsg", "rst"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 

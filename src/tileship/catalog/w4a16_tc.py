@@ -28,8 +28,12 @@ def _check(name: str, N: int, K: int, block_N: int, split_k: int, dtype: str) ->
 
 
 def _launch(tile: Any, M: Any, N: int, K: int, dtype: str, block_M: int, block_N: int, split_k: int,
-            threads: int) -> Any:
-    """The prim_func running ``tile(A, B, S, out, bx, by, bz, to_workspace)`` over the grid."""
+            threads: int, vector_sum: bool = False) -> Any:
+    """The prim_func running ``tile(A, B, S, out, bx, by, bz, to_workspace)`` over the grid. With
+    ``split_k`` > 1 a second kernel sums the fp32 partials: one output a thread, the splits in a loop
+    (about 4 us at M=32, N=4096, split 8 under Nsight Compute on an H100, round 29, with no eligible warp
+    in 94% of cycles), or with ``vector_sum`` (N % 1024 == 0) four outputs a thread and the split loop
+    unrolled, so that every split's load can be in flight at once."""
     if split_k == 1:
         @T.prim_func
         def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
@@ -53,6 +57,26 @@ def _launch(tile: Any, M: Any, N: int, K: int, dtype: str, block_M: int, block_N
                     total += ws[s, by, bx * 256 + i]
                 C[by, bx * 256 + i] = T.cast(total, dtype)
 
+    @T.prim_func
+    def main_split_vec(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+                       S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+        ws = T.alloc_global((split_k, M, N), "float32")
+        with T.Kernel(N // block_N, T.ceildiv(M, block_M), split_k, threads=threads) as (bx, by, bz):
+            tile(A, B, S, ws, bx, by, bz, True)
+        with T.Kernel(N // 1024, M, threads=256) as (bx, by):
+            part = T.alloc_fragment((1024,), "float32")
+            for i in T.Parallel(1024):
+                part[i] = ws[0, by, bx * 1024 + i]
+            for s in T.unroll(split_k - 1):
+                for i in T.Parallel(1024):
+                    part[i] += ws[s + 1, by, bx * 1024 + i]
+            for i in T.Parallel(1024):
+                C[by, bx * 1024 + i] = T.cast(part[i], dtype)
+
+    if vector_sum:
+        if N % 1024:
+            raise ValueError(f"the vectorized split-K sum needs N % 1024 == 0 (N={N})")
+        return main_split_vec
     return main_split
 
 
@@ -199,7 +223,8 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
     ``global`` reads each scale where the decode uses it (two loads a thread a K step, cached), so
     the weight pipeline starts at once (not yet timed on the GPU).
     ``reduce`` (with ``split_k`` > 1): ``workspace`` (fp32 partials in global memory, a second kernel sums
-    them) or ``cluster`` (the splits of a tile form a thread-block cluster and reduce in CTA 0's shared
+    them), ``vector`` (the same, the sum kernel's loads all in flight: ``_launch``'s ``vector_sum``) or
+    ``cluster`` (the splits of a tile form a thread-block cluster and reduce in CTA 0's shared
     memory: one launch; ``split_k`` <= 8, static M). The cluster form measured slower at every shape on
     the H200 (down M=8: 23.6 vs 21.3 us; lm_head at 8 splits 345 vs 106 us: a cluster of 8 waits for 8
     free SMs in one GPC), ``benchmarks/results/h200/round12/w4a16_sweep_cluster.json.xz``.
@@ -255,10 +280,10 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
 
     if scales not in ("shared", "global") or (scales == "global" and decode == "cast"):
         raise ValueError(f"w4a16_gemm_rs: scales must be 'shared' or 'global' (not with decode='cast'), got {scales!r}")
-    if reduce not in ("workspace", "cluster"):
-        raise ValueError(f"w4a16_gemm_rs: reduce must be 'workspace' or 'cluster', got {reduce!r}")
+    if reduce not in ("workspace", "vector", "cluster"):
+        raise ValueError(f"w4a16_gemm_rs: reduce must be 'workspace', 'vector' or 'cluster', got {reduce!r}")
     if reduce == "cluster" and split_k > 1:
         if split_k > 8 or not isinstance(M, int):
             raise ValueError(f"w4a16_gemm_rs: reduce='cluster' needs split_k <= 8 and a static M (got {split_k}, {M})")
         return _launch_cluster(tile, M, N, K, dtype, block_M, block_N, split_k, threads)
-    return _launch(tile, M, N, K, dtype, block_M, block_N, split_k, threads)
+    return _launch(tile, M, N, K, dtype, block_M, block_N, split_k, threads, vector_sum=reduce == "vector")

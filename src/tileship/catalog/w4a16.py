@@ -44,16 +44,15 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
       hold zeros), as the GEMM below does with the batch padded to 8;
     - M = 9 to 64: the swapped tensor-core GEMM with the weights decoded into its register operand
       by LOP3 (``w4a16_gemm_rs(decode="lop3")``, ``benchmarks/results/h200/round11/w4a16_sweep_rsl.json``),
-      compiled without warp specialization, its split-K partials summed with every split's load in
-      flight (``reduce="vector"``, round 29: the looped sum was about 4 us of down's M=32 call under
-      Nsight Compute): 1.4-2.4x faster than cuBLAS fp16 where the int-to-float
+      compiled without warp specialization: 1.4-2.4x faster than cuBLAS fp16 where the int-to-float
       decode it replaces was 0.8-1.7x; at M=4 (the batch padded to 8 rows, ``..._m4.json``) faster than
       the GEMVs on every projection (bf16 down 21.0 vs 57.0 us), o within 0.2 us. Warp
       specialization gave one block of 4 decoding warps per SM (its consumer warpgroup holds 240
       registers a thread) and capped every such kernel at 0.75-0.94 TB/s (``..._run2.json``);
       its packed tile stays unswizzled: ``swizzle=True`` removes a 4-way bank conflict but measured
       about the same (round 12, ``w4a16_gemm_rs``'s docstring), and neither the pair decode nor a
-      cluster split-K reduce helped: the limit at M = 4-32 is elsewhere (see ``benchmarks/README.md``);
+      cluster split-K reduce nor a split-K sum with all its loads in flight (``reduce="vector"``, round 29:
+      within the spread at M=16 and 32) helped: the limit at M = 4-32 is elsewhere (``benchmarks/README.md``);
       above M = 64, the shared-memory decode (``w4a16_gemm_swap``);
     - the dynamic range (prefill): the tensor-core GEMM with 64-row tiles.
     """
@@ -80,7 +79,7 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
             split //= 2
         stages = 4 if N >= 65536 else 3
         return w4a16_gemm_rs(M, N, K, dtype, block_M=block_M, block_N=64, split_k=split, num_stages=stages,
-                             decode="lop3", reduce="vector" if split > 1 and N % 1024 == 0 else "workspace")
+                             decode="lop3")
     split = 2 if N >= 65536 else 4
     while K % (GROUP * split):
         split //= 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,16 +155,19 @@ def test_a_replayed_older_pointer_is_refused(signed, keys) -> None:
 
 
 def test_another_pointer_of_the_same_generation_is_refused(tmp_path, keys) -> None:
-    """Two registries sealed by one key: one's pointer put into the other, at the same generation."""
-    regs = [Registry(tmp_path / f"reg{i}", activator_key=keys["activator"][0]) for i in (1, 2)]
-    ids = [r.publish(fake_release(tmp_path / f"src{i}", "a")[0]) for i, r in enumerate(regs)]
-    regs[0].activate(ids[0])
-    regs[1].activate(ids[1], reference_only=True)
+    """A registry and a copy of it (one registry id) sealed by one key, changed apart: one's pointer put into the
+    other, at the same generation. (Between two registries the binding refuses it first: test_pointer_binding.)"""
+    reg = Registry(tmp_path / "reg1", activator_key=keys["activator"][0])
+    a, b = (reg.publish(fake_release(tmp_path, t)[0]) for t in ("a", "b"))
+    reg.activate(a)
+    copy = Registry(shutil.copytree(reg.root, tmp_path / "reg2"), activator_key=keys["activator"][0])
+    reg.activate_reference()
+    copy.activate(b)
     trust = _trust(keys["activator"][1])
-    first = resolve(regs[0].root, activator_keys=trust)
-    regs[0].pointer.write_bytes(regs[1].pointer.read_bytes())
-    with pytest.raises(PointerSignatureError, match="another pointer of the same generation as generation 1"):
-        resolve(regs[0].root, activator_keys=trust, after=first.sealed)
+    first = resolve(reg.root, activator_keys=trust)
+    reg.pointer.write_bytes(copy.pointer.read_bytes())
+    with pytest.raises(PointerSignatureError, match="another pointer of the same generation as generation 2"):
+        resolve(reg.root, activator_keys=trust, after=first.sealed)
 
 
 def test_rollback_and_reference_are_sealed_through_the_cli(tmp_path, keys, monkeypatch) -> None:

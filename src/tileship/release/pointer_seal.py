@@ -18,21 +18,36 @@ a role and a counter of its own:
 - The signature lives in the pointer itself: the one ``os.replace`` that publishes a pointer publishes
   its signature, so no crash leaves a pointer beside another pointer's signature (a sibling ``active.sig``
   would need two renames, and a crash between them would leave a pointer its signature does not cover).
+- Every pointer is bound to its registry: it holds ``registry_id``, the id in the registry's ``registry.json``
+  (``registry_id``: random, written once, by the registry's first pointer write of a tileship that knows ids),
+  inside what the signature covers.
 - A reader that trusts activator keys (``check``; ``tileship serve REGISTRY --trusted-activator-key``,
   ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) refuses a pointer that is unsigned, malformed, sealed by a key it
-  does not trust, changed after sealing, or older than the pointer it serves (``after``): a lower
-  generation, or the same generation with other content. Refusals are ``PointerSignatureError``.
-- Schema 1 still: an older tileship reads a sealed pointer (it ignores the three keys) and, writing one,
-  drops them, which a reader trusting activator keys refuses as unsigned. With no activator key trusted
-  nothing here is checked.
+  does not trust, changed after sealing, bound to another registry than the one it is read from, or older
+  than the pointer it serves (``after``): a lower generation, the same generation with other content, or a
+  pointer bound to another registry id than that one was (the registry's ``registry.json`` replaced).
+  Refusals are ``PointerSignatureError``; one of binding names both registry ids.
+- Pointers from before registry ids (no ``registry_id``), under trusted keys: accepted while the registry has
+  no ``registry.json`` (it was never written since: nothing to bind to), and in a registry that has one only
+  when their generation is below its ``since_generation`` (the generation of its first bound pointer: they
+  predate the id, which is what a writer killed between writing the id and the pointer leaves); one at or
+  above it was written by an older tileship after the id, or copied in, and is refused, as is any unbound
+  pointer once the pointer a reader serves was bound. A pointer bound to an id where the registry has none is
+  refused. Re-activating the active release with the key (``activate ID --sign-key``) binds an unbound pointer.
+- Schema 1 still: an older tileship reads a sealed pointer (it ignores the four keys) and, writing one,
+  drops them, which a reader trusting activator keys refuses as unsigned (or, sealed by an older tileship with
+  the key, as unbound). With no activator key trusted nothing here is checked.
 
 A server may keep the pointer it served across restarts (``write_served``/``read_served``: ``tileship serve
 --generation-state FILE``, ``TILESHIP_POINTER_STATE``), so that a restarted server refuses an older pointer too.
 
+The file also keeps the registry id served, so a restarted server refuses a registry whose id changed.
+
 Not covered: without that file, the first pointer a fresh server process sees is trusted on first use for its
-generation; an activator that stops signing (a frozen pointer) is not
-detected (no expiry); a pointer is not bound to one registry (registries sharing an activator key can
-swap pointers of a higher generation).
+generation and its registry id; ``registry.json`` is as writable as the pointer, so whoever can write the
+registry root can replace it with another registry's id (or remove it and put in a pointer from before ids)
+and hand a fresh server that registry's pointers (a server that served a bound pointer refuses them: ``after``);
+an activator that stops signing (a frozen pointer) is not detected (no expiry).
 """
 
 from __future__ import annotations
@@ -54,6 +69,7 @@ from tileship import env
 from tileship.digits import parse_uint
 from tileship.errors import PointerSignatureError
 from tileship.release import bundle, small_file, strict_json
+from tileship.release import registry_id as regid
 from tileship.release.records import KEY_ID
 
 if TYPE_CHECKING:
@@ -62,7 +78,7 @@ if TYPE_CHECKING:
 
 DOMAIN = b"tileship-pointer-v1\0"
 #: the fields this module writes into a pointer (``signature`` is the one not signed)
-FIELDS = ("generation", "sealed_by", "signature")
+FIELDS = ("generation", "registry_id", "sealed_by", "signature")
 #: beside the pointer: the highest generation the registry wrote (``next_generation``)
 HIGH_WATER = ".generation"
 #: the most of a ``--generation-state`` file read (``write_served`` writes about a hundred bytes)
@@ -74,11 +90,13 @@ _RESEAL_HINT = "restore it with `tileship activate ID --sign-key KEY` (or `tiles
 @dataclass(frozen=True)
 class Sealed:
     """A pointer a reader accepted: its ``generation``, the trusted activator key that sealed it
-    (``key_id``) and the sha256 of its signed bytes (``digest``: two pointers of one generation differ)."""
+    (``key_id``), the sha256 of its signed bytes (``digest``: two pointers of one generation differ) and the
+    registry it is bound to (``registry_id``; None: a pointer from before registry ids)."""
 
     generation: int
     key_id: str
     digest: str
+    registry_id: str | None = None
 
 
 def generation_of(state: Mapping[str, Any]) -> int:
@@ -95,11 +113,15 @@ def signed_bytes(state: Mapping[str, Any]) -> bytes:
                                allow_nan=False).encode()
 
 
-def seal(state: Mapping[str, Any], generation: int, key: Ed25519PrivateKey | None) -> dict[str, Any]:
-    """``state`` as the next pointer: ``generation`` set and, with ``key``, ``sealed_by`` and ``signature``
-    (without one, an earlier seal is dropped: the pointer is unsigned)."""
+def seal(state: Mapping[str, Any], generation: int, key: Ed25519PrivateKey | None,
+         registry_id: str | None = None) -> dict[str, Any]:
+    """``state`` as the next pointer: ``generation`` and ``registry_id`` (the registry's, ``registry_id.ensure``;
+    None: unbound) set and, with ``key``, ``sealed_by`` and ``signature`` over them (without one, an earlier seal
+    is dropped: the pointer is unsigned)."""
     out = {k: v for k, v in state.items() if k not in FIELDS}
     out["generation"] = generation
+    if registry_id is not None:
+        out["registry_id"] = registry_id
     if key is not None:
         out["sealed_by"] = bundle.key_id(key.public_key())
         out["signature"] = base64.b64encode(key.sign(signed_bytes(out))).decode()
@@ -136,10 +158,12 @@ def sealed_by(state: Mapping[str, Any]) -> str | None:
     return kid if isinstance(kid, str) else None
 
 
-def reseals(state: Mapping[str, Any], key: Ed25519PrivateKey | None) -> bool:
-    """Whether ``key`` is an activator key that did not seal ``state``: writing the same state again
-    (activating the active release) then seals it anew rather than leaving it as it is."""
-    return key is not None and sealed_by(state) != bundle.key_id(key.public_key())
+def reseals(state: Mapping[str, Any], key: Ed25519PrivateKey | None, own: str | None = None) -> bool:
+    """Whether ``key`` is an activator key that did not seal ``state``, or ``state`` is not bound to ``own`` (the
+    registry's id; None: it has none yet): writing the same state again (activating the active release) then
+    seals it anew, bound to the registry, rather than leaving it as it is."""
+    return key is not None and (sealed_by(state) != bundle.key_id(key.public_key())
+                                or own is None or state.get("registry_id") != own)
 
 
 def signing_key(key: Path | Ed25519PrivateKey | None) -> Ed25519PrivateKey | None:
@@ -184,6 +208,7 @@ def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey]
                                     "was changed after it was sealed", path=str(path), key_id=kid,
                                     hint=_RESEAL_HINT) from None
     gen, digest = generation_of(state), "sha256:" + hashlib.sha256(body).hexdigest()
+    bound = _bound(path, state, kid, after)
     if after is not None and (gen < after.generation or (gen == after.generation and digest != after.digest)):
         what = "older than" if gen < after.generation else "another pointer of the same generation as"
         raise PointerSignatureError(f"{path}: generation {gen} is {what} generation {after.generation}, the "
@@ -191,7 +216,35 @@ def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey]
                                     path=str(path), key_id=kid,
                                     hint="activate or roll back again (`tileship activate ID --sign-key KEY`) to "
                                          "seal a newer pointer; the release serving keeps serving")
-    return Sealed(gen, kid, digest)
+    return Sealed(gen, kid, digest, bound)
+
+
+def _bound(path: Path, state: Mapping[str, Any], kid: str, after: Sealed | None) -> str | None:
+    """The registry id the sealed pointer ``state`` is bound to, when that is the registry's own (``registry.json``
+    beside ``path``) and the one the pointer ``after`` was bound to. Refused (PointerSignatureError naming both ids):
+    a pointer bound to another registry, or to one where this registry has no id; an unbound pointer (from before
+    registry ids) of a generation at or above the registry's ``since_generation`` (an unbound pointer older than
+    that predates the id and is accepted); any pointer not bound to the registry id of the pointer served."""
+    claimed = state.get("registry_id")
+    claimed = claimed if isinstance(claimed, str) else None
+    own = regid.read(path.parent, PointerSignatureError)
+    own_id, gen = (own.registry_id if own else None), generation_of(state)
+    why = None
+    if claimed is not None and claimed != own_id:
+        why = (f"the pointer is bound to registry {claimed}, but this registry is "
+               f"{own_id or f'not bound to any id (no {regid.NAME})'}: a pointer copied from another registry "
+               f"is refused")
+    elif claimed is None and own is not None and gen >= own.since:
+        why = (f"the pointer is bound to no registry, but this registry is {own_id}, which binds every pointer from "
+               f"generation {own.since} on (this one is generation {gen}): written by a tileship before registry ids, "
+               f"or copied from another registry")
+    elif after is not None and after.registry_id is not None and claimed != after.registry_id:
+        why = (f"the pointer is bound to registry {claimed or 'none'}, but the pointer this server serves is bound to "
+               f"registry {after.registry_id}: the registry's identity changed ({regid.NAME} replaced?)")
+    if why is not None:
+        raise PointerSignatureError(f"{path}: {why}", path=str(path), key_id=kid, hint=_RESEAL_HINT + (
+            f" with a tileship that knows registry ids; never copy {path.name} between registries"))
+    return claimed
 
 
 def follow(root: Path, keys: Sequence[Ed25519PublicKey],
@@ -236,13 +289,15 @@ def read_served(path: Path | None) -> Sealed | None:
     gen = data.get("generation") if isinstance(data, dict) else None
     kid = data.get("key_id") if isinstance(data, dict) else None
     digest = data.get("digest") if isinstance(data, dict) else None
+    bound = data.get("registry_id") if isinstance(data, dict) else None  # absent in a record from before ids
     if not (type(gen) is int and 0 <= gen < 10**18 and isinstance(kid, str) and KEY_ID.fullmatch(kid)
-            and isinstance(digest, str) and DIGEST.fullmatch(digest)):
+            and isinstance(digest, str) and DIGEST.fullmatch(digest)
+            and (bound is None or (isinstance(bound, str) and regid.ID.fullmatch(bound)))):
         why = "not a served-pointer record" if isinstance(data, dict) else f"unreadable ({data})"
         raise PointerSignatureError(f"{path}: the generation state is {why}", path=str(path),
                                     hint="restore it, or remove it to trust the registry's current pointer once "
                                          "(as a first start does)")
-    return Sealed(gen, kid, digest)
+    return Sealed(gen, kid, digest, bound)
 
 
 def write_served(path: Path, sealed: Sealed) -> None:
@@ -250,7 +305,8 @@ def write_served(path: Path, sealed: Sealed) -> None:
     (``inplace.write_atomic``), then the directory fsynced; killed at any instant, ``path`` holds the old record
     or the new one. Raises OSError when it cannot be written."""
     path = Path(path)
-    bundle.write_json_atomic(path, {"generation": sealed.generation, "key_id": sealed.key_id, "digest": sealed.digest})
+    record = {"generation": sealed.generation, "key_id": sealed.key_id, "digest": sealed.digest}
+    bundle.write_json_atomic(path, record | ({"registry_id": sealed.registry_id} if sealed.registry_id else {}))
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -5,8 +5,9 @@ A pointer state and each history entry: ``{"release_id", "reference_only", "evid
 is the evidence pin recorded on activation (``evidence_seal.pin``: the evidence's sha256, null for a
 release without evidence); a pointer written before pins has no such key: then nothing is checked.
 Schema 1 either way (older readers ignore the key; an older writer drops it, which unpins). The pointer
-(not its history entries) also holds ``generation`` and, when sealed by an activator key, ``sealed_by`` and
-``signature`` (``pointer_seal``; older readers ignore them too).
+(not its history entries) also holds ``generation``, ``registry_id`` (the registry it was written in:
+``registry_id``) and, when sealed by an activator key, ``sealed_by`` and ``signature`` (``pointer_seal``; older
+readers ignore them too).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ POINTER_READ_LIMIT = 1 << 20
 RELEASE_ID = re.compile(r"[0-9A-Za-z_-]{1,128}")
 #: how ``bundle.key_id`` names a key: what a pointer's ``sealed_by`` may say
 KEY_ID = re.compile(r"ed25519:[0-9a-f]{16}")
+#: what a pointer's ``registry_id`` may say (``registry_id.ID``)
+REGISTRY_ID = re.compile(r"[0-9a-f]{32}")
 #: the longest ``signature`` a pointer may hold (an ed25519 signature is 88 characters of base64)
 SIGNATURE_CHARS = 128
 
@@ -214,6 +217,9 @@ def _not_a_pointer(data: Any) -> str | None:
         return "sealed_by is not a key id (ed25519:<16 hex digits>)"
     if not (sig is None or (isinstance(sig, str) and len(sig) <= SIGNATURE_CHARS)):
         return f"signature is not a string of at most {SIGNATURE_CHARS} characters"
+    bound = data.get("registry_id")
+    if not (bound is None or (isinstance(bound, str) and REGISTRY_ID.fullmatch(bound))):
+        return "registry_id is not a registry id (32 hex digits)"
     return None
 
 

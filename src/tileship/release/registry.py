@@ -6,11 +6,12 @@ Layout (default ``$TILESHIP_HOME/registry``)::
                              --replace`` renames a complete ``<id>@<n+1>`` into place (the highest n is current)
                              before the older copy is removed: there is no instant without a valid copy of the id
     active.json              {"schema", "release_id", "reference_only", "evidence", "history": [...], "generation",
-                             "sealed_by", "signature"}
+                             "registry_id", "sealed_by", "signature"}
     images/<release id>.json the image the release ships in (``publish --image-digest``; ``release.images``)
     .lock                    serializes every change (filelock)
     .reserve                 64 KiB kept free so that the pointer can be rewritten on a full disk
     .generation              the highest pointer generation written (``pointer_seal.next_generation``)
+    registry.json            the registry's id, written once by its first pointer write (``registry_id``)
 
 Leftovers of a killed writer (``.tmp*``, ``.incoming-*``, ``.trash-*``, ``.unpack-*``, copies superseded by a
 newer ``@<n>``) are removed at the start of the next change (``gc``).
@@ -43,6 +44,7 @@ from filelock import FileLock, Timeout
 from tileship import env
 from tileship.errors import BundleError, RegistryError
 from tileship.release import bundle, evidence_seal, images, integrity, layout, pointer_seal
+from tileship.release import registry_id as regid
 from tileship.release.records import (  # noqa: F401 (re-exported)
     POINTER_SCHEMA,
     RESERVE,
@@ -306,8 +308,10 @@ class Registry:
             raise RegistryError(f"refusing to activate {rid}: its evidence is now {pin}, not {expect} as loaded")
         history = state["history"]
         if state["release_id"] == rid and bool(state["reference_only"]) == reference_only:
-            if pin_of(state) == pin_of(new) and not pointer_seal.reseals(state, self._sealer()):
-                return  # unchanged (an activator key that did not seal it seals it anew)
+            own = regid.read(self.root)
+            if pin_of(state) == pin_of(new) and not pointer_seal.reseals(state, self._sealer(),
+                                                                         own.registry_id if own else None):
+                return  # unchanged (an activator key that did not seal it, or an unbound seal, seals it anew)
         elif state["release_id"] is not None:
             history = [entry(state["release_id"], state["reference_only"], pin_of(state)), *history]
         self._write_pointer({"schema": POINTER_SCHEMA, **new, "history": history[:HISTORY_LIMIT]}, state)
@@ -320,8 +324,9 @@ class Registry:
 
     def _write_pointer(self, state: dict[str, Any], old: dict[str, Any]) -> None:
         """``state`` as the pointer after ``old``: its next generation, sealed when there is an activator key."""
-        gen = pointer_seal.next_generation(self.root, old)
-        write_pointer(self.pointer, pointer_seal.seal(state, gen, self._sealer()))
+        gen, key = pointer_seal.next_generation(self.root, old), self._sealer()
+        bound = regid.ensure(self.root, since=gen).registry_id  # written once, before the first pointer bound to it
+        write_pointer(self.pointer, pointer_seal.seal(state, gen, key, bound))
         pointer_seal.record_generation(self.root, gen)
 
     @contextmanager

@@ -63,3 +63,53 @@ def test_a_signed_pointer_change_killed_at_every_write_boundary(tmp_path: Path, 
     assert total >= 3 and new != old
     runs = list(crashpoints.sweep(args, before=fresh, check=check))
     assert sum(o.killed for o in runs) == total and outcomes["old"] >= 1 and outcomes["new"] >= 1, outcomes
+
+
+def test_the_first_bound_pointer_killed_at_every_write_boundary(tmp_path: Path) -> None:
+    """A registry as a tileship before registry ids left it (no ``registry.json``, a sealed pointer without
+    ``registry_id``), then `tileship activate --sign-key` killed at every write boundary: ``registry.json`` is
+    absent or whole; ``active.json`` is the old pointer (which readers trusting the key still accept: it predates
+    the id) or the new one bound to that id; the next activate binds to the same id, and a reader that served
+    either pointer accepts it."""
+    from test_pointer_binding import _legacy
+
+    from tileship.release import registry_id as regid
+
+    key, pub = _keygen(tmp_path, "activator")
+    trusted = pointer_seal.trusted([pub])
+    seed, root = tmp_path / "seed", tmp_path / "reg"
+    reg = Registry(seed, activator_key=key)
+    a, b, c = (reg.publish(fake_release(tmp_path, t)[0]) for t in ("a", "b", "c"))
+    reg.activate(a)
+    reg.activate(b)
+    (seed / regid.NAME).unlink()
+    _legacy(reg, key)
+    old = reg.pointer.read_bytes()
+    seen = {"no id": 0, "id, old pointer": 0, "new": 0}
+
+    def fresh() -> None:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(seed, root)
+
+    def check(o: crashpoints.Outcome) -> None:
+        assert o.killed or o.returncode == 0, o.output[-800:]
+        r = Registry(root, activator_key=key)
+        ident = regid.read(root)  # whole or absent: a RegistryError here is a torn id
+        state = read_pointer(r.pointer)
+        served = pointer_seal.check(r.pointer, state, trusted)
+        if r.pointer.read_bytes() == old:
+            seen["no id" if ident is None else "id, old pointer"] += 1
+            assert served.registry_id is None and (ident is None or ident.since == 3), ident
+        else:
+            seen["new"] += 1
+            assert ident is not None and state["registry_id"] == ident.registry_id == served.registry_id
+            assert state["release_id"] == c and state["generation"] == ident.since == 3, state
+        nxt = r.activate(a)
+        after = regid.read(root)
+        assert after is not None and (ident is None or after == ident), (ident, after)
+        accepted = pointer_seal.check(r.pointer, read_pointer(r.pointer), trusted, after=served)
+        assert accepted.registry_id == after.registry_id and accepted.generation == nxt.generation, o.n
+
+    args = ["activate", c, "--registry", str(root), "--sign-key", str(key)]
+    runs = list(crashpoints.sweep(args, before=fresh, check=check))
+    assert runs[-1].killed is False and all(seen.values()), seen

@@ -113,9 +113,9 @@ class SignatureError(BundleError):
 
 class PointerSignatureError(SignatureError):
     """A registry pointer (``active.json``) a server that trusts activator keys refuses: unsigned,
-    malformed, sealed by a key it does not trust, changed after it was sealed, or a generation older
-    than the pointer it serves (``release.pointer_seal``). ``path`` names the file; ``key_id`` the
-    key the pointer says sealed it (None: unsigned)."""
+    malformed, sealed by a key it does not trust, changed after it was sealed, bound to another registry
+    (``release.registry_id``), or a generation older than the pointer it serves (``release.pointer_seal``).
+    ``path`` names the file; ``key_id`` the key the pointer says sealed it (None: unsigned)."""
 
     def __init__(self, message: str, *, path: str, key_id: str | None = None, hint: str | None = None) -> None:
         super().__init__(message, path=path, hint=hint)

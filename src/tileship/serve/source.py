@@ -4,7 +4,8 @@ returns to (``rollback_target``), and the release id a directory claims (``relea
 A source is a release directory or a registry directory. A registry's pointer is read once and what was
 read is followed: its evidence pin goes to the loader (``Target.evidence``); with trusted activator keys it
 must be sealed by one of them and, on reload, not older than the pointer serving (``release.pointer_seal``:
-an unsigned, forged, re-signed or replayed pointer is a PointerSignatureError, and nothing is loaded).
+an unsigned, forged, re-signed, replayed or another registry's pointer is a PointerSignatureError, and nothing
+is loaded).
 """
 
 from __future__ import annotations

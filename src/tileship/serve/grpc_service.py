@@ -12,7 +12,8 @@ sizes), NOT_FOUND for an unknown model or version (``ModelReady`` answers ``read
 Triton's does), UNAVAILABLE while not ready, overloaded or for an unloaded model, RESOURCE_EXHAUSTED
 past a request limit or the shared-memory region limit, DEADLINE_EXCEEDED past the request timeout,
 FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory region registered twice,
-UNIMPLEMENTED for streaming and trace (``LogSettings`` is Triton's logging extension, ``serve.log_settings``).
+UNIMPLEMENTED for trace (``LogSettings`` is Triton's logging extension, ``serve.log_settings``; streaming
+inference, ``ModelStreamInfer``, is ``serve.grpc_stream``).
 A bug is INTERNAL naming the request id (the client's ``x-request-id`` metadata when printable,
 else a fresh one; echoed as trailing metadata) and is logged with its traceback, as REST's 500s are.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tileship import __version__
-from tileship.serve import calls, extensions, grpc_codec, log_settings
+from tileship.serve import calls, extensions, grpc_codec, grpc_stream, log_settings
 from tileship.serve.middleware import new_request_id, valid_request_id
 from tileship.serve.validate import BadRequest, short
 
@@ -223,7 +224,10 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                                 (("x-request-id", rid),))
         return answer.encoded
 
-    ModelStreamInfer = _unimplemented("ModelStreamInfer (streaming inference); call ModelInfer")
+    async def ModelStreamInfer(self, requests: Any, context: Any) -> AsyncIterator[Any]:
+        """Triton's streaming inference: one response per request, in order (``serve.grpc_stream``)."""
+        async for response in grpc_stream.stream_infer(self, requests, context):
+            yield response
 
     # -- Triton's extensions ------------------------------------------------------------------
     @_rpc

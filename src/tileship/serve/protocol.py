@@ -79,16 +79,16 @@ class CallPlan:
 # -- parsing -----------------------------------------------------------------------
 
 def check_content_type(content_type: str | None, header_length: str | None) -> None:
-    """A JSON body (no Inference-Header-Content-Length) must be ``application/json`` when typed at
-    all; a binary one ``application/octet-stream`` or ``application/json``. 415 otherwise."""
+    """A body typed at all must be ``application/json`` or ``application/octet-stream``, JSON-only or
+    binary: tritonclient.http.aio posts a JSON-only body as bytes, which aiohttp types octet-stream, and
+    Triton reads it. 415 otherwise (a form, text/plain: not an inference request)."""
     if content_type is None:
         return
     media = content_type.split(";", 1)[0].strip().lower()
-    allowed = ("application/json",) if header_length is None else ("application/octet-stream", "application/json")
-    if media not in allowed:
-        raise BadRequest(415, f"Content-Type {short(media)} is not accepted for this body; send "
-                              f"{' or '.join(allowed)}" + ("" if header_length is not None else
-                                                           " (or the binary extension's headers)"))
+    if media not in ("application/json", "application/octet-stream"):
+        raise BadRequest(415, f"Content-Type {short(media)} is not accepted for this body; send application/json"
+                              + (" or application/octet-stream" if header_length is not None else
+                                 " (or the binary extension's headers)"))
 
 
 def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimits | None = None) -> InferRequest:

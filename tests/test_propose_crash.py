@@ -58,3 +58,27 @@ def test_propose_apply_and_out_killed_at_every_write_boundary(tmp_path: Path) ->
     assert tomllib.loads(out.read_text())["shapes"]["add"]["static"] == [want]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.toml", "t.json", "tileship.toml"], \
         "the temporaries of killed runs were left"
+
+
+def test_propose_apply_writes_through_a_symlink_and_keeps_the_mode(tmp_path: Path) -> None:
+    """A symlinked project file (kept in a dotfiles or shared folder) stays a link and its target gets the new
+    shapes; the target's and ``--out``'s permission bits are kept. Before: both became regular 0644 files
+    (the atomic rename replaced the link itself, with the temporary's mode)."""
+    real, out, tele = tmp_path / "shared" / "tileship.toml", tmp_path / "p.toml", tmp_path / "t.json"
+    real.parent.mkdir()
+    real.write_text(PROJECT)
+    real.chmod(0o640)
+    link = tmp_path / "work" / "tileship.toml"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    out.write_text(OLD_OUT)
+    out.chmod(0o600)
+    tele.write_text(json.dumps(_tele()))
+    args = ["propose", str(tele), "--project", str(link), "--apply", "--out", str(out)]
+    done = crashpoints.run(args, 10**6, cwd=link.parent, code=CODE)
+    assert done.returncode == 0, done.output[-2000:]
+    assert link.is_symlink() and link.resolve() == real.resolve(), "the project file's symlink was replaced"
+    assert tomllib.loads(real.read_text())["shapes"]["add"]["static"] == [{"N": 1 << 25}]
+    assert real.read_text().startswith(PROJECT)
+    assert (real.stat().st_mode & 0o777, out.stat().st_mode & 0o777) == (0o640, 0o600)
+    assert sorted(p.name for p in real.parent.iterdir()) == ["tileship.toml"]

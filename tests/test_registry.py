@@ -343,6 +343,8 @@ def test_drill_switches_under_load_without_a_failed_request(cpu_release_build: o
     assert report["compile_attempts"] == 0
     text = (tmp_path / "report" / "drill.txt").read_text()
     assert text.startswith("tileship rollback drill: PASSED") and "switch N -> N-1" in text
+    written = sorted(p.name for p in (tmp_path / "report").iterdir())
+    assert written == ["drill.json", "drill.txt", "metrics.txt", "server.log"], written  # no temporary left
     assert reg.active() == Active(new, reg.releases_dir / new, False, reg.active().previous, "none")
 
 

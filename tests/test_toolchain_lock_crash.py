@@ -57,3 +57,18 @@ def test_a_complete_resolution_replaces_the_lock(tmp_path: Path, monkeypatch: py
     text = compile_requirements(["tqdm"], out)
     assert out.read_text() == text and text.startswith("tqdm==4.70.1") and check_hashed(text) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake", out.name]
+
+
+def test_a_symlinked_lock_stays_a_link_and_keeps_its_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the resolution was renamed over the link (a regular file, with the temporary's mode)."""
+    real = tmp_path / "locks" / "toolchain-cuda13.0.88.txt"
+    real.parent.mkdir()
+    real.write_text(GOOD)
+    real.chmod(0o640)
+    out = tmp_path / real.name
+    out.symlink_to(real)
+    _fake_piptools(tmp_path, monkeypatch, _RESOLVING)
+    text = compile_requirements(["tqdm"], out)
+    assert out.is_symlink() and real.read_text() == text and real.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake", "locks", out.name]
+    assert sorted(p.name for p in real.parent.iterdir()) == [real.name]

@@ -195,10 +195,11 @@ def lock_digest(lock: Mapping[str, Any]) -> str:
 
 
 def write_lock(lock: Mapping[str, Any], path: Path) -> None:
-    """Atomic: the old file stays whole until the new one is complete (and fsynced)."""
-    from tileship.release.inplace import write_atomic
+    """Atomic: the old file stays whole until the new one is complete (and fsynced). A symlinked lock stays a
+    link (its target is rewritten) and the file keeps its mode (``atomic_file.write_file``)."""
+    from tileship.release.atomic_file import write_file
 
-    write_atomic(path, dump_lock(lock).encode())
+    write_file(path, dump_lock(lock))
 
 
 #: a lock is kilobytes; a larger file is not one

@@ -76,8 +76,8 @@ def compile_requirements(top: list[str], out: Path, *, timeout_s: float = 900) -
 
     Raises ToolchainError when pip-tools is missing or the resolution fails. pip-compile writes a
     temporary beside ``out`` (seeded with ``out``, so its pins are kept where they still resolve),
-    renamed onto ``out`` only once it is complete and hash-locked: a failed or killed resolution
-    leaves the previous file whole."""
+    put in place only once it is complete and hash-locked (``atomic_file.write_file``: through a symlink,
+    keeping the file's mode): a failed or killed resolution leaves the previous file whole."""
     import shutil
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +102,9 @@ def compile_requirements(top: list[str], out: Path, *, timeout_s: float = 900) -
         problems = check_hashed(text)
         if problems:
             raise ToolchainError(f"{out}: the resolution is not fully hash-locked: {'; '.join(problems)}")
-        os.replace(tmp, out)
+        from tileship.release.atomic_file import write_file
+
+        write_file(out, text)  # whole; a symlinked file stays a link, the file keeps its mode
     finally:
         src.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)

@@ -53,9 +53,9 @@ def register(app: typer.Typer) -> None:
         if apply:
             console.print(f"[green]applied[/] to {apply_to_project(proj, report.proposals, ops)}")
         if out is not None:
-            from tileship.release.inplace import write_atomic
+            from tileship.release.atomic_file import write_file
 
-            write_atomic(out, text.encode())  # killed at any instant: the old file or the new one, whole
+            write_file(out, text)  # killed at any instant: the old file or the new one, whole; mode kept
             console.print(f"wrote {out}")
         elif not apply:
             print(text, end="")

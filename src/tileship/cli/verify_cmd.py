@@ -131,9 +131,10 @@ def verify_cmd(
         console.print("[yellow]the release signature was removed (the manifest changed): re-sign it with `tileship "
                       "sign`[/]")
     if json_out:
-        from tileship.release.bundle import write_json_atomic
+        from tileship.release.atomic_file import write_file
+        from tileship.release.bundle import json_bytes
 
-        write_json_atomic(json_out, result.evidence)  # a kill leaves the previous file whole
+        write_file(json_out, json_bytes(result.evidence))  # whole at any kill; through a symlink, mode kept
     if result.failed:
         raise typer.Exit(2)
 

@@ -4,8 +4,9 @@ The file is edited as text: every ``[shapes.*]`` table (``[tool.tileship.shapes.
 pyproject.toml) is removed and all of them are written again at the end, the existing entries
 first, then the proposals (comments inside those tables are lost; the rest of the file is kept
 byte for byte). The result is parsed back and checked (``apply_shapes``) before it replaces the
-file, atomically; anything else, e.g. shapes written as an inline table, is refused with a
-DeclarationError and the file left as it was.
+file, atomically, keeping its mode and writing through a symlink (``apply_to_project``); anything
+else, e.g. shapes written as an inline table, is refused with a DeclarationError and the file left
+as it was.
 """
 
 from __future__ import annotations
@@ -48,7 +49,12 @@ def strip_tables(text: str, prefix: str) -> str:
 
 def apply_to_project(project: Project, proposals: Iterable[Proposal], ops: Mapping[str, Operator]) -> Path:
     """Write ``proposals`` into ``project``'s file; returns its path. Raises DeclarationError
-    (the file unchanged) when the result does not parse back to the expected shapes."""
+    (the file unchanged) when the result does not parse back to the expected shapes.
+
+    The file is replaced whole (``atomic_file.write_file``): killed at any instant it is the old
+    file or the new one. It keeps its permission bits (and owner where allowed); a symlinked
+    ``tileship.toml`` stays a link and its target is rewritten, as an editor saves it (replacing
+    the link would silently fork a project file kept elsewhere)."""
     path, prefix = project_file(project)
     proposals = list(proposals)
     text = strip_tables(path.read_text(), prefix)
@@ -67,9 +73,9 @@ def apply_to_project(project: Project, proposals: Iterable[Proposal], ops: Mappi
                                f"expected {sorted(want)}",
                                hint="add the printed [shapes.<operator>] tables by hand")
     apply_shapes(dict(ops), parsed.shapes)
-    from tileship.release.inplace import write_atomic
+    from tileship.release.atomic_file import write_file
 
-    write_atomic(path, new.encode())  # whole, fsynced, per-process temporary
+    write_file(path, new)  # whole and fsynced; through a symlink, keeping the mode
     return path
 
 

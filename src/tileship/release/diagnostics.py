@@ -1,7 +1,8 @@
 """Diagnostics bundles: everything needed to understand one failure, in one directory + .tar.gz.
 
 ``capture(release, ...)`` writes ``<out_dir>/<id>/`` and ``<out_dir>/<id>.tar.gz`` and returns
-``DiagnosticsRef(id, path, archive)``; the id is what a server's error response carries.
+``DiagnosticsRef(id, path, archive)``; the id is what a server's error response carries. The folder
+appears whole (written aside, then renamed); what a killed writer left is cleaned by the next capture.
 Contents (each file present when its source is; ``summary.json`` says what was not)::
 
     summary.json             id, time, reason, release id, specializations, exception, call, notes
@@ -25,6 +26,7 @@ breaker; ``check_release(release)`` after a load (artifact load failures, drift)
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship import env
+from tileship.release import diagnostics_queue
 from tileship.release.diagnostics_sections import (
     TOOL_TIMEOUT_S,  # noqa: F401 (re-exported)
     _clone,
@@ -90,14 +93,40 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
     specialization concerned; when None, the ones in trouble (build failed, load failed,
     circuit open), else all of them. ``exc``: the exception (default: the one being handled,
     if any). ``call``: the failing call's tensors (metadata only unless ``include_data``).
-    Raises OSError only when ``out_dir`` cannot be created.
+    Raises OSError only when ``out_dir`` or the bundle cannot be created (FileExistsError: ``diag_id`` is taken).
+
+    The bundle is written in a staging folder (``.<id>.tmp<pid>``) renamed to ``<id>`` once its
+    ``summary.json`` is written, then archived (``<id>.tar.gz``, through ``<id>.tar.gz.tmp<pid>``): killed at any
+    instant, ``out_dir`` holds no ``<id>`` folder without its summary. What a killed writer left is settled by
+    the next capture into the same folder (``diagnostics_queue.settle``).
     """
-    did = diag_id or new_id()
-    base = Path(out_dir) if out_dir is not None else default_dir()
-    root = base / did
-    root.mkdir(parents=True, exist_ok=False)
     if exc is None:
         exc = sys.exc_info()[1]
+    did = diag_id or new_id()
+    base = Path(out_dir) if out_dir is not None else default_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    if (base / did).exists():
+        raise FileExistsError(errno.EEXIST, "a diagnostics bundle with this id exists", str(base / did))
+    diagnostics_queue.settle(base)  # what killed writers left
+    root = diagnostics_queue.staging(base, did)
+    root.mkdir()
+    try:
+        _write_sections(root, did, release, spec_id, exc, call, reason, detail, include_data, _call_data)
+        os.rename(root, base / did)  # the bundle appears whole, summary.json included
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    archive = base / f"{did}.tar.gz"
+    try:
+        _tar(base / did, archive)
+    except Exception as e:  # the folder is the bundle; a later capture or prune retries the archive
+        _log.warning("diagnostics %s: could not write its archive: %s: %s", did, type(e).__name__, e)
+    return DiagnosticsRef(did, base / did, archive)
+
+
+def _write_sections(root: Path, did: str, release: Any, spec_id: str | None, exc: BaseException | None,
+                    call: Sequence[Any] | None, reason: str | None, detail: str | None, include_data: bool,
+                    _call_data: Sequence[Any] | None) -> None:
     notes: list[str] = []
     summary: dict[str, Any] = {"id": did, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                "reason": reason, "detail": detail, "pid": os.getpid(), "argv": sys.argv, "notes": notes}
@@ -143,9 +172,6 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
             section(f"specs/{sid}", one)
     summary["files"] = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) + ["summary.json"]
     _write_json(root / "summary.json", summary)
-    archive = base / f"{did}.tar.gz"
-    section("archive", lambda: _tar(root, archive))
-    return DiagnosticsRef(did, root, archive)
 
 
 def check_release(release: Any, *, out_dir: Path | str | None = None) -> DiagnosticsRef | None:

@@ -3,13 +3,16 @@
 A server answers a 500 at once with the id of a bundle still being written (``CaptureQueue.submit``);
 a burst of failures with the same reason writes one bundle per ``per_reason_s`` (the rest are
 counted in ``suppressed``), and after each write the oldest bundles go until at most ``keep``
-remain, holding at most ``keep_bytes`` together.
+remain, holding at most ``keep_bytes`` together. ``settle`` finishes what a killed writer left (a staging
+folder, a half archive); ``bundle_parts`` lists the bundles of a folder.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
+import re
 import shutil
 import threading
 import time
@@ -72,28 +75,27 @@ class CaptureQueue:
             _log.exception("could not prune %s", self.out_dir)
 
     def prune(self) -> list[str]:
-        """Delete the oldest bundles past ``keep`` or ``keep_bytes``; returns the ids deleted."""
+        """Delete the oldest bundles past ``keep`` or ``keep_bytes``; returns the ids deleted. What killed writers
+        left is settled first (``settle``)."""
         if not self.out_dir.is_dir():
             return []
-        # a bundle is its folder, its archive and the half archive a killed writer left (``<id>.tar.gz.tmp``)
-        ids = sorted({_id(p.name) for p in self.out_dir.iterdir() if p.name.startswith("diag-")}, key=self._age)
-        sizes = {i: sum(_size(self.out_dir / f"{i}{s}") for s in _PARTS) for i in ids}
+        settle(self.out_dir)
+        parts = bundle_parts(self.out_dir)
+        ids = sorted(parts, key=lambda i: (_age(parts[i]), i))  # written one at a time: the last write orders them
+        sizes = {i: sum(_size(p) for p in parts[i]) for i in ids}
         total = sum(sizes.values())
         gone: list[str] = []
         for i in ids:  # oldest first
             if len(ids) - len(gone) <= self.keep and total <= self.keep_bytes:
                 break
-            shutil.rmtree(self.out_dir / i, ignore_errors=True)
-            for suffix in _PARTS[1:]:
-                (self.out_dir / f"{i}{suffix}").unlink(missing_ok=True)
+            for p in parts[i]:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
             total -= sizes[i]
             gone.append(i)
         return gone
-
-    def _age(self, did: str) -> tuple[int, str]:
-        # written one at a time by one thread: the last write time orders them (ids only to the second)
-        times = [p.stat().st_mtime_ns for p in (self.out_dir / f"{did}{s}" for s in _PARTS) if p.exists()]
-        return (max(times) if times else 0, did)
 
     def wait(self, timeout: float | None = None) -> None:
         """Until every queued bundle is written."""
@@ -105,17 +107,83 @@ class CaptureQueue:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-#: the names of one bundle, after its id: its folder, its archive, a killed writer's half archive
-_PARTS = ("", ".tar.gz", ".tar.gz.tmp")
+#: a bundle's names: its folder ``<id>``, its archive ``<id>.tar.gz``, a writer's temporary ``<id>.tar.gz.tmp<pid>``
+#: (``.tar.gz.tmp``: before tileship named the writer); a bundle is written in ``.<id>.tmp<pid>`` (``staging``)
+_PART = re.compile(r"(diag-[^/]+?)(\.tar\.gz(\.tmp[0-9]*)?)?")
+_STAGING = re.compile(r"\.(diag-.+)\.tmp([0-9]+)")
+_HALF = re.compile(r"(diag-.+)\.tar\.gz\.tmp([0-9]+)")
 
 
-def _id(name: str) -> str:
-    return name.removesuffix(".tmp").removesuffix(".tar.gz")
+def staging(base: Path, did: str) -> Path:
+    """Where this process writes bundle ``did`` before it is renamed to ``base / did``, whole."""
+    return base / f".{did}.tmp{os.getpid()}"
+
+
+def archive_tmp(archive: Path) -> Path:
+    """This process's temporary for ``archive``, renamed onto it once complete."""
+    return archive.with_name(f"{archive.name}.tmp{os.getpid()}")
+
+
+def bundle_parts(base: Path) -> dict[str, list[Path]]:
+    """The bundles in ``base``: id -> its folder, archive and archive temporaries that exist. A bundle being
+    written (``staging``) is not one yet; other names are not tileship's and are never listed."""
+    found: dict[str, list[Path]] = {}
+    for p in base.iterdir():
+        m = _PART.fullmatch(p.name)
+        if m is not None:
+            found.setdefault(m.group(1), []).append(p)
+    return found
+
+
+def settle(base: Path) -> None:
+    """Finish what killed writers (``tileship diagnose`` killed, a server stopped mid-capture) left in ``base``:
+    a staging folder (a bundle without its ``summary.json``) and a half archive are removed, and a whole bundle
+    left without its archive gets one. A temporary of a writer still running (this process's included) is left
+    alone. Never raises: a leftover it cannot remove stays for the next run."""
+    from tileship.release.diagnostics_sections import _tar
+    from tileship.release.inplace import running
+
+    try:
+        names = [p.name for p in base.iterdir()]
+    except OSError:
+        return
+    for name in names:
+        m = _STAGING.fullmatch(name) or _HALF.fullmatch(name)
+        if m is None or running(int(m.group(2))):
+            continue
+        p = base / name
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        except OSError:
+            _log.warning("could not remove %s, left by a killed diagnostics writer", p)
+    for did, parts in bundle_parts(base).items():
+        folder, archive = base / did, base / f"{did}.tar.gz"
+        if folder in parts and archive not in parts and (folder / "summary.json").is_file():
+            try:
+                _tar(folder, archive)
+            except OSError:
+                _log.warning("could not archive %s", folder)
+
+
+def _age(parts: list[Path]) -> int:
+    times = []
+    for p in parts:
+        try:
+            times.append(p.stat().st_mtime_ns)
+        except OSError:  # removed meanwhile (another process's retention)
+            continue
+    return max(times, default=0)
 
 
 def _size(p: Path) -> int:
-    if p.is_file():
-        return p.stat().st_size
-    if p.is_dir():
-        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    try:
+        if p.is_file():
+            return p.stat().st_size
+        if p.is_dir():
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    except OSError:
+        pass
     return 0

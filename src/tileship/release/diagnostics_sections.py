@@ -219,7 +219,14 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _tar(root: Path, archive: Path) -> None:
-    tmp = archive.with_name(archive.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(root, arcname=root.name)
-    os.replace(tmp, archive)
+    """``root`` as ``archive``, written to this process's temporary and renamed onto it once whole."""
+    from tileship.release.diagnostics_queue import archive_tmp
+
+    tmp = archive_tmp(archive)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(root, arcname=root.name)
+        os.replace(tmp, archive)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

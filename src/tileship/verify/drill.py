@@ -7,13 +7,13 @@ binary tensors over httpx), and switches through the registry plus ``POST
 /v2/repository/reload``. Every answer is compared with the operator's reference computed
 locally (float64, on the GPU when there is one) within the declared tolerance. Each response
 names the release and path that served it; a request sent after a switch completed must be
-served by the new state (``stale`` otherwise). Writes ``drill.json`` and ``drill.txt``.
+served by the new state (``stale`` otherwise). Writes ``drill.json``, ``drill.txt`` and ``metrics.txt``,
+each replaced whole (``drill_report.write_report``).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import os
 import socket
@@ -29,7 +29,7 @@ from tileship.errors import TileshipError
 from tileship.release import described
 from tileship.release.registry import Registry
 from tileship.verify.drill_load import Record, Sample, encode_request, run_client
-from tileship.verify.drill_report import render_text, summarize
+from tileship.verify.drill_report import summarize, write_report
 
 
 class DrillError(TileshipError):
@@ -134,7 +134,7 @@ def run_drill(opts: DrillOptions) -> dict[str, Any]:
                 t.join(opts.request_timeout_s + 5)
             metrics = _get_text(admin, "/metrics")
             index = _get_json(admin, "/v2/repository/index", post=True)
-        (out / "metrics.txt").write_text(metrics or "")
+        write_report(out, metrics=metrics or "")
         report = summarize(records, windows, samples, skipped, new=new, old=old, url=url, ready=ready_body, opts=opts)
         report["repository_index"] = index
         report["compile_attempts"] = _metric_value(metrics, "tileship_serve_compile_attempts")
@@ -148,8 +148,7 @@ def run_drill(opts: DrillOptions) -> dict[str, Any]:
                     reg.activate_reference(start_state.release_id)
                 else:
                     reg.activate(start_state.release_id, force=True)
-    (out / "drill.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
-    (out / "drill.txt").write_text(render_text(report))
+    write_report(out, report=report)
     return report
 
 

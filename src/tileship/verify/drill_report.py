@@ -134,3 +134,18 @@ def render_text(report: dict[str, Any]) -> str:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.0f} ms"
+
+
+def write_report(out: Path, *, report: dict[str, Any] | None = None, metrics: str | None = None) -> None:
+    """Write what is given into ``out``: ``drill.json`` and ``drill.txt`` from ``report``, ``metrics.txt`` from
+    ``metrics`` (the server's ``/metrics``). Each is replaced whole (``atomic_file.write_file``): a drill killed at
+    any instant leaves each file the previous drill's or this one's, never part of one. Raises OSError."""
+    import json
+
+    from tileship.release.atomic_file import write_file
+
+    if metrics is not None:
+        write_file(out / "metrics.txt", metrics)
+    if report is not None:
+        write_file(out / "drill.json", json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+        write_file(out / "drill.txt", render_text(report))

@@ -1,0 +1,109 @@
+"""Replace a file a user owns (a project file, a lock, a report) whole, the way a careful editor saves it.
+
+``write_file(path, body)`` writes ``<name>.tmp<pid>`` beside the file, fsyncs it, renames it over the file and
+fsyncs the directory: killed at any instant, ``path`` holds the old bytes or the new ones, never part of either
+(a killed writer's temporary is removed by the next write of the same file). Unlike ``inplace.write_atomic``
+(files inside a release, which tileship alone writes), it treats the file as the user's:
+
+- a symlink is written through: its final target is replaced, the link stays a link (``sed -i --follow-symlinks``,
+  vim's default). Replacing the link by a regular file would silently fork a file kept elsewhere (a dotfiles
+  repository, a shared project file), and refusing would make a common layout unusable;
+- the file keeps its permission bits (a ``0600`` file is never readable by others, not even while the temporary
+  exists) and, where this process may set them, its owner and group. A new file gets ``0666`` less the umask,
+  as ``open`` gives it;
+- what is not a regular file (a directory, a FIFO, a device) is refused with an OSError, nothing written.
+
+The rename gives the file a new inode: other hard links to it keep the old bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import re
+import stat
+from pathlib import Path
+
+from tileship.release.inplace import running
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def target_of(path: Path) -> Path:
+    """The file ``write_file(path, ...)`` replaces: ``path``, or the final target of the symlink it is."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+
+
+def write_file(path: Path | str, body: bytes | str) -> Path:
+    """Replace the file at ``path`` (through a symlink) by ``body`` (str: UTF-8), atomically, keeping its mode;
+    see the module docstring. Returns the path written (the symlink's target where ``path`` is one). Raises
+    OSError when it cannot be written or is not a regular file; the file is then as it was."""
+    data = body.encode() if isinstance(body, str) else body
+    target = target_of(Path(path))
+    try:
+        old: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        old = None
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    _remove_leftovers(target)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # this process's own, from a write that failed
+    fd = os.open(tmp, _FLAGS, 0o600 if old is not None else 0o666)
+    try:
+        if old is not None:
+            _keep_owner(fd, old)
+            os.fchmod(fd, stat.S_IMODE(old.st_mode))  # after chown, which may clear set-id bits
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+    return target
+
+
+def _keep_owner(fd: int, old: os.stat_result) -> None:
+    st = os.fstat(fd)
+    if (st.st_uid, st.st_gid) == (old.st_uid, old.st_gid):
+        return
+    for uid in (old.st_uid, -1):  # root may give the file back to its owner; anyone may keep a group they are in
+        try:
+            os.fchown(fd, uid, old.st_gid)
+            return
+        except PermissionError:
+            continue
+
+
+def _remove_leftovers(target: Path) -> None:
+    pattern = re.compile(re.escape(target.name) + r"\.tmp([0-9]+)")
+    for left in target.parent.glob(glob.escape(target.name) + ".tmp*"):
+        m = pattern.fullmatch(left.name)
+        if m is not None and not running(int(m.group(1))) and not left.is_dir():
+            left.unlink(missing_ok=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse a directory fsync; the rename itself is done
+    finally:
+        os.close(fd)
+
+
+__all__ = ["target_of", "write_file"]

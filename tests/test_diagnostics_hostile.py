@@ -9,29 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from threads import within
 
 from tileship.release import diagnostics
-
-
-def _within(fn: Any, seconds: float = 20.0) -> Any:
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert out, f"blocked for {seconds} s"
-    return out[0]
 
 
 def _release(root: Path, specs: Any = None) -> Path:
@@ -62,7 +46,7 @@ def test_a_release_file_that_cannot_be_read_is_a_note(tmp_path: Path, name: str,
         (rel / name).symlink_to("/dev/zero")
     else:
         (rel / name).write_bytes(b"[" * 100_000 + b"]" * 100_000)
-    summary = _summary(_within(lambda: diagnostics.capture(rel, out_dir=tmp_path / "out")))
+    summary = _summary(within(lambda: diagnostics.capture(rel, out_dir=tmp_path / "out")))
     assert any(name in n for n in summary["notes"]), summary["notes"]
 
 
@@ -70,7 +54,7 @@ def test_a_release_file_that_cannot_be_read_is_a_note(tmp_path: Path, name: str,
                                                                                         "status"])
 def test_specializations_of_the_wrong_type_are_a_note(tmp_path: Path, specs: Any) -> None:
     rel = _release(tmp_path, specs)
-    summary = _summary(_within(lambda: diagnostics.capture(rel, out_dir=tmp_path / "out")))
+    summary = _summary(within(lambda: diagnostics.capture(rel, out_dir=tmp_path / "out")))
     assert summary["notes"], summary
 
 
@@ -80,13 +64,13 @@ def test_a_specialization_id_that_is_a_path_writes_nothing_outside_the_bundle(tm
     rel = _release(tmp_path, {sid: {"status": "failed"}})
     out = tmp_path / "out"
     before = {p for p in tmp_path.rglob("*")}
-    ref = _within(lambda: diagnostics.capture(rel, out_dir=out))
+    ref = within(lambda: diagnostics.capture(rel, out_dir=out))
     summary = _summary(ref)
     made = {p for p in tmp_path.rglob("*")} - before
     inside = {p for p in made if p == out or out in p.parents}
     assert made == inside, sorted(str(p) for p in made - inside)
     assert any("not a specialization id" in n for n in summary["notes"]), summary["notes"]
-    ref = _within(lambda: diagnostics.capture(rel, spec_id=sid, out_dir=out))
+    ref = within(lambda: diagnostics.capture(rel, spec_id=sid, out_dir=out))
     assert all(p == out or out in p.parents for p in {p for p in tmp_path.rglob("*")} - before)
 
 
@@ -103,6 +87,6 @@ def test_check_on_a_lock_that_is_no_small_file_names_it(tmp_path: Path, kind: st
         os.mkfifo(lock)
     else:
         lock.symlink_to("/dev/zero")
-    res = _within(lambda: CliRunner().invoke(app, ["check", str(lock)]))
+    res = within(lambda: CliRunner().invoke(app, ["check", str(lock)]))
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), repr(res.exception)
     assert "tileship.lock:cannotreadthelock:notaregularfile" in "".join(res.output.split()), res.output

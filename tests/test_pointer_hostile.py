@@ -8,14 +8,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import threading
-from typing import Any
 
 import httpx
 import pytest
 from test_pointer_seal import _edit, _serve, keys, signed  # noqa: F401 (fixtures)
 from test_serve import post, serving
 from test_serve_warm_rollback import served_by
+from threads import within
 from typer.testing import CliRunner
 
 from tileship.cli import app
@@ -23,23 +22,6 @@ from tileship.errors import PointerSignatureError, RegistryError
 from tileship.release import pointer_seal
 from tileship.release.registry import Registry, read_pointer
 from tileship.serve import ServeConfig
-
-
-def _within(fn: Any, seconds: float = 20.0) -> Any:
-    """``fn()``'s result or exception, failing the test (not hanging it) when it blocks past ``seconds``."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert out, f"blocked for {seconds} s (a FIFO opened for reading waits for a writer)"
-    return out[0]
 
 
 def _cli(*args: str) -> tuple[int, str]:
@@ -98,10 +80,10 @@ def test_a_pointer_that_is_no_small_json_file_is_refused_at_once(signed, kind) -
         reg.pointer.mkdir()
     else:
         reg.pointer.write_bytes(good[:-2] + b" " * (2 << 20) + good[-2:])
-    exc = _within(lambda: read_pointer(reg.pointer))
+    exc = within(lambda: read_pointer(reg.pointer))
     assert isinstance(exc, RegistryError) and str(reg.pointer) in exc.message, repr(exc)
     assert "move it aside" in (exc.hint or "")
-    code, text = _within(lambda: _cli("activate", a, "--registry", str(reg.root)))
+    code, text = within(lambda: _cli("activate", a, "--registry", str(reg.root)))
     assert code == 1 and str(reg.pointer) in text, text
 
 
@@ -136,7 +118,7 @@ def test_a_generation_hint_that_is_garbage_counts_as_zero(signed, kind) -> None:
         os.mkfifo(hint)
     else:
         hint.mkdir()
-    active = _within(lambda: reg.activate(a))
+    active = within(lambda: reg.activate(a))
     assert not isinstance(active, BaseException), repr(active)
     assert active.release_id == a and active.generation == 3  # one above the pointer's 2
 
@@ -160,7 +142,7 @@ def test_a_generation_state_that_is_not_one_is_refused_at_once(tmp_path, kind) -
         field, value = {"bad-key-id": ("key_id", "\u202e" * 5), "bad-digest": ("digest", "sha256:"),
                         "bool-generation": ("generation", True)}[kind]
         state.write_text(json.dumps({**ok, field: value}))
-    exc = _within(lambda: pointer_seal.read_served(state))
+    exc = within(lambda: pointer_seal.read_served(state))
     assert isinstance(exc, PointerSignatureError) and "the generation state is" in exc.message, repr(exc)
     state.unlink()
     state.write_text(json.dumps(ok))

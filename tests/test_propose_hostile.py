@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from threads import within
 from typer.testing import CliRunner
 
 from tileship.cli import app
@@ -30,21 +30,6 @@ def _tele(**row: Any) -> dict[str, Any]:
                                          "other": {"calls": 0, "seconds": 0.0, "reasons": {}}}}}
 
 
-def _within(fn: Any, seconds: float = 20.0) -> Any:
-    """``fn()``'s result or exception; fails (rather than hangs) when it blocks past ``seconds``."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert out, f"blocked for {seconds} s"
-    return out[0]
 
 
 BODIES: dict[str, tuple[bytes, str]] = {
@@ -81,7 +66,7 @@ def test_a_hostile_telemetry_dump_is_refused_naming_the_file_and_field(tmp_path:
     body, words = BODIES[case]
     path = tmp_path / "t.json"
     path.write_bytes(body)
-    exc = _within(lambda: read_telemetry(path))
+    exc = within(lambda: read_telemetry(path))
     assert isinstance(exc, DeclarationError), repr(exc)
     assert exc.message.startswith(f"{path}: ") and words in exc.message, exc.message
 
@@ -90,7 +75,7 @@ def test_a_hostile_telemetry_dump_is_refused_naming_the_file_and_field(tmp_path:
 def test_a_telemetry_path_that_is_no_small_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "t.json"
     _special(path, kind)
-    exc = _within(lambda: read_telemetry(path))
+    exc = within(lambda: read_telemetry(path))
     assert isinstance(exc, DeclarationError) and exc.message.startswith(f"{path}: cannot read"), repr(exc)
 
 
@@ -106,7 +91,7 @@ def test_a_telemetry_path_that_is_no_small_file_is_refused_at_once(tmp_path: Pat
 ], ids=["not-json", "list", "entry", "seconds-string", "seconds-missing", "ok-string", "deep"])
 def test_a_hostile_build_log_is_refused_naming_the_file_and_field(tmp_path: Path, log: bytes, words: str) -> None:
     (tmp_path / "build-log.json").write_bytes(log)
-    exc = _within(lambda: compile_seconds(tmp_path))
+    exc = within(lambda: compile_seconds(tmp_path))
     assert isinstance(exc, DeclarationError), repr(exc)
     assert exc.message.startswith(f"{tmp_path / 'build-log.json'}: ") and words in exc.message, exc.message
 
@@ -114,7 +99,7 @@ def test_a_hostile_build_log_is_refused_naming_the_file_and_field(tmp_path: Path
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_a_build_log_that_is_no_small_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
     _special(tmp_path / "build-log.json", kind)
-    exc = _within(lambda: compile_seconds(tmp_path))
+    exc = within(lambda: compile_seconds(tmp_path))
     assert isinstance(exc, DeclarationError) and "build-log.json: cannot read" in exc.message, repr(exc)
 
 
@@ -122,14 +107,14 @@ def test_the_cli_prints_the_error_and_exits_1(tmp_path: Path) -> None:
     (tmp_path / "tileship.toml").write_text(PROJECT)
     tele = tmp_path / "t.json"
     tele.write_text(json.dumps(_tele(calls="x")))
-    res = _within(lambda: CliRunner().invoke(app, ["propose", str(tele), "--project", str(tmp_path / "tileship.toml")]))
+    res = within(lambda: CliRunner().invoke(app, ["propose", str(tele), "--project", str(tmp_path / "tileship.toml")]))
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), repr(res.exception)
     flat = "".join(res.output.split())
     assert "t.json:ops.add.rows[0].callsmustbeaninteger" in flat, res.output
     tele.write_text(json.dumps(_tele()))
     (tmp_path / "rel").mkdir()
     (tmp_path / "rel" / "build-log.json").write_text('{"specializations": {"add.x": {"ok": true, "seconds": "x"}}}')
-    res = _within(lambda: CliRunner().invoke(app, ["propose", str(tele), "--project", str(tmp_path / "tileship.toml"),
+    res = within(lambda: CliRunner().invoke(app, ["propose", str(tele), "--project", str(tmp_path / "tileship.toml"),
                                                    "--release", str(tmp_path / "rel")]))
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), repr(res.exception)
     assert "build-log.json:specializations.add.x.secondsmustbeanumber" in "".join(res.output.split()), res.output

@@ -6,32 +6,15 @@ Before: ``tileship explain`` blocked for good on a FIFO (``described.read`` and 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
+from threads import within
 from typer.testing import CliRunner
 
 from tileship.cli import app
 from tileship.errors import BundleIntegrityError
 from tileship.release import described, evidence
-
-
-def _within(fn: Any, seconds: float = 20.0) -> Any:
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert out, f"blocked for {seconds} s"
-    return out[0]
 
 
 def _plant(path: Path, kind: str) -> None:
@@ -47,7 +30,7 @@ def _plant(path: Path, kind: str) -> None:
 @pytest.mark.parametrize("name", ["release.json", "evidence/verification.json"])
 def test_explain_names_a_release_file_that_is_no_small_file(cpu_release: Path, name: str, kind: str) -> None:
     _plant(cpu_release / name, kind)
-    res = _within(lambda: CliRunner().invoke(app, ["explain", str(cpu_release), "add", "N=4096"]))
+    res = within(lambda: CliRunner().invoke(app, ["explain", str(cpu_release), "add", "N=4096"]))
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), repr(res.exception)
     assert f"{name.rpartition('/')[2]}:cannotread" in "".join(res.output.split()), res.output
 
@@ -60,7 +43,7 @@ def test_the_readers_raise_an_integrity_error_naming_the_file(tmp_path: Path, ki
             path.mkdir(parents=True)
         else:
             _plant(path, kind)
-        exc = _within(lambda: read(path))
+        exc = within(lambda: read(path))
         assert isinstance(exc, BundleIntegrityError) and exc.message.startswith(f"{path}: cannot read"), repr(exc)
 
 
@@ -73,6 +56,6 @@ def test_a_project_file_that_is_no_regular_file_is_refused_not_skipped(tmp_path:
     from tileship.errors import DeclarationError
 
     _plant(tmp_path / "tileship.toml", kind)
-    exc = _within(lambda: find_project(tmp_path / "tileship.toml" if given == "file" else tmp_path))
+    exc = within(lambda: find_project(tmp_path / "tileship.toml" if given == "file" else tmp_path))
     assert isinstance(exc, DeclarationError) and f"{tmp_path / 'tileship.toml'}: not a regular file" in exc.message, \
         repr(exc)

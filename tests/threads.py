@@ -1,9 +1,11 @@
-"""Run one worker per thread, all released at once, for tests of the dispatcher under concurrency."""
+"""Threads for tests: one worker per thread, all released at once (the dispatcher under concurrency), and a call
+that must not block (hostile files: a FIFO opened for reading waits for a writer)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 
 def together(n_threads: int, worker: Callable[[int], None]) -> None:
@@ -19,3 +21,20 @@ def together(n_threads: int, worker: Callable[[int], None]) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+def within(fn: Callable[[], Any], seconds: float = 20.0) -> Any:
+    """``fn()``'s result or exception, failing the test (not hanging it) when it blocks past ``seconds``."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"blocked for {seconds} s (a FIFO opened for reading waits for a writer?)"
+    return out[0]

@@ -117,6 +117,16 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
         for stages in (5, 6, 8):
             if K % (128 * sp) == 0 and (sp == 1 or N % 256 == 0) and K // 128 // sp >= stages:
                 out.append(("rst", {**rule, "split_k": sp, "num_stages": stages, "decode": "lop3"}))
+    # "rsr": the rule's kernel with 128 or 256 weight rows a block, one warpgroup (128 threads) per 64 rows
+    # (``rows_per_warpgroup``: TileLang's default warp policy gave each warpgroup all the block's rows and half
+    # the columns, so both decoded every weight: the 2-3x slower 256-thread rows of round 11). The block's
+    # activation tile then serves 128-256 rows: a half or a quarter of the rule's L2 traffic for x at M=32
+    for bn in (128, 256):
+        for sp in sorted({max(1, split // 2), split, split * 2}):
+            for stages in (3, 4):
+                if K % (128 * sp) == 0 and N % bn == 0 and (sp == 1 or N % 256 == 0) and M > 8:
+                    out.append(("rsr", {**rule, "block_N": bn, "threads": 2 * bn, "split_k": sp, "num_stages": stages,
+                                        "decode": "lop3", "rows_per_warpgroup": True}))
     # "mv": the MMA-GEMV (``w4a16_mma``: weights streamed to registers, mma.sync m16n8k16 on them)
     groups = K // 128
     for rt in (1, 2, 4):
@@ -211,7 +221,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind == "gemv3":
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
-    if kind in ("rs", "rsl", "rule", "rulev", "rsp", "rsc", "rsw", "rsg", "rst"):
+    if kind in ("rs", "rsl", "rule", "rulev", "rsp", "rsc", "rsw", "rsg", "rst", "rsr"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)
     return w4a16_tc.w4a16_gemm_swap(M, N, K, dtype, **cfg)
 

@@ -202,7 +202,8 @@ def _bq_swizzle(i: Any, j: Any) -> list[Any]:
 
 def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int = 16, block_N: int = 128,
                   split_k: int = 1, num_stages: int = 3, threads: int = 128, decode: str = "cast",
-                  reduce: str = "workspace", swizzle: bool = False, scales: str = "shared") -> Any:
+                  reduce: str = "workspace", swizzle: bool = False, scales: str = "shared",
+                  rows_per_warpgroup: bool = False) -> Any:
     """y^T = W x^T with each thread decoding the weights of its register fragment (no shared tile).
 
     ``decode``: ``cast`` converts each nibble with an int-to-float conversion (a quarter-rate
@@ -231,6 +232,7 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
     (Scaling each group's fp32 partial sums instead of every weight measured no faster on the
     H200: ``benchmarks/results/h200/round11/w4a16_sweep_post.json``.)"""
     ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)
+    policy = T.GemmWarpPolicy.FullRow if rows_per_warpgroup else T.GemmWarpPolicy.Square
     if decode not in ("cast", "lop3", "pair"):
         raise ValueError(f"w4a16_gemm_rs: decode must be 'cast', 'lop3' or 'pair', got {decode!r}")
     store_transposed = _store_transposed(dtype, block_M, block_N)
@@ -275,7 +277,7 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
                     else:
                         b_frag[i, j] = (T.cast((bq_sh[i, j // 8] >> (((j % 2) * 4 + (j % 8) // 2) * 4)) & 15,
                                                dtype) - T.cast(8, dtype)) * s_sh[i, k]
-            T.gemm(b_frag, a_sh, acc, transpose_B=True)
+            T.gemm(b_frag, a_sh, acc, transpose_B=True, policy=policy)
         store_transposed(acc, out, bx, by, bz, to_workspace)
 
     if scales not in ("shared", "global") or (scales == "global" and decode == "cast"):

@@ -71,6 +71,26 @@ __device__ __forceinline__ void ts_w4_mma_load(const int* B, const T1* S, int ld
       }
 }
 
+// The next chunk's weights and scales into (w, sc): copied from the prefetched (wn, sn) with PF, else loaded now.
+template <typename T1, int RT, int U, bool PF>
+__device__ __forceinline__ void ts_w4_mma_next(const int* B, const T1* S, int ldb, int lds, int r, int grp, int word,
+                                               uint4 (&w)[U][RT][2], T1 (&sc)[U][RT][2],
+                                               const uint4 (&wn)[U][RT][2], const T1 (&sn)[U][RT][2]) {
+  if (PF) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          w[u][t][h] = wn[u][t][h];
+          sc[u][t][h] = sn[u][t][h];
+        }
+  } else {
+    ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, r, grp, word, w, sc);
+  }
+}
+
 // The WK partial sums of each output of a warp meet in shared memory (part[wk][wn][t][n][i][lane]); the warps
 // with wk == 0 add them up and store rows [row0, row0 + 16 RT) of C (M x N) from the C fragments:
 // (g, 2c + i % 2) and (g + 8, 2c + i % 2) of row tile t, column tile n. Ends with no barrier after the reads.
@@ -207,21 +227,7 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
         if (!XE) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xl);
         ts_w4_mma_group<T2, T1, BF16, RT, NT>(w[u], sc[u], XE ? xe[XE ? u : 0] : xl, acc);
       }
-      if (more) {
-        if (PF) {
-#pragma unroll
-          for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int t = 0; t < RT; ++t)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                w[u][t][h] = wnext[u][t][h];
-                sc[u][t][h] = snext[u][t][h];
-              }
-        } else {
-          ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, nrow + g, ngrp, 4 * c, w, sc);
-        }
-      }
+      if (more) ts_w4_mma_next<T1, RT, U, PF>(B, S, ldb, lds, nrow + g, ngrp, 4 * c, w, sc, wnext, snext);
     }
     if (ti > 0) __syncthreads();  // the previous tile's sums have been read
     ts_mma_reduce_store<T1, RT, NT, M, WN, WK>(acc, part, C, N, row0, wn, wk, lane);

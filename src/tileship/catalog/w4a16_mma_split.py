@@ -72,21 +72,7 @@ __device__ __forceinline__ void ts_w4_mma_split(const void* Bv, const void* Av, 
       ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, x);
       ts_w4_mma_group<T2, T1, BF16, RT, NT>(w[u], sc[u], x, acc);
     }
-    if (more) {
-      if (PF) {
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int t = 0; t < RT; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              w[u][t][h] = wnext[u][t][h];
-              sc[u][t][h] = snext[u][t][h];
-            }
-      } else {
-        ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, row0 + g, grp0 + j0 + U, 4 * c, w, sc);
-      }
-    }
+    if (more) ts_w4_mma_next<T1, RT, U, PF>(B, S, ldb, lds, row0 + g, grp0 + j0 + U, 4 * c, w, sc, wnext, snext);
   }
   // the WK warps along K of this CTA meet in shared memory; warp wk == 0 keeps the CTA's sums in acc
   if (WK > 1) {

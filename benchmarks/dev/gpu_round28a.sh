@@ -13,7 +13,7 @@ trap finish EXIT
 . benchmarks/gpu_env.sh "$d/nvidia-smi.csv"
 t0=$(date +%s)
 rm -rf /tmp/decode-rel
-timeout 210 python3 -m tileship.cli build --project benchmarks/decode/tileship.toml --out /tmp/decode-rel -j 16 \
+timeout "${BUILD_TIMEOUT:-210}" python3 -m tileship.cli build --project benchmarks/decode/tileship.toml --out /tmp/decode-rel -j 16 \
   > "$d/build.log" 2>&1
 echo "build rc=$? ($(( $(date +%s) - t0 )) s)"; tail -1 "$d/build.log"
 rel=$(ls -d /tmp/decode-rel/*/ | head -1)

@@ -230,7 +230,12 @@ def w4a16_gemm_rs(M: Any, N: int, K: int, dtype: str = "float16", block_M: int =
     the H200 (down M=8: 23.6 vs 21.3 us; lm_head at 8 splits 345 vs 106 us: a cluster of 8 waits for 8
     free SMs in one GPC), ``benchmarks/results/h200/round12/w4a16_sweep_cluster.json.xz``.
     (Scaling each group's fp32 partial sums instead of every weight measured no faster on the
-    H200: ``benchmarks/results/h200/round11/w4a16_sweep_post.json``.)"""
+    H200: ``benchmarks/results/h200/round11/w4a16_sweep_post.json``.)
+    ``rows_per_warpgroup``: each warpgroup takes 64 of the block's weight rows and every activation column
+    (TileLang's ``FullRow`` warp policy; the default gave each warpgroup all rows and half the columns, so at
+    256 threads both decoded every weight). With ``block_N`` 128 or 256 the block's activation tile serves
+    128-256 rows; on the H200 this was within the spread of the 64-row rule at M = 16 and 32 (down, gate_up,
+    o) and slower at qkv (``benchmarks/results/h200/round30/sweep/``), so the catalog does not use it."""
     ks = _check("w4a16_gemm_rs", N, K, block_N, split_k, dtype)
     policy = T.GemmWarpPolicy.FullRow if rows_per_warpgroup else T.GemmWarpPolicy.Square
     if decode not in ("cast", "lop3", "pair"):

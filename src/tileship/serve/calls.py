@@ -28,7 +28,7 @@ from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
 from tileship.serve import extensions, handoff, protocol, remote, shm_requests, validate
-from tileship.serve.canary_stats import DeviceSpan, Timed
+from tileship.serve.canary_stats import DeviceSpan, Timed, op_seconds
 from tileship.serve.validate import BadRequest
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ async def run(service: Service, call: Call) -> Answer:
         if (leases := getattr(encode, "leases", None)) is not None:  # ``execute`` gives them back itself;
             _give_back_after(leases, fut)  # this covers every other executor (released once: idempotent)
     labels[2] = decision.path
-    service.canary.record(side, name, 200, _op_seconds(plan, timed.seconds), decision.reason)
+    service.canary.record(side, name, 200, op_seconds(plan, timed.seconds), decision.reason)
     elapsed = time.perf_counter() - t0
     m = service.metrics
     m.answered(labels[0], labels[1], decision.path, elapsed)
@@ -203,25 +203,6 @@ async def run(service: Service, call: Call) -> Answer:
     service.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s,
                          t_end - t_run)
     return Answer(200, encoded, decision, served)
-
-
-def _op_seconds(plan: Any, job_s: float | None) -> float | None:
-    """What a canary compares for one answered request: the operator's own time, where ``execute`` recorded
-    it: on a GPU the device's time between CUDA events around the call (``device_ms``), else its launch and the
-    wait for the device (``call_ms`` + ``sync_ms``); without spans the whole job's. The rest of the job (tensors
-    to and from the device, encoding) is the same code for either release: on the H200 a 4096x4096 GEMM
-    request's job was 1.4 ms, most of it copying its 32 MiB input to the device, and a tile slower by 80 us
-    moved it 3.5% (round 20); launch plus wait still held the input copy's tail (the wait), 0.25 ms against a
-    30 us slower tile, 1.13x under a 1.25x limit (round 21); events around the call held host delays too,
-    0.29 ms for a 20-45 us GEMM (round 21): ``DeviceSpan`` gates the device now."""
-    spans = getattr(plan, "spans", None)
-    if spans and "device_stalled_ms" in spans:
-        return None  # on a GPU, no sample rather than one with host time in it (``DeviceSpan``)
-    if spans and "device_ms" in spans:
-        return float(spans["device_ms"]) / 1e3
-    if spans and "call_ms" in spans and "sync_ms" in spans:
-        return (spans["call_ms"] + spans["sync_ms"]) / 1e3
-    return job_s
 
 
 def _own(out: Any, inputs: list[Any]) -> Any:

@@ -1,11 +1,12 @@
 """One inference request through the server, whatever carried it (REST or gRPC).
 
 ``run(service, call)`` is the whole path after the transport has named the model: route (canary or active release) ->
-readiness (503) -> model and version (404) -> unloaded (400) -> ``call.read()`` (the transport reads and parses its
-request into a ``protocol.InferRequest``; REST checks Content-Type and reads the body here, outside admission) -> plan
-against the declaration (400), ``--strict-shapes`` (400), output bytes (413; 400 ``shm_requests.check_sizes``) ->
-shared-memory inputs read, outputs' windows checked (``attach``: 400/404) -> admission (503) -> the call on a worker
-thread with a deadline (504) -> ``call.encode`` on the worker -> metrics, statistics, canary window and one log line.
+readiness (503) -> model and version (404) -> unloaded (404; 503 when the request names the version) ->
+``call.read()`` (the transport reads and parses its request into a ``protocol.InferRequest``; REST checks Content-Type
+and reads the body here, outside admission) -> plan against the declaration (400), ``--strict-shapes`` (400), output
+bytes (413; 400 ``shm_requests.check_sizes``) -> shared-memory inputs read, outputs' windows checked (``attach``:
+400/404) -> admission (503) -> the call on a worker thread with a deadline (504) -> ``call.encode`` on the worker ->
+metrics, statistics, canary window and one log line.
 The call itself is ``service.executor``: ``execute`` here, or ``remote.execute_remote`` (the same contract, in a worker
 process: ``serve.worker_pool``) with ``--workers N``; small calls to workers run on the event loop instead of a thread
 (``remote.execute_remote_async``, admitted the same way), and in process small calls a kernel served quickly before
@@ -111,7 +112,7 @@ async def run(service: Service, call: Call) -> Answer:
             raise BadRequest(404, f"unknown version {validate.short(call.version)} of model {name}: serving version "
                                   f"{rel.release_id}")
         if name in service.unloaded:
-            raise extensions.ModelUnloaded(name, call.protocol)
+            raise extensions.ModelUnloaded(name, call.protocol, call.version)
         req, bytes_in = await call.read()
         kserve_id = req.id
         on_loop, inline_key = False, None

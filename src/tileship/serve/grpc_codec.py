@@ -42,12 +42,8 @@ CONTENTS: Mapping[str, str] = {
 
 
 def code_for(status: int, error: BaseException | None = None) -> grpc.StatusCode:
-    """The gRPC code of an answer. An unloaded model is ``UNAVAILABLE`` (REST keeps its 400), a
-    shared-memory region registered twice ``ALREADY_EXISTS``, one past the registry's limit ``RESOURCE_EXHAUSTED``."""
-    from tileship.serve.extensions import ModelUnloaded
-
-    if isinstance(error, ModelUnloaded):
-        return grpc.StatusCode.UNAVAILABLE
+    """The gRPC code of an answer: ``CODES``; a shared-memory region registered twice ``ALREADY_EXISTS``, one past
+    the registry's limit ``RESOURCE_EXHAUSTED``."""
     if isinstance(error, shm.RegionExists):
         return grpc.StatusCode.ALREADY_EXISTS
     if isinstance(error, shm.RegionLimit):

@@ -8,8 +8,9 @@ readiness and index). tritonclient.grpc (sync and ``aio``) works against it.
 
 Every error is a gRPC status with a message naming what was wrong (``grpc_codec.code_for``):
 INVALID_ARGUMENT for a request that does not fit the model (names, datatypes, shapes, byte
-sizes), NOT_FOUND for an unknown model or version (``ModelReady`` answers ``ready: false`` instead, as
-Triton's does), UNAVAILABLE while not ready, overloaded or for an unloaded model, RESOURCE_EXHAUSTED
+sizes), NOT_FOUND for an unknown model or version and an unloaded model (``ModelReady`` answers ``ready:
+false`` instead, as Triton's does), UNAVAILABLE while not ready, overloaded or for an unloaded model's named
+version (``extensions.ModelUnloaded``), RESOURCE_EXHAUSTED
 past a request limit or the shared-memory region limit, DEADLINE_EXCEEDED past the request timeout,
 FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory region registered twice,
 UNIMPLEMENTED for trace (``LogSettings`` is Triton's logging extension, ``serve.log_settings``; streaming
@@ -196,6 +197,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any, rid: str) -> Any:
         cur = self._model(request.name, request.version)
+        extensions.check_loaded(self.service, request.name, request.version or None, "grpc")
         doc = extensions.model_metadata(self.service, cur, request.name)
         return grpc_codec.message(doc, pb.ModelMetadataResponse())
 
@@ -232,7 +234,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     # -- Triton's extensions ------------------------------------------------------------------
     @_rpc
     async def ModelConfig(self, request: Any, context: Any, rid: str) -> Any:
-        doc = extensions.config_of(self.service, request.name, request.version or None)
+        doc = extensions.config_of(self.service, request.name, request.version or None, "grpc")
         return pb.ModelConfigResponse(config=grpc_codec.message(doc, model_config_pb2.ModelConfig()))
 
     @_rpc

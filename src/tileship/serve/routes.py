@@ -73,6 +73,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)
+        extensions.check_loaded(service, name, request.path_params.get("version"))
         return JSONResponse(extensions.model_metadata(service, cur, name))
 
     async def model_ready(request: Request) -> Response:

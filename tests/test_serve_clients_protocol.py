@@ -6,17 +6,24 @@ only, REST and gRPC, one worker thread) on 127.0.0.1; each test failed on the co
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
+import httpx
 import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
 import tritonclient.http as th
-from tests.test_serve_limits import hostile_server
+from tests.test_serve_limits import hostile_server, metric
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from tileship.serve import BackgroundServer
@@ -104,3 +111,88 @@ def test_an_unloaded_model_answers_as_triton_over_rest_and_grpc(server: Backgrou
     assert h.infer("add", _inputs(th)).as_numpy("Z").tolist() == (2 * X).tolist()
     h.close()
     g.close()
+
+
+# -- request parameters timeout and priority ---------------------------------------------------------------------
+
+def _post(server: BackgroundServer, params: dict[str, Any]) -> httpx.Response:
+    body = {"parameters": params, "inputs": [{"name": n, "shape": [4], "datatype": "FP32", "data": X.tolist()}
+                                             for n in ("X", "Y")]}
+    return httpx.post(server.url + "/v2/models/add/infer", content=json.dumps(body), timeout=30)
+
+
+@pytest.mark.parametrize("params,name", [({"timeout": -1}, "timeout"), ({"timeout": "100"}, "timeout"),
+                                         ({"timeout": 1.5}, "timeout"), ({"timeout": True}, "timeout"),
+                                         ({"priority": -2}, "priority"), ({"priority": None}, "priority"),
+                                         ({"priority": 1 << 64}, "priority")],
+                         ids=["timeout-negative", "timeout-string", "timeout-float", "timeout-bool",
+                              "priority-negative", "priority-null", "priority-past-uint64"])
+def test_timeout_and_priority_must_be_non_negative_integers(server: BackgroundServer, params: dict[str, Any],
+                                                            name: str) -> None:
+    """Over REST a wrong ``timeout``/``priority`` is a 400 naming the parameter (they were ignored: 200)."""
+    r = _post(server, params)
+    assert r.status_code == 400 and f"parameters.{name}" in r.json()["error"], r.text
+
+
+def test_timeout_and_priority_from_the_clients(server: BackgroundServer) -> None:
+    """tritonclient's ``timeout=``/``priority=`` are served when valid; over gRPC a negative timeout or a priority
+    of the wrong type is INVALID_ARGUMENT naming it (was served)."""
+    h = th.InferenceServerClient(server.url.removeprefix("http://"))
+    g = tg.InferenceServerClient(server.grpc_url)
+    try:
+        z = (2 * X).tolist()
+        assert h.infer("add", _inputs(th), priority=3, timeout=10_000_000).as_numpy("Z").tolist() == z
+        assert h.infer("add", _inputs(th), timeout=0).as_numpy("Z").tolist() == z  # 0: no deadline, as Triton
+        assert g.infer("add", _inputs(tg), priority=1, timeout=10_000_000).as_numpy("Z").tolist() == z
+        e = _error(lambda: g.infer("add", _inputs(tg), timeout=-5))
+        assert e.status() == "StatusCode.INVALID_ARGUMENT" and "parameters.timeout" in e.message(), e
+    finally:
+        h.close()
+        g.close()
+    raw = pb.ModelInferRequest(model_name="add")
+    for n in ("X", "Y"):
+        raw.inputs.add(name=n, datatype="FP32", shape=[4])
+        raw.raw_input_contents.append(X.tobytes())
+    raw.parameters["priority"].string_param = "high"
+    with grpc.insecure_channel(server.grpc_url) as ch, pytest.raises(grpc.RpcError) as err:
+        pb_grpc.GRPCInferenceServiceStub(ch).ModelInfer(raw, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "parameters.priority" in err.value.details()
+
+
+def _rejected(server: BackgroundServer) -> float:
+    return metric(httpx.get(server.url + "/metrics").text, "tileship_rejected_total", reason="timeout")
+
+
+def test_timeout_bounds_the_wait_for_the_worker(server: BackgroundServer) -> None:
+    """With the one worker thread held by a ``slow`` call, a request whose ``timeout`` (us) passes while it
+    waits for the thread is answered 504 / DEADLINE_EXCEEDED naming the parameter, is never run, and counts as
+    ``rejected{reason="timeout"}``; a request with a longer timeout waits and is served. The timeout was ignored:
+    the short requests waited for the slow call and were served."""
+    h = th.InferenceServerClient(server.url.removeprefix("http://"))
+    g = tg.InferenceServerClient(server.grpc_url)
+    before = _rejected(server)
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    GATE.clear()
+    try:
+        slow = pool.submit(httpx.post, server.url + "/v2/models/slow/infer", timeout=30, json={
+            "inputs": [{"name": "X", "shape": [4], "datatype": "FP32", "data": X.tolist()}]})
+        deadline = time.monotonic() + 10
+        while server.service.slots.inflight < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        patient = pool.submit(_post, server, {"timeout": 20_000_000})  # 20 s
+        t0 = time.monotonic()
+        e = _error(lambda: h.infer("add", _inputs(th), timeout=100_000))  # 0.1 s
+        assert e.status() == "504" and "parameters.timeout" in e.message() and "not run" in e.message(), e
+        e = _error(lambda: g.infer("add", _inputs(tg), timeout=100_000))
+        assert e.status() == "StatusCode.DEADLINE_EXCEEDED" and "parameters.timeout" in e.message(), e
+        assert time.monotonic() - t0 < 5, "the requests waited for the slow call"
+        assert _rejected(server) == before + 2
+        GATE.set()
+        assert slow.result().json()["outputs"][0]["data"] == (X + 1).tolist()
+        assert patient.result().json()["outputs"][0]["data"] == (2 * X).tolist()
+    finally:
+        GATE.set()
+        pool.shutdown()
+        h.close()
+        g.close()
+    assert server.service.slots.inflight == 0

@@ -5,8 +5,9 @@ readiness (503) -> model and version (404) -> unloaded (404; 503 when the reques
 ``call.read()`` (the transport reads and parses its request into a ``protocol.InferRequest``; REST checks Content-Type
 and reads the body here, outside admission) -> plan against the declaration (400), ``--strict-shapes`` (400), output
 bytes (413; 400 ``shm_requests.check_sizes``) -> shared-memory inputs read, outputs' windows checked (``attach``:
-400/404) -> admission (503) -> the call on a worker thread with a deadline (504) -> ``call.encode`` on the worker ->
-metrics, statistics, canary window and one log line.
+400/404) -> admission (503) -> the call on a worker thread with a deadline (504; the request's own ``timeout``
+parameter bounds its wait for the thread: ``serve.request_params``) -> ``call.encode`` on the worker -> metrics,
+statistics, canary window and one log line.
 The call itself is ``service.executor``: ``execute`` here, or ``remote.execute_remote`` (the same contract, in a worker
 process: ``serve.worker_pool``) with ``--workers N``; small calls to workers run on the event loop instead of a thread
 (``remote.execute_remote_async``, admitted the same way), and in process small calls a kernel served quickly before
@@ -136,7 +137,7 @@ async def run(service: Service, call: Call) -> Answer:
                                                        encode)
         else:
             assert plan is not None  # planned above
-            on_loop = remote.on_loop(service, plan, out_bytes)
+            on_loop = remote.on_loop(service, plan, out_bytes) and not req.timeout_us  # a deadline: a thread
             if inline is not None and remote.host_bytes(
                     plan, out_bytes, getattr(encode, "device_outputs", ())) <= remote.LOOP_BYTES:
                 inline_key = inline.key(rel.release_id, name, plan)
@@ -151,12 +152,12 @@ async def run(service: Service, call: Call) -> Answer:
             way = "loop" if on_loop else "thread"
             fut = service.slots.admit(timed.wrap()) if on_loop else service.slots.submit(timed)
             try:
-                encoded, decision = await handoff.outcome(fut, config.request_timeout_s)
-            except TimeoutError:
+                encoded, decision = await handoff.outcome(fut, config.request_timeout_s, req.timeout_us * 1e-6)
+            except TimeoutError as exc:  # past --timeout, or dropped unstarted past the request's own timeout
                 service.metrics.rejected.labels("timeout").inc()
                 service.slots.timed_out(fut)
-                raise BadRequest(504, f"timeout: the inference did not finish within {config.request_timeout_s:g} s"
-                                 ) from None
+                raise BadRequest(504, str(exc) or "timeout: the inference did not finish within "
+                                                  f"{config.request_timeout_s:g} s") from None
         t_run = time.perf_counter()
         if inline is not None and inline_key is not None:
             inline.record(inline_key, timed.seconds, decision)

@@ -21,7 +21,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2 as pb
 
-from tileship.serve import shm
+from tileship.serve import request_params, shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE
 from tileship.serve.protocol import InferRequest, InputTensor, check_shm_size
 from tileship.serve.validate import BadRequest, RequestLimits, check_shape, short
@@ -87,9 +87,10 @@ def parse(req: Any, limits: RequestLimits | None = None) -> InferRequest:
         if ref is not None:
             shm_outputs[o.name] = ref
         outputs.append((o.name, True))
+    timeout_us, priority = request_params.read(_params(req.parameters))
     # raw bytes carry NaN/Infinity as they are: no JSON token rule applies
     return InferRequest(req.id or None, inputs, outputs, binary_output=True, allow_nonfinite=True,
-                        shm_outputs=shm_outputs)
+                        shm_outputs=shm_outputs, timeout_us=timeout_us, priority=priority)
 
 
 def _params(m: Any) -> dict[str, Any]:

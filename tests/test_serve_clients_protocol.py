@@ -196,3 +196,90 @@ def test_timeout_bounds_the_wait_for_the_worker(server: BackgroundServer) -> Non
         h.close()
         g.close()
     assert server.service.slots.inflight == 0
+
+
+# -- the trace extension ---------------------------------------------------------------------------------------
+
+DEFAULTS = {"trace_file": "", "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
+            "log_frequency": "0", "trace_mode": "triton"}
+CLEAR = {"trace_level": None, "trace_rate": None, "trace_count": None, "log_frequency": None}
+
+
+def _traces(server: BackgroundServer) -> list[dict[str, Any]]:
+    lines = server.service.config.log_stream.getvalue().splitlines()
+    return [d for d in map(json.loads, lines) if d.get("event") == "trace"]
+
+
+def _grpc_settings(g: tg.InferenceServerClient, model: str = "", **update: Any) -> dict[str, Any]:
+    resp = g.update_trace_settings(model, update) if update else g.get_trace_settings(model)
+    return {k: list(v.value) for k, v in resp.settings.items()}
+
+
+def test_trace_settings_over_rest_and_grpc(server: BackgroundServer) -> None:
+    """Triton's trace extension: global settings, a model's own settings over them, ``null`` clears, both
+    protocols on one store, clear errors for what tileship does not do; "trace" is claimed (404 / UNIMPLEMENTED)."""
+    h = th.InferenceServerClient(server.url.removeprefix("http://"))
+    g = tg.InferenceServerClient(server.grpc_url)
+    try:
+        assert "trace" in h.get_server_metadata()["extensions"]
+        assert h.get_trace_settings() == DEFAULTS and h.get_trace_settings("add") == DEFAULTS
+        got = h.update_trace_settings("add", {"trace_rate": "12", "log_frequency": "34"})
+        assert got == DEFAULTS | {"trace_rate": "12", "log_frequency": "34"}
+        assert h.update_trace_settings(settings={"trace_rate": "56", "trace_count": "78", "trace_level": ["OFF"]}) \
+            == DEFAULTS | {"trace_rate": "56", "trace_count": "78"}
+        # cleared globally: back to the defaults; the model keeps its own and follows the rest
+        assert h.update_trace_settings(settings={"trace_rate": None, "trace_count": None}) == DEFAULTS
+        assert h.get_trace_settings("add") == DEFAULTS | {"trace_rate": "12", "log_frequency": "34"}
+        assert _grpc_settings(g, "add")["trace_rate"] == ["12"]
+        assert _grpc_settings(g, "add", trace_rate=None, trace_level=["TIMESTAMPS"])["trace_rate"] == ["1000"]
+        assert h.get_trace_settings("add")["trace_level"] == ["TIMESTAMPS"] and h.get_trace_settings() == DEFAULTS
+        assert _grpc_settings(g, trace_count="5")["trace_count"] == ["5"]
+        for settings, words in (({"trace_file": "/tmp/x.json"}, "trace_file"), ({"trace_level": ["TENSORS"]},
+                                "TENSORS"), ({"trace_rate": "0"}, "trace_rate"), ({"trace_count": "-2"},
+                                "trace_count"), ({"trace_rate": "many"}, "trace_rate"), ({"nope": "1"}, "nope"),
+                                ({"trace_mode": "opentelemetry"}, "trace_mode")):
+            e = _error(lambda s=settings: h.update_trace_settings(settings=s))  # type: ignore[misc]
+            assert e.status() == "400" and words in e.message(), (settings, e)
+            e = _error(lambda s=settings: g.update_trace_settings(settings=s))  # type: ignore[misc]
+            assert e.status() == "StatusCode.INVALID_ARGUMENT" and words in e.message(), (settings, e)
+        assert _error(lambda: h.get_trace_settings("nope")).status() == "404"
+        assert _error(lambda: g.get_trace_settings("nope")).status() == "StatusCode.NOT_FOUND"
+        r = httpx.post(server.url + "/v2/trace/setting", content=b"[1]", timeout=30)
+        assert r.status_code == 400 and "JSON object" in r.json()["error"], r.text
+    finally:
+        h.update_trace_settings("add", CLEAR)
+        h.update_trace_settings(settings=CLEAR)
+        settled = h.get_trace_settings("add")
+        h.close()
+        g.close()
+    assert settled == DEFAULTS
+
+
+def test_traces_are_written_for_the_sampled_requests(server: BackgroundServer) -> None:
+    """TIMESTAMPS at rate 2 with a count of 2 for ``add``: its 2nd and 4th answered requests are traced as ``trace``
+    log lines (Triton's timestamps, in order), then the count is spent; ``outer`` (still OFF) is never traced."""
+    h = th.InferenceServerClient(server.url.removeprefix("http://"))
+    g = tg.InferenceServerClient(server.grpc_url)
+    before = len(_traces(server))
+    try:
+        h.update_trace_settings("add", {"trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_count": "2"})
+        for i in range(6):
+            if i % 2:
+                g.infer("add", _inputs(tg), request_id=f"t{i}")
+            else:
+                h.infer("add", _inputs(th), request_id=f"t{i}")
+        w = th.InferInput("W", [2], "FP32")
+        w.set_data_from_numpy(np.ones(2, np.float32))
+        h.infer("outer", [_inputs(th)[0], w])
+        traces = _traces(server)[before:]
+        assert [(t["model_name"], t["id"], t["protocol"]) for t in traces] == \
+            [("add", "t1", "grpc"), ("add", "t3", "grpc")], traces
+        names = [s["name"] for s in traces[0]["timestamps"]]
+        assert names == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
+        ns = [s["ns"] for s in traces[0]["timestamps"]]
+        assert ns == sorted(ns) and traces[0]["model_version"] == "hostile", traces[0]
+        assert h.get_trace_settings("add")["trace_count"] == "0"
+    finally:
+        h.update_trace_settings("add", CLEAR)
+        h.close()
+        g.close()

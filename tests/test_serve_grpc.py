@@ -276,10 +276,6 @@ def test_model_ready_of_an_unknown_model_is_false_over_both_protocols(server, gc
     assert r.status_code == 404 and "unknown version '0123456789abcdef' of model add" in r.json()["error"], r.text
 
 
-def test_what_is_not_supported_is_unimplemented(gc):
-    _fails(gc.get_trace_settings, "UNIMPLEMENTED", "trace")  # CUDA shared memory: tests/test_serve_cuda_shm.py
-
-
 def test_unload_and_load_over_grpc(cpu_release_build, tmp_path):
     cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path / "diag",
                       log_stream=io.StringIO())

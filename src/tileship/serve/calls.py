@@ -7,7 +7,7 @@ and reads the body here, outside admission) -> plan against the declaration (400
 bytes (413; 400 ``shm_requests.check_sizes``) -> shared-memory inputs read, outputs' windows checked (``attach``:
 400/404) -> admission (503) -> the call on a worker thread with a deadline (504; the request's own ``timeout``
 parameter bounds its wait for the thread: ``serve.request_params``) -> ``call.encode`` on the worker -> metrics,
-statistics, canary window and one log line.
+statistics, canary window, one log line, and a trace when ``serve.trace``'s settings sample the request.
 The call itself is ``service.executor``: ``execute`` here, or ``remote.execute_remote`` (the same contract, in a worker
 process: ``serve.worker_pool``) with ``--workers N``; small calls to workers run on the event loop instead of a thread
 (``remote.execute_remote_async``, admitted the same way), and in process small calls a kernel served quickly before
@@ -204,6 +204,7 @@ async def run(service: Service, call: Call) -> Answer:
     run_s = timed.seconds or 0.0
     service.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s,
                          t_end - t_run)
+    service.traces.answered(name, labels[1], call, kserve_id, t0, t_submit, timed, t_end)  # when sampled
     return Answer(200, encoded, decision, served)
 
 

@@ -14,21 +14,23 @@ RING = 2048          # latency samples kept per (side, model)
 
 
 class Timed:
-    """A worker job that remembers how long it ran (seconds; None until it returns)."""
+    """A worker job that remembers when it started (``time.perf_counter``) and how long it ran (seconds; None
+    until it returns)."""
 
     def __init__(self, job: Any) -> None:
         self.job = job
+        self.started: float | None = None
         self.seconds: float | None = None
 
     def __call__(self) -> Any:
-        t0 = time.perf_counter()
+        t0 = self.started = time.perf_counter()
         out = self.job()
         self.seconds = time.perf_counter() - t0
         return out
 
     async def wrap(self) -> Any:
         """The same for a job that returns an awaitable (run on the event loop)."""
-        t0 = time.perf_counter()
+        t0 = self.started = time.perf_counter()
         out = await self.job()
         self.seconds = time.perf_counter() - t0
         return out

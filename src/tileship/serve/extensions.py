@@ -47,7 +47,7 @@ _BUCKETS = ("success", "fail", "queue", "compute_input", "compute_infer", "compu
 
 #: the extensions ``GET /v2`` claims: only those that work
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
-              "model_configuration", "logging", "system_shared_memory"]
+              "model_configuration", "logging", "trace", "system_shared_memory"]
 
 
 def claimed(service: Any) -> list[str]:

@@ -12,9 +12,9 @@ sizes), NOT_FOUND for an unknown model or version and an unloaded model (``Model
 false`` instead, as Triton's does), UNAVAILABLE while not ready, overloaded or for an unloaded model's named
 version (``extensions.ModelUnloaded``), RESOURCE_EXHAUSTED
 past a request limit or the shared-memory region limit, DEADLINE_EXCEEDED past the request timeout,
-FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory region registered twice,
-UNIMPLEMENTED for trace (``LogSettings`` is Triton's logging extension, ``serve.log_settings``; streaming
-inference, ``ModelStreamInfer``, is ``serve.grpc_stream``).
+FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory region registered twice
+(``LogSettings`` is Triton's logging extension, ``serve.log_settings``; ``TraceSetting`` its trace extension,
+``serve.trace``; streaming inference, ``ModelStreamInfer``, is ``serve.grpc_stream``).
 A bug is INTERNAL naming the request id (the client's ``x-request-id`` metadata when printable,
 else a fresh one; echoed as trailing metadata) and is logged with its traceback, as REST's 500s are.
 """
@@ -36,7 +36,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tileship import __version__
-from tileship.serve import calls, extensions, grpc_codec, grpc_stream, log_settings
+from tileship.serve import calls, extensions, grpc_codec, grpc_stream, log_settings, trace
 from tileship.serve.middleware import new_request_id, valid_request_id
 from tileship.serve.validate import BadRequest, short
 
@@ -135,13 +135,6 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
             self.active -= 1
         context.set_trailing_metadata(trailer)
         return reply
-
-    return handler
-
-
-def _unimplemented(what: str) -> Callable[..., Awaitable[Any]]:
-    async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by tileship serve")
 
     return handler
 
@@ -301,7 +294,17 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         await asyncio.to_thread(self.service.shm.unregister, request.name or None, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    TraceSetting = _unimplemented("the trace extension")
+    @_rpc
+    async def TraceSetting(self, request: Any, context: Any, rid: str) -> Any:
+        """Triton's trace extension (``serve.trace``): a request without settings reads them."""
+        name = request.model_name or None
+        if name is not None:
+            extensions.known(extensions.served(self.service), name)
+        changes = trace.grpc_changes(request.settings)
+        now = self.service.traces.update(name, changes) if changes else self.service.traces.settings(name)
+        value = pb.TraceSettingResponse.SettingValue
+        return pb.TraceSettingResponse(settings={k: value(value=v if isinstance(v, list) else [v])
+                                                 for k, v in now.items()})
 
     @_rpc
     async def LogSettings(self, request: Any, context: Any, rid: str) -> Any:

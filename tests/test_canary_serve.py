@@ -288,14 +288,14 @@ def test_the_canary_compares_the_operator_time_not_the_copies_around_it():
     changes); without them (worker processes, a whole model) on the whole job's time."""
     from types import SimpleNamespace
 
-    from tileship.serve.calls import _op_seconds
+    from tileship.serve.canary_stats import op_seconds
 
     plan = SimpleNamespace(spans={"args_ms": 40.0, "call_ms": 0.5, "sync_ms": 1.5, "host_ms": 30.0, "encode_ms": 2.0})
-    assert _op_seconds(plan, 0.074) == pytest.approx(0.002)
+    assert op_seconds(plan, 0.074) == pytest.approx(0.002)
     plan.spans["device_ms"] = 0.25  # CUDA events around the call, recorded while a canary runs (a GPU)
-    assert _op_seconds(plan, 0.074) == pytest.approx(0.00025)
-    assert _op_seconds(SimpleNamespace(spans={}), 0.074) == 0.074
-    assert _op_seconds(None, 0.074) == 0.074 and _op_seconds(None, None) is None
+    assert op_seconds(plan, 0.074) == pytest.approx(0.00025)
+    assert op_seconds(SimpleNamespace(spans={}), 0.074) == 0.074
+    assert op_seconds(None, 0.074) == 0.074 and op_seconds(None, None) is None
 
 
 def test_a_stalled_device_span_is_no_sample_rather_than_host_time():
@@ -306,11 +306,10 @@ def test_a_stalled_device_span_is_no_sample_rather_than_host_time():
     from types import SimpleNamespace
 
     from tileship.serve import canary_stats
-    from tileship.serve.calls import _op_seconds
-    from tileship.serve.canary_stats import GATE_US, DeviceSpan, gate_us
+    from tileship.serve.canary_stats import GATE_US, DeviceSpan, gate_us, op_seconds
 
     plan = SimpleNamespace(spans={"call_ms": 0.5, "sync_ms": 1.5, "device_stalled_ms": 0.9})
-    assert _op_seconds(plan, 0.074) is None
+    assert op_seconds(plan, 0.074) is None
     off = DeviceSpan(False)
     off.start()
     off.stop()

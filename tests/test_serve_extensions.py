@@ -144,7 +144,7 @@ def test_unload_refuses_inference_until_load(cpu_release_build, tmp_path):
             assert not cl.is_model_ready("add") and cl.is_model_ready("rmsnorm_cpu") and cl.is_server_ready()
             with pytest.raises(InferenceServerException) as e:
                 _add(cl)
-            assert e.value.status() == "400"
+            assert e.value.status() == "404"  # as Triton: no version of the model is available
             assert (
                 "model add is unloaded" in e.value.message() and "/v2/repository/models/add/load" in e.value.message()
             )
@@ -206,7 +206,7 @@ def test_unload_survives_a_hot_swap_and_stats_follow_the_version(cpu_release_bui
             assert not cl.is_model_ready("add") and cl.is_model_ready("rmsnorm_cpu")
             with pytest.raises(InferenceServerException) as e:
                 _add(cl)
-            assert e.value.status() == "400" and "unloaded" in e.value.message()
+            assert e.value.status() == "404" and "unloaded" in e.value.message()
             cl.load_model("add")
             _add(cl)
             st = _stat(cl, "add")

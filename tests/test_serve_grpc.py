@@ -276,10 +276,6 @@ def test_model_ready_of_an_unknown_model_is_false_over_both_protocols(server, gc
     assert r.status_code == 404 and "unknown version '0123456789abcdef' of model add" in r.json()["error"], r.text
 
 
-def test_what_is_not_supported_is_unimplemented(gc):
-    _fails(gc.get_trace_settings, "UNIMPLEMENTED", "trace")  # CUDA shared memory: tests/test_serve_cuda_shm.py
-
-
 def test_unload_and_load_over_grpc(cpu_release_build, tmp_path):
     cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path / "diag",
                       log_stream=io.StringIO())
@@ -289,13 +285,13 @@ def test_unload_and_load_over_grpc(cpu_release_build, tmp_path):
         try:
             c.unload_model("add", unload_dependents=True)  # model_repository(unload_dependents), as claimed
             assert not c.is_model_ready("add") and c.is_model_ready("rmsnorm_cpu") and c.is_server_ready()
-            _fails(lambda: c.infer("add", _inputs({"A": a, "B": a})), "UNAVAILABLE", "model add is unloaded",
+            _fails(lambda: c.infer("add", _inputs({"A": a, "B": a})), "NOT_FOUND", "model add is unloaded",
                    "RepositoryModelLoad")
             # one Service: REST sees the unload made over gRPC
             r = post(srv, "/v2/models/add/infer", json={"inputs": [
                 {"name": "A", "shape": [1], "datatype": "FP32", "data": [1]},
                 {"name": "B", "shape": [1], "datatype": "FP32", "data": [1]}]})
-            assert r.status_code == 400 and "unloaded" in r.json()["error"]
+            assert r.status_code == 404 and "unloaded" in r.json()["error"]
             rows = {m["name"]: m for m in c.get_model_repository_index(as_json=True)["models"]}
             assert (rows["add"]["state"], rows["add"]["reason"]) == ("UNAVAILABLE", "unloaded")
             _fails(lambda: c.unload_model("nope"), "NOT_FOUND", "unknown model 'nope'")

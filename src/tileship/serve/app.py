@@ -35,6 +35,7 @@ from tileship.serve.jsonlog import JsonLog
 from tileship.serve.metrics import ServeMetrics
 from tileship.serve.middleware import PartsResponse
 from tileship.serve.rollout import Rollout
+from tileship.serve.trace import Traces
 
 
 class Service:
@@ -69,12 +70,12 @@ class Service:
         if config.workers:
             self._start_pool()
         self.on_fatal = on_fatal
-        self._reload_lock = asyncio.Lock()
-        self._loaded = asyncio.Event()
+        self._reload_lock, self._loaded = asyncio.Lock(), asyncio.Event()
         self.background: set[asyncio.Task[Any]] = set()  # strong references: the loop keeps only weak ones
         self.prewarming: asyncio.Task[Any] | None = None  # loading the rollback standby (``serve.standby``)
         self.canary = Rollout(self)  # a second release taking a share of requests (serve.rollout)
         self.stats = extensions.ModelStats()  # Triton statistics per (model, version), fed on the loop
+        self.traces = Traces(self.log)  # Triton's trace settings, and the traces they ask for (serve.trace)
         self.staging = staging.Pool()  # reused (pinned) blocks for large request bodies (serve.staging)
         self.pulls = body_pull.Pulls(config.body_threads)  # threads reading large bodies (serve.body_pull)
         self.plans = plans.Plans()  # kept plans of recurring request signatures (serve.plans)

@@ -1,11 +1,13 @@
 """One inference request through the server, whatever carried it (REST or gRPC).
 
 ``run(service, call)`` is the whole path after the transport has named the model: route (canary or active release) ->
-readiness (503) -> model and version (404) -> unloaded (400) -> ``call.read()`` (the transport reads and parses its
-request into a ``protocol.InferRequest``; REST checks Content-Type and reads the body here, outside admission) -> plan
-against the declaration (400), ``--strict-shapes`` (400), output bytes (413; 400 ``shm_requests.check_sizes``) ->
-shared-memory inputs read, outputs' windows checked (``attach``: 400/404) -> admission (503) -> the call on a worker
-thread with a deadline (504) -> ``call.encode`` on the worker -> metrics, statistics, canary window and one log line.
+readiness (503) -> model and version (404) -> unloaded (404; 503 when the request names the version) ->
+``call.read()`` (the transport reads and parses its request into a ``protocol.InferRequest``; REST checks Content-Type
+and reads the body here, outside admission) -> plan against the declaration (400), ``--strict-shapes`` (400), output
+bytes (413; 400 ``shm_requests.check_sizes``) -> shared-memory inputs read, outputs' windows checked (``attach``:
+400/404) -> admission (503) -> the call on a worker thread with a deadline (504; the request's own ``timeout``
+parameter bounds its wait for the thread: ``serve.request_params``) -> ``call.encode`` on the worker -> metrics,
+statistics, canary window, one log line, and a trace when ``serve.trace``'s settings sample the request.
 The call itself is ``service.executor``: ``execute`` here, or ``remote.execute_remote`` (the same contract, in a worker
 process: ``serve.worker_pool``) with ``--workers N``; small calls to workers run on the event loop instead of a thread
 (``remote.execute_remote_async``, admitted the same way), and in process small calls a kernel served quickly before
@@ -28,7 +30,7 @@ from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
 from tileship.serve import extensions, handoff, protocol, remote, shm_requests, validate
-from tileship.serve.canary_stats import DeviceSpan, Timed
+from tileship.serve.canary_stats import DeviceSpan, Timed, op_seconds
 from tileship.serve.validate import BadRequest
 
 if TYPE_CHECKING:
@@ -111,7 +113,7 @@ async def run(service: Service, call: Call) -> Answer:
             raise BadRequest(404, f"unknown version {validate.short(call.version)} of model {name}: serving version "
                                   f"{rel.release_id}")
         if name in service.unloaded:
-            raise extensions.ModelUnloaded(name, call.protocol)
+            raise extensions.ModelUnloaded(name, call.protocol, call.version)
         req, bytes_in = await call.read()
         kserve_id = req.id
         on_loop, inline_key = False, None
@@ -135,7 +137,7 @@ async def run(service: Service, call: Call) -> Answer:
                                                        encode)
         else:
             assert plan is not None  # planned above
-            on_loop = remote.on_loop(service, plan, out_bytes)
+            on_loop = remote.on_loop(service, plan, out_bytes) and not req.timeout_us  # a deadline: a thread
             if inline is not None and remote.host_bytes(
                     plan, out_bytes, getattr(encode, "device_outputs", ())) <= remote.LOOP_BYTES:
                 inline_key = inline.key(rel.release_id, name, plan)
@@ -150,12 +152,12 @@ async def run(service: Service, call: Call) -> Answer:
             way = "loop" if on_loop else "thread"
             fut = service.slots.admit(timed.wrap()) if on_loop else service.slots.submit(timed)
             try:
-                encoded, decision = await handoff.outcome(fut, config.request_timeout_s)
-            except TimeoutError:
+                encoded, decision = await handoff.outcome(fut, config.request_timeout_s, req.timeout_us * 1e-6)
+            except TimeoutError as exc:  # past --timeout, or dropped unstarted past the request's own timeout
                 service.metrics.rejected.labels("timeout").inc()
                 service.slots.timed_out(fut)
-                raise BadRequest(504, f"timeout: the inference did not finish within {config.request_timeout_s:g} s"
-                                 ) from None
+                raise BadRequest(504, str(exc) or "timeout: the inference did not finish within "
+                                                  f"{config.request_timeout_s:g} s") from None
         t_run = time.perf_counter()
         if inline is not None and inline_key is not None:
             inline.record(inline_key, timed.seconds, decision)
@@ -186,7 +188,7 @@ async def run(service: Service, call: Call) -> Answer:
         if (leases := getattr(encode, "leases", None)) is not None:  # ``execute`` gives them back itself;
             _give_back_after(leases, fut)  # this covers every other executor (released once: idempotent)
     labels[2] = decision.path
-    service.canary.record(side, name, 200, _op_seconds(plan, timed.seconds), decision.reason)
+    service.canary.record(side, name, 200, op_seconds(plan, timed.seconds), decision.reason)
     elapsed = time.perf_counter() - t0
     m = service.metrics
     m.answered(labels[0], labels[1], decision.path, elapsed)
@@ -202,26 +204,8 @@ async def run(service: Service, call: Call) -> Answer:
     run_s = timed.seconds or 0.0
     service.stats.record(name, labels[1], True, t_end - t0, t_submit - t0, t_run - t_submit - run_s, run_s,
                          t_end - t_run)
+    service.traces.answered(name, labels[1], call, kserve_id, t0, t_submit, timed, t_end)  # when sampled
     return Answer(200, encoded, decision, served)
-
-
-def _op_seconds(plan: Any, job_s: float | None) -> float | None:
-    """What a canary compares for one answered request: the operator's own time, where ``execute`` recorded
-    it: on a GPU the device's time between CUDA events around the call (``device_ms``), else its launch and the
-    wait for the device (``call_ms`` + ``sync_ms``); without spans the whole job's. The rest of the job (tensors
-    to and from the device, encoding) is the same code for either release: on the H200 a 4096x4096 GEMM
-    request's job was 1.4 ms, most of it copying its 32 MiB input to the device, and a tile slower by 80 us
-    moved it 3.5% (round 20); launch plus wait still held the input copy's tail (the wait), 0.25 ms against a
-    30 us slower tile, 1.13x under a 1.25x limit (round 21); events around the call held host delays too,
-    0.29 ms for a 20-45 us GEMM (round 21): ``DeviceSpan`` gates the device now."""
-    spans = getattr(plan, "spans", None)
-    if spans and "device_stalled_ms" in spans:
-        return None  # on a GPU, no sample rather than one with host time in it (``DeviceSpan``)
-    if spans and "device_ms" in spans:
-        return float(spans["device_ms"]) / 1e3
-    if spans and "call_ms" in spans and "sync_ms" in spans:
-        return (spans["call_ms"] + spans["sync_ms"]) / 1e3
-    return job_s
 
 
 def _own(out: Any, inputs: list[Any]) -> Any:

@@ -15,9 +15,12 @@ device sync, copy back, encoding); ``compute_output`` building the response afte
 batching every successful request is one inference and one execution.
 
 Unload is a set of names on the Service (``Service.unloaded``): it survives hot swaps, and
-only ``load`` (or a restart) clears it. An unloaded model answers inference with 400 and a
-body that says so, is not ready (``/ready`` 503), and is ``UNAVAILABLE`` in the repository
-index; metadata, config and statistics still answer.
+only ``load`` (or a restart) clears it. An unloaded model has no version available, as in Triton
+(whose core answers NOT_FOUND "has no available versions", and UNAVAILABLE "is not at ready state"
+for a request naming the version): inference, metadata and config answer 404 / NOT_FOUND, or 503 /
+UNAVAILABLE when the request names the version, with a message saying how to load it again
+(``ModelUnloaded``, over REST and gRPC alike); it is not ready (``/ready`` 503, gRPC ``ready:
+false``) and is ``UNAVAILABLE`` in the repository index. Statistics still answer (its counters).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ _BUCKETS = ("success", "fail", "queue", "compute_input", "compute_infer", "compu
 
 #: the extensions ``GET /v2`` claims: only those that work
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
-              "model_configuration", "logging", "system_shared_memory"]
+              "model_configuration", "logging", "trace", "system_shared_memory"]
 
 
 def claimed(service: Any) -> list[str]:
@@ -200,11 +203,13 @@ def model_config(service: Service, cur: Served, name: str) -> dict[str, Any]:
             "default_model_filename": "", "parameters": {k: {"string_value": v} for k, v in params.items()}}
 
 
-def config_of(service: Service, name: str, version: str | None) -> dict[str, Any]:
-    """``model_config`` of ``name`` (and ``version`` when given); HTTPException 503/404 as ``stat_rows``."""
+def config_of(service: Service, name: str, version: str | None, protocol: str = "rest") -> dict[str, Any]:
+    """``model_config`` of ``name`` (and ``version`` when given); HTTPException 503/404 as ``stat_rows``, and
+    as ``check_loaded`` for an unloaded model."""
     cur = served(service)
     known(cur, name)
     _versions(service, cur, name, version)
+    check_loaded(service, name, version, protocol)
     return model_config(service, cur, name)
 
 
@@ -294,20 +299,30 @@ def index_ready_only(raw: bytes) -> bool:
     return ready
 
 
-def unloaded_error(name: str, protocol: str = "rest") -> str:
-    """The message of an inference request to an unloaded model, naming how to load it over ``protocol``."""
+def unloaded_error(name: str, protocol: str = "rest", version: str | None = None) -> str:
+    """The message of a request to an unloaded model (``version``: the one it named), naming how to load it
+    over ``protocol``."""
+    what = f"version {version} of model {name}" if version else f"model {name}"  # both checked: served names
     if protocol == "grpc":
-        return (f"model {name} is unloaded (RepositoryModelUnload) and not available; RepositoryModelLoad "
+        return (f"{what} is unloaded (RepositoryModelUnload) and not available; RepositoryModelLoad "
                 f"(or POST /v2/repository/models/{name}/load) serves it again")
-    return (f"model {name} is unloaded (POST /v2/repository/models/{name}/unload) and not available; "
+    return (f"{what} is unloaded (POST /v2/repository/models/{name}/unload) and not available; "
             f"POST /v2/repository/models/{name}/load serves it again")
 
 
 class ModelUnloaded(BadRequest):
-    """Inference on an unloaded model: 400 over REST (as before gRPC existed), UNAVAILABLE over gRPC."""
+    """A request to an unloaded model, answered as Triton answers one for a model with no version loaded:
+    404 / NOT_FOUND, or 503 / UNAVAILABLE when it names the version ("not at ready state")."""
 
-    def __init__(self, name: str, protocol: str = "rest") -> None:
-        super().__init__(400, unloaded_error(name, protocol))
+    def __init__(self, name: str, protocol: str = "rest", version: str | None = None) -> None:
+        super().__init__(503 if version else 404, unloaded_error(name, protocol, version))
+
+
+def check_loaded(service: Service, name: str, version: str | None, protocol: str = "rest") -> None:
+    """HTTPException with ``ModelUnloaded``'s status and message when ``name`` is unloaded; else nothing."""
+    if name in service.unloaded:
+        exc = ModelUnloaded(name, protocol, version)
+        raise HTTPException(exc.status, exc.message)
 
 
 def mark_index(rows: list[dict[str, Any]], unloaded: set[str]) -> list[dict[str, Any]]:

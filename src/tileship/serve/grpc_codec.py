@@ -21,7 +21,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from tritonclient.grpc import service_pb2 as pb
 
-from tileship.serve import shm
+from tileship.serve import request_params, shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE
 from tileship.serve.protocol import InferRequest, InputTensor, check_shm_size
 from tileship.serve.validate import BadRequest, RequestLimits, check_shape, short
@@ -42,12 +42,8 @@ CONTENTS: Mapping[str, str] = {
 
 
 def code_for(status: int, error: BaseException | None = None) -> grpc.StatusCode:
-    """The gRPC code of an answer. An unloaded model is ``UNAVAILABLE`` (REST keeps its 400), a
-    shared-memory region registered twice ``ALREADY_EXISTS``, one past the registry's limit ``RESOURCE_EXHAUSTED``."""
-    from tileship.serve.extensions import ModelUnloaded
-
-    if isinstance(error, ModelUnloaded):
-        return grpc.StatusCode.UNAVAILABLE
+    """The gRPC code of an answer: ``CODES``; a shared-memory region registered twice ``ALREADY_EXISTS``, one past
+    the registry's limit ``RESOURCE_EXHAUSTED``."""
     if isinstance(error, shm.RegionExists):
         return grpc.StatusCode.ALREADY_EXISTS
     if isinstance(error, shm.RegionLimit):
@@ -91,9 +87,10 @@ def parse(req: Any, limits: RequestLimits | None = None) -> InferRequest:
         if ref is not None:
             shm_outputs[o.name] = ref
         outputs.append((o.name, True))
+    timeout_us, priority = request_params.read(_params(req.parameters))
     # raw bytes carry NaN/Infinity as they are: no JSON token rule applies
     return InferRequest(req.id or None, inputs, outputs, binary_output=True, allow_nonfinite=True,
-                        shm_outputs=shm_outputs)
+                        shm_outputs=shm_outputs, timeout_us=timeout_us, priority=priority)
 
 
 def _params(m: Any) -> dict[str, Any]:

@@ -8,12 +8,13 @@ readiness and index). tritonclient.grpc (sync and ``aio``) works against it.
 
 Every error is a gRPC status with a message naming what was wrong (``grpc_codec.code_for``):
 INVALID_ARGUMENT for a request that does not fit the model (names, datatypes, shapes, byte
-sizes), NOT_FOUND for an unknown model or version (``ModelReady`` answers ``ready: false`` instead, as
-Triton's does), UNAVAILABLE while not ready, overloaded or for an unloaded model, RESOURCE_EXHAUSTED
+sizes), NOT_FOUND for an unknown model or version and an unloaded model (``ModelReady`` answers ``ready:
+false`` instead, as Triton's does), UNAVAILABLE while not ready, overloaded or for an unloaded model's named
+version (``extensions.ModelUnloaded``), RESOURCE_EXHAUSTED
 past a request limit or the shared-memory region limit, DEADLINE_EXCEEDED past the request timeout,
-FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory region registered twice,
-UNIMPLEMENTED for trace (``LogSettings`` is Triton's logging extension, ``serve.log_settings``; streaming
-inference, ``ModelStreamInfer``, is ``serve.grpc_stream``).
+FAILED_PRECONDITION for a load that failed, ALREADY_EXISTS for a shared-memory region registered twice
+(``LogSettings`` is Triton's logging extension, ``serve.log_settings``; ``TraceSetting`` its trace extension,
+``serve.trace``; streaming inference, ``ModelStreamInfer``, is ``serve.grpc_stream``).
 A bug is INTERNAL naming the request id (the client's ``x-request-id`` metadata when printable,
 else a fresh one; echoed as trailing metadata) and is logged with its traceback, as REST's 500s are.
 """
@@ -35,7 +36,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tileship import __version__
-from tileship.serve import calls, extensions, grpc_codec, grpc_stream, log_settings
+from tileship.serve import calls, extensions, grpc_codec, grpc_stream, log_settings, trace
 from tileship.serve.middleware import new_request_id, valid_request_id
 from tileship.serve.validate import BadRequest, short
 
@@ -138,13 +139,6 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
     return handler
 
 
-def _unimplemented(what: str) -> Callable[..., Awaitable[Any]]:
-    async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by tileship serve")
-
-    return handler
-
-
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """The RPCs of ``GRPCInferenceService`` over one ``Service``. Runs on the Service's event loop."""
 
@@ -196,6 +190,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     @_rpc
     async def ModelMetadata(self, request: Any, context: Any, rid: str) -> Any:
         cur = self._model(request.name, request.version)
+        extensions.check_loaded(self.service, request.name, request.version or None, "grpc")
         doc = extensions.model_metadata(self.service, cur, request.name)
         return grpc_codec.message(doc, pb.ModelMetadataResponse())
 
@@ -232,7 +227,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     # -- Triton's extensions ------------------------------------------------------------------
     @_rpc
     async def ModelConfig(self, request: Any, context: Any, rid: str) -> Any:
-        doc = extensions.config_of(self.service, request.name, request.version or None)
+        doc = extensions.config_of(self.service, request.name, request.version or None, "grpc")
         return pb.ModelConfigResponse(config=grpc_codec.message(doc, model_config_pb2.ModelConfig()))
 
     @_rpc
@@ -299,7 +294,17 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         await asyncio.to_thread(self.service.shm.unregister, request.name or None, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    TraceSetting = _unimplemented("the trace extension")
+    @_rpc
+    async def TraceSetting(self, request: Any, context: Any, rid: str) -> Any:
+        """Triton's trace extension (``serve.trace``): a request without settings reads them."""
+        name = request.model_name or None
+        if name is not None:
+            extensions.known(extensions.served(self.service), name)
+        changes = trace.grpc_changes(request.settings)
+        now = self.service.traces.update(name, changes) if changes else self.service.traces.settings(name)
+        value = pb.TraceSettingResponse.SettingValue
+        return pb.TraceSettingResponse(settings={k: value(value=v if isinstance(v, list) else [v])
+                                                 for k, v in now.items()})
 
     @_rpc
     async def LogSettings(self, request: Any, context: Any, rid: str) -> Any:

@@ -17,7 +17,9 @@ Three ways, one contract (encoded response and decision back; BadRequest, Fatal 
 
 ``outcome`` waits with one future, woken by the call's own completion or by a timer
 (``TimeoutError`` past the request timeout), never cancelling a call that has started: a call that
-outlives its request keeps its slot (and its worker) until it ends.
+outlives its request keeps its slot (and its worker) until it ends. A second timer is the request's
+own queue deadline (Triton's ``timeout`` parameter, ``serve.request_params``): a thread's call that has
+not started by then is dropped (``QueueTimeout``), its slot freed at once.
 """
 
 from __future__ import annotations
@@ -32,10 +34,16 @@ from tileship.runtime.decision import KERNEL, Decision
 MAX_KEYS = 1024
 
 
-async def outcome(fut: Any, timeout_s: float) -> Any:
+class QueueTimeout(TimeoutError):
+    """A thread's call dropped before it started: its request's queue deadline passed while it waited."""
+
+
+async def outcome(fut: Any, timeout_s: float, queue_s: float = 0.0) -> Any:
     """The result of ``fut`` (a ``concurrent.futures.Future`` from a request thread, or an asyncio
-    task); raises what it raised, TimeoutError past ``timeout_s``. On a timeout or a cancellation a
-    thread's call that has not started is dropped; one that runs, and a task, run on."""
+    task); raises what it raised, TimeoutError past ``timeout_s``, and ``QueueTimeout`` when a thread's
+    call has not started ``queue_s`` (> 0; 0: no such deadline) after this call (it is dropped, never run).
+    On a timeout or a cancellation a thread's call that has not started is dropped; one that runs, and a
+    task, run on."""
     loop = asyncio.get_running_loop()
     out = loop.create_future()
 
@@ -58,16 +66,25 @@ async def outcome(fut: Any, timeout_s: float) -> Any:
         if not out.done():
             out.set_exception(TimeoutError())
 
-    fut.add_done_callback(settle if isinstance(fut, asyncio.Future) else from_thread)
-    timer = loop.call_at(loop.time() + timeout_s, expire)
+    def expire_queued() -> None:
+        if not out.done() and fut.cancel():  # True only for a call no thread has started: it never runs
+            out.set_exception(QueueTimeout(f"timeout: the request waited {queue_s * 1e6:.0f} us for a worker "
+                                           "thread, past its parameters.timeout; it was not run"))
+
+    thread = not isinstance(fut, asyncio.Future)
+    fut.add_done_callback(from_thread if thread else settle)
+    timers = [loop.call_at(loop.time() + timeout_s, expire)]
+    if thread and 0 < queue_s < timeout_s:
+        timers.append(loop.call_at(loop.time() + queue_s, expire_queued))
     try:
         return await out
     except (TimeoutError, asyncio.CancelledError):
-        if not isinstance(fut, asyncio.Future):
+        if thread:
             fut.cancel()  # only a call still queued is dropped
         raise
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
 
 
 class Inline:

@@ -20,7 +20,7 @@ from typing import Any
 
 from tileship.declare.dims import SAME, DimExpr, bind
 from tileship.digits import parse_uint
-from tileship.serve import json_data, shm
+from tileship.serve import json_data, request_params, shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE, Encoded, encode_response, tensor_metadata  # noqa: F401 (re-exported)
 from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, in_declared_set, short
 from tileship.serve.validate import output_bytes as _output_bytes
@@ -53,6 +53,9 @@ class InferRequest:
     shm_outputs: dict[str, shm.Ref] = field(default_factory=dict)
     #: the pooled block the body was read into (``serve.staging.Lease``), given back when the call has ended
     lease: Any = None
+    #: Triton's request parameters (``serve.request_params``): us it may wait for a worker (0: none); priority
+    timeout_us: int = 0
+    priority: int = 0
 
 
 @dataclass
@@ -127,21 +130,18 @@ def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimit
         inp, size = _parse_input(t, i, limits)
         if size is not None:
             if header_length is None:
-                raise BadRequest(400,
-                                 f"input {inp.name}: binary_data_size is set but the request has no "
-                                 "Inference-Header-Content-Length header")
+                raise BadRequest(400, f"input {inp.name}: binary_data_size is set but the request has no "
+                                      "Inference-Header-Content-Length header")
             if offset + size > len(blob):
-                raise BadRequest(400,
-                                 f"byte size mismatch: input {inp.name} needs bytes {offset}..{offset + size} of the "
-                                 "binary data, "
-                                 f"but the body carries {len(blob)} bytes after the {hl}-byte JSON header")
+                raise BadRequest(400, f"byte size mismatch: input {inp.name} needs bytes {offset}..{offset + size} of "
+                                      f"the binary data, but the body carries {len(blob)} bytes after the {hl}-byte "
+                                      "JSON header")
             inp.raw = blob[offset:offset + size]
             offset += size
         inputs.append(inp)
     if offset != len(blob):
-        raise BadRequest(400,
-                         f"byte size mismatch: the inputs declare {offset} bytes of binary data but the body carries "
-                         f"{len(blob)} after the JSON header")
+        raise BadRequest(400, f"byte size mismatch: the inputs declare {offset} bytes of binary data but the body "
+                              f"carries {len(blob)} after the JSON header")
     outputs: list[tuple[str, bool | None]] = []
     shm_outputs: dict[str, shm.Ref] = {}
     raw_outputs = head.get("outputs", [])
@@ -164,7 +164,9 @@ def parse_infer(body: bytearray, header_length: str | None, limits: RequestLimit
     rid = head.get("id")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest(400, "'id' must be a string")
-    return InferRequest(rid, inputs, outputs, binary_output, allow_nonfinite, shm_outputs)
+    timeout_us, priority = request_params.read(params)
+    return InferRequest(rid, inputs, outputs, binary_output, allow_nonfinite, shm_outputs, timeout_us=timeout_us,
+                        priority=priority)
 
 
 def _object(v: Any, where: str) -> dict[str, Any]:

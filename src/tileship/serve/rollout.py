@@ -8,7 +8,7 @@ deterministic share of infer requests to it: request n (counted from the start) 
 canary when ``floor(n * P) > floor((n - 1) * P)`` with P as an exact fraction, so any 100
 consecutive requests at P = 0.1 send exactly 10 to the canary. ``record`` keeps, per side
 (active | canary) and per model, a ring of the last ``canary_stats.RING`` latencies (the operator's
-call and its wait for the device, ``calls._op_seconds``: what the release changes, not the queue or
+call and its wait for the device, ``canary_stats.op_seconds``: what the release changes, not the queue or
 the copies around it) and the request and error counts (5xx, device failures and kernel faults
 answered by the reference, reason ``circuit_open``; 4xx and overload are not the release's fault and
 are ignored). After each canary request,

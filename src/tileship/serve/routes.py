@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tileship import __version__, env
-from tileship.serve import canary_http, extensions, log_settings, openapi, shm_http
+from tileship.serve import canary_http, extensions, log_settings, openapi, shm_http, trace
 from tileship.serve.app import Service
 from tileship.serve.config import ServeConfig
 from tileship.serve.holder import Served, image_check
@@ -73,6 +73,7 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
 
     async def model_metadata(request: Request) -> Response:
         cur, name = model(request)
+        extensions.check_loaded(service, name, request.path_params.get("version"))
         return JSONResponse(extensions.model_metadata(service, cur, name))
 
     async def model_ready(request: Request) -> Response:
@@ -173,6 +174,8 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
         *shm_http.ROUTES,
         Route("/v2/tileship/telemetry", telemetry, methods=["GET"]),
         Route("/v2/logging", log_settings.endpoint, methods=["GET", "POST"]),
+        Route("/v2/trace/setting", trace.endpoint, methods=["GET", "POST"]),
+        Route("/v2/models/{name}/trace/setting", trace.endpoint, methods=["GET", "POST"]),
         Route(openapi.PATH, openapi.endpoint, methods=["GET"]),
     ]
     handlers = {HTTPException: http_error, Exception: internal_error}

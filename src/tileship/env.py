@@ -12,6 +12,9 @@ Precedence everywhere: command-line flag > environment variable > project file >
                             when no --verifier-key is given
     TILESHIP_ACTIVATOR_KEY  the ed25519 private key (PEM) `activate`, `rollback` (every registry change of the
                             pointer) seal ``active.json`` with when no --sign-key is given
+    TILESHIP_POINTER_VALID_FOR  how long a pointer `activate`, `rollback` (every registry change of the pointer)
+                            seal stays valid when no --valid-for is given, e.g. 7d, 12h (``release.pointer_expiry``:
+                            readers that check the seal refuse it after); unset: no expiry
     TILESHIP_TRUSTED_ACTIVATOR_KEYS  os.pathsep-separated ed25519 public keys (PEM) of the activator role;
                             when set, `tileship serve REGISTRY` refuses a pointer not sealed by one of
                             them, or older than the one it serves (``release.pointer_seal``)
@@ -62,6 +65,13 @@ def verifier_key() -> Path | None:
 def activator_key() -> Path | None:
     raw = os.environ.get("TILESHIP_ACTIVATOR_KEY", "").strip()
     return Path(raw) if raw else None
+
+
+def pointer_valid_for() -> str | None:
+    """``TILESHIP_POINTER_VALID_FOR`` as given (``pointer_expiry.valid_for`` parses it, naming the variable when it
+    is not a duration); None when unset or empty."""
+    raw = os.environ.get("TILESHIP_POINTER_VALID_FOR", "").strip()
+    return raw or None
 
 
 def trusted_activator_key_paths() -> list[Path]:

@@ -18,6 +18,9 @@ Precedence everywhere: command-line flag > environment variable > project file >
     TILESHIP_TRUSTED_ACTIVATOR_KEYS  os.pathsep-separated ed25519 public keys (PEM) of the activator role;
                             when set, `tileship serve REGISTRY` refuses a pointer not sealed by one of
                             them, or older than the one it serves (``release.pointer_seal``)
+    TILESHIP_TRUSTED_REGISTRY_ID  the registry id (32 hex digits, ``registry.json``) a pointer must be bound to
+                            wherever activator keys are trusted (``serve --trusted-registry-id``): another
+                            registry's pointer is refused even by a fresh server (``release.pointer_seal``)
     TILESHIP_POINTER_STATE  a file where `tileship serve REGISTRY` keeps the pointer it served (its generation),
                             read at start so a restarted server refuses an older one (``--generation-state``)
     TILESHIP_ALLOW_UNVERIFIED  "1" to run unverified kernels on a GPU (default off)
@@ -77,6 +80,13 @@ def pointer_valid_for() -> str | None:
 def trusted_activator_key_paths() -> list[Path]:
     raw = os.environ.get("TILESHIP_TRUSTED_ACTIVATOR_KEYS", "")
     return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def trusted_registry_id() -> str | None:
+    """``TILESHIP_TRUSTED_REGISTRY_ID`` as given (``pointer_seal.trusted_registry`` checks its shape); None when
+    unset or empty."""
+    raw = os.environ.get("TILESHIP_TRUSTED_REGISTRY_ID", "").strip()
+    return raw or None
 
 
 def pointer_state() -> Path | None:

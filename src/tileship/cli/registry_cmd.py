@@ -53,10 +53,12 @@ def _say_active(a: Active) -> None:
 
 
 def _seal_text(reg: Registry, keys: list[Path] | None) -> str | None:
-    """The pointer's generation and seal in words, checked (``pointer_seal.check``) when activator keys are trusted
-    (``keys``; None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``): a refusal is said, not raised. None: no pointer."""
+    """The pointer's generation, seal, expiry and registry id in words, checked (``pointer_seal.check``; bound to
+    ``TILESHIP_TRUSTED_REGISTRY_ID`` when set) when activator keys are trusted (``keys``; None:
+    ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``): a refusal is said, not raised. None: no pointer."""
     from tileship.errors import PointerSignatureError
     from tileship.release import pointer_expiry, pointer_seal
+    from tileship.release import registry_id as regid
     from tileship.release.registry import read_pointer
 
     if not reg.pointer.exists():
@@ -65,14 +67,17 @@ def _seal_text(reg: Registry, keys: list[Path] | None) -> str | None:
     gen, kid = pointer_seal.generation_of(state), pointer_seal.sealed_by(state)
     said = f"pointer generation {gen}: " + (f"sealed by activator key {kid}" if kid else "[yellow]not signed[/]")
     said += f", valid until {escape(str(state['expires'])[:64])}" if "expires" in state else ""
+    bound = state.get("registry_id")  # shape checked by read_pointer
+    ident = (f"\nthe pointer is bound to registry id {bound} (`tileship serve --trusted-registry-id {bound}` "
+             "refuses any other registry's pointer, from the first one on)") if bound else ""
     if not (trusted := pointer_seal.trusted(keys)):
-        return said + " (not checked: no trusted activator key)"
+        return said + " (not checked: no trusted activator key)" + ident
     try:
-        sealed = pointer_seal.check(reg.pointer, state, trusted)
+        sealed = pointer_seal.check(reg.pointer, state, trusted, registry=regid.trusted(None))
     except PointerSignatureError as exc:
-        return said + f"; [red]REFUSED[/] by the trusted activator keys: {escape(exc.message)}"
+        return said + f"; [red]REFUSED[/] by the trusted activator keys: {escape(exc.message)}" + ident
     warning = pointer_expiry.soon(sealed.expires)
-    return said + "; [green]verified[/] (a trusted activator key)" + (
+    return said + "; [green]verified[/] (a trusted activator key)" + ident + (
         f"\n[yellow]warning[/]: {escape(warning)}" if warning else "")
 
 

@@ -45,10 +45,14 @@ A server may keep the pointer it served across restarts (``write_served``/``read
 
 The file also keeps the registry id served, so a restarted server refuses a registry whose id changed.
 
+A reader may be given the registry id to trust (``check(registry=)``; ``serve --trusted-registry-id``,
+``TILESHIP_TRUSTED_REGISTRY_ID``): then only a pointer bound to that id is accepted, from the first one on.
+
 Not covered: without that file, the first pointer a fresh server process sees is trusted on first use for its
-generation and its registry id; ``registry.json`` is as writable as the pointer, so whoever can write the
-registry root can replace it with another registry's id (or remove it and put in a pointer from before ids)
-and hand a fresh server that registry's pointers (a server that served a bound pointer refuses them: ``after``);
+generation and (without a trusted registry id) its registry id; ``registry.json`` is as writable as the pointer,
+so whoever can write the registry root can replace it with another registry's id (or remove it and put in a
+pointer from before ids) and hand a fresh server without a trusted registry id that registry's pointers (a
+server that served a bound pointer refuses them: ``after``);
 an activator that stops signing (a frozen pointer) is detected only for pointers written with a validity
 (``pointer_expiry``): one without ``expires`` is accepted for as long as it is the newest.
 """
@@ -194,11 +198,12 @@ def trusted(keys: Iterable[Path | Ed25519PublicKey] | None) -> list[Ed25519Publi
 
 
 def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey],
-          after: Sealed | None = None, now: datetime | None = None) -> Sealed:
+          after: Sealed | None = None, now: datetime | None = None, registry: str | None = None) -> Sealed:
     """Accept the pointer ``state`` (read from ``path``) only when sealed by one of ``keys``, unchanged
-    since, not expired at ``now`` (default: the system clock; ``pointer_expiry``) and not older than ``after``
-    (the pointer a server serves: a lower generation, or the same one with other content, is a replay). Returns
-    what was accepted.
+    since, not expired at ``now`` (default: the system clock; ``pointer_expiry``), bound to ``registry`` (a
+    registry id the reader trusts, ``registry_id.trusted``; None: the registry's own, trusted on first use) and not
+    older than ``after`` (the pointer a server serves: a lower generation, or the same one with other content, is
+    a replay). Returns what was accepted.
 
     Raises PointerSignatureError naming ``path``, the key id and what is wrong (PointerExpiredError, naming the
     instant, for an expired one)."""
@@ -224,7 +229,7 @@ def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey]
                                     hint=_RESEAL_HINT) from None
     gen, digest = generation_of(state), "sha256:" + hashlib.sha256(body).hexdigest()
     expires = pointer_expiry.check(path, state, kid, now)
-    bound = _bound(path, state, kid, after)
+    bound = _bound(path, state, kid, after, registry)
     if after is not None and (gen < after.generation or (gen == after.generation and digest != after.digest)):
         what = "older than" if gen < after.generation else "another pointer of the same generation as"
         raise PointerSignatureError(f"{path}: generation {gen} is {what} generation {after.generation}, the "
@@ -235,18 +240,23 @@ def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey]
     return Sealed(gen, kid, digest, bound, expires)
 
 
-def _bound(path: Path, state: Mapping[str, Any], kid: str, after: Sealed | None) -> str | None:
+def _bound(path: Path, state: Mapping[str, Any], kid: str, after: Sealed | None, trusted_id: str | None) -> str | None:
     """The registry id the sealed pointer ``state`` is bound to, when that is the registry's own (``registry.json``
-    beside ``path``) and the one the pointer ``after`` was bound to. Refused (PointerSignatureError naming both ids):
-    a pointer bound to another registry, or to one where this registry has no id; an unbound pointer (from before
-    registry ids) of a generation at or above the registry's ``since_generation`` (an unbound pointer older than
-    that predates the id and is accepted); any pointer not bound to the registry id of the pointer served."""
+    beside ``path``), the one the pointer ``after`` was bound to and ``trusted_id`` (when given). Refused
+    (PointerSignatureError naming both ids): a pointer not bound to ``trusted_id``, unbound ones included; a pointer
+    bound to another registry, or to one where this registry has no id; an unbound pointer (from before registry
+    ids) of a generation at or above the registry's ``since_generation`` (an unbound pointer older than that
+    predates the id and is accepted); any pointer not bound to the registry id of the pointer served."""
     claimed = state.get("registry_id")
     claimed = claimed if isinstance(claimed, str) else None
     own = regid.read(path.parent, PointerSignatureError)
     own_id, gen = (own.registry_id if own else None), generation_of(state)
     why = None
-    if claimed is not None and claimed != own_id:
+    if trusted_id is not None and claimed != trusted_id:
+        why = (f"the pointer is bound to registry {claimed or 'none'}, but this reader trusts only registry "
+               f"{trusted_id} (--trusted-registry-id, TILESHIP_TRUSTED_REGISTRY_ID): another registry's pointer, "
+               f"or one from before registry ids, is refused")
+    elif claimed is not None and claimed != own_id:
         why = (f"the pointer is bound to registry {claimed}, but this registry is "
                f"{own_id or f'not bound to any id (no {regid.NAME})'}: a pointer copied from another registry "
                f"is refused")
@@ -263,26 +273,27 @@ def _bound(path: Path, state: Mapping[str, Any], kid: str, after: Sealed | None)
     return claimed
 
 
-def follow(root: Path, keys: Sequence[Ed25519PublicKey],
-           after: Sealed | None = None) -> tuple[Registry, dict[str, Any], Sealed | None]:
-    """(the registry at ``root``, its pointer state read once, what ``check`` accepted of it): how every reader
-    that follows a pointer reads it (``serve.source``, the Ray fleet's controller, ``tileship diagnose``). None
-    is accepted without ``keys``, and for a pointer naming nothing (nothing to load). Raises RegistryError for an
-    unreadable pointer, PointerSignatureError for one the keys refuse."""
+def follow(root: Path, keys: Sequence[Ed25519PublicKey], after: Sealed | None = None,
+           registry: str | None = None) -> tuple[Registry, dict[str, Any], Sealed | None]:
+    """(the registry at ``root``, its pointer state read once, what ``check`` accepted of it, bound to the registry
+    id ``registry_id.trusted(registry)``): how every reader that follows a pointer reads it (``serve.source``, the Ray
+    fleet's controller, ``tileship diagnose``). None is accepted without ``keys``, and for a pointer naming nothing
+    (nothing to load). Raises RegistryError for an unreadable pointer or a malformed trusted registry id,
+    PointerSignatureError for a pointer the keys refuse."""
     from tileship.release.registry import Registry, read_pointer
 
     reg = Registry(root)
     state = read_pointer(reg.pointer)
     if not keys or (state["release_id"] is None and not state["history"]):
         return reg, state, None
-    return reg, state, check(reg.pointer, state, keys, after)
+    return reg, state, check(reg.pointer, state, keys, after, registry=regid.trusted(registry))
 
 
-def active_checked(root: Path, keys: Sequence[Ed25519PublicKey],
-                   after: Sealed | None = None) -> tuple[Active, Sealed | None]:
+def active_checked(root: Path, keys: Sequence[Ed25519PublicKey], after: Sealed | None = None,
+                   registry: str | None = None) -> tuple[Active, Sealed | None]:
     """The active state of the registry at ``root``, its pointer read and checked once (``follow``), and what
     the check accepted. Raises as ``follow`` does."""
-    reg, state, sealed = follow(root, keys, after)
+    reg, state, sealed = follow(root, keys, after, registry)
     return reg.active_of(state), sealed
 
 

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,8 @@ def test_diagnose_warns_within_a_day_and_refuses_an_expired_pointer(two, keys, t
     assert code == 0 and "expires at" not in text, text  # a week away: no warning
     Registry(reg.root, activator_key=keys["activator"][0], valid_for=timedelta(hours=3)).activate(b)
     code, text = _cli("diagnose", *out)
-    assert code == 0 and "warning: the active pointer expires at" in text and "in 3.0 h" in text, text
+    assert code == 0 and "warning: the active pointer expires at" in text, text
+    assert re.search(r"in (3\.0|2\.[5-9]) h", text), text  # three hours from the write, less the test's time
     _reseal(reg, keys["activator"][0], expires=PAST)
     code, text = _cli("diagnose", *out)
     assert code == 1 and f"the pointer expired at {PAST}" in text, text

@@ -87,3 +87,44 @@ def test_image_refuses_a_directory_with_foreign_files(cpu_release: Path, tmp_pat
                        capture_output=True, text=True)
     assert r.returncode == 1 and "notes.txt" in r.stdout + r.stderr, r.stdout + r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+
+
+def test_image_out_through_a_symlink_replaces_the_folder_it_names_and_keeps_the_link(cpu_release: Path,
+                                                                                       tmp_path: Path) -> None:
+    """``tileship image -o LINK`` where LINK is a symlink to a context directory: the swap exchanged the link itself
+    with the staged directory, so LINK became a plain directory, the folder it named kept the old context, and the
+    old link was left as a ``.LINK.tmp<pid>`` beside it (rmtree refuses a symlink). The folder the link names is
+    now replaced, as ``tileship report -o`` does (``swap.staged``)."""
+    req = tmp_path / "req.txt"
+    req.write_text(GOOD)
+    wheel = tmp_path / "tileship-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    real = tmp_path / "shared" / "ctx"
+    real.mkdir(parents=True)
+    (real / "Dockerfile").write_text("FROM old\n")
+    link = tmp_path / "ctx"
+    link.symlink_to(real)
+    path = write_context(cpu_release, link, BaseImage(BASE, APT), cuda="13.0.88", requirements=req, wheel=wheel)
+    assert link.is_symlink(), "the link was replaced by a directory"
+    assert _context_release(real) == integrity.check(cpu_release, trusted_keys=[]).release_id
+    assert path == link / "Dockerfile" and path.read_text() == (real / "Dockerfile").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "a temporary was left"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["ctx"], "a temporary was left"
+
+
+def test_image_refuses_an_out_that_is_a_file(cpu_release: Path, tmp_path: Path) -> None:
+    """A file at ``-o`` was exchanged with the staged directory and left as ``.NAME.tmp<pid>``; it is refused."""
+    import pytest
+
+    from tileship.errors import BuildError
+
+    req = tmp_path / "req.txt"
+    req.write_text(GOOD)
+    wheel = tmp_path / "tileship-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    out = tmp_path / "ctx"
+    out.write_text("my notes")
+    with pytest.raises(BuildError, match="not a directory"):
+        write_context(cpu_release, out, BaseImage(BASE, APT), cuda="13.0.88", requirements=req, wheel=wheel)
+    assert out.read_text() == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

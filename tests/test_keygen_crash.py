@@ -68,3 +68,22 @@ def test_keygen_never_overwrites_a_key(tmp_path: Path) -> None:
     r = _keygen(key)
     assert r.returncode == 0 and "completed" in r.stdout, r.stdout + r.stderr
     assert key.read_bytes() == before[0] and pub.read_bytes() == before[1]
+
+
+def test_keygen_refuses_a_symlink_naming_it(tmp_path: Path) -> None:
+    """Unlike the files ``atomic_file`` writes through a symlink, a private key is never written through one (its
+    target could be anywhere, readable by whoever owns that folder). A dangling link was refused with "a key
+    already exists there", which sent the user looking for a key that does not exist; the error now says it is a
+    symlink, and nothing is written at either end."""
+    target = tmp_path / "elsewhere" / "k.pem"
+    target.parent.mkdir()
+    for name, pointing in (("dangling.pem", target), ("pub-link.pem", None)):
+        key = tmp_path / name
+        if pointing is not None:
+            key.symlink_to(pointing)
+        else:
+            (tmp_path / "pub-link.pem.pub").symlink_to(target.with_name("k.pem.pub"))
+        r = _keygen(key)
+        assert r.returncode == 1 and "symlink" in r.stdout + r.stderr, r.stdout + r.stderr
+        assert "already exists" not in r.stdout + r.stderr
+    assert list(target.parent.iterdir()) == [] and not (tmp_path / "pub-link.pem").exists()

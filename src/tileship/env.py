@@ -12,9 +12,15 @@ Precedence everywhere: command-line flag > environment variable > project file >
                             when no --verifier-key is given
     TILESHIP_ACTIVATOR_KEY  the ed25519 private key (PEM) `activate`, `rollback` (every registry change of the
                             pointer) seal ``active.json`` with when no --sign-key is given
+    TILESHIP_POINTER_VALID_FOR  how long a pointer `activate`, `rollback` (every registry change of the pointer)
+                            seal stays valid when no --valid-for is given, e.g. 7d, 12h (``release.pointer_expiry``:
+                            readers that check the seal refuse it after); unset: no expiry
     TILESHIP_TRUSTED_ACTIVATOR_KEYS  os.pathsep-separated ed25519 public keys (PEM) of the activator role;
                             when set, `tileship serve REGISTRY` refuses a pointer not sealed by one of
                             them, or older than the one it serves (``release.pointer_seal``)
+    TILESHIP_TRUSTED_REGISTRY_ID  the registry id (32 hex digits, ``registry.json``) a pointer must be bound to
+                            wherever activator keys are trusted (``serve --trusted-registry-id``): another
+                            registry's pointer is refused even by a fresh server (``release.pointer_seal``)
     TILESHIP_POINTER_STATE  a file where `tileship serve REGISTRY` keeps the pointer it served (its generation),
                             read at start so a restarted server refuses an older one (``--generation-state``)
     TILESHIP_ALLOW_UNVERIFIED  "1" to run unverified kernels on a GPU (default off)
@@ -64,9 +70,23 @@ def activator_key() -> Path | None:
     return Path(raw) if raw else None
 
 
+def pointer_valid_for() -> str | None:
+    """``TILESHIP_POINTER_VALID_FOR`` as given (``pointer_expiry.valid_for`` parses it, naming the variable when it
+    is not a duration); None when unset or empty."""
+    raw = os.environ.get("TILESHIP_POINTER_VALID_FOR", "").strip()
+    return raw or None
+
+
 def trusted_activator_key_paths() -> list[Path]:
     raw = os.environ.get("TILESHIP_TRUSTED_ACTIVATOR_KEYS", "")
     return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def trusted_registry_id() -> str | None:
+    """``TILESHIP_TRUSTED_REGISTRY_ID`` as given (``pointer_seal.trusted_registry`` checks its shape); None when
+    unset or empty."""
+    raw = os.environ.get("TILESHIP_TRUSTED_REGISTRY_ID", "").strip()
+    return raw or None
 
 
 def pointer_state() -> Path | None:

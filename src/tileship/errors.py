@@ -11,7 +11,8 @@
     │   ├── BundleIntegrityError       a file's hash, a missing/extra file, an edited manifest (names the file)
     │   └── SignatureError             the signature is missing, malformed or does not verify
     │       └── PointerSignatureError  a registry's active.json is unsigned, tampered, sealed by an untrusted
-    │                                  activator key, or older than the pointer served (names file, key id)
+    │           │                      activator key, or older than the pointer served (names file, key id)
+    │           └── PointerExpiredError  its sealed ``expires`` has passed (names the file and the instant)
     ├── ArtifactLoadError              a compiled artifact could not be loaded into this process
     ├── CompileForbidden               something tried to compile while a release was serving
     ├── CallError                      a call no path can serve (wrong arity, rank, mixed devices; names the argument)
@@ -120,6 +121,16 @@ class PointerSignatureError(SignatureError):
     def __init__(self, message: str, *, path: str, key_id: str | None = None, hint: str | None = None) -> None:
         super().__init__(message, path=path, hint=hint)
         self.key_id = key_id
+
+
+class PointerExpiredError(PointerSignatureError):
+    """A sealed pointer whose ``expires`` (``release.pointer_expiry``) has passed: refused as a frozen or replayed
+    one, wherever the seal is checked. ``expires`` is the instant it stated (ISO 8601, UTC)."""
+
+    def __init__(self, message: str, *, path: str, expires: str, key_id: str | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, path=path, key_id=key_id, hint=hint)
+        self.expires = expires
 
 
 class ArtifactLoadError(TileshipError):

@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         from tileship.build.lock import dump_lock
         from tileship.cli.build_cmd import run_build
         from tileship.declare.project import builtin_project
+        from tileship.release.atomic_file import write_file
         from tileship.runtime.loader import load
         from tileship.verify.demo import exercise
 
@@ -33,12 +34,12 @@ def register(app: typer.Typer) -> None:
         if cpu_only:
             proj = dataclasses.replace(proj, targets=("c",))
         project_file = out / "tileship.toml"
-        project_file.write_text(
+        write_file(project_file,  # whole at any kill; a symlinked file stays a link, its mode kept
             f'model = "{proj.model}"\nmodel_version = "{proj.model_version}"\n'
             f"operators = {list(proj.operator_modules)!r}\ntargets = {list(proj.targets)!r}\n".replace("'", '"'))
         console.rule("[bold]1. lock + build")
         result = run_build(project_file, out / "releases", jobs, 600.0, None, None)
-        (out / "tileship.lock").write_text((result.path / "tileship.lock").read_text())  # type: ignore[attr-defined]
+        write_file(out / "tileship.lock", (result.path / "tileship.lock").read_bytes())  # type: ignore[attr-defined]
         console.rule("[bold]2. load (no JIT)")
         release = load(result.path)  # type: ignore[attr-defined]
         lock_view = {k: release.lock[k] for k in ("kernel_revision", "framework", "device_arch")}

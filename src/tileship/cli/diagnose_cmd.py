@@ -14,9 +14,10 @@ def _release_dir(release: str | None, registry: Path | None,
                  activator_keys: list[Path] | None = None) -> tuple[Path, str | None]:
     """(the release directory, the evidence pin a load expects: the registry's, for the active release). The
     active release is followed as a server follows it: with trusted activator keys (``activator_keys``, None:
-    ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) its pointer must be sealed by one (else PointerSignatureError)."""
+    ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) its pointer must be sealed by one and not expired (else
+    PointerSignatureError); an expiry less than a day away is warned of."""
     from tileship.errors import RegistryError
-    from tileship.release import pointer_seal
+    from tileship.release import pointer_expiry, pointer_seal
     from tileship.release.registry import Registry
 
     if release is not None and Path(release).is_dir():
@@ -25,6 +26,8 @@ def _release_dir(release: str | None, registry: Path | None,
     if release is not None:
         return reg.path_of(release), None
     active, _ = pointer_seal.active_checked(reg.root, pointer_seal.trusted(activator_keys))
+    if (warning := pointer_expiry.soon(active.expires)) is not None:  # checked where keys are trusted
+        err_console.print(f"[yellow]warning[/]: {escape(warning)}")
     if active.path is None:
         raise RegistryError(f"no RELEASE given and registry {reg.root} has no active release",
                             hint="pass a release directory or id")

@@ -17,12 +17,16 @@ if TYPE_CHECKING:
 REGISTRY_HELP = "registry directory (default: $TILESHIP_HOME/registry, i.e. ./.tileship/registry)"
 SIGN_KEY_HELP = ("ed25519 private key of the activator role that seals the new active.json, which a server with "
                  "--trusted-activator-key requires (default: $TILESHIP_ACTIVATOR_KEY; none: unsigned)")
+VALID_FOR_HELP = ("how long the sealed pointer stays valid, e.g. 7d, 12h, 30m (w d h m s): it states `expires` and "
+                  "readers that check the seal refuse it after; activating the active release again refreshes it "
+                  "(default: $TILESHIP_POINTER_VALID_FOR; none: no expiry). Needs an activator key")
 
 
-def _registry(path: Path | None, sign_key: Path | None = None) -> Registry:
+def _registry(path: Path | None, sign_key: Path | None = None, valid_for: str | None = None) -> Registry:
+    from tileship.release.pointer_expiry import parse_duration
     from tileship.release.registry import Registry
 
-    return Registry(path, activator_key=sign_key)
+    return Registry(path, activator_key=sign_key, valid_for=parse_duration(valid_for) if valid_for else None)
 
 
 def _pin_text(pin: str | None) -> str:
@@ -33,21 +37,28 @@ def _pin_text(pin: str | None) -> str:
 
 
 def _say_active(a: Active) -> None:
+    from tileship.release.pointer_expiry import soon
+
     mode = " [yellow](reference only: every operator on its PyTorch reference)[/]" if a.reference_only else ""
     prev = f"; rollback would return to {a.previous}" if a.previous else ""
     console.print(f"[green]active[/]: {a.release_id}{mode}{prev}")
     console.print(f"evidence pinned: {_pin_text(a.evidence)}")
     seal = f"sealed by activator key {a.sealed_by}" if a.sealed_by else (
         "[yellow]not signed[/] (a server that trusts activator keys refuses it; seal it with --sign-key)")
-    console.print(f"pointer generation {a.generation if a.generation is not None else 0}: {seal}")
+    console.print(f"pointer generation {a.generation if a.generation is not None else 0}: {seal}"
+                  + (f", valid until {a.expires}" if a.expires else ""))
+    if (warning := soon(a.expires)) is not None:
+        console.print(f"[yellow]warning[/]: {escape(warning)}")
     console.print("[dim]a server following this registry switches on `POST /v2/repository/reload`[/]")
 
 
 def _seal_text(reg: Registry, keys: list[Path] | None) -> str | None:
-    """The pointer's generation and seal in words, checked (``pointer_seal.check``) when activator keys are trusted
-    (``keys``; None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``): a refusal is said, not raised. None: no pointer."""
+    """The pointer's generation, seal, expiry and registry id in words, checked (``pointer_seal.check``; bound to
+    ``TILESHIP_TRUSTED_REGISTRY_ID`` when set) when activator keys are trusted (``keys``; None:
+    ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``): a refusal is said, not raised. None: no pointer."""
     from tileship.errors import PointerSignatureError
-    from tileship.release import pointer_seal
+    from tileship.release import pointer_expiry, pointer_seal
+    from tileship.release import registry_id as regid
     from tileship.release.registry import read_pointer
 
     if not reg.pointer.exists():
@@ -55,13 +66,19 @@ def _seal_text(reg: Registry, keys: list[Path] | None) -> str | None:
     state = read_pointer(reg.pointer)
     gen, kid = pointer_seal.generation_of(state), pointer_seal.sealed_by(state)
     said = f"pointer generation {gen}: " + (f"sealed by activator key {kid}" if kid else "[yellow]not signed[/]")
+    said += f", valid until {escape(str(state['expires'])[:64])}" if "expires" in state else ""
+    bound = state.get("registry_id")  # shape checked by read_pointer
+    ident = (f"\nthe pointer is bound to registry id {bound} (`tileship serve --trusted-registry-id {bound}` "
+             "refuses any other registry's pointer, from the first one on)") if bound else ""
     if not (trusted := pointer_seal.trusted(keys)):
-        return said + " (not checked: no trusted activator key)"
+        return said + " (not checked: no trusted activator key)" + ident
     try:
-        pointer_seal.check(reg.pointer, state, trusted)
+        sealed = pointer_seal.check(reg.pointer, state, trusted, registry=regid.trusted(None))
     except PointerSignatureError as exc:
-        return said + f"; [red]REFUSED[/] by the trusted activator keys: {escape(exc.message)}"
-    return said + "; [green]verified[/] (a trusted activator key)"
+        return said + f"; [red]REFUSED[/] by the trusted activator keys: {escape(exc.message)}" + ident
+    warning = pointer_expiry.soon(sealed.expires)
+    return said + "; [green]verified[/] (a trusted activator key)" + ident + (
+        f"\n[yellow]warning[/]: {escape(warning)}" if warning else "")
 
 
 def register(app: typer.Typer) -> None:
@@ -135,14 +152,16 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="activate even if integrity or verification checks fail"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
         sign_key: Path | None = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP),
+        valid_for: str | None = typer.Option(None, "--valid-for", metavar="DURATION", help=VALID_FOR_HELP),
     ) -> None:
         """Make a release active (atomic; concurrent activations are serialized).
 
         Refused, naming why, when the release fails its integrity check or its verification
         evidence records a failure; --force overrides. With --sign-key the pointer is sealed (activating
-        the active release again seals it, when that key did not).
+        the active release again seals it, when that key did not); with --valid-for too it expires
+        (activating the active release again with --valid-for seals a fresh pointer: the refresh).
         """
-        reg = _registry(registry, sign_key)
+        reg = _registry(registry, sign_key, valid_for)
         if reference:
             active = reg.activate_reference(release_id)
         elif release_id is None:
@@ -157,9 +176,11 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="roll back even if the earlier release now fails its checks"),
         registry: Path | None = typer.Option(None, "--registry", help=REGISTRY_HELP),
         sign_key: Path | None = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP),
+        valid_for: str | None = typer.Option(None, "--valid-for", metavar="DURATION", help=VALID_FOR_HELP),
     ) -> None:
-        """Return to the previously active release (repeat to go further back); --sign-key seals the pointer."""
-        _say_active(_registry(registry, sign_key).rollback(force=force))
+        """Return to the previously active release (repeat to go further back); --sign-key seals the pointer,
+        --valid-for gives it an expiry."""
+        _say_active(_registry(registry, sign_key, valid_for).rollback(force=force))
 
     @app.command("gc")
     @handle_errors

@@ -67,6 +67,10 @@ def serve(
                                                      "given (default: $TILESHIP_TRUSTED_ACTIVATOR_KEYS), a registry's "
                                                      "active.json must be sealed by one and never older than the "
                                                      "pointer serving"),
+    trusted_registry_id: str | None = typer.Option(None, help="with trusted activator keys: the registry id (32 hex, "
+                                                   "`tileship releases` shows it) every pointer must be bound to, the "
+                                                   "first one too (default: $TILESHIP_TRUSTED_REGISTRY_ID; none: the "
+                                                   "first pointer's registry is trusted)"),
     generation_state: Path | None = typer.Option(None, help="with trusted activator keys: keep the pointer served "
                                                  "(its generation) in this file, so that a restarted server refuses "
                                                  "an older one (default: $TILESHIP_POINTER_STATE; none: not kept)"),
@@ -132,9 +136,11 @@ def serve(
     if workers and llama is not None:
         raise DeclarationError("--llama is not served with --workers yet", hint="drop --workers (or --llama)")
     generation_state = generation_state or env.pointer_state()
-    if generation_state is not None and not pointer_seal.trusted(tuple(trusted_activator_key) or None):
+    keyed = bool(pointer_seal.trusted(tuple(trusted_activator_key) or None))
+    if generation_state is not None and not keyed:
         raise DeclarationError(f"--generation-state {generation_state} keeps the pointer a server checked: give "
                                "--trusted-activator-key (or $TILESHIP_TRUSTED_ACTIVATOR_KEYS) too")
+    trusted_registry_id = _registry_id(trusted_registry_id, keyed)
     spec = None
     if llama is not None:
         from tileship.extras import llama_example
@@ -148,14 +154,14 @@ def serve(
                          drift_policy=drift_policy,
                          allow_unverified=allow_unverified, trusted_keys=tuple(trusted_key) or None,
                          trusted_activator_keys=tuple(trusted_activator_key) or None,
-                         generation_state=generation_state,
+                         generation_state=generation_state, trusted_registry_id=trusted_registry_id,
                          reference_only=reference_only, warm_rollback=warm_rollback, warmup_threads=warmup_threads,
                          check_finite=check_finite, diagnostics_dir=diagnostics_dir, llama=spec,
                          limits=RequestLimits(max_output_bytes=int(max_output_mib * (1 << 20))),
                          max_connections=max_connections, header_timeout_s=header_timeout, keep_alive_s=keep_alive,
                          diagnostics_interval_s=diagnostics_interval, diagnostics_keep=diagnostics_keep,
                          grpc_port=grpc_port)
-    _check_pointer(source, config.trusted_activator_keys, generation_state)
+    _check_pointer(source, config.trusted_activator_keys, generation_state, trusted_registry_id)
     if ray or ray_address:
         from tileship.cli.serve_ray import serve_fleet
 
@@ -165,17 +171,34 @@ def serve(
     raise typer.Exit(run(config, host=host, port=port, log_level=log_level))
 
 
-def _check_pointer(source: Path, keys: tuple[Path, ...] | None, state: Path | None) -> None:
+def _registry_id(given: str | None, keyed: bool) -> str | None:
+    """``--trusted-registry-id`` (else its variable), checked: 32 hex digits, and only with trusted activator keys
+    (only a sealed pointer's id means anything). Raises DeclarationError."""
+    from tileship.errors import DeclarationError, RegistryError
+    from tileship.release import registry_id
+
+    try:
+        value = registry_id.trusted(given)
+    except RegistryError as exc:
+        raise DeclarationError(exc.message, hint=exc.hint) from None
+    if value is not None and not keyed:
+        raise DeclarationError(f"--trusted-registry-id {value} binds the pointers a server checks: give "
+                               "--trusted-activator-key (or $TILESHIP_TRUSTED_ACTIVATOR_KEYS) too")
+    return value
+
+
+def _check_pointer(source: Path, keys: tuple[Path, ...] | None, state: Path | None,
+                   registry_id: str | None = None) -> None:
     """Refuse to start (exit 1, naming the file, the key id and what is wrong) on a registry pointer that trusted
-    activator keys refuse, or older than the one kept in ``state`` (``--generation-state``); a reload refuses the
-    same pointer with 409 and keeps serving."""
+    activator keys refuse, not bound to ``registry_id`` (``--trusted-registry-id``), or older than the one kept in
+    ``state`` (``--generation-state``); a reload refuses the same pointer with 409 and keeps serving."""
     from tileship.errors import RegistryError
     from tileship.release import pointer_seal
     from tileship.serve.source import resolve
 
     if trusted := pointer_seal.trusted(keys):
         try:
-            resolve(source, activator_keys=trusted, after=pointer_seal.read_served(state))
+            resolve(source, activator_keys=trusted, after=pointer_seal.read_served(state), registry_id=registry_id)
         except RegistryError:
             pass  # nothing active, no such directory: the server starts and says so, as without activator keys
 

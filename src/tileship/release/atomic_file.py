@@ -1,8 +1,9 @@
 """Replace a file a user owns (a project file, a lock, a report) whole, the way a careful editor saves it.
 
-``write_file(path, body)`` writes ``<name>.tmp<pid>`` beside the file, fsyncs it, renames it over the file and
-fsyncs the directory: killed at any instant, ``path`` holds the old bytes or the new ones, never part of either
-(a killed writer's temporary is removed by the next write of the same file). Unlike ``inplace.write_atomic``
+``write_file(path, body)`` (``replacing(path)`` for a body written piece by piece, e.g. an archive) writes
+``<name>.tmp<pid>`` beside the file, fsyncs it, renames it over the file and fsyncs the directory: killed at any
+instant, ``path`` holds the old bytes or the new ones, never part of either (a killed writer's temporary is removed
+by the next write of the same file). Unlike ``inplace.write_atomic``
 (files inside a release, which tileship alone writes), it treats the file as the user's:
 
 - a symlink is written through: its final target is replaced, the link stays a link (``sed -i --follow-symlinks``,
@@ -23,7 +24,10 @@ import glob
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from tileship.release.inplace import running
 
@@ -40,6 +44,18 @@ def write_file(path: Path | str, body: bytes | str) -> Path:
     see the module docstring. Returns the path written (the symlink's target where ``path`` is one). Raises
     OSError when it cannot be written or is not a regular file; the file is then as it was."""
     data = body.encode() if isinstance(body, str) else body
+    with replacing(path) as (f, target):
+        f.write(data)
+    return target
+
+
+@contextmanager
+def replacing(path: Path | str) -> Iterator[tuple[BinaryIO, Path]]:
+    """``write_file`` for a body too large to hold in memory (``tileship pack``'s archive): yields (a binary file
+    to write the new content to, the path it will replace: ``path`` or its symlink's final target). When the
+    block ends the file is fsynced and renamed onto the target, as ``write_file`` does; an exception in the block
+    removes the temporary and leaves the file as it was. Raises OSError, before the block runs, when ``path`` is
+    not a regular file."""
     target = target_of(Path(path))
     try:
         old: os.stat_result | None = os.stat(target)
@@ -56,7 +72,7 @@ def write_file(path: Path | str, body: bytes | str) -> Path:
             _keep_owner(fd, old)
             os.fchmod(fd, stat.S_IMODE(old.st_mode))  # after chown, which may clear set-id bits
         with os.fdopen(fd, "wb", closefd=False) as f:
-            f.write(data)
+            yield f, target
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
@@ -70,7 +86,6 @@ def write_file(path: Path | str, body: bytes | str) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(target.parent)
-    return target
 
 
 def _keep_owner(fd: int, old: os.stat_result) -> None:
@@ -106,4 +121,4 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["target_of", "write_file"]
+__all__ = ["replacing", "target_of", "write_file"]

@@ -17,6 +17,8 @@ evidence), so building twice from the same inputs gives the same id.
 from __future__ import annotations
 
 import base64
+import errno
+import glob
 import hashlib
 import json
 import os
@@ -194,47 +196,41 @@ def verify_signature_bytes(body: bytes, sig_file: bytes | None, path: Path, trus
 # -- packing -------------------------------------------------------------------
 
 def pack(root: Path, archive: Path) -> Path:
-    """Write one reproducible .tar.gz of the release (sorted, zeroed owners and times). The files
-    packed are the bytes integrity checked (a private copy made while hashing, in a scratch directory
-    ``<archive>.tmp<pid>-copy-*`` beside the archive), written to a temporary of its own
-    (``<archive>.tmp<pid>-*``), fsynced, then renamed: concurrent packs to one path never mix; the
-    scratch directories and temporaries of killed packs (their pid gone) are removed by the next pack
-    to that path."""
+    """Write one reproducible .tar.gz of the release (sorted, zeroed owners and times); returns ``archive``.
+    The archive is the user's file (``atomic_file.replacing``): a symlink is written through (its final target
+    is replaced, the link stays), an existing archive keeps its mode, and what is not a regular file is refused
+    (OSError, nothing written). The files packed are the bytes integrity checked (a private copy made while
+    hashing, in a scratch directory ``<target>.tmp<pid>-copy-*`` beside the file written), written to a
+    temporary of its own (``<target>.tmp<pid>``), fsynced, then renamed: killed at any instant, the archive is
+    the old one or the new one, whole; concurrent packs to one path never mix. The scratch directories and
+    temporaries of killed packs (their pid gone) are removed by the next pack to that path."""
     import gzip
     import tempfile
 
     from tileship.release import integrity
+    from tileship.release.atomic_file import replacing, target_of
 
-    for left in archive.parent.glob(archive.name + ".tmp*-*"):  # what killed packs left
-        pid = left.name[len(archive.name) + 4:].partition("-")[0]
+    dest = target_of(Path(archive))  # the scratch copy goes beside the file the rename replaces
+    for left in dest.parent.glob(glob.escape(dest.name) + ".tmp*-*"):  # what killed packs left
+        pid = left.name[len(dest.name) + 4:].partition("-")[0]
         if pid.isdigit() and not running(int(pid)):
             if left.is_dir() and not left.is_symlink():
                 shutil.rmtree(left, ignore_errors=True)
             else:
                 left.unlink(missing_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=archive.name + f".tmp{os.getpid()}-")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    scratch = None
+    if dest.exists() and not dest.is_file():
+        raise OSError(errno.EINVAL, "not a regular file", str(archive))  # before the release is copied
+    scratch = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + f".tmp{os.getpid()}-copy-"))
     try:
-        scratch = Path(tempfile.mkdtemp(dir=archive.parent, prefix=archive.name + f".tmp{os.getpid()}-copy-"))
         checked = integrity.check(root, trusted_keys=[], copy_to=scratch / "copy")
         copy, manifest = scratch / "copy", checked.manifest
         names = [MANIFEST, *([SIGNATURE] if checked.signature_bytes is not None else []),
                  *sorted(manifest["files"])]
-        with open(tmp, "wb") as raw:
+        with replacing(archive) as (raw, _):
             with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz:
                 _tar(gz, copy, names, manifest["release_id"])
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temporary only
-        os.replace(tmp, archive)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     return archive
 
 

@@ -108,8 +108,9 @@ def write_context(release: Path, out: Path, base: BaseImage, *, cuda: str, requi
 
     The context is written whole beside ``out`` first, then put in its place in one step
     (``swap.replace_dir``): killed at any instant, ``out`` is the previous context or the new one,
-    never a Dockerfile of one release beside the files of another. ``out`` is tileship's: a directory
-    holding anything else is refused (nothing is lost). Raises BuildError when the requirements are
+    never a Dockerfile of one release beside the files of another. Where ``out`` is a symlink, the folder it
+    names is replaced and the link stays. ``out`` is tileship's: a directory holding anything else, or a path
+    that is not a directory, is refused (nothing is lost). Raises BuildError when the requirements are
     not hash-locked, the wheel is missing or ``out`` holds files tileship did not write."""
     from tileship.release import swap
     from tileship.release.inplace import running
@@ -121,6 +122,10 @@ def write_context(release: Path, out: Path, base: BaseImage, *, cuda: str, requi
                          hint="generate it with pip-compile --generate-hashes")
     if not wheel.is_file() or wheel.suffix != ".whl":
         raise BuildError(f"no tileship wheel at {wheel}", hint="build one with `pip wheel --no-deps -w dist .`")
+    given = out
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise BuildError(f"{out} exists and is not a directory", hint="choose an empty or new --out directory")
+    out = Path(os.path.realpath(out)) if out.is_symlink() else out  # the folder it names is replaced, never the link
     foreign = sorted(p.name for p in out.iterdir() if not _ours(p.name)) if out.is_dir() else []
     if foreign:
         raise BuildError(f"{out} holds files `tileship image` did not write: {', '.join(foreign[:5])}",
@@ -142,7 +147,7 @@ def write_context(release: Path, out: Path, base: BaseImage, *, cuda: str, requi
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
-    return out / "Dockerfile"
+    return given / "Dockerfile"
 
 
 def _ours(name: str) -> bool:

@@ -26,11 +26,12 @@ def public_path(private_path: Path) -> Path:
 
 def generate_key(private_path: Path) -> Path:
     """Write a new ed25519 private key (PEM, 0600) and its public key beside it (``.pub``). Returns the
-    ``.pub`` path. Raises SignatureError naming the file when either key already exists (nothing is
-    written) and when the directory is not writable. A private key whose ``.pub`` is missing (a
+    ``.pub`` path. Raises SignatureError naming the file when either key already exists or either path is a
+    symlink (nothing is written) and when the directory is not writable. A private key whose ``.pub`` is missing (a
     keygen killed between the two) gets its public key written and is kept: see ``complete_pair``."""
     private_path = Path(private_path)
     pub = public_path(private_path)
+    _refuse_links(private_path, pub)
     _remove_leftovers(private_path)
     if private_path.exists() and not pub.exists():
         raise SignatureError(f"{private_path}: a private key without its public key {pub.name} exists (a keygen "
@@ -51,16 +52,25 @@ def generate_key(private_path: Path) -> Path:
 
 def complete_pair(private_path: Path) -> Path:
     """Write the missing public key of ``private_path`` (derived from it). Returns its path. Raises
-    SignatureError when the private key is unreadable or the public key already exists."""
+    SignatureError when the private key is unreadable or the public key already exists (or is a symlink)."""
     from tileship.release.bundle import load_private_key
 
     private_path = Path(private_path)
     pub = public_path(private_path)
+    _refuse_links(pub)
     _remove_leftovers(private_path)
     if pub.exists():
         raise SignatureError(f"{pub}: the public key already exists", path=str(pub))
     _commit(pub, _public_pem(load_private_key(private_path)), 0o644)
     return pub
+
+
+def _refuse_links(*paths: Path) -> None:
+    """A key is never written through a symlink (unlike ``atomic_file``'s files): its target could be anywhere."""
+    for path in paths:
+        if path.is_symlink():
+            raise SignatureError(f"{path} is a symlink; keygen writes a key only to a new path, never through a link",
+                                 path=str(path), hint="pass the path the key should be written to")
 
 
 def _public_pem(key: Ed25519PrivateKey) -> bytes:

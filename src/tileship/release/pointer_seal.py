@@ -34,6 +34,8 @@ a role and a counter of its own:
   above it was written by an older tileship after the id, or copied in, and is refused, as is any unbound
   pointer once the pointer a reader serves was bound. A pointer bound to an id where the registry has none is
   refused. Re-activating the active release with the key (``activate ID --sign-key``) binds an unbound pointer.
+- With a validity (``--valid-for``, ``TILESHIP_POINTER_VALID_FOR``) the pointer states ``expires`` among the signed
+  fields, and ``check`` refuses it once that instant has passed (``pointer_expiry``; PointerExpiredError).
 - Schema 1 still: an older tileship reads a sealed pointer (it ignores the four keys) and, writing one,
   drops them, which a reader trusting activator keys refuses as unsigned (or, sealed by an older tileship with
   the key, as unbound). With no activator key trusted nothing here is checked.
@@ -43,11 +45,16 @@ A server may keep the pointer it served across restarts (``write_served``/``read
 
 The file also keeps the registry id served, so a restarted server refuses a registry whose id changed.
 
+A reader may be given the registry id to trust (``check(registry=)``; ``serve --trusted-registry-id``,
+``TILESHIP_TRUSTED_REGISTRY_ID``): then only a pointer bound to that id is accepted, from the first one on.
+
 Not covered: without that file, the first pointer a fresh server process sees is trusted on first use for its
-generation and its registry id; ``registry.json`` is as writable as the pointer, so whoever can write the
-registry root can replace it with another registry's id (or remove it and put in a pointer from before ids)
-and hand a fresh server that registry's pointers (a server that served a bound pointer refuses them: ``after``);
-an activator that stops signing (a frozen pointer) is not detected (no expiry).
+generation and (without a trusted registry id) its registry id; ``registry.json`` is as writable as the pointer,
+so whoever can write the registry root can replace it with another registry's id (or remove it and put in a
+pointer from before ids) and hand a fresh server without a trusted registry id that registry's pointers (a
+server that served a bound pointer refuses them: ``after``);
+an activator that stops signing (a frozen pointer) is detected only for pointers written with a validity
+(``pointer_expiry``): one without ``expires`` is accepted for as long as it is the newest.
 """
 
 from __future__ import annotations
@@ -58,7 +65,8 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +76,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from tileship import env
 from tileship.digits import parse_uint
 from tileship.errors import PointerSignatureError
-from tileship.release import bundle, small_file, strict_json
+from tileship.release import bundle, pointer_expiry, small_file, strict_json
 from tileship.release import registry_id as regid
 from tileship.release.records import KEY_ID
 
@@ -77,7 +85,8 @@ if TYPE_CHECKING:
     from tileship.release.registry import Registry
 
 DOMAIN = b"tileship-pointer-v1\0"
-#: the fields this module writes into a pointer (``signature`` is the one not signed)
+#: the fields this module writes into every pointer (``signature`` is the one not signed; with a validity,
+#: ``pointer_expiry.FIELD`` too)
 FIELDS = ("generation", "registry_id", "sealed_by", "signature")
 #: beside the pointer: the highest generation the registry wrote (``next_generation``)
 HIGH_WATER = ".generation"
@@ -91,12 +100,14 @@ _RESEAL_HINT = "restore it with `tileship activate ID --sign-key KEY` (or `tiles
 class Sealed:
     """A pointer a reader accepted: its ``generation``, the trusted activator key that sealed it
     (``key_id``), the sha256 of its signed bytes (``digest``: two pointers of one generation differ) and the
-    registry it is bound to (``registry_id``; None: a pointer from before registry ids)."""
+    registry it is bound to (``registry_id``; None: a pointer from before registry ids). ``expires``: the instant
+    it is valid until (``pointer_expiry``; None: no expiry), covered by ``digest`` and so not compared."""
 
     generation: int
     key_id: str
     digest: str
     registry_id: str | None = None
+    expires: str | None = field(default=None, compare=False)
 
 
 def generation_of(state: Mapping[str, Any]) -> int:
@@ -114,12 +125,14 @@ def signed_bytes(state: Mapping[str, Any]) -> bytes:
 
 
 def seal(state: Mapping[str, Any], generation: int, key: Ed25519PrivateKey | None,
-         registry_id: str | None = None) -> dict[str, Any]:
-    """``state`` as the next pointer: ``generation`` and ``registry_id`` (the registry's, ``registry_id.ensure``;
-    None: unbound) set and, with ``key``, ``sealed_by`` and ``signature`` over them (without one, an earlier seal
-    is dropped: the pointer is unsigned)."""
-    out = {k: v for k, v in state.items() if k not in FIELDS}
+         registry_id: str | None = None, expires: str | None = None) -> dict[str, Any]:
+    """``state`` as the next pointer: ``generation``, ``registry_id`` (the registry's, ``registry_id.ensure``;
+    None: unbound) and ``expires`` (``pointer_expiry.stamp``; None: none, an earlier one dropped) set and, with
+    ``key``, ``sealed_by`` and ``signature`` over them (without one, an earlier seal is dropped: unsigned)."""
+    out = {k: v for k, v in state.items() if k not in FIELDS and k != pointer_expiry.FIELD}
     out["generation"] = generation
+    if expires is not None:
+        out[pointer_expiry.FIELD] = expires
     if registry_id is not None:
         out["registry_id"] = registry_id
     if key is not None:
@@ -158,10 +171,14 @@ def sealed_by(state: Mapping[str, Any]) -> str | None:
     return kid if isinstance(kid, str) else None
 
 
-def reseals(state: Mapping[str, Any], key: Ed25519PrivateKey | None, own: str | None = None) -> bool:
+def reseals(state: Mapping[str, Any], key: Ed25519PrivateKey | None, own: str | None = None,
+            valid_for: timedelta | None = None) -> bool:
     """Whether ``key`` is an activator key that did not seal ``state``, or ``state`` is not bound to ``own`` (the
-    registry's id; None: it has none yet): writing the same state again (activating the active release) then
-    seals it anew, bound to the registry, rather than leaving it as it is."""
+    registry's id; None: it has none yet), or the write has a validity (``pointer_expiry.valid_for``: a refresh):
+    writing the same state again (activating the active release) then seals it anew, bound to the registry, with
+    its new expiry, rather than leaving it as it is. Raises RegistryError for a malformed validity variable."""
+    if pointer_expiry.valid_for(valid_for) is not None:
+        return True
     return key is not None and (sealed_by(state) != bundle.key_id(key.public_key())
                                 or own is None or state.get("registry_id") != own)
 
@@ -181,12 +198,15 @@ def trusted(keys: Iterable[Path | Ed25519PublicKey] | None) -> list[Ed25519Publi
 
 
 def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey],
-          after: Sealed | None = None) -> Sealed:
+          after: Sealed | None = None, now: datetime | None = None, registry: str | None = None) -> Sealed:
     """Accept the pointer ``state`` (read from ``path``) only when sealed by one of ``keys``, unchanged
-    since, and not older than ``after`` (the pointer a server serves: a lower generation, or the same one
-    with other content, is a replay). Returns what was accepted.
+    since, not expired at ``now`` (default: the system clock; ``pointer_expiry``), bound to ``registry`` (a
+    registry id the reader trusts, ``registry_id.trusted``; None: the registry's own, trusted on first use) and not
+    older than ``after`` (the pointer a server serves: a lower generation, or the same one with other content, is
+    a replay). Returns what was accepted.
 
-    Raises PointerSignatureError naming ``path``, the key id and what is wrong."""
+    Raises PointerSignatureError naming ``path``, the key id and what is wrong (PointerExpiredError, naming the
+    instant, for an expired one)."""
     kid, sig = state.get("sealed_by"), state.get("signature")
     if kid is None and sig is None:
         raise PointerSignatureError(f"{path}: the pointer is not signed, but activator keys are trusted",
@@ -208,7 +228,8 @@ def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey]
                                     "was changed after it was sealed", path=str(path), key_id=kid,
                                     hint=_RESEAL_HINT) from None
     gen, digest = generation_of(state), "sha256:" + hashlib.sha256(body).hexdigest()
-    bound = _bound(path, state, kid, after)
+    expires = pointer_expiry.check(path, state, kid, now)
+    bound = _bound(path, state, kid, after, registry)
     if after is not None and (gen < after.generation or (gen == after.generation and digest != after.digest)):
         what = "older than" if gen < after.generation else "another pointer of the same generation as"
         raise PointerSignatureError(f"{path}: generation {gen} is {what} generation {after.generation}, the "
@@ -216,21 +237,26 @@ def check(path: Path, state: Mapping[str, Any], keys: Sequence[Ed25519PublicKey]
                                     path=str(path), key_id=kid,
                                     hint="activate or roll back again (`tileship activate ID --sign-key KEY`) to "
                                          "seal a newer pointer; the release serving keeps serving")
-    return Sealed(gen, kid, digest, bound)
+    return Sealed(gen, kid, digest, bound, expires)
 
 
-def _bound(path: Path, state: Mapping[str, Any], kid: str, after: Sealed | None) -> str | None:
+def _bound(path: Path, state: Mapping[str, Any], kid: str, after: Sealed | None, trusted_id: str | None) -> str | None:
     """The registry id the sealed pointer ``state`` is bound to, when that is the registry's own (``registry.json``
-    beside ``path``) and the one the pointer ``after`` was bound to. Refused (PointerSignatureError naming both ids):
-    a pointer bound to another registry, or to one where this registry has no id; an unbound pointer (from before
-    registry ids) of a generation at or above the registry's ``since_generation`` (an unbound pointer older than
-    that predates the id and is accepted); any pointer not bound to the registry id of the pointer served."""
+    beside ``path``), the one the pointer ``after`` was bound to and ``trusted_id`` (when given). Refused
+    (PointerSignatureError naming both ids): a pointer not bound to ``trusted_id``, unbound ones included; a pointer
+    bound to another registry, or to one where this registry has no id; an unbound pointer (from before registry
+    ids) of a generation at or above the registry's ``since_generation`` (an unbound pointer older than that
+    predates the id and is accepted); any pointer not bound to the registry id of the pointer served."""
     claimed = state.get("registry_id")
     claimed = claimed if isinstance(claimed, str) else None
     own = regid.read(path.parent, PointerSignatureError)
     own_id, gen = (own.registry_id if own else None), generation_of(state)
     why = None
-    if claimed is not None and claimed != own_id:
+    if trusted_id is not None and claimed != trusted_id:
+        why = (f"the pointer is bound to registry {claimed or 'none'}, but this reader trusts only registry "
+               f"{trusted_id} (--trusted-registry-id, TILESHIP_TRUSTED_REGISTRY_ID): another registry's pointer, "
+               f"or one from before registry ids, is refused")
+    elif claimed is not None and claimed != own_id:
         why = (f"the pointer is bound to registry {claimed}, but this registry is "
                f"{own_id or f'not bound to any id (no {regid.NAME})'}: a pointer copied from another registry "
                f"is refused")
@@ -247,26 +273,27 @@ def _bound(path: Path, state: Mapping[str, Any], kid: str, after: Sealed | None)
     return claimed
 
 
-def follow(root: Path, keys: Sequence[Ed25519PublicKey],
-           after: Sealed | None = None) -> tuple[Registry, dict[str, Any], Sealed | None]:
-    """(the registry at ``root``, its pointer state read once, what ``check`` accepted of it): how every reader
-    that follows a pointer reads it (``serve.source``, the Ray fleet's controller, ``tileship diagnose``). None
-    is accepted without ``keys``, and for a pointer naming nothing (nothing to load). Raises RegistryError for an
-    unreadable pointer, PointerSignatureError for one the keys refuse."""
+def follow(root: Path, keys: Sequence[Ed25519PublicKey], after: Sealed | None = None,
+           registry: str | None = None) -> tuple[Registry, dict[str, Any], Sealed | None]:
+    """(the registry at ``root``, its pointer state read once, what ``check`` accepted of it, bound to the registry
+    id ``registry_id.trusted(registry)``): how every reader that follows a pointer reads it (``serve.source``, the Ray
+    fleet's controller, ``tileship diagnose``). None is accepted without ``keys``, and for a pointer naming nothing
+    (nothing to load). Raises RegistryError for an unreadable pointer or a malformed trusted registry id,
+    PointerSignatureError for a pointer the keys refuse."""
     from tileship.release.registry import Registry, read_pointer
 
     reg = Registry(root)
     state = read_pointer(reg.pointer)
     if not keys or (state["release_id"] is None and not state["history"]):
         return reg, state, None
-    return reg, state, check(reg.pointer, state, keys, after)
+    return reg, state, check(reg.pointer, state, keys, after, registry=regid.trusted(registry))
 
 
-def active_checked(root: Path, keys: Sequence[Ed25519PublicKey],
-                   after: Sealed | None = None) -> tuple[Active, Sealed | None]:
+def active_checked(root: Path, keys: Sequence[Ed25519PublicKey], after: Sealed | None = None,
+                   registry: str | None = None) -> tuple[Active, Sealed | None]:
     """The active state of the registry at ``root``, its pointer read and checked once (``follow``), and what
     the check accepted. Raises as ``follow`` does."""
-    reg, state, sealed = follow(root, keys, after)
+    reg, state, sealed = follow(root, keys, after, registry)
     return reg.active_of(state), sealed
 
 

@@ -6,8 +6,8 @@ is the evidence pin recorded on activation (``evidence_seal.pin``: the evidence'
 release without evidence); a pointer written before pins has no such key: then nothing is checked.
 Schema 1 either way (older readers ignore the key; an older writer drops it, which unpins). The pointer
 (not its history entries) also holds ``generation``, ``registry_id`` (the registry it was written in:
-``registry_id``) and, when sealed by an activator key, ``sealed_by`` and ``signature`` (``pointer_seal``; older
-readers ignore them too).
+``registry_id``) and, when sealed by an activator key, ``sealed_by`` and ``signature`` (``pointer_seal``), and
+with a validity ``expires`` (``pointer_expiry``); older readers ignore them too.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class Active:
     release without evidence), which a load through the registry expects; None when the pointer
     predates pins (nothing is checked). ``generation``: the pointer's counter (``pointer_seal``; None
     before generations); ``sealed_by``: the activator key id the pointer names (None: unsigned), checked
-    only by a reader that trusts activator keys. Neither takes part in ``==``: they say which pointer
+    only by a reader that trusts activator keys; ``expires``: the instant the pointer states it is valid
+    until (``pointer_expiry``; None: none). None of the three takes part in ``==``: they say which pointer
     named the state, not what it is.
     """
 
@@ -63,6 +64,7 @@ class Active:
     evidence: str | None = None
     generation: int | None = field(default=None, compare=False)
     sealed_by: str | None = field(default=None, compare=False)
+    expires: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Layout (default ``$TILESHIP_HOME/registry``)::
                              --replace`` renames a complete ``<id>@<n+1>`` into place (the highest n is current)
                              before the older copy is removed: there is no instant without a valid copy of the id
     active.json              {"schema", "release_id", "reference_only", "evidence", "history": [...], "generation",
-                             "registry_id", "sealed_by", "signature"}
+                             "registry_id", "expires", "sealed_by", "signature"}
     images/<release id>.json the image the release ships in (``publish --image-digest``; ``release.images``)
     .lock                    serializes every change (filelock)
     .reserve                 64 KiB kept free so that the pointer can be rewritten on a full disk
@@ -35,6 +35,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from filelock import FileLock, Timeout
 
 from tileship import env
 from tileship.errors import BundleError, RegistryError
-from tileship.release import bundle, evidence_seal, images, integrity, layout, pointer_seal
+from tileship.release import bundle, evidence_seal, images, integrity, layout, pointer_expiry, pointer_seal
 from tileship.release import registry_id as regid
 from tileship.release.records import (  # noqa: F401 (re-exported)
     POINTER_SCHEMA,
@@ -79,12 +80,13 @@ def _publish_failed(src: Path, exc: OSError, root: Path) -> RegistryError:
 class Registry:
     """A registry rooted at ``root`` (created on first write). Every method is safe to call
     from several processes at once: changes are serialized by a file lock. ``activator_key`` (a PEM path or
-    key; default ``TILESHIP_ACTIVATOR_KEY``, else unsigned) seals every pointer written (``pointer_seal``)."""
+    key; default ``TILESHIP_ACTIVATOR_KEY``, else unsigned) seals every pointer written (``pointer_seal``), with
+    an expiry ``valid_for`` after the write (default ``TILESHIP_POINTER_VALID_FOR``, else none; ``pointer_expiry``)."""
 
     def __init__(self, root: Path | str | None = None, *,
-                 activator_key: Path | Ed25519PrivateKey | None = None) -> None:
+                 activator_key: Path | Ed25519PrivateKey | None = None, valid_for: timedelta | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()
-        self.activator_key = activator_key
+        self.activator_key, self.valid_for = activator_key, valid_for
         self.releases_dir = self.root / "releases"
         self.pointer = self.root / POINTER
 
@@ -104,7 +106,7 @@ class Registry:
                       reference_only=bool(state["reference_only"]),
                       previous=history[0]["release_id"] if history else None, evidence=pin_of(state),
                       generation=pointer_seal.generation_of(state) if "generation" in state else None,
-                      sealed_by=pointer_seal.sealed_by(state))
+                      sealed_by=pointer_seal.sealed_by(state), expires=pointer_expiry.stated(state))
 
     def history(self) -> list[dict[str, Any]]:
         """Earlier active states, newest first: ``{"release_id", "reference_only", "evidence"}`` (``records``)."""
@@ -309,9 +311,9 @@ class Registry:
         history = state["history"]
         if state["release_id"] == rid and bool(state["reference_only"]) == reference_only:
             own = regid.read(self.root)
-            if pin_of(state) == pin_of(new) and not pointer_seal.reseals(state, self._sealer(),
-                                                                         own.registry_id if own else None):
-                return  # unchanged (an activator key that did not seal it, or an unbound seal, seals it anew)
+            own_id = own.registry_id if own else None
+            if pin_of(state) == pin_of(new) and not pointer_seal.reseals(state, self._sealer(), own_id, self.valid_for):
+                return  # unchanged (an activator key that did not seal it, an unbound seal, a validity: seals anew)
         elif state["release_id"] is not None:
             history = [entry(state["release_id"], state["reference_only"], pin_of(state)), *history]
         self._write_pointer({"schema": POINTER_SCHEMA, **new, "history": history[:HISTORY_LIMIT]}, state)
@@ -323,10 +325,11 @@ class Registry:
         return pointer_seal.signing_key(self.activator_key)
 
     def _write_pointer(self, state: dict[str, Any], old: dict[str, Any]) -> None:
-        """``state`` as the pointer after ``old``: its next generation, sealed when there is an activator key."""
+        """``state`` as the pointer after ``old``: its next generation (and expiry), sealed when there is a key."""
         gen, key = pointer_seal.next_generation(self.root, old), self._sealer()
+        expires = pointer_expiry.stamp(self.valid_for, key)  # refused before anything is written
         bound = regid.ensure(self.root, since=gen).registry_id  # written once, before the first pointer bound to it
-        write_pointer(self.pointer, pointer_seal.seal(state, gen, key, bound))
+        write_pointer(self.pointer, pointer_seal.seal(state, gen, key, bound, expires))
         pointer_seal.record_generation(self.root, gen)
 
     @contextmanager

@@ -13,7 +13,9 @@ leaves no ``registry.json`` or a whole one, and perhaps the temporary, which the
 Where the filesystem cannot link, the temporary is renamed into place under the lock.
 
 The id binds pointers to the registry (``pointer_seal.check``); the file itself is as writable as the pointer,
-so a reader that has served a pointer also remembers the id it was bound to (``pointer_seal.Sealed``).
+so a reader that has served a pointer also remembers the id it was bound to (``pointer_seal.Sealed``), and a reader
+may be told the id to trust before it sees any pointer (``trusted``: ``serve --trusted-registry-id``,
+``TILESHIP_TRUSTED_REGISTRY_ID``), which removes the trust on first use of the id.
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ def read(root: Path, error: type[TileshipError] = RegistryError) -> Identity | N
             raise error(message, path=str(path), hint=hint)
         raise error(message, hint=hint)
     return Identity(rid, since)
+
+
+def trusted(given: str | None) -> str | None:
+    """The registry id a reader requires pointers to be bound to (``pointer_seal.check(registry=)``): ``given``,
+    else ``TILESHIP_TRUSTED_REGISTRY_ID``; None: none (the registry's own, trusted on first use). Raises RegistryError
+    naming the source when it is not 32 hex digits."""
+    from tileship import env
+
+    value, source = (given, "--trusted-registry-id") if given is not None else (
+        env.trusted_registry_id(), "TILESHIP_TRUSTED_REGISTRY_ID")
+    if value is not None and not ID.fullmatch(value):
+        raise RegistryError(f"{source} {value[:80]!r}: not a registry id (32 hex digits)",
+                            hint=f"the registry_id in the registry's {NAME} (`tileship releases` shows it)")
+    return value
 
 
 def ensure(root: Path, since: int) -> Identity:

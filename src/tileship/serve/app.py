@@ -56,7 +56,7 @@ class Service:
                                     force_reference=config.reference_only, warmup_limit=config.warmup_limit,
                                     warmup_threads=config.warmup_threads, activator_keys=config.trusted_activator_keys,
                                     generation_state=config.generation_state, after_load=self._after_load,
-                                    bind_models=bind)
+                                    bind_models=bind, registry_id=config.trusted_registry_id)
         # with --workers N, each request thread talks to one worker process at a time
         threads = config.workers or max(1, config.worker_threads)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tileship-infer")

@@ -57,6 +57,9 @@ class ServeConfig:
     #: under trusted activator keys: the file keeping the pointer served across restarts (``--generation-state``,
     #: ``pointer_seal.write_served``); None: not kept, a fresh process trusts the first validly sealed pointer
     generation_state: Path | None = None
+    #: under trusted activator keys: the registry id every pointer must be bound to, from the first one on
+    #: (``--trusted-registry-id``); None: ``TILESHIP_TRUSTED_REGISTRY_ID``, and none there: trusted on first use
+    trusted_registry_id: str | None = None
     reference_only: bool = False
     check_finite: bool = True
     warmup_limit: int = 256

@@ -106,7 +106,8 @@ class ReleaseHolder:
                  warmup_threads: int = 1, activator_keys: Iterable[Path | Ed25519PublicKey] | None = (),
                  generation_state: Path | None = None,
                  after_load: Callable[[Release], str | None] | None = None,
-                 bind_models: Callable[[Release, dict[str, str]], dict[str, Any]] | None = None) -> None:
+                 bind_models: Callable[[Release, dict[str, str]], dict[str, Any]] | None = None,
+                 registry_id: str | None = None) -> None:
         from tileship.release import pointer_seal
 
         self.source = Path(source)
@@ -126,6 +127,8 @@ class ReleaseHolder:
         self.standby: Served | None = None
         #: trusted activator keys (None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) and the pointer serving under them
         self.activator_keys = pointer_seal.trusted(activator_keys)
+        #: the registry id its pointers must be bound to (``--trusted-registry-id``; None: the env var, else any)
+        self.registry_id = registry_id
         #: where the pointer served is kept across restarts (``--generation-state``; None: not kept)
         self.generation_state = generation_state
         self.pointer: Sealed | None = pointer_seal.read_served(generation_state)
@@ -134,7 +137,7 @@ class ReleaseHolder:
     def resolve(self) -> Target:
         """What the source names now; under activator keys, a pointer no older than ``pointer``."""
         return resolve(self.source, force_reference=self.force_reference, activator_keys=self.activator_keys,
-                       after=self.pointer)
+                       after=self.pointer, registry_id=self.registry_id)
 
     def unchanged(self, target: Target, rid: str | None) -> bool:
         """Whether ``target`` (release ``rid`` on disk) is what serves; then its pointer is the one serving."""
@@ -182,7 +185,7 @@ class ReleaseHolder:
         """What ``tileship rollback`` would make this server's source serve: the newest state in a
         registry's history. None for a release directory or an empty history. Raises RegistryError."""
         return rollback_target(self.source, force_reference=self.force_reference,
-                               activator_keys=self.activator_keys)
+                               activator_keys=self.activator_keys, registry_id=self.registry_id)
 
     def warm(self, target: Target) -> Served | None:
         """A release already loaded and warmed in this process that is exactly ``target`` (the same

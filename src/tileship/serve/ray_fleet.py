@@ -104,7 +104,7 @@ class FleetController:
     """The Ray actor owning the plan: replicas sync here; a loop follows the registry."""
 
     def __init__(self, registry_root: str, policy: FleetPolicy, poll_s: float, activator_keys: Sequence[bytes] = (),
-                 generation_state: str | None = None) -> None:
+                 generation_state: str | None = None, registry_id: str | None = None) -> None:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         from tileship.release import pointer_seal
@@ -120,6 +120,7 @@ class FleetController:
         #: trusted activator keys (raw ed25519 public keys: a key file need not exist on the controller's node)
         self.keys = [Ed25519PublicKey.from_public_bytes(k) for k in activator_keys]
         self.state = Path(generation_state) if generation_state else None
+        self.registry_id = registry_id  # the registry id pointers must be bound to (None: its env var, else any)
         self.pointer = pointer_seal.read_served(self.state)  # the pointer followed (None: none yet, or no keys)
         self.followed: str | None = None                     # the release id of that pointer
         self.refused: PointerSignatureError | None = None     # why the last pointer read was refused (logged)
@@ -157,7 +158,7 @@ class FleetController:
         from tileship.release import pointer_seal
 
         try:
-            active, sealed = pointer_seal.active_checked(self.registry.root, self.keys, self.pointer)
+            active, sealed = pointer_seal.active_checked(self.registry.root, self.keys, self.pointer, self.registry_id)
         except PointerSignatureError as exc:
             last, self.refused = self.refused, exc
             if last is None or exc.message != last.message:
@@ -231,11 +232,14 @@ class Fleet:
             raise TileshipError(f"a tileship fleet already runs on this Ray cluster (actor {NAMESPACE}/{CONTROLLER})",
                                 hint="stop that `tileship serve --ray` first (one fleet per cluster)")
         serve.start(http_options={"host": host, "port": port})
+        from tileship.release import registry_id
+
         actor = ray.remote(num_cpus=0)(FleetController)
         state = self.config.generation_state
         self.controller = actor.options(name=CONTROLLER, namespace=NAMESPACE).remote(
             str(Path(self.config.source).resolve()), self.options.policy, self.options.poll_s,
-            raw_keys(self.config.trusted_activator_keys), str(Path(state).resolve()) if state else None)
+            raw_keys(self.config.trusted_activator_keys), str(Path(state).resolve()) if state else None,
+            registry_id.trusted(self.config.trusted_registry_id))  # the env var here: the actor's may lack it
         ray.get(self.controller.start.remote())
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         deployment = serve.deployment(name=APP, **self.options.deployment_options(self.config.max_inflight, gpus))(

@@ -41,16 +41,17 @@ class Target:
 
 
 def resolve(source: Path, *, force_reference: bool = False, activator_keys: Sequence[Ed25519PublicKey] = (),
-            after: Sealed | None = None) -> Target:
+            after: Sealed | None = None, registry_id: str | None = None) -> Target:
     """The release ``source`` names now. Raises RegistryError naming what is missing. With ``activator_keys``,
-    a registry's pointer must be sealed by one of them and not older than ``after`` (the pointer serving):
-    else PointerSignatureError (``pointer_seal.check``)."""
+    a registry's pointer must be sealed by one of them, bound to ``registry_id`` (else
+    ``TILESHIP_TRUSTED_REGISTRY_ID``; none: the registry's own) and not older than ``after`` (the pointer
+    serving): else PointerSignatureError (``pointer_seal.check``)."""
     source = Path(source)
     if (source / "manifest.json").is_file():
         return Target(source, force_reference)
     if not source.is_dir():
         raise RegistryError(f"{source}: no such release or registry directory")
-    reg, state, sealed = _pointer(source, activator_keys, after)  # a registry: follow the pointer it checked
+    reg, state, sealed = _pointer(source, activator_keys, after, registry_id)  # a registry: follow what it checked
     active = reg.active_of(state)
     if active.path is None:
         raise RegistryError(f"registry {source} has no active release",
@@ -86,16 +87,16 @@ def release_id_at(path: Path) -> str | None:
         os.close(fd)
 
 
-def _pointer(source: Path, keys: Sequence[Ed25519PublicKey],
-             after: Sealed | None) -> tuple[Registry, dict[str, Any], Sealed | None]:
+def _pointer(source: Path, keys: Sequence[Ed25519PublicKey], after: Sealed | None,
+             registry_id: str | None = None) -> tuple[Registry, dict[str, Any], Sealed | None]:
     """(the registry, its pointer state read once, what ``pointer_seal.check`` accepted or None without keys)."""
     from tileship.release import pointer_seal
 
-    return pointer_seal.follow(source, keys, after)
+    return pointer_seal.follow(source, keys, after, registry_id)
 
 
-def rollback_target(source: Path, *, force_reference: bool = False,
-                    activator_keys: Sequence[Ed25519PublicKey] = ()) -> Target | None:
+def rollback_target(source: Path, *, force_reference: bool = False, activator_keys: Sequence[Ed25519PublicKey] = (),
+                    registry_id: str | None = None) -> Target | None:
     """What ``tileship rollback`` would make ``source`` serve: the newest state in a registry's history. None
     for a release directory or an empty history. Raises RegistryError, and PointerSignatureError for a pointer
     no trusted activator key sealed (nothing is loaded from it)."""
@@ -103,7 +104,7 @@ def rollback_target(source: Path, *, force_reference: bool = False,
         return None
     from tileship.release.registry import pin_of
 
-    reg, state, _ = _pointer(source, activator_keys, None)
+    reg, state, _ = _pointer(source, activator_keys, None, registry_id)
     if not state["history"]:
         return None
     prev = state["history"][0]

@@ -22,6 +22,10 @@ change drops the table's rows, so the table serves a key exactly as the Python p
 
 The reasons a decision names are listed in ``runtime.decision``.
 
+An operator of several outputs returns a tuple on every path: the fast launchers build one, and a list from
+TileLang's adapter or from the reference (``runtime.reference_path``) becomes one; with ``out=`` the tuple of
+the caller's tensors.
+
 An operator that updates inputs in place (``Operator.mutates``) is dispatched the same way: the kernel and the
 reference both write the caller's tensors, and one with no declared outputs returns None on either path. With
 grad mode on, a call whose tensor requires grad goes to the reference (``requires_grad``), which autograd records.
@@ -45,7 +49,8 @@ from tileship.runtime.breaker import Breaker, fault_args, spanned  # noqa: F401 
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
-from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned
+from tileship.runtime.reference_path import ReferencePath
+from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned, out_result
 from tileship.runtime.runner_info import RunnerInfo
 from tileship.runtime.spec_index import SpecIndex
 from tileship.runtime.table_rows import MEMO_LIMIT, TableRows
@@ -54,7 +59,7 @@ from tileship.runtime.telemetry import SAMPLE, ShapeTable, shape_of
 _log = logging.getLogger("tileship.runtime.dispatch")
 
 
-class OpRunner(Breaker, TableRows, RunnerInfo):
+class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
     """Callable operator of a loaded release. Thread-safe.
 
     Circuit breaker: a kernel that raises is disabled (``circuit_open``) and the reference
@@ -72,7 +77,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
                  on_fault: Callable[[Entry, str, str], Any] | None = None) -> None:
         self.name = shape.name
         self.shape = shape
-        self.reference = reference
+        self.reference = reference  # ``_ref`` serves it: a list returned for several outputs becomes a tuple
         self.entries = entries
         self._n = len(shape.inputs)
         self._key_of = KEY_OF.get(self._n, key_any)
@@ -156,9 +161,9 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
             if decision is not entry.decision:  # first reference call here, or a new decision since
                 row = self._ref_row(route)
             if next(row.it) % SAMPLE:  # the call's one counter bump (``Counter.it``)
-                return self.reference(*args)
+                return self._ref(*args)
             t0 = time.perf_counter_ns()  # one call in SAMPLE is timed for telemetry
-            res = self.reference(*args)
+            res = self._ref(*args)
             row.timed(time.perf_counter_ns() - t0)
             return res
         for a in (args if self._plain else self._tensors(args)):
@@ -173,7 +178,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
                 res = kernel(*args)
                 entry.calls.add()
                 entry.adapter_calls.add()  # after ``calls``: see ``Entry.fast_calls``
-                return res
+                return tuple(res) if type(res) is list else res  # TileLang's adapter lists several outputs
         except Exception as exc:  # the circuit breaker, the same as call()'s
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry, route=route)[0]
@@ -193,13 +198,15 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
             return self.call(*args, out=out)[0]
         route = self._route(args)
         outs = check_out(out, route, args, 1, self.name)
-        return fill_out(outs, res, out, self.name)
+        return fill_out(outs, res, self.name)
 
     def call(self, *args: Any, out: Any = None, span: Any = None) -> tuple[Any, Decision]:
-        """Run the operator; return (output, decision). Raises CallError for unservable args
-        (a wrong ``out`` included: the argument named is ``out``). With ``out`` (a tensor, or a
-        sequence for several outputs) the result is written there, on either path, and ``out``
-        returned. With ``check_finite`` on, a non-finite kernel output is checked against the reference.
+        """Run the operator; return (output, decision). The output is a tensor for one declared output, a tuple
+        for several (on the kernel and the reference path alike: a reference's list becomes a tuple), None for an
+        operator that only updates inputs in place. Raises CallError for unservable args (a wrong ``out`` included:
+        the argument named is ``out``). With ``out`` (a tensor; a list or tuple of one per output) the result is
+        written there, on either path, and returned: the tensor, or the tuple of the caller's tensors.
+        With ``check_finite`` on, a non-finite kernel output is checked against the reference.
         ``span`` (``start()``/``stop()``, e.g. the server's canary timer) brackets routing and launches,
         and never the non-finite check."""
         if self._grad_on() and rt.needs_grad(args):
@@ -233,25 +240,26 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         if kernel is None:
             d = entry.decision
             if outs is None and d.path == REFERENCE:  # as ``__call__`` serves it (one counter bump)
-                return self.serve_reference(route, self.reference, args), d
-            return self._reference(args, entry.decision.reason, entry, outs, out, route)
+                return self.serve_reference(route, self._ref, args), d
+            return self._reference(args, entry.decision.reason, entry, outs, route)
         for a in tensors:
             if not a.is_contiguous():
-                return self._reference(args, "non_contiguous", entry, outs, out, route)
+                return self._reference(args, "non_contiguous", entry, outs, route)
         fast = kernel is route.kernel
         if misaligned(tensors) or (fast and outs is not None and route.writes_out and misaligned(outs)):
-            return self._reference(args, "misaligned", entry, outs, out, route)
+            return self._reference(args, "misaligned", entry, outs, route)
         direct = None if outs is None or rt.overlaps(outs, tensors) else outs  # else the kernel's own, copied in
         try:
             res = route.launch(args, direct) if fast else kernel(*args)  # type: ignore[misc]
         except Exception as exc:  # the circuit breaker: this specialization goes to the reference
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
-            return self._reference(args, "circuit_open", entry, outs, out, route)
+            return self._reference(args, "circuit_open", entry, outs, route)
         entry.calls.add()  # Counter: atomic under the GIL, no lock on the hot path
         if not fast:
             entry.adapter_calls.add()  # after ``calls``: see ``Entry.fast_calls``
+            res = tuple(res) if type(res) is list else res  # TileLang's adapter lists several outputs
         if outs is not None:
-            res = out if fast and direct is not None else fill_out(outs, res, out, self.name)
+            res = out_result(outs) if fast and direct is not None else fill_out(outs, res, self.name)
         return res, entry.decision
 
     def _grad_call(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:
@@ -269,40 +277,6 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         reference (``KernelLinear``: ``F.linear``) serves such calls through ``serve_reference``."""
         route = self._route(args)
         return route if route.entry.kernel is None else None
-
-    def serve_reference(self, route: Route, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """``fn(*args)`` for a key ``route`` sends to the reference, counted in the key's telemetry
-        row as the reference's own calls are (one counter bump; one call in SAMPLE timed)."""
-        decision, row = route.ref
-        if decision is not route.entry.decision:
-            row = self._ref_row(route)
-        if next(row.it) % SAMPLE:
-            return fn(*args)
-        t0 = time.perf_counter_ns()
-        res = fn(*args)
-        row.timed(time.perf_counter_ns() - t0)
-        return res
-
-    def _ref_row(self, route: Route) -> Any:
-        """Cache on ``route`` the telemetry row of its entry's current decision, stored with that
-        decision as one tuple: threads racing a decision change never pair a row with another reason."""
-        decision = route.entry.decision
-        row = self.telemetry.row(route.shape, decision.reason)
-        route.ref = (decision, row)
-        return row
-
-    def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry, outs: tuple[Any, ...] | None = None,
-                   given: Any = None, route: Route | None = None) -> tuple[Any, Decision]:
-        t0 = time.perf_counter_ns()
-        res = self.reference(*args)
-        ns = time.perf_counter_ns() - t0
-        if outs is not None:
-            res = fill_out(outs, res, given, self.name)
-        self.telemetry.record(route.shape if route is not None else None, reason, ns)
-        d = entry.decision
-        if d.path != REFERENCE or d.reason != reason:
-            d = Decision(REFERENCE, reason, d.spec_id)
-        return res, d
 
     # -- slow path (first call of a key) -------------------------------------------
     def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Route:

@@ -174,10 +174,10 @@ def overlaps(outs: Sequence[Any], tensors: Sequence[Any]) -> bool:
     return False
 
 
-def fill_out(outs: tuple[Any, ...], result: Any, given: Any, op: str) -> Any:
-    """Copy ``result`` (a tensor, or a sequence of them) into the checked ``outs``; returns
-    ``given`` (what the caller passed as ``out``). Raises CallError when a result does not fit
-    (only possible where the declaration could not give the output shapes up front)."""
+def fill_out(outs: tuple[Any, ...], result: Any, op: str) -> Any:
+    """Copy ``result`` (a tensor, or a sequence of them) into the checked ``outs``; returns ``out_result(outs)``.
+    Raises CallError when a result does not fit (only possible where the declaration could not give the
+    output shapes up front)."""
     results = (result,) if len(outs) == 1 and hasattr(result, "data_ptr") else tuple(result)
     for o, r in zip(outs, results, strict=True):
         if o is r:
@@ -186,7 +186,25 @@ def fill_out(outs: tuple[Any, ...], result: Any, given: Any, op: str) -> Any:
             raise CallError(f"out is {tuple(o.shape)} {o.dtype}, the result {tuple(r.shape)} {r.dtype}",
                             operator=op, argument="out")
         o.copy_(r)
-    return given
+    return out_result(outs)
+
+
+def out_result(outs: tuple[Any, ...]) -> Any:
+    """What a call with ``out=`` returns, whichever path wrote it: the caller's tensor for one output (given
+    as a tensor or a sequence of one), the tuple of the caller's tensors for several (given as a list or a
+    tuple), as the call without ``out=`` returns a tensor or a tuple."""
+    return outs[0] if len(outs) == 1 else outs
+
+
+def tupled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (an operator's reference) with a list result returned as a tuple: an operator of several outputs
+    returns a tuple on every path."""
+
+    def call(*args: Any) -> Any:
+        res = fn(*args)
+        return tuple(res) if type(res) is list else res
+
+    return call
 
 
 def check_scalars(args: tuple[Any, ...], scalars: Sequence[int], inputs: Sequence[tuple[str, Any]], op: str,
@@ -281,4 +299,4 @@ def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
 
 __all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
            "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad",
-           "overlaps", "scalar_key"]
+           "out_result", "overlaps", "scalar_key", "tupled"]

@@ -23,6 +23,81 @@ def release(calls_release_build):
     return tileship.load(calls_release_build.path)
 
 
+def _kernel_calls(op) -> int:
+    return sum(e.kernel_calls() for e in op.entries)
+
+
+def _serves_from_its_kernel(release, name: str, args: tuple) -> None:
+    """``name`` still answers ``args`` from its kernel: no circuit opened, no decision changed."""
+    op = release.op(name)
+    _, d = op.call(*args)
+    assert d.path == "kernel", f"{name} now serves {args[0].shape} from the reference ({d.reason})"
+    assert not op.faults, op.faults
+    assert all(v == "kernel:kernel" for v in release.decisions()[name].values()), release.decisions()[name]
+
+
+# -- inputs by name ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", list(HOW))
+def test_inputs_are_taken_by_their_declared_names(release, how):
+    """``op(A=a, B=b)`` raised Python's bare TypeError ('got an unexpected keyword argument'): a caller that names
+    the inputs, as it would a PyTorch function's, could not call the operator at all."""
+    call = HOW[how]
+    sp, scale, mul_add = release.op("sum_prod"), release.op("scale"), release.op("mul_add")
+    g = torch.Generator().manual_seed(7)
+    a, b, x = torch.randn(64, generator=g), torch.randn(64, generator=g), torch.randn(32, generator=g)
+    before = [_kernel_calls(op) for op in (sp, scale, mul_add)]
+    for got in (call(sp, A=a, B=b), call(sp, B=b, A=a), call(sp, a, B=b)):
+        assert torch.equal(got[0], a + b) and torch.equal(got[1], a * b)
+    assert torch.equal(call(scale, x, s=2.0, flag=True), x * 2)
+    assert torch.equal(call(scale, flag=False, A=x, s=2.0), x)
+    m, p = call(mul_add, x, n=3, s=0.5)
+    assert torch.equal(m, x * 0.5) and torch.equal(p, x + 3)
+    s_out, p_out = torch.empty(64), torch.empty(64)
+    got = call(sp, B=b, A=a, out=[s_out, p_out])
+    assert got[0] is s_out and got[1] is p_out and torch.equal(s_out, a + b) and torch.equal(p_out, a * b)
+    assert [_kernel_calls(op) - n for op, n in zip((sp, scale, mul_add), before, strict=True)] == [4, 2, 1]
+
+
+@pytest.mark.parametrize("how", list(HOW))
+@pytest.mark.parametrize("args,named,argument,message", [
+    ("", "ABC", "C", r"unexpected keyword argument 'C' \(the operator takes A, B; and out="),
+    ("", "ab", "a", r"unexpected keyword argument 'a' \(the operator takes A, B; and out="),
+    ("A", "A", "A", r"given twice: as positional argument 1 and by name"),
+    ("AB", "B", "B", r"given twice: as positional argument 2 and by name"),
+    ("", "B", "A", r"missing input A \(the operator takes A, B\)"),
+    ("ABA", "A", None, r"expected 2 inputs \(A, B\), got 3 positional and 1 by name"),
+    ("", "", None, r"expected 2 tensors \(A, B\), got 0"),
+], ids=["unknown", "lower-case", "twice-first", "twice-second", "missing", "too-many", "none"])
+def test_a_wrong_keyword_is_a_call_error_naming_it(release, how, args, named, argument, message):
+    """Each was Python's TypeError naming no operator ('__call__() got an unexpected keyword argument'), or, for an
+    input given twice, ('got multiple values')."""
+    sp = release.op("sum_prod")
+    t = {"A": torch.randn(64), "B": torch.randn(64), "C": torch.randn(64), "a": torch.randn(64), "b": torch.randn(64)}
+    with pytest.raises(CallError, match=rf"^sum_prod(\({argument}\))?: {message}") as info:
+        HOW[how](sp, *[t[k] for k in args], **{k: t[k] for k in named})
+    assert info.value.argument == argument and info.value.operator == "sum_prod"
+    _serves_from_its_kernel(release, "sum_prod", (t["A"], t["B"]))
+
+
+def test_span_names_an_input_only_on_op_and_times_the_call_on_call(release):
+    """``span=`` is ``.call``'s timer; the plain call takes no timer, so there it is a keyword naming no input."""
+    sp, a = release.op("sum_prod"), torch.randn(64)
+    with pytest.raises(CallError, match=r"sum_prod\(span\): unexpected keyword argument 'span'") as info:
+        sp(a, a, span=None)
+    assert info.value.argument == "span"
+    marks: list[str] = []
+
+    class Span:
+        def start(self) -> None:
+            marks.append("start")
+
+        def stop(self) -> None:
+            marks.append("stop")
+
+    (s, p), d = sp.call(B=a, A=a, span=Span())
+    assert marks == ["start", "stop"] and d.path == "kernel" and torch.equal(s, a + a)
+
+
 # -- several outputs ---------------------------------------------------------------------------------------------
 def _two_outputs(case: str):
     """(operator, arguments, expected (path, reason), expected outputs) of each way a two-output call is served."""

@@ -22,9 +22,10 @@ change drops the table's rows, so the table serves a key exactly as the Python p
 
 The reasons a decision names are listed in ``runtime.decision``.
 
-An operator of several outputs returns a tuple on every path: the fast launchers build one, and a list from
-TileLang's adapter or from the reference (``runtime.reference_path``) becomes one; with ``out=`` the tuple of
-the caller's tensors.
+Inputs may also be passed by their declared names (``runtime.call_args``): they are put in their places first,
+and only when a call has keywords, so a positional call pays for nothing but Python's empty ``**named``. An operator
+of several outputs returns a tuple on every path: the fast launchers build one, and a list from TileLang's adapter
+or from the reference (``runtime.reference_path``) becomes one; with ``out=`` the tuple of the caller's tensors.
 
 An operator that updates inputs in place (``Operator.mutates``) is dispatched the same way: the kernel and the
 reference both write the caller's tensors, and one with no declared outputs returns None on either path. With
@@ -46,6 +47,7 @@ from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
 from tileship.runtime.breaker import Breaker, fault_args, spanned  # noqa: F401 (fault_args re-exported)
+from tileship.runtime.call_args import bind_named
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
@@ -122,10 +124,13 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         return self._plain
 
     # -- hot path ----------------------------------------------------------------
-    def __call__(self, *args: Any, out: Any = None) -> Any:
-        """The output only (``out`` when given). The common case (a memoized key served by a
-        kernel) is the compiled table's, when there is one; else inlined here: one key tuple,
-        one dict lookup, layout, the launch."""
+    def __call__(self, /, *args: Any, out: Any = None, **named: Any) -> Any:
+        """The output only: a tensor, a tuple of several, or None (no outputs); with ``out``, the caller's tensors
+        (``call``'s). Inputs may be passed by their declared names after the positional ones (``call``'s contract).
+        The common case (a memoized key served by a kernel) is the compiled table's, when there is one; else
+        inlined here: one key tuple, one dict lookup, layout, the launch."""
+        if named:  # inputs by name: put in their places once, then the positional call
+            return self(*bind_named(self.shape.inputs, args, named, self.name), out=out)
         if self._grad_on() and rt.needs_grad(args):
             return self._grad_call(args, out)[0]
         native = self._native
@@ -200,15 +205,19 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         outs = check_out(out, route, args, 1, self.name)
         return fill_out(outs, res, self.name)
 
-    def call(self, *args: Any, out: Any = None, span: Any = None) -> tuple[Any, Decision]:
+    def call(self, /, *args: Any, out: Any = None, span: Any = None, **named: Any) -> tuple[Any, Decision]:
         """Run the operator; return (output, decision). The output is a tensor for one declared output, a tuple
         for several (on the kernel and the reference path alike: a reference's list becomes a tuple), None for an
-        operator that only updates inputs in place. Raises CallError for unservable args (a wrong ``out`` included:
-        the argument named is ``out``). With ``out`` (a tensor; a list or tuple of one per output) the result is
-        written there, on either path, and returned: the tensor, or the tuple of the caller's tensors.
+        operator that only updates inputs in place. Inputs are positional, or by their declared names after the
+        positional ones, as in Python (``op.call(x, qweight=w, scales=s)``). Raises CallError for unservable args,
+        naming the argument: an unknown keyword, an input given twice or not at all, a wrong ``out`` (named ``out``).
+        With ``out`` (a tensor; a list or tuple of one per output) the result is written there, on either path,
+        and returned: the tensor, or the tuple of the caller's tensors.
         With ``check_finite`` on, a non-finite kernel output is checked against the reference.
         ``span`` (``start()``/``stop()``, e.g. the server's canary timer) brackets routing and launches,
         and never the non-finite check."""
+        if named:  # inputs by name: put in their places once
+            args = bind_named(self.shape.inputs, args, named, self.name, own="out=, span=")
         if self._grad_on() and rt.needs_grad(args):
             return self._grad_call(args, out)
         if self._check_finite:

@@ -159,3 +159,37 @@ def test_out_takes_a_list_or_a_tuple_for_several_outputs_and_returns_the_tuple_o
         with pytest.raises(CallError, match=rf"{name}\(out\): expected a sequence of 2 tensors, got "
                                             rf"{seq.__name__} of {len(wrong)}"):
             op(*args, out=seq(wrong))
+
+
+# -- scalars a kernel cannot take as declared --------------------------------------------------------------------
+@pytest.mark.parametrize("n", [2**32 + 3, 2**31, -(2**31) - 1, 2**64 + 1], ids=["2^32+3", "2^31", "-2^31-1", "2^64+1"])
+def test_an_integer_scalar_outside_its_dtype_is_a_call_error_not_a_wrapped_value(release, n):
+    """``n=2**32 + 3`` for an int32 ScalarArg: the kernel was handed 3 (ctypes wraps it) and answered A + 3 where
+    the reference answers A + 2**32 + 3, with the decision 'kernel': a wrong answer, silently. The value is not in
+    the memo key, so a memoized key checks it on every call."""
+    op = release.op("mul_add")
+    x = torch.randn(32)
+    op(x, 1.0, 2)  # memoized
+    for how in HOW:
+        for size in (32, 20):  # the kernel's key, and a key the reference serves
+            with pytest.raises(CallError, match=r"mul_add\(n\): is an int32 ScalarArg, got .*, outside the range it "
+                                                r"takes \[-2147483648, 2147483647\]") as info:
+                HOW[how](op, torch.randn(size), 1.0, n)
+            assert info.value.argument == "n"
+    (_, p), d = op.call(x, 1.0, 2**31 - 1)  # the largest int32 is the kernel's
+    assert d.path == "kernel" and torch.equal(p, x + (2**31 - 1))
+    _serves_from_its_kernel(release, "mul_add", (x, 1.0, 2))
+
+
+def test_an_int_too_large_for_a_float_scalar_is_a_call_error_and_keeps_the_kernel(release):
+    """``s=2**1100`` for a float32 ScalarArg: converting it for the kernel raised OverflowError, which the breaker
+    took for a kernel fault: the specialization went to the reference (circuit_open) for every later caller."""
+    op, x = release.op("mul_add"), torch.randn(32)
+    op(x, 1.0, 2)
+    for how in HOW:
+        for s in (2**1100, -(10**400)):
+            with pytest.raises(CallError, match=r"mul_add\(s\): is a float32 ScalarArg, got an int of \d+ bits, "
+                                                r"outside the range it takes \[-1\.798e\+308, 1\.798e\+308\]"):
+                HOW[how](op, x, s, 2)
+    assert torch.equal(op(x, 2**100, 2)[0], x * float(2**100))  # a large int that a float holds is served
+    _serves_from_its_kernel(release, "mul_add", (x, 1.0, 2))

@@ -43,6 +43,7 @@ from typing import Any
 
 import tileship.runtime.native as native_mod
 import tileship.runtime.route as rt
+import tileship.runtime.scalars as scalars
 from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
@@ -92,7 +93,9 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         if self._scalars:  # scalars add their Python type to the key, never their value
             pick = itemgetter(*tpos)
             self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
-            self._key_of = rt.scalar_key(self._tensors, self._scalars, self._n)
+            ranged = tuple((i, *b) for i in self._scalars
+                           if (b := scalars.scalar_range((shape.dtypes or (SAME,) * self._n)[i])) is not None)
+            self._key_of = scalars.scalar_key(self._tensors, self._scalars, self._n, ranged)
         #: the operator's ``sample(dims, dtype, device)`` hook when it declares one (demo, warm-up)
         self.sample: Callable[..., Any] | None = None
         self._memo: dict[tuple[Any, ...], Route] = {}
@@ -236,6 +239,9 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
                        and not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
             raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name,
                             argument=self.shape.inputs[bad][0]) from None
+        except ValueError:  # an integer scalar outside its dtype's range (``scalars.scalar_key``)
+            scalars.check_scalars(args, self._scalars, self.shape.inputs, self.name, self.shape.dtypes)
+            raise
         route = self._memo.get(key)
         return route if route is not None else self._resolve(key, args)
 
@@ -289,7 +295,7 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
 
     # -- slow path (first call of a key) -------------------------------------------
     def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Route:
-        rt.check_scalars(args, self._scalars, self.shape.inputs, self.name, self.shape.dtypes)
+        scalars.check_scalars(args, self._scalars, self.shape.inputs, self.name, self.shape.dtypes)
         full, args = args, self._tensors(args)
         rt.check_devices(args, self._tdecl, self.name)
         b = bind(self._tdecl, [tuple(a.shape) for a in args])

@@ -43,20 +43,6 @@ def key_any(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(map(_KEY, args))
 
 
-def scalar_key(tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]], scalars: Sequence[int],
-               n: int) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """The memo key of an operator with ScalarArgs: its ``tensors``' keys, then each scalar's Python type (never
-    its value). It raises TypeError for a call with another number of arguments than ``n``: picking positions
-    would ignore an extra argument, and the memoized kernel would be launched with it (and trip the breaker)."""
-
-    def key_of(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        if len(args) != n:
-            raise TypeError(f"{len(args)} arguments, not {n}")  # the slow path names the operator and its inputs
-        return (*key_any(tensors(args)), *(type(args[i]) for i in scalars))
-
-    return key_of
-
-
 #: the memo key of a call, arity-specialized because this is most of the dispatcher's cost per
 #: call (one flat tuple, no inner tuples)
 KEY_OF: dict[int, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {1: _key1, 2: _key2, 3: _key3}
@@ -207,26 +193,6 @@ def tupled(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def check_scalars(args: tuple[Any, ...], scalars: Sequence[int], inputs: Sequence[tuple[str, Any]], op: str,
-                  dtypes: Sequence[str] = ()) -> None:
-    """Raises CallError naming a ScalarArg that is not a Python number, or (``dtypes``: the declared
-    dtype of each input) a number the kernel cannot take as declared: a non-integer for an integer
-    scalar, a non-bool for a bool one. Checked when a key is first seen (the Python type is in the key),
-    so such a call is the caller's error, never a kernel fault that trips the breaker."""
-    for i in scalars:
-        v = args[i]
-        if not isinstance(v, (int, float, bool)):
-            raise CallError(f"is a ScalarArg: pass a Python number, got {type(v).__name__}", operator=op,
-                            argument=inputs[i][0], hint="pass float(x) / int(x), or x.item() for a one-element tensor")
-        want = dtypes[i] if i < len(dtypes) else ""
-        if want == "bool" and not isinstance(v, bool):
-            raise CallError(f"is a bool ScalarArg, got {type(v).__name__}", operator=op, argument=inputs[i][0],
-                            hint="pass True or False")
-        if want.startswith(("int", "uint")) and (isinstance(v, bool) or not isinstance(v, int)):
-            raise CallError(f"is an {want} ScalarArg, got {type(v).__name__} {v!r:.40}", operator=op,
-                            argument=inputs[i][0], hint="pass a Python int (int(x) when the value is whole)")
-
-
 def check_devices(tensors: Sequence[Any], declared: Sequence[tuple[str, Any]], op: str) -> None:
     """Raises CallError naming the first input that is not a torch.Tensor (an array-like with ``device``,
     ``dtype`` and ``shape``, such as a NumPy array, is not one), then the first on another device than
@@ -298,5 +264,5 @@ def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
 
 
 __all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
-           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad",
-           "out_result", "overlaps", "scalar_key", "tupled"]
+           "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad", "out_result",
+           "overlaps", "tupled"]

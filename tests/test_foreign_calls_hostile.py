@@ -6,6 +6,13 @@ a CallError naming the argument, and leaves the operator serving later calls fro
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
 import pytest
 import torch
 
@@ -193,3 +200,160 @@ def test_an_int_too_large_for_a_float_scalar_is_a_call_error_and_keeps_the_kerne
                 HOW[how](op, x, s, 2)
     assert torch.equal(op(x, 2**100, 2)[0], x * float(2**100))  # a large int that a float holds is served
     _serves_from_its_kernel(release, "mul_add", (x, 1.0, 2))
+
+
+# -- tensors a kernel cannot read ---------------------------------------------------------------------------------
+FAKE_CALLS = """
+import json, sys, torch, tileship
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+name = sys.argv[2]
+args = {"sum_prod": (torch.randn(64), torch.randn(64)), "half": (torch.arange(48, dtype=torch.int32),),
+        "scale": (torch.randn(32), 2.0, True)}[name]
+op = tileship.load(sys.argv[1]).op(name)
+op(*args), op(*args)  # memoized, and in the compiled table where the operator has one
+mode = FakeTensorMode()
+with mode:
+    fake = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+    got, (again, d) = op(*fake), op.call(*fake)
+outs = [*(got if isinstance(got, tuple) else (got,)), *(again if isinstance(again, tuple) else (again,))]
+print(json.dumps({"types": sorted({type(t).__name__ for t in outs}), "shapes": [list(t.shape) for t in outs],
+                  "reason": d.reason, "then": op.call(*args)[1].reason, "faults": op.faults}))
+"""
+
+
+@pytest.mark.parametrize("name,shapes", [("sum_prod", [[64]] * 4), ("half", [[48]] * 2), ("scale", [[32]] * 2)],
+                         ids=["python-launcher", "compiled-table", "adapter"])
+def test_fake_tensors_get_the_references_fake_outputs_not_a_kernel_launched_on_a_null_pointer(release, name, shapes):
+    """A FakeTensor (FakeTensorMode; torch.compile tracing a model that calls ``release.op`` directly) has the memo
+    key of a real tensor and a null data pointer: the compiled table (``half``), the Python launchers (``sum_prod``)
+    and TileLang's adapter (``scale``) handed address 0 to the kernel and the process died (SIGSEGV). Run in a child
+    process so that a regression fails this test, not the session."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", FAKE_CALLS, str(release.path), name],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode == 0, f"the child exited with {proc.returncode}: {proc.stderr[-3000:]}"
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "types": ["FakeTensor"], "shapes": shapes, "reason": "no_data", "then": "kernel", "faults": {}}
+
+
+def test_vmap_over_an_operator_is_served_by_the_reference(release):
+    """Inside ``torch.vmap`` each input is a batched tensor with the key of one example and no storage: the kernel
+    path's ``data_ptr()`` raised RuntimeError ('Cannot access data pointer of Tensor that doesn't have storage')."""
+    sp, scale = release.op("sum_prod"), release.op("scale")
+    g = torch.Generator().manual_seed(11)
+    sp(torch.randn(64), torch.randn(64))
+    x, y, z = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g), torch.randn(3, 32, generator=g)
+    before = sp.snapshot().get("reference:no_data", 0)
+    s, p = torch.vmap(sp)(x, y)
+    assert torch.equal(s, x + y) and torch.equal(p, x * y)
+    s, p = torch.vmap(lambda a, b: sp.call(a, b)[0])(x, y)
+    assert torch.equal(s, x + y) and torch.equal(p, x * y)
+    assert torch.equal(torch.vmap(lambda t: scale(t, 2.0, True))(z), z * 2)
+    assert sp.snapshot()["reference:no_data"] == before + 2
+    _serves_from_its_kernel(release, "sum_prod", (x[0], y[0]))
+
+
+def _nested(layout):
+    with warnings.catch_warnings():  # the strided layout is a prototype, and says so
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor([torch.randn(64), torch.randn(64)], layout=layout)
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=["strided", "jagged"])
+def test_a_nested_tensor_is_a_call_error_naming_it(release, layout):
+    """A strided nested tensor raised torch's RuntimeError from the memo key ('NestedTensorImpl doesn't support
+    sizes'); a jagged one, whose shape holds a symbolic size (2, j1), AttributeError ('NestedIntNode' object has no
+    attribute 'int_') from the shape binding when its rank matched the declaration."""
+    for name, args, argument in (("sum_prod", lambda t: (torch.randn(64), t), "B"),
+                                 ("scale", lambda t: (t, 2.0, True), "A")):
+        for how in HOW:
+            with pytest.raises(CallError, match=rf"{name}\({argument}\): is a nested tensor") as info:
+                HOW[how](release.op(name), *args(_nested(layout)))
+            assert info.value.argument == argument
+    _serves_from_its_kernel(release, "sum_prod", (torch.randn(64), torch.randn(64)))
+
+
+HOSTILE = {  # what the first input is, for sum_prod (A, B) with B a plain 64-float tensor: refused, or served
+    "numpy": (lambda: np.ones(64, dtype=np.float32), r"sum_prod\(A\): expected a torch.Tensor, got numpy.ndarray"),
+    "list": (lambda: [1.0] * 64, r"sum_prod\(A\): expected a torch.Tensor, got list"),
+    "None": (lambda: None, r"sum_prod\(A\): expected a torch.Tensor, got NoneType"),
+    "0-dim": (lambda: torch.tensor(1.0), r"sum_prod\(A\): has rank 0 \(shape \(\)\), declared \(N\)"),
+    "2-dim": (lambda: torch.ones(8, 8), r"sum_prod\(A\): has rank 2 \(shape \(8, 8\)\), declared \(N\)"),
+    "meta": (lambda: torch.empty(64, device="meta"), r"sum_prod\(B\): is on cpu but A is on meta"),
+    "empty": (lambda: torch.empty(0), r"sum_prod\(B\): dim N=64 disagrees with N=0 of an earlier input"),
+}
+
+
+@pytest.mark.parametrize("what", list(HOSTILE))
+def test_an_input_no_path_can_take_is_a_call_error_naming_it(release, what):
+    make, message = HOSTILE[what]
+    sp, b = release.op("sum_prod"), torch.randn(64)
+    _serves_from_its_kernel(release, "sum_prod", (torch.randn(64), b))  # the key is memoized (a compiled table row)
+    for how in HOW:
+        for _ in range(2):  # nothing was memoized for it
+            with pytest.raises(CallError, match=message):
+                HOW[how](sp, make(), b)
+    _serves_from_its_kernel(release, "sum_prod", (torch.randn(64), b))
+
+
+@pytest.mark.parametrize("n", [64, 2000], ids=["launcher-row", "reference-row"])
+def test_numpy_arrays_are_a_call_error_on_a_key_the_compiled_table_routes_to_python(release, n):
+    """The compiled table takes NumPy arrays by DLPack, with the key of torch tensors: for a key it answers with a route
+    row (a Python launcher serves it: two outputs; or the reference) it handed the arrays to that route, and the
+    launcher raised AttributeError ('numpy.ndarray' object has no attribute 'is_contiguous'), or the reference
+    computed on them: NumPy arrays came back as the operator's outputs, or NumPy's TypeError ('Concatenation
+    operation is not implemented for NumPy arrays')."""
+    sp = release.op("sum_prod")
+    a, b = torch.randn(n), torch.randn(n)
+    for _ in range(2):
+        sp(a, b)  # memoized: a route row in the compiled table
+    for args, name in (((a.numpy(), b.numpy()), "A"), ((a, b.numpy()), "B"), ((a.numpy(), b), "A")):
+        for how in HOW:
+            if n == 2000 and how == "op" and name == "B":
+                # the table cannot tell an array after a torch tensor from a tensor, and the reference's torch ops
+                # take it (``Tensor + ndarray`` is a Tensor): the reference's answer, as torch gives it
+                s, p = HOW[how](sp, *args)
+                assert type(s) is type(p) is torch.Tensor and torch.equal(s, a + b) and torch.equal(p, a * b)
+                continue
+            with pytest.raises(CallError, match=rf"sum_prod\({name}\): expected a torch.Tensor, got numpy.ndarray"):
+                HOW[how](sp, *args)
+    assert sp.call(a, b)[1].path == ("kernel" if n == 64 else "reference")
+
+
+def test_a_jagged_tensor_of_the_declared_rank_is_a_call_error_naming_it(cpu_release_build):
+    """rmsnorm's X is (M, N): a jagged tensor (2, j1) has that rank, and binding its symbolic j1 to N raised
+    AttributeError ('NestedIntNode' object has no attribute 'int_')."""
+    import tileship
+
+    norm = tileship.load(cpu_release_build.path).op("rmsnorm_cpu")
+    x, w = _nested(torch.jagged), torch.ones(64)
+    assert x.dim() == 2
+    for how in HOW:
+        with pytest.raises(CallError, match=r"rmsnorm_cpu\(X\): is a nested tensor") as info:
+            HOW[how](norm, x, w)
+        assert info.value.argument == "X"
+
+
+SERVED = {  # both inputs alike: what the reference answers, and why a kernel does not
+    "meta": (lambda n: torch.empty(n, device="meta"), 64, "device_not_covered"),
+    "huge-meta": (lambda n: torch.empty(n, device="meta"), 2**40, "device_not_covered"),
+    "bool": (lambda n: torch.rand(n) > 0.5, 64, "undeclared_dtype"),
+    "float64": (lambda n: torch.randn(n, dtype=torch.float64), 64, "undeclared_dtype"),
+    "empty": (lambda n: torch.empty(n), 0, "undeclared_shape"),
+    "expanded": (lambda n: torch.randn(1).expand(n), 64, "non_contiguous"),
+}
+
+
+@pytest.mark.parametrize("what", list(SERVED))
+def test_inputs_a_kernel_does_not_cover_get_the_reference_and_its_reason(release, what):
+    make, n, reason = SERVED[what]
+    sp = release.op("sum_prod")
+    a, b = make(n), make(n)
+    for _ in range(2):
+        (s, p), d = sp.call(a, b)
+        assert (d.path, d.reason) == ("reference", reason)
+        assert s.shape == p.shape == (n,) and s.device == a.device and s.dtype == (a + b).dtype
+        if a.device.type == "cpu":
+            assert torch.equal(s, a + b) and torch.equal(p, a * b)
+    _serves_from_its_kernel(release, "sum_prod", (torch.randn(64), torch.randn(64)))

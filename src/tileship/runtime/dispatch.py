@@ -48,12 +48,12 @@ from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
 from tileship.runtime.breaker import Breaker, fault_args, spanned  # noqa: F401 (fault_args re-exported)
-from tileship.runtime.call_args import bind_named
+from tileship.runtime.call_args import bind_named, not_tensor, unreadable
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
 from tileship.runtime.reference_path import ReferencePath
-from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned, out_result
+from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, out_result
 from tileship.runtime.runner_info import RunnerInfo
 from tileship.runtime.spec_index import SpecIndex
 from tileship.runtime.table_rows import MEMO_LIMIT, TableRows
@@ -149,7 +149,7 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
                 route = self._native_routes[res]
             elif res != native_mod.MISS:
                 route = self._route(args)
-                why = "non_contiguous" if res == native_mod.NON_CONTIGUOUS else "misaligned"
+                why = native_mod.REASONS.get(res, "misaligned")
                 return self._reference(args, why, route.entry, route=route)[0]
         elif out is not None and native is not None and not self._check_finite and self.shape.n_outputs == 1:
             return self._native_out(native, args, out)
@@ -158,7 +158,7 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         if route is None:
             try:
                 route = self._memo[self._key_of(args)]
-            except (KeyError, AttributeError, TypeError, ValueError):  # first call of this key, or bad arguments
+            except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):  # a new key, or bad arguments
                 return self._call_plain(args, None)[0]
             if native is not None and route.native is None:
                 self._native_put(route, args)
@@ -168,17 +168,28 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
             decision, row = route.ref  # the telemetry row cached for a decision (one atomic read)
             if decision is not entry.decision:  # first reference call here, or a new decision since
                 row = self._ref_row(route)
-            if next(row.it) % SAMPLE:  # the call's one counter bump (``Counter.it``)
-                return self._ref(*args)
-            t0 = time.perf_counter_ns()  # one call in SAMPLE is timed for telemetry
-            res = self._ref(*args)
+            try:
+                if next(row.it) % SAMPLE:  # the call's one counter bump (``Counter.it``)
+                    return self._ref(*args)
+                t0 = time.perf_counter_ns()  # one call in SAMPLE is timed for telemetry
+                res = self._ref(*args)
+            except Exception:  # arrays the compiled table took by DLPack, with a tensor's key: name them
+                if (err := not_tensor(args, self.shape.inputs, self._scalars, self.name)) is not None:
+                    raise err from None
+                raise
             row.timed(time.perf_counter_ns() - t0)
             return res
-        for a in (args if self._plain else self._tensors(args)):
-            if not a.is_contiguous():
-                return self._reference(args, "non_contiguous", entry, route=route)[0]
-            if a.data_ptr() % 16:  # route.ALIGNMENT, inlined
-                return self._reference(args, "misaligned", entry, route=route)[0]
+        try:
+            for a in (args if self._plain else self._tensors(args)):
+                if not a.is_contiguous() or (a.data_ptr() or 1) % 16:  # route.ALIGNMENT inlined; 0 is no data
+                    break
+            else:
+                a = None
+        except (RuntimeError, AttributeError):  # no storage (vmap's batched tensors), or no tensor (an array the
+            return self._call_plain(args, None)[0]  # compiled table took by DLPack): the Python path says which
+        if a is not None:  # ``layout_reason`` says which: non_contiguous, misaligned, no_data
+            return self._reference(args, rt.layout_reason(args if self._plain else self._tensors(args)), entry,
+                                   route=route)[0]
         try:
             if kernel is route.kernel:
                 res = route.launch(args, None)  # type: ignore[misc]
@@ -234,11 +245,8 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
                             f"{len(args)}", operator=self.name)
         try:
             key = self._key_of(args)  # (device, dtype, shape) of every input
-        except AttributeError:
-            bad = next(i for i, a in enumerate(args) if i not in self._scalars
-                       and not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
-            raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name,
-                            argument=self.shape.inputs[bad][0]) from None
+        except (AttributeError, RuntimeError):  # not a tensor, or one whose sizes torch will not give (nested)
+            raise unreadable(args, self.shape.inputs, self._scalars, self.name) from None
         except ValueError:  # an integer scalar outside its dtype's range (``scalars.scalar_key``)
             scalars.check_scalars(args, self._scalars, self.shape.inputs, self.name, self.shape.dtypes)
             raise
@@ -257,12 +265,12 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
             if outs is None and d.path == REFERENCE:  # as ``__call__`` serves it (one counter bump)
                 return self.serve_reference(route, self._ref, args), d
             return self._reference(args, entry.decision.reason, entry, outs, route)
-        for a in tensors:
-            if not a.is_contiguous():
-                return self._reference(args, "non_contiguous", entry, outs, route)
         fast = kernel is route.kernel
-        if misaligned(tensors) or (fast and outs is not None and route.writes_out and misaligned(outs)):
-            return self._reference(args, "misaligned", entry, outs, route)
+        why = rt.layout_reason(tensors)
+        if not why and fast and outs is not None and route.writes_out:  # the kernel writes into ``out``
+            why = rt.layout_reason(outs)
+        if why:
+            return self._reference(args, why, entry, outs, route)
         direct = None if outs is None or rt.overlaps(outs, tensors) else outs  # else the kernel's own, copied in
         try:
             res = route.launch(args, direct) if fast else kernel(*args)  # type: ignore[misc]

@@ -1,4 +1,5 @@
-"""Route: what the dispatcher memoizes per call key, and the checks on a caller's ``out=``.
+"""Route: what the dispatcher memoizes per call key, the checks on a caller's ``out=`` and on the layout of a
+call's tensors (``layout_reason``), and what a call of several outputs returns (``out_result``, ``tupled``).
 
 The memo key of a call is the (device, dtype, shape) of every input, flat. A key resolves once
 (``OpRunner._resolve``, the slow path) to a ``Route``: the specialization's ``Entry`` (shared
@@ -16,6 +17,7 @@ from typing import Any
 
 from tileship.declare.dims import SAME, shape_at
 from tileship.errors import CallError
+from tileship.runtime import call_args
 from tileship.runtime.decision import Entry
 from tileship.runtime.launch import Launcher, LaunchFn
 
@@ -195,14 +197,16 @@ def tupled(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def check_devices(tensors: Sequence[Any], declared: Sequence[tuple[str, Any]], op: str) -> None:
     """Raises CallError naming the first input that is not a torch.Tensor (an array-like with ``device``,
-    ``dtype`` and ``shape``, such as a NumPy array, is not one), then the first on another device than
-    the first one. The slow path only (first call of a key)."""
+    ``dtype`` and ``shape``, such as a NumPy array, is not one) or is a nested one, then the first on another
+    device than the first one. The slow path only (first call of a key)."""
     import torch
 
     for (name, _), a in zip(declared, tensors, strict=True):
         if not isinstance(a, torch.Tensor):
             raise CallError(f"expected a torch.Tensor, got {type(a).__module__}.{type(a).__name__}", operator=op,
                             argument=name, hint="convert it with torch.as_tensor / torch.from_numpy")
+        if a.is_nested:  # a jagged tensor's shape holds a symbolic size no declared dim binds
+            raise call_args.nested(op, name)
     dev = tensors[0].device
     for (name, _), a in zip(declared, tensors, strict=True):
         if a.device != dev:
@@ -218,12 +222,24 @@ def needs_grad(args: Sequence[Any]) -> bool:
     return False
 
 
-def misaligned(tensors: Sequence[Any]) -> bool:
-    """True when a tensor's address is not a multiple of ``ALIGNMENT`` bytes."""
+def layout_reason(tensors: Sequence[Any]) -> str:
+    """Why a kernel may not be handed ``tensors``, argument by argument (the compiled table's order), or '':
+    ``non_contiguous``; ``misaligned`` (an address not a multiple of ``ALIGNMENT`` bytes); ``no_data``, a tensor
+    with no data a kernel can read: a null data pointer (a FakeTensor's, under FakeTensorMode or torch.compile's
+    tracing: it has the key of a real tensor, and the kernel would read address 0) or no storage at all (vmap's
+    batched tensors, a DTensor). The reference serves all three (on fake tensors, it computes fake outputs)."""
     for t in tensors:
-        if t.data_ptr() % ALIGNMENT:
-            return True
-    return False
+        if not t.is_contiguous():
+            return "non_contiguous"
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+            return "no_data"
+        if not ptr:
+            return "no_data"
+        if ptr % ALIGNMENT:
+            return "misaligned"
+    return ""
 
 
 def all_finite(out: Any) -> bool:
@@ -264,5 +280,5 @@ def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
 
 
 __all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
-           "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad", "out_result",
+           "describe", "expected_outputs", "fill_out", "key_any", "layout_reason", "needs_grad", "out_result",
            "overlaps", "tupled"]

@@ -168,6 +168,15 @@ def test_out_takes_a_list_or_a_tuple_for_several_outputs_and_returns_the_tuple_o
             op(*args, out=seq(wrong))
 
 
+def test_the_adapter_served_keys_of_an_operator_with_scalars_name_their_shapes(release):
+    """``launchers()`` listed an operator with scalars as ``mul_add.float32.N32.c
+    [cpuxtorch.float32xtorch.Size([32])]``: its memo key holds one (device, dtype, shape) per tensor, which the
+    listing joined whole."""
+    op = release.op("mul_add")
+    op(torch.randn(32), 1.0, 2)
+    assert op.launchers() == {"mul_add.float32.N32.c [32]": "adapter: scalar arguments go through the cython adapter"}
+
+
 # -- scalars a kernel cannot take as declared --------------------------------------------------------------------
 @pytest.mark.parametrize("n", [2**32 + 3, 2**31, -(2**31) - 1, 2**64 + 1], ids=["2^32+3", "2^31", "-2^31-1", "2^64+1"])
 def test_an_integer_scalar_outside_its_dtype_is_a_call_error_not_a_wrapped_value(release, n):

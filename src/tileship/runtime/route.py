@@ -265,7 +265,9 @@ def describe(memo: dict[tuple[Any, ...], Route]) -> dict[str, str]:
     for key, r in list(memo.items()):
         if r.entry.kernel is None:
             continue
-        shapes = " ".join("x".join(map(str, k)) for k in key if isinstance(k, tuple))
+        # a key is flat (device, dtype, shape, ...) up to three tensors, else one (device, dtype, shape) per tensor
+        shapes = " ".join("x".join(map(str, k if all(type(d) is int for d in k) else k[-1]))
+                          for k in key if isinstance(k, tuple))
         out[f"{r.entry.decision.spec_id} [{shapes}]"] = r.launcher if r.launch else f"adapter: {r.why}"
     return out
 

@@ -366,3 +366,14 @@ def test_inputs_a_kernel_does_not_cover_get_the_reference_and_its_reason(release
         if a.device.type == "cpu":
             assert torch.equal(s, a + b) and torch.equal(p, a * b)
     _serves_from_its_kernel(release, "sum_prod", (torch.randn(64), torch.randn(64)))
+
+
+def test_the_call_docs_example_runs(cpu_release_build, capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "pytorch.md").read_text()
+    block = re.search(r"## Calling an operator\n\n```python\n(.*?)```", text, re.S).group(1)
+    printed = re.search(r"^    print\(.*\)\n# (.*)$", block, re.M).group(1)
+    exec(compile(block, "docs/pytorch.md", "exec"), {"release_path": cpu_release_build.path})
+    assert capsys.readouterr().out.strip() == printed

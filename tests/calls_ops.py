@@ -1,5 +1,6 @@
 """Small foreign "c"-target operators for ``tests/test_foreign_calls.py``: two outputs, by-value scalars (a bool
-among them), an int32 input with an output of the operator dtype, and an input updated in place with no outputs."""
+among them), an int32 input with an output of the operator dtype, an input updated in place with no outputs, and
+two outputs with scalars (TileLang's adapter serves them) whose reference returns a list."""
 
 import tilelang.language as T
 import torch
@@ -93,3 +94,28 @@ def bump_ref(x, acc):
 bump = Operator(name="bump", factory=bump_kernel, reference=bump_ref,
                 inputs=(TensorArg("X", ("N",)), TensorArg("Acc", ("N",))), mutates=("Acc",),
                 dtypes=("float32",), targets=("c",), shapes=({"N": 64},))
+
+
+def mul_add_kernel(N, dtype="float32"):
+    """M = A * s, P = A + n, for a float32 s and an int32 n."""
+
+    @T.prim_func
+    def main(A: T.Tensor((N,), dtype), s: T.float32, n: T.int32, M: T.Tensor((N,), dtype),
+             P: T.Tensor((N,), dtype)):
+        with T.Kernel(T.ceildiv(N, 16)) as bx:
+            for i in T.Parallel(16):
+                if bx * 16 + i < N:
+                    M[bx * 16 + i] = A[bx * 16 + i] * T.cast(s, dtype)
+                    P[bx * 16 + i] = A[bx * 16 + i] + T.cast(n, dtype)
+
+    return main
+
+
+def mul_add_ref(a, s, n):
+    return [a * s, a + n]  # a list, as foreign code may return several outputs
+
+
+mul_add = Operator(name="mul_add", factory=mul_add_kernel, reference=mul_add_ref,
+                   inputs=(TensorArg("A", ("N",)), ScalarArg("s", dtype="float32"), ScalarArg("n", dtype="int32")),
+                   outputs=(TensorArg("M", ("N",)), TensorArg("P", ("N",))), dtypes=("float32",), targets=("c",),
+                   shapes=({"N": 32},))

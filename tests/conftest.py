@@ -42,6 +42,19 @@ def cpu_release_build(tmp_path_factory: pytest.TempPathFactory, cpu_project):
     return build(cpu_project, load_operators(cpu_project), out, BuildOptions(jobs=2))
 
 
+@pytest.fixture(scope="session")
+def calls_release_build(tmp_path_factory: pytest.TempPathFactory):
+    """A BuildResult of ``tests/calls_ops.py`` (small foreign "c"-target operators), built once per session; each
+    test module loads its own release from it (read-only: copy before editing)."""
+    from tileship.build.builder import BuildOptions, build
+    from tileship.declare.project import Project, load_operators
+
+    proj = Project(model="calls", model_version="1", operator_modules=("calls_ops",), targets=("c",), root=TESTS)
+    res = build(proj, load_operators(proj), tmp_path_factory.mktemp("calls"), BuildOptions(jobs=2))
+    assert res.ok, [(r.spec.id, r.error) for r in res.failed]
+    return res
+
+
 @pytest.fixture
 def cpu_release(cpu_release_build, tmp_path: Path) -> Path:
     """A private copy of the CPU release that a test may tamper with."""

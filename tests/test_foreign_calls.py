@@ -5,7 +5,6 @@ that requires grad, and an output of the operator dtype when no input has it (ea
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,19 +15,12 @@ import calls_ops  # noqa: E402
 
 from tileship.errors import CallError, DeclarationError  # noqa: E402
 
-TESTS = Path(__file__).parent
-
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory):
+def release(calls_release_build):
     import tileship
-    from tileship.build.builder import BuildOptions, build
-    from tileship.declare.project import Project, load_operators
 
-    proj = Project(model="calls", model_version="1", operator_modules=("calls_ops",), targets=("c",), root=TESTS)
-    res = build(proj, load_operators(proj), tmp_path_factory.mktemp("calls"), BuildOptions(jobs=2))
-    assert res.ok, [(r.spec.id, r.error) for r in res.failed]
-    return tileship.load(res.path)
+    return tileship.load(calls_release_build.path)
 
 
 @pytest.mark.parametrize("args", [lambda x: (x, 2.0, True, 4), lambda x: (x, 2.0, True, x), lambda x: (x, 2.0),

@@ -39,7 +39,7 @@ class Breaker:
     _lock: threading.RLock
     shape: OpShape
     entries: list[Entry]
-    reference: Callable[..., Any]
+    _ref: Callable[..., Any]  # the reference (``OpRunner.reference``), a list result made a tuple
     telemetry: ShapeTable
     faults: dict[str, int]
     on_fault: Callable[[Entry, str, str], Any] | None
@@ -63,14 +63,14 @@ class Breaker:
             for i, before in zip(self.shape.mutates, saved, strict=True):
                 args[i].copy_(before)
             t0 = time.perf_counter_ns()
-            ref = self.reference(*args)
+            ref = self._ref(*args)
             ns = time.perf_counter_ns() - t0
             if rt.all_finite(ref):  # else the inputs make both paths non-finite: nothing to blame the kernel for
                 entry = next(e for e in self.entries if e.decision.spec_id == d.spec_id)
                 self._trip(entry, "non_finite", "kernel output has NaN/Inf where the reference's is finite", args)
                 self.telemetry.record(self._route(args).shape, "circuit_open", ns)
                 res, d = ref, Decision(REFERENCE, "circuit_open", d.spec_id)
-        return (res if outs is None else fill_out(outs, res, out, self.name)), d
+        return (res if outs is None else fill_out(outs, res, self.name)), d
 
     def _trip(self, entry: Entry, kind: str, detail: str, args: tuple[Any, ...]) -> None:
         """Open the circuit of ``entry``; only the call that opens it counts, logs and calls the

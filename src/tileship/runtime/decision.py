@@ -14,6 +14,9 @@ Reasons (``Decision.reason``):
     non_contiguous       the kernel needs contiguous inputs
     misaligned           an input (or an ``out`` the kernel would write) is not 16-byte aligned, e.g. a
                          contiguous slice at an offset: never handed to a TMA or vector load
+    no_data              an input (or such an ``out``) has no data a kernel can read: a FakeTensor (FakeTensorMode,
+                         torch.compile's tracing; its null data pointer would crash the kernel) or a tensor with no
+                         storage (vmap's batched tensors, a DTensor); the reference computes on it as torch does
     drift                blocking environment drift against the lock
     build_failed         the specialization failed to compile at build time
     load_failed          its artifact failed to load or warm up here

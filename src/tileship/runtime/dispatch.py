@@ -22,6 +22,11 @@ change drops the table's rows, so the table serves a key exactly as the Python p
 
 The reasons a decision names are listed in ``runtime.decision``.
 
+Inputs may also be passed by their declared names (``runtime.call_args``): they are put in their places first,
+and only when a call has keywords, so a positional call pays for nothing but Python's empty ``**named``. An operator
+of several outputs returns a tuple on every path: the fast launchers build one, and a list from TileLang's adapter
+or from the reference (``runtime.reference_path``) becomes one; with ``out=`` the tuple of the caller's tensors.
+
 An operator that updates inputs in place (``Operator.mutates``) is dispatched the same way: the kernel and the
 reference both write the caller's tensors, and one with no declared outputs returns None on either path. With
 grad mode on, a call whose tensor requires grad goes to the reference (``requires_grad``), which autograd records.
@@ -38,14 +43,17 @@ from typing import Any
 
 import tileship.runtime.native as native_mod
 import tileship.runtime.route as rt
+import tileship.runtime.scalars as scalars
 from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
 from tileship.runtime.breaker import Breaker, fault_args, spanned  # noqa: F401 (fault_args re-exported)
+from tileship.runtime.call_args import bind_named, not_tensor, unreadable
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
 from tileship.runtime.launch import resolve as resolve_launcher
 from tileship.runtime.loaded import Release  # noqa: F401 (re-exported)
-from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, misaligned
+from tileship.runtime.reference_path import ReferencePath
+from tileship.runtime.route import KEY_OF, Route, check_out, fill_out, key_any, out_result
 from tileship.runtime.runner_info import RunnerInfo
 from tileship.runtime.spec_index import SpecIndex
 from tileship.runtime.table_rows import MEMO_LIMIT, TableRows
@@ -54,7 +62,7 @@ from tileship.runtime.telemetry import SAMPLE, ShapeTable, shape_of
 _log = logging.getLogger("tileship.runtime.dispatch")
 
 
-class OpRunner(Breaker, TableRows, RunnerInfo):
+class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
     """Callable operator of a loaded release. Thread-safe.
 
     Circuit breaker: a kernel that raises is disabled (``circuit_open``) and the reference
@@ -72,7 +80,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
                  on_fault: Callable[[Entry, str, str], Any] | None = None) -> None:
         self.name = shape.name
         self.shape = shape
-        self.reference = reference
+        self.reference = reference  # ``_ref`` serves it: a list returned for several outputs becomes a tuple
         self.entries = entries
         self._n = len(shape.inputs)
         self._key_of = KEY_OF.get(self._n, key_any)
@@ -85,7 +93,9 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         if self._scalars:  # scalars add their Python type to the key, never their value
             pick = itemgetter(*tpos)
             self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
-            self._key_of = rt.scalar_key(self._tensors, self._scalars, self._n)
+            ranged = tuple((i, *b) for i in self._scalars
+                           if (b := scalars.scalar_range((shape.dtypes or (SAME,) * self._n)[i])) is not None)
+            self._key_of = scalars.scalar_key(self._tensors, self._scalars, self._n, ranged)
         #: the operator's ``sample(dims, dtype, device)`` hook when it declares one (demo, warm-up)
         self.sample: Callable[..., Any] | None = None
         self._memo: dict[tuple[Any, ...], Route] = {}
@@ -117,10 +127,13 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         return self._plain
 
     # -- hot path ----------------------------------------------------------------
-    def __call__(self, *args: Any, out: Any = None) -> Any:
-        """The output only (``out`` when given). The common case (a memoized key served by a
-        kernel) is the compiled table's, when there is one; else inlined here: one key tuple,
-        one dict lookup, layout, the launch."""
+    def __call__(self, /, *args: Any, out: Any = None, **named: Any) -> Any:
+        """The output only: a tensor, a tuple of several, or None (no outputs); with ``out``, the caller's tensors
+        (``call``'s). Inputs may be passed by their declared names after the positional ones (``call``'s contract).
+        The common case (a memoized key served by a kernel) is the compiled table's, when there is one; else
+        inlined here: one key tuple, one dict lookup, layout, the launch."""
+        if named:  # inputs by name: put in their places once, then the positional call
+            return self(*bind_named(self.shape.inputs, args, named, self.name), out=out)
         if self._grad_on() and rt.needs_grad(args):
             return self._grad_call(args, out)[0]
         native = self._native
@@ -136,7 +149,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
                 route = self._native_routes[res]
             elif res != native_mod.MISS:
                 route = self._route(args)
-                why = "non_contiguous" if res == native_mod.NON_CONTIGUOUS else "misaligned"
+                why = native_mod.REASONS.get(res, "misaligned")
                 return self._reference(args, why, route.entry, route=route)[0]
         elif out is not None and native is not None and not self._check_finite and self.shape.n_outputs == 1:
             return self._native_out(native, args, out)
@@ -145,7 +158,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         if route is None:
             try:
                 route = self._memo[self._key_of(args)]
-            except (KeyError, AttributeError, TypeError, ValueError):  # first call of this key, or bad arguments
+            except (KeyError, AttributeError, TypeError, ValueError, RuntimeError):  # a new key, or bad arguments
                 return self._call_plain(args, None)[0]
             if native is not None and route.native is None:
                 self._native_put(route, args)
@@ -155,17 +168,28 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
             decision, row = route.ref  # the telemetry row cached for a decision (one atomic read)
             if decision is not entry.decision:  # first reference call here, or a new decision since
                 row = self._ref_row(route)
-            if next(row.it) % SAMPLE:  # the call's one counter bump (``Counter.it``)
-                return self.reference(*args)
-            t0 = time.perf_counter_ns()  # one call in SAMPLE is timed for telemetry
-            res = self.reference(*args)
+            try:
+                if next(row.it) % SAMPLE:  # the call's one counter bump (``Counter.it``)
+                    return self._ref(*args)
+                t0 = time.perf_counter_ns()  # one call in SAMPLE is timed for telemetry
+                res = self._ref(*args)
+            except Exception:  # arrays the compiled table took by DLPack, with a tensor's key: name them
+                if (err := not_tensor(args, self.shape.inputs, self._scalars, self.name)) is not None:
+                    raise err from None
+                raise
             row.timed(time.perf_counter_ns() - t0)
             return res
-        for a in (args if self._plain else self._tensors(args)):
-            if not a.is_contiguous():
-                return self._reference(args, "non_contiguous", entry, route=route)[0]
-            if a.data_ptr() % 16:  # route.ALIGNMENT, inlined
-                return self._reference(args, "misaligned", entry, route=route)[0]
+        try:
+            for a in (args if self._plain else self._tensors(args)):
+                if not a.is_contiguous() or (a.data_ptr() or 1) % 16:  # route.ALIGNMENT inlined; 0 is no data
+                    break
+            else:
+                a = None
+        except (RuntimeError, AttributeError):  # no storage (vmap's batched tensors), or no tensor (an array the
+            return self._call_plain(args, None)[0]  # compiled table took by DLPack): the Python path says which
+        if a is not None:  # ``layout_reason`` says which: non_contiguous, misaligned, no_data
+            return self._reference(args, rt.layout_reason(args if self._plain else self._tensors(args)), entry,
+                                   route=route)[0]
         try:
             if kernel is route.kernel:
                 res = route.launch(args, None)  # type: ignore[misc]
@@ -173,7 +197,7 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
                 res = kernel(*args)
                 entry.calls.add()
                 entry.adapter_calls.add()  # after ``calls``: see ``Entry.fast_calls``
-                return res
+                return tuple(res) if type(res) is list else res  # TileLang's adapter lists several outputs
         except Exception as exc:  # the circuit breaker, the same as call()'s
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
             return self._reference(args, "circuit_open", entry, route=route)[0]
@@ -193,15 +217,21 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
             return self.call(*args, out=out)[0]
         route = self._route(args)
         outs = check_out(out, route, args, 1, self.name)
-        return fill_out(outs, res, out, self.name)
+        return fill_out(outs, res, self.name)
 
-    def call(self, *args: Any, out: Any = None, span: Any = None) -> tuple[Any, Decision]:
-        """Run the operator; return (output, decision). Raises CallError for unservable args
-        (a wrong ``out`` included: the argument named is ``out``). With ``out`` (a tensor, or a
-        sequence for several outputs) the result is written there, on either path, and ``out``
-        returned. With ``check_finite`` on, a non-finite kernel output is checked against the reference.
+    def call(self, /, *args: Any, out: Any = None, span: Any = None, **named: Any) -> tuple[Any, Decision]:
+        """Run the operator; return (output, decision). The output is a tensor for one declared output, a tuple
+        for several (on the kernel and the reference path alike: a reference's list becomes a tuple), None for an
+        operator that only updates inputs in place. Inputs are positional, or by their declared names after the
+        positional ones, as in Python (``op.call(x, qweight=w, scales=s)``). Raises CallError for unservable args,
+        naming the argument: an unknown keyword, an input given twice or not at all, a wrong ``out`` (named ``out``).
+        With ``out`` (a tensor; a list or tuple of one per output) the result is written there, on either path,
+        and returned: the tensor, or the tuple of the caller's tensors.
+        With ``check_finite`` on, a non-finite kernel output is checked against the reference.
         ``span`` (``start()``/``stop()``, e.g. the server's canary timer) brackets routing and launches,
         and never the non-finite check."""
+        if named:  # inputs by name: put in their places once
+            args = bind_named(self.shape.inputs, args, named, self.name, own="out=, span=")
         if self._grad_on() and rt.needs_grad(args):
             return self._grad_call(args, out)
         if self._check_finite:
@@ -215,11 +245,11 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
                             f"{len(args)}", operator=self.name)
         try:
             key = self._key_of(args)  # (device, dtype, shape) of every input
-        except AttributeError:
-            bad = next(i for i, a in enumerate(args) if i not in self._scalars
-                       and not all(hasattr(a, f) for f in ("device", "dtype", "shape")))
-            raise CallError(f"expected a torch.Tensor, got {type(args[bad]).__name__}", operator=self.name,
-                            argument=self.shape.inputs[bad][0]) from None
+        except (AttributeError, RuntimeError):  # not a tensor, or one whose sizes torch will not give (nested)
+            raise unreadable(args, self.shape.inputs, self._scalars, self.name) from None
+        except ValueError:  # an integer scalar outside its dtype's range (``scalars.scalar_key``)
+            scalars.check_scalars(args, self._scalars, self.shape.inputs, self.name, self.shape.dtypes)
+            raise
         route = self._memo.get(key)
         return route if route is not None else self._resolve(key, args)
 
@@ -233,25 +263,26 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         if kernel is None:
             d = entry.decision
             if outs is None and d.path == REFERENCE:  # as ``__call__`` serves it (one counter bump)
-                return self.serve_reference(route, self.reference, args), d
-            return self._reference(args, entry.decision.reason, entry, outs, out, route)
-        for a in tensors:
-            if not a.is_contiguous():
-                return self._reference(args, "non_contiguous", entry, outs, out, route)
+                return self.serve_reference(route, self._ref, args), d
+            return self._reference(args, entry.decision.reason, entry, outs, route)
         fast = kernel is route.kernel
-        if misaligned(tensors) or (fast and outs is not None and route.writes_out and misaligned(outs)):
-            return self._reference(args, "misaligned", entry, outs, out, route)
+        why = rt.layout_reason(tensors)
+        if not why and fast and outs is not None and route.writes_out:  # the kernel writes into ``out``
+            why = rt.layout_reason(outs)
+        if why:
+            return self._reference(args, why, entry, outs, route)
         direct = None if outs is None or rt.overlaps(outs, tensors) else outs  # else the kernel's own, copied in
         try:
             res = route.launch(args, direct) if fast else kernel(*args)  # type: ignore[misc]
         except Exception as exc:  # the circuit breaker: this specialization goes to the reference
             self._trip(entry, "kernel_raised", f"kernel raised {type(exc).__name__}: {exc}", args)
-            return self._reference(args, "circuit_open", entry, outs, out, route)
+            return self._reference(args, "circuit_open", entry, outs, route)
         entry.calls.add()  # Counter: atomic under the GIL, no lock on the hot path
         if not fast:
             entry.adapter_calls.add()  # after ``calls``: see ``Entry.fast_calls``
+            res = tuple(res) if type(res) is list else res  # TileLang's adapter lists several outputs
         if outs is not None:
-            res = out if fast and direct is not None else fill_out(outs, res, out, self.name)
+            res = out_result(outs) if fast and direct is not None else fill_out(outs, res, self.name)
         return res, entry.decision
 
     def _grad_call(self, args: tuple[Any, ...], out: Any) -> tuple[Any, Decision]:
@@ -270,43 +301,9 @@ class OpRunner(Breaker, TableRows, RunnerInfo):
         route = self._route(args)
         return route if route.entry.kernel is None else None
 
-    def serve_reference(self, route: Route, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        """``fn(*args)`` for a key ``route`` sends to the reference, counted in the key's telemetry
-        row as the reference's own calls are (one counter bump; one call in SAMPLE timed)."""
-        decision, row = route.ref
-        if decision is not route.entry.decision:
-            row = self._ref_row(route)
-        if next(row.it) % SAMPLE:
-            return fn(*args)
-        t0 = time.perf_counter_ns()
-        res = fn(*args)
-        row.timed(time.perf_counter_ns() - t0)
-        return res
-
-    def _ref_row(self, route: Route) -> Any:
-        """Cache on ``route`` the telemetry row of its entry's current decision, stored with that
-        decision as one tuple: threads racing a decision change never pair a row with another reason."""
-        decision = route.entry.decision
-        row = self.telemetry.row(route.shape, decision.reason)
-        route.ref = (decision, row)
-        return row
-
-    def _reference(self, args: tuple[Any, ...], reason: str, entry: Entry, outs: tuple[Any, ...] | None = None,
-                   given: Any = None, route: Route | None = None) -> tuple[Any, Decision]:
-        t0 = time.perf_counter_ns()
-        res = self.reference(*args)
-        ns = time.perf_counter_ns() - t0
-        if outs is not None:
-            res = fill_out(outs, res, given, self.name)
-        self.telemetry.record(route.shape if route is not None else None, reason, ns)
-        d = entry.decision
-        if d.path != REFERENCE or d.reason != reason:
-            d = Decision(REFERENCE, reason, d.spec_id)
-        return res, d
-
     # -- slow path (first call of a key) -------------------------------------------
     def _resolve(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Route:
-        rt.check_scalars(args, self._scalars, self.shape.inputs, self.name, self.shape.dtypes)
+        scalars.check_scalars(args, self._scalars, self.shape.inputs, self.name, self.shape.dtypes)
         full, args = args, self._tensors(args)
         rt.check_devices(args, self._tdecl, self.name)
         b = bind(self._tdecl, [tuple(a.shape) for a in args])

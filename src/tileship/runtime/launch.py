@@ -34,7 +34,7 @@ from typing import Any
 from tileship import env
 
 #: ``launch(args, out)``: ``args`` the call's arguments as given, ``out`` None or the caller's
-#: output tensors (validated); returns the output (one tensor, or a list for several)
+#: output tensors (validated); returns the output (one tensor, or a tuple for several)
 LaunchFn = Callable[[tuple[Any, ...], Sequence[Any] | None], Any]
 
 
@@ -134,10 +134,10 @@ def _tvm_ffi(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], device: 
         def callee(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
             res = fn(*args, args[0])  # the anchor tensor installs torch's allocator for the outputs
             if out is None:
-                return res if single else list(res)
+                return res if single else tuple(res)
             for o, r in zip(out, (res,) if single else res, strict=True):
                 o.copy_(r)
-            return out[0] if single else list(out)
+            return out[0] if single else tuple(out)
 
         return Launcher(callee, kind="tvm_ffi_callee_alloc", writes_out=False, ffi=fn if single else None,
                         anchor=True)
@@ -158,14 +158,14 @@ def _tvm_ffi(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], device: 
         def tail(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
             o = out if out is not None else [empty(size=s, dtype=d, device=device) for s, d in shapes]
             fn(*args, *o)
-            return o[0] if single else (list(o) or None)
+            return o[0] if single else (tuple(o) or None)
 
         return Launcher(tail, kind="tvm_ffi", ffi=None if shapes else fn)  # no outputs: updates inputs only
 
     def placed(args: tuple[Any, ...], out: Sequence[Any] | None) -> Any:
         o = out if out is not None else [empty(size=s, dtype=d, device=device) for s, d in shapes]
         fn(*[(o[j] if is_out else args[j]) for is_out, j in places])
-        return o[0] if single else (list(o) or None)
+        return o[0] if single else (tuple(o) or None)
 
     return Launcher(placed, kind="tvm_ffi")
 
@@ -235,7 +235,7 @@ def _ctypes(adapter: Any, outs: Sequence[tuple[tuple[int, ...], Any]], args: tup
             rc = fn(*[(o[j] if is_out else args[j]).data_ptr() for is_out, j in places], *tail_args)
         if rc != 0:
             raise failed(rc)
-        return o[0] if single else (list(o) or None)
+        return o[0] if single else (tuple(o) or None)
 
     return Launcher(launch, kind="ctypes", c_call=c_call)
 

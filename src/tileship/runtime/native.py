@@ -8,7 +8,7 @@ key, no Python launcher. What it cannot serve it answers with an int, and the Py
 (``runtime.dispatch``) takes over:
 
     < 0   MISS (-1: no row for this key, or the tensors came without torch's allocator, e.g. NumPy
-          arrays), NON_CONTIGUOUS (-2), MISALIGNED (-3)
+          arrays), NON_CONTIGUOUS (-2), MISALIGNED (-3), NO_DATA (-4: a null data pointer, a FakeTensor's)
     >= 0  a route row: the index of the memoized ``Route`` that serves the key in Python (the
           reference, or a Python launcher)
 
@@ -53,7 +53,9 @@ ABI = 3
 MAX_ARGS = 16
 MAX_CALL = 24  # pointers + symbolic dims + the stream of a "c"-target call (fastcall.c)
 MAX_OUT_NDIM = 16
-MISS, NON_CONTIGUOUS, MISALIGNED = -1, -2, -3
+MISS, NON_CONTIGUOUS, MISALIGNED, NO_DATA = -1, -2, -3, -4
+#: the reference's reason for each code a table answers with instead of launching (an older library never says NO_DATA)
+REASONS = {NON_CONTIGUOUS: "non_contiguous", MISALIGNED: "misaligned", NO_DATA: "no_data"}
 _log = logging.getLogger("tileship.runtime.native")
 _modules: dict[str, Any] = {}
 
@@ -226,5 +228,5 @@ def _dl_dtypes() -> dict[Any, int]:
     return {dt: code | bits << 8 | 1 << 16 for dt, (code, bits) in pairs.items()}
 
 
-__all__ = ["ABI", "LIBRARY", "MISALIGNED", "MISS", "NON_CONTIGUOUS", "NativeBuild", "NativeTable", "SOURCE",
-           "attach", "attach_runner", "compile_library", "is_native", "load_module"]
+__all__ = ["ABI", "LIBRARY", "MISALIGNED", "MISS", "NON_CONTIGUOUS", "NO_DATA", "REASONS", "NativeBuild", "NativeTable",
+           "SOURCE", "attach", "attach_runner", "compile_library", "is_native", "load_module"]

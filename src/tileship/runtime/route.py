@@ -1,4 +1,5 @@
-"""Route: what the dispatcher memoizes per call key, and the checks on a caller's ``out=``.
+"""Route: what the dispatcher memoizes per call key, the checks on a caller's ``out=`` and on the layout of a
+call's tensors (``layout_reason``), and what a call of several outputs returns (``out_result``, ``tupled``).
 
 The memo key of a call is the (device, dtype, shape) of every input, flat. A key resolves once
 (``OpRunner._resolve``, the slow path) to a ``Route``: the specialization's ``Entry`` (shared
@@ -16,6 +17,7 @@ from typing import Any
 
 from tileship.declare.dims import SAME, shape_at
 from tileship.errors import CallError
+from tileship.runtime import call_args
 from tileship.runtime.decision import Entry
 from tileship.runtime.launch import Launcher, LaunchFn
 
@@ -41,20 +43,6 @@ def _key3(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def key_any(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(map(_KEY, args))
-
-
-def scalar_key(tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]], scalars: Sequence[int],
-               n: int) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """The memo key of an operator with ScalarArgs: its ``tensors``' keys, then each scalar's Python type (never
-    its value). It raises TypeError for a call with another number of arguments than ``n``: picking positions
-    would ignore an extra argument, and the memoized kernel would be launched with it (and trip the breaker)."""
-
-    def key_of(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        if len(args) != n:
-            raise TypeError(f"{len(args)} arguments, not {n}")  # the slow path names the operator and its inputs
-        return (*key_any(tensors(args)), *(type(args[i]) for i in scalars))
-
-    return key_of
 
 
 #: the memo key of a call, arity-specialized because this is most of the dispatcher's cost per
@@ -174,10 +162,10 @@ def overlaps(outs: Sequence[Any], tensors: Sequence[Any]) -> bool:
     return False
 
 
-def fill_out(outs: tuple[Any, ...], result: Any, given: Any, op: str) -> Any:
-    """Copy ``result`` (a tensor, or a sequence of them) into the checked ``outs``; returns
-    ``given`` (what the caller passed as ``out``). Raises CallError when a result does not fit
-    (only possible where the declaration could not give the output shapes up front)."""
+def fill_out(outs: tuple[Any, ...], result: Any, op: str) -> Any:
+    """Copy ``result`` (a tensor, or a sequence of them) into the checked ``outs``; returns ``out_result(outs)``.
+    Raises CallError when a result does not fit (only possible where the declaration could not give the
+    output shapes up front)."""
     results = (result,) if len(outs) == 1 and hasattr(result, "data_ptr") else tuple(result)
     for o, r in zip(outs, results, strict=True):
         if o is r:
@@ -186,39 +174,39 @@ def fill_out(outs: tuple[Any, ...], result: Any, given: Any, op: str) -> Any:
             raise CallError(f"out is {tuple(o.shape)} {o.dtype}, the result {tuple(r.shape)} {r.dtype}",
                             operator=op, argument="out")
         o.copy_(r)
-    return given
+    return out_result(outs)
 
 
-def check_scalars(args: tuple[Any, ...], scalars: Sequence[int], inputs: Sequence[tuple[str, Any]], op: str,
-                  dtypes: Sequence[str] = ()) -> None:
-    """Raises CallError naming a ScalarArg that is not a Python number, or (``dtypes``: the declared
-    dtype of each input) a number the kernel cannot take as declared: a non-integer for an integer
-    scalar, a non-bool for a bool one. Checked when a key is first seen (the Python type is in the key),
-    so such a call is the caller's error, never a kernel fault that trips the breaker."""
-    for i in scalars:
-        v = args[i]
-        if not isinstance(v, (int, float, bool)):
-            raise CallError(f"is a ScalarArg: pass a Python number, got {type(v).__name__}", operator=op,
-                            argument=inputs[i][0], hint="pass float(x) / int(x), or x.item() for a one-element tensor")
-        want = dtypes[i] if i < len(dtypes) else ""
-        if want == "bool" and not isinstance(v, bool):
-            raise CallError(f"is a bool ScalarArg, got {type(v).__name__}", operator=op, argument=inputs[i][0],
-                            hint="pass True or False")
-        if want.startswith(("int", "uint")) and (isinstance(v, bool) or not isinstance(v, int)):
-            raise CallError(f"is an {want} ScalarArg, got {type(v).__name__} {v!r:.40}", operator=op,
-                            argument=inputs[i][0], hint="pass a Python int (int(x) when the value is whole)")
+def out_result(outs: tuple[Any, ...]) -> Any:
+    """What a call with ``out=`` returns, whichever path wrote it: the caller's tensor for one output (given
+    as a tensor or a sequence of one), the tuple of the caller's tensors for several (given as a list or a
+    tuple), as the call without ``out=`` returns a tensor or a tuple."""
+    return outs[0] if len(outs) == 1 else outs
+
+
+def tupled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (an operator's reference) with a list result returned as a tuple: an operator of several outputs
+    returns a tuple on every path."""
+
+    def call(*args: Any) -> Any:
+        res = fn(*args)
+        return tuple(res) if type(res) is list else res
+
+    return call
 
 
 def check_devices(tensors: Sequence[Any], declared: Sequence[tuple[str, Any]], op: str) -> None:
     """Raises CallError naming the first input that is not a torch.Tensor (an array-like with ``device``,
-    ``dtype`` and ``shape``, such as a NumPy array, is not one), then the first on another device than
-    the first one. The slow path only (first call of a key)."""
+    ``dtype`` and ``shape``, such as a NumPy array, is not one) or is a nested one, then the first on another
+    device than the first one. The slow path only (first call of a key)."""
     import torch
 
     for (name, _), a in zip(declared, tensors, strict=True):
         if not isinstance(a, torch.Tensor):
             raise CallError(f"expected a torch.Tensor, got {type(a).__module__}.{type(a).__name__}", operator=op,
                             argument=name, hint="convert it with torch.as_tensor / torch.from_numpy")
+        if a.is_nested:  # a jagged tensor's shape holds a symbolic size no declared dim binds
+            raise call_args.nested(op, name)
     dev = tensors[0].device
     for (name, _), a in zip(declared, tensors, strict=True):
         if a.device != dev:
@@ -234,12 +222,24 @@ def needs_grad(args: Sequence[Any]) -> bool:
     return False
 
 
-def misaligned(tensors: Sequence[Any]) -> bool:
-    """True when a tensor's address is not a multiple of ``ALIGNMENT`` bytes."""
+def layout_reason(tensors: Sequence[Any]) -> str:
+    """Why a kernel may not be handed ``tensors``, argument by argument (the compiled table's order), or '':
+    ``non_contiguous``; ``misaligned`` (an address not a multiple of ``ALIGNMENT`` bytes); ``no_data``, a tensor
+    with no data a kernel can read: a null data pointer (a FakeTensor's, under FakeTensorMode or torch.compile's
+    tracing: it has the key of a real tensor, and the kernel would read address 0) or no storage at all (vmap's
+    batched tensors, a DTensor). The reference serves all three (on fake tensors, it computes fake outputs)."""
     for t in tensors:
-        if t.data_ptr() % ALIGNMENT:
-            return True
-    return False
+        if not t.is_contiguous():
+            return "non_contiguous"
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+            return "no_data"
+        if not ptr:
+            return "no_data"
+        if ptr % ALIGNMENT:
+            return "misaligned"
+    return ""
 
 
 def all_finite(out: Any) -> bool:
@@ -265,7 +265,9 @@ def describe(memo: dict[tuple[Any, ...], Route]) -> dict[str, str]:
     for key, r in list(memo.items()):
         if r.entry.kernel is None:
             continue
-        shapes = " ".join("x".join(map(str, k)) for k in key if isinstance(k, tuple))
+        # a key is flat (device, dtype, shape, ...) up to three tensors, else one (device, dtype, shape) per tensor
+        shapes = " ".join("x".join(map(str, k if all(type(d) is int for d in k) else k[-1]))
+                          for k in key if isinstance(k, tuple))
         out[f"{r.entry.decision.spec_id} [{shapes}]"] = r.launcher if r.launch else f"adapter: {r.why}"
     return out
 
@@ -280,5 +282,5 @@ def capability_matches(device: Any, capability: tuple[int, int] | None) -> bool:
 
 
 __all__ = ["ALIGNMENT", "KEY_OF", "Route", "all_finite", "capability_matches", "check_devices", "check_out",
-           "check_scalars", "describe", "expected_outputs", "fill_out", "key_any", "misaligned", "needs_grad",
-           "overlaps", "scalar_key"]
+           "describe", "expected_outputs", "fill_out", "key_any", "layout_reason", "needs_grad", "out_result",
+           "overlaps", "tupled"]

@@ -9,6 +9,7 @@
  *   -1  MISS            no row for this key (or an argument is not a tensor): the Python dispatcher decides
  *   -2  NON_CONTIGUOUS  a tensor is not contiguous: the reference serves it
  *   -3  MISALIGNED      a tensor's address is not a multiple of 16 bytes: the reference serves it
+ *   -4  NO_DATA         a tensor's data pointer is null (a FakeTensor has a real tensor's key): the reference serves it
  *
  * A kernel that fails sets the tvm-ffi error as usual; it reaches Python as an exception.
  * Called with an int first, the Function runs a control operation instead:
@@ -50,6 +51,7 @@
 #define MISS (-1)
 #define NON_CONTIGUOUS (-2)
 #define MISALIGNED (-3)
+#define NO_DATA (-4)
 #define ALIGNMENT 16
 #define MAX_CALL 24 /* pointers + symbolic dims + the stream of a "c"-target call */
 #define MAX_OUT_NDIM 16
@@ -437,7 +439,7 @@ static int64_t nbytes(const DLTensor* t) {
 static int usable_out(const DLTensor* o, DLTensor* const* ts, int n) {
   if (o->ndim > MAX_OUT_NDIM || !contiguous(o)) return 0;
   uintptr_t lo = (uintptr_t)o->data + o->byte_offset, hi = lo + (uintptr_t)nbytes(o);
-  if (lo % ALIGNMENT) return 0;
+  if (lo == 0 || lo % ALIGNMENT) return 0; /* 0: a fake tensor's, no memory to write */
   for (int i = 0; i < n; ++i) {
     uintptr_t a = (uintptr_t)ts[i]->data + ts[i]->byte_offset, b = a + (uintptr_t)nbytes(ts[i]);
     if (a < hi && lo < b) return 0;
@@ -540,20 +542,22 @@ static int serve(Table* t, const TVMFFIAny* args, int n, TVMFFIAny* result, DLTe
     }
   }
   pthread_mutex_unlock(&t->mu);
-  if (fn == NULL && !has_plan) return ret_int(result, slot); /* MISS, or a route row's index */
-  if (TVMFFIEnvGetDLPackManagedTensorAllocator() == NULL) {
-    /* no caller's tensor allocator: the tensors are not torch's (a NumPy array, say): the Python path refuses them */
+  /* no caller's tensor allocator: the tensors are not torch's (NumPy arrays, say, which tvm-ffi takes by DLPack with
+   * a torch tensor's key): the Python path refuses them, for a route row too (its route would get the arrays) */
+  if (slot >= 0 && TVMFFIEnvGetDLPackManagedTensorAllocator() == NULL) {
     if (fn != NULL) TVMFFIObjectDecRef(fn);
     return ret_int(result, MISS);
   }
+  if (fn == NULL && !has_plan) return ret_int(result, slot); /* MISS, or a route row's index */
   for (int i = 0; i < n; ++i) { /* the Python path's order: contiguity, then alignment, argument by argument */
     if (!contiguous(ts[i])) {
       if (fn != NULL) TVMFFIObjectDecRef(fn);
       return ret_int(result, NON_CONTIGUOUS);
     }
-    if (((uintptr_t)ts[i]->data + ts[i]->byte_offset) % ALIGNMENT) {
+    uintptr_t addr = (uintptr_t)ts[i]->data + ts[i]->byte_offset;
+    if (addr == 0 || addr % ALIGNMENT) { /* 0: a fake tensor's null pointer, which the kernel would read */
       if (fn != NULL) TVMFFIObjectDecRef(fn);
-      return ret_int(result, MISALIGNED);
+      return ret_int(result, addr == 0 ? NO_DATA : MISALIGNED);
     }
   }
   int rc = launch(fn, has_plan ? &plan : NULL, anchor, args, n, ts, result, out);

@@ -2,6 +2,7 @@
 
     protocol   parse / check / encode requests (JSON and the binary tensor data extension)
     holder     the live release; load + check + warm off to the side, then swap (hot swap)
+    hot_swap   a reload: resolve, load and warm (holder), roll the workers, swap, record it; 409 naming the stage
     app        the ASGI app: routes, admission control, worker thread, errors, metrics, logs
     calls      one inference request through the server, whatever carried it (REST or gRPC)
     grpc_service  the KServe v2 gRPC endpoint (--grpc-port) on the same loop and Service;

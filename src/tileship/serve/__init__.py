@@ -6,7 +6,7 @@
     app        the ASGI app: routes, admission control, worker thread, errors, metrics, logs
     calls      one inference request through the server, whatever carried it (REST or gRPC)
     grpc_service  the KServe v2 gRPC endpoint (--grpc-port) on the same loop and Service;
-               grpc_codec its message <-> request/response conversions
+               grpc_codec its message <-> request/response conversions, grpc_handlers each RPC's wrapper
     model      a whole model (``--llama``) swapped onto each release the holder prepares
     server     uvicorn in the foreground (``run``) or on a background thread (``BackgroundServer``)
     jsonlog    one JSON object per log line

@@ -1,6 +1,6 @@
 """``tileship serve``: the operators of a release over the Open Inference Protocol (KServe v2 REST and gRPC).
 
-    protocol   parse / check / encode requests (JSON and the binary tensor data extension)
+    protocol   parse requests (JSON and the binary tensor data extension); call_plan checks them against a declaration
     holder     the live release; load + check + warm off to the side, then swap (hot swap)
     hot_swap   a reload: resolve, load and warm (holder), roll the workers, swap, record it; 409 naming the stage
     app        the ASGI app: routes, admission control, worker thread, errors, metrics, logs

@@ -2,7 +2,7 @@
 for a reviewer, and rehearse rollbacks.
 
     verify    correctness (NaN poisoning) and timing of every specialization vs its reference
-    report    HTML page and plots of a release's evidence
+    report    HTML page and plots (report_plots) of a release's evidence
     drill     rollback rehearsal against a running ``tileship serve``
     demo      call every specialization this machine can run and compare with the reference
 """

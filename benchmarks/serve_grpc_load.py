@@ -58,7 +58,7 @@ def in_process(release: Any, op: str, wire: bytes, tensors: list[Any], n: int, d
     import torch
     from tritonclient.grpc import service_pb2 as pb
 
-    from tileship.serve import grpc_codec, protocol
+    from tileship.serve import call_plan, grpc_codec
 
     runner, decl = release.ops[op], release.declarations[op]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -74,7 +74,7 @@ def in_process(release: Any, op: str, wire: bytes, tensors: list[Any], n: int, d
         call_t.append(time.perf_counter() - t0)
     for i in range(n + 3):
         t0 = time.perf_counter()
-        plan = protocol.plan_call(grpc_codec.parse(pb.ModelInferRequest.FromString(wire)), op, decl)
+        plan = call_plan.plan_call(grpc_codec.parse(pb.ModelInferRequest.FromString(wire)), op, decl)
         out, decision = runner.call(*plan.arguments(device))
         sync()
         resp = grpc_codec.encode(model=op, version=release.release_id, request_id=None, parameters={},

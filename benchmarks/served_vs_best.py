@@ -5,7 +5,7 @@
 For each group this machine runs (operator x dtype x shape or range x target; CUDA on a GPU
 host, else "c") and each of its shapes (the tuned bucket points; else the sizes verification
 recorded; else the verification points), times on the same rotating inputs, in interleaved
-rounds whose first path changes every round (``tileship.verify.verify.measure``: CUDA events /
+rounds whose first path changes every round (``tileship.verify.timing.measure``: CUDA events /
 perf_counter; median of the round medians, spread = ``timing.round_spread`` of them):
 
     served       release.op(name)(*inputs): the dispatcher, whichever path it picks
@@ -39,8 +39,7 @@ def _interleaved(
     """name -> (median of the round medians, spread = ``round_spread`` of them, the round medians);
     the paths take turns, the first one changing every round, so drift in clocks or temperature
     hits all of them alike."""
-    from tileship.verify.timing import round_spread
-    from tileship.verify.verify import measure
+    from tileship.verify.timing import measure, round_spread
 
     names = list(paths)
     meds: dict[str, list[float]] = {n: [] for n in names}
@@ -80,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     from tileship.runtime import nojit
     from tileship.runtime.loader import load, load_artifact
     from tileship.verify.latency import HostGauge
+    from tileship.verify.spec_check import dynamic_block
     from tileship.verify.timing import rotation_sets
     from tileship.verify.tune import _runner, served_table
-    from tileship.verify.verify import dynamic_block
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     gauge = HostGauge("cuda") if device == "cuda" else None

@@ -142,7 +142,8 @@ def test_dispatch_follows_each_tensor_dtype_and_derived_dims(typed_release):
 
 
 def test_verify_sizes_poison_and_tolerance_per_output(typed_release):
-    from tileship.verify.verify import VerifyOptions, verify
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
 
     res = verify(typed_release, VerifyOptions(timing=False, seeds=(0,)), write=False)
     assert res.ok, [(v.spec.id, v.failure) for v in res.verdicts]
@@ -227,7 +228,7 @@ def test_a_sample_hook_or_reference_that_raises_is_a_verdict_not_a_crash(typed_r
 
     from tileship.declare.spec import Specialization
     from tileship.runtime.loader import load_artifact
-    from tileship.verify.verify import VerifyOptions, verify_spec
+    from tileship.verify.spec_check import VerifyOptions, verify_spec
 
     rel = json.loads((typed_release / "release.json").read_text())
     sid = "qadd.float32.N64.c"
@@ -276,7 +277,8 @@ def test_scalar_args_verify_trace_and_serve(typed_release):
     from tileship.runtime.loader import load
     from tileship.serve import BackgroundServer, ServeConfig
     from tileship.torchops.custom_ops import register
-    from tileship.verify.verify import VerifyOptions, verify
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
 
     res = verify(typed_release, VerifyOptions(timing=False, seeds=(0,), only=("scaled_add",)), write=False)
     assert res.ok, [(v.spec.id, v.failure) for v in res.verdicts]

@@ -24,7 +24,8 @@ from tileship.release import bundle, evidence_seal
 from tileship.release.evidence import EVIDENCE
 from tileship.release.registry import Active, Registry
 from tileship.runtime.loader import load
-from tileship.verify.verify import VerifyOptions, verify
+from tileship.verify.spec_check import VerifyOptions
+from tileship.verify.verify import verify
 
 STATIC = "add.float32.N4096.c"
 REPLAYED = (EVIDENCE, evidence_seal.SIGNATURE)

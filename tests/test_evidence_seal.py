@@ -16,7 +16,8 @@ from test_serve import copy_release, serving
 
 from tileship.release import bundle, evidence, evidence_seal
 from tileship.runtime.loader import load
-from tileship.verify.verify import VerifyOptions, verify
+from tileship.verify.spec_check import VerifyOptions
+from tileship.verify.verify import verify
 
 QUICK = VerifyOptions(seeds=(0,), timing=False, grid=0, limit=256)
 STATIC = "add.float32.N4096.c"

@@ -135,7 +135,7 @@ def test_a_reference_returning_a_sequence_of_one_for_one_output_fails_verificati
 
     from tileship.declare.spec import Specialization
     from tileship.torchops.custom_ops import register
-    from tileship.verify.verify import VerifyOptions, verify_spec
+    from tileship.verify.spec_check import VerifyOptions, verify_spec
 
     spec = Specialization("twice", "float32", (("N", 32),), "c")
     desc = {"inputs": [["A", ["N"]]], "outputs": [["B", ["N"]]], "dtypes": ["float32"]}

@@ -51,7 +51,8 @@ def test_every_form_is_recorded(forms):
 
 def test_every_form_builds_loads_and_runs(forms_build):
     from tileship.runtime.loader import load
-    from tileship.verify.verify import VerifyOptions, verify
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
 
     assert forms_build.ok, [(r.spec.id, r.error) for r in forms_build.failed]
     art = json.loads(next((forms_build.path / "specs").glob("jit_add.*")).joinpath("artifact.json").read_text())

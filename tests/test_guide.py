@@ -42,7 +42,8 @@ def test_the_guide_has_eight_declarations():
 def test_every_guide_declaration_builds_verifies_and_runs(guide_build):
     from tileship.runtime.loader import load
     from tileship.verify.demo import exercise
-    from tileship.verify.verify import VerifyOptions, verify
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
 
     assert guide_build.ok, [(r.spec.id, r.error) for r in guide_build.failed]
     res = verify(guide_build.path, VerifyOptions(timing=False, seeds=(0, 1), limit=512), write=False)

@@ -239,7 +239,8 @@ def test_served_over_http_it_runs_the_kernel_and_answers_with_no_outputs(cache_r
 # -- verify ---------------------------------------------------------------------------------------------
 
 def test_verify_passes_the_real_kernel_comparing_the_whole_caches(cache_release) -> None:
-    from tileship.verify.verify import VerifyOptions, verify
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
 
     result = verify(cache_release.path, VerifyOptions(seeds=(0, 1), timing=False), write=False)
     assert result.verdicts and all(v.passed for v in result.verdicts), [v.failure for v in result.verdicts]
@@ -265,7 +266,7 @@ def _wrong(how: str) -> Any:
 
 
 def test_verify_fails_a_paged_kernel_that_writes_the_right_row_of_the_wrong_page(cache_release) -> None:
-    from tileship.verify.verify import VerifyOptions, verify_spec
+    from tileship.verify.spec_check import VerifyOptions, verify_spec
 
     def wrong_page(k, v, k_new, v_new, table, pos):
         p = pos.long()
@@ -284,7 +285,7 @@ def test_verify_fails_a_paged_kernel_that_writes_the_right_row_of_the_wrong_page
 @pytest.mark.parametrize("how, where", [("nothing", "output k_cache"), ("wrong row", "output k_cache"),
                                         ("stray row", "output k_cache")])
 def test_verify_fails_a_kernel_that_writes_nothing_the_wrong_row_or_a_stray_row(cache_release, how, where) -> None:
-    from tileship.verify.verify import VerifyOptions, verify_spec
+    from tileship.verify.spec_check import VerifyOptions, verify_spec
 
     desc = json.loads((cache_release.path / "release.json").read_text())["operators"]["kv_append_cpu"]
     spec = next(s for s in expand(cpu_cache.kv_append_cpu_op) if dict(s.dims)["B"] == 3)

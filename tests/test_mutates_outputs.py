@@ -40,7 +40,8 @@ def test_the_output_is_returned_and_the_input_updated_on_the_kernel_path(inplace
 
 
 def test_verify_compares_the_output_and_the_updated_input(inplace_release) -> None:
-    from tileship.verify.verify import VerifyOptions, verify, verify_spec
+    from tileship.verify.spec_check import VerifyOptions, verify_spec
+    from tileship.verify.verify import verify
 
     res = verify(inplace_release, VerifyOptions(seeds=(0,), timing=False, grid=0), write=False)
     assert res.verdicts and all(v.passed for v in res.verdicts), [v.failure for v in res.verdicts]

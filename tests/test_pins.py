@@ -125,7 +125,8 @@ def test_check_reports_reference_drift(pinned_build, edited_helper):
 
 
 def test_verify_refuses_a_changed_reference(pinned_build, edited_helper):
-    from tileship.verify.verify import VerifyOptions, verify
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
 
     with pytest.raises(ReferenceDrift, match="module pin_helpers"):
         verify(pinned_build[1], VerifyOptions(seeds=(0,), timing=False), write=False)

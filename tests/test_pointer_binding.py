@@ -21,7 +21,7 @@ from test_serve import copy_release, post, serving
 from test_serve_warm_rollback import served_by
 
 from tileship.errors import PointerSignatureError, RegistryError
-from tileship.release import pointer_seal
+from tileship.release import pointer_seal, pointer_served
 from tileship.release import registry_id as regid
 from tileship.release.registry import Registry, read_pointer
 from tileship.serve import ServeConfig
@@ -98,17 +98,17 @@ def test_replacing_the_registry_id_too_is_refused_by_a_reader_that_served_a_poin
                                                     f"serves is bound to registry {serving_b.registry_id}"):
         resolve(b.root, activator_keys=trust, after=serving_b)
     state = tmp_path / "served.json"  # and so does a restarted one that kept it (--generation-state)
-    pointer_seal.write_served(state, serving_b)
-    assert pointer_seal.read_served(state) == serving_b
+    pointer_served.write_served(state, serving_b)
+    assert pointer_served.read_served(state) == serving_b
     with pytest.raises(PointerSignatureError, match="the registry's identity changed"):
-        resolve(b.root, activator_keys=trust, after=pointer_seal.read_served(state))
+        resolve(b.root, activator_keys=trust, after=pointer_served.read_served(state))
     record = json.loads(state.read_text())
     del record["registry_id"]  # a record from before registry ids: no id to hold the registry to
     state.write_text(json.dumps(record))
-    assert pointer_seal.read_served(state) == pointer_seal.Sealed(1, serving_b.key_id, serving_b.digest)
+    assert pointer_served.read_served(state) == pointer_seal.Sealed(1, serving_b.key_id, serving_b.digest)
     state.write_text(json.dumps({**record, "registry_id": "../x"}))
     with pytest.raises(PointerSignatureError, match="not a served-pointer record"):
-        pointer_seal.read_served(state)
+        pointer_served.read_served(state)
 
 
 def _legacy(reg: Registry, key: Path) -> None:

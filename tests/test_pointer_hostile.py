@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from tileship.cli import app
 from tileship.errors import PointerSignatureError, RegistryError
-from tileship.release import pointer_seal
+from tileship.release import pointer_seal, pointer_served
 from tileship.release.registry import Registry, read_pointer
 from tileship.serve import ServeConfig
 
@@ -142,11 +142,11 @@ def test_a_generation_state_that_is_not_one_is_refused_at_once(tmp_path, kind) -
         field, value = {"bad-key-id": ("key_id", "\u202e" * 5), "bad-digest": ("digest", "sha256:"),
                         "bool-generation": ("generation", True)}[kind]
         state.write_text(json.dumps({**ok, field: value}))
-    exc = within(lambda: pointer_seal.read_served(state))
+    exc = within(lambda: pointer_served.read_served(state))
     assert isinstance(exc, PointerSignatureError) and "the generation state is" in exc.message, repr(exc)
     state.unlink()
     state.write_text(json.dumps(ok))
-    assert pointer_seal.read_served(state) == pointer_seal.Sealed(3, ok["key_id"], ok["digest"])
+    assert pointer_served.read_served(state) == pointer_seal.Sealed(3, ok["key_id"], ok["digest"])
 
 
 def test_a_reload_meeting_a_fifo_pointer_answers_and_keeps_serving(cpu_release_build, tmp_path, keys) -> None:  # noqa: F811

@@ -20,7 +20,7 @@ from test_registry import fake_release
 from typer.testing import CliRunner
 
 from tileship.cli import app
-from tileship.release import pointer_seal
+from tileship.release import pointer_served
 from tileship.release.registry import Registry
 from tileship.serve.canary import CanaryPolicy
 from tileship.serve.fleet_plan import FleetPolicy
@@ -168,7 +168,7 @@ def test_the_fleet_controller_keeps_its_pointer_across_restarts(signed, keys, tm
     reg.activate(a)  # generation 3
     ctrl, _ = _controller(reg, [keys["activator"][1]], generation_state=str(state))
     assert asyncio.run(_started(ctrl)) == a
-    assert pointer_seal.read_served(state) == ctrl.pointer and ctrl.pointer is not None
+    assert pointer_served.read_served(state) == ctrl.pointer and ctrl.pointer is not None
     reg.pointer.write_bytes(gen2)  # replayed while the controller was down
     again, _ = _controller(reg, [keys["activator"][1]], generation_state=str(state))
     with pytest.raises(Exception, match="generation 2 is older than generation 3"):

@@ -1,5 +1,5 @@
 """The pointer a server served, kept across restarts (``tileship serve --generation-state FILE``,
-``TILESHIP_POINTER_STATE``; ``pointer_seal.write_served``/``read_served``): a restarted server refuses a validly
+``TILESHIP_POINTER_STATE``; ``pointer_served.write_served``/``read_served``): a restarted server refuses a validly
 sealed pointer older than the one it served before, at start (exit 1) and at reload. Without the option a fresh
 server trusts the first sealed pointer, as before. Real keys, registries and, for the wiring, a real server."""
 
@@ -16,7 +16,7 @@ from test_pointer_seal import _serve
 from test_serve import copy_release, post, serving
 
 from tileship.errors import PointerSignatureError
-from tileship.release import pointer_seal
+from tileship.release import pointer_seal, pointer_served
 from tileship.release.registry import Registry
 from tileship.serve import ServeConfig
 from tileship.serve.holder import ReleaseHolder
@@ -41,7 +41,7 @@ def test_a_restarted_holder_refuses_a_pointer_older_than_the_one_it_served(signe
     assert first.pointer is None  # a first start: nothing kept yet
     target = first.resolve()
     first.swap(object(), target.sealed)  # type: ignore[arg-type]  (what a reload does once A is loaded)
-    kept = pointer_seal.read_served(state)
+    kept = pointer_served.read_served(state)
     assert kept == target.sealed and kept is not None and kept.generation == 3
     assert json.loads(state.read_text())["generation"] == 3 and list(state.parent.iterdir()) == [state]
     reg.pointer.write_bytes(gen2)  # replayed while the server was down
@@ -52,7 +52,7 @@ def test_a_restarted_holder_refuses_a_pointer_older_than_the_one_it_served(signe
     again = _holder(reg, pub, state)
     assert again.unchanged(again.resolve(), None) is False  # nothing serves yet: not kept
     again.swap(object(), again.resolve().sealed)  # type: ignore[arg-type]
-    assert pointer_seal.read_served(state).generation == 4  # type: ignore[union-attr]
+    assert pointer_served.read_served(state).generation == 4  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"generation": 3}', b'{"generation": -1, "key_id": "k", '
@@ -60,7 +60,7 @@ def test_a_restarted_holder_refuses_a_pointer_older_than_the_one_it_served(signe
 def test_a_state_file_that_is_not_one_is_refused(tmp_path, body: bytes) -> None:
     (tmp_path / "s").write_bytes(body)
     with pytest.raises(PointerSignatureError, match="the generation state is"):
-        pointer_seal.read_served(tmp_path / "s")
+        pointer_served.read_served(tmp_path / "s")
 
 
 def test_serve_refuses_to_start_on_a_pointer_older_than_the_state_kept(signed, keys, tmp_path) -> None:
@@ -70,7 +70,7 @@ def test_serve_refuses_to_start_on_a_pointer_older_than_the_state_kept(signed, k
     reg.rollback()
     sealed = pointer_seal.follow(reg.root, pointer_seal.trusted([pub]))[2]
     assert sealed is not None
-    pointer_seal.write_served(state, sealed)
+    pointer_served.write_served(state, sealed)
     reg.pointer.write_bytes(gen2)
     res = _serve(str(reg.root), "--trusted-activator-key", str(pub), "--generation-state", str(state))
     err = " ".join(res.stderr.split())
@@ -90,7 +90,7 @@ def test_a_server_keeps_the_pointer_it_serves(cpu_release_build, tmp_path, keys)
     config = ServeConfig(source=reg.root, trusted_activator_keys=(keys["activator"][1],), generation_state=state,
                          warm_rollback=False, log_stream=io.StringIO())
     with serving(config) as srv:
-        assert pointer_seal.read_served(state) == srv.service.holder.pointer
+        assert pointer_served.read_served(state) == srv.service.holder.pointer
         assert srv.service.holder.pointer is not None and srv.service.holder.pointer.generation == 1
         reg.activate(id_b)
         assert post(srv, "/v2/repository/reload").json()["result"] == "swapped"

@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 
 from tileship.errors import VerificationError
 from tileship.release import evidence
-from tileship.verify.report import KERNEL_COLOR, REFERENCE_COLOR, write_report
-from tileship.verify.verify import VerifyOptions, verify
+from tileship.verify.report import write_report
+from tileship.verify.report_plots import KERNEL_COLOR, REFERENCE_COLOR
+from tileship.verify.spec_check import VerifyOptions
+from tileship.verify.verify import verify
 
 QUICK = VerifyOptions(seeds=(0, 1), limit=1024, grid=0, budget_ms=2.0, warmup_ms=1.0, min_repeats=3, max_repeats=5)
 

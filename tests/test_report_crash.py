@@ -12,7 +12,8 @@ from pathlib import Path
 import crashpoints
 import pytest
 
-from tileship.verify.verify import VerifyOptions, verify
+from tileship.verify.spec_check import VerifyOptions
+from tileship.verify.verify import verify
 
 QUICK = VerifyOptions(seeds=(0,), limit=256, grid=0, budget_ms=1.0, warmup_ms=0.5, min_repeats=3, max_repeats=3)
 OLD = {"index.html": b"<!DOCTYPE html><html>the old report</html>\n", "add-speedup.png": b"old plot"}

@@ -63,7 +63,8 @@ def verified_twins(tmp_path_factory):
     """The decode twins built for "c" and verified here with timing (their ops declare cost models)."""
     from tileship.build.builder import BuildOptions, build
     from tileship.declare.project import builtin_project, load_operators
-    from tileship.verify.verify import VerifyOptions, verify
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
 
     project = dataclasses.replace(builtin_project(), targets=("c",), operator_modules=("tileship.catalog.cpu_decode",))
     built = build(project, load_operators(project), tmp_path_factory.mktemp("rf"), BuildOptions(jobs=2))

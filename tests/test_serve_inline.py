@@ -22,7 +22,7 @@ from test_serve_workers import add_binary
 
 from tileship.runtime.decision import Decision
 from tileship.serve import BackgroundServer, ServeConfig, handoff
-from tileship.serve.protocol import CallPlan
+from tileship.serve.call_plan import CallPlan
 
 KERNEL = Decision("kernel", "kernel", "add.float32.N8.c")
 REFERENCE = Decision("reference", "undeclared_shape", None)

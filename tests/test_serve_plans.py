@@ -1,4 +1,4 @@
-"""``serve.plans``: a kept plan is the plan ``protocol.plan_call`` makes, around each request's own inputs;
+"""``serve.plans``: a kept plan is the plan ``call_plan.plan_call`` makes, around each request's own inputs;
 refusals are never kept; another declaration object (a new release) is planned afresh."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tileship.serve import protocol
+from tileship.serve import call_plan, protocol
 from tileship.serve.plans import Plans
 from tileship.serve.validate import BadRequest
 
@@ -23,7 +23,7 @@ def _request(n: int, order: tuple[str, ...] = ("A", "B"), dtype: str = "FP32", o
     return protocol.parse_infer(bytearray(body), None)
 
 
-def _same(got: protocol.CallPlan, want: protocol.CallPlan) -> None:
+def _same(got: call_plan.CallPlan, want: call_plan.CallPlan) -> None:
     assert [i.name for i in got.inputs] == [i.name for i in want.inputs]
     assert (got.dtype, got.dims, got.declared, got.outputs, got.scalars, got.allow_nonfinite) == \
         (want.dtype, want.dims, want.declared, want.outputs, want.scalars, want.allow_nonfinite)
@@ -35,7 +35,7 @@ def test_a_kept_plan_is_plan_calls_around_the_new_requests_inputs(n):
     for order in [("A", "B"), ("B", "A"), ("A", "B"), ("B", "A")]:
         req = _request(n, order)
         got = plans.plan(req, "add", DECL)
-        _same(got, protocol.plan_call(req, "add", DECL))
+        _same(got, call_plan.plan_call(req, "add", DECL))
         assert all(any(x is i for i in req.inputs) for x in got.inputs)  # this request's own tensors
     assert len(plans._kept) == 2
 

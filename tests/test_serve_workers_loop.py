@@ -19,11 +19,11 @@ from test_serve import log_lines
 from test_serve_workers import add_binary, server, wait_workers, workers_server  # noqa: F401 (fixture)
 from traffic import ClosedLoop
 
-from tileship.serve import protocol, remote
+from tileship.serve import call_plan, protocol, remote
 
 
-def _plan(*inputs: protocol.InputTensor) -> protocol.CallPlan:
-    return protocol.CallPlan(inputs=list(inputs), dtype="float32", dims={}, declared=True, outputs=[])
+def _plan(*inputs: protocol.InputTensor) -> call_plan.CallPlan:
+    return call_plan.CallPlan(inputs=list(inputs), dtype="float32", dims={}, declared=True, outputs=[])
 
 
 def test_on_loop_takes_only_small_calls_to_workers_without_cuda_windows():

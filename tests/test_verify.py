@@ -18,8 +18,9 @@ from tileship.errors import BundleIntegrityError
 from tileship.release import evidence
 from tileship.runtime import nojit
 from tileship.verify.compare import check_output, fill_poison, poisoned_call
+from tileship.verify.spec_check import VerifyOptions, time_pair, verify_spec
 from tileship.verify.timing import CPU_CACHE_BYTES, MAX_INPUT_SETS, rotation_sets
-from tileship.verify.verify import VerifyOptions, time_pair, verify, verify_spec
+from tileship.verify.verify import verify
 
 TESTS = Path(__file__).parent
 QUICK = VerifyOptions(seeds=(0, 1), limit=1024, grid=0, budget_ms=2.0, warmup_ms=1.0, min_repeats=3, max_repeats=5)

@@ -22,7 +22,7 @@ from typing import Any
 from filelock import FileLock
 
 from tileship.errors import TileshipError
-from tileship.release import bundle, integrity, swap
+from tileship.release import bundle, integrity, nofollow, swap
 
 log = logging.getLogger(__name__)
 STAGING = ".staging-"
@@ -41,11 +41,11 @@ def commit(staging: Path, out_root: Path, sign_key: Path | None) -> tuple[dict[s
     in one step. Returns (manifest, the release's path, the signing key id or None)."""
     manifest = bundle.write_manifest(staging)
     key_id = bundle.sign(staging, sign_key) if sign_key else None  # signed before anyone can see it
-    integrity.fsync_dir(staging)
+    nofollow.fsync_dir(staging)
     final = out_root / manifest["release_id"]
     with _lock(out_root):
         swap.replace_dir(staging, final)
-        integrity.fsync_dir(out_root)
+        nofollow.fsync_dir(out_root)
     return manifest, final, key_id
 
 

@@ -193,12 +193,12 @@ def _check_pointer(source: Path, keys: tuple[Path, ...] | None, state: Path | No
     activator keys refuse, not bound to ``registry_id`` (``--trusted-registry-id``), or older than the one kept in
     ``state`` (``--generation-state``); a reload refuses the same pointer with 409 and keeps serving."""
     from tileship.errors import RegistryError
-    from tileship.release import pointer_seal
+    from tileship.release import pointer_seal, pointer_served
     from tileship.serve.source import resolve
 
     if trusted := pointer_seal.trusted(keys):
         try:
-            resolve(source, activator_keys=trusted, after=pointer_seal.read_served(state), registry_id=registry_id)
+            resolve(source, activator_keys=trusted, after=pointer_served.read_served(state), registry_id=registry_id)
         except RegistryError:
             pass  # nothing active, no such directory: the server starts and says so, as without activator keys
 

@@ -78,7 +78,8 @@ def verify_cmd(
 
     from rich.table import Table
 
-    from tileship.verify.verify import VerifyOptions, verify
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
 
     if reference_dtype not in ("float64", "float32"):
         raise typer.BadParameter(f"{reference_dtype!r}: use float64 or float32", param_hint="--reference-dtype")

@@ -290,7 +290,7 @@ def unpack(archive: Path, dest: Path) -> Path:
 def copy_release(src: Path, dest: Path) -> None:
     """Copy a release directory to ``dest`` atomically: its listed files only, hashed while copied,
     fsynced, then one rename of the complete copy. Raises BundleError naming the file."""
-    from tileship.release import integrity
+    from tileship.release import integrity, nofollow
 
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -300,4 +300,4 @@ def copy_release(src: Path, dest: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    integrity.fsync_dir(dest.parent)
+    nofollow.fsync_dir(dest.parent)

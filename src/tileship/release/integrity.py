@@ -7,7 +7,7 @@
   bytes the signature is verified over.
 - Every path is confined to the release: manifest paths may not be absolute, contain ``..``,
   ``.`` or empty parts; every directory on the way and every file is opened relative to the
-  release with ``O_NOFOLLOW``, so no symlink is followed anywhere. Anything that is not a
+  release with ``O_NOFOLLOW`` (``release.nofollow``), so no symlink is followed anywhere. Anything that is not a
   regular file or a directory (symlink, FIFO, socket, device) is refused, naming the file,
   without being opened.
 - A directory named like a release id must carry that id; any other name is accepted with a
@@ -24,7 +24,6 @@ malformed bundle.
 from __future__ import annotations
 
 import atexit
-import errno
 import hashlib
 import os
 import re
@@ -40,14 +39,22 @@ from tileship import env
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
 from tileship.release import strict_json
 from tileship.release.inplace import leftover, pending_manifests, raise_if_replaced
+from tileship.release.nofollow import (
+    DIR_FLAGS,
+    fsync_tree_dirs,
+    kind,
+    open_regular,
+    read_small,
+    refuse,
+    write_all,
+    write_new,
+)
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
 #: a directory named like this claims to hold that release
 RELEASE_DIR_RE = re.compile(r"([0-9a-f]{16})(@[0-9]+)?")
 _CHUNK = 1 << 20
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -67,63 +74,6 @@ class Checked:
         return str(self.manifest["release_id"])
 
 
-def _refuse(path: Path, why: str, hint: str | None = None) -> BundleIntegrityError:
-    return BundleIntegrityError(f"{path}: {why}", path=str(path), hint=hint)
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _open_regular(root_fd: int, rel: str, root: Path) -> int:
-    """An fd of the regular file ``rel`` under ``root_fd``; no symlink is followed on the way."""
-    shown = root / rel
-    parts = rel.split("/")
-    fd, opened = root_fd, []
-    try:
-        for part in parts[:-1]:
-            fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            opened.append(fd)
-        st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode):
-            raise _refuse(shown, f"{_kind(st.st_mode)}: only regular files are allowed in a release")
-        out = os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
-        if not stat.S_ISREG(os.fstat(out).st_mode):  # swapped between the stat and the open
-            os.close(out)
-            raise _refuse(shown, "changed into a non-regular file while being read")
-        return out
-    except FileNotFoundError:
-        raise _refuse(shown, "listed in the manifest but missing") from None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise _refuse(shown, "a path component is a symlink or not a directory (paths must stay inside "
-                                 "the release)") from None
-        raise _refuse(shown, f"cannot be read ({exc.strerror})") from None
-    finally:
-        for d in opened:
-            os.close(d)
-
-
-def _read_small(root_fd: int, rel: str, root: Path, limit: int = 64 << 20) -> bytes | None:
-    """The bytes of the manifest or signature ``rel`` (None when missing); larger than ``limit``
-    is refused from its size, before it is read into memory."""
-    try:
-        fd = _open_regular(root_fd, rel, root)
-    except BundleIntegrityError as exc:
-        if "missing" in exc.message:
-            return None
-        raise
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise _refuse(root / rel, f"larger than {limit} bytes: not a file tileship writes")
-    return data
-
-
 def _present(root: Path) -> list[str]:
     """Every regular file below ``root`` (posix, relative); refuses anything else, naming it."""
     out: list[str] = []
@@ -138,7 +88,7 @@ def _present(root: Path) -> list[str]:
                 elif stat.S_ISREG(st.st_mode):
                     out.append(rel)
                 else:
-                    raise _refuse(root / rel, f"{_kind(st.st_mode)}: only regular files are allowed in a release")
+                    raise refuse(root / rel, f"{kind(st.st_mode)}: only regular files are allowed in a release")
 
     walk(root, "")
     return [r for r in out if r not in (MANIFEST, SIGNATURE)]
@@ -157,14 +107,14 @@ def parse_manifest(data: bytes, path: Path) -> dict[str, Any]:
 
     man = strict_json.loads(data, path, "manifest")
     if not (isinstance(man, dict) and isinstance(man.get("files"), dict) and isinstance(man.get("release_id"), str)):
-        raise _refuse(path, "manifest lacks files/release_id")
+        raise refuse(path, "manifest lacks files/release_id")
     for rel, digest in man["files"].items():
         if not confined(rel) or rel in (MANIFEST, SIGNATURE):
-            raise _refuse(path, f"unsafe path {rel!r} in manifest (absolute, '..', or not a plain relative path)")
+            raise refuse(path, f"unsafe path {rel!r} in manifest (absolute, '..', or not a plain relative path)")
         if not (isinstance(digest, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
-            raise _refuse(path, f"malformed hash for {rel!r}")
+            raise refuse(path, f"malformed hash for {rel!r}")
     if release_id_of(man["files"]) != man["release_id"]:
-        raise _refuse(path, "release id does not match the listed files (manifest edited)")
+        raise refuse(path, "release id does not match the listed files (manifest edited)")
     return man
 
 
@@ -220,14 +170,14 @@ def _check(root: Path | str, manifest_name: str, trusted_keys: Iterable[Path] | 
     if not root.is_dir():
         raise BundleError(f"{given}: no such release directory", path=str(given))
     try:
-        root_fd = os.open(root, _DIR_FLAGS)
+        root_fd = os.open(root, DIR_FLAGS)
     except OSError as exc:
         raise BundleError(f"{root}: cannot open the release directory ({exc.strerror})", path=str(root)) from None
     try:
-        body = _read_small(root_fd, manifest_name, root)
+        body = read_small(root_fd, manifest_name, root)
         if body is None:
-            raise _refuse(root / MANIFEST, "manifest missing: not a tileship release")
-        sig = _read_small(root_fd, SIGNATURE, root, limit=1 << 16)
+            raise refuse(root / MANIFEST, "manifest missing: not a tileship release")
+        sig = read_small(root_fd, SIGNATURE, root, limit=1 << 16)
         manifest = parse_manifest(body, root / MANIFEST)
         rid, warnings = manifest["release_id"], []
         named = RELEASE_DIR_RE.fullmatch(root.name)
@@ -242,9 +192,9 @@ def _check(root: Path | str, manifest_name: str, trusted_keys: Iterable[Path] | 
             present.discard(rel)
             warnings.append(f"{rel}: the temporary of an interrupted write; not part of the release, ignored")
         for rel in sorted(set(listed) - present):
-            raise _refuse(root / rel, "listed in the manifest but missing")
+            raise refuse(root / rel, "listed in the manifest but missing")
         for rel in sorted(present - set(listed)):
-            raise _refuse(root / rel, "present but not listed in the manifest (extra file)")
+            raise refuse(root / rel, "present but not listed in the manifest (extra file)")
         if copy_to is not None:
             copy_to.mkdir(mode=0o700)
         for rel in sorted(listed):
@@ -252,11 +202,11 @@ def _check(root: Path | str, manifest_name: str, trusted_keys: Iterable[Path] | 
             if data is not None:
                 _check_artifact(root / rel, data, listed)
         if copy_to is not None:
-            _write(copy_to / MANIFEST, body, durable)
+            write_new(copy_to / MANIFEST, body, durable)
             if sig is not None:
-                _write(copy_to / SIGNATURE, sig, durable)
+                write_new(copy_to / SIGNATURE, sig, durable)
             if durable:
-                _fsync_tree_dirs(copy_to)
+                fsync_tree_dirs(copy_to)
     finally:
         os.close(root_fd)
     kid = None
@@ -272,17 +222,17 @@ def _check_artifact(path: Path, data: bytes, listed: dict[str, str]) -> None:
     """``specs/<id>/artifact.json``'s ``library`` must name a listed file of its own spec directory."""
     art = strict_json.loads(data, path, "artifact description")
     if not isinstance(art, dict):
-        raise _refuse(path, "artifact description is not a JSON object")
+        raise refuse(path, "artifact description is not a JSON object")
     lib = art.get("library")
     spec_dir = path.parent.name
     if not (isinstance(lib, str) and confined(lib) and "/" not in lib and f"specs/{spec_dir}/{lib}" in listed):
-        raise _refuse(path, f"library {lib!r} is not a file of its own specialization directory "
-                            "(paths must stay inside specs/<id>/)")
+        raise refuse(path, f"library {lib!r} is not a file of its own specialization directory "
+                           "(paths must stay inside specs/<id>/)")
 
 
 def _hash_copy(root_fd: int, root: Path, rel: str, want: str, copy_to: Path | None, durable: bool) -> bytes | None:
     """Hash (and copy) one file; returns its bytes when it is an artifact description to check."""
-    fd = _open_regular(root_fd, rel, root)
+    fd = open_regular(root_fd, rel, root)
     h = hashlib.sha256()
     out: int | None = None
     dest: Path | None = None
@@ -297,7 +247,7 @@ def _hash_copy(root_fd: int, root: Path, rel: str, want: str, copy_to: Path | No
             if keep is not None:
                 keep += chunk
             if out is not None and dest is not None:
-                _write_all(out, chunk, dest)
+                write_all(out, chunk, dest)
         if out is not None and durable:
             os.fsync(out)
     finally:
@@ -305,37 +255,8 @@ def _hash_copy(root_fd: int, root: Path, rel: str, want: str, copy_to: Path | No
         if out is not None:
             os.close(out)
     if "sha256:" + h.hexdigest() != want:
-        raise _refuse(root / rel, "sha256 does not match the manifest (tampered or corrupted)")
+        raise refuse(root / rel, "sha256 does not match the manifest (tampered or corrupted)")
     return bytes(keep) if keep is not None else None
-
-
-def _write_all(fd: int, data: bytes, path: Path) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _write(path: Path, data: bytes, durable: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        _write_all(fd, data, path)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree_dirs(top: Path) -> None:
-    for d, _, _ in os.walk(top, topdown=False):
-        fsync_dir(Path(d))
 
 
 def snapshot(root: Path | str, *, trusted_keys: Iterable[Path] | None = None) -> Checked:

@@ -40,10 +40,9 @@ a role and a counter of its own:
   drops them, which a reader trusting activator keys refuses as unsigned (or, sealed by an older tileship with
   the key, as unbound). With no activator key trusted nothing here is checked.
 
-A server may keep the pointer it served across restarts (``write_served``/``read_served``: ``tileship serve
---generation-state FILE``, ``TILESHIP_POINTER_STATE``), so that a restarted server refuses an older pointer too.
-
-The file also keeps the registry id served, so a restarted server refuses a registry whose id changed.
+A server may keep the pointer it served across restarts (``pointer_served``: ``tileship serve --generation-state
+FILE``, ``TILESHIP_POINTER_STATE``), so that a restarted server refuses an older pointer, or a registry whose id
+changed, too.
 
 A reader may be given the registry id to trust (``check(registry=)``; ``serve --trusted-registry-id``,
 ``TILESHIP_TRUSTED_REGISTRY_ID``): then only a pointer bound to that id is accepted, from the first one on.
@@ -63,7 +62,6 @@ import base64
 import hashlib
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -76,9 +74,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from tileship import env
 from tileship.digits import parse_uint
 from tileship.errors import PointerSignatureError
-from tileship.release import bundle, pointer_expiry, small_file, strict_json
+from tileship.release import bundle, pointer_expiry, small_file
 from tileship.release import registry_id as regid
-from tileship.release.records import KEY_ID
 
 if TYPE_CHECKING:
     from tileship.release.records import Active
@@ -90,9 +87,6 @@ DOMAIN = b"tileship-pointer-v1\0"
 FIELDS = ("generation", "registry_id", "sealed_by", "signature")
 #: beside the pointer: the highest generation the registry wrote (``next_generation``)
 HIGH_WATER = ".generation"
-#: the most of a ``--generation-state`` file read (``write_served`` writes about a hundred bytes)
-STATE_READ_LIMIT = 4096
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _RESEAL_HINT = "restore it with `tileship activate ID --sign-key KEY` (or `tileship rollback --sign-key KEY`)"
 
 
@@ -295,47 +289,3 @@ def active_checked(root: Path, keys: Sequence[Ed25519PublicKey], after: Sealed |
     the check accepted. Raises as ``follow`` does."""
     reg, state, sealed = follow(root, keys, after, registry)
     return reg.active_of(state), sealed
-
-
-def read_served(path: Path | None) -> Sealed | None:
-    """The pointer a server served last, as ``write_served`` left it in ``path``; None when ``path`` is None
-    or does not exist yet (a first start). Raises PointerSignatureError naming ``path`` when it is unreadable
-    or not such a record: it is only ever written whole, so anything else was not written by a server. A FIFO or
-    a device is refused without blocking on it, a file over ``STATE_READ_LIMIT`` bytes without reading it whole."""
-    if path is None:
-        return None
-    data: Any
-    try:
-        data = strict_json.loads(small_file.read(Path(path), STATE_READ_LIMIT), path, error=PointerSignatureError)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:  # a directory, a FIFO, unreadable, too large
-        data = exc.strerror or exc
-    except PointerSignatureError as exc:  # not strict JSON
-        data = exc.message
-    gen = data.get("generation") if isinstance(data, dict) else None
-    kid = data.get("key_id") if isinstance(data, dict) else None
-    digest = data.get("digest") if isinstance(data, dict) else None
-    bound = data.get("registry_id") if isinstance(data, dict) else None  # absent in a record from before ids
-    if not (type(gen) is int and 0 <= gen < 10**18 and isinstance(kid, str) and KEY_ID.fullmatch(kid)
-            and isinstance(digest, str) and DIGEST.fullmatch(digest)
-            and (bound is None or (isinstance(bound, str) and regid.ID.fullmatch(bound)))):
-        why = "not a served-pointer record" if isinstance(data, dict) else f"unreadable ({data})"
-        raise PointerSignatureError(f"{path}: the generation state is {why}", path=str(path),
-                                    hint="restore it, or remove it to trust the registry's current pointer once "
-                                         "(as a first start does)")
-    return Sealed(gen, kid, digest, bound)
-
-
-def write_served(path: Path, sealed: Sealed) -> None:
-    """Record ``sealed`` as the pointer served, atomically: a temporary beside ``path``, fsynced, renamed over it
-    (``inplace.write_atomic``), then the directory fsynced; killed at any instant, ``path`` holds the old record
-    or the new one. Raises OSError when it cannot be written."""
-    path = Path(path)
-    record = {"generation": sealed.generation, "key_id": sealed.key_id, "digest": sealed.digest}
-    bundle.write_json_atomic(path, record | ({"registry_id": sealed.registry_id} if sealed.registry_id else {}))
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

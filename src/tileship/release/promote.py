@@ -52,7 +52,7 @@ def build(project: Path | None, out: Path, *, jobs: int) -> Path:
 def verify(path: Path, *, budget_ms: float = 100.0) -> dict[str, Any]:
     """Verify the release on this machine (evidence written into it); a summary. Raises
     VerificationError when a specialization failed: a release that failed is not promoted."""
-    from tileship.verify.verify import VerifyOptions
+    from tileship.verify.spec_check import VerifyOptions
     from tileship.verify.verify import verify as do_verify
 
     result = do_verify(path, VerifyOptions(seeds=(0, 1), budget_ms=budget_ms, warmup_ms=min(25.0, budget_ms)))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship.errors import BundleError, BundleIntegrityError, RegistryError
-from tileship.release import bundle, evidence_seal, integrity, small_file, strict_json
+from tileship.release import bundle, evidence_seal, nofollow, small_file, strict_json
 from tileship.release.evidence_seal import NO_EVIDENCE
 
 POINTER_SCHEMA = 1
@@ -271,4 +271,4 @@ def _write_pointer_once(pointer: Path, state: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    integrity.fsync_dir(pointer.parent)
+    nofollow.fsync_dir(pointer.parent)

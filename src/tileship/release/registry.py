@@ -29,10 +29,7 @@ Nothing here imports torch or TileLang.
 
 from __future__ import annotations
 
-import errno
 import re
-import tarfile
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -44,8 +41,9 @@ from filelock import FileLock, Timeout
 
 from tileship import env
 from tileship.errors import BundleError, RegistryError
-from tileship.release import bundle, evidence_seal, images, integrity, layout, pointer_expiry, pointer_seal
+from tileship.release import evidence_seal, integrity, layout, pointer_expiry, pointer_seal
 from tileship.release import registry_id as regid
+from tileship.release.publishing import Publishing
 from tileship.release.records import (  # noqa: F401 (re-exported)
     POINTER_SCHEMA,
     RESERVE,
@@ -70,14 +68,7 @@ def default_root() -> Path:
     return env.home() / "registry"
 
 
-def _publish_failed(src: Path, exc: OSError, root: Path) -> RegistryError:
-    """The error of a publish the filesystem refused (a directory's copy or an archive's unpacking)."""
-    cause = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-    return RegistryError(f"publishing {src} failed: {cause} ({exc.filename or root}); the registry is unchanged",
-                         hint="free space on the registry's filesystem and publish again")
-
-
-class Registry:
+class Registry(Publishing):
     """A registry rooted at ``root`` (created on first write). Every method is safe to call
     from several processes at once: changes are serialized by a file lock. ``activator_key`` (a PEM path or
     key; default ``TILESHIP_ACTIVATOR_KEY``, else unsigned) seals every pointer written (``pointer_seal``), with
@@ -151,75 +142,6 @@ class Registry:
         return sorted(out, key=lambda r: (r.published_at, r.release_id))
 
     # -- changing ---------------------------------------------------------------
-    def publish(self, source: Path | str, *, replace: bool = False, image_digest: str | None = None) -> str:
-        """Copy a release bundle (directory or ``tileship pack`` archive) into the registry. Returns its id.
-
-        Integrity is checked before and after the copy; the copy appears whole or not at all.
-        Publishing the identical release again is a no-op. A release with the same id but
-        other non-identity files (newer evidence, build log) is refused unless ``replace``.
-        ``image_digest`` (``sha256:<64 hex>``, checked before anything is copied): record the image
-        the release ships in (``release.images``; replaces an earlier record; the release itself is
-        not changed). Raises BundleIntegrityError (names the file) or RegistryError.
-        """
-        src = Path(source)
-        if image_digest is not None:
-            images.check_digest(image_digest)
-        with self._locked():
-            if src.is_file():
-                with tempfile.TemporaryDirectory(dir=self.root, prefix=".unpack-") as tmp:
-                    try:
-                        unpacked = bundle.unpack(src, Path(tmp))
-                    except OSError as exc:
-                        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                            raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive "
-                                                f"({exc})") from None
-                        raise _publish_failed(src, exc, self.root) from None
-                    except tarfile.TarError as exc:
-                        raise RegistryError(f"{src}: not a release directory or a `tileship pack` archive "
-                                            f"({exc})") from None
-                    rid = self._publish_dir(unpacked, replace)
-            else:
-                rid = self._publish_dir(src, replace)
-            if image_digest is not None:
-                images.record(self.root, rid, image_digest)
-            return rid
-
-    def image_digest(self, release_id: str) -> str | None:
-        """The image digest recorded for a published release (``publish --image-digest``), or None."""
-        return images.recorded(self.root, self.resolve(release_id))
-
-    def _publish_dir(self, src: Path, replace: bool) -> str:
-        try:
-            return self._publish_checked(src, replace)
-        except OSError as exc:
-            self.gc()
-            raise _publish_failed(src, exc, self.root) from None
-
-    def _publish_checked(self, src: Path, replace: bool) -> str:
-        manifest = bundle.check_integrity(src)
-        rid = manifest["release_id"]
-        self.releases_dir.mkdir(parents=True, exist_ok=True)
-        dest = self._current(rid)
-        if dest.is_dir():
-            try:
-                same = (bundle.read_manifest(dest) == manifest
-                        and bundle.read_or_none(dest / bundle.SIGNATURE) == bundle.read_or_none(src / bundle.SIGNATURE))
-            except BundleError:
-                same = False
-            if same:
-                bundle.check_integrity(dest)
-                return rid
-            if not replace:
-                raise RegistryError(f"release {rid} is already published with other evidence or build log ({dest})",
-                                    hint="pass --replace to overwrite the published copy")
-            # the complete new copy appears (one rename) before the old one goes: no window without it
-            newer = self.releases_dir / f"{rid}@{layout.version(dest) + 1}"
-            bundle.copy_release(src, newer)
-            layout.drop(dest)
-        else:
-            bundle.copy_release(src, dest)
-        return rid
-
     def activate(self, release_id: str, *, force: bool = False, reference_only: bool = False,
                  evidence: str | None = None) -> Active:
         """Make ``release_id`` active (atomically), pinning its evidence (``Active.evidence``). Returns the new state.

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tileship.errors import BundleError, RegistryError, TileshipError
-from tileship.release import inplace, integrity, strict_json
+from tileship.release import inplace, nofollow, strict_json
 from tileship.release.records import REGISTRY_ID
 
 NAME = "registry.json"
@@ -101,7 +101,7 @@ def ensure(root: Path, since: int) -> Identity:
             if exc.errno not in _NO_LINK:
                 raise
             os.replace(tmp, path)  # no hard links here: under the lock, nobody else writes it
-        integrity.fsync_dir(root)
+        nofollow.fsync_dir(root)
     except OSError as exc:
         cause = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
         raise RegistryError(f"{path}: the registry id cannot be written ({cause}); the pointer is unchanged",

@@ -1,11 +1,12 @@
 """``tileship serve``: the operators of a release over the Open Inference Protocol (KServe v2 REST and gRPC).
 
-    protocol   parse / check / encode requests (JSON and the binary tensor data extension)
+    protocol   parse requests (JSON and the binary tensor data extension); call_plan checks them against a declaration
     holder     the live release; load + check + warm off to the side, then swap (hot swap)
+    hot_swap   a reload: resolve, load and warm (holder), roll the workers, swap, record it; 409 naming the stage
     app        the ASGI app: routes, admission control, worker thread, errors, metrics, logs
     calls      one inference request through the server, whatever carried it (REST or gRPC)
     grpc_service  the KServe v2 gRPC endpoint (--grpc-port) on the same loop and Service;
-               grpc_codec its message <-> request/response conversions
+               grpc_codec its message <-> request/response conversions, grpc_handlers each RPC's wrapper
     model      a whole model (``--llama``) swapped onto each release the holder prepares
     server     uvicorn in the foreground (``run``) or on a background thread (``BackgroundServer``)
     jsonlog    one JSON object per log line

@@ -26,11 +26,11 @@ from starlette.responses import JSONResponse, Response
 
 from tileship.release.diagnostics_queue import CaptureQueue
 from tileship.runtime.dispatch import Decision, OpRunner, Release
-from tileship.serve import body_pull, calls, extensions, handoff, plans, protocol, shm, staging, standby, validate
+from tileship.serve import body_pull, calls, extensions, handoff, hot_swap, plans, protocol, shm, staging, validate
 from tileship.serve.admission import Slots
 from tileship.serve.body import read_pooled, tensors_start
 from tileship.serve.config import ServeConfig
-from tileship.serve.holder import ReleaseHolder, Served, Target, image_check, release_id_at, unpinned
+from tileship.serve.holder import ReleaseHolder, Served, unpinned
 from tileship.serve.jsonlog import JsonLog
 from tileship.serve.metrics import ServeMetrics
 from tileship.serve.middleware import PartsResponse
@@ -140,7 +140,7 @@ class Service:
 
     async def initial_load(self) -> None:
         try:
-            await self._load_and_swap(trigger="startup", accept_warm_failures=True)
+            await hot_swap.load_and_swap(self, trigger="startup", accept_warm_failures=True)
             if self.workers is not None and (cur := self.holder.current) is not None:
                 # the workers load exactly what the front-end resolved (a registry may move meanwhile)
                 self.workers.start(cur.target, cur.release_id)
@@ -153,90 +153,7 @@ class Service:
         if self.holder.fatal is not None:
             return 503, {"result": "failed", "stage": "fatal",
                          "error": f"the process is exiting after a device failure ({self.holder.fatal})"}
-        return await self._load_and_swap(trigger=trigger, accept_warm_failures=self.holder.current is None)
-
-    async def _load_and_swap(self, *, trigger: str, accept_warm_failures: bool) -> tuple[int, dict[str, Any]]:
-        async with self._reload_lock:
-            h = self.holder
-            try:
-                target: Target = await asyncio.to_thread(h.resolve)
-            except Exception as exc:
-                return self._failed(str(h.source), "resolve", exc, trigger)
-            rid = release_id_at(target.path)
-            if h.unchanged(target, rid):  # a replaced copy (id@n) loads
-                self.metrics.reloads.labels("unchanged").inc()
-                self.log.event("reload", trigger=trigger, result="unchanged", release=rid)
-                return 200, {"result": "unchanged", "release": rid, "reference_only": target.reference_only}
-            warm = h.warm(target) if self.workers is None else None
-            self.log.event("load_start", trigger=trigger, source=str(target.path), release=rid,
-                           reference_only=target.reference_only, warm=warm is not None, evidence=target.evidence)
-            if warm is not None:  # a rollback to a release this process holds warm: no load, no warm-up
-                served = h.take(warm)
-            else:
-                try:
-                    served = await asyncio.to_thread(h.prepare, target)
-                except Exception as exc:
-                    return self._failed(str(target.path), "load", exc, trigger)
-            for sid in served.warm.failures:
-                self.metrics.warmup_failures.labels(sid.split(".", 1)[0]).inc()
-            if served.warm.failures and not accept_warm_failures:
-                detail = "; ".join(f"{s}: {e}" for s, e in sorted(served.warm.failures.items()))
-                failed = f"warm-up failed for {len(served.warm.failures)} specializations: {detail}"
-                return self._failed(str(target.path), "warmup", failed, trigger, stage_metric="warmup")
-            if self.workers is not None and self.workers.release_id is not None:
-                # --workers: the new release's workers start (standby first) while the old ones serve
-                try:
-                    fresh = await asyncio.to_thread(self.workers.roll, target, served.release_id)
-                except Exception as exc:
-                    return self._failed(str(target.path), "workers", exc, trigger)
-                self.workers.switch(fresh, target, served.release_id)
-            old = h.swap(served, target.sealed)
-            standby.prewarm_rollback(self)
-            m = self.metrics
-            if warm is None:
-                m.load_seconds.set(served.load_seconds)
-                m.warmup_seconds.set(served.warm.seconds)
-                m.warmup_spec_seconds.clear()  # one release's specializations at a time: bounded labels
-                for sid, sec in served.warm.spec_seconds.items():
-                    m.warmup_spec_seconds.labels(sid).set(sec)
-            rel = served.release
-            image = image_check(rel)
-            m.set_release(rel.release_id, rel.kernel_revision, rel.lock_digest, served.device_label, image,
-                          evidence=rel.evidence_seal)
-            if image["mismatch"]:
-                self.log.event("image_digest_mismatch", "warning", release=rel.release_id, **image)
-            ready, body = h.readiness()
-            m.ready.set(1 if ready else 0)
-            self.log.event("swap" if old is not None else "ready", trigger=trigger, release=rel.release_id,
-                           previous=old.release_id if old else None, kernel_revision=rel.kernel_revision,
-                           warm=warm is not None,
-                           load_s=round(served.load_seconds, 4), warmup_s=round(served.warm.seconds, 4),
-                           warmup_calls=served.warm.calls, warmup_threads=served.warm.threads,
-                           warmup_slowest=dict(sorted(served.warm.spec_seconds.items(), key=lambda kv: -kv[1])[:3]),
-                           warmup_failures=served.warm.failures, reason=body["reason"],
-                           notes=list(rel.notes), diagnostics_id=served.diagnostics_id)
-            m.reloads.labels("swapped").inc()
-            return 200, {"result": "swapped", "release": rel.release_id, "previous": old.release_id if old else None,
-                         "reference_only": served.target.reference_only, "warm": warm is not None,
-                         "load_seconds": 0.0 if warm else served.load_seconds,
-                         "warmup_seconds": 0.0 if warm else served.warm.seconds,
-                         "warmup_failures": served.warm.failures}
-
-    def _failed(self, source: str, stage: str, error: BaseException | str, trigger: str,
-                stage_metric: str = "load") -> tuple[int, dict[str, Any]]:
-        fail = self.holder.fail(source, stage, error)
-        self.metrics.load_failures.labels(stage_metric).inc()
-        self.metrics.reloads.labels("failed").inc()
-        self.metrics.ready.set(1 if self.holder.readiness()[0] else 0)
-        cur = self.holder.current
-        tb = None
-        if isinstance(error, BaseException) and not hasattr(error, "hint"):  # not one of ours: keep its traceback
-            tb = traceback.format_exception(error)
-        self.log.event("load_failed", "error", trigger=trigger, source=source, stage=stage, error=fail["error"],
-                       hint=fail["hint"], serving=cur.release_id if cur else None,
-                       traceback="".join(tb) if tb else None)
-        return 409, {"result": "failed", "error": fail["error"], "stage": stage, "hint": fail["hint"],
-                     "serving": cur.release_id if cur else None}
+        return await hot_swap.load_and_swap(self, trigger=trigger, accept_warm_failures=self.holder.current is None)
 
     def poison(self, reason: str) -> None:
         if self.holder.fatal is not None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
-from tileship.serve import extensions, handoff, protocol, remote, shm_requests, validate
+from tileship.serve import call_plan, extensions, handoff, protocol, remote, shm_requests, validate
 from tileship.serve.canary_stats import DeviceSpan, Timed, op_seconds
 from tileship.serve.validate import BadRequest
 
@@ -95,7 +95,7 @@ async def run(service: Service, call: Call) -> Answer:
     fut = None
     req = None
     inline, inline_key = service.inline, None
-    plan: protocol.CallPlan | None = None
+    plan: call_plan.CallPlan | None = None
     encode: Any = None
     try:
         if served is None or service.holder.fatal is not None:
@@ -121,12 +121,12 @@ async def run(service: Service, call: Call) -> Answer:
             whole_plan = whole.plan(req)
         else:
             decl = rel.declarations[name]
-            plan = service.plans.plan(req, name, decl)  # ``protocol.plan_call``, kept per signature
+            plan = service.plans.plan(req, name, decl)  # ``call_plan.plan_call``, kept per signature
             if not plan.declared and config.strict_shapes:
                 dims = ", ".join(f"{d}={v}" for d, v in plan.dims.items())
                 raise BadRequest(400, f"shape outside the declared set: {dims} (declared: "
                                       f"{validate.declared_shapes_text(decl)}); this server runs with --strict-shapes")
-            validate.check_outputs(name, out_bytes := protocol.output_bytes(decl, plan), config.limits)
+            validate.check_outputs(name, out_bytes := call_plan.output_bytes(decl, plan), config.limits)
             shm_requests.check_sizes(req, decl, plan, out_bytes)  # an output region of the wrong size: not run
         # shared-memory inputs and outputs, only now: they skip the body limit, so no window is read before
         # the request passed every check its header allows (two 1 GiB inputs were read before a 413)
@@ -246,7 +246,7 @@ def parameters(served: Served, decision: Decision) -> dict[str, Any]:
     return params
 
 
-def execute(service: Service, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None,
+def execute(service: Service, served: Served, name: str, plan: call_plan.CallPlan, kserve_id: str | None,
             encode: Encoder) -> tuple[Any, Decision]:
     """On a worker thread: tensors -> call -> sync -> CPU -> ``encode``. CallError is a 400."""
     rel = served.release
@@ -275,7 +275,7 @@ def _release(leases: Any, device: str) -> None:
     leases.release()
 
 
-def _execute(service: Service, served: Served, name: str, plan: protocol.CallPlan, kserve_id: str | None,
+def _execute(service: Service, served: Served, name: str, plan: call_plan.CallPlan, kserve_id: str | None,
              encode: Encoder, runner: Any, device: str) -> tuple[Any, Decision]:
     rel = served.release
     t = [time.perf_counter()]

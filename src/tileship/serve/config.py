@@ -55,7 +55,7 @@ class ServeConfig:
     #: ``--trusted-activator-key``); None: ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``, and none there: not checked
     trusted_activator_keys: tuple[Path, ...] | None = None
     #: under trusted activator keys: the file keeping the pointer served across restarts (``--generation-state``,
-    #: ``pointer_seal.write_served``); None: not kept, a fresh process trusts the first validly sealed pointer
+    #: ``pointer_served.write_served``); None: not kept, a fresh process trusts the first validly sealed pointer
     generation_state: Path | None = None
     #: under trusted activator keys: the registry id every pointer must be bound to, from the first one on
     #: (``--trusted-registry-id``); None: ``TILESHIP_TRUSTED_REGISTRY_ID``, and none there: trusted on first use

@@ -22,14 +22,10 @@ else a fresh one; echoed as trailing metadata) and is logged with its traceback,
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from google.protobuf.message import DecodeError
-from google.protobuf.message_factory import GetMessageClass
 from starlette.exceptions import HTTPException
 from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
@@ -37,7 +33,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tileship import __version__
 from tileship.serve import calls, extensions, grpc_codec, grpc_stream, log_settings, trace
-from tileship.serve.middleware import new_request_id, valid_request_id
+from tileship.serve.grpc_handlers import register, rpc
 from tileship.serve.validate import BadRequest, short
 
 if TYPE_CHECKING:
@@ -46,106 +42,13 @@ if TYPE_CHECKING:
 #: how long stopping waits for RPCs in flight
 GRACE_S = 5.0
 
-Handler = Callable[[Any, Any, Any, str], Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class Malformed:
-    """A request whose bytes are not a message of its type (answered INVALID_ARGUMENT, never UNKNOWN)."""
-
-    type: str
-    error: str
-
-
-@dataclass(frozen=True)
-class TooLarge:
-    """A request message over ``max_body_bytes`` (answered RESOURCE_EXHAUSTED and counted, never parsed)."""
-
-    type: str
-    size: int
-    limit: int
-
-
-def _deserializer(cls: Any, limit: int) -> Callable[[bytes], Any]:
-    def parse(data: bytes) -> Any:
-        if len(data) > limit:
-            return TooLarge(cls.DESCRIPTOR.full_name, len(data), limit)
-        try:
-            return cls.FromString(data)
-        except DecodeError as exc:
-            return Malformed(cls.DESCRIPTOR.full_name, str(exc)[:200])
-
-    return parse
-
-
-def _register(servicer: Servicer, server: grpc.aio.Server, limit: int) -> None:
-    """``add_GRPCInferenceServiceServicer_to_server`` with request parsing that cannot raise: the
-    handlers are built from the service descriptor, each with a ``_deserializer`` refusing messages
-    over ``limit`` bytes."""
-    desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    handlers = {}
-    for m in desc.methods:
-        kw = {"request_deserializer": _deserializer(GetMessageClass(m.input_type), limit),
-              "response_serializer": GetMessageClass(m.output_type).SerializeToString}
-        fn = getattr(servicer, m.name)
-        if m.client_streaming or m.server_streaming:
-            handlers[m.name] = grpc.stream_stream_rpc_method_handler(fn, **kw)
-        else:
-            handlers[m.name] = grpc.unary_unary_rpc_method_handler(fn, **kw)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
-    server.add_registered_method_handlers(desc.full_name, handlers)
-
-
-def _rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
-    """One RPC: a request id, the concurrency limit (``max_connections`` RPCs at once: RESOURCE_EXHAUSTED
-    past it, counted as ``tileship_rejected_total{reason="connection_limit"}``), and every exception
-    turned into a status with a message (never UNKNOWN)."""
-
-    @functools.wraps(fn)
-    async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        sent = dict(context.invocation_metadata() or ()).get("x-request-id")
-        rid = valid_request_id(sent if isinstance(sent, str) else None) or new_request_id()
-        trailer = (("x-request-id", rid),)
-        if self.active >= self.limit:
-            self.service.metrics.rejected.labels("connection_limit").inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"the server is at its limit of {self.limit} concurrent RPCs: retry later", trailer)
-        if isinstance(request, TooLarge):  # counted as REST's 413 is (``serve.body``)
-            self.service.metrics.rejected.labels("body_too_large").inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"{request.type} of {request.size} bytes is over the server's limit of {request.limit} "
-                                "bytes (--max-body-mib)", trailer)
-        if isinstance(request, Malformed):
-            if request.type == "inference.ModelInferRequest":  # an inference request naming no model: counted as REST's
-                self.service.metrics.requests.labels("_unknown", "", "none", "400").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request.type}: {request.error}", trailer)
-        self.active += 1  # one event loop runs every RPC: no lock
-        try:
-            reply = await fn(self, request, context, rid)
-        except grpc.aio.AbortError:
-            raise
-        except HTTPException as exc:
-            await context.abort(grpc_codec.code_for(exc.status_code), str(exc.detail), trailer)
-        except BadRequest as exc:
-            await context.abort(grpc_codec.code_for(exc.status, exc), exc.message, trailer)
-        except Exception as exc:  # a bug: INTERNAL naming the request id, logged with its traceback
-            msg, _ = self.service.log_internal(rid, exc)
-            await context.abort(grpc.StatusCode.INTERNAL, msg, trailer)
-        finally:
-            self.active -= 1
-        context.set_trailing_metadata(trailer)
-        return reply
-
-    return handler
-
-
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """The RPCs of ``GRPCInferenceService`` over one ``Service``. Runs on the Service's event loop."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
         self.limit = service.config.max_connections
-        self.active = 0  # RPCs running now (``_rpc``)
+        self.active = 0  # RPCs running now (``grpc_handlers.rpc``)
         self._finishing: set[asyncio.Task[Any]] = set()  # work ``_finish`` runs on past its RPC
 
     async def _finish(self, work: Awaitable[Any]) -> Any:
@@ -161,15 +64,15 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             task.exception()  # retrieved: an RPC that gave up never reads it, and asyncio would log it
 
     # -- health and metadata ------------------------------------------------------------------
-    @_rpc
+    @rpc
     async def ServerLive(self, request: Any, context: Any, rid: str) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    @_rpc
+    @rpc
     async def ServerReady(self, request: Any, context: Any, rid: str) -> Any:
         return pb.ServerReadyResponse(ready=self.service.readiness()[0])
 
-    @_rpc
+    @rpc
     async def ModelReady(self, request: Any, context: Any, rid: str) -> Any:
         """False while no release serves (nothing is ready), for an unloaded model, and for a model or
         version the serving release does not have: never an error, as Triton's ``ModelReady`` (its core
@@ -182,12 +85,12 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=svc.readiness()[0] and request.name not in svc.unloaded)
 
-    @_rpc
+    @rpc
     async def ServerMetadata(self, request: Any, context: Any, rid: str) -> Any:
         return pb.ServerMetadataResponse(name="tileship", version=__version__,
                                          extensions=extensions.claimed(self.service))
 
-    @_rpc
+    @rpc
     async def ModelMetadata(self, request: Any, context: Any, rid: str) -> Any:
         cur = self._model(request.name, request.version)
         extensions.check_loaded(self.service, request.name, request.version or None, "grpc")
@@ -204,7 +107,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return cur
 
     # -- inference ------------------------------------------------------------------------------
-    @_rpc
+    @rpc
     async def ModelInfer(self, request: Any, context: Any, rid: str) -> Any:
         svc = self.service
 
@@ -225,24 +128,24 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             yield response
 
     # -- Triton's extensions ------------------------------------------------------------------
-    @_rpc
+    @rpc
     async def ModelConfig(self, request: Any, context: Any, rid: str) -> Any:
         doc = extensions.config_of(self.service, request.name, request.version or None, "grpc")
         return pb.ModelConfigResponse(config=grpc_codec.message(doc, model_config_pb2.ModelConfig()))
 
-    @_rpc
+    @rpc
     async def ModelStatistics(self, request: Any, context: Any, rid: str) -> Any:
         rows = extensions.stat_rows(self.service, request.name or None, request.version or None)
         return grpc_codec.message({"model_stats": rows}, pb.ModelStatisticsResponse())
 
-    @_rpc
+    @rpc
     async def RepositoryIndex(self, request: Any, context: Any, rid: str) -> Any:
         rows = extensions.mark_index(self.service.holder.index(), self.service.unloaded)
         if request.ready:
             rows = [r for r in rows if r["state"] == "READY"]
         return grpc_codec.message({"models": rows}, pb.RepositoryIndexResponse())
 
-    @_rpc
+    @rpc
     async def RepositoryModelLoad(self, request: Any, context: Any, rid: str) -> Any:
         extensions.check_load_parameters(request.parameters)
         # to its end even when the client gives up (a deadline, a cancel), as for a REST client that hangs up:
@@ -254,47 +157,47 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                                      f"{body.get('error')}{hint}")
         return pb.RepositoryModelLoadResponse()
 
-    @_rpc
+    @rpc
     async def RepositoryModelUnload(self, request: Any, context: Any, rid: str) -> Any:
         extensions.unload_model(self.service, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     # -- Triton's system shared memory (serve.shm; the same registry as the REST routes) ----------
-    @_rpc
+    @rpc
     async def SystemSharedMemoryStatus(self, request: Any, context: Any, rid: str) -> Any:
         rows = self.service.shm.status(request.name or None)
         return pb.SystemSharedMemoryStatusResponse(
             regions={r["name"]: pb.SystemSharedMemoryStatusResponse.RegionStatus(**r) for r in rows})
 
-    @_rpc
+    @rpc
     async def SystemSharedMemoryRegister(self, request: Any, context: Any, rid: str) -> Any:
         self.service.shm.register(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
-    @_rpc
+    @rpc
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any, rid: str) -> Any:
         self.service.shm.unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     # -- Triton's CUDA shared memory (serve.cuda_shm; the same registry) --------------------------
-    @_rpc
+    @rpc
     async def CudaSharedMemoryStatus(self, request: Any, context: Any, rid: str) -> Any:
         rows = self.service.shm.status(request.name or None, "cuda")
         return pb.CudaSharedMemoryStatusResponse(
             regions={r["name"]: pb.CudaSharedMemoryStatusResponse.RegionStatus(**r) for r in rows})
 
-    @_rpc
+    @rpc
     async def CudaSharedMemoryRegister(self, request: Any, context: Any, rid: str) -> Any:
         await asyncio.to_thread(self.service.shm.register_cuda, request.name, request.raw_handle, request.device_id,
                                 request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
-    @_rpc
+    @rpc
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any, rid: str) -> Any:
         await asyncio.to_thread(self.service.shm.unregister, request.name or None, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    @_rpc
+    @rpc
     async def TraceSetting(self, request: Any, context: Any, rid: str) -> Any:
         """Triton's trace extension (``serve.trace``): a request without settings reads them."""
         name = request.model_name or None
@@ -306,7 +209,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return pb.TraceSettingResponse(settings={k: value(value=v if isinstance(v, list) else [v])
                                                  for k, v in now.items()})
 
-    @_rpc
+    @rpc
     async def LogSettings(self, request: Any, context: Any, rid: str) -> Any:
         """Triton's logging extension (``serve.log_settings``): an empty request reads the settings."""
         doc = {k: getattr(v, v.WhichOneof("parameter_choice")) if v.WhichOneof("parameter_choice") else None
@@ -325,7 +228,7 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
     and counts a larger one); out, the output limit plus what a response echoes of its request (its ``id``,
     as long as a request may be) plus its header, so an answer the call produced is never dropped at send.
     At most
-    ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past it, counted: ``_rpc``). grpc's own
+    ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past it, counted: ``grpc_handlers.rpc``). grpc's own
     limits, twice ours, are uncounted backstops for what never reaches a handler. A connection must
     finish its handshake within ``header_timeout_s``. Raises RuntimeError when the address cannot be
     bound."""
@@ -338,7 +241,7 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
                                       # REST closes one whose headers never finish (--header-timeout)
                                       ("grpc.server_handshake_timeout_ms", int(c.header_timeout_s * 1000))],
                              maximum_concurrent_rpcs=2 * c.max_connections)
-    _register(Servicer(service), server, c.max_body_bytes)
+    register(Servicer(service), server, c.max_body_bytes)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

@@ -47,7 +47,7 @@ async def stream_infer(servicer: Servicer, requests: AsyncIterator[Any],
 
 
 async def _one(servicer: Servicer, request: Any) -> Any:
-    from tileship.serve.grpc_service import Malformed, TooLarge
+    from tileship.serve.grpc_handlers import Malformed, TooLarge
 
     svc = servicer.service
     if isinstance(request, TooLarge):

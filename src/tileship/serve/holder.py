@@ -108,7 +108,7 @@ class ReleaseHolder:
                  after_load: Callable[[Release], str | None] | None = None,
                  bind_models: Callable[[Release, dict[str, str]], dict[str, Any]] | None = None,
                  registry_id: str | None = None) -> None:
-        from tileship.release import pointer_seal
+        from tileship.release import pointer_seal, pointer_served
 
         self.source = Path(source)
         self._load = loader
@@ -131,7 +131,7 @@ class ReleaseHolder:
         self.registry_id = registry_id
         #: where the pointer served is kept across restarts (``--generation-state``; None: not kept)
         self.generation_state = generation_state
-        self.pointer: Sealed | None = pointer_seal.read_served(generation_state)
+        self.pointer: Sealed | None = pointer_served.read_served(generation_state)
         self._kept = self.pointer
 
     def resolve(self) -> Target:
@@ -155,10 +155,10 @@ class ReleaseHolder:
         self.pointer = sealed or self.pointer
         if self.generation_state is None or self.pointer is None or self.pointer == self._kept:
             return
-        from tileship.release import pointer_seal
+        from tileship.release import pointer_served
 
         try:
-            pointer_seal.write_served(self.generation_state, self.pointer)
+            pointer_served.write_served(self.generation_state, self.pointer)
             self._kept = self.pointer
         except OSError as exc:
             self.last_failure = {"stage": "generation_state", "error": f"{self.generation_state}: cannot be "

@@ -1,4 +1,4 @@
-"""Plans of recurring requests: ``protocol.plan_call``'s result for one request signature, kept.
+"""Plans of recurring requests: ``call_plan.plan_call``'s result for one request signature, kept.
 
 ``plan_call`` is a pure function of the declaration and of a request's input names, datatypes and
 shapes, its requested outputs (names and binary flags) and its ``binary_data_output``: requests that
@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tileship.serve.protocol import CallPlan, InferRequest, plan_call
+from tileship.serve.call_plan import CallPlan, plan_call
+from tileship.serve.protocol import InferRequest
 
 #: signatures ``Plans`` keeps; past it, it forgets them all and plans again
 MAX_KEYS = 1024

@@ -1,6 +1,6 @@
-"""Open Inference Protocol (KServe v2) REST: parse requests, check them against a declaration,
-encode responses. Pure functions over bytes and the release's operator declarations; no HTTP
-framework and no event loop here.
+"""Open Inference Protocol (KServe v2) REST: parse requests into ``InferRequest`` and make tensors of their
+inputs (checked against a declaration by ``serve.call_plan``, responses encoded by ``serve.encoding``).
+Pure functions over bytes; no HTTP framework and no event loop here.
 
 Binary tensor data extension: when the ``Inference-Header-Content-Length`` header is present,
 the body is that many bytes of JSON followed by the inputs' raw bytes, in the order of the
@@ -14,16 +14,14 @@ field and what was expected, and is what the client sees.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tileship.declare.dims import SAME, DimExpr, bind
 from tileship.digits import parse_uint
 from tileship.serve import json_data, request_params, shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE, Encoded, encode_response, tensor_metadata  # noqa: F401 (re-exported)
-from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, in_declared_set, short
-from tileship.serve.validate import output_bytes as _output_bytes
+from tileship.serve.validate import BadRequest, RequestLimits, check_shape, decode_json, short
 
 HEADER_LENGTH = "inference-header-content-length"
 #: request parameter that lets JSON carry bare NaN/Infinity tokens (in and out)
@@ -56,27 +54,6 @@ class InferRequest:
     #: Triton's request parameters (``serve.request_params``): us it may wait for a worker (0: none); priority
     timeout_us: int = 0
     priority: int = 0
-
-
-@dataclass
-class CallPlan:
-    """A request checked against a declaration: inputs in declaration order, ready to run."""
-
-    inputs: list[InputTensor]
-    dtype: str                   # torch dtype name
-    dims: dict[str, int]
-    declared: bool               # the shape lies in the declared set
-    outputs: list[tuple[str, bool]]  # (name, binary) in response order
-    #: positions of ScalarArg inputs (sent as one-element tensors, passed as Python numbers)
-    scalars: tuple[int, ...] = ()
-    allow_nonfinite: bool = False
-    #: where the call's time went, in ms (``calls.execute`` fills it; the ``infer`` log line carries it)
-    spans: dict[str, float] = field(default_factory=dict)
-
-    def arguments(self, device: str) -> list[Any]:
-        """The call's arguments: tensors on ``device``, scalars as Python numbers."""
-        return [to_tensor(inp, "cpu").item() if i in self.scalars else to_tensor(inp, device)
-                for i, inp in enumerate(self.inputs)]
 
 
 # -- parsing -----------------------------------------------------------------------
@@ -229,97 +206,6 @@ def check_shm_size(inp: InputTensor, count: int) -> None:
     if inp.shm.byte_size != want:
         raise BadRequest(400, f"byte size mismatch: input {inp.name} has {shm.BYTE_SIZE} {inp.shm.byte_size} but "
                               f"shape {list(inp.shape)} x {inp.datatype} needs {want} bytes")
-
-
-# -- checking against the declaration ----------------------------------------------
-
-def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPlan:
-    """Order the inputs as declared and check names, datatypes, ranks and dims.
-
-    ``CallPlan.declared`` says whether the shape is in the declared set; what to do when it
-    is not (reference or 400) is the caller's policy.
-    """
-    declared_inputs: list[tuple[str, list[str]]] = [(n, list(d)) for n, d, *_ in decl["inputs"]]
-    names = [n for n, _ in declared_inputs]
-    by_name: dict[str, InputTensor] = {}
-    for inp in req.inputs:
-        if inp.name in by_name:
-            raise BadRequest(400, f"input {inp.name} is given twice")
-        if inp.name not in names:
-            raise BadRequest(400, f"unknown input {short(inp.name)}: model {model} takes {', '.join(names)}")
-        by_name[inp.name] = inp
-    missing = [n for n in names if n not in by_name]
-    if missing:
-        raise BadRequest(400, f"missing input {', '.join(missing)}: model {model} takes {', '.join(names)}")
-    ordered = [by_name[n] for n in names]
-    exprs = decl.get("tensor_dtypes") or {}
-    accepted = [KSERVE[d] for d in decl["dtypes"]]
-    same = [inp for inp in ordered if exprs.get(inp.name, SAME) == SAME]
-    for inp in ordered:
-        want = exprs.get(inp.name, SAME)
-        if want != SAME and DATATYPES[inp.datatype] != want:
-            raise BadRequest(400,
-                             f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} declares it "
-                             f"{KSERVE[want]}")
-        if want == SAME and DATATYPES[inp.datatype] not in decl["dtypes"]:
-            raise BadRequest(400,
-                             f"wrong datatype: input {inp.name} is {inp.datatype}; model {model} accepts "
-                             f"{', '.join(accepted)}")
-    kinds = {inp.datatype for inp in same}
-    if len(kinds) > 1:
-        raise BadRequest(400,
-                         f"wrong datatype: inputs disagree ({', '.join(f'{i.name}={i.datatype}' for i in same)}); send "
-                         "one datatype")
-    scalar_names = set(decl.get("scalars") or ())
-    for inp in ordered:
-        if inp.name in scalar_names and list(inp.shape) not in ([], [1]):
-            raise BadRequest(400,
-                             f"wrong shape: input {inp.name} is a scalar; send shape [1] (or []), got "
-                             f"{list(inp.shape)}")
-    tensors = [(inp, d) for inp, d in zip(ordered, declared_inputs, strict=True) if inp.name not in scalar_names]
-    b = bind([d for _, d in tensors], [inp.shape for inp, _ in tensors])
-    if b.problem == "rank":
-        ds = dict(declared_inputs)[b.argument]  # type: ignore[index]
-        shape = list(by_name[b.argument].shape)  # type: ignore[index]
-        raise BadRequest(400, f"wrong rank: input {b.argument} has shape {shape} (rank {len(shape)}); "
-                              f"model {model} declares {b.argument} as ({', '.join(ds)}) (rank {len(ds)})")
-    seen: dict[str, tuple[int, str]] = {}
-    for inp, (name, ds) in tensors:
-        for d, size in zip(ds, inp.shape, strict=True):
-            if size == 0:
-                raise BadRequest(400,
-                                 f"shape outside the declared set: input {name} has {d}=0; every declared dim is at "
-                                 "least 1")
-            if DimExpr.parse(d).derived or DimExpr.parse(d).literal:  # bind checks these
-                continue
-            first, where = seen.setdefault(d, (size, name))
-            if first != size:
-                raise BadRequest(400, f"wrong shape: dim {d} is {first} in input {where} but {size} in input {name}")
-    if b.problem == "derived":
-        raise BadRequest(400, f"wrong shape: input {b.argument}: {b.message}")
-    dims = b.dims
-    out_names = [n for n, *_ in decl["outputs"]]
-    if req.outputs:
-        outputs, asked = [], set()
-        for name, binary in req.outputs:
-            if name not in out_names:
-                raise BadRequest(400, f"unknown output {short(name)}: model {model} produces {', '.join(out_names)}")
-            if name in asked:  # as Triton: one answer per output, and one shared-memory place for it
-                raise BadRequest(400, f"output {name} is requested twice")
-            asked.add(name)
-            outputs.append((name, req.binary_output if binary is None else binary))
-    else:
-        outputs = [(n, req.binary_output) for n in out_names]
-    return CallPlan(ordered, DATATYPES[same[0].datatype] if same else decl["dtypes"][0], dims,
-                    in_declared_set(decl, dims), outputs,
-                    tuple(i for i, inp in enumerate(ordered) if inp.name in scalar_names), req.allow_nonfinite)
-
-
-def output_bytes(decl: Mapping[str, Any], plan: CallPlan) -> dict[str, int]:
-    """Bytes of each output of ``plan``'s call (``validate.output_bytes`` with this call's dtypes)."""
-    itemsize = {d: ITEMSIZE[KSERVE[d]] for d in decl["dtypes"] if d in KSERVE}
-    itemsize[SAME] = ITEMSIZE[KSERVE[plan.dtype]]
-    return _output_bytes(decl, plan.dims, itemsize)
 
 
 # -- tensors -------------------------------------------------------------------------

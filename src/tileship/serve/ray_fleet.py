@@ -107,7 +107,7 @@ class FleetController:
                  generation_state: str | None = None, registry_id: str | None = None) -> None:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-        from tileship.release import pointer_seal
+        from tileship.release import pointer_served
         from tileship.release.registry import Registry
         from tileship.serve.jsonlog import JsonLog
 
@@ -121,7 +121,7 @@ class FleetController:
         self.keys = [Ed25519PublicKey.from_public_bytes(k) for k in activator_keys]
         self.state = Path(generation_state) if generation_state else None
         self.registry_id = registry_id  # the registry id pointers must be bound to (None: its env var, else any)
-        self.pointer = pointer_seal.read_served(self.state)  # the pointer followed (None: none yet, or no keys)
+        self.pointer = pointer_served.read_served(self.state)  # the pointer followed (None: none yet, or no keys)
         self.followed: str | None = None                     # the release id of that pointer
         self.refused: PointerSignatureError | None = None     # why the last pointer read was refused (logged)
 
@@ -155,7 +155,7 @@ class FleetController:
         """(whether the pointer was accepted, the release to follow): under trusted activator keys, checked as a
         server does (``pointer_seal.active_checked``: sealed by one of them, not older than the pointer followed); a
         refused one is logged and the release followed before stays."""
-        from tileship.release import pointer_seal
+        from tileship.release import pointer_seal, pointer_served
 
         try:
             active, sealed = pointer_seal.active_checked(self.registry.root, self.keys, self.pointer, self.registry_id)
@@ -169,7 +169,7 @@ class FleetController:
         if sealed is not None and sealed != self.pointer:
             self.pointer = sealed
             if self.state is not None:
-                pointer_seal.write_served(self.state, sealed)
+                pointer_served.write_served(self.state, sealed)
         return True, active.release_id
 
     async def _step(self) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from tileship.runtime.dispatch import Decision
-from tileship.serve import protocol
+from tileship.serve import call_plan, protocol
 from tileship.serve.encoding import ITEMSIZE
 from tileship.serve.validate import BadRequest
 
@@ -26,7 +26,7 @@ from tileship.serve.validate import BadRequest
 LOOP_BYTES = 1 << 16
 
 
-def host_bytes(plan: protocol.CallPlan, out_bytes: dict[str, int], on_device: Any = ()) -> int:
+def host_bytes(plan: call_plan.CallPlan, out_bytes: dict[str, int], on_device: Any = ()) -> int:
     """The bytes a call moves through host memory: its inputs (a CUDA shared-memory window counts
     none) and its outputs (one bound for a CUDA region, named in ``on_device``, counts none)."""
     total = sum(n for name, n in out_bytes.items() if name not in on_device)
@@ -39,14 +39,14 @@ def host_bytes(plan: protocol.CallPlan, out_bytes: dict[str, int], on_device: An
     return total
 
 
-def on_loop(service: Any, plan: protocol.CallPlan, out_bytes: dict[str, int]) -> bool:
+def on_loop(service: Any, plan: call_plan.CallPlan, out_bytes: dict[str, int]) -> bool:
     """Whether ``calls.run`` runs this call with ``execute_remote_async`` (workers, small tensors,
     no CUDA window: those need the in-process mode)."""
     return (service.workers is not None and all(inp.fetch is None for inp in plan.inputs)
             and host_bytes(plan, out_bytes) <= LOOP_BYTES)
 
 
-def _arguments(plan: protocol.CallPlan) -> list[Any]:
+def _arguments(plan: call_plan.CallPlan) -> list[Any]:
     from tileship.serve.workers import Raw
 
     if any(inp.fetch is not None for inp in plan.inputs):  # registration refuses it first (Regions.cuda_off)
@@ -56,7 +56,7 @@ def _arguments(plan: protocol.CallPlan) -> list[Any]:
             else protocol.to_tensor(inp, "cpu") for i, inp in enumerate(plan.inputs)]
 
 
-def _encode(served: Any, name: str, plan: protocol.CallPlan, kserve_id: str | None, encode: Any,
+def _encode(served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None, encode: Any,
             outs: list[Any], decision: Decision) -> Any:
     from tileship.serve.calls import parameters
 
@@ -67,11 +67,11 @@ def _encode(served: Any, name: str, plan: protocol.CallPlan, kserve_id: str | No
                   outputs=outputs, allow_nonfinite=plan.allow_nonfinite)
 
 
-def _out_bytes(served: Any, name: str, plan: protocol.CallPlan) -> int:
-    return sum(protocol.output_bytes(served.release.declarations[name], plan).values())
+def _out_bytes(served: Any, name: str, plan: call_plan.CallPlan) -> int:
+    return sum(call_plan.output_bytes(served.release.declarations[name], plan).values())
 
 
-def execute_remote(service: Any, served: Any, name: str, plan: protocol.CallPlan, kserve_id: str | None,
+def execute_remote(service: Any, served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None,
                    encode: Any) -> tuple[Any, Decision]:
     """``calls.execute`` for ``--workers N``: same contract, the call runs in a worker process."""
     args = _arguments(plan)
@@ -79,7 +79,7 @@ def execute_remote(service: Any, served: Any, name: str, plan: protocol.CallPlan
     return _encode(served, name, plan, kserve_id, encode, outs, decision), decision
 
 
-async def execute_remote_async(service: Any, served: Any, name: str, plan: protocol.CallPlan,
+async def execute_remote_async(service: Any, served: Any, name: str, plan: call_plan.CallPlan,
                                kserve_id: str | None, encode: Any) -> tuple[Any, Decision]:
     """``execute_remote`` on the event loop (for calls that ``on_loop`` accepts)."""
     args = _arguments(plan)

@@ -69,7 +69,7 @@ class Leases:
 
 def check_sizes(req: InferRequest, decl: Mapping[str, Any], plan: Any, sizes: Mapping[str, int]) -> None:
     """BadRequest 400 for a shared-memory output whose ``shared_memory_byte_size`` is not the size the operator's
-    declaration fixes for this call (``sizes``: ``protocol.output_bytes`` of ``plan``, a ``protocol.CallPlan``), before
+    declaration fixes for this call (``sizes``: ``call_plan.output_bytes`` of ``plan``, a ``CallPlan``), before
     any region is read and without running the call (with ``--workers N``, without taking a worker). An output
     whose size the declaration leaves open (a whole model, a dim it cannot tell) is checked when it is written."""
     for name, ref in req.shm_outputs.items():

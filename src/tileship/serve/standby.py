@@ -1,6 +1,6 @@
 """The warm rollback standby (issue 16): with a registry source, the state ``tileship rollback``
 would return to is loaded and warmed in the background after every swap, so that rollback swaps
-a release already in memory instead of loading and warming one (``Service._load_and_swap`` takes
+a release already in memory instead of loading and warming one (``hot_swap.load_and_swap`` takes
 it through ``ReleaseHolder.warm``). Releases swapped out are kept warm the same way
 (``holder.RETIRED_KEEP``), so rolling forward again is as quick.
 

@@ -47,9 +47,10 @@ from tileship.release import bundle, evidence_write, tuning
 from tileship.release import evidence as ev_mod
 from tileship.verify import tune_evidence
 from tileship.verify.latency import HostGauge, latency, probe
+from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import l2_flush_buffer, measure, rotation_sets
 from tileship.verify.tune_rule import time_and_decide, triage
-from tileship.verify.verify import VerifyOptions, open_for_evidence, verify_spec
+from tileship.verify.verify import open_for_evidence
 
 
 @dataclass(frozen=True)

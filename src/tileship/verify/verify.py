@@ -1,232 +1,29 @@
 """Verify a release on the device it will serve on; store the evidence with the release.
 
-For every specialization this machine can run (CUDA ones on a GPU, ``"c"`` ones anywhere):
-
-- correctness at several shapes (static: the shape; ``T.dynamic``: 1, a size that is not a
-  multiple of the block, the maximum, and a geometric grid in between), each with fresh
-  random inputs from several seeds (never zeros), against the reference computed in float64
-  (float32 where the reference cannot run in float64; recorded). Outputs are poisoned with a
-  NaN of a distinctive bit pattern before each run, so an element the kernel never wrote is
-  told apart from a NaN it computed; NaN/Inf never pass; thresholds are the operator's
-  declared per-dtype atol/rtol (|out - ref| <= atol + rtol * |ref| for every element),
-  overridable per operator and dtype (``VerifyOptions.tolerances``);
-- speed of kernel and reference as served (the kernel allocates its output): warm-up, then
-  batches of back-to-back calls timed with CUDA events (perf_counter on CPU); median,
-  p10/p90 and IQR per call; inputs rotated across several sets when they would fit in the
-  cache; each path measured twice (kernel, reference, kernel, reference) and the difference
-  between the two repeats of the same measurement is the noise band: a kernel/reference
-  difference within it is "no difference".
+For every specialization this machine can run (CUDA ones on a GPU, ``"c"`` ones anywhere),
+``spec_check.verify_spec`` checks correctness at several shapes against a float64 reference, with
+outputs poisoned before each run, and times kernel and reference as served (noise band included);
+specializations it cannot run, or not selected, are recorded as skipped with the reason.
 
 ``verify`` writes ``evidence/verification.json`` (see ``tileship.release.evidence``) and re-hashes
 the release; the release id does not change. The evidence is replaced as a whole. Never
 compiles: artifacts are loaded from the bundle with the no-JIT guard installed.
-
-Poisoning. TileLang allocates the outputs (``out_idx``), so the poison goes where the
-allocation comes from: ``torch.empty`` is swapped for the duration of one kernel call (the
-Cython and Python TVM-FFI adapters allocate through it), and on CUDA the caching allocator is
-handed back blocks of exactly the output sizes that hold the poison (TVM-FFI's callee-allocated
-outputs come from there). Every run checks that each output really is a poisoned block (by
-address; the caching allocator keeps freed contents) and fails when it cannot confirm it,
-unless ``strict_poison`` is off. This swaps a global: run verification in one thread.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tileship.build import pins
-from tileship.declare.dims import shape_at
-from tileship.declare.inputs import make_inputs, point_seed, verification_points
-from tileship.declare.spec import Specialization, Target, Tolerance, tensor_dtypes, tensor_tolerance
+from tileship.declare.spec import Specialization, Target, tensor_tolerance
 from tileship.errors import ArtifactLoadError, VerificationError
 from tileship.release import bundle
 from tileship.release import evidence as ev_mod
-from tileship.verify.compare import Check, check_output, poisoned_call
-from tileship.verify.mutated import OnClones, mutated_positions, result_form
-from tileship.verify.results import PointResult, SpecVerdict, VerifyResult
-from tileship.verify.timing import NOISE_FLOOR, Timing, _stats, measure, rotation_sets
-
-
-@dataclass(frozen=True)
-class VerifyOptions:
-    seeds: tuple[int, ...] = (0, 1, 2)
-    #: cap on the sizes of a T.dynamic dim (None: up to the declared maximum)
-    limit: int | None = None
-    #: ratio between successive verified sizes of a T.dynamic dim (besides the edge sizes); 0: edges only
-    grid: int = 4
-    timing: bool = True
-    warmup_ms: float = 25.0
-    #: measured time per timing run (each path is timed twice)
-    budget_ms: float = 100.0
-    min_repeats: int = 5
-    max_repeats: int = 50
-    reference_dtype: str = "float64"
-    #: operator -> dtype -> Tolerance, replacing the declared one
-    tolerances: Mapping[str, Mapping[str, Tolerance]] = field(default_factory=dict)
-    #: device types to verify ("cuda", "cpu"); specializations of others are skipped
-    devices: tuple[str, ...] = ("cuda", "cpu")
-    #: operator names or specialization ids to verify (empty: all)
-    only: tuple[str, ...] = ()
-    strict_poison: bool = True
-    on_point: Callable[[str, PointResult], None] | None = None
-
-
-def time_pair(kernel: Callable[..., Any], reference: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
-              *, device: str, options: VerifyOptions = VerifyOptions()) -> Timing:
-    """Kernel and reference, each timed twice (K, R, K, R); the repeat spread is the noise band."""
-    kw = {"device": device, "warmup_ms": options.warmup_ms, "budget_ms": options.budget_ms,
-          "min_repeats": options.min_repeats, "max_repeats": options.max_repeats}
-    k1 = measure(kernel, arg_sets, **kw)  # type: ignore[arg-type]
-    r1 = measure(reference, arg_sets, **kw)  # type: ignore[arg-type]
-    k2 = measure(kernel, arg_sets, **kw)  # type: ignore[arg-type]
-    r2 = measure(reference, arg_sets, **kw)  # type: ignore[arg-type]
-    k = _stats(k1.samples + k2.samples, k1.repeats + k2.repeats, k1.inner, k1.sets)
-    r = _stats(r1.samples + r2.samples, r1.repeats + r2.repeats, r1.inner, r1.sets)
-    noise = max(abs(k1.median_us - k2.median_us), abs(r1.median_us - r2.median_us),
-                NOISE_FLOOR * min(k.median_us, r.median_us))
-    return Timing(k, r, noise, ev_mod.compare_times(k.median_us, r.median_us, noise),
-                  {"kernel": (k1.median_us, k2.median_us), "reference": (r1.median_us, r2.median_us)})
-
-
-# -- the driver ------------------------------------------------------------------------
-
-def dynamic_block(config: Mapping[str, Any], dim: str | None) -> int:
-    """The tile size along ``dim`` from an operator's config (``block_<dim>``, ``block``), else 128."""
-    for key in (f"block_{dim}", "block", "block_M"):
-        if isinstance(config.get(key), int):
-            return int(config[key])
-    return 128
-
-
-def _reference_in(reference: Callable[..., Any], args: Sequence[Any], dtype: str | None) -> list[Any]:
-    """The reference on ``args`` with every float input cast to ``dtype`` (None: as declared)."""
-    import torch
-
-    up = [a.to(getattr(torch, dtype)) if dtype is not None and torch.is_tensor(a) and a.dtype.is_floating_point
-          else a for a in args]
-    out = reference(*up)
-    return [] if out is None else list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def _dt(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any],
-                desc: Mapping[str, Any], *,
-                options: VerifyOptions = VerifyOptions(), tolerance: Tolerance | None = None,
-                sample: Callable[..., Any] | None = None,
-                points: Sequence[Mapping[str, int]] | None = None) -> SpecVerdict:
-    """Check (and time) one loaded specialization at its verification points (or at ``points``).
-
-    Each output is poisoned, compared and sized with its own dtype; its tolerance is, in order:
-    ``tolerance``, the ``options`` override for the operator dtype, the declared per-output
-    override, the declared one of the operator dtype. ``sample`` (the operator's hook) makes the inputs.
-    Inputs the operator updates in place (``mutates``) are compared whole after the outputs, kernel and
-    reference each run on their own clones of them (``verify.mutated``); timing runs both in place."""
-    import torch
-
-    device = Target(spec.target).device_type
-    inputs = [(n, tuple(ds)) for n, ds, *_ in desc["inputs"]]
-    outputs = [(n, tuple(ds)) for n, ds, *_ in desc["outputs"]]
-    in_dtypes = tensor_dtypes(desc, "inputs", spec.dtype)
-    scalars = [i for i, (n, _) in enumerate(inputs) if n in set(desc.get("scalars") or ())]
-    out_dtypes = [getattr(torch, n) for n in tensor_dtypes(desc, "outputs", spec.dtype)]
-    mut = mutated_positions(desc)
-    outputs += [inputs[i] for i in mut]
-    out_dtypes += [getattr(torch, in_dtypes[i]) for i in mut]
-    kernel_v, reference_v = (OnClones(kernel, mut), OnClones(reference, mut)) if mut else (kernel, reference)
-    override = options.tolerances.get(spec.op, {}).get(spec.dtype)
-    tol = tolerance or override or tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"},
-                                                    "", spec.dtype)
-    out_tols = [tolerance or override or tensor_tolerance(desc, n, spec.dtype) for n, _ in outputs]
-    ref_dtype = options.reference_dtype
-    if points is None:
-        block = dynamic_block({**desc.get("config", {}), **dict(spec.config)}, spec.dynamic_dim)
-        points = verification_points(spec, block=block, grid=options.grid, limit=options.limit)
-    results: list[PointResult] = []
-    for dims in points:
-        checks: list[tuple[int, Check]] = []
-        ref_checks: list[Check] = []
-        confirmed = True
-        failure = None
-        first_args: list[Any] | None = None
-        out_specs = [(shape_at(ds, dims), odt) for (_, ds), odt in zip(outputs, out_dtypes, strict=True)]
-        out_specs = out_specs[:len(out_specs) - len(mut)]  # what the kernel allocates
-        for base in options.seeds:
-            seed = point_seed(base, spec.id, dims)
-            try:
-                args = make_inputs(inputs, dims, spec.dtype, device, seed, dtypes=in_dtypes, sample=sample,
-                                   scalars=scalars)
-            except Exception as exc:  # noqa: BLE001 -- the operator's sample hook failed: a verdict, not a crash
-                failure = f"making inputs failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                break
-            first_args = first_args or args
-            try:
-                outs, ok_poison = poisoned_call(kernel_v, args, out_specs, mutated=len(mut))
-            except Exception as exc:  # noqa: BLE001 -- a kernel that raises fails verification; the message is the evidence
-                failure = f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                break
-            confirmed = confirmed and ok_poison
-            try:
-                try:
-                    refs = _reference_in(reference_v, args, ref_dtype)
-                except (RuntimeError, NotImplementedError, TypeError):
-                    if ref_dtype == "float32":
-                        raise
-                    ref_dtype = "float32"  # e.g. no float64 implementation on this device
-                    refs = _reference_in(reference_v, args, ref_dtype)
-                native = _reference_in(reference_v, args, None)
-            except Exception as exc:  # noqa: BLE001 -- a reference that raises cannot vouch for the kernel
-                failure = f"reference raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                break
-            if len(outs) != len(outputs) or len(refs) != len(outputs):
-                failure = (f"the kernel returned {len(outs)} and the reference {len(refs)} outputs; "
-                           f"{len(outputs)} are declared")
-                break
-            for i, (o, r, n) in enumerate(zip(outs, refs, native, strict=True)):
-                t = out_tols[i]
-                c = check_output(o, r, atol=t.atol, rtol=t.rtol)
-                if c.failure is None and o.dtype != out_dtypes[i]:
-                    c = dataclasses.replace(c, failure=f"dtype {_dt(o.dtype)}, declared {_dt(out_dtypes[i])}")
-                checks.append((seed, c))
-                ref_checks.append(check_output(n, r, atol=t.atol, rtol=t.rtol))
-                if c.failure and failure is None:
-                    failure = (f"output {outputs[i][0]}: " if len(outs) > 1 else "") + c.failure + f" (seed {seed})"
-                if failure is None and getattr(n, "dtype", out_dtypes[i]) != out_dtypes[i]:  # it serves too
-                    failure = (f"output {outputs[i][0]}: the reference returns {_dt(n.dtype)}, declared "
-                               f"{_dt(out_dtypes[i])} (a caller's result dtype would depend on the path)")
-            del outs, refs, native
-        if failure is None and first_args is not None and not results:  # once: the reference's result's form
-            failure = result_form(reference, first_args, [str(n) for n, *_ in desc["outputs"]], mut)
-        if failure is None and not confirmed and options.strict_poison:
-            failure = ("could not confirm the outputs were poisoned (the adapter allocated them outside the poisoned "
-                       "allocator), "
-                       "so unwritten elements would go unseen; use --no-strict-poison to accept")
-        timing = None
-        if failure is None and options.timing and first_args is not None:
-            out_bytes = sum(math.prod(s) * torch.empty((), dtype=odt).element_size() for s, odt in out_specs)
-
-            def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
-                return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d),
-                                   dtypes=in_dtypes, sample=sample, scalars=scalars)
-
-            sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
-            timing = time_pair(kernel, reference, sets, device=device, options=options)
-            del sets
-        point = PointResult(dict(dims), tuple(checks), tuple(ref_checks), confirmed, failure, timing)
-        results.append(point)
-        if options.on_point:
-            options.on_point(spec.id, point)
-    bad = next((p for p in results if not p.passed), None)
-    failure = None if bad is None else f"at {','.join(f'{k}={v}' for k, v in bad.dims.items())}: {bad.failure}"
-    return SpecVerdict(spec, device, tol, override is not None, ref_dtype, tuple(results), failure)
+from tileship.verify.results import SpecVerdict, VerifyResult
+from tileship.verify.spec_check import VerifyOptions, verify_spec
+from tileship.verify.timing import NOISE_FLOOR
 
 
 def open_for_evidence(path: Path | str) -> tuple[Path, dict[str, Any], dict[str, Any], dict[str, Any]]:

@@ -1,0 +1,121 @@
+"""The gRPC endpoint's handlers: every RPC of ``GRPCInferenceService`` wrapped the same way.
+
+``register`` builds the method handlers from the service descriptor, each parsing its request with a
+deserializer that cannot raise (a message over ``max_body_bytes`` is a ``TooLarge``, bytes that are no
+message of its type a ``Malformed``: the RPC answers them, never grpc with UNKNOWN). ``rpc`` wraps each RPC of
+``grpc_service.Servicer``: a request id (the client's ``x-request-id`` metadata when printable, echoed as trailing
+metadata), the concurrency limit, and every exception turned into a status with a message.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from google.protobuf.message_factory import GetMessageClass
+from starlette.exceptions import HTTPException
+from tritonclient.grpc import service_pb2 as pb
+
+from tileship.serve import grpc_codec
+from tileship.serve.middleware import new_request_id, valid_request_id
+from tileship.serve.validate import BadRequest
+
+if TYPE_CHECKING:
+    from tileship.serve.grpc_service import Servicer
+
+#: an RPC of ``Servicer`` as ``rpc`` takes it: (servicer, request, context, request id) -> its reply
+Handler = Callable[[Any, Any, Any, str], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A request whose bytes are not a message of its type (answered INVALID_ARGUMENT, never UNKNOWN)."""
+
+    type: str
+    error: str
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """A request message over ``max_body_bytes`` (answered RESOURCE_EXHAUSTED and counted, never parsed)."""
+
+    type: str
+    size: int
+    limit: int
+
+
+def _deserializer(cls: Any, limit: int) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        if len(data) > limit:
+            return TooLarge(cls.DESCRIPTOR.full_name, len(data), limit)
+        try:
+            return cls.FromString(data)
+        except DecodeError as exc:
+            return Malformed(cls.DESCRIPTOR.full_name, str(exc)[:200])
+
+    return parse
+
+
+def register(servicer: Servicer, server: grpc.aio.Server, limit: int) -> None:
+    """``add_GRPCInferenceServiceServicer_to_server`` with request parsing that cannot raise: the
+    handlers are built from the service descriptor, each with a ``_deserializer`` refusing messages
+    over ``limit`` bytes."""
+    desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for m in desc.methods:
+        kw = {"request_deserializer": _deserializer(GetMessageClass(m.input_type), limit),
+              "response_serializer": GetMessageClass(m.output_type).SerializeToString}
+        fn = getattr(servicer, m.name)
+        if m.client_streaming or m.server_streaming:
+            handlers[m.name] = grpc.stream_stream_rpc_method_handler(fn, **kw)
+        else:
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(fn, **kw)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
+    server.add_registered_method_handlers(desc.full_name, handlers)
+
+
+def rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
+    """One RPC: a request id, the concurrency limit (``max_connections`` RPCs at once: RESOURCE_EXHAUSTED
+    past it, counted as ``tileship_rejected_total{reason="connection_limit"}``), and every exception
+    turned into a status with a message (never UNKNOWN)."""
+
+    @functools.wraps(fn)
+    async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        sent = dict(context.invocation_metadata() or ()).get("x-request-id")
+        rid = valid_request_id(sent if isinstance(sent, str) else None) or new_request_id()
+        trailer = (("x-request-id", rid),)
+        if self.active >= self.limit:
+            self.service.metrics.rejected.labels("connection_limit").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the server is at its limit of {self.limit} concurrent RPCs: retry later", trailer)
+        if isinstance(request, TooLarge):  # counted as REST's 413 is (``serve.body``)
+            self.service.metrics.rejected.labels("body_too_large").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{request.type} of {request.size} bytes is over the server's limit of {request.limit} "
+                                "bytes (--max-body-mib)", trailer)
+        if isinstance(request, Malformed):
+            if request.type == "inference.ModelInferRequest":  # an inference request naming no model: counted as REST's
+                self.service.metrics.requests.labels("_unknown", "", "none", "400").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request.type}: {request.error}", trailer)
+        self.active += 1  # one event loop runs every RPC: no lock
+        try:
+            reply = await fn(self, request, context, rid)
+        except grpc.aio.AbortError:
+            raise
+        except HTTPException as exc:
+            await context.abort(grpc_codec.code_for(exc.status_code), str(exc.detail), trailer)
+        except BadRequest as exc:
+            await context.abort(grpc_codec.code_for(exc.status, exc), exc.message, trailer)
+        except Exception as exc:  # a bug: INTERNAL naming the request id, logged with its traceback
+            msg, _ = self.service.log_internal(rid, exc)
+            await context.abort(grpc.StatusCode.INTERNAL, msg, trailer)
+        finally:
+            self.active -= 1
+        context.set_trailing_metadata(trailer)
+        return reply
+
+    return handler

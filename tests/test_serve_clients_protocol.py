@@ -1,5 +1,5 @@
-"""What Triton clients send and expect where tileship answered otherwise: an unloaded model's metadata, config and
-inference; the request parameters ``timeout`` and ``priority``; the trace extension. Real clients
+"""What Triton clients send and expect where tileship answered otherwise: an unloaded model's metadata, config,
+statistics and inference; the request parameters ``timeout`` and ``priority``; the trace extension. Real clients
 (``tritonclient.http``, ``tritonclient.grpc`` and its ``aio``) against one server of the hostile release (references
 only, REST and gRPC, one worker thread) on 127.0.0.1; each test failed on the code before its fix."""
 
@@ -109,6 +109,33 @@ def test_an_unloaded_model_answers_as_triton_over_rest_and_grpc(server: Backgrou
         h.load_model("add")
     assert h.get_model_metadata("add")["name"] == "add" and g.get_model_config("add").config.name == "add"
     assert h.infer("add", _inputs(th)).as_numpy("Z").tolist() == (2 * X).tolist()
+    h.close()
+    g.close()
+
+
+def test_an_unloaded_model_has_no_statistics_over_rest_and_grpc(server: BackgroundServer) -> None:
+    """After ``unload`` the model's statistics answer as its metadata (404 / NOT_FOUND, 503 / UNAVAILABLE naming the
+    version) and the statistics of all models leave it out, as Triton lists only ready versions; after ``load`` its
+    counters answer again. They answered 200 with its counters, and the list of all models held it."""
+    h = th.InferenceServerClient(server.url.removeprefix("http://"))
+    g = tg.InferenceServerClient(server.grpc_url)
+    h.unload_model("add")
+    try:
+        e = _error(lambda: h.get_inference_statistics("add"))
+        assert e.status() == "404" and "model add is unloaded" in e.message(), e
+        e = _error(lambda: h.get_inference_statistics("add", model_version="hostile"))
+        assert e.status() == "503" and "version hostile of model add is unloaded" in e.message(), e
+        e = _error(lambda: g.get_inference_statistics("add"))
+        assert e.status() == "StatusCode.NOT_FOUND" and "RepositoryModelLoad" in e.message(), e
+        e = _error(lambda: g.get_inference_statistics("add", model_version="hostile"))
+        assert e.status() == "StatusCode.UNAVAILABLE" and "unloaded" in e.message(), e
+        rest = {r["name"] for r in h.get_inference_statistics()["model_stats"]}
+        grpc_names = {r.name for r in g.get_inference_statistics().model_stats}
+        assert "add" not in rest and "outer" in rest and rest == grpc_names, (rest, grpc_names)
+    finally:
+        h.load_model("add")
+    assert [r["name"] for r in h.get_inference_statistics("add")["model_stats"]] == ["add"]
+    assert "add" in {r.name for r in g.get_inference_statistics().model_stats}
     h.close()
     g.close()
 

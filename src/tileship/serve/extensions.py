@@ -20,7 +20,8 @@ only ``load`` (or a restart) clears it. An unloaded model has no version availab
 for a request naming the version): inference, metadata and config answer 404 / NOT_FOUND, or 503 /
 UNAVAILABLE when the request names the version, with a message saying how to load it again
 (``ModelUnloaded``, over REST and gRPC alike); it is not ready (``/ready`` 503, gRPC ``ready:
-false``) and is ``UNAVAILABLE`` in the repository index. Statistics still answer (its counters).
+false``) and is ``UNAVAILABLE`` in the repository index. Its statistics answer as its metadata, and the
+statistics of all models leave it out (Triton lists only ready versions there).
 """
 
 from __future__ import annotations
@@ -136,14 +137,18 @@ def _versions(service: Service, cur: Served, name: str, version: str | None) -> 
     return [version]
 
 
-def stat_rows(service: Service, name: str | None, version: str | None) -> list[dict[str, Any]]:
-    """Triton's ``model_stats``: every loaded (model, version) for ``name`` None, else those of ``name``.
-    Raises HTTPException: 503 not ready, 404 unknown model or version."""
+def stat_rows(service: Service, name: str | None, version: str | None, protocol: str = "rest") -> list[dict[str, Any]]:
+    """Triton's ``model_stats``: every loaded (model, version) for ``name`` None (an unloaded model left out, as
+    Triton lists only ready versions), else those of ``name``. Raises HTTPException: 503 not ready, 404 unknown
+    model or version, and as ``check_loaded`` for an unloaded ``name``."""
     cur = served(service)
     if name is None:
-        return [service.stats.stat(n, v) for n in _names(cur) for v in _versions(service, cur, n, None)]
+        return [service.stats.stat(n, v) for n in _names(cur) if n not in service.unloaded
+                for v in _versions(service, cur, n, None)]
     known(cur, name)
-    return [service.stats.stat(name, v) for v in _versions(service, cur, name, version)]
+    versions = _versions(service, cur, name, version)
+    check_loaded(service, name, version, protocol)
+    return [service.stats.stat(name, v) for v in versions]
 
 
 async def stats(request: Request) -> Response:

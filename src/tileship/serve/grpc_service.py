@@ -135,7 +135,7 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     @rpc
     async def ModelStatistics(self, request: Any, context: Any, rid: str) -> Any:
-        rows = extensions.stat_rows(self.service, request.name or None, request.version or None)
+        rows = extensions.stat_rows(self.service, request.name or None, request.version or None, "grpc")
         return grpc_codec.message({"model_stats": rows}, pb.ModelStatisticsResponse())
 
     @rpc

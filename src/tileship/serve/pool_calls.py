@@ -4,7 +4,8 @@ run the call on it, judge what came back.
 Two ways in, one contract: ``call`` blocks a request thread; ``acall`` runs on the event loop
 (``serve.remote`` uses it for small calls), so the wait for the worker's answer wakes no thread.
 Both return (output tensors on the CPU, decision) and raise BadRequest (400 for a bad call, 503
-after a failover that could not be retried) or WorkerError (500). What a failed call leads to
+after a failover that could not be retried), WorkerError (500), or ``handoff.QueueTimeout`` (``call`` only:
+the request's ``timeout`` passed while it waited for an idle worker; it never ran). What a failed call leads to
 is the same for both (``_after_failure``):
 
 - the worker went away (``WorkerDied``): killed from outside, the request is retried once on the
@@ -29,6 +30,7 @@ from typing import Any
 
 from tileship.errors import WorkerError
 from tileship.runtime.dispatch import Decision
+from tileship.serve.handoff import QueueTimeout
 from tileship.serve.validate import BadRequest
 from tileship.serve.workers import Worker, WorkerDied, ending
 
@@ -64,14 +66,22 @@ class PoolCalls:
                 return True
         return False
 
-    def _take(self, release_id: str) -> Worker:
-        """An idle worker of ``release_id``, waiting up to ``wait_s`` for one (then a 503)."""
-        deadline = time.monotonic() + self.wait_s
+    def _take(self, release_id: str, request_deadline: float | None = None) -> Worker:
+        """An idle worker of ``release_id``, waiting up to ``wait_s`` for one (then a 503), and never past
+        ``request_deadline`` (``time.monotonic()``; the request's ``timeout``): then ``QueueTimeout``, the call
+        never started."""
+        t0 = time.monotonic()
+        deadline = t0 + self.wait_s
+        if request_deadline is not None:
+            deadline = min(deadline, request_deadline)
         q = self._queue(release_id)
         while True:
             try:
                 w = q.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
+                if request_deadline is not None and deadline == request_deadline:
+                    raise QueueTimeout(f"timeout: the request waited {(time.monotonic() - t0) * 1e6:.0f} us for a "
+                                       "worker process, past its parameters.timeout; it was not run") from None
                 raise BadRequest(503, f"no worker is ready: none answered within {self.wait_s:g} s "
                                       f"({self.readiness()[1]})") from None
             if self._claim(w):
@@ -96,12 +106,15 @@ class PoolCalls:
                 q.put(w)
 
     # -- the two ways in -----------------------------------------------------------------
-    def call(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
-        """Run ``name`` on a worker of ``release_id``, blocking this thread; see the module doc."""
+    def call(self, release_id: str, name: str, args: list[Any], out_bytes: int,
+             deadline: float | None = None) -> tuple[list[Any], Decision]:
+        """Run ``name`` on a worker of ``release_id``, blocking this thread; see the module doc. ``deadline``
+        (``time.monotonic()``): the request's own ``timeout``, which bounds the wait for its first worker
+        (``QueueTimeout`` past it, never run); a retry after a worker died waits as any call."""
         self._count(release_id, 1)
         try:
             for attempt in (1, 2):
-                w = self._take(release_id)
+                w = self._take(release_id, deadline if attempt == 1 else None)
                 try:
                     reply = w.call(name, args, out_bytes, self.timeout_s)
                 except (WorkerDied, TimeoutError) as exc:

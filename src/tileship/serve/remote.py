@@ -15,6 +15,7 @@ what the client got wrong):
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tileship.runtime.dispatch import Decision
@@ -71,11 +72,22 @@ def _out_bytes(served: Any, name: str, plan: call_plan.CallPlan) -> int:
     return sum(call_plan.output_bytes(served.release.declarations[name], plan).values())
 
 
+def queue_deadline(service: Any, timeout_us: int) -> dict[str, float]:
+    """``execute_remote``'s keyword for a request's ``timeout`` (us; 0: none) under ``--workers N``, taken now
+    (as ``handoff.outcome``'s queue deadline): ``{"deadline": time.monotonic() + ...}``; ``{}`` without either."""
+    if service.workers is None or not timeout_us:
+        return {}
+    return {"deadline": time.monotonic() + timeout_us * 1e-6}
+
+
 def execute_remote(service: Any, served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None,
-                   encode: Any) -> tuple[Any, Decision]:
-    """``calls.execute`` for ``--workers N``: same contract, the call runs in a worker process."""
+                   encode: Any, deadline: float | None = None) -> tuple[Any, Decision]:
+    """``calls.execute`` for ``--workers N``: same contract, the call runs in a worker process. ``deadline``
+    (``time.monotonic()``, from ``queue_deadline``) bounds the wait for an idle worker: past it ``handoff.QueueTimeout``
+    (a TimeoutError: ``calls.run`` answers 504), the call never run."""
     args = _arguments(plan)
-    outs, decision = service.workers.call(served.release.release_id, name, args, _out_bytes(served, name, plan))
+    outs, decision = service.workers.call(served.release.release_id, name, args, _out_bytes(served, name, plan),
+                                          deadline)
     return _encode(served, name, plan, kserve_id, encode, outs, decision), decision
 
 

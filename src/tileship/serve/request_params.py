@@ -10,7 +10,8 @@ read and checked here for REST and gRPC alike, and what tileship does with them.
   either). The body read, parsing and checks before admission do not count; a call run inline on the event
   loop (``handoff.Inline``) never waits; with ``--workers N`` a request with a timeout takes a request
   thread even when small (``remote.on_loop``'s loop calls wait for a worker process where nothing could
-  drop them), and the thread then finds an idle worker.
+  drop them), and the deadline also bounds the thread's wait for an idle worker process
+  (``pool_calls.PoolCalls.call``): past it the request is answered the same way and never reaches a worker.
 - ``priority``: Triton's priority level (1 the highest; 0 the model's default). Checked, and otherwise
   ignored: tileship's queue is first come, first served (one ``ThreadPoolExecutor`` queue), and reordering it
   would need a queue of its own.

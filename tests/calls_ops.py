@@ -1,6 +1,7 @@
 """Small foreign "c"-target operators for ``tests/test_foreign_calls.py``: two outputs, by-value scalars (a bool
 among them), an int32 input with an output of the operator dtype, an input updated in place with no outputs, and
-two outputs with scalars (TileLang's adapter serves them) whose reference returns a list."""
+two outputs with scalars (TileLang's adapter serves them) whose reference returns a list, and an int32 operator with
+a scalar of the operator dtype ("same")."""
 
 import tilelang.language as T
 import torch
@@ -119,3 +120,25 @@ mul_add = Operator(name="mul_add", factory=mul_add_kernel, reference=mul_add_ref
                    inputs=(TensorArg("A", ("N",)), ScalarArg("s", dtype="float32"), ScalarArg("n", dtype="int32")),
                    outputs=(TensorArg("M", ("N",)), TensorArg("P", ("N",))), dtypes=("float32",), targets=("c",),
                    shapes=({"N": 32},))
+
+
+def shift_kernel(N, dtype="int32"):
+    """Y = X + k, k a scalar of the operator dtype (int32 here)."""
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), dtype), k: T.int32, Y: T.Tensor((N,), dtype)):
+        with T.Kernel(T.ceildiv(N, 16)) as bx:
+            for i in T.Parallel(16):
+                if bx * 16 + i < N:
+                    Y[bx * 16 + i] = X[bx * 16 + i] + k
+
+    return main
+
+
+def shift_ref(x, k):
+    return x + k
+
+
+shift = Operator(name="shift", factory=shift_kernel, reference=shift_ref,
+                 inputs=(TensorArg("X", ("N",)), ScalarArg("k", dtype="same")), outputs=(TensorArg("Y", ("N",)),),
+                 dtypes=("int32",), targets=("c",), shapes=({"N": 32},))

@@ -197,6 +197,25 @@ def test_an_integer_scalar_outside_its_dtype_is_a_call_error_not_a_wrapped_value
     _serves_from_its_kernel(release, "mul_add", (x, 1.0, 2))
 
 
+@pytest.mark.parametrize("k", [2**32 + 3, 2**31, -(2**31) - 1], ids=["2^32+3", "2^31", "-2^31-1"])
+def test_a_same_scalar_of_an_int32_operator_takes_the_int32_range(release, k):
+    """``shift``'s ``k`` is declared "same" and the operator runs at int32: ``k=2**32 + 3`` got only a float's range
+    check, and the kernel was handed 3 (ctypes wraps it) and answered X + 3 with the decision 'kernel'. The value is
+    not in the memo key, so a memoized key checks it on every call."""
+    op = release.op("shift")
+    x = torch.arange(32, dtype=torch.int32)
+    assert torch.equal(op(x, 2), x + 2)  # memoized, from its kernel
+    for how in HOW:
+        for size in (32, 20):  # the kernel's key, and a key the reference serves
+            with pytest.raises(CallError, match=r"shift\(k\): is a ScalarArg of the operator dtype \(int32\), got "
+                                                r".*, outside the range it takes \[-2147483648, 2147483647\]") as info:
+                HOW[how](op, torch.arange(size, dtype=torch.int32), k)
+            assert info.value.argument == "k"
+    y, d = op.call(x, 2**31 - 1 - 31)  # the largest int32 that X + k holds is the kernel's
+    assert d.path == "kernel" and torch.equal(y, x + (2**31 - 1 - 31))
+    _serves_from_its_kernel(release, "shift", (x, 2))
+
+
 def test_an_int_too_large_for_a_float_scalar_is_a_call_error_and_keeps_the_kernel(release):
     """``s=2**1100`` for a float32 ScalarArg: converting it for the kernel raised OverflowError, which the breaker
     took for a kernel fault: the specialization went to the reference (circuit_open) for every later caller."""

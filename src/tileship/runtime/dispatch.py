@@ -93,9 +93,8 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         if self._scalars:  # scalars add their Python type to the key, never their value
             pick = itemgetter(*tpos)
             self._tensors = (lambda args: (pick(args),)) if len(tpos) == 1 else pick
-            ranged = tuple((i, *b) for i in self._scalars
-                           if (b := scalars.scalar_range((shape.dtypes or (SAME,) * self._n)[i])) is not None)
-            self._key_of = scalars.scalar_key(self._tensors, self._scalars, self._n, ranged)
+            ranges = scalars.key_ranges(shape.dtypes, self._scalars, self._n)
+            self._key_of = scalars.scalar_key(self._tensors, self._scalars, self._n, *ranges)
         #: the operator's ``sample(dims, dtype, device)`` hook when it declares one (demo, warm-up)
         self.sample: Callable[..., Any] | None = None
         self._memo: dict[tuple[Any, ...], Route] = {}

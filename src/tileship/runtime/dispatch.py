@@ -146,6 +146,8 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
                 return res
             if res >= 0:  # a route row: the reference, or a Python launcher, serves this key
                 route = self._native_routes[res]
+                if route.entry.kernel is None and (err := not_tensor(args, self.shape.inputs, (), self.name)):
+                    raise err  # an array after a tensor has the tensor's key there; the reference would take it
             elif res != native_mod.MISS:
                 route = self._route(args)
                 why = native_mod.REASONS.get(res, "misaligned")

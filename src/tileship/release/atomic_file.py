@@ -25,10 +25,11 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
+from tileship.release import nofollow
 from tileship.release.inplace import running
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -85,7 +86,8 @@ def replacing(path: Path | str) -> Iterator[tuple[BinaryIO, Path]]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(target.parent)
+    with suppress(OSError):  # some file systems refuse a directory fsync; the rename itself is done
+        nofollow.fsync_dir(target.parent)
 
 
 def _keep_owner(fd: int, old: os.stat_result) -> None:
@@ -106,19 +108,6 @@ def _remove_leftovers(target: Path) -> None:
         m = pattern.fullmatch(left.name)
         if m is not None and not running(int(m.group(1))) and not left.is_dir():
             left.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse a directory fsync; the rename itself is done
-    finally:
-        os.close(fd)
 
 
 __all__ = ["replacing", "target_of", "write_file"]

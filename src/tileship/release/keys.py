@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tileship.errors import SignatureError
+from tileship.release import nofollow
 
 
 def public_path(private_path: Path) -> Path:
@@ -98,15 +99,7 @@ def _commit(path: Path, body: bytes, mode: int) -> None:
         raise SignatureError(f"{path}: cannot write the key ({exc.strerror or exc})", path=str(path)) from None
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    nofollow.fsync_dir(path.parent)
 
 
 def _remove_leftovers(private_path: Path) -> None:

@@ -37,7 +37,7 @@ def key_ranges(dtypes: Sequence[str], scalars: Sequence[int],
     same = tuple(i for i in scalars if (dtypes[i] if i < len(dtypes) else SAME) == SAME) if at is not None else ()
     ranged = tuple((i, *b) for i in scalars if i not in same
                    and (b := scalar_range(dtypes[i] if i < len(dtypes) else SAME)) is not None)
-    return ranged, ((at, same) if same else None)
+    return ranged, ((at, same) if at is not None and same else None)
 
 
 @functools.cache

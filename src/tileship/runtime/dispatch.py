@@ -115,6 +115,7 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         import torch
 
         self._grad_on: Callable[[], bool] = torch.is_grad_enabled
+        self._tensor_t = torch.Tensor
 
     @property
     def n_inputs(self) -> int:
@@ -146,8 +147,11 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
                 return res
             if res >= 0:  # a route row: the reference, or a Python launcher, serves this key
                 route = self._native_routes[res]
-                if route.entry.kernel is None and (err := not_tensor(args, self.shape.inputs, (), self.name)):
-                    raise err  # an array after a tensor has the tensor's key there; the reference would take it
+                if route.entry.kernel is None:  # an array after a tensor has the tensor's key there; the reference
+                    tt = self._tensor_t  # would take it (an exact type test first: this is the reference route's cost)
+                    for a in args:
+                        if type(a) is not tt and (err := not_tensor(args, self.shape.inputs, (), self.name)):
+                            raise err
             elif res != native_mod.MISS:
                 route = self._route(args)
                 why = native_mod.REASONS.get(res, "misaligned")

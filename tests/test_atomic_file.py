@@ -93,3 +93,31 @@ def test_verify_json_out_writes_through_a_symlink_and_keeps_the_mode(cpu_release
     assert res.exit_code == 0, res.output
     assert link.is_symlink() and json.loads(real.read_text())["specializations"]
     assert real.stat().st_mode & 0o777 == 0o600
+
+
+def test_threads_writing_one_file_at_once_each_replace_it_whole(tmp_path: Path) -> None:
+    """Writers in threads of one process shared the temporary ``<name>.tmp<pid>``: each removed the others' before
+    creating its own, so all but one failed with FileNotFoundError at the rename (concurrent ``pack`` to one path)."""
+    import threading
+
+    path = tmp_path / "shared.toml"
+    bodies = [f"writer {i}\n" * 2000 for i in range(8)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(bodies))
+
+    def write(body: str) -> None:
+        start.wait()
+        try:
+            for _ in range(20):
+                write_file(path, body)
+        except BaseException as exc:  # noqa: BLE001 -- collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert path.read_text() in bodies
+    assert [p.name for p in tmp_path.iterdir()] == ["shared.toml"], "a temporary was left behind"

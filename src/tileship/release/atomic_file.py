@@ -1,10 +1,10 @@
 """Replace a file a user owns (a project file, a lock, a report) whole, the way a careful editor saves it.
 
 ``write_file(path, body)`` (``replacing(path)`` for a body written piece by piece, e.g. an archive) writes
-``<name>.tmp<pid>`` beside the file, fsyncs it, renames it over the file and fsyncs the directory: killed at any
-instant, ``path`` holds the old bytes or the new ones, never part of either (a killed writer's temporary is removed
-by the next write of the same file). Unlike ``inplace.write_atomic``
-(files inside a release, which tileship alone writes), it treats the file as the user's:
+``<name>.tmp<pid>-<random>`` beside the file, fsyncs it, renames it over the file and fsyncs the directory: killed
+at any instant, ``path`` holds the old bytes or the new ones, never part of either (a killed writer's temporary is
+removed by the next write of the same file; writers in threads of one process never share a temporary). Unlike
+``inplace.write_atomic`` (files inside a release, which tileship alone writes), it treats the file as the user's:
 
 - a symlink is written through: its final target is replaced, the link stays a link (``sed -i --follow-symlinks``,
   vim's default). Replacing the link by a regular file would silently fork a file kept elsewhere (a dotfiles
@@ -23,6 +23,7 @@ import errno
 import glob
 import os
 import re
+import secrets
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -65,8 +66,8 @@ def replacing(path: Path | str) -> Iterator[tuple[BinaryIO, Path]]:
     if old is not None and not stat.S_ISREG(old.st_mode):
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     _remove_leftovers(target)
-    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-    tmp.unlink(missing_ok=True)  # this process's own, from a write that failed
+    # one name a writer: threads of one process writing the same file at once each rename a whole file of their own
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}-{secrets.token_hex(4)}")
     fd = os.open(tmp, _FLAGS, 0o600 if old is not None else 0o666)
     try:
         if old is not None:
@@ -103,7 +104,7 @@ def _keep_owner(fd: int, old: os.stat_result) -> None:
 
 
 def _remove_leftovers(target: Path) -> None:
-    pattern = re.compile(re.escape(target.name) + r"\.tmp([0-9]+)")
+    pattern = re.compile(re.escape(target.name) + r"\.tmp([0-9]+)(?:-[0-9a-f]{8})?")
     for left in target.parent.glob(glob.escape(target.name) + ".tmp*"):
         m = pattern.fullmatch(left.name)
         if m is not None and not running(int(m.group(1))) and not left.is_dir():

@@ -201,8 +201,8 @@ def pack(root: Path, archive: Path) -> Path:
     is replaced, the link stays), an existing archive keeps its mode, and what is not a regular file is refused
     (OSError, nothing written). The files packed are the bytes integrity checked (a private copy made while
     hashing, in a scratch directory ``<target>.tmp<pid>-copy-*`` beside the file written), written to a
-    temporary of its own (``<target>.tmp<pid>``), fsynced, then renamed: killed at any instant, the archive is
-    the old one or the new one, whole; concurrent packs to one path never mix. The scratch directories and
+    temporary of its own (``<target>.tmp<pid>-<random>``), fsynced, then renamed: killed at any instant, the
+    archive is the old one or the new one, whole; concurrent packs to one path never mix. The scratch directories and
     temporaries of killed packs (their pid gone) are removed by the next pack to that path."""
     import gzip
     import tempfile

@@ -54,6 +54,18 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                     out.append(("gemv3", dict(rows=rows, k_warps=1, n_warps=4)))
                 else:
                     out.append(("gemv3", dict(rows=rows, k_warps=kw)))
+    # "gemv3a": w4a16_gemv3 with its weights and scales streamed through a cp.async ring of `depth` K steps a
+    # warp (w4a16_async: ptxas keeps only about 1.5 steps of gemv3's register loads in flight, round 31)
+    if M <= 4:
+        for rows in (2, 4, 8):
+            for kw in (1, 2, 4, 7, 14):
+                for depth in (2, 3, 4, 6):
+                    if steps % kw or (kw > 1 and rows * M > 32) or (kw == 1 and rows > 4) or depth > steps // kw:
+                        continue
+                    if kw == 1:
+                        out.append(("gemv3a", dict(rows=rows, k_warps=1, n_warps=4, depth=depth)))
+                    else:
+                        out.append(("gemv3a", dict(rows=rows, k_warps=kw, depth=depth)))
     if M >= 4:
         bm = max(8, M) if M <= 64 else 64
         for bn, split, stages in ((128, 1, 4), (128, 2, 4), (128, 4, 3), (64, 2, 4), (64, 4, 4), (256, 2, 3)):
@@ -219,7 +231,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_mma_split.w4a16_gemm_mv_split(M, N, K, dtype, **cfg)
     if kind in ("mv", "mv2", "mv3", "mvk", "mv4"):
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
-    if kind == "gemv3":
+    if kind in ("gemv3", "gemv3a"):
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)
     if kind in ("rs", "rsl", "rule", "rulev", "rsp", "rsc", "rsw", "rsg", "rst", "rsr"):
         return w4a16_tc.w4a16_gemm_rs(M, N, K, dtype, **cfg)

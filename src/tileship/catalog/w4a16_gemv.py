@@ -13,6 +13,7 @@ from typing import Any
 
 import tilelang.language as T
 
+from tileship.catalog.w4a16_async import ASYNC_SRC, RING_ROW
 from tileship.catalog.w4a16_device import DEVICE_SRC, GROUP, device_types
 
 
@@ -64,12 +65,14 @@ def w4a16_gemv(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, n_
 
 
 def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k_warps: int = 4,
-                n_warps: int = 1) -> Any:
+                n_warps: int = 1, depth: int = 0) -> Any:
     """y[M, N] = x[M, K] @ W^T for a static M, K split across ``k_warps`` warps of a block.
 
     A block owns ``rows * n_warps`` output rows. Each of its ``k_warps`` warps along K streams
     ``K / 1024 / k_warps`` steps of 1024 weights a row with 16-byte loads issued before any
     decode; the partial sums meet in one block all-reduce (a warp all-reduce when ``k_warps`` is 1).
+    With ``depth`` D > 0 the weights and scales reach registers through a ring of D shared-memory
+    slots a warp filled by ``cp.async`` (``w4a16_async``), D steps in flight, D at most 8.
     """
     steps = K // 1024
     if K % 1024 or steps % k_warps or N % (rows * n_warps):
@@ -77,10 +80,14 @@ def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k
                          f" (K={K}, N={N})")
     if k_warps > 1 and (n_warps > 1 or rows * M > 32):
         raise ValueError("w4a16_gemv3 splits a block along K or along N, not both, and sums at most 32 outputs a block")
+    if not 0 <= depth <= 8:
+        raise ValueError(f"w4a16_gemv3 keeps 1 to 8 K steps in flight with depth > 0, not depth={depth}")
     pair, scalar, chain = device_types(dtype)
     per_warp = steps // k_warps
     fn = f"ts_w4_gemv3_steps<{pair}, {scalar}, {M}, {rows}, {per_warp}, {chain}>"
     threads = (32, k_warps) if k_warps > 1 else (32, n_warps)
+    if depth:
+        return _gemv3_async(M, N, K, dtype, rows, threads, per_warp, depth, k_warps > 1)
 
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
@@ -113,5 +120,51 @@ def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k
                     warp_sum(acc, i, red, kr)
                     if kr == 0:
                         C[i % M, (bx * n_warps + wy) * rows + i // M] = T.cast(red[0], dtype)
+
+    return main
+
+
+def _gemv3_async(M: int, N: int, K: int, dtype: str, rows: int, threads: tuple[int, int], per_warp: int, depth: int,
+                 k_split: bool) -> Any:
+    """``w4a16_gemv3`` with its weights streamed through a ``cp.async`` ring of ``depth`` slots a warp."""
+    pair, scalar, chain = device_types(dtype)
+    fn = f"ts_w4_gemv3_async<{pair}, {scalar}, {M}, {rows}, {per_warp}, {chain}, {depth}>"
+    warps = threads[1]
+    ring_words = depth * rows * RING_ROW
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K // 8), "int32"),
+             S: T.Tensor((N, K // GROUP), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(N // (rows * (1 if k_split else warps)), threads=threads) as bx:
+            acc = T.alloc_local((rows * M,), "float32")
+            red = T.alloc_local((1,), "float32")
+            tot = T.alloc_local((1,), "float32")
+            ring = T.alloc_shared((warps * ring_words,), "int32")
+            kr = T.thread_binding(0, 32, thread="threadIdx.x")
+            wy = T.thread_binding(0, warps, thread="threadIdx.y")
+            T.import_source(DEVICE_SRC + ASYNC_SRC)
+            for i in T.unroll(rows * M):
+                acc[i] = 0.0
+            row = bx * rows if k_split else (bx * warps + wy) * rows
+            k0 = wy * per_warp if k_split else 0
+            T.call_extern("handle", fn, T.address_of(B[row, k0 * 128]), K // 8, T.address_of(A[0, k0 * 1024]), K,
+                          T.address_of(S[row, k0 * 8]), K // GROUP, T.access_ptr(acc, "rw"),
+                          T.address_of(ring[wy * ring_words]))
+            if k_split:
+                part = T.alloc_shared((warps, rows * M), "float32")
+                for i in T.unroll(rows * M):
+                    warp_sum(acc, i, red, kr)
+                    if kr == 0:
+                        part[wy, i] = red[0]
+                if wy == 0 and kr < rows * M:
+                    tot[0] = 0.0
+                    for w in T.unroll(warps):
+                        tot[0] += part[w, kr]
+                    C[kr % M, bx * rows + kr // M] = T.cast(tot[0], dtype)
+            else:
+                for i in T.unroll(rows * M):
+                    warp_sum(acc, i, red, kr)
+                    if kr == 0:
+                        C[i % M, row + i // M] = T.cast(red[0], dtype)
 
     return main

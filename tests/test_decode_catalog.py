@@ -294,3 +294,24 @@ def test_gqa_decode_one_split_builds_with_nvcc(tmp_path) -> None:
     assert device.count("__global__") == 2  # one kernel: its declaration and its definition
     host = (tmp_path / spec.id / "host_kernel.cu").read_text()
     assert "TVMBackendAllocWorkspace" not in host
+
+
+def test_w4a16_gemv3_async_ring() -> None:
+    """``w4a16_gemv3(depth=D)``: the cp.async ring variant (its arithmetic checked on the GPU by the sweep)."""
+    pytest.importorskip("tilelang")
+    from tileship.catalog.w4a16_async import ASYNC_SRC, RING_ROW
+    from tileship.catalog.w4a16_gemv import w4a16_gemv3
+
+    split = str(w4a16_gemv3(1, 4096, 14336, rows=4, k_warps=2, depth=3).script())
+    # 2 warps along K, 7 steps each, 3 in flight; a ring of 3 slots x 4 rows a warp
+    assert "ts_w4_gemv3_async<__half2, __half, 1, 4, 7, 4, 3>" in split and "ts_w4_gemv3_steps" not in split
+    assert f'ring = T.sblock_alloc_buffer(({2 * 3 * 4 * RING_ROW},), "int32", scope="shared.dyn")' in split
+    rows = str(w4a16_gemv3(2, 4096, 4096, "bfloat16", rows=2, k_warps=1, n_warps=4, depth=4).script())
+    assert "ts_w4_gemv3_async<__nv_bfloat162, __nv_bfloat16, 2, 2, 4, 2, 4>" in rows
+    assert 'T.thread_binding(512, thread="blockIdx.x")' in rows  # 4096 rows / (2 rows x 4 warps)
+    for bad in (-1, 9):
+        with pytest.raises(ValueError, match="depth"):
+            w4a16_gemv3(1, 4096, 14336, rows=4, k_warps=2, depth=bad)
+    # a ring row is the 32 lanes' 16-byte chunks (128 words) and the step's 8 scales (4 words)
+    assert RING_ROW == 128 + 4 and "slot + r * 132 + 4 * lane" in ASYNC_SRC and "slot + lane * 132 + 128" in ASYNC_SRC
+    assert "cp.async.wait_group" in ASYNC_SRC and ASYNC_SRC.count("__syncwarp()") == 2

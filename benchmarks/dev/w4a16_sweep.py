@@ -66,6 +66,20 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                         out.append(("gemv3a", dict(rows=rows, k_warps=1, n_warps=4, depth=depth)))
                     else:
                         out.append(("gemv3a", dict(rows=rows, k_warps=kw, depth=depth)))
+    # "mva": the MMA-GEMV with its weights streamed through a cp.async ring of `depth` groups a warp
+    # (w4a16_mma_async, round 31), 8 or 16 groups a warp
+    if 2 <= M <= 32:
+        groups = K // 128
+        for rt in (1, 2):
+            for wn in (1, 2):
+                for gpw in (8, 16):
+                    wk = groups // gpw
+                    for depth in (2, 4, 6):
+                        if groups % gpw or not 64 <= 32 * wn * wk <= 512 or N % (16 * rt * wn) or depth > gpw:
+                            continue
+                        if rt * wn > 2:
+                            continue
+                        out.append(("mva", dict(rt=rt, wn=wn, wk=wk, depth=depth)))
     if M >= 4:
         bm = max(8, M) if M <= 64 else 64
         for bn, split, stages in ((128, 1, 4), (128, 2, 4), (128, 4, 3), (64, 2, 4), (64, 4, 4), (256, 2, 3)):
@@ -227,6 +241,10 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 
     if kind == "catalog":
         return w4a16_linear(M, N, K, dtype)
+    if kind == "mva":
+        from tileship.catalog import w4a16_mma_async
+
+        return w4a16_mma_async.w4a16_gemm_mva(M, N, K, dtype, **cfg)
     if kind == "mvc":
         return w4a16_mma_split.w4a16_gemm_mv_split(M, N, K, dtype, **cfg)
     if kind in ("mv", "mv2", "mv3", "mvk", "mv4"):
@@ -241,7 +259,8 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
 def compile_variant(tilelang: Any, kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> Any:
     """The compiled kernel; ``cfg["ws"] = False`` compiles without warp specialization."""
     cfg = dict(cfg)
-    ws = cfg.pop("ws", not kind.startswith(("catalog", "mv")))  # the catalog and the MMA-GEMV: no warp specialization
+    # the catalog, the GEMVs and the MMA-GEMVs: no warp specialization
+    ws = cfg.pop("ws", not kind.startswith(("catalog", "mv", "gemv")))
     pass_configs = {} if ws else {"tl.disable_warp_specialized": True}
     return tilelang.compile(make(kind, M, N, K, dtype, cfg), out_idx=[3], target=TARGET, pass_configs=pass_configs)
 

@@ -75,14 +75,16 @@ def compile_requirements(top: list[str], out: Path, *, timeout_s: float = 900) -
     """Resolve ``top`` with pip-tools into ``out``: every distribution ``==``-pinned, with hashes.
 
     Raises ToolchainError when pip-tools is missing or the resolution fails. pip-compile writes a
-    temporary beside ``out`` (seeded with ``out``, so its pins are kept where they still resolve),
-    put in place only once it is complete and hash-locked (``atomic_file.write_file``: through a symlink,
+    temporary of this call's own beside ``out`` (seeded with ``out``, so its pins are kept where they still
+    resolve), put in place only once it is complete and hash-locked (``atomic_file.write_file``: through a symlink,
     keeping the file's mode): a failed or killed resolution leaves the previous file whole."""
     import shutil
 
+    from tileship.release.atomic_file import temporary, write_file
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    src = out.with_name(out.name + f".in.tmp{os.getpid()}")
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    # temporaries of this call's own: calls in threads of one process at once never resolve into one file
+    src, tmp = temporary(out.with_name(out.name + ".in")), temporary(out)
     src.write_text("\n".join(top) + "\n")
     if out.is_file():
         shutil.copyfile(out, tmp)
@@ -102,8 +104,6 @@ def compile_requirements(top: list[str], out: Path, *, timeout_s: float = 900) -
         problems = check_hashed(text)
         if problems:
             raise ToolchainError(f"{out}: the resolution is not fully hash-locked: {'; '.join(problems)}")
-        from tileship.release.atomic_file import write_file
-
         write_file(out, text)  # whole; a symlinked file stays a link, the file keeps its mode
     finally:
         src.unlink(missing_ok=True)

@@ -15,6 +15,10 @@ removed by the next write of the same file; writers in threads of one process ne
 - what is not a regular file (a directory, a FIFO, a device) is refused with an OSError, nothing written.
 
 The rename gives the file a new inode: other hard links to it keep the old bytes.
+
+Every tileship writer names its temporaries here (``temporary``): the pid says whose it is, so a killed writer's
+is recognised (``abandoned``) and removed, never a live one's; the random part keeps writers in threads of one
+process apart, so none truncates, removes or renames another's.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tileship.release import nofollow
-from tileship.release.inplace import running
 
+#: what follows the name a temporary replaces: ``.tmp<pid>-<8 hex>`` (``.tmp<pid>``: one written before writers
+#: were told apart); group 1 is the writer's pid
+TEMPORARY = r"\.tmp([0-9]+)(?:-[0-9a-f]{8})?"
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -66,8 +72,7 @@ def replacing(path: Path | str) -> Iterator[tuple[BinaryIO, Path]]:
     if old is not None and not stat.S_ISREG(old.st_mode):
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     _remove_leftovers(target)
-    # one name a writer: threads of one process writing the same file at once each rename a whole file of their own
-    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = temporary(target)  # threads of one process writing the same file at once each rename a whole one
     fd = os.open(tmp, _FLAGS, 0o600 if old is not None else 0o666)
     try:
         if old is not None:
@@ -91,6 +96,33 @@ def replacing(path: Path | str) -> Iterator[tuple[BinaryIO, Path]]:
         nofollow.fsync_dir(target.parent)
 
 
+def temporary(path: Path, *, hidden: bool = False, pid: int | None = None) -> Path:
+    """A name beside ``path`` for one writer's temporary that no other writer uses: ``<name>.tmp<pid>-<8 hex>``
+    (``.<name>.tmp...`` when ``hidden``; ``pid``: this process's unless given). Creates nothing."""
+    who = os.getpid() if pid is None else pid
+    return path.with_name(f"{'.' if hidden else ''}{path.name}.tmp{who}-{secrets.token_hex(4)}")
+
+
+def abandoned(name: str, stem: str) -> bool:
+    """Whether ``name`` is a temporary of ``stem`` (``<stem>`` + ``TEMPORARY``) whose writer is gone: never one of
+    this process or of another running one."""
+    m = re.fullmatch(re.escape(stem) + TEMPORARY, name)
+    return m is not None and not running(int(m.group(1)))
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is this one or still alive (a temporary's writer)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def _keep_owner(fd: int, old: os.stat_result) -> None:
     st = os.fstat(fd)
     if (st.st_uid, st.st_gid) == (old.st_uid, old.st_gid):
@@ -104,11 +136,9 @@ def _keep_owner(fd: int, old: os.stat_result) -> None:
 
 
 def _remove_leftovers(target: Path) -> None:
-    pattern = re.compile(re.escape(target.name) + r"\.tmp([0-9]+)(?:-[0-9a-f]{8})?")
     for left in target.parent.glob(glob.escape(target.name) + ".tmp*"):
-        m = pattern.fullmatch(left.name)
-        if m is not None and not running(int(m.group(1))) and not left.is_dir():
+        if abandoned(left.name, target.name) and not left.is_dir():
             left.unlink(missing_ok=True)
 
 
-__all__ = ["replacing", "target_of", "write_file"]
+__all__ = ["TEMPORARY", "abandoned", "replacing", "running", "target_of", "temporary", "write_file"]

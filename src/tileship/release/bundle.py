@@ -288,12 +288,14 @@ def unpack(archive: Path, dest: Path) -> Path:
 
 
 def copy_release(src: Path, dest: Path) -> None:
-    """Copy a release directory to ``dest`` atomically: its listed files only, hashed while copied,
-    fsynced, then one rename of the complete copy. Raises BundleError naming the file."""
+    """Copy a release directory to ``dest`` atomically: its listed files only, hashed while copied into a
+    temporary of this call's own (``<dest>.tmp<pid>-<random>``), fsynced, then one rename of the complete copy.
+    Raises BundleError naming the file; OSError (ENOTEMPTY) when ``dest`` is a directory already there (a copy of
+    another call at once, which stays), the temporary removed."""
     from tileship.release import integrity, nofollow
+    from tileship.release.atomic_file import temporary
 
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temporary(dest)
     try:
         integrity.check(src, trusted_keys=[], copy_to=tmp, durable=True)
         os.replace(tmp, dest)

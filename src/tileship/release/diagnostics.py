@@ -96,9 +96,9 @@ def capture(release: Any = None, *, spec_id: str | None = None, exc: BaseExcepti
     Raises OSError only when ``out_dir`` or the bundle cannot be created (FileExistsError: ``diag_id`` is taken).
 
     The bundle is written in a staging folder (``.<id>.tmp<pid>``) renamed to ``<id>`` once its
-    ``summary.json`` is written, then archived (``<id>.tar.gz``, through ``<id>.tar.gz.tmp<pid>``): killed at any
-    instant, ``out_dir`` holds no ``<id>`` folder without its summary. What a killed writer left is settled by
-    the next capture into the same folder (``diagnostics_queue.settle``).
+    ``summary.json`` is written, then archived (``<id>.tar.gz``, through ``<id>.tar.gz.tmp<pid>-<random>``):
+    killed at any instant, ``out_dir`` holds no ``<id>`` folder without its summary. What a killed writer left is
+    settled by the next capture into the same folder (``diagnostics_queue.settle``).
     """
     if exc is None:
         exc = sys.exc_info()[1]

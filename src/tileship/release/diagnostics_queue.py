@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tileship.release.atomic_file import TEMPORARY, running, temporary
+
 _log = logging.getLogger("tileship.release.diagnostics")
 
 
@@ -107,21 +109,25 @@ class CaptureQueue:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-#: a bundle's names: its folder ``<id>``, its archive ``<id>.tar.gz``, a writer's temporary ``<id>.tar.gz.tmp<pid>``
-#: (``.tar.gz.tmp``: before tileship named the writer); a bundle is written in ``.<id>.tmp<pid>`` (``staging``)
-_PART = re.compile(r"(diag-[^/]+?)(\.tar\.gz(\.tmp[0-9]*)?)?")
+#: a bundle's names: its folder ``<id>``, its archive ``<id>.tar.gz``, a writer's temporary
+#: ``<id>.tar.gz.tmp<pid>-<random>`` (``.tar.gz.tmp``: before tileship named the writer; ``.tar.gz.tmp<pid>``: before
+#: it told writers apart); a bundle is written in ``.<id>.tmp<pid>`` (``staging``)
+_PART = re.compile(r"(diag-[^/]+?)(\.tar\.gz(\.tmp|" + TEMPORARY + ")?)?")
 _STAGING = re.compile(r"\.(diag-.+)\.tmp([0-9]+)")
-_HALF = re.compile(r"(diag-.+)\.tar\.gz\.tmp([0-9]+)")
+_HALF = re.compile(r"(diag-.+)\.tar\.gz" + TEMPORARY)
 
 
 def staging(base: Path, did: str) -> Path:
-    """Where this process writes bundle ``did`` before it is renamed to ``base / did``, whole."""
+    """Where this process writes bundle ``did`` before it is renamed to ``base / did``, whole. One name a process:
+    ``did`` is new for each bundle, and ``capture`` creates it exclusively (a second writer of one ``did`` is
+    refused with FileExistsError, as the id is taken)."""
     return base / f".{did}.tmp{os.getpid()}"
 
 
 def archive_tmp(archive: Path) -> Path:
-    """This process's temporary for ``archive``, renamed onto it once complete."""
-    return archive.with_name(f"{archive.name}.tmp{os.getpid()}")
+    """A new temporary for ``archive``, renamed onto it once complete: one a writer, since several may archive one
+    bundle at once (``capture`` and the ``settle`` of another thread's capture or prune)."""
+    return temporary(archive)
 
 
 def bundle_parts(base: Path) -> dict[str, list[Path]]:
@@ -141,7 +147,6 @@ def settle(base: Path) -> None:
     left without its archive gets one. A temporary of a writer still running (this process's included) is left
     alone. Never raises: a leftover it cannot remove stays for the next run."""
     from tileship.release.diagnostics_sections import _tar
-    from tileship.release.inplace import running
 
     try:
         names = [p.name for p in base.iterdir()]

@@ -219,12 +219,12 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _tar(root: Path, archive: Path) -> None:
-    """``root`` as ``archive``, written to this process's temporary and renamed onto it once whole."""
+    """``root`` as ``archive``, written to a temporary of its own (``archive_tmp``) and renamed onto it once whole."""
     from tileship.release.diagnostics_queue import archive_tmp
 
     tmp = archive_tmp(archive)
     try:
-        with tarfile.open(tmp, "w:gz") as tar:
+        with tarfile.open(tmp, "x:gz") as tar:
             tar.add(root, arcname=root.name)
         os.replace(tmp, archive)
     except BaseException:

@@ -107,13 +107,13 @@ def write_context(release: Path, out: Path, base: BaseImage, *, cuda: str, requi
     """Write a build context for ``release`` into ``out``; returns the Dockerfile's path.
 
     The context is written whole beside ``out`` first, then put in its place in one step
-    (``swap.replace_dir``): killed at any instant, ``out`` is the previous context or the new one,
-    never a Dockerfile of one release beside the files of another. Where ``out`` is a symlink, the folder it
-    names is replaced and the link stays. ``out`` is tileship's: a directory holding anything else, or a path
-    that is not a directory, is refused (nothing is lost). Raises BuildError when the requirements are
-    not hash-locked, the wheel is missing or ``out`` holds files tileship did not write."""
+    (``swap.staged``): killed at any instant, ``out`` is the previous context or the new one,
+    never a Dockerfile of one release beside the files of another; writers of one ``out`` at once (threads
+    of one process included) each stage a context of their own, and one of them stays. Where ``out`` is a
+    symlink, the folder it names is replaced and the link stays. ``out`` is tileship's: a directory holding
+    anything else, or a path that is not a directory, is refused (nothing is lost). Raises BuildError when the
+    requirements are not hash-locked, the wheel is missing or ``out`` holds files tileship did not write."""
     from tileship.release import swap
-    from tileship.release.inplace import running
 
     text = requirements.read_text()
     problems = check_hashed(text)
@@ -130,23 +130,13 @@ def write_context(release: Path, out: Path, base: BaseImage, *, cuda: str, requi
     if foreign:
         raise BuildError(f"{out} holds files `tileship image` did not write: {', '.join(foreign[:5])}",
                          hint="choose an empty or new --out directory (the context is replaced whole)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for left in out.parent.glob(f".{out.name}.tmp*"):  # what a killed `tileship image` left
-        pid = left.name.rpartition(".tmp")[2]
-        if pid.isdigit() and not running(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
-    staged = out.parent / f".{out.name}.tmp{os.getpid()}"
-    staged.mkdir()
-    try:
+    # a staging folder of this writer's own (what a killed `tileship image` left is removed first)
+    with swap.staged(out, _ours, last="Dockerfile") as staged:
         shutil.copytree(release, staged / "release")
         shutil.copyfile(requirements, staged / "requirements-serve.txt")
         shutil.copyfile(wheel, staged / wheel.name)
         (staged / ".dockerignore").write_text(DOCKERIGNORE)
         (staged / "Dockerfile").write_text(dockerfile(release, base, cuda=cuda, wheel=wheel.name))
-        swap.replace_dir(staged, out)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
     return given / "Dockerfile"
 
 

@@ -1,10 +1,10 @@
 """Writes inside an existing release (``sign``, ``evidence.write``), safe against a kill at any instant.
 
-Each such file (``IN_PLACE``) is written to a temporary ``<name>.tmp<pid>`` beside it, fsynced,
-then renamed onto it (``stage`` + ``os.replace``). A writer killed before its rename leaves that
-temporary: a ``leftover``, which ``integrity.check`` ignores (it is never part of the release, never
-loaded) and the next writer removes (``settle``). A writer that moves several files
-(``evidence.write``: the evidence, its seal and the manifest) writes the new manifest first: killed
+Each such file (``IN_PLACE``) is written to a temporary ``<name>.tmp<pid>-<random>`` beside it (each writer
+its own: ``atomic_file.temporary``), fsynced, then renamed onto it (``stage`` + ``os.replace``). A writer killed
+before its rename leaves that temporary: a ``leftover``, which ``integrity.check`` ignores (it is never part of
+the release, never loaded) and the next writer removes (``settle``: its pid is gone). A writer that moves
+several files (``evidence.write``: the evidence, its seal and the manifest) writes the new manifest first: killed
 between its renames, the files match that pending manifest, which ``integrity.check`` accepts and
 ``settle`` makes the manifest. Writers of one release are serialized (``writing``: a file lock), so two
 of them at once (``tileship verify`` and ``tileship tune``, or ``sign``) never mix their files. A reader
@@ -14,6 +14,7 @@ whose release directory is retired under it (a registry's ``publish --replace``)
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
@@ -25,11 +26,12 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from tileship.errors import BundleError
+from tileship.release.atomic_file import TEMPORARY, abandoned, running, temporary
 
 MANIFEST = "manifest.json"
 #: the files tileship rewrites inside an existing release
 IN_PLACE = frozenset({MANIFEST, "manifest.sig", "evidence/verification.json", "evidence/verification.sig"})
-_LEFTOVER = re.compile(r"(.+)\.tmp([0-9]+)")
+_LEFTOVER = re.compile(r"(.+)" + TEMPORARY)
 #: how long an in-place writer waits for another one writing the same release
 LOCK_TIMEOUT_S = 120.0
 
@@ -62,28 +64,32 @@ def leftover(rel: str) -> bool:
 
 
 def stage(path: Path, body: bytes, *, pid: int | None = None) -> Path:
-    """Write ``body`` to ``path``'s temporary ``<name>.tmp<pid>`` (this process's pid unless given) and
-    fsync it; returns the temporary (``os.replace`` it onto ``path`` to commit)."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid() if pid is None else pid}")
-    with open(tmp, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write ``body`` to a new temporary of ``path``, ``<name>.tmp<pid>-<random>`` (``pid``: this process's unless
+    given), and fsync it; returns the temporary (``os.replace`` it onto ``path`` to commit). Writers in threads of
+    one process each get their own. Raises OSError, the temporary removed, when it cannot be written."""
+    tmp = temporary(path, pid=pid)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return tmp
 
 
 def write_atomic(path: Path, body: bytes) -> None:
     """Replace ``path`` by ``body`` whole (``stage`` + ``os.replace``): killed at any instant, ``path``
     holds the old bytes or the new ones. Temporaries of ``path`` that killed writers left are removed."""
-    for tmp in path.parent.glob(path.name + ".tmp*"):
-        m = _LEFTOVER.fullmatch(tmp.name)
-        if m is not None and m.group(1) == path.name and not running(int(m.group(2))):
+    for tmp in path.parent.glob(glob.escape(path.name) + ".tmp*"):
+        if abandoned(tmp.name, path.name):
             tmp.unlink(missing_ok=True)
     os.replace(stage(path, body), path)
 
 
 def pending_manifests(root: Path) -> list[str]:
-    """``manifest.json.tmp<pid>`` files directly in ``root``, newest first."""
+    """``manifest.json.tmp<pid>[-<random>]`` files directly in ``root``, newest first."""
     try:
         found = [(e.stat(follow_symlinks=False).st_mtime_ns, e.name) for e in os.scandir(root)
                  if e.name.startswith(MANIFEST + ".tmp") and leftover(e.name) and e.is_file(follow_symlinks=False)]
@@ -122,19 +128,6 @@ def raise_if_replaced(root: Path, before: os.stat_result | None, exc: Exception)
         raise BundleError(f"{root}: the release was removed or replaced while it was read (a concurrent "
                           f"`publish --replace`?); read it again", path=str(root),
                           hint="resolve the release again (the registry's active pointer) and retry") from exc
-
-
-def running(pid: int) -> bool:
-    """Whether process ``pid`` is this one or still alive (a temporary's writer)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 __all__ = ["IN_PLACE", "LOCK_TIMEOUT_S", "leftover", "pending_manifests", "raise_if_replaced", "running", "settle",

@@ -128,7 +128,7 @@ def check(root: Path | str, *, trusted_keys: Iterable[Path] | None = None, copy_
     directory (for the registry). Raises BundleError (or its subclasses) naming the file.
 
     Leftovers of a killed in-place write (``leftover``) are ignored, with a warning. When the
-    files do not match ``manifest.json`` but do match a pending ``manifest.json.tmp<pid>`` (a
+    files do not match ``manifest.json`` but do match a pending ``manifest.json.tmp<pid>-<random>`` (a
     writer killed between its renames: ``evidence.write`` writes the new manifest before it moves
     any file), that manifest is the one checked, with a warning; the next writer completes it.
     """

@@ -1,15 +1,16 @@
 """Key pairs on disk (`tileship keygen`): written whole or not at all, never over an existing key.
 
-Both keys are written to temporaries beside their paths and fsynced, then linked into place
-without replacing anything (``os.link`` fails on an existing name): the private key first, then the
-public one. A kill at any instant leaves no key, a complete private key alone, or the complete pair;
-never a truncated key and never a private key next to another key's public half. The next
-``generate_key`` on the same path finishes the first case's pair from the private key (the public
-key is derived from it) and refuses to overwrite a key that exists.
+Both keys are written to temporaries beside their paths (each writer its own, ``atomic_file.temporary``: keygens
+in threads of one process never share one) and fsynced, then linked into place without replacing anything
+(``os.link`` fails on an existing name): the private key first, then the public one. A kill at any instant
+leaves no key, a complete private key alone, or the complete pair; never a truncated key and never a private key
+next to another key's public half. The next ``generate_key`` on the same path finishes the first case's pair from
+the private key (the public key is derived from it) and refuses to overwrite a key that exists.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tileship.errors import SignatureError
 from tileship.release import nofollow
+from tileship.release.atomic_file import abandoned, temporary
 
 
 def public_path(private_path: Path) -> Path:
@@ -78,15 +80,11 @@ def _public_pem(key: Ed25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def _tmp(path: Path, pid: int) -> Path:
-    return path.with_name(f".{path.name}.tmp{pid}")
-
-
 def _commit(path: Path, body: bytes, mode: int) -> None:
     """``body`` at ``path``, whole, or nothing there (temporary, fsync, link without replacing)."""
-    tmp = _tmp(path, os.getpid())
+    tmp = temporary(path, hidden=True)  # never another writer's: keygens in threads of one process at once
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(body)
             f.flush()
@@ -104,12 +102,9 @@ def _commit(path: Path, body: bytes, mode: int) -> None:
 
 def _remove_leftovers(private_path: Path) -> None:
     """The temporaries of keygens killed before they finished (their process is gone)."""
-    from tileship.release.inplace import running
-
     for path in (private_path, public_path(private_path)):
-        for tmp in path.parent.glob(f".{path.name}.tmp*"):
-            pid = tmp.name.rpartition(".tmp")[2]
-            if pid.isdigit() and not running(int(pid)):
+        for tmp in path.parent.glob(glob.escape(f".{path.name}") + ".tmp*"):
+            if abandoned(tmp.name, f".{path.name}"):
                 tmp.unlink(missing_ok=True)
 
 

@@ -6,11 +6,11 @@ before that pointer: a new registry's first ``activate``, an existing registry's
 and never rewritten: ``G`` is the generation of that first pointer. Publishing alone writes no id, so a registry
 whose pointer was sealed before ids keeps being served until its pointer is next written.
 
-Written once, atomically, by the first writer only: the id goes to a temporary ``registry.json.tmp<pid>``, fsynced,
-which is then *linked* to ``registry.json`` (``os.link`` never replaces a file: a second writer that raced past
-the lock finds it there and takes the id it holds), then the directory is fsynced. A writer killed at any instant
-leaves no ``registry.json`` or a whole one, and perhaps the temporary, which the next change's ``gc`` removes.
-Where the filesystem cannot link, the temporary is renamed into place under the lock.
+Written once, atomically, by the first writer only: the id goes to a temporary ``registry.json.tmp<pid>-<random>``
+(``inplace.stage``), fsynced, which is then *linked* to ``registry.json`` (``os.link`` never replaces a file: a
+second writer that raced past the lock finds it there and takes the id it holds), then the directory is fsynced. A
+writer killed at any instant leaves no ``registry.json`` or a whole one, and perhaps the temporary, which the next
+change's ``gc`` removes. Where the filesystem cannot link, the temporary is renamed into place under the lock.
 
 The id binds pointers to the registry (``pointer_seal.check``); the file itself is as writable as the pointer,
 so a reader that has served a pointer also remembers the id it was bound to (``pointer_seal.Sealed``), and a reader
@@ -90,9 +90,9 @@ def ensure(root: Path, since: int) -> Identity:
         return have
     path = root / NAME
     body = json.dumps({"registry_id": uuid.uuid4().hex, "since_generation": since}, sort_keys=True) + "\n"
-    tmp = path.with_name(f"{NAME}.tmp{os.getpid()}")  # what ``inplace.stage`` writes
+    tmp: Path | None = None
     try:
-        inplace.stage(path, body.encode())
+        tmp = inplace.stage(path, body.encode())
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -107,7 +107,8 @@ def ensure(root: Path, since: int) -> Identity:
         raise RegistryError(f"{path}: the registry id cannot be written ({cause}); the pointer is unchanged",
                             hint="free space on the registry's filesystem and try again") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     ident = read(root)
     assert ident is not None
     return ident

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import os
 import shutil
 import uuid
@@ -40,10 +41,15 @@ def exchange(a: Path, b: Path) -> bool:
 def replace_dir(staged: Path, dest: Path) -> bool:
     """Put the complete directory ``staged`` at ``dest`` (same file system), replacing what was there.
     Returns True when it was one step (no instant without ``dest``); False when the file system
-    could not swap and the old ``dest`` was renamed aside (``.trash-*`` beside it) just before."""
+    could not swap and the old ``dest`` was renamed aside (``.trash-*`` beside it) just before. Writers putting
+    directories at one ``dest`` at once each put a whole one there, the last one stays."""
     if not dest.exists():
-        os.replace(staged, dest)
-        return True
+        try:
+            os.replace(staged, dest)
+            return True
+        except OSError as exc:  # another writer's directory got there first: swap with it, as with any old one
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
     if exchange(staged, dest):
         shutil.rmtree(staged, ignore_errors=True)  # now the old one
         return True
@@ -56,24 +62,23 @@ def replace_dir(staged: Path, dest: Path) -> bool:
 
 @contextmanager
 def staged(out: Path, ours: Callable[[str], bool], *, last: str) -> Iterator[Path]:
-    """A fresh directory beside ``out`` (``.<name>.tmp<pid>``) to write the new ``out`` into, put in place when
-    the block ends: where ``out`` is absent or holds only names ``ours`` accepts, the whole directory replaces it
-    (``replace_dir``: killed at any instant, ``out`` is the old one or the new one); where it holds other files too
-    (never removed), each new file replaces its namesake, ``last`` after the others. An exception in the block
+    """A fresh directory beside ``out`` (``.<name>.tmp<pid>-<random>``, each writer its own, threads of one process
+    included) to write the new ``out`` into, put in place when the block ends: where ``out`` is absent or holds
+    only names ``ours`` accepts, the whole directory replaces it (``replace_dir``: killed at any instant, ``out``
+    is the old one or the new one); where it holds other files too (never removed), each new file replaces its
+    namesake, ``last`` after the others. An exception in the block
     removes the staged directory and leaves ``out`` as it was. Staged directories of killed writers are removed
     first. Raises NotADirectoryError when ``out`` is something other than a directory (nothing is replaced)."""
-    from tileship.release.inplace import running
+    from tileship.release.atomic_file import abandoned, temporary
 
     if (out.exists() or out.is_symlink()) and not out.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(out))
     out = out.resolve() if out.is_symlink() else out  # the folder it names is replaced, never the link
     out.parent.mkdir(parents=True, exist_ok=True)
-    for left in out.parent.glob(f".{out.name}.tmp*"):
-        pid = left.name.rpartition(".tmp")[2]
-        if pid.isdigit() and not running(int(pid)):
+    for left in out.parent.glob(glob.escape(f".{out.name}") + ".tmp*"):  # what killed writers left
+        if abandoned(left.name, f".{out.name}"):
             shutil.rmtree(left, ignore_errors=True)
-    tmp = out.parent / f".{out.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temporary(out, hidden=True)
     tmp.mkdir()
     try:
         yield tmp

@@ -2,7 +2,7 @@
 # GPU host, repo root: bash benchmarks/dev/gpu_round31a.sh OUT_DIR   (issue 12, round 31)
 # W4A16 GEMV at M = 1..3 with its weights and scales streamed through a cp.async ring of D K steps a warp
 # (w4a16_sweep.py kind "gemv3a", w4a16_gemv3(depth=D), catalog/w4a16_async.py) beside gemv3's register loads
-# (kind "gemv3"), the catalog's pick and cuBLAS fp16 / torch int4; fp16 at M=1,2,3 and bf16 at M=1, every
+# (kind "gemv3"), the catalog's pick and cuBLAS fp16 / torch int4; fp16 at M=1,2 and bf16 at M=1 (down, gate_up), every
 # variant checked against float32. Needs .gpu/site.tar.xz carried. OUT_DIR/sweep.tgz.
 set -u
 out=${1:?usage: gpu_round31a.sh OUT_DIR}
@@ -31,10 +31,10 @@ for r in d["rows"]:
               f"x{r['cublas_fp16_us'] / a['us'] if a else 0:.2f} wrong {len(bad)}")
 PY
 }
-(cd benchmarks/dev && timeout "${SWEEP_TIMEOUT:-260}" python3 w4a16_sweep.py "$d/fp16.json" --ms "${MS:-1,2,3}" \
+(cd benchmarks/dev && timeout "${SWEEP_TIMEOUT:-260}" python3 w4a16_sweep.py "$d/fp16.json" --ms "${MS:-1,2}" \
   --kinds gemv3a,gemv3,catalog --ops "${OPS:-down,gate_up,qkv,o,lm_head}" --jobs 16 > "$d/fp16.log" 2>&1)
 echo "fp16 sweep rc=$? ($SECONDS s)"; grep -E "^compiled|^copy" "$d/fp16.log"; summary "$d/fp16.json"
 (cd benchmarks/dev && timeout "${BF16_TIMEOUT:-150}" python3 w4a16_sweep.py "$d/bf16.json" --ms 1 --bf16 \
-  --kinds gemv3a,gemv3,catalog --ops "${OPS:-down,gate_up,qkv,o,lm_head}" --jobs 16 > "$d/bf16.log" 2>&1)
+  --kinds gemv3a,gemv3,catalog --ops "${BF16_OPS:-down,gate_up}" --jobs 16 > "$d/bf16.log" 2>&1)
 echo "bf16 sweep rc=$? ($SECONDS s)"; grep -E "^compiled|^copy" "$d/bf16.log"; summary "$d/bf16.json"
 echo "total $SECONDS s"

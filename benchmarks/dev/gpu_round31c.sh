@@ -9,7 +9,7 @@
 set -u
 out=${1:?usage: gpu_round31c.sh OUT_DIR}
 mkdir -p "$out/w"
-VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-150} KERNELS_TIMEOUT=${KERNELS_TIMEOUT:-110} bash benchmarks/dev/gpu_round24d.sh "$out/w"
+VERIFY_TIMEOUT=${VERIFY_TIMEOUT:-140} KERNELS_TIMEOUT=${KERNELS_TIMEOUT:-100} bash benchmarks/dev/gpu_round24d.sh "$out/w"
 mv "$out/w/all.tgz" "$out/w4a16.tgz"; rmdir "$out/w"
 echo "product path done ($SECONDS s)"
 python3 - /tmp/round24d/decode_kernels.json <<'PY' 2>&1
@@ -22,7 +22,7 @@ for r in sorted(d["rows"], key=lambda r: (r["dtype"], r["M"], r["N"])):
           f"cuBLAS {t['cublas_fp16']['us']:7.2f} x{s['cublas_fp16']['ratio']:.2f} ({s['cublas_fp16']['resolved']}) "
           f"int4 x{s.get('torch_int4', {}).get('ratio', 0):.2f} err {r['rel_l2_err']:.1e}")
 PY
-OPS=down SWEEP_TIMEOUT=${A_TIMEOUT:-100} BF16_TIMEOUT=1 bash benchmarks/dev/gpu_round31a.sh "$out/a" 2>&1 | grep -v "^bf16\|^$"
+OPS=down SWEEP_TIMEOUT=${A_TIMEOUT:-80} BF16_TIMEOUT=1 bash benchmarks/dev/gpu_round31a.sh "$out/a" 2>&1 | grep -v "^bf16\|^$"
 echo "gemv3a done ($SECONDS s)"
-OPS=down SWEEP_TIMEOUT=${B_TIMEOUT:-80} bash benchmarks/dev/gpu_round31b.sh "$out/b"
+OPS=down SWEEP_TIMEOUT=${B_TIMEOUT:-60} bash benchmarks/dev/gpu_round31b.sh "$out/b"
 echo "total $SECONDS s"

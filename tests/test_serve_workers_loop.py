@@ -270,3 +270,31 @@ def test_cli_refuses_a_negative_or_huge_spin(cpu_release_build):
     for flag, value in (("--worker-spin-us", "-1"), ("--loop-spin-us", "2000000")):
         r = subprocess.run([*base, flag, value], capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "--loop-spin-us 0 to 1000000" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_thread_call_after_a_loop_call_that_waited_under_uvloop_is_answered(cpu_release_build):
+    """uvloop's ``add_reader`` leaves the socket non-blocking; a request thread's blocking read on the same
+    worker must still wait for the answer (it read EAGAIN at once: 'did not answer within 10 s', the worker
+    killed as wedged and the request a 503)."""
+    uvloop = pytest.importorskip("uvloop")
+    import threading
+
+    from tileship.serve.holder import Target
+    from tileship.serve.workers import Raw, Worker
+
+    w = Worker.spawn(Target(cpu_release_build.path, False), {"trusted_keys": None, "loop_spin_us": 0.0})
+    try:
+        w.wait_ready(120)
+        x = np.arange(8, dtype=np.float32)
+        args = [Raw(memoryview(x).cast("B"), [8], "float32")] * 2
+        os.kill(w.pid, signal.SIGSTOP)  # the answer comes late: the loop waits on the socket (add_reader)
+        threading.Timer(0.2, os.kill, (w.pid, signal.SIGCONT)).start()
+        reply = uvloop.run(w.acall("add", args, 32, 10.0))
+        assert reply.get("ok"), reply
+        reply = w.call("add", args, 32, 10.0)  # a request thread's call on the same worker
+        assert reply.get("ok"), reply
+        assert np.array_equal(w.buf.view(reply["outs"][0], copy=True).numpy(), x + x)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(w.pid, signal.SIGCONT)
+        w.stop()

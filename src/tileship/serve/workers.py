@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -108,6 +109,9 @@ class Worker:
     #: ``--loop-spin-us``), and whether the last answer came soon enough to poll for the next one
     spin_s: float = 0.0
     quick: bool = True
+    #: the socket may be in non-blocking mode: uvloop's ``add_reader`` (``_readable``) sets O_NONBLOCK and leaves
+    #: it, and a blocking read (``call``) would then see EAGAIN at once, as if its timeout had passed
+    nonblocking: bool = False
 
     def __post_init__(self) -> None:
         self.reader = wire.Reader(self.sock)
@@ -144,6 +148,9 @@ class Worker:
 
     def call(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> dict[str, Any]:
         """Inputs into the buffer, one frame out, one back. Raises WorkerDied, TimeoutError."""
+        if self.nonblocking:
+            os.set_blocking(self.sock.fileno(), True)
+            self.nonblocking = False
         for _ in range(2):  # a second round only when the outputs did not fit
             out_off = self._send(name, args, out_bytes, timeout_s)
             try:
@@ -202,6 +209,7 @@ class Worker:
                 ready.set_result(timed_out)
 
         loop.add_reader(fd, wake, False)
+        self.nonblocking = True
         timer = loop.call_at(deadline, wake, True)
         try:
             if await ready:

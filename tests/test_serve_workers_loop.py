@@ -126,14 +126,15 @@ def test_a_worker_killed_between_calls_is_replaced_on_either_path(server, n):  #
     assert victim not in server.service.workers.status()["serving"]
 
 
-def test_the_loop_read_waits_for_a_whole_frame_and_sees_the_peer_go():
+@pytest.mark.parametrize("fds", [True, False], ids=["recvmsg", "recv"])
+def test_the_loop_read_waits_for_a_whole_frame_and_sees_the_peer_go(fds):
     import socket
 
     from tileship.serve import worker_wire as wire
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        reader = wire.Reader(b)
+        reader = wire.Reader(b, fds=fds)
         assert reader.poll() is None                      # nothing yet: no wait, no frame
         body = b'{"id":7,"x":1}'
         frame = wire._LEN.pack(len(body)) + body

@@ -142,7 +142,7 @@ async def run(service: Service, call: Call) -> Answer:
                     plan, out_bytes, getattr(encode, "device_outputs", ())) <= remote.LOOP_BYTES:
                 inline_key = inline.key(rel.release_id, name, plan)
             job = functools.partial(remote.execute_remote_async if on_loop else service.executor, service, served,
-                                    name, plan, req.id, encode, **remote.queue_deadline(service, req.timeout_us))
+                                    name, plan, req.id, encode, **remote.keywords(service, req.timeout_us, out_bytes))
         t_submit = time.perf_counter()
         timed = Timed(job)
         if inline is not None and inline_key is not None and inline.fits(inline_key):

@@ -5,7 +5,7 @@ inherited fd). Each message is a frame: 4 bytes little-endian length, then that 
 JSON (orjson). Tensors never travel in frames: they sit in one shared-memory buffer per worker
 (an anonymous ``memfd``, mapped by both processes; its fd goes over the socket with
 ``SCM_RIGHTS`` on a ``map`` frame), and frames carry only where they are. Both ends read with
-one ``recvmsg`` per frame when it fits (``Reader``); a call's receive timeout is the kernel's
+one receive per frame when it fits (``Reader``); a call's receive timeout is the kernel's
 ``SO_RCVTIMEO``, so waiting costs no extra ``poll``.
 
 Front-end -> worker:
@@ -42,6 +42,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -50,6 +51,8 @@ ALIGN = 64
 #: input views a buffer keeps (``Buffer.view``)
 VIEWS = 64
 _LEN = struct.Struct("<I")
+#: the ancillary space a receive leaves for the fds of a ``map`` frame (one rides on each)
+_ANCILLARY = socket.CMSG_SPACE(4 * _LEN.size)
 
 
 def align(n: int) -> int:
@@ -77,22 +80,32 @@ def set_timeout(sock: socket.socket, seconds: float | None) -> None:
 
 
 class Reader:
-    """Frames (and the fds that ride on them) from a blocking socket, one ``recvmsg`` per frame
-    when it fits. ``frame`` raises PeerGone on end-of-file, TimeoutError past ``set_timeout``."""
+    """Frames (and the fds that ride on them) from a blocking socket, one receive per frame when it
+    fits. ``frame`` raises PeerGone on end-of-file, TimeoutError past ``set_timeout``. ``fds=False``
+    (the front-end's end: no frame to it carries one) receives with ``recv``, without the ancillary buffer."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, fds: bool = True) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.fds: list[int] = []
+        self._with_fds = fds
 
-    def _more(self, flags: int = 0) -> None:
-        try:
-            data, anc, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * _LEN.size), flags)
-        except BlockingIOError:  # SO_RCVTIMEO passed (or, with MSG_DONTWAIT, nothing is there yet)
-            raise TimeoutError("no answer within the receive timeout") from None
+    def _recv(self, flags: int) -> bytes:
+        """What the socket holds (b"" at end-of-file); BlockingIOError when nothing is there yet (past
+        SO_RCVTIMEO, or at once with MSG_DONTWAIT)."""
+        if not self._with_fds:
+            return self.sock.recv(1 << 16, flags)
+        data, anc, _, _ = self.sock.recvmsg(1 << 16, _ANCILLARY, flags)
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 self.fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4]))
+        return data
+
+    def _more(self, flags: int = 0) -> None:
+        try:
+            data = self._recv(flags)
+        except BlockingIOError:  # SO_RCVTIMEO passed
+            raise TimeoutError("no answer within the receive timeout") from None
         if not data:
             raise PeerGone("the peer closed the socket")
         self.buf += data
@@ -114,9 +127,14 @@ class Reader:
             if len(self.buf) >= 4 and len(self.buf) >= 4 + _LEN.unpack_from(self.buf)[0]:
                 return self.frame()
             try:
-                self._more(socket.MSG_DONTWAIT)
-            except TimeoutError:
+                data = self._recv(socket.MSG_DONTWAIT)
+            except BlockingIOError:
                 return None
+            if not data:
+                raise PeerGone("the peer closed the socket")
+            if not self.buf and len(data) >= 4 and len(data) == 4 + _LEN.unpack_from(data)[0]:
+                return orjson.loads(memoryview(data)[4:])  # the usual case: exactly one whole frame, no copy
+            self.buf += data
 
     def frame_after(self, spin_s: float) -> dict[str, Any]:
         """``frame``, polling without sleeping for up to ``spin_s`` first: a caller that expects the next
@@ -165,7 +183,7 @@ class Buffer:
             pass
         os.close(self.fd)
 
-    def put_raw(self, off: int, raw: memoryview, shape: list[int], dtype: str) -> dict[str, Any]:
+    def put_raw(self, off: int, raw: memoryview, shape: Sequence[int], dtype: str) -> dict[str, Any]:
         """Copy bytes (a binary input's slice of the request body) to ``off``; their descriptor."""
         self.mm[off:off + len(raw)] = raw
         return {"off": off, "shape": shape, "dtype": dtype}

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -72,20 +73,8 @@ class Raw(NamedTuple):
     """A binary input as the request carried it: its bytes in the body, copied once into the buffer."""
 
     raw: memoryview
-    shape: list[int]
+    shape: Sequence[int]
     dtype: str
-
-    def numel(self) -> int:
-        return len(self.raw) // _itemsize(self.dtype)
-
-    def element_size(self) -> int:
-        return _itemsize(self.dtype)
-
-
-def _itemsize(dtype: str) -> int:
-    import torch
-
-    return int(getattr(torch, dtype).itemsize)
 
 
 @dataclass
@@ -114,7 +103,7 @@ class Worker:
     nonblocking: bool = False
 
     def __post_init__(self) -> None:
-        self.reader = wire.Reader(self.sock)
+        self.reader = wire.Reader(self.sock, fds=False)
 
     def _timeout(self, seconds: float) -> None:
         if seconds != self.timeout_s:
@@ -221,12 +210,14 @@ class Worker:
     def _send(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> int:
         """Inputs into the buffer (grown to fit), the call frame out; the outputs' offset."""
         off, descs = 0, []
-        sizes = [a.numel() * a.element_size() if hasattr(a, "numel") else 0 for a in args]
-        out_off = wire.align(sum(wire.align(s) for s in sizes))
-        try:
-            self._fit(out_off + wire.align(out_bytes + wire.ALIGN * 4))
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise self._died(exc) from None
+        sizes = [len(a.raw) if type(a) is Raw else a.numel() * a.element_size() if hasattr(a, "numel") else 0
+                 for a in args]
+        out_off = sum(wire.align(s) for s in sizes)
+        if (need := out_off + wire.align(out_bytes + wire.ALIGN * 4)) > self.buf.size:
+            try:
+                self._fit(need)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise self._died(exc) from None
         for a, n in zip(args, sizes, strict=True):
             if isinstance(a, Raw):
                 descs.append(self.buf.put_raw(off, a.raw, a.shape, a.dtype))

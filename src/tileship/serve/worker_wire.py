@@ -164,9 +164,13 @@ class Buffer:
         self.fd, self.size = fd, size
         self.mm = mmap.mmap(fd, size)
         self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
-        #: views handed out by ``view`` (no copy), by (offset, shape, dtype): a worker serving one
-        #: shape again and again builds its input tensors once (at most ``VIEWS`` kept)
-        self.views: dict[tuple[int, tuple[int, ...], str], Any] = {}
+        #: per (offset, shape, dtype): the tensor ``view`` hands out (no copy) and the numpy array under it (None
+        #: for the dtypes numpy has no type for), built once: a worker serving one shape again and again builds its
+        #: input tensors once, the front-end copies its outputs out of the same array (at most ``VIEWS`` kept)
+        self.views: dict[tuple[int, tuple[int, ...], str], tuple[Any, Any]] = {}
+        #: per (offset, shape, torch dtype) that ``put`` wrote: the numpy array there (None: copied by torch) and
+        #: the descriptor (at most ``VIEWS`` kept)
+        self.slots: dict[tuple[int, Any, Any], tuple[Any, dict[str, Any]]] = {}
 
     @classmethod
     def create(cls, size: int) -> Buffer:
@@ -175,8 +179,9 @@ class Buffer:
         return cls(fd, size)
 
     def close(self) -> None:
-        del self.u8  # the tensors hold exports of the mapping: drop them before closing
+        del self.u8  # the tensors and arrays hold exports of the mapping: drop them before closing
         self.views.clear()
+        self.slots.clear()
         try:
             self.mm.close()
         except BufferError:  # a tensor still views it: the mapping goes when that tensor does
@@ -189,45 +194,65 @@ class Buffer:
         return {"off": off, "shape": shape, "dtype": dtype}
 
     def put(self, off: int, t: Any) -> dict[str, Any]:
-        """Copy tensor ``t`` (any device) to ``off``; its descriptor. A CPU tensor goes through
-        numpy's buffer (one memcpy, no torch op per call: those cost microseconds each)."""
-        import torch
-
+        """Copy tensor ``t`` (any device) to ``off``; its descriptor (the same dict for the same offset, shape and
+        dtype: do not change it). A CPU tensor goes through numpy, into an array kept per offset, shape and dtype
+        (one memcpy, no torch op per call: those cost microseconds each). Raises ValueError past the buffer's end."""
         t = t.detach()
-        desc = {"off": off, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-        n = t.numel() * t.element_size()
-        if not n:
-            return desc
-        if t.device.type == "cpu" and str(t.dtype) not in _NO_NUMPY:
-            self.mm[off:off + n] = memoryview(t.contiguous().numpy()).cast("B")
-        else:
+        key = (off, t.shape, t.dtype)
+        if (slot := self.slots.get(key)) is None:
+            if len(self.slots) >= VIEWS:
+                self.slots.clear()
+            slot = self.slots[key] = self._slot(off, t)
+        dst, desc = slot
+        if dst is not None and t.is_cpu:
+            dst[...] = t.numpy()
+        elif n := t.numel() * t.element_size():
+            import torch
+
             flat = t.contiguous().reshape(-1)
             self.u8[off:off + n].copy_(flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat)
         return desc
 
+    def _slot(self, off: int, t: Any) -> tuple[Any, dict[str, Any]]:
+        import numpy as np
+
+        desc = {"off": off, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        n = t.numel()
+        if off < 0 or off + n * t.element_size() > self.size:
+            raise ValueError(f"{n} elements of {t.dtype} at offset {off} run past the buffer's {self.size} bytes")
+        if not n or str(t.dtype) in _NO_NUMPY:
+            return None, desc
+        return np.frombuffer(self.mm, dtype=_numpy_dtype(t.dtype), count=n, offset=off).reshape(t.shape), desc
+
     def view(self, d: dict[str, Any], *, copy: bool = False) -> Any:
         """The tensor a descriptor names: a view of the buffer (no copy; the same tensor for the same
         descriptor), or a copy of it."""
-        if copy:
-            return self._view(d, copy=True)
         key = (d["off"], tuple(d["shape"]), d["dtype"])
-        if (t := self.views.get(key)) is None:
+        if (v := self.views.get(key)) is None:
             if len(self.views) >= VIEWS:
                 self.views.clear()
-            t = self.views[key] = self._view(d, copy=False)
-        return t
+            v = self.views[key] = self._view(d)
+        t, a = v
+        if not copy:
+            return t
+        if a is None:
+            return t.clone()
+        import torch
 
-    def _view(self, d: dict[str, Any], *, copy: bool) -> Any:
+        return torch.from_numpy(a.copy())
+
+    def _view(self, d: dict[str, Any]) -> tuple[Any, Any]:
         import numpy as np
         import torch
 
         dt = getattr(torch, d["dtype"])
         count = nbytes(d["shape"], dt) // dt.itemsize
         if str(dt) in _NO_NUMPY:  # numpy has no bfloat16 or 8-bit floats
-            t = self.u8[d["off"]:d["off"] + count * dt.itemsize].view(dt).reshape(d["shape"])
-            return t.clone() if copy else t
+            if d["off"] < 0 or d["off"] + count * dt.itemsize > self.size:
+                raise ValueError(f"{count} elements of {dt} at offset {d['off']} run past the buffer's end")
+            return self.u8[d["off"]:d["off"] + count * dt.itemsize].view(dt).reshape(d["shape"]), None
         a = np.frombuffer(self.mm, dtype=_numpy_dtype(dt), count=count, offset=d["off"]).reshape(d["shape"])
-        return torch.from_numpy(a.copy() if copy else a)
+        return torch.from_numpy(a), a
 
 
 #: torch dtypes (as str) numpy has no type for: moved as their bytes

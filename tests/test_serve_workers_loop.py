@@ -299,3 +299,41 @@ def test_a_thread_call_after_a_loop_call_that_waited_under_uvloop_is_answered(cp
         with contextlib.suppress(ProcessLookupError):
             os.kill(w.pid, signal.SIGCONT)
         w.stop()
+
+
+def test_a_request_thread_waiting_for_a_worker_gets_the_one_given_back():
+    """``Idle``: a thread waits for a worker on the pool's own lock; a worker given back wakes it, one retired
+    while idle is skipped, and the request's own deadline still ends the wait (never run)."""
+    import threading
+    from types import SimpleNamespace
+
+    from tileship.serve.handoff import QueueTimeout
+    from tileship.serve.pool_calls import Idle
+    from tileship.serve.validate import BadRequest
+    from tileship.serve.worker_pool import WorkerPool
+
+    pool = WorkerPool(1, {}, log=None, wait_s=5.0)
+    pool.release_id, pool.idle["r"] = "r", Idle(pool.lock)
+    w, dead, live = (SimpleNamespace(release="r", dead=False, busy=False) for _ in range(3))
+    assert pool._take_now("r") is None                     # none free: no wait
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(pool._take("r")))
+    t.start()
+    time.sleep(0.1)
+    assert not got and pool.idle["r"].waiting == 1        # it waits
+    pool._give_back(w)  # type: ignore[arg-type]
+    t.join(5)
+    assert got == [w] and w.busy and pool.idle["r"].waiting == 0
+    dead.dead = True
+    with pool.lock:
+        pool.idle["r"].put(dead)  # type: ignore[arg-type]
+        pool.idle["r"].put(live)  # type: ignore[arg-type]
+    assert pool._take_now("r") is live and not dead.busy   # the retired one is skipped
+    t0 = time.monotonic()
+    with pytest.raises(QueueTimeout):
+        pool._take("r", time.monotonic() + 0.1)           # the request's timeout: never run
+    assert 0.09 < time.monotonic() - t0 < 2
+    pool.wait_s = 0.05
+    with pytest.raises(BadRequest, match="no worker is ready") as e:
+        pool._take("r")
+    assert e.value.status == 503

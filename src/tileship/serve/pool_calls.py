@@ -22,9 +22,9 @@ mid-flight (the server shutting down) retires its worker instead, since an answe
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -35,11 +35,36 @@ from tileship.serve.validate import BadRequest
 from tileship.serve.workers import Worker, WorkerDied, ending
 
 
+class Idle:
+    """The serving workers of one release free for a call, oldest first. Used with the pool's lock held: ``pop``
+    and ``put`` never wait; a request thread waits on ``ready`` (the same lock) for ``put`` to wake it."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.workers: deque[Worker] = deque()
+        self.ready = threading.Condition(lock)
+        #: threads waiting on ``ready`` (``put`` notifies only when there is one)
+        self.waiting = 0
+
+    def put(self, w: Worker) -> None:
+        self.workers.append(w)
+        if self.waiting:
+            self.ready.notify()
+
+    def pop(self) -> Worker | None:
+        """The next worker that has not been retired meanwhile, marked busy; None when none is free."""
+        while self.workers:
+            w = self.workers.popleft()
+            if not w.dead:
+                w.busy = True
+                return w
+        return None
+
+
 class PoolCalls:
     """A mixin of ``WorkerPool``: it uses the pool's lock, idle queues, counters and ``_fail``."""
 
     lock: threading.Lock
-    idle: dict[str, queue.Queue[Worker]]
+    idle: dict[str, Idle]
     inflight: dict[str, int]
     release_id: str | None
     wait_s: float
@@ -52,19 +77,12 @@ class PoolCalls:
     readiness: Callable[[], tuple[bool, str]]
 
     # -- taking and giving back ----------------------------------------------------------
-    def _queue(self, release_id: str) -> queue.Queue[Worker]:
+    def _queue(self, release_id: str) -> Idle:
         q = self.idle.get(release_id)
         if q is None:
             raise BadRequest(503, f"release {release_id} is no longer loaded in the workers (they serve "
                                   f"{self.release_id}); retry")
         return q
-
-    def _claim(self, w: Worker) -> bool:
-        with self.lock:
-            if not w.dead:
-                w.busy = True
-                return True
-        return False
 
     def _take(self, release_id: str, request_deadline: float | None = None) -> Worker:
         """An idle worker of ``release_id``, waiting up to ``wait_s`` for one (then a 503), and never past
@@ -75,28 +93,28 @@ class PoolCalls:
         if request_deadline is not None:
             deadline = min(deadline, request_deadline)
         q = self._queue(release_id)
-        while True:
-            try:
-                w = q.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                if request_deadline is not None and deadline == request_deadline:
-                    raise QueueTimeout(f"timeout: the request waited {(time.monotonic() - t0) * 1e6:.0f} us for a "
-                                       "worker process, past its parameters.timeout; it was not run") from None
-                raise BadRequest(503, f"no worker is ready: none answered within {self.wait_s:g} s "
-                                      f"({self.readiness()[1]})") from None
-            if self._claim(w):
-                return w
+        with self.lock:
+            while (w := q.pop()) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                q.waiting += 1
+                try:
+                    q.ready.wait(left)
+                finally:
+                    q.waiting -= 1
+        if w is not None:
+            return w
+        if request_deadline is not None and deadline == request_deadline:
+            raise QueueTimeout(f"timeout: the request waited {(time.monotonic() - t0) * 1e6:.0f} us for a "
+                               "worker process, past its parameters.timeout; it was not run")
+        raise BadRequest(503, f"no worker is ready: none answered within {self.wait_s:g} s ({self.readiness()[1]})")
 
     def _take_now(self, release_id: str) -> Worker | None:
         """An idle worker of ``release_id`` if one is free now, else None; never waits."""
         q = self._queue(release_id)
-        while True:
-            try:
-                w = q.get_nowait()
-            except queue.Empty:
-                return None
-            if self._claim(w):
-                return w
+        with self.lock:
+            return q.pop()
 
     def _give_back(self, w: Worker) -> None:
         with self.lock:
@@ -192,5 +210,18 @@ class PoolCalls:
             outs = [w.buf.view(d, copy=True) for d in reply["outs"]]
         finally:
             self._give_back(w)
-        path, reason, spec = reply["decision"]
-        return outs, Decision(path, reason, spec)
+        return outs, _decision(reply["decision"])
+
+
+#: the decisions workers answered, by (path, reason, spec_id): each built once (``_decision``)
+_DECISIONS: dict[tuple[str, str, str | None], Decision] = {}
+
+
+def _decision(fields: list[Any]) -> Decision:
+    """The Decision a reply names (``[path, reason, spec_id]``), the same object each time (at most 1024 kept)."""
+    key = (fields[0], fields[1], fields[2])
+    if (d := _DECISIONS.get(key)) is None:
+        if len(_DECISIONS) >= 1024:
+            _DECISIONS.clear()
+        d = _DECISIONS[key] = Decision(*key)
+    return d

@@ -337,3 +337,76 @@ def test_a_request_thread_waiting_for_a_worker_gets_the_one_given_back():
     with pytest.raises(BadRequest, match="no worker is ready") as e:
         pool._take("r")
     assert e.value.status == 503
+
+
+def test_a_loop_call_goes_to_its_worker_before_its_task_first_runs(cpu_release_build):
+    """``WorkerPool.acall`` sends the call to a worker idle now before it returns the coroutine of the rest, so
+    the worker runs while the loop gets round to the task; a release not loaded is a 503 at once."""
+    import asyncio
+    import select
+
+    from tileship.serve.holder import Target
+    from tileship.serve.validate import BadRequest
+    from tileship.serve.worker_pool import WorkerPool
+    from tileship.serve.workers import Raw
+
+    class Log:
+        def event(self, *a: Any, **k: Any) -> None:
+            pass
+
+    rid = cpu_release_build.path.name
+    pool = WorkerPool(1, {"trusted_keys": None}, log=Log(), timeout_s=30.0)
+    pool.start(Target(cpu_release_build.path, False), rid)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pool.serving and pool.standby) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        w = pool.serving[0]
+        x = np.arange(8, dtype=np.float32)
+        args = [Raw(memoryview(x).cast("B"), [8], "float32")] * 2
+        rest = pool.acall(rid, "add", args, 32)       # no loop runs yet
+        assert w.busy and pool.inflight[rid] == 1
+        assert select.select([w.sock], [], [], 10)[0]  # the worker has answered already
+        outs, decision = asyncio.run(rest)
+        assert np.array_equal(outs[0].numpy(), x + x) and decision.path == "kernel"
+        assert not w.busy and pool.inflight[rid] == 0
+        with pytest.raises(BadRequest, match="no longer loaded") as e:
+            pool.acall("not-loaded", "add", args, 32)
+        assert e.value.status == 503 and pool.inflight["not-loaded"] == 0
+    finally:
+        pool.close()
+
+
+def test_admission_frees_the_slot_when_the_call_cannot_start():
+    import asyncio
+    from types import SimpleNamespace
+
+    from tileship.serve.admission import Slots
+    from tileship.serve.validate import BadRequest
+
+    class Gauge:
+        def inc(self, *a: Any) -> None:
+            pass
+
+        def dec(self, *a: Any) -> None:
+            pass
+
+        def labels(self, *a: Any) -> Any:
+            return self
+
+    slots = Slots(None, 1, 1, SimpleNamespace(inflight=Gauge(), rejected=Gauge()))  # type: ignore[arg-type]
+
+    def start() -> Any:
+        raise BadRequest(503, "release gone")
+
+    async def main() -> None:
+        with pytest.raises(BadRequest, match="release gone"):
+            slots.admit(start)
+        assert slots.inflight == 0
+
+        async def one() -> int:
+            return 1
+
+        assert await slots.admit(one) == 1 and slots.inflight == 0
+
+    asyncio.run(main())

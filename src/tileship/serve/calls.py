@@ -150,7 +150,7 @@ async def run(service: Service, call: Call) -> Answer:
             encoded, decision = service.slots.run(timed)
         else:
             way = "loop" if on_loop else "thread"
-            fut = service.slots.admit(timed.wrap()) if on_loop else service.slots.submit(timed)
+            fut = service.slots.admit(timed.wrap) if on_loop else service.slots.submit(timed)
             try:
                 encoded, decision = await handoff.outcome(fut, config.request_timeout_s, req.timeout_us * 1e-6)
             except TimeoutError as exc:  # past --timeout, or dropped unstarted past the request's own timeout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from tileship.serve.canary import Side
@@ -28,10 +29,14 @@ class Timed:
         self.seconds = time.perf_counter() - t0
         return out
 
-    async def wrap(self) -> Any:
-        """The same for a job that returns an awaitable (run on the event loop)."""
+    def wrap(self) -> Coroutine[Any, Any, Any]:
+        """The same for a job that returns an awaitable (run on the event loop): the job is called now (what it
+        does before its first wait happens here), the coroutine returned awaits the rest."""
         t0 = self.started = time.perf_counter()
-        out = await self.job()
+        return self._rest(self.job(), t0)
+
+    async def _rest(self, pending: Awaitable[Any], t0: float) -> Any:
+        out = await pending
         self.seconds = time.perf_counter() - t0
         return out
 

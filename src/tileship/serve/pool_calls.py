@@ -25,7 +25,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tileship.errors import WorkerError
@@ -146,28 +146,53 @@ class PoolCalls:
         finally:
             self._count(release_id, -1)
 
-    async def acall(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
-        """``call`` from the event loop; waits for a free worker on a thread only when none is idle."""
-        loop = asyncio.get_running_loop()
+    def acall(self, release_id: str, name: str, args: list[Any],
+              out_bytes: int) -> Coroutine[Any, Any, tuple[list[Any], Decision]]:
+        """``call`` from the event loop, started now: a worker idle now is taken and sent the call before this
+        returns, so it runs while the task that awaits the rest is still to be scheduled. Await what it returns
+        (the rest: waits for the answer, and for a free worker on a thread only when none was idle); raises
+        BadRequest (503) now when ``release_id`` is not loaded."""
         self._count(release_id, 1)
+        w: Worker | None = None
+        sent: int | WorkerDied | None = None
+        try:
+            w = self._take_now(release_id)
+            if w is not None:
+                sent = w._send(name, args, out_bytes, self.timeout_s)
+        except WorkerDied as exc:
+            sent = exc  # judged by the rest, as a death while waiting would be
+        except BaseException:
+            if w is not None:
+                self._give_back(w)
+            self._count(release_id, -1)
+            raise
+        return self._rest(release_id, name, args, out_bytes, w, sent)
+
+    async def _rest(self, release_id: str, name: str, args: list[Any], out_bytes: int, w: Worker | None,
+                    sent: int | WorkerDied | None) -> tuple[list[Any], Decision]:
+        loop = asyncio.get_running_loop()
         try:
             for attempt in (1, 2):
-                w = self._take_now(release_id)
-                if w is None:
-                    w = await loop.run_in_executor(None, self._take, release_id)
+                cur = w or self._take_now(release_id)
+                if cur is None:
+                    cur = await loop.run_in_executor(None, self._take, release_id)
+                w = None  # a retry takes another worker
                 try:
-                    reply = await w.acall(name, args, out_bytes, self.timeout_s)
+                    if isinstance(sent, WorkerDied):
+                        raise sent
+                    reply = await cur.answer(name, args, out_bytes, self.timeout_s, sent)
                 except (WorkerDied, TimeoutError) as exc:
-                    await asyncio.to_thread(self._after_failure, w, exc, attempt)
+                    await asyncio.to_thread(self._after_failure, cur, exc, attempt)
+                    sent = None
                     continue
                 except asyncio.CancelledError:
-                    threading.Thread(target=self._fail, args=(w, "cancelled", "its call was cancelled mid-flight"),
+                    threading.Thread(target=self._fail, args=(cur, "cancelled", "its call was cancelled mid-flight"),
                                      daemon=True).start()
                     raise
                 except BaseException:
-                    self._give_back(w)
+                    self._give_back(cur)
                     raise
-                return self._answer(w, reply)
+                return self._answer(cur, reply)
             raise AssertionError("unreachable")
         finally:
             self._count(release_id, -1)

@@ -98,6 +98,8 @@ class Worker:
     #: ``--loop-spin-us``), and whether the last answer came soon enough to poll for the next one
     spin_s: float = 0.0
     quick: bool = True
+    #: when the last call frame went out (``time.perf_counter``)
+    sent_at: float = 0.0
     #: the socket may be in non-blocking mode: uvloop's ``add_reader`` (``_readable``) sets O_NONBLOCK and leaves
     #: it, and a blocking read (``call``) would then see EAGAIN at once, as if its timeout had passed
     nonblocking: bool = False
@@ -154,11 +156,18 @@ class Worker:
     async def acall(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> dict[str, Any]:
         """``call`` from the event loop: the same frames, but the wait for the answer is the loop's
         (the socket's readiness), so no thread is woken on either side of it. Raises as ``call``."""
+        return await self.answer(name, args, out_bytes, timeout_s, self._send(name, args, out_bytes, timeout_s))
+
+    async def answer(self, name: str, args: list[Any], out_bytes: int, timeout_s: float,
+                     out_off: int | None) -> dict[str, Any]:
+        """The rest of ``acall`` once ``_send`` has sent the call (it returned ``out_off``; None: send it now).
+        Raises as ``call``."""
         loop = asyncio.get_running_loop()
         for _ in range(2):
-            out_off = self._send(name, args, out_bytes, timeout_s)
-            sent = time.perf_counter()
-            deadline = loop.time() + timeout_s
+            if out_off is None:
+                out_off = self._send(name, args, out_bytes, timeout_s)
+            sent = self.sent_at
+            deadline = loop.time() + timeout_s - (time.perf_counter() - sent)
             try:
                 reply = self._spin(sent)
                 while reply is None:
@@ -169,7 +178,7 @@ class Worker:
             self.quick = time.perf_counter() - sent <= 2 * self.spin_s
             if (need := self._need(reply)) is None:
                 return reply
-            out_bytes = need - out_off
+            out_bytes, out_off = need - out_off, None
         raise WorkerError(f"worker {self.pid}: the outputs did not fit the buffer twice")
 
     def _spin(self, sent: float) -> dict[str, Any] | None:
@@ -234,6 +243,7 @@ class Worker:
                                   "out": [out_off, self.buf.size - out_off]})
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise self._died(exc) from None
+        self.sent_at = time.perf_counter()
         return out_off
 
     def _died(self, exc: BaseException) -> WorkerDied:

@@ -94,6 +94,45 @@ def test_outcome_returns_raises_and_times_out_without_cancelling_a_running_call(
         pool.shutdown()
 
 
+def test_outcome_takes_an_answer_the_task_sets_itself_a_turn_sooner():
+    """``Timed.wrap(answered)`` sets ``answered`` as soon as the job's result is in: ``outcome`` waiting on it
+    resumes before the task's own done callbacks run. Errors still come through the task, and a timeout still
+    leaves the task running."""
+    from tileship.serve.canary_stats import Timed
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def job() -> str:
+            await asyncio.sleep(0.01)
+            return "ok"
+
+        timed, answered, seen = Timed(job), loop.create_future(), []
+        task = asyncio.ensure_future(timed.wrap(answered))
+        task.add_done_callback(lambda _t: seen.append("done callbacks"))
+        assert await handoff.outcome(task, 5, 0.0, answered) == "ok"
+        assert seen == [] and task.done() and timed.seconds is not None  # resumed before the done callbacks
+
+        async def bad() -> None:
+            raise ZeroDivisionError
+
+        answered = loop.create_future()
+        with pytest.raises(ZeroDivisionError):
+            await handoff.outcome(asyncio.ensure_future(Timed(bad).wrap(answered)), 5, 0.0, answered)
+
+        async def slow() -> str:
+            await asyncio.sleep(0.3)
+            return "late"
+
+        answered = loop.create_future()
+        task = asyncio.ensure_future(Timed(slow).wrap(answered))
+        with pytest.raises(TimeoutError):
+            await handoff.outcome(task, 0.05, 0.0, answered)
+        assert await task == "late"                # it ran on, and left the answered future as the timeout set it
+
+    asyncio.run(main())
+
+
 # -- the server -------------------------------------------------------------------------------------
 
 @contextlib.contextmanager

@@ -324,6 +324,32 @@ def test_the_shared_buffer_round_trips_every_dtype(dtype):
         buf.close()
 
 
+def test_the_shared_buffer_keeps_its_arrays_per_slot_but_never_a_stale_value():
+    """``put`` and ``view`` build a slot's array once; each call's values still go through, and a copy out
+    is the caller's own (the next call's outputs, written to the same slot, do not reach it)."""
+    from tileship.serve import worker_wire as wire
+
+    buf = wire.Buffer.create(1 << 12)
+    try:
+        d1 = buf.put(64, torch.ones(4))
+        first = buf.view(d1, copy=True)
+        d2 = buf.put(64, torch.full((4,), 2.0))
+        assert d2 is d1 and len(buf.slots) == 1                 # the same slot: built once
+        assert torch.equal(first, torch.ones(4))                 # the copy kept its own values
+        assert torch.equal(buf.view(d2, copy=True), torch.full((4,), 2.0))
+        assert torch.equal(buf.view(d2), torch.full((4,), 2.0))  # the view sees the buffer as it is now
+        buf.put(64, torch.full((4,), 3.0))
+        assert torch.equal(buf.view(d2), torch.full((4,), 3.0))
+        with pytest.raises(ValueError, match="past the buffer"):
+            buf.put((1 << 12) - 8, torch.ones(4))                # 16 bytes at 8 from the end
+        with pytest.raises(ValueError):
+            buf.view({"off": (1 << 12) - 8, "shape": [4], "dtype": "float32"})
+        with pytest.raises(ValueError, match="past the buffer"):
+            buf.view({"off": (1 << 12) - 2, "shape": [2], "dtype": "bfloat16"})
+    finally:
+        buf.close()
+
+
 def test_a_sticky_fault_in_a_worker_call_is_a_fatal_reply(tmp_path):
     """The worker answers a sticky device error with ``fatal`` (then exits 3); other errors are 400/500."""
     from types import SimpleNamespace

@@ -126,14 +126,15 @@ def test_a_worker_killed_between_calls_is_replaced_on_either_path(server, n):  #
     assert victim not in server.service.workers.status()["serving"]
 
 
-def test_the_loop_read_waits_for_a_whole_frame_and_sees_the_peer_go():
+@pytest.mark.parametrize("fds", [True, False], ids=["recvmsg", "recv"])
+def test_the_loop_read_waits_for_a_whole_frame_and_sees_the_peer_go(fds):
     import socket
 
     from tileship.serve import worker_wire as wire
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        reader = wire.Reader(b)
+        reader = wire.Reader(b, fds=fds)
         assert reader.poll() is None                      # nothing yet: no wait, no frame
         body = b'{"id":7,"x":1}'
         frame = wire._LEN.pack(len(body)) + body
@@ -270,3 +271,142 @@ def test_cli_refuses_a_negative_or_huge_spin(cpu_release_build):
     for flag, value in (("--worker-spin-us", "-1"), ("--loop-spin-us", "2000000")):
         r = subprocess.run([*base, flag, value], capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "--loop-spin-us 0 to 1000000" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_thread_call_after_a_loop_call_that_waited_under_uvloop_is_answered(cpu_release_build):
+    """uvloop's ``add_reader`` leaves the socket non-blocking; a request thread's blocking read on the same
+    worker must still wait for the answer (it read EAGAIN at once: 'did not answer within 10 s', the worker
+    killed as wedged and the request a 503)."""
+    uvloop = pytest.importorskip("uvloop")
+    import threading
+
+    from tileship.serve.holder import Target
+    from tileship.serve.workers import Raw, Worker
+
+    w = Worker.spawn(Target(cpu_release_build.path, False), {"trusted_keys": None, "loop_spin_us": 0.0})
+    try:
+        w.wait_ready(120)
+        x = np.arange(8, dtype=np.float32)
+        args = [Raw(memoryview(x).cast("B"), [8], "float32")] * 2
+        os.kill(w.pid, signal.SIGSTOP)  # the answer comes late: the loop waits on the socket (add_reader)
+        threading.Timer(0.2, os.kill, (w.pid, signal.SIGCONT)).start()
+        reply = uvloop.run(w.acall("add", args, 32, 10.0))
+        assert reply.get("ok"), reply
+        reply = w.call("add", args, 32, 10.0)  # a request thread's call on the same worker
+        assert reply.get("ok"), reply
+        assert np.array_equal(w.buf.view(reply["outs"][0], copy=True).numpy(), x + x)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(w.pid, signal.SIGCONT)
+        w.stop()
+
+
+def test_a_request_thread_waiting_for_a_worker_gets_the_one_given_back():
+    """``Idle``: a thread waits for a worker on the pool's own lock; a worker given back wakes it, one retired
+    while idle is skipped, and the request's own deadline still ends the wait (never run)."""
+    import threading
+    from types import SimpleNamespace
+
+    from tileship.serve.handoff import QueueTimeout
+    from tileship.serve.pool_calls import Idle
+    from tileship.serve.validate import BadRequest
+    from tileship.serve.worker_pool import WorkerPool
+
+    pool = WorkerPool(1, {}, log=None, wait_s=5.0)
+    pool.release_id, pool.idle["r"] = "r", Idle(pool.lock)
+    w, dead, live = (SimpleNamespace(release="r", dead=False, busy=False) for _ in range(3))
+    assert pool._take_now("r") is None                     # none free: no wait
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(pool._take("r")))
+    t.start()
+    time.sleep(0.1)
+    assert not got and pool.idle["r"].waiting == 1        # it waits
+    pool._give_back(w)  # type: ignore[arg-type]
+    t.join(5)
+    assert got == [w] and w.busy and pool.idle["r"].waiting == 0
+    dead.dead = True
+    with pool.lock:
+        pool.idle["r"].put(dead)  # type: ignore[arg-type]
+        pool.idle["r"].put(live)  # type: ignore[arg-type]
+    assert pool._take_now("r") is live and not dead.busy   # the retired one is skipped
+    t0 = time.monotonic()
+    with pytest.raises(QueueTimeout):
+        pool._take("r", time.monotonic() + 0.1)           # the request's timeout: never run
+    assert 0.09 < time.monotonic() - t0 < 2
+    pool.wait_s = 0.05
+    with pytest.raises(BadRequest, match="no worker is ready") as e:
+        pool._take("r")
+    assert e.value.status == 503
+
+
+def test_a_loop_call_goes_to_its_worker_before_its_task_first_runs(cpu_release_build):
+    """``WorkerPool.acall`` sends the call to a worker idle now before it returns the coroutine of the rest, so
+    the worker runs while the loop gets round to the task; a release not loaded is a 503 at once."""
+    import asyncio
+    import select
+
+    from tileship.serve.holder import Target
+    from tileship.serve.validate import BadRequest
+    from tileship.serve.worker_pool import WorkerPool
+    from tileship.serve.workers import Raw
+
+    class Log:
+        def event(self, *a: Any, **k: Any) -> None:
+            pass
+
+    rid = cpu_release_build.path.name
+    pool = WorkerPool(1, {"trusted_keys": None}, log=Log(), timeout_s=30.0)
+    pool.start(Target(cpu_release_build.path, False), rid)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pool.serving and pool.standby) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        w = pool.serving[0]
+        x = np.arange(8, dtype=np.float32)
+        args = [Raw(memoryview(x).cast("B"), [8], "float32")] * 2
+        rest = pool.acall(rid, "add", args, 32)       # no loop runs yet
+        assert w.busy and pool.inflight[rid] == 1
+        assert select.select([w.sock], [], [], 10)[0]  # the worker has answered already
+        outs, decision = asyncio.run(rest)
+        assert np.array_equal(outs[0].numpy(), x + x) and decision.path == "kernel"
+        assert not w.busy and pool.inflight[rid] == 0
+        with pytest.raises(BadRequest, match="no longer loaded") as e:
+            pool.acall("not-loaded", "add", args, 32)
+        assert e.value.status == 503 and pool.inflight["not-loaded"] == 0
+    finally:
+        pool.close()
+
+
+def test_admission_frees_the_slot_when_the_call_cannot_start():
+    import asyncio
+    from types import SimpleNamespace
+
+    from tileship.serve.admission import Slots
+    from tileship.serve.validate import BadRequest
+
+    class Gauge:
+        def inc(self, *a: Any) -> None:
+            pass
+
+        def dec(self, *a: Any) -> None:
+            pass
+
+        def labels(self, *a: Any) -> Any:
+            return self
+
+    slots = Slots(None, 1, 1, SimpleNamespace(inflight=Gauge(), rejected=Gauge()))  # type: ignore[arg-type]
+
+    def start() -> Any:
+        raise BadRequest(503, "release gone")
+
+    async def main() -> None:
+        with pytest.raises(BadRequest, match="release gone"):
+            slots.admit(start)
+        assert slots.inflight == 0
+
+        async def one() -> int:
+            return 1
+
+        assert await slots.admit(one) == 1 and slots.inflight == 0
+
+    asyncio.run(main())

@@ -37,13 +37,15 @@ class Slots:
         self.inflight += 1
         self.metrics.inflight.inc()
 
-    def admit(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Take a slot (``BadRequest(503)`` when none is free) and run ``coro`` as a task on this loop;
-        the slot is freed when the task ends. Call on the loop."""
+    def admit(self, start: Callable[[], Coroutine[Any, Any, Any]]) -> asyncio.Task[Any]:
+        """Take a slot (``BadRequest(503)`` when none is free), then call ``start`` and run the coroutine it
+        returns as a task on this loop; the slot is freed when the task ends, or at once when ``start`` raises
+        (what it raised). Call on the loop."""
+        self._take()
         try:
-            self._take()
-        except BadRequest:
-            coro.close()
+            coro = start()
+        except BaseException:
+            self._done(None)
             raise
         task = asyncio.ensure_future(coro)
         task.add_done_callback(self._done)

@@ -92,7 +92,7 @@ async def run(service: Service, call: Call) -> Answer:
     served, side = service.canary.route(service.holder.current, name)
     labels = ["_unknown", "", "none"]
     kserve_id = None
-    fut = None
+    fut: Any = None
     req = None
     inline, inline_key = service.inline, None
     plan: call_plan.CallPlan | None = None
@@ -142,7 +142,7 @@ async def run(service: Service, call: Call) -> Answer:
                     plan, out_bytes, getattr(encode, "device_outputs", ())) <= remote.LOOP_BYTES:
                 inline_key = inline.key(rel.release_id, name, plan)
             job = functools.partial(remote.execute_remote_async if on_loop else service.executor, service, served,
-                                    name, plan, req.id, encode, **remote.queue_deadline(service, req.timeout_us))
+                                    name, plan, req.id, encode, **remote.keywords(service, req.timeout_us, out_bytes))
         t_submit = time.perf_counter()
         timed = Timed(job)
         if inline is not None and inline_key is not None and inline.fits(inline_key):
@@ -150,9 +150,14 @@ async def run(service: Service, call: Call) -> Answer:
             encoded, decision = service.slots.run(timed)
         else:
             way = "loop" if on_loop else "thread"
-            fut = service.slots.admit(timed.wrap()) if on_loop else service.slots.submit(timed)
+            answered = asyncio.get_running_loop().create_future() if on_loop else None  # set by the task itself
+            if on_loop:
+                fut = service.slots.admit(functools.partial(timed.wrap, answered))
+            else:
+                fut = service.slots.submit(timed)
             try:
-                encoded, decision = await handoff.outcome(fut, config.request_timeout_s, req.timeout_us * 1e-6)
+                encoded, decision = await handoff.outcome(fut, config.request_timeout_s, req.timeout_us * 1e-6,
+                                                          answered)
             except TimeoutError as exc:  # past --timeout, or dropped unstarted past the request's own timeout
                 service.metrics.rejected.labels("timeout").inc()
                 service.slots.timed_out(fut)

@@ -3,8 +3,10 @@ request and error counts, the worker-thread timer, and the canary's Prometheus m
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from tileship.serve.canary import Side
@@ -28,11 +30,19 @@ class Timed:
         self.seconds = time.perf_counter() - t0
         return out
 
-    async def wrap(self) -> Any:
-        """The same for a job that returns an awaitable (run on the event loop)."""
+    def wrap(self, answered: asyncio.Future[Any] | None = None) -> Coroutine[Any, Any, Any]:
+        """The same for a job that returns an awaitable (run on the event loop): the job is called now (what it
+        does before its first wait happens here), the coroutine returned awaits the rest. With ``answered``,
+        the coroutine also sets that future's result (unless it is done) as soon as the job's result is in: a
+        waiter on it resumes a turn of the loop before one on the task's own done callbacks would."""
         t0 = self.started = time.perf_counter()
-        out = await self.job()
+        return self._rest(self.job(), t0, answered)
+
+    async def _rest(self, pending: Awaitable[Any], t0: float, answered: asyncio.Future[Any] | None) -> Any:
+        out = await pending
         self.seconds = time.perf_counter() - t0
+        if answered is not None and not answered.done():
+            answered.set_result(out)
         return out
 
 

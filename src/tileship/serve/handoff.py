@@ -38,14 +38,16 @@ class QueueTimeout(TimeoutError):
     """A thread's call dropped before it started: its request's queue deadline passed while it waited."""
 
 
-async def outcome(fut: Any, timeout_s: float, queue_s: float = 0.0) -> Any:
+async def outcome(fut: Any, timeout_s: float, queue_s: float = 0.0,
+                  answered: asyncio.Future[Any] | None = None) -> Any:
     """The result of ``fut`` (a ``concurrent.futures.Future`` from a request thread, or an asyncio
     task); raises what it raised, TimeoutError past ``timeout_s``, and ``QueueTimeout`` when a thread's
     call has not started ``queue_s`` (> 0; 0: no such deadline) after this call (it is dropped, never run).
     On a timeout or a cancellation a thread's call that has not started is dropped; one that runs, and a
-    task, run on."""
+    task, run on. ``answered``: a future the task sets itself when its result is in (``Timed.wrap``), waited
+    on instead of one set from the task's done callback, a turn of the loop later."""
     loop = asyncio.get_running_loop()
-    out = loop.create_future()
+    out = answered if answered is not None else loop.create_future()
 
     def settle(f: Any) -> None:
         exc = None if f.cancelled() else f.exception()  # retrieved even when nobody waits any more

@@ -22,10 +22,10 @@ mid-flight (the server shutting down) retires its worker instead, since an answe
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tileship.errors import WorkerError
@@ -35,11 +35,36 @@ from tileship.serve.validate import BadRequest
 from tileship.serve.workers import Worker, WorkerDied, ending
 
 
+class Idle:
+    """The serving workers of one release free for a call, oldest first. Used with the pool's lock held: ``pop``
+    and ``put`` never wait; a request thread waits on ``ready`` (the same lock) for ``put`` to wake it."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.workers: deque[Worker] = deque()
+        self.ready = threading.Condition(lock)
+        #: threads waiting on ``ready`` (``put`` notifies only when there is one)
+        self.waiting = 0
+
+    def put(self, w: Worker) -> None:
+        self.workers.append(w)
+        if self.waiting:
+            self.ready.notify()
+
+    def pop(self) -> Worker | None:
+        """The next worker that has not been retired meanwhile, marked busy; None when none is free."""
+        while self.workers:
+            w = self.workers.popleft()
+            if not w.dead:
+                w.busy = True
+                return w
+        return None
+
+
 class PoolCalls:
     """A mixin of ``WorkerPool``: it uses the pool's lock, idle queues, counters and ``_fail``."""
 
     lock: threading.Lock
-    idle: dict[str, queue.Queue[Worker]]
+    idle: dict[str, Idle]
     inflight: dict[str, int]
     release_id: str | None
     wait_s: float
@@ -52,19 +77,12 @@ class PoolCalls:
     readiness: Callable[[], tuple[bool, str]]
 
     # -- taking and giving back ----------------------------------------------------------
-    def _queue(self, release_id: str) -> queue.Queue[Worker]:
+    def _queue(self, release_id: str) -> Idle:
         q = self.idle.get(release_id)
         if q is None:
             raise BadRequest(503, f"release {release_id} is no longer loaded in the workers (they serve "
                                   f"{self.release_id}); retry")
         return q
-
-    def _claim(self, w: Worker) -> bool:
-        with self.lock:
-            if not w.dead:
-                w.busy = True
-                return True
-        return False
 
     def _take(self, release_id: str, request_deadline: float | None = None) -> Worker:
         """An idle worker of ``release_id``, waiting up to ``wait_s`` for one (then a 503), and never past
@@ -75,28 +93,28 @@ class PoolCalls:
         if request_deadline is not None:
             deadline = min(deadline, request_deadline)
         q = self._queue(release_id)
-        while True:
-            try:
-                w = q.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                if request_deadline is not None and deadline == request_deadline:
-                    raise QueueTimeout(f"timeout: the request waited {(time.monotonic() - t0) * 1e6:.0f} us for a "
-                                       "worker process, past its parameters.timeout; it was not run") from None
-                raise BadRequest(503, f"no worker is ready: none answered within {self.wait_s:g} s "
-                                      f"({self.readiness()[1]})") from None
-            if self._claim(w):
-                return w
+        with self.lock:
+            while (w := q.pop()) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                q.waiting += 1
+                try:
+                    q.ready.wait(left)
+                finally:
+                    q.waiting -= 1
+        if w is not None:
+            return w
+        if request_deadline is not None and deadline == request_deadline:
+            raise QueueTimeout(f"timeout: the request waited {(time.monotonic() - t0) * 1e6:.0f} us for a "
+                               "worker process, past its parameters.timeout; it was not run")
+        raise BadRequest(503, f"no worker is ready: none answered within {self.wait_s:g} s ({self.readiness()[1]})")
 
     def _take_now(self, release_id: str) -> Worker | None:
         """An idle worker of ``release_id`` if one is free now, else None; never waits."""
         q = self._queue(release_id)
-        while True:
-            try:
-                w = q.get_nowait()
-            except queue.Empty:
-                return None
-            if self._claim(w):
-                return w
+        with self.lock:
+            return q.pop()
 
     def _give_back(self, w: Worker) -> None:
         with self.lock:
@@ -128,28 +146,53 @@ class PoolCalls:
         finally:
             self._count(release_id, -1)
 
-    async def acall(self, release_id: str, name: str, args: list[Any], out_bytes: int) -> tuple[list[Any], Decision]:
-        """``call`` from the event loop; waits for a free worker on a thread only when none is idle."""
-        loop = asyncio.get_running_loop()
+    def acall(self, release_id: str, name: str, args: list[Any],
+              out_bytes: int) -> Coroutine[Any, Any, tuple[list[Any], Decision]]:
+        """``call`` from the event loop, started now: a worker idle now is taken and sent the call before this
+        returns, so it runs while the task that awaits the rest is still to be scheduled. Await what it returns
+        (the rest: waits for the answer, and for a free worker on a thread only when none was idle); raises
+        BadRequest (503) now when ``release_id`` is not loaded."""
         self._count(release_id, 1)
+        w: Worker | None = None
+        sent: int | WorkerDied | None = None
+        try:
+            w = self._take_now(release_id)
+            if w is not None:
+                sent = w._send(name, args, out_bytes, self.timeout_s)
+        except WorkerDied as exc:
+            sent = exc  # judged by the rest, as a death while waiting would be
+        except BaseException:
+            if w is not None:
+                self._give_back(w)
+            self._count(release_id, -1)
+            raise
+        return self._rest(release_id, name, args, out_bytes, w, sent)
+
+    async def _rest(self, release_id: str, name: str, args: list[Any], out_bytes: int, w: Worker | None,
+                    sent: int | WorkerDied | None) -> tuple[list[Any], Decision]:
+        loop = asyncio.get_running_loop()
         try:
             for attempt in (1, 2):
-                w = self._take_now(release_id)
-                if w is None:
-                    w = await loop.run_in_executor(None, self._take, release_id)
+                cur = w or self._take_now(release_id)
+                if cur is None:
+                    cur = await loop.run_in_executor(None, self._take, release_id)
+                w = None  # a retry takes another worker
                 try:
-                    reply = await w.acall(name, args, out_bytes, self.timeout_s)
+                    if isinstance(sent, WorkerDied):
+                        raise sent
+                    reply = await cur.answer(name, args, out_bytes, self.timeout_s, sent)
                 except (WorkerDied, TimeoutError) as exc:
-                    await asyncio.to_thread(self._after_failure, w, exc, attempt)
+                    await asyncio.to_thread(self._after_failure, cur, exc, attempt)
+                    sent = None
                     continue
                 except asyncio.CancelledError:
-                    threading.Thread(target=self._fail, args=(w, "cancelled", "its call was cancelled mid-flight"),
+                    threading.Thread(target=self._fail, args=(cur, "cancelled", "its call was cancelled mid-flight"),
                                      daemon=True).start()
                     raise
                 except BaseException:
-                    self._give_back(w)
+                    self._give_back(cur)
                     raise
-                return self._answer(w, reply)
+                return self._answer(cur, reply)
             raise AssertionError("unreachable")
         finally:
             self._count(release_id, -1)
@@ -192,5 +235,18 @@ class PoolCalls:
             outs = [w.buf.view(d, copy=True) for d in reply["outs"]]
         finally:
             self._give_back(w)
-        path, reason, spec = reply["decision"]
-        return outs, Decision(path, reason, spec)
+        return outs, _decision(reply["decision"])
+
+
+#: the decisions workers answered, by (path, reason, spec_id): each built once (``_decision``)
+_DECISIONS: dict[tuple[str, str, str | None], Decision] = {}
+
+
+def _decision(fields: list[Any]) -> Decision:
+    """The Decision a reply names (``[path, reason, spec_id]``), the same object each time (at most 1024 kept)."""
+    key = (fields[0], fields[1], fields[2])
+    if (d := _DECISIONS.get(key)) is None:
+        if len(_DECISIONS) >= 1024:
+            _DECISIONS.clear()
+        d = _DECISIONS[key] = Decision(*key)
+    return d

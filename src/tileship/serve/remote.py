@@ -10,18 +10,24 @@ what the client got wrong):
   (``on_loop``): their whole cost is a few copies of at most ``LOOP_BYTES`` plus the wait for the
   worker, which the loop does on the socket's readiness. That skips the hand-over to a request
   thread and back, which costs more than the copies (on a 2-core machine, 110-160 us a call).
-  Larger calls keep the thread, so that copying and encoding megabytes never stalls the loop.
+  It sends the call at once, before the task that waits for the answer first runs, so the worker
+  works while the loop gets round to that task. Larger calls keep the thread, so that copying and
+  encoding megabytes never stalls the loop.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from tileship.runtime.dispatch import Decision
 from tileship.serve import call_plan, protocol
 from tileship.serve.encoding import ITEMSIZE
 from tileship.serve.validate import BadRequest
+from tileship.serve.workers import Raw
+
+_DTYPES = protocol.DATATYPES
 
 #: a call whose inputs plus outputs are at most this many bytes runs on the event loop
 LOOP_BYTES = 1 << 16
@@ -48,13 +54,17 @@ def on_loop(service: Any, plan: call_plan.CallPlan, out_bytes: dict[str, int]) -
 
 
 def _arguments(plan: call_plan.CallPlan) -> list[Any]:
-    from tileship.serve.workers import Raw
-
-    if any(inp.fetch is not None for inp in plan.inputs):  # registration refuses it first (Regions.cuda_off)
-        raise BadRequest(400, "CUDA shared-memory inputs need the in-process mode (--workers 0)")
-    return [protocol.to_tensor(inp, "cpu").item() if i in plan.scalars
-            else Raw(inp.raw, list(inp.shape), protocol.DATATYPES[inp.datatype]) if inp.raw is not None
-            else protocol.to_tensor(inp, "cpu") for i, inp in enumerate(plan.inputs)]
+    args: list[Any] = []
+    for i, inp in enumerate(plan.inputs):
+        if inp.fetch is not None:  # registration refuses it first (Regions.cuda_off)
+            raise BadRequest(400, "CUDA shared-memory inputs need the in-process mode (--workers 0)")
+        if i in plan.scalars:
+            args.append(protocol.to_tensor(inp, "cpu").item())
+        elif inp.raw is not None:
+            args.append(Raw(inp.raw, inp.shape, _DTYPES[inp.datatype]))
+        else:
+            args.append(protocol.to_tensor(inp, "cpu"))
+    return args
 
 
 def _encode(served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None, encode: Any,
@@ -72,29 +82,44 @@ def _out_bytes(served: Any, name: str, plan: call_plan.CallPlan) -> int:
     return sum(call_plan.output_bytes(served.release.declarations[name], plan).values())
 
 
-def queue_deadline(service: Any, timeout_us: int) -> dict[str, float]:
-    """``execute_remote``'s keyword for a request's ``timeout`` (us; 0: none) under ``--workers N``, taken now
-    (as ``handoff.outcome``'s queue deadline): ``{"deadline": time.monotonic() + ...}``; ``{}`` without either."""
-    if service.workers is None or not timeout_us:
+def keywords(service: Any, timeout_us: int, out_bytes: dict[str, int]) -> dict[str, Any]:
+    """The remote executors' keywords under ``--workers N`` (``{}`` in process): ``out_bytes``, the outputs' bytes
+    ``calls.run`` has counted already, and for a request's ``timeout`` (us; 0: none) ``deadline``, taken now (as
+    ``handoff.outcome``'s queue deadline): ``time.monotonic() + ...``."""
+    if service.workers is None:
         return {}
-    return {"deadline": time.monotonic() + timeout_us * 1e-6}
+    kw: dict[str, Any] = {"out_bytes": sum(out_bytes.values())}
+    if timeout_us:
+        kw["deadline"] = time.monotonic() + timeout_us * 1e-6
+    return kw
 
 
 def execute_remote(service: Any, served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None,
-                   encode: Any, deadline: float | None = None) -> tuple[Any, Decision]:
+                   encode: Any, deadline: float | None = None, out_bytes: int | None = None) -> tuple[Any, Decision]:
     """``calls.execute`` for ``--workers N``: same contract, the call runs in a worker process. ``deadline``
-    (``time.monotonic()``, from ``queue_deadline``) bounds the wait for an idle worker: past it ``handoff.QueueTimeout``
-    (a TimeoutError: ``calls.run`` answers 504), the call never run."""
+    (``time.monotonic()``, from ``keywords``) bounds the wait for an idle worker: past it ``handoff.QueueTimeout``
+    (a TimeoutError: ``calls.run`` answers 504), the call never run. ``out_bytes``: the outputs' bytes (None:
+    counted here)."""
     args = _arguments(plan)
-    outs, decision = service.workers.call(served.release.release_id, name, args, _out_bytes(served, name, plan),
-                                          deadline)
+    if out_bytes is None:
+        out_bytes = _out_bytes(served, name, plan)
+    outs, decision = service.workers.call(served.release.release_id, name, args, out_bytes, deadline)
     return _encode(served, name, plan, kserve_id, encode, outs, decision), decision
 
 
-async def execute_remote_async(service: Any, served: Any, name: str, plan: call_plan.CallPlan,
-                               kserve_id: str | None, encode: Any) -> tuple[Any, Decision]:
-    """``execute_remote`` on the event loop (for calls that ``on_loop`` accepts)."""
+def execute_remote_async(service: Any, served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None,
+                         encode: Any, out_bytes: int | None = None) -> Coroutine[Any, Any, tuple[Any, Decision]]:
+    """``execute_remote`` on the event loop (for calls that ``on_loop`` accepts), started now: the call goes to a
+    worker idle now before this returns (``WorkerPool.acall``); await what it returns for the rest. Raises
+    BadRequest now for what is wrong before any worker runs it."""
     args = _arguments(plan)
-    outs, decision = await service.workers.acall(served.release.release_id, name, args,
-                                                 _out_bytes(served, name, plan))
+    if out_bytes is None:
+        out_bytes = _out_bytes(served, name, plan)
+    return _encode_after(served, name, plan, kserve_id, encode,
+                         service.workers.acall(served.release.release_id, name, args, out_bytes))
+
+
+async def _encode_after(served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None, encode: Any,
+                        answer: Awaitable[tuple[list[Any], Decision]]) -> tuple[Any, Decision]:
+    outs, decision = await answer
     return _encode(served, name, plan, kserve_id, encode, outs, decision), decision

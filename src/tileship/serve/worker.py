@@ -85,9 +85,9 @@ def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
     off, cap = msg["out"]
     start, descs = off, []
     for o in outs:
-        n = o.numel() * o.element_size()
+        n = o.nbytes
         if off + n > start + cap:
-            need = wire.align(sum(x.numel() * x.element_size() for x in outs) + wire.ALIGN * len(outs))
+            need = wire.align(sum(x.nbytes for x in outs) + wire.ALIGN * len(outs))
             return {"id": msg["id"], "need": start + need}
         descs.append(buf.put(off, o))
         off = wire.align(off + n)

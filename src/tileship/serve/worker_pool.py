@@ -27,14 +27,13 @@ reaches the pool after its release's workers stopped gets a 503 naming both rele
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from tileship.errors import WorkerError
 from tileship.serve import gpu_map
-from tileship.serve.pool_calls import PoolCalls
+from tileship.serve.pool_calls import Idle, PoolCalls
 from tileship.serve.workers import Worker
 
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ class WorkerPool(PoolCalls):
         self.standby: Worker | None = None
         self.starting = 0
         #: per release: the serving workers free for a call
-        self.idle: dict[str, queue.Queue[Worker]] = {}
+        self.idle: dict[str, Idle] = {}
         self.target: Target | None = None
         self.release_id: str | None = None
         #: swapped-out releases: their workers (still answering requests that started there), since when
@@ -89,7 +88,7 @@ class WorkerPool(PoolCalls):
     def start(self, target: Target, release_id: str) -> None:
         """Start N serving workers and the standby on ``target`` (returns at once), and the monitor."""
         self.target, self.release_id = target, release_id
-        self.idle[release_id] = queue.Queue()
+        self.idle[release_id] = Idle(self.lock)
         for _ in range(self.n + 1):
             self._spawn()
         threading.Thread(target=self._monitor, name="tileship-worker-monitor", daemon=True).start()
@@ -230,8 +229,7 @@ class WorkerPool(PoolCalls):
         with self.lock:
             old_id, old_serving, old_standby = self.release_id, self.serving, self.standby
             self.standby, self.serving = fresh[0], fresh[1:]
-            q: queue.Queue[Worker] = queue.Queue()
-            self.idle[release_id] = q
+            q = self.idle[release_id] = Idle(self.lock)
             for w in self.serving:
                 q.put(w)
             self.target, self.release_id = target, release_id

@@ -5,7 +5,7 @@ inherited fd). Each message is a frame: 4 bytes little-endian length, then that 
 JSON (orjson). Tensors never travel in frames: they sit in one shared-memory buffer per worker
 (an anonymous ``memfd``, mapped by both processes; its fd goes over the socket with
 ``SCM_RIGHTS`` on a ``map`` frame), and frames carry only where they are. Both ends read with
-one ``recvmsg`` per frame when it fits (``Reader``); a call's receive timeout is the kernel's
+one receive per frame when it fits (``Reader``); a call's receive timeout is the kernel's
 ``SO_RCVTIMEO``, so waiting costs no extra ``poll``.
 
 Front-end -> worker:
@@ -42,6 +42,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -50,6 +51,8 @@ ALIGN = 64
 #: input views a buffer keeps (``Buffer.view``)
 VIEWS = 64
 _LEN = struct.Struct("<I")
+#: the ancillary space a receive leaves for the fds of a ``map`` frame (one rides on each)
+_ANCILLARY = socket.CMSG_SPACE(4 * _LEN.size)
 
 
 def align(n: int) -> int:
@@ -77,22 +80,32 @@ def set_timeout(sock: socket.socket, seconds: float | None) -> None:
 
 
 class Reader:
-    """Frames (and the fds that ride on them) from a blocking socket, one ``recvmsg`` per frame
-    when it fits. ``frame`` raises PeerGone on end-of-file, TimeoutError past ``set_timeout``."""
+    """Frames (and the fds that ride on them) from a blocking socket, one receive per frame when it
+    fits. ``frame`` raises PeerGone on end-of-file, TimeoutError past ``set_timeout``. ``fds=False``
+    (the front-end's end: no frame to it carries one) receives with ``recv``, without the ancillary buffer."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, fds: bool = True) -> None:
         self.sock = sock
         self.buf = bytearray()
         self.fds: list[int] = []
+        self._with_fds = fds
 
-    def _more(self, flags: int = 0) -> None:
-        try:
-            data, anc, _, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * _LEN.size), flags)
-        except BlockingIOError:  # SO_RCVTIMEO passed (or, with MSG_DONTWAIT, nothing is there yet)
-            raise TimeoutError("no answer within the receive timeout") from None
+    def _recv(self, flags: int) -> bytes:
+        """What the socket holds (b"" at end-of-file); BlockingIOError when nothing is there yet (past
+        SO_RCVTIMEO, or at once with MSG_DONTWAIT)."""
+        if not self._with_fds:
+            return self.sock.recv(1 << 16, flags)
+        data, anc, _, _ = self.sock.recvmsg(1 << 16, _ANCILLARY, flags)
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 self.fds.extend(struct.unpack(f"{len(payload) // 4}i", payload[:len(payload) // 4 * 4]))
+        return data
+
+    def _more(self, flags: int = 0) -> None:
+        try:
+            data = self._recv(flags)
+        except BlockingIOError:  # SO_RCVTIMEO passed
+            raise TimeoutError("no answer within the receive timeout") from None
         if not data:
             raise PeerGone("the peer closed the socket")
         self.buf += data
@@ -114,9 +127,14 @@ class Reader:
             if len(self.buf) >= 4 and len(self.buf) >= 4 + _LEN.unpack_from(self.buf)[0]:
                 return self.frame()
             try:
-                self._more(socket.MSG_DONTWAIT)
-            except TimeoutError:
+                data = self._recv(socket.MSG_DONTWAIT)
+            except BlockingIOError:
                 return None
+            if not data:
+                raise PeerGone("the peer closed the socket")
+            if not self.buf and len(data) >= 4 and len(data) == 4 + _LEN.unpack_from(data)[0]:
+                return orjson.loads(memoryview(data)[4:])  # the usual case: exactly one whole frame, no copy
+            self.buf += data
 
     def frame_after(self, spin_s: float) -> dict[str, Any]:
         """``frame``, polling without sleeping for up to ``spin_s`` first: a caller that expects the next
@@ -146,9 +164,13 @@ class Buffer:
         self.fd, self.size = fd, size
         self.mm = mmap.mmap(fd, size)
         self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
-        #: views handed out by ``view`` (no copy), by (offset, shape, dtype): a worker serving one
-        #: shape again and again builds its input tensors once (at most ``VIEWS`` kept)
-        self.views: dict[tuple[int, tuple[int, ...], str], Any] = {}
+        #: per (offset, shape, dtype): the tensor ``view`` hands out (no copy) and the numpy array under it (None
+        #: for the dtypes numpy has no type for), built once: a worker serving one shape again and again builds its
+        #: input tensors once, the front-end copies its outputs out of the same array (at most ``VIEWS`` kept)
+        self.views: dict[tuple[int, tuple[int, ...], str], tuple[Any, Any]] = {}
+        #: per (offset, shape, torch dtype) that ``put`` wrote: the numpy array there (None: copied by torch) and
+        #: the descriptor (at most ``VIEWS`` kept)
+        self.slots: dict[tuple[int, Any, Any], tuple[Any, dict[str, Any]]] = {}
 
     @classmethod
     def create(cls, size: int) -> Buffer:
@@ -157,59 +179,80 @@ class Buffer:
         return cls(fd, size)
 
     def close(self) -> None:
-        del self.u8  # the tensors hold exports of the mapping: drop them before closing
+        del self.u8  # the tensors and arrays hold exports of the mapping: drop them before closing
         self.views.clear()
+        self.slots.clear()
         try:
             self.mm.close()
         except BufferError:  # a tensor still views it: the mapping goes when that tensor does
             pass
         os.close(self.fd)
 
-    def put_raw(self, off: int, raw: memoryview, shape: list[int], dtype: str) -> dict[str, Any]:
+    def put_raw(self, off: int, raw: memoryview, shape: Sequence[int], dtype: str) -> dict[str, Any]:
         """Copy bytes (a binary input's slice of the request body) to ``off``; their descriptor."""
         self.mm[off:off + len(raw)] = raw
         return {"off": off, "shape": shape, "dtype": dtype}
 
     def put(self, off: int, t: Any) -> dict[str, Any]:
-        """Copy tensor ``t`` (any device) to ``off``; its descriptor. A CPU tensor goes through
-        numpy's buffer (one memcpy, no torch op per call: those cost microseconds each)."""
-        import torch
-
+        """Copy tensor ``t`` (any device) to ``off``; its descriptor (the same dict for the same offset, shape and
+        dtype: do not change it). A CPU tensor goes through numpy, into an array kept per offset, shape and dtype
+        (one memcpy, no torch op per call: those cost microseconds each). Raises ValueError past the buffer's end."""
         t = t.detach()
-        desc = {"off": off, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-        n = t.numel() * t.element_size()
-        if not n:
-            return desc
-        if t.device.type == "cpu" and str(t.dtype) not in _NO_NUMPY:
-            self.mm[off:off + n] = memoryview(t.contiguous().numpy()).cast("B")
-        else:
+        key = (off, t.shape, t.dtype)
+        if (slot := self.slots.get(key)) is None:
+            if len(self.slots) >= VIEWS:
+                self.slots.clear()
+            slot = self.slots[key] = self._slot(off, t)
+        dst, desc = slot
+        if dst is not None and t.is_cpu:
+            dst[...] = t.numpy()
+        elif n := t.numel() * t.element_size():
+            import torch
+
             flat = t.contiguous().reshape(-1)
             self.u8[off:off + n].copy_(flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat)
         return desc
 
+    def _slot(self, off: int, t: Any) -> tuple[Any, dict[str, Any]]:
+        import numpy as np
+
+        desc = {"off": off, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        n = t.numel()
+        if off < 0 or off + n * t.element_size() > self.size:
+            raise ValueError(f"{n} elements of {t.dtype} at offset {off} run past the buffer's {self.size} bytes")
+        if not n or str(t.dtype) in _NO_NUMPY:
+            return None, desc
+        return np.frombuffer(self.mm, dtype=_numpy_dtype(t.dtype), count=n, offset=off).reshape(t.shape), desc
+
     def view(self, d: dict[str, Any], *, copy: bool = False) -> Any:
         """The tensor a descriptor names: a view of the buffer (no copy; the same tensor for the same
         descriptor), or a copy of it."""
-        if copy:
-            return self._view(d, copy=True)
         key = (d["off"], tuple(d["shape"]), d["dtype"])
-        if (t := self.views.get(key)) is None:
+        if (v := self.views.get(key)) is None:
             if len(self.views) >= VIEWS:
                 self.views.clear()
-            t = self.views[key] = self._view(d, copy=False)
-        return t
+            v = self.views[key] = self._view(d)
+        t, a = v
+        if not copy:
+            return t
+        if a is None:
+            return t.clone()
+        import torch
 
-    def _view(self, d: dict[str, Any], *, copy: bool) -> Any:
+        return torch.from_numpy(a.copy())
+
+    def _view(self, d: dict[str, Any]) -> tuple[Any, Any]:
         import numpy as np
         import torch
 
         dt = getattr(torch, d["dtype"])
         count = nbytes(d["shape"], dt) // dt.itemsize
         if str(dt) in _NO_NUMPY:  # numpy has no bfloat16 or 8-bit floats
-            t = self.u8[d["off"]:d["off"] + count * dt.itemsize].view(dt).reshape(d["shape"])
-            return t.clone() if copy else t
+            if d["off"] < 0 or d["off"] + count * dt.itemsize > self.size:
+                raise ValueError(f"{count} elements of {dt} at offset {d['off']} run past the buffer's end")
+            return self.u8[d["off"]:d["off"] + count * dt.itemsize].view(dt).reshape(d["shape"]), None
         a = np.frombuffer(self.mm, dtype=_numpy_dtype(dt), count=count, offset=d["off"]).reshape(d["shape"])
-        return torch.from_numpy(a.copy() if copy else a)
+        return torch.from_numpy(a), a
 
 
 #: torch dtypes (as str) numpy has no type for: moved as their bytes

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -71,20 +73,8 @@ class Raw(NamedTuple):
     """A binary input as the request carried it: its bytes in the body, copied once into the buffer."""
 
     raw: memoryview
-    shape: list[int]
+    shape: Sequence[int]
     dtype: str
-
-    def numel(self) -> int:
-        return len(self.raw) // _itemsize(self.dtype)
-
-    def element_size(self) -> int:
-        return _itemsize(self.dtype)
-
-
-def _itemsize(dtype: str) -> int:
-    import torch
-
-    return int(getattr(torch, dtype).itemsize)
 
 
 @dataclass
@@ -108,9 +98,14 @@ class Worker:
     #: ``--loop-spin-us``), and whether the last answer came soon enough to poll for the next one
     spin_s: float = 0.0
     quick: bool = True
+    #: when the last call frame went out (``time.perf_counter``)
+    sent_at: float = 0.0
+    #: the socket may be in non-blocking mode: uvloop's ``add_reader`` (``_readable``) sets O_NONBLOCK and leaves
+    #: it, and a blocking read (``call``) would then see EAGAIN at once, as if its timeout had passed
+    nonblocking: bool = False
 
     def __post_init__(self) -> None:
-        self.reader = wire.Reader(self.sock)
+        self.reader = wire.Reader(self.sock, fds=False)
 
     def _timeout(self, seconds: float) -> None:
         if seconds != self.timeout_s:
@@ -144,6 +139,9 @@ class Worker:
 
     def call(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> dict[str, Any]:
         """Inputs into the buffer, one frame out, one back. Raises WorkerDied, TimeoutError."""
+        if self.nonblocking:
+            os.set_blocking(self.sock.fileno(), True)
+            self.nonblocking = False
         for _ in range(2):  # a second round only when the outputs did not fit
             out_off = self._send(name, args, out_bytes, timeout_s)
             try:
@@ -158,11 +156,18 @@ class Worker:
     async def acall(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> dict[str, Any]:
         """``call`` from the event loop: the same frames, but the wait for the answer is the loop's
         (the socket's readiness), so no thread is woken on either side of it. Raises as ``call``."""
+        return await self.answer(name, args, out_bytes, timeout_s, self._send(name, args, out_bytes, timeout_s))
+
+    async def answer(self, name: str, args: list[Any], out_bytes: int, timeout_s: float,
+                     out_off: int | None) -> dict[str, Any]:
+        """The rest of ``acall`` once ``_send`` has sent the call (it returned ``out_off``; None: send it now).
+        Raises as ``call``."""
         loop = asyncio.get_running_loop()
         for _ in range(2):
-            out_off = self._send(name, args, out_bytes, timeout_s)
-            sent = time.perf_counter()
-            deadline = loop.time() + timeout_s
+            if out_off is None:
+                out_off = self._send(name, args, out_bytes, timeout_s)
+            sent = self.sent_at
+            deadline = loop.time() + timeout_s - (time.perf_counter() - sent)
             try:
                 reply = self._spin(sent)
                 while reply is None:
@@ -173,7 +178,7 @@ class Worker:
             self.quick = time.perf_counter() - sent <= 2 * self.spin_s
             if (need := self._need(reply)) is None:
                 return reply
-            out_bytes = need - out_off
+            out_bytes, out_off = need - out_off, None
         raise WorkerError(f"worker {self.pid}: the outputs did not fit the buffer twice")
 
     def _spin(self, sent: float) -> dict[str, Any] | None:
@@ -202,6 +207,7 @@ class Worker:
                 ready.set_result(timed_out)
 
         loop.add_reader(fd, wake, False)
+        self.nonblocking = True
         timer = loop.call_at(deadline, wake, True)
         try:
             if await ready:
@@ -213,12 +219,14 @@ class Worker:
     def _send(self, name: str, args: list[Any], out_bytes: int, timeout_s: float) -> int:
         """Inputs into the buffer (grown to fit), the call frame out; the outputs' offset."""
         off, descs = 0, []
-        sizes = [a.numel() * a.element_size() if hasattr(a, "numel") else 0 for a in args]
-        out_off = wire.align(sum(wire.align(s) for s in sizes))
-        try:
-            self._fit(out_off + wire.align(out_bytes + wire.ALIGN * 4))
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise self._died(exc) from None
+        sizes = [len(a.raw) if type(a) is Raw else a.numel() * a.element_size() if hasattr(a, "numel") else 0
+                 for a in args]
+        out_off = sum(wire.align(s) for s in sizes)
+        if (need := out_off + wire.align(out_bytes + wire.ALIGN * 4)) > self.buf.size:
+            try:
+                self._fit(need)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise self._died(exc) from None
         for a, n in zip(args, sizes, strict=True):
             if isinstance(a, Raw):
                 descs.append(self.buf.put_raw(off, a.raw, a.shape, a.dtype))
@@ -235,6 +243,7 @@ class Worker:
                                   "out": [out_off, self.buf.size - out_off]})
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise self._died(exc) from None
+        self.sent_at = time.perf_counter()
         return out_off
 
     def _died(self, exc: BaseException) -> WorkerDied:

@@ -24,5 +24,5 @@ for r in sorted(d["rows"], key=lambda r: (r["dtype"], r["M"], r["N"])):
 PY
 OPS=down SWEEP_TIMEOUT=${A_TIMEOUT:-80} BF16_TIMEOUT=1 bash benchmarks/dev/gpu_round31a.sh "$out/a" 2>&1 | grep -v "^bf16\|^$"
 echo "gemv3a done ($SECONDS s)"
-OPS=down SWEEP_TIMEOUT=${B_TIMEOUT:-60} bash benchmarks/dev/gpu_round31b.sh "$out/b"
+[ "${SKIP_MVA:-0}" = 1 ] || OPS=down SWEEP_TIMEOUT=${B_TIMEOUT:-60} bash benchmarks/dev/gpu_round31b.sh "$out/b"
 echo "total $SECONDS s"

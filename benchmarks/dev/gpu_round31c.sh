@@ -22,6 +22,7 @@ for r in sorted(d["rows"], key=lambda r: (r["dtype"], r["M"], r["N"])):
           f"cuBLAS {t['cublas_fp16']['us']:7.2f} x{s['cublas_fp16']['ratio']:.2f} ({s['cublas_fp16']['resolved']}) "
           f"int4 x{s.get('torch_int4', {}).get('ratio', 0):.2f} err {r['rel_l2_err']:.1e}")
 PY
+[ "${SKIP_SWEEPS:-0}" = 1 ] && { echo "total $SECONDS s"; exit 0; }
 OPS=down SWEEP_TIMEOUT=${A_TIMEOUT:-80} BF16_TIMEOUT=1 bash benchmarks/dev/gpu_round31a.sh "$out/a" 2>&1 | grep -v "^bf16\|^$"
 echo "gemv3a done ($SECONDS s)"
 [ "${SKIP_MVA:-0}" = 1 ] || OPS=down SWEEP_TIMEOUT=${B_TIMEOUT:-60} bash benchmarks/dev/gpu_round31b.sh "$out/b"

@@ -84,11 +84,8 @@ def test_w4a16_factory_picks_the_kernel_by_shape() -> None:
     from tileship.catalog.w4a16_tc import w4a16_gemm_rs as w4a16_gemm_rs_
 
     src = {m: str(w4a16.w4a16_linear(m, 4096, 14336).script()) for m in (1, 2, 4, 8, 16)}
-    # K-split GEMVs, 2 warps of 7 steps, 4 of them in flight through a cp.async ring a warp
-    assert "ts_w4_gemv3_async<__half2, __half, 1, 4, 7, 4, 4>" in src[1] and "T.gemm" not in src[1]
-    assert "ts_w4_gemv3_async<__half2, __half, 2, 4, 7, 4, 4>" in src[2]
-    assert "ts_w4_gemv3_steps<__half2, __half, 1, 4, 1, 4>" in str(w4a16.w4a16_linear(1, 4096, 4096).script())
-    assert [w4a16.ring_depth(u) for u in (1, 2, 3, 4, 7)] == [0, 0, 0, 4, 4]
+    assert "ts_w4_gemv3_steps" in src[1] and "T.gemm" not in src[1]
+    assert "ts_w4_gemv3_steps<__half2, __half, 2, 4, 7, 4>" in src[2]  # K-split GEMV, 2 warps of 7 steps
     # M=4 and 8: the MMA-GEMV (one row tile, 14 warps along K: 8 of the 112 groups each, 2 in flight); at
     # M=4 the B lanes past M hold zeros
     for m in (4, 8):

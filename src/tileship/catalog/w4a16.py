@@ -35,8 +35,9 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
 
     From ``benchmarks/results/h200/dev/w4a16_sweep_run1.json.xz`` (``benchmarks/dev/w4a16_sweep.py``):
     - M=1: the K-split GEMV, 4 rows a block, 4 warps along K (2 for bf16, and where K / 1024 is
-      not a multiple of 4), with a ``cp.async`` ring of 4 K steps a warp where a warp has 4 or more
-      (``ring_depth``);
+      not a multiple of 4), its weights loaded straight into registers: streaming them through a
+      ``cp.async`` ring instead (``w4a16_gemv3(depth=D)``, round 31 on an H100) was slower at every
+      depth and tiling tried (down M=1: 21.5-30.5 us against 16.3-17.1 for these GEMVs);
     - M=2, 3: the K-split GEMV at K > 4096, the warp-per-rows GEMV otherwise;
     - M = 4 to 8: the MMA-GEMV (``w4a16_mma``: weights streamed to registers, ``mma.sync`` on them, one
       launch): 1.05-1.25x faster than the GEMM below at M=8 on every projection (round 24,
@@ -62,10 +63,10 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
     steps = K // 1024
     if M == 1 and K % 1024 == 0:
         k_warps = 4 if dtype == "float16" and steps % 4 == 0 else 2 if steps % 2 == 0 else 1
-        return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=k_warps, depth=ring_depth(steps // k_warps)) \
-            if k_warps > 1 else w4a16_gemv3(M, N, K, dtype, rows=2, k_warps=1, n_warps=4)
+        return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=k_warps) if k_warps > 1 else \
+            w4a16_gemv3(M, N, K, dtype, rows=2, k_warps=1, n_warps=4)
     if M < 4 and K > 4096 and K % 2048 == 0:
-        return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=2, depth=ring_depth(steps // 2))
+        return w4a16_gemv3(M, N, K, dtype, rows=4, k_warps=2)
     if M < 4:
         return w4a16_gemv(M, N, K, dtype, rows=2, n_warps=4, nw=2)
     mv = mv_config(M, N, K) if M <= 8 else None
@@ -85,13 +86,6 @@ def w4a16_linear(M: Any, N: int, K: int, dtype: str = "float16") -> Any:
     while K % (GROUP * split):
         split //= 2
     return w4a16_gemm_swap(M, N, K, dtype, block_M=block_M, block_N=64, split_k=split, num_stages=4)
-
-
-def ring_depth(per_warp: int) -> int:
-    """K steps a warp of the M < 4 GEMVs keeps in flight through its ``cp.async`` ring (``w4a16_async``), or 0
-    for ``w4a16_gemv3``'s register loads: the ring where a warp streams 4 or more K steps (down, K = 14336:
-    ptxas had issued 6 of a lane's 28 weight loads ahead there)."""
-    return 4 if per_warp >= 4 else 0
 
 
 def quantize(weight: Any, group_size: int = GROUP) -> tuple[Any, Any]:

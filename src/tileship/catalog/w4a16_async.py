@@ -12,6 +12,12 @@ Layout of a warp's ring: ``D`` slots of ``R`` rows of ``RING_ROW`` int32, a row 
 16-byte weight chunks of one K step (128 words) followed by its 8 scales (16 bytes, copied by lane
 ``r`` for row ``r``). Each lane reads back the chunks it copied; the scales cross lanes, so a
 ``__syncwarp`` follows each wait, and another precedes each refill of a slot.
+
+Measured (round 31, an H100, ``benchmarks/results/h100/round31/``): **slower** than the register loads it
+was meant to replace at every depth (2-6) and tiling tried: down M=1 best 21.5 us against 16.3 us, M=2
+24.4 against 19.9; on the product path (depth 4) down M=1 went from 3.26x to 2.35x cuBLAS fp16. Kept as
+a sweep option (kind ``gemv3a``), not used by the catalog: keeping more steps in flight is not what the
+GEMV lacks; the shared-memory round trip and the per-step wait cost more than the sunk loads did.
 """
 
 #: int32 words a row of a ring slot holds: 128 of weights (32 lanes x 16 bytes) and 4 of scales (8 x 2 bytes)

@@ -10,6 +10,10 @@ scales, ``GPW`` a row (GPW = groups a warp, a multiple of 8), are copied once at
 
 Ring of a warp, in int32 words: ``depth`` slots of ``2 rt`` chunks of 128 words (the 32 lanes' 16 bytes
 of rows ``16 t + 8 h + g``), then ``16 rt`` rows of ``GPW / 2`` words of scales.
+
+Measured (round 31, an H100, ``benchmarks/results/h100/round31/mva/``): **slower** than ``w4a16_mma``'s
+kernel the catalog uses: down M=8 26.7 us (best of 15 tilings and depths) against 18.8, M=32 37.7 against
+28.8 (the catalog's tensor-core kernel). A sweep option (kind ``mva``), not used by the catalog.
 """
 
 from typing import Any

@@ -339,6 +339,81 @@ def test_a_request_thread_waiting_for_a_worker_gets_the_one_given_back():
     assert e.value.status == 503
 
 
+class _FakeWorker:
+    """A serving worker without a process: ``acall`` sends to it and it answers at once, with no outputs."""
+
+    release, dead, busy, pid = "r", False, False, 1
+
+    def _send(self, *args: Any) -> int:
+        return 0
+
+    async def answer(self, *args: Any) -> dict[str, Any]:
+        return {"ok": True, "outs": [], "decision": ["kernel", "declared", None]}
+
+
+@pytest.mark.parametrize("give_up", ["cancel", "wait_for_timeout", "cancel_after_the_thread_took_it"])
+def test_a_loop_call_that_gives_up_waiting_for_a_worker_leaves_it_idle(give_up):
+    """A loop call that finds no idle worker waits for one on a thread; when its caller gives up meanwhile (a
+    cancelled task, ``asyncio.wait_for`` past its time), the worker given back later must stay idle for the
+    next call: the waiting thread must not take it for nobody, which left it marked busy for good. Also when
+    the thread has taken it already and the task is cancelled before it resumes."""
+    import asyncio
+    import concurrent.futures
+
+    from tileship.serve.pool_calls import Idle
+    from tileship.serve.worker_pool import WorkerPool
+
+    pool = WorkerPool(1, {}, log=None, wait_s=5.0)
+    pool.release_id, pool.idle["r"] = "r", Idle(pool.lock)
+    w = _FakeWorker()
+    w.busy = True                                                 # the first call runs on the only worker
+    threads = concurrent.futures.ThreadPoolExecutor(2)
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_default_executor(threads)
+        task = asyncio.ensure_future(pool.acall("r", "add", [], 0))  # the second call: no worker idle
+        while pool.idle["r"].waiting < 1:                            # its thread waits for one
+            await asyncio.sleep(0.005)
+        if give_up == "cancel_after_the_thread_took_it":
+            pool._give_back(w)  # type: ignore[arg-type]            # the first call ends
+            while not w.busy:                                        # the thread takes it; the loop is held,
+                time.sleep(0.001)                                    # so the task has not resumed yet
+        if give_up != "wait_for_timeout":
+            task.cancel()
+        with pytest.raises(TimeoutError if give_up == "wait_for_timeout" else asyncio.CancelledError):
+            await (asyncio.wait_for(task, 0.01) if give_up == "wait_for_timeout" else task)
+        if give_up != "cancel_after_the_thread_took_it":
+            pool._give_back(w)  # type: ignore[arg-type]            # the first call ends
+        threads.shutdown(wait=True)                                   # the waiting thread has finished
+        assert not w.busy and list(pool.idle["r"].workers) == [w], "the worker leaked: busy for nobody"
+        outs, decision = await pool.acall("r", "add", [], 0)         # the third call is served
+        assert outs == [] and decision.path == "kernel"
+        assert not w.busy and pool.inflight["r"] == 0
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_thread_that_takes_a_worker_for_a_caller_gone_gives_it_back():
+    """``Claim``: a thread that finds its caller gone takes no worker for it: the worker stays idle and not busy."""
+    from tileship.serve.pool_calls import Claim, Idle
+    from tileship.serve.validate import BadRequest
+    from tileship.serve.worker_pool import WorkerPool
+
+    pool = WorkerPool(1, {}, log=None, wait_s=5.0)
+    pool.release_id, pool.idle["r"] = "r", Idle(pool.lock)
+    w = _FakeWorker()
+    pool._give_back(w)  # type: ignore[arg-type]
+    claim = Claim()
+    claim.gone = True
+    t0 = time.monotonic()
+    with pytest.raises(BadRequest):
+        pool._take("r", None, claim)
+    assert time.monotonic() - t0 < 1 and claim.worker is None
+    assert not w.busy and list(pool.idle["r"].workers) == [w]
+    live = Claim()
+    assert pool._take("r", None, live) is w and live.worker is w and w.busy
+
+
 def test_a_loop_call_goes_to_its_worker_before_its_task_first_runs(cpu_release_build):
     """``WorkerPool.acall`` sends the call to a worker idle now before it returns the coroutine of the rest, so
     the worker runs while the loop gets round to the task; a release not loaded is a 503 at once."""

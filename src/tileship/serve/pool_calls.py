@@ -17,6 +17,8 @@ is the same for both (``_after_failure``):
 ``_after_failure`` may wait up to a second for a dead worker's exit status, so ``acall`` runs it on a
 thread. A worker is only given back to its idle queue once its answer is in: a call cancelled
 mid-flight (the server shutting down) retires its worker instead, since an answer would still come.
+An ``acall`` cancelled while its thread still waits for a free worker (``Claim``) leaves any worker that
+thread takes idle for the next call, never busy for nobody.
 """
 
 from __future__ import annotations
@@ -60,6 +62,19 @@ class Idle:
         return None
 
 
+class Claim:
+    """A wait for a worker on a thread (``_take``) for a caller on the event loop, which may give up meanwhile.
+    Both sides touch it only under the pool's lock, so exactly one of them gives back a worker taken for a
+    caller that went away: the thread, when it takes one after ``gone`` is set; the caller, when it sets
+    ``gone`` after the thread put one in ``worker``."""
+
+    __slots__ = ("gone", "worker")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.worker: Worker | None = None
+
+
 class PoolCalls:
     """A mixin of ``WorkerPool``: it uses the pool's lock, idle queues, counters and ``_fail``."""
 
@@ -84,10 +99,12 @@ class PoolCalls:
                                   f"{self.release_id}); retry")
         return q
 
-    def _take(self, release_id: str, request_deadline: float | None = None) -> Worker:
+    def _take(self, release_id: str, request_deadline: float | None = None, claim: Claim | None = None) -> Worker:
         """An idle worker of ``release_id``, waiting up to ``wait_s`` for one (then a 503), and never past
         ``request_deadline`` (``time.monotonic()``; the request's ``timeout``): then ``QueueTimeout``, the call
-        never started."""
+        never started. With ``claim`` (``_wait_take``), the worker is also left in ``claim.worker``, unless its
+        caller is ``gone``: then the wait ends, a worker taken goes back to the idle queue, and a 503 nobody
+        reads is raised."""
         t0 = time.monotonic()
         deadline = t0 + self.wait_s
         if request_deadline is not None:
@@ -96,13 +113,19 @@ class PoolCalls:
         with self.lock:
             while (w := q.pop()) is None:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or (claim is not None and claim.gone):
                     break
                 q.waiting += 1
                 try:
                     q.ready.wait(left)
                 finally:
                     q.waiting -= 1
+            if claim is not None:
+                if claim.gone:
+                    if w is not None:
+                        self._give_back_locked(w)  # the next waiter's
+                    raise BadRequest(503, "the call stopped waiting for a worker")
+                claim.worker = w
         if w is not None:
             return w
         if request_deadline is not None and deadline == request_deadline:
@@ -118,10 +141,30 @@ class PoolCalls:
 
     def _give_back(self, w: Worker) -> None:
         with self.lock:
-            w.busy = False
-            q = self.idle.get(w.release)
-            if not w.dead and q is not None:
-                q.put(w)
+            self._give_back_locked(w)
+
+    def _give_back_locked(self, w: Worker) -> None:
+        w.busy = False
+        q = self.idle.get(w.release)
+        if not w.dead and q is not None:
+            q.put(w)
+
+    async def _wait_take(self, release_id: str) -> Worker:
+        """``_take`` on a thread, for a task on the event loop. When the task stops waiting (cancelled, or the
+        thread raised), a worker the thread took or takes later goes back to the idle queue (``Claim``), and
+        a thread still waiting is woken to end its wait."""
+        claim = Claim()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self._take, release_id, None, claim)
+        except BaseException:
+            with self.lock:
+                claim.gone = True
+                if claim.worker is not None:
+                    self._give_back_locked(claim.worker)
+                    claim.worker = None
+                if (q := self.idle.get(release_id)) is not None and q.waiting:
+                    q.ready.notify_all()  # the others go back to waiting
+            raise
 
     # -- the two ways in -----------------------------------------------------------------
     def call(self, release_id: str, name: str, args: list[Any], out_bytes: int,
@@ -170,12 +213,11 @@ class PoolCalls:
 
     async def _rest(self, release_id: str, name: str, args: list[Any], out_bytes: int, w: Worker | None,
                     sent: int | WorkerDied | None) -> tuple[list[Any], Decision]:
-        loop = asyncio.get_running_loop()
         try:
             for attempt in (1, 2):
                 cur = w or self._take_now(release_id)
                 if cur is None:
-                    cur = await loop.run_in_executor(None, self._take, release_id)
+                    cur = await self._wait_take(release_id)
                 w = None  # a retry takes another worker
                 try:
                     if isinstance(sent, WorkerDied):

@@ -350,6 +350,9 @@ class _FakeWorker:
     async def answer(self, *args: Any) -> dict[str, Any]:
         return {"ok": True, "outs": [], "decision": ["kernel", "declared", None]}
 
+    def kill(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize("give_up", ["cancel", "wait_for_timeout", "cancel_after_the_thread_took_it"])
 def test_a_loop_call_that_gives_up_waiting_for_a_worker_leaves_it_idle(give_up):
@@ -392,6 +395,51 @@ def test_a_loop_call_that_gives_up_waiting_for_a_worker_leaves_it_idle(give_up):
 
     asyncio.run(asyncio.wait_for(main(), 10))
 
+
+@pytest.mark.parametrize("how", ["task_cancelled", "closed"])
+def test_a_loop_call_cancelled_before_its_first_step_retires_its_worker(how, monkeypatch):
+    """``acall`` sends the call to an idle worker at once; the task that awaits the answer may be cancelled before
+    it first runs (the server shutting down), or the coroutine closed unawaited. Then no code of the rest runs,
+    which left the worker busy for nobody with an answer owed and ``inflight`` one too high. It must end as a
+    call cancelled mid-flight does: the worker retired, the standby serving the next call."""
+    import asyncio
+
+    from tileship.serve.pool_calls import Idle
+    from tileship.serve.worker_pool import WorkerPool
+
+    class Log:
+        def event(self, *a: Any, **k: Any) -> None:
+            pass
+
+    pool = WorkerPool(1, {}, log=Log(), wait_s=5.0)
+    spawned: list[int] = []
+    monkeypatch.setattr(pool, "_spawn", lambda attempt=1: spawned.append(attempt))  # no process: a new standby
+    pool.release_id, pool.idle["r"] = "r", Idle(pool.lock)
+    w, standby = _FakeWorker(), _FakeWorker()
+    pool.serving, pool.standby = [w], standby  # type: ignore[list-item,assignment]
+    pool._give_back(w)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        rest = pool.acall("r", "add", [], 0)                        # sent to w now
+        assert w.busy and pool.inflight["r"] == 1
+        if how == "task_cancelled":
+            task = asyncio.ensure_future(rest)
+            task.cancel()                                           # before its first step
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            rest.close()
+        deadline = time.monotonic() + 5
+        while not w.dead and time.monotonic() < deadline:       # retired on a thread, as mid-flight
+            await asyncio.sleep(0.005)
+        assert w.dead and pool.failures.get("cancelled") == 1, "the worker leaked: busy for nobody"
+        assert pool.inflight["r"] == 0 and spawned == [1]
+        assert pool.serving == [standby] and list(pool.idle["r"].workers) == [standby]
+        outs, decision = await pool.acall("r", "add", [], 0)       # the next call is served, by the standby
+        assert outs == [] and decision.path == "kernel"
+        assert not standby.busy and pool.inflight["r"] == 0
+
+    asyncio.run(asyncio.wait_for(main(), 10))
 
 def test_a_thread_that_takes_a_worker_for_a_caller_gone_gives_it_back():
     """``Claim``: a thread that finds its caller gone takes no worker for it: the worker stays idle and not busy."""

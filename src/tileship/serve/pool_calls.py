@@ -16,7 +16,8 @@ is the same for both (``_after_failure``):
 
 ``_after_failure`` may wait up to a second for a dead worker's exit status, so ``acall`` runs it on a
 thread. A worker is only given back to its idle queue once its answer is in: a call cancelled
-mid-flight (the server shutting down) retires its worker instead, since an answer would still come.
+mid-flight (the server shutting down) retires its worker instead, since an answer would still come; so does
+one cancelled (or closed) before its first step, when ``_rest``'s body never runs (``Rest``).
 An ``acall`` cancelled while its thread still waits for a free worker (``Claim``) leaves any worker that
 thread takes idle for the next call, never busy for nobody.
 """
@@ -73,6 +74,42 @@ class Claim:
     def __init__(self) -> None:
         self.gone = False
         self.worker: Worker | None = None
+
+
+class Rest(Coroutine[Any, Any, tuple[list[Any], Decision]]):
+    """What ``acall`` returns: the coroutine ``_rest``, plus what a cancellation before its first step must undo.
+    A coroutine cancelled (``throw``) or closed before it started ends at once without running its body, so no
+    ``finally`` of ``_rest`` would give back ``acall``'s count or retire the worker sent the call, which would
+    stay busy for nobody with an answer still owed. Then ``abandon`` runs, once; afterwards ``_rest`` covers
+    itself."""
+
+    __slots__ = ("_coro", "_abandon", "_started")
+
+    def __init__(self, coro: Coroutine[Any, Any, tuple[list[Any], Decision]], abandon: Callable[[], None]) -> None:
+        self._coro, self._abandon, self._started = coro, abandon, False
+
+    def _first_step(self) -> None:
+        if not self._started:
+            self._started = True
+            self._abandon()
+
+    def send(self, value: Any) -> Any:
+        self._started = True
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._first_step()
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._first_step()
+        self._coro.close()
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def __await__(self) -> Rest:  # type: ignore[override]  # an iterator with send/throw, as await needs
+        return self
 
 
 class PoolCalls:
@@ -209,7 +246,15 @@ class PoolCalls:
                 self._give_back(w)
             self._count(release_id, -1)
             raise
-        return self._rest(release_id, name, args, out_bytes, w, sent)
+        return Rest(self._rest(release_id, name, args, out_bytes, w, sent), lambda: self._abandon(release_id, w))
+
+    def _abandon(self, release_id: str, w: Worker | None) -> None:
+        """``acall``'s rest ended before its first step: undo its count, and retire the worker it sent the call to
+        (if any), as a call cancelled mid-flight does: its answer would be read as the next call's."""
+        if w is not None:
+            threading.Thread(target=self._fail, args=(w, "cancelled", "its call was cancelled before it began"),
+                             daemon=True).start()
+        self._count(release_id, -1)
 
     async def _rest(self, release_id: str, name: str, args: list[Any], out_bytes: int, w: Worker | None,
                     sent: int | WorkerDied | None) -> tuple[list[Any], Decision]:

@@ -25,6 +25,31 @@ def warp_sum(acc, i, red, kr):
         T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[i], True, red[0], kr, dtype="handle"))
 
 
+@T.macro
+def block_sum_store(acc, part, red, tot, kr, wy, C, warps, outs, M, row0, dtype):
+    """The K-split GEMVs' end: each warp's ``outs`` partial sums meet in ``part`` (one row a warp ``wy``);
+    lanes ``kr < outs`` of warp 0 add them up and store output ``kr`` (column ``kr % M``, row ``row0 + kr // M``)."""
+    for i in T.unroll(outs):
+        warp_sum(acc, i, red, kr)
+        if kr == 0:
+            part[wy, i] = red[0]
+    if wy == 0 and kr < outs:
+        tot[0] = 0.0
+        for w in T.unroll(warps):
+            tot[0] += part[w, kr]
+        C[kr % M, row0 + kr // M] = T.cast(tot[0], dtype)
+
+
+@T.macro
+def warp_sum_store(acc, red, kr, C, outs, M, row0, dtype):
+    """The row-split GEMVs' end: each of the warp's ``outs`` sums stored by lane 0 (column ``i % M``, row
+    ``row0 + i // M``)."""
+    for i in T.unroll(outs):
+        warp_sum(acc, i, red, kr)
+        if kr == 0:
+            C[i % M, row0 + i // M] = T.cast(red[0], dtype)
+
+
 def device_step(fn: str, K: int, A: Any, B: Any, S: Any, acc: Any, row: Any, b_col: Any, a_col: Any, s_col: Any) -> Any:
     """The call of the device function ``fn`` (``w4a16_device``): packed weights from ``B[row, b_col]``,
     activations from ``A[0, a_col]`` and scales from ``S[row, s_col]``, each with its row stride, the
@@ -105,21 +130,10 @@ def w4a16_gemv3(M: int, N: int, K: int, dtype: str = "float16", rows: int = 2, k
                 part = T.alloc_shared((k_warps, rows * M), "float32")
                 device_step(fn, K, A, B, S, acc, bx * rows, wy * per_warp * 128 + kr * 4,
                             wy * per_warp * 1024 + kr * 32, wy * per_warp * 8 + kr // 4)
-                for i in T.unroll(rows * M):
-                    warp_sum(acc, i, red, kr)
-                    if kr == 0:
-                        part[wy, i] = red[0]
-                if wy == 0 and kr < rows * M:
-                    tot[0] = 0.0
-                    for w in T.unroll(k_warps):
-                        tot[0] += part[w, kr]
-                    C[kr % M, bx * rows + kr // M] = T.cast(tot[0], dtype)
+                block_sum_store(acc, part, red, tot, kr, wy, C, k_warps, rows * M, M, bx * rows, dtype)
             else:
                 device_step(fn, K, A, B, S, acc, (bx * n_warps + wy) * rows, kr * 4, kr * 32, kr // 4)
-                for i in T.unroll(rows * M):
-                    warp_sum(acc, i, red, kr)
-                    if kr == 0:
-                        C[i % M, (bx * n_warps + wy) * rows + i // M] = T.cast(red[0], dtype)
+                warp_sum_store(acc, red, kr, C, rows * M, M, (bx * n_warps + wy) * rows, dtype)
 
     return main
 
@@ -152,19 +166,8 @@ def _gemv3_async(M: int, N: int, K: int, dtype: str, rows: int, threads: tuple[i
                           T.address_of(ring[wy * ring_words]))
             if k_split:
                 part = T.alloc_shared((warps, rows * M), "float32")
-                for i in T.unroll(rows * M):
-                    warp_sum(acc, i, red, kr)
-                    if kr == 0:
-                        part[wy, i] = red[0]
-                if wy == 0 and kr < rows * M:
-                    tot[0] = 0.0
-                    for w in T.unroll(warps):
-                        tot[0] += part[w, kr]
-                    C[kr % M, bx * rows + kr // M] = T.cast(tot[0], dtype)
+                block_sum_store(acc, part, red, tot, kr, wy, C, warps, rows * M, M, bx * rows, dtype)
             else:
-                for i in T.unroll(rows * M):
-                    warp_sum(acc, i, red, kr)
-                    if kr == 0:
-                        C[i % M, row + i // M] = T.cast(red[0], dtype)
+                warp_sum_store(acc, red, kr, C, rows * M, M, row, dtype)
 
     return main

@@ -153,26 +153,34 @@ def test_the_loop_read_waits_for_a_whole_frame_and_sees_the_peer_go(fds):
         b.close()
 
 
-def test_a_loop_call_cancelled_mid_flight_retires_its_worker(cpu_release_build):
-    """A call cancelled while its worker still owes the answer (the server shutting down) must not
-    give that worker back: its late answer would be read as the next call's."""
-    import asyncio
-
+def _ready_pool(build: Any) -> Any:
+    """A started one-worker pool on ``build`` (log discarded), once it has a serving worker and a standby
+    (at most 120 s)."""
     from tileship.serve.holder import Target
     from tileship.serve.worker_pool import WorkerPool
-    from tileship.serve.workers import Raw
 
     class Log:
         def event(self, *a: Any, **k: Any) -> None:
             pass
 
-    rid = cpu_release_build.path.name
     pool = WorkerPool(1, {"trusted_keys": None}, log=Log(), timeout_s=30.0)
-    pool.start(Target(cpu_release_build.path, False), rid)
+    pool.start(Target(build.path, False), build.path.name)
+    deadline = time.monotonic() + 120
+    while not (pool.serving and pool.standby) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pool
+
+
+def test_a_loop_call_cancelled_mid_flight_retires_its_worker(cpu_release_build):
+    """A call cancelled while its worker still owes the answer (the server shutting down) must not
+    give that worker back: its late answer would be read as the next call's."""
+    import asyncio
+
+    from tileship.serve.workers import Raw
+
+    rid = cpu_release_build.path.name
+    pool = _ready_pool(cpu_release_build)
     try:
-        deadline = time.monotonic() + 120
-        while not (pool.serving and pool.standby) and time.monotonic() < deadline:
-            time.sleep(0.05)
         victim, standby = pool.serving[0], pool.standby
         x = np.ones(8, np.float32)
         args = [Raw(memoryview(x).cast("B"), [8], "float32")] * 2
@@ -468,22 +476,12 @@ def test_a_loop_call_goes_to_its_worker_before_its_task_first_runs(cpu_release_b
     import asyncio
     import select
 
-    from tileship.serve.holder import Target
     from tileship.serve.validate import BadRequest
-    from tileship.serve.worker_pool import WorkerPool
     from tileship.serve.workers import Raw
 
-    class Log:
-        def event(self, *a: Any, **k: Any) -> None:
-            pass
-
     rid = cpu_release_build.path.name
-    pool = WorkerPool(1, {"trusted_keys": None}, log=Log(), timeout_s=30.0)
-    pool.start(Target(cpu_release_build.path, False), rid)
+    pool = _ready_pool(cpu_release_build)
     try:
-        deadline = time.monotonic() + 120
-        while not (pool.serving and pool.standby) and time.monotonic() < deadline:
-            time.sleep(0.05)
         w = pool.serving[0]
         x = np.arange(8, dtype=np.float32)
         args = [Raw(memoryview(x).cast("B"), [8], "float32")] * 2

@@ -6,9 +6,11 @@ ends. Real servers on 127.0.0.1 with the CPU "c" release; the workers are real p
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import time
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -404,10 +406,11 @@ def test_a_loop_call_that_gives_up_waiting_for_a_worker_leaves_it_idle(give_up):
     asyncio.run(asyncio.wait_for(main(), 10))
 
 
-@pytest.mark.parametrize("how", ["task_cancelled", "closed"])
+@pytest.mark.parametrize("how", ["task_cancelled", "closed", "dropped"])
 def test_a_loop_call_cancelled_before_its_first_step_retires_its_worker(how, monkeypatch):
     """``acall`` sends the call to an idle worker at once; the task that awaits the answer may be cancelled before
-    it first runs (the server shutting down), or the coroutine closed unawaited. Then no code of the rest runs,
+    it first runs (the server shutting down), the coroutine closed unawaited, or dropped without ever being awaited
+    or closed (a caller's bug, or an exception between ``acall`` and its await). Then no code of the rest runs,
     which left the worker busy for nobody with an answer owed and ``inflight`` one too high. It must end as a
     call cancelled mid-flight does: the worker retired, the standby serving the next call."""
     import asyncio
@@ -435,8 +438,14 @@ def test_a_loop_call_cancelled_before_its_first_step_retires_its_worker(how, mon
             task.cancel()                                           # before its first step
             with pytest.raises(asyncio.CancelledError):
                 await task
-        else:
+        elif how == "closed":
             rest.close()
+        else:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                del rest
+                gc.collect()
+            assert not [m for m in seen if "never awaited" in str(m.message)], [str(m.message) for m in seen]
         deadline = time.monotonic() + 5
         while not w.dead and time.monotonic() < deadline:       # retired on a thread, as mid-flight
             await asyncio.sleep(0.005)

@@ -25,6 +25,7 @@ thread takes idle for the next call, never busy for nobody.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -81,7 +82,8 @@ class Rest(Coroutine[Any, Any, tuple[list[Any], Decision]]):
     A coroutine cancelled (``throw``) or closed before it started ends at once without running its body, so no
     ``finally`` of ``_rest`` would give back ``acall``'s count or retire the worker sent the call, which would
     stay busy for nobody with an answer still owed. Then ``abandon`` runs, once; afterwards ``_rest`` covers
-    itself."""
+    itself. A Rest dropped without ever being awaited or closed is abandoned when it is collected: on a thread
+    of its own, since a collection may run while this thread holds the pool's lock."""
 
     __slots__ = ("_coro", "_abandon", "_started")
 
@@ -107,6 +109,13 @@ class Rest(Coroutine[Any, Any, tuple[list[Any], Decision]]):
 
     def __next__(self) -> Any:
         return self.send(None)
+
+    def __del__(self) -> None:
+        if not self._started:
+            self._started = True
+            self._coro.close()  # never started: nothing runs, and no "never awaited" warning
+            with contextlib.suppress(RuntimeError):  # interpreter shutdown: no new threads, nothing left to serve
+                threading.Thread(target=self._abandon, daemon=True).start()
 
     def __await__(self) -> Rest:  # type: ignore[override]  # an iterator with send/throw, as await needs
         return self

@@ -4,11 +4,15 @@ Two servers run side by side as child processes (`tileship serve REL --workers 0
 `--workers 1`, same release, same flags), and a third with `--workers 1 --worker-spin-us 0
 --loop-spin-us 0` (``--no-nospin`` leaves it out: the waits sleep at once, as before the spin);
 one client process sends them small binary requests over raw keep-alive HTTP/1.1
-(``serve_load.Conn``), alternating rounds between them so that machine noise lands on all alike. Phases:
+(``serve_load.Conn``), taking turns (phase 1) so that machine noise lands on all alike. Phases:
 
 1. latency: ``--rounds`` x ``--per-round`` sequential requests to each server (after a
-   warm-up); p50/p99 per mode and the p50 difference: the cost of the hop (copy into the shared
-   buffer, one frame each way over a Unix socket, copy out).
+   warm-up), each server's round in one piece, or with ``--block B`` the servers taking turns every
+   B requests within a round; p50/p99 per mode and the p50 difference: the cost of the hop (copy into
+   the shared buffer, one frame each way over a Unix socket, copy out). Turns within a round keep a slow
+   stretch of the machine from landing on one server's round only, but each block then starts on a server
+   idle for two blocks: on the 2-core CPU machine ``--block 20`` measured a larger hop than one block a
+   round (695 vs 151 us p50, a loaded day), so the two are different measurements, both kept.
 2. failover: a closed loop of ``--clients`` clients on the workers server; ``--kills`` times,
    kill -9 the serving worker (its pid from /v2/health/ready), then measure kill -> the next
    successful answer, and kill -> a new standby ready (readiness names its pid). Every answer
@@ -95,7 +99,7 @@ def correct(status: int, hdrs: dict[str, str], data: bytes, want: np.ndarray) ->
                                                           dtype=np.float32), want)
 
 
-async def latency(ports: dict[str, int], n: int, rounds: int, per_round: int) -> dict[str, Any]:
+async def latency(ports: dict[str, int], n: int, rounds: int, per_round: int, block: int) -> dict[str, Any]:
     conns = {m: Conn("127.0.0.1", p) for m, p in ports.items()}
     times: dict[str, list[float]] = {m: [] for m in ports}
     rng = np.random.default_rng(0)
@@ -103,13 +107,17 @@ async def latency(ports: dict[str, int], n: int, rounds: int, per_round: int) ->
     for m, c in conns.items():  # warm-up
         for _ in range(100):
             assert correct(*(await c.post("/v2/models/add/infer", body, headers)), want), m
+    step = min(block, per_round) if block > 0 else per_round
     for _ in range(rounds):
-        for m, c in conns.items():
-            for _ in range(per_round):
-                t0 = time.perf_counter()
-                st, h, d = await c.post("/v2/models/add/infer", body, headers)
-                times[m].append(time.perf_counter() - t0)
-                assert correct(st, h, d, want), (m, st, d[:200])
+        # each round: blocks of ``step`` back-to-back requests, the servers taking turns block by block, so
+        # that the machine's drift within a round lands on every server alike
+        for b0 in range(0, per_round, step):
+            for m, c in conns.items():
+                for _ in range(min(step, per_round - b0)):
+                    t0 = time.perf_counter()
+                    st, h, d = await c.post("/v2/models/add/infer", body, headers)
+                    times[m].append(time.perf_counter() - t0)
+                    assert correct(st, h, d, want), (m, st, d[:200])
     for c in conns.values():
         c.close()
     out = {m: summary_us(t) for m, t in times.items()}
@@ -169,6 +177,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=1000, help="elements per input of the `add` requests (small: 4 KiB)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--per-round", type=int, default=200)
+    ap.add_argument("--block", type=int, default=0,
+                    help="back-to-back requests to one server before the next takes its turn, within a round "
+                         "(0, the default, or >= --per-round: one block a round, each server's round in one piece)")
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--nospin", action=argparse.BooleanOptionalAction, default=True,
@@ -184,7 +195,8 @@ def main() -> int:
         for m, (p, _, port) in procs.items():
             wait_ready(p, port, standby_not=set() if m != "workers0" else None)
         ready_s = time.perf_counter() - t0
-        lat = asyncio.run(latency({m: port for m, (_, _, port) in procs.items()}, a.n, a.rounds, a.per_round))
+        lat = asyncio.run(latency({m: port for m, (_, _, port) in procs.items()}, a.n, a.rounds, a.per_round,
+                                  a.block))
         p1, _, port1 = procs["workers1"]
         fo = asyncio.run(failover(p1, port1, a.kills, a.clients, a.n))
     finally:
@@ -193,6 +205,7 @@ def main() -> int:
             p.wait(60)
     result = {"benchmark": "serve_workers", "host": platform.node(), "cpus": os.cpu_count(), "release": release.name,
               "request": f"add, FP32, N={a.n}, binary tensors, one client, sequential",
+              "rounds": a.rounds, "per_round": a.per_round, "block": a.block,
               "both_ready_s": round(ready_s, 2), "latency_us": lat, "failover": fo,
               "targets": {"hop_p50_us<=100": lat["hop_p50_us"] <= 100, "hop_verdict": lat["hop_verdict"],
                           "kill9_wrong==0": fo["wrong"] == 0}}

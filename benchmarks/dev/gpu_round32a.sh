@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU host, repo root: bash benchmarks/dev/gpu_round32a.sh OUT_DIR   (issues 16 and 14, one call of at most ~480 s)
+# 1. The serving changes of sessions 31-32 on the host (they ran on the CPU machine only): gpu_serve.sh's
+#    build_cpu, workers and failover steps: the worker hop (serve_workers.py, the servers now taking turns every
+#    20 requests within a round), kill -9 of the serving worker under load, and the sticky CUDA fault through the
+#    server with the fault-injection kernel (serve_failover.py, a CUDA release built here).
+# 2. The launch path (gpu_native.sh's overhead stage: the launch project built here, fast_launch_check.py,
+#    runtime_overhead.py --rounds 15).
+# Carries .gpu/site.tar.xz (the slim one, benchmarks/dev/gpu_bundle_slim.sh) and .gpu/serve.tar.xz.
+set -u
+out=${1:?usage: gpu_round32a.sh OUT_DIR}
+mkdir -p "$out"
+git log -1 --format='%H %s' > "$out/commit.txt" 2>/dev/null || true
+bash benchmarks/tree_digest.sh > "$out/tree_digest.txt" 2>&1
+t0=$SECONDS
+ONLY="build_cpu workers failover" BUDGET_S=${SERVE_BUDGET_S:-270} bash benchmarks/dev/gpu_serve.sh "$out/serve"
+echo "serve: rc=$? $(( SECONDS - t0 )) s"
+t1=$SECONDS
+bash benchmarks/dev/gpu_native.sh "$out/overhead" overhead
+echo "overhead: rc=$? $(( SECONDS - t1 )) s"
+# 3. The hop again with the servers taking turns every 20 requests within a round (serve_workers.py --block 20):
+#    on the CPU machine this measured a larger hop than one block a round; which does the host show?
+t2=$SECONDS
+rel=$(tail -1 /tmp/gpu_serve/build_cpu.log 2>/dev/null)
+if [ -n "$rel" ] && [ -d "$rel" ]; then
+  . benchmarks/gpu_env.sh "$out/block20_nvidia-smi.csv"
+  export PYTHONPATH=/tmp/serve:$PYTHONPATH
+  timeout 100 python3 benchmarks/serve_workers.py --release "$rel" --rounds 10 --per-round 200 --kills 0 --block 20 \
+    --out "$out/serve_workers_block20.json" > "$out/serve_workers_block20.log" 2>&1
+  echo "block20: rc=$? $(( SECONDS - t2 )) s"
+  python3 -c "import json; l = json.load(open('$out/serve_workers_block20.json'))['latency_us']
+print({k: v for k, v in l.items() if 'hop' in k})" 2>/dev/null
+else
+  echo "block20: SKIPPED (no CPU release: /tmp/gpu_serve/build_cpu.log)"
+fi

@@ -263,14 +263,34 @@ def test_the_loop_polls_for_an_answer_only_while_answers_come_soon():
         b.close()
 
 
-def test_workers_with_polling_off_answer_as_with_it(cpu_release_build):
-    with workers_server(cpu_release_build.path, workers=1, worker_timeout_s=5.0, worker_spin_us=0.0,
-                        loop_spin_us=0.0) as srv, httpx.Client() as c:
+@pytest.mark.parametrize("spin", [(300.0, 100.0), (0.0, 0.0)], ids=["polling", "no_polling"])
+def test_workers_answer_alike_with_polling_on_and_off(cpu_release_build, spin):
+    """Both wait modes, given explicitly: the default turns polling off below 4 usable CPUs (``default_spin_us``),
+    so a CI machine of 2 would otherwise never run a polling server."""
+    with workers_server(cpu_release_build.path, workers=1, worker_timeout_s=5.0, worker_spin_us=spin[0],
+                        loop_spin_us=spin[1]) as srv, httpx.Client() as c:
         rng = np.random.default_rng(3)
         for n in (8, 1000, 40000):  # the last is past LOOP_BYTES: a request thread's call
             a, b = rng.standard_normal((2, n), dtype=np.float32)
             st, out = add_binary(srv.url, c, a, b)
             assert st == 200 and np.array_equal(out, a + b), out
+
+
+def test_polling_is_on_by_default_only_with_four_cpus_or_more():
+    """A process that polls holds a core: with fewer than 4 usable CPUs the waits sleep at once unless the flags
+    say otherwise; a value given (0 included) is kept as given, the other one defaulted."""
+    from pathlib import Path
+
+    from tileship.serve.config import POLL_MIN_CPUS, ServeConfig, default_spin_us
+
+    assert POLL_MIN_CPUS == 4
+    assert default_spin_us(1) == default_spin_us(3) == (0.0, 0.0)
+    assert default_spin_us(4) == default_spin_us(16) == (300.0, 100.0)
+    assert default_spin_us() == default_spin_us(len(os.sched_getaffinity(0)))
+    auto = default_spin_us()
+    assert ServeConfig(source=Path("r")).spin_us() == auto
+    assert ServeConfig(source=Path("r"), worker_spin_us=0.0).spin_us() == (0.0, auto[1])
+    assert ServeConfig(source=Path("r"), loop_spin_us=7.0).spin_us() == (auto[0], 7.0)
 
 
 def test_cli_refuses_a_negative_or_huge_spin(cpu_release_build):

@@ -35,10 +35,13 @@ def serve(
     inline_us: float = typer.Option(500.0, help="in process, run a small call on the event loop, not a request "
                                                 "thread, once a kernel has served it within this many us "
                                                 "(0: always a thread; such a call is never answered 504)"),
-    worker_spin_us: float = typer.Option(300.0, help="with --workers: a worker polls this many us for its next call "
-                                                     "after each answer before it sleeps (0: it sleeps at once)"),
-    loop_spin_us: float = typer.Option(100.0, help="with --workers: the event loop polls this many us for a small "
-                                                   "call's answer before it waits on the socket (0: it waits at once)"),
+    worker_spin_us: float | None = typer.Option(None, help="with --workers: a worker polls this many us for its next "
+                                                            "call after each answer before it sleeps (0: it sleeps at "
+                                                            "once; default 300, or 0 with fewer than 4 usable CPUs)"),
+    loop_spin_us: float | None = typer.Option(None, help="with --workers: the event loop polls this many us for a "
+                                                          "small call's answer before it waits on the socket (0: it "
+                                                          "waits at once; default 100, or 0 with fewer than 4 usable "
+                                                          "CPUs)"),
     body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
     body_threads: int = typer.Option(0, help="threads reading request bodies of 4 MiB and more straight from the "
                                              "socket, off the event loop (0: all on the event loop; see "
@@ -126,7 +129,8 @@ def serve(
                                "be > 0; --max-inflight, --threads, --max-connections, --keep-alive and "
                                "--warmup-threads >= 1")
     if workers < 0 or (worker_timeout is not None and worker_timeout <= 0) or \
-            not all(0 <= us <= 1e6 for us in (inline_us, worker_spin_us, loop_spin_us)) or not 0 <= body_threads <= 256:
+            not all(us is None or 0 <= us <= 1e6 for us in (inline_us, worker_spin_us, loop_spin_us)) or \
+            not 0 <= body_threads <= 256:
         raise DeclarationError("--workers must be >= 0, --worker-timeout > 0, --body-threads 0 to 256, and "
                                "--inline-us, --worker-spin-us and --loop-spin-us 0 to 1000000")
     gpu_list = gpu_map.parse(gpus)

@@ -97,7 +97,7 @@ class Service:
         options = {"trusted_keys": [str(k) for k in c.trusted_keys] if c.trusted_keys is not None else None,
                    "drift_policy": c.drift_policy, "allow_unverified": c.allow_unverified,
                    "check_finite": c.check_finite, "warmup_limit": c.warmup_limit,
-                   "warmup_threads": c.warmup_threads, "spin_us": c.worker_spin_us, "loop_spin_us": c.loop_spin_us}
+                   "warmup_threads": c.warmup_threads, "spin_us": c.spin_us()[0], "loop_spin_us": c.spin_us()[1]}
         if c.gpus:
             import torch
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,9 +30,10 @@ class ServeConfig:
     #: event loop, not a request thread (``serve.handoff``); 0: every call goes to a thread
     inline_us: float = 500.0
     #: with workers: a worker polls this many microseconds for its next call after each answer before it
-    #: sleeps, and the event loop polls ``loop_spin_us`` for a small call's answer (``serve.workers``); 0: off
-    worker_spin_us: float = 300.0
-    loop_spin_us: float = 100.0
+    #: sleeps, and the event loop polls ``loop_spin_us`` for a small call's answer (``serve.workers``); 0: off;
+    #: None: ``default_spin_us()`` for the CPUs this process may use (``spin_us``)
+    worker_spin_us: float | None = None
+    loop_spin_us: float | None = None
     body_timeout_s: float = 30.0
     #: threads reading request bodies with at least 4 MiB still to come straight from the socket into their
     #: block, off the event loop (``serve.body_pull``); 0 (the default): every body is read on the event loop.
@@ -82,3 +84,25 @@ class ServeConfig:
     #: given the registry's evidence pin (``holder.Target.evidence``): the default loader checks it
     loader: LoadHook | None = None
     log_stream: TextIO | None = None
+
+    def spin_us(self) -> tuple[float, float]:
+        """(worker_spin_us, loop_spin_us) as given, each one not given from ``default_spin_us()``."""
+        worker, loop = default_spin_us()
+        return (worker if self.worker_spin_us is None else self.worker_spin_us,
+                loop if self.loop_spin_us is None else self.loop_spin_us)
+
+
+#: usable CPUs below which the waits of ``--workers`` sleep at once unless told otherwise: a process that polls
+#: holds a core that the front-end, the workers and the clients beside them then lack. Measured with
+#: ``benchmarks/serve_workers.py`` (hop p50, polling vs not): the H200 host's 16 cores 8 vs 35 us (round 21);
+#: the 2-core CPU machine 22-36 vs 53-65 us when idle (round 31) but 690 vs 319 us while other work ran (round 32)
+POLL_MIN_CPUS = 4
+
+
+def default_spin_us(cpus: int | None = None) -> tuple[float, float]:
+    """(worker_spin_us, loop_spin_us) when the flags are not given: (300, 100) with at least ``POLL_MIN_CPUS``
+    CPUs usable by this process (``cpus``, default ``os.sched_getaffinity``), else (0, 0): no polling."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (300.0, 100.0) if cpus >= POLL_MIN_CPUS else (0.0, 0.0)
+

@@ -101,10 +101,13 @@ def test_shapes_the_tiling_does_not_cover_are_refused() -> None:
         w4a16_gemm_mv(8, 4096, 4096, rt=1, wn=2, tiles=3)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         w4a16_gemm_mv(8, 4096, 4096, "float32")
+    with pytest.raises(ValueError, match="l2_prefetch is 0, 128 or 256 bytes, not 64"):
+        w4a16_gemm_mv(8, 4096, 4096, l2_prefetch=64)
 
 
-@pytest.mark.parametrize("dtype,prefetch,tiles", [("float16", True, 2), ("bfloat16", False, 1)])
-def test_it_compiles_with_nvcc_for_sm90a(dtype: str, prefetch: bool, tiles: int) -> None:
+@pytest.mark.parametrize("dtype,prefetch,tiles,l2", [("float16", True, 2, 0), ("bfloat16", False, 1, 0),
+                                                     ("float16", False, 1, 256)])
+def test_it_compiles_with_nvcc_for_sm90a(dtype: str, prefetch: bool, tiles: int, l2: int) -> None:
     """In a process of its own: a release loaded by another test forbids compiling in this one (no-JIT)."""
     import shutil
     import subprocess
@@ -117,12 +120,16 @@ def test_it_compiles_with_nvcc_for_sm90a(dtype: str, prefetch: bool, tiles: int)
         "import tilelang\n"
         "from tileship.catalog.w4a16_mma import w4a16_gemm_mv\n"
         f"k = tilelang.compile(w4a16_gemm_mv(8, 256, 1024, {dtype!r}, rt=1, wn=2, wk=2, unroll=2, "
-        f"prefetch={prefetch}, tiles={tiles}), out_idx=[3], target={{'kind': 'cuda', 'arch': 'sm_90a'}})\n"
+        f"prefetch={prefetch}, tiles={tiles}, l2_prefetch={l2}), out_idx=[3], "
+        "target={'kind': 'cuda', 'arch': 'sm_90a'})\n"
         "print(k.get_kernel_source())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ts_w4_mma_block<" in out.stdout and "mma.sync.aligned.m16n8k16" in out.stdout
+    call = out.stdout[out.stdout.index("ts_w4_mma_block<", out.stdout.index("extern \"C\"")):]
+    call = call[:call.index(">")]  # the kernel's instantiation: L2 = 256 named, 0 left to the default
+    assert call.endswith(", 256") if l2 else call.endswith(f", {tiles}"), call
 
 
 def test_mv_config_covers_the_llama_projections_and_falls_back_where_it_cannot() -> None:

@@ -218,6 +218,23 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                     if rt == 8 and (unroll, pf) != (1, False):
                         continue
                     out.append(("mv4", dict(rt=rt, wn=wn, wk=wk, unroll=unroll, prefetch=pf)))
+    # "mvp": the catalog's MMA-GEMV tiling at M = 4..8 (``mv_config``) and its neighbours in unroll and warps along
+    # K, each with the weight loads asking L2 for the aligned 128 or 256 bytes around them (``l2_prefetch``) and
+    # without (0: the same kernel as "mv"): a warp's load takes 64 bytes of each of 16 rows, so the rows' next
+    # groups would be in L2 before their loads are issued, with no register held for them
+    if 4 <= M <= 8:
+        from tileship.catalog.w4a16_mma import mv_config
+
+        base = mv_config(M, N, K)
+        if base is not None:
+            tilings = {(base["wk"], base["unroll"])}
+            tilings |= {(base["wk"], u) for u in (1, 2, 4)} | {(w, base["unroll"]) for w in (7, 14) if K > 4096}
+            for wk, unroll in sorted(tilings):
+                cfg = {**base, "wk": wk, "unroll": unroll, "prefetch": False}
+                if groups % (wk * unroll) or 32 * base["wn"] * wk > 1024:
+                    continue
+                for l2 in (0, 128, 256):
+                    out.append(("mvp", {**cfg, "l2_prefetch": l2}))
     # "mvc": the MMA-GEMV with K split across the CTAs of a cluster (``w4a16_mma_split``): row blocks of 64-256
     # rows read x once each (``mv``'s blocks of 16-32 rows read it 8-16 times more at M=32) while the grid keeps
     # ks times as many CTAs; CTA 0 of a cluster adds the others' partials after the cluster barrier
@@ -247,7 +264,7 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         return w4a16_mma_async.w4a16_gemm_mva(M, N, K, dtype, **cfg)
     if kind == "mvc":
         return w4a16_mma_split.w4a16_gemm_mv_split(M, N, K, dtype, **cfg)
-    if kind in ("mv", "mv2", "mv3", "mvk", "mv4"):
+    if kind in ("mv", "mv2", "mv3", "mvk", "mv4", "mvp"):
         return w4a16_mma.w4a16_gemm_mv(M, N, K, dtype, **cfg)
     if kind in ("gemv3", "gemv3a"):
         return w4a16_gemv.w4a16_gemv3(M, N, K, dtype, **cfg)

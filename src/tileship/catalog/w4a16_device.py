@@ -143,6 +143,23 @@ __device__ __forceinline__ uint4 ts_ldg_stream(const void* p) {
   return v;
 }
 
+// The same load asking L2 to fetch the whole aligned PF bytes around it (.L2::128B / .L2::256B): where a warp's
+// load takes 64 bytes of each of 16 rows, the next groups' bytes of those rows then wait in L2, fetched
+// without a register held for them. PF = 0: ts_ldg_stream.
+template <int PF> __device__ __forceinline__ uint4 ts_ldg_stream_pf(const void* p) { return ts_ldg_stream(p); }
+template <> __device__ __forceinline__ uint4 ts_ldg_stream_pf<128>(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+template <> __device__ __forceinline__ uint4 ts_ldg_stream_pf<256>(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 // U consecutive 1024-weight K steps of one lane over R rows: the lane owns weights 32 kr .. 32 kr + 31
 // of each step (one 16-byte load a row, one scale group), so every load of the step is issued
 // before any decode. Activations are read as four 16-byte vectors a step and row of x.

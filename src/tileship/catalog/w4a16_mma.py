@@ -56,7 +56,7 @@ __device__ __forceinline__ unsigned ts_u4(const uint4& v, int i) {
 
 // The packed words (16 bytes a row: words 4c .. 4c + 3 of the group) and scales of rows r, r + 8 of each of RT
 // row tiles, for U groups from grp: every load issued before any is used.
-template <typename T1, int RT, int U>
+template <typename T1, int RT, int U, int L2 = 0>
 __device__ __forceinline__ void ts_w4_mma_load(const int* B, const T1* S, int ldb, int lds, int r, int grp, int word,
                                                uint4 (&w)[U][RT][2], T1 (&sc)[U][RT][2]) {
 #pragma unroll
@@ -66,13 +66,13 @@ __device__ __forceinline__ void ts_w4_mma_load(const int* B, const T1* S, int ld
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = r + 16 * t + 8 * h;
-        w[u][t][h] = ts_ldg_stream(B + (size_t)row * ldb + (size_t)(grp + u) * 16 + word);
+        w[u][t][h] = ts_ldg_stream_pf<L2>(B + (size_t)row * ldb + (size_t)(grp + u) * 16 + word);
         sc[u][t][h] = S[(size_t)row * lds + grp + u];
       }
 }
 
 // The next chunk's weights and scales into (w, sc): copied from the prefetched (wn, sn) with PF, else loaded now.
-template <typename T1, int RT, int U, bool PF>
+template <typename T1, int RT, int U, bool PF, int L2 = 0>
 __device__ __forceinline__ void ts_w4_mma_next(const int* B, const T1* S, int ldb, int lds, int r, int grp, int word,
                                                uint4 (&w)[U][RT][2], T1 (&sc)[U][RT][2],
                                                const uint4 (&wn)[U][RT][2], const T1 (&sn)[U][RT][2]) {
@@ -87,7 +87,7 @@ __device__ __forceinline__ void ts_w4_mma_next(const int* B, const T1* S, int ld
           sc[u][t][h] = sn[u][t][h];
         }
   } else {
-    ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, r, grp, word, w, sc);
+    ts_w4_mma_load<T1, RT, U, L2>(B, S, ldb, lds, r, grp, word, w, sc);
   }
 }
 
@@ -173,7 +173,7 @@ __device__ __forceinline__ void ts_w4_mma_group(const uint4 (&w)[RT][2], const T
 // One block: WN x WK warps, warp (wn, wk) = threadIdx.x / 32 = wk * WN + wn. Rows [row0, row0 + 16 RT) of
 // W for warp wn, groups [wk GPW, (wk + 1) GPW) of K. C (M x N) gets the block's 16 RT WN rows.
 template <typename T2, typename T1, bool BF16, int RT, int NT, int M, int GPW, int U, int WN, int WK, bool PF, bool XE,
-          int TPB>
+          int TPB, int L2 = 0>
 __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, const void* Sv, void* Cv,
                                                 float* part, int K, int N, int bx) {
   const int* B = reinterpret_cast<const int*>(Bv);
@@ -196,7 +196,7 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
   }
   uint4 w[U][RT][2], wnext[U][RT][2];
   T1 sc[U][RT][2], snext[U][RT][2];
-  ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, (bx * WN + wn) * 16 * RT + g, grp0, 4 * c, w, sc);
+  ts_w4_mma_load<T1, RT, U, L2>(B, S, ldb, lds, (bx * WN + wn) * 16 * RT + g, grp0, 4 * c, w, sc);
 #pragma unroll 1
   for (int ti = 0; ti < TPB; ++ti) {
     const int row0 = ((bx + ti * nblk) * WN + wn) * 16 * RT;
@@ -215,7 +215,7 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
       const bool more = ch + 1 < CHUNKS || ti + 1 < TPB;
       const int nrow = ch + 1 < CHUNKS ? row0 : next0;
       const int ngrp = ch + 1 < CHUNKS ? grp0 + j0 + U : grp0;
-      if (PF && more) ts_w4_mma_load<T1, RT, U>(B, S, ldb, lds, nrow + g, ngrp, 4 * c, wnext, snext);
+      if (PF && more) ts_w4_mma_load<T1, RT, U, L2>(B, S, ldb, lds, nrow + g, ngrp, 4 * c, wnext, snext);
       uint4 xe[XE ? U : 1][NT][4];  // XE: every group's activations loaded before the first is used
       if (XE) {
 #pragma unroll
@@ -227,7 +227,7 @@ __device__ __forceinline__ void ts_w4_mma_block(const void* Bv, const void* Av, 
         if (!XE) ts_w4_mma_x<T1, NT>(ap, aval, j0 + u, xl);
         ts_w4_mma_group<T2, T1, BF16, RT, NT>(w[u], sc[u], XE ? xe[XE ? u : 0] : xl, acc);
       }
-      if (more) ts_w4_mma_next<T1, RT, U, PF>(B, S, ldb, lds, nrow + g, ngrp, 4 * c, w, sc, wnext, snext);
+      if (more) ts_w4_mma_next<T1, RT, U, PF, L2>(B, S, ldb, lds, nrow + g, ngrp, 4 * c, w, sc, wnext, snext);
     }
     if (ti > 0) __syncthreads();  // the previous tile's sums have been read
     ts_mma_reduce_store<T1, RT, NT, M, WN, WK>(acc, part, C, N, row0, wn, wk, lane);
@@ -249,12 +249,17 @@ def check(M: int, N: int, K: int, rt: int, wn: int, wk: int, unroll: int, kernel
 
 
 def w4a16_gemm_mv(M: int, N: int, K: int, dtype: str = "float16", rt: int = 2, wn: int = 2, wk: int = 4,
-                  unroll: int = 2, prefetch: bool = True, x_early: bool = False, tiles: int = 1) -> Any:
+                  unroll: int = 2, prefetch: bool = True, x_early: bool = False, tiles: int = 1,
+                  l2_prefetch: int = 0) -> Any:
     """y[M, N] = x[M, K] @ W^T for a static M of 1..32 (module doc): blocks of ``wn * wk`` warps over
     ``16 * rt * wn`` rows each, ``unroll`` weight groups in flight a lane (twice that with ``prefetch``:
     the next groups' loads are issued before the current ones are used; with ``x_early`` the activations
     of all ``unroll`` groups are loaded before the first is used). Each block serves ``tiles`` row blocks
-    in turn, the next one's first weights loaded while the last groups of the current one are used."""
+    in turn, the next one's first weights loaded while the last groups of the current one are used.
+    ``l2_prefetch`` (128 or 256; 0: none): each weight load asks L2 for the aligned 128 or 256 bytes around it
+    (``ts_ldg_stream_pf``), so the row's next groups are in L2 before their loads are issued."""
+    if l2_prefetch not in (0, 128, 256):
+        raise ValueError(f"w4a16_gemm_mv: l2_prefetch is 0, 128 or 256 bytes, not {l2_prefetch}")
     gpw = check(M, N, K, rt, wn, wk, unroll)
     blocks = N // (16 * rt * wn)
     if tiles < 1 or blocks % tiles:
@@ -263,7 +268,7 @@ def w4a16_gemm_mv(M: int, N: int, K: int, dtype: str = "float16", rt: int = 2, w
     nt = -(-M // 8)
     fn = (f"ts_w4_mma_block<{pair}, {scalar}, {'true' if dtype == 'bfloat16' else 'false'}, {rt}, {nt}, {M}, "
           f"{gpw}, {unroll}, {wn}, {wk}, {'true' if prefetch else 'false'}, "
-          f"{'true' if x_early else 'false'}, {tiles}>")
+          f"{'true' if x_early else 'false'}, {tiles}{f', {l2_prefetch}' if l2_prefetch else ''}>")
     part_len = wk * wn * rt * nt * 4 * 32
 
     @T.prim_func

@@ -1,0 +1,37 @@
+"""Kernels a user writes for the CPU ("c") target, declared as the docs say, that no other test module has:
+an output whose shape the kernel computes from a ``T.dynamic`` dim (``(rows, n_cols * 2)``) beside a
+scalar argument. ``tests/test_user_kernels.py`` builds, loads, calls and verifies them."""
+
+import tilelang.language as T
+import torch
+
+from tileship import DynamicRange, Operator, ScalarArg, TensorArg
+
+
+def interleave_scaled(rows, n_cols, dtype="float32"):
+    """y[r, 2j] = x[r, j], y[r, 2j + 1] = x[r, j] * s: the output is twice as wide as the input."""
+
+    @T.prim_func
+    def main(x: T.Tensor((rows, n_cols), dtype), s: T.float32, y: T.Tensor((rows, n_cols * 2), dtype)):
+        with T.Kernel(rows) as r:
+            for j in T.serial(n_cols):
+                y[r, 2 * j] = x[r, j]
+                y[r, 2 * j + 1] = x[r, j] * T.cast(s, dtype)
+
+    return main
+
+
+def interleave_ref(x, s):
+    return torch.stack([x, x * s], dim=-1).reshape(x.shape[0], -1)
+
+
+interleave = Operator(
+    name="interleave",
+    factory=interleave_scaled,
+    reference=interleave_ref,
+    inputs=(TensorArg("x", ("rows", "n_cols")), ScalarArg("s", dtype="float32")),
+    outputs=(TensorArg("y", ("rows", "n_cols*2")),),
+    dtypes=("float32",),
+    targets=("c",),
+    ranges=(DynamicRange("n_cols", 1, 512, {"rows": 4}),),
+)

@@ -1,6 +1,7 @@
 """Kernels a user writes for the CPU ("c") target, declared as the docs say, that no other test module has:
 an output whose shape the kernel computes from a ``T.dynamic`` dim (``(rows, n_cols * 2)``) beside a
-scalar argument. ``tests/test_user_kernels.py`` builds, loads, calls and verifies them."""
+scalar argument, and a static shape the factory refuses inside a range that builds.
+``tests/test_user_kernels.py`` builds, loads, calls and verifies them."""
 
 import tilelang.language as T
 import torch
@@ -9,7 +10,10 @@ from tileship import DynamicRange, Operator, ScalarArg, TensorArg
 
 
 def interleave_scaled(rows, n_cols, dtype="float32"):
-    """y[r, 2j] = x[r, j], y[r, 2j + 1] = x[r, j] * s: the output is twice as wide as the input."""
+    """y[r, 2j] = x[r, j], y[r, 2j + 1] = x[r, j] * s: the output is twice as wide as the input. Refuses a static
+    ``n_cols`` that is not a multiple of 4 (as a tiled kernel asserts on its shapes): that specialization fails."""
+    if isinstance(n_cols, int) and n_cols % 4:
+        raise ValueError(f"a static n_cols must be a multiple of 4, got {n_cols}")
 
     @T.prim_func
     def main(x: T.Tensor((rows, n_cols), dtype), s: T.float32, y: T.Tensor((rows, n_cols * 2), dtype)):
@@ -34,4 +38,5 @@ interleave = Operator(
     dtypes=("float32",),
     targets=("c",),
     ranges=(DynamicRange("n_cols", 1, 512, {"rows": 4}),),
+    shapes=({"rows": 4, "n_cols": 6},),     # fails to build; the range covers it
 )

@@ -8,6 +8,7 @@ where the fix is mechanical. It imports neither TileLang nor torch.
 from __future__ import annotations
 
 import keyword
+import math
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,9 @@ def _check_tensors(decl: Operator, op: str) -> None:
                     field=f"{f}.dims",
                     hint=f'write dims=("{a.dims}",) (note the comma)',
                 )
+            if not isinstance(a.dims, tuple):
+                raise DeclarationError(f"dims must be a tuple of dim names, got {type(a.dims).__name__}", operator=op,
+                                       field=f"{f}.dims", hint=f'e.g. TensorArg("{a.name}", ("M", "N"))')
             if a.dtype != SAME and a.dtype not in DTYPES:
                 raise DeclarationError(
                     f"unknown dtype {a.dtype!r} (known: same, {', '.join(DTYPES)})",
@@ -241,6 +245,12 @@ def check_operator(decl: Operator) -> None:
             raise DeclarationError(
                 f"must be a Tolerance(atol, rtol), got {type(tol).__name__}", operator=op, field=f"tolerances.{key}"
             )
+        for part in ("atol", "rtol"):
+            v = getattr(tol, part)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise DeclarationError(f"{part} must be a finite number >= 0, got {v!r}", operator=op,
+                                       field=f"tolerances.{key}.{part}",
+                                       hint="a negative or NaN tolerance fails every kernel, however exact")
     names = [a.name for a in decl.inputs]
     check_arity(decl.reference, names, op, "reference",
                  f"the reference takes the inputs in declaration order, like a call: def ref({', '.join(names)}): ...")

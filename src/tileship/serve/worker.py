@@ -70,7 +70,8 @@ def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
         args = [a.to(device) if hasattr(a, "to") else a for a in args]
     try:
         out, decision = runner.call(*args)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
+        # None: an operator that only updates inputs in place (``mutates``); it answers with no outputs
+        outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
         if device != "cpu":
             import torch
 

@@ -22,8 +22,9 @@ TESTS = Path(__file__).parent
 def user_build(tmp_path_factory):
     proj = Project(model="user", model_version="1", operator_modules=("user_ops",), targets=("c",), root=TESTS)
     res = build(proj, load_operators(proj), tmp_path_factory.mktemp("user"), BuildOptions(jobs=2))
-    assert [(r.spec.id, r.error) for r in res.failed] == [
-        ("interleave.float32.rows4_n_cols6.c", "ValueError: a static n_cols must be a multiple of 4, got 6")]
+    assert sorted((r.spec.id, r.error) for r in res.failed) == [
+        ("interleave.float32.rows4_n_cols6.c", "ValueError: a static n_cols must be a multiple of 4, got 6"),
+        ("numpy_answer.float32.N8.c", "NotImplementedError: no kernel yet")]
     return res
 
 
@@ -57,3 +58,25 @@ def test_a_static_shape_that_failed_to_build_is_served_by_the_range_that_covers_
         assert (d.path, d.reason, d.spec_id) == ("kernel", "kernel", "interleave.float32.rows4_n_cols1-512.c"), (n, d)
         assert torch.equal(y, user_ops.interleave_ref(x, 2.0))
         assert torch.equal(rel.op("interleave")(x, 2.0), y)  # the compiled table's row agrees
+
+
+def test_a_reference_answering_no_tensor_is_a_500_naming_it_and_the_worker_lives_on(user_build, tmp_path):
+    """``serve --workers 1``: a reference that returns a NumPy array killed the worker copying it out (and then
+    the standby, on the retry): 503 ``worker failure``, then ``no worker is ready``. A worker's 500 also carried
+    its Python traceback to the client (in the error's hint)."""
+    import httpx
+    from test_serve_workers import workers_server
+
+    body = {"inputs": [{"name": "a", "datatype": "FP32", "shape": [8], "data": list(range(8))}]}
+    with workers_server(user_build.path, workers=1, diagnostics_dir=tmp_path / "diag") as srv:
+        pid = httpx.get(srv.url + "/v2/health/ready", timeout=10).json()["workers"]["serving"]
+        for _ in range(2):
+            r = httpx.post(srv.url + "/v2/models/numpy_answer/infer", json=body, timeout=30.0)
+            assert r.status_code == 500, r.text
+            assert "numpy_answer.reference: the call answered ndarray; the operator declares 1 output" in r.text
+            assert "Traceback" not in r.text and "worker.py" not in r.text, r.text
+        x = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4, 3], "data": list(range(12))},
+                        {"name": "s", "datatype": "FP32", "shape": [1], "data": [2.0]}]}
+        r = httpx.post(srv.url + "/v2/models/interleave/infer", json=x, timeout=30.0)
+        assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [4, 6], r.text
+        assert httpx.get(srv.url + "/v2/health/ready", timeout=10).json()["workers"]["serving"] == pid

@@ -40,3 +40,25 @@ interleave = Operator(
     ranges=(DynamicRange("n_cols", 1, 512, {"rows": 4}),),
     shapes=({"rows": 4, "n_cols": 6},),     # fails to build; the range covers it
 )
+
+
+def not_built(N, dtype="float32"):
+    """A factory that builds nothing (every specialization fails): the reference serves each call."""
+    raise NotImplementedError("no kernel yet")
+
+
+def numpy_reference(a):
+    """A reference that answers a NumPy array instead of a tensor (a user's mistake)."""
+    return (a * 2).numpy()
+
+
+numpy_answer = Operator(
+    name="numpy_answer",
+    factory=not_built,
+    reference=numpy_reference,
+    inputs=(TensorArg("a", ("N",)),),
+    outputs=(TensorArg("b", ("N",)),),
+    dtypes=("float32",),
+    targets=("c",),
+    shapes=({"N": 8},),
+)

@@ -113,7 +113,7 @@ def test_a_dynamic_range_past_int32_is_refused(bound):
     dataclasses.replace(add, ranges=(DynamicRange("N", 1, 2**31 - 1),)).check()
 
 
-REFUSED = [  # each built, or built and registered as a torch op, before it was refused
+REFUSED = [  # each was accepted (or raised a TypeError) before it was refused here
     ("keyword", dict(name="None"), "name", "'None' is a Python keyword", 'name="none_op"'),
     ("keyword-import", dict(name="import"), "name", "'import' is a Python keyword", 'name="import_op"'),
     ("trailing-newline", dict(name="add\n"), "name", "must be an identifier, got 'add\\n'", "starting with a letter"),

@@ -3,6 +3,7 @@ the catalog does not have, each checked on the real "c"-target build."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import user_ops  # noqa: E402
 
 from tileship.build.builder import BuildOptions, build  # noqa: E402
 from tileship.declare.project import Project, load_operators  # noqa: E402
+from tileship.errors import DeclarationError  # noqa: E402
 
 TESTS = Path(__file__).parent
 
@@ -80,3 +82,19 @@ def test_a_reference_answering_no_tensor_is_a_500_naming_it_and_the_worker_lives
         r = httpx.post(srv.url + "/v2/models/interleave/infer", json=x, timeout=30.0)
         assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [4, 6], r.text
         assert httpx.get(srv.url + "/v2/health/ready", timeout=10).json()["workers"]["serving"] == pid
+
+
+def test_outputs_are_read_from_a_shape_the_factory_takes_when_the_first_it_refuses():
+    """Outputs omitted (a ``T.empty`` kernel) and the first declared shape one the factory refuses (N=100 > 64):
+    the outputs were read from that shape alone, so its ValueError refused the whole operator and no shape built.
+    It now fails only that specialization's build; the outputs are read from N=32."""
+    from tileship.declare.outputs import infer_outputs
+    from tileship.declare.spec import Operator, TensorArg
+
+    op = Operator(name="rs", factory=user_ops.row_sum_small, reference=user_ops.row_sum_ref,
+                  inputs=(TensorArg("X", ("M", "N")),), dtypes=("float32",), targets=("c",),
+                  shapes=({"M": 4, "N": 100}, {"M": 4, "N": 32}))
+    assert infer_outputs(op).outputs == (TensorArg("S", ("M",)),)
+    with pytest.raises(DeclarationError) as info:  # no shape it takes: still refused, naming the first failure
+        infer_outputs(dataclasses.replace(op, shapes=({"M": 4, "N": 100}, {"M": 4, "N": 200})))
+    assert info.value.field == "outputs" and "at M4_N100" in str(info.value) and "N=100 is over 64" in str(info.value)

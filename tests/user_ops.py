@@ -3,6 +3,7 @@ an output whose shape the kernel computes from a ``T.dynamic`` dim (``(rows, n_c
 scalar argument, and a static shape the factory refuses inside a range that builds.
 ``tests/test_user_kernels.py`` builds, loads, calls and verifies them."""
 
+import tilelang
 import tilelang.language as T
 import torch
 
@@ -62,3 +63,28 @@ numpy_answer = Operator(
     targets=("c",),
     shapes=({"N": 8},),
 )
+
+
+@tilelang.jit
+def row_sum_small(M, N, dtype="float32"):
+    """S = X.sum(1) into a ``T.empty`` output; refuses a static N over 64 (a shape the kernel does not take).
+    Not declared here: ``tests/test_user_kernels.py`` declares it without ``outputs=``."""
+    if isinstance(N, int) and N > 64:
+        raise ValueError(f"N={N} is over 64")
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), dtype)):
+        S = T.empty((M,), dtype)
+        with T.Kernel(M) as row:
+            acc = T.alloc_local((1,), dtype)
+            acc[0] = 0.0
+            for j in T.serial(N):
+                acc[0] += X[row, j]
+            S[row] = acc[0]
+        return S
+
+    return main
+
+
+def row_sum_ref(x):
+    return x.sum(-1)

@@ -13,7 +13,7 @@ import torch
 from tileship.build.builder import BuildOptions, build
 from tileship.catalog.cpu import add
 from tileship.declare.project import Project
-from tileship.declare.spec import DynamicRange, TensorArg, describe, expand
+from tileship.declare.spec import DynamicRange, TensorArg, Tolerance, describe, expand
 from tileship.errors import DeclarationError
 
 
@@ -111,3 +111,34 @@ def test_a_dynamic_range_past_int32_is_refused(bound):
         op.check()
     assert info.value.field == "ranges[0].max" and "at most 2147483647" in str(info.value), str(info.value)
     dataclasses.replace(add, ranges=(DynamicRange("N", 1, 2**31 - 1),)).check()
+
+
+REFUSED = [  # each was accepted (or raised a TypeError) before it was refused here
+    ("keyword", dict(name="None"), "name", "'None' is a Python keyword", 'name="none_op"'),
+    ("keyword-import", dict(name="import"), "name", "'import' is a Python keyword", 'name="import_op"'),
+    ("trailing-newline", dict(name="add\n"), "name", "must be an identifier, got 'add\\n'", "starting with a letter"),
+    ("not-a-str", dict(name=5), "name", "must be a str, got int 5", 'name="my_op"'),
+    ("long", dict(name="L" * 200), "ranges[0]", "is 222 characters, over 200", "shorten the operator name"),
+    ("shape-twice", dict(shapes=({"N": 64}, {"N": 64})), "shapes[1]", "repeats shapes[0]", "each shape once"),
+    ("range-twice", dict(ranges=(DynamicRange("N", 1, 64),) * 2), "ranges[1]", "repeats ranges[0]", "each shape once"),
+    ("dims-none", dict(inputs=(TensorArg("A", None), TensorArg("B", ("N",)))), "inputs.A.dims",
+     "dims must be a tuple of dim names, got NoneType", 'TensorArg("A", ("M", "N"))'),
+    ("atol-negative", dict(tolerances={"float32": Tolerance(-1e-4, 1e-4)}), "tolerances.float32.atol",
+     "atol must be a finite number >= 0, got -0.0001", "fails every kernel"),
+    ("rtol-nan", dict(tolerances={"C": Tolerance(0.0, float("nan"))}), "tolerances.C.rtol",
+     "rtol must be a finite number >= 0, got nan", "fails every kernel"),
+]
+
+
+@pytest.mark.parametrize("change,field,words,hint", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_a_field_a_release_cannot_use_is_refused_when_declared(change, field, words, hint):
+    """An operator named ``None`` built, then ``register(release)`` died in torch's schema parser (``expected
+    ident but found 'None'``); ``"add\\n"`` passed the name check (``$`` matches before a trailing newline);
+    ``name=5`` and ``dims=None`` raised a TypeError; a negative or NaN tolerance failed every kernel at verify; a
+    250-character name failed the whole build after compiling started (``File name too long``); a shape declared
+    twice was compiled twice into one directory, concurrently."""
+    op = dataclasses.replace(add, **{"shapes": ({"N": 64},), **change})
+    with pytest.raises(DeclarationError) as info:
+        op.check()
+    assert info.value.field == field and words in str(info.value), str(info.value)
+    assert hint in str(info.value.hint), str(info.value)

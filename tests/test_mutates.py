@@ -236,6 +236,23 @@ def test_served_over_http_it_runs_the_kernel_and_answers_with_no_outputs(cache_r
         srv.stop()
 
 
+def test_served_by_a_worker_process_it_answers_with_no_outputs(cache_release, tmp_path) -> None:
+    """``--workers 1``: the worker took the call's None (no outputs) for one output (``None.nbytes``), so every call
+    killed the worker that ran it (503 ``worker failure``) and the next found none ready."""
+    import httpx
+    from test_serve_workers import workers_server
+
+    names = ("k_cache", "v_cache", "k_new", "v_new", "pos")
+    inputs = [{"name": n, "shape": list(t.shape), "datatype": "INT32" if t.dtype == torch.int32 else "FP32",
+               "data": t.flatten().tolist()} for n, t in zip(names, _sample(), strict=True)]
+    with workers_server(cache_release.path, workers=1, diagnostics_dir=tmp_path / "diag") as srv:
+        for _ in range(2):
+            r = httpx.post(srv.url + "/v2/models/kv_append_cpu/infer", json={"inputs": inputs}, timeout=30.0)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["outputs"] == [] and body["parameters"]["tileship_path"] == "kernel", body
+
+
 # -- verify ---------------------------------------------------------------------------------------------
 
 def test_verify_passes_the_real_kernel_comparing_the_whole_caches(cache_release) -> None:

@@ -61,3 +61,15 @@ def test_bad_project_names_the_key(data, field):
     with pytest.raises(DeclarationError) as info:
         parse_project(data, source="t")
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("entry,example", [("kernels/myops.py", "kernels.myops"),
+                                           ("./kernels/myops.py", "kernels.myops"),
+                                           ("kernels..myops", "mypkg.kernels"), ("", "mypkg.kernels")])
+def test_an_operator_module_given_as_a_file_is_refused_with_its_module_name(entry, example):
+    """``operators = ["kernels/myops.py"]`` failed at import as ``ModuleNotFoundError: No module named
+    'kernels/myops'`` (``"./kernels/myops.py"``: a TypeError about relative imports), saying nothing of the fix."""
+    with pytest.raises(DeclarationError) as info:
+        parse_project({"model": "m", "operators": ["ok.mod", entry]}, source="t")
+    assert info.value.field == "t.operators" and f"{entry!r} is not a module name" in str(info.value)
+    assert f'e.g. "{example}"' in str(info.value.hint)

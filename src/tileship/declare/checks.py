@@ -8,9 +8,10 @@ where the fix is mechanical. It imports neither TileLang nor torch.
 from __future__ import annotations
 
 import keyword
+import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tileship.declare import sequences
 from tileship.declare.dims import SAME, DimExpr, shape_at
@@ -21,7 +22,11 @@ from tileship.errors import DeclarationError
 
 #: the largest size of a ``T.dynamic`` dim (an int32 in the generated code)
 INT32_MAX = 2**31 - 1
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+#: the longest specialization id: a release names a directory by it (255 bytes at most on common file systems,
+#: less what the build and the cache add around it)
+MAX_ID = 200
 _RESERVED = frozenset((*keyword.kwlist, "NoneType"))  # words torch's schema parser refuses as names
 
 if TYPE_CHECKING:
@@ -43,7 +48,7 @@ def _check_tensors(decl: Operator, op: str) -> None:
                 raise DeclarationError(
                     f"must be a TensorArg or ScalarArg, got {type(a).__name__}", operator=op, field=group
                 )
-            if not isinstance(a.name, str) or not _NAME.match(a.name) or a.name in _RESERVED:
+            if not isinstance(a.name, str) or not _NAME.fullmatch(a.name) or a.name in _RESERVED:
                 raise DeclarationError(f"{a.name!r} cannot name a kernel parameter or a torch schema argument",
                                        operator=op, field=group, hint="use an ASCII identifier, not a Python keyword")
             f = f"{group}.{a.name}"
@@ -54,6 +59,9 @@ def _check_tensors(decl: Operator, op: str) -> None:
                     field=f"{f}.dims",
                     hint=f'write dims=("{a.dims}",) (note the comma)',
                 )
+            if not isinstance(a.dims, tuple):
+                raise DeclarationError(f"dims must be a tuple of dim names, got {type(a.dims).__name__}", operator=op,
+                                       field=f"{f}.dims", hint=f'e.g. TensorArg("{a.name}", ("M", "N"))')
             if a.dtype != SAME and a.dtype not in DTYPES:
                 raise DeclarationError(
                     f"unknown dtype {a.dtype!r} (known: same, {', '.join(DTYPES)})",
@@ -82,6 +90,41 @@ def _check_tensors(decl: Operator, op: str) -> None:
                     )
 
 
+def _check_name(name: object) -> None:
+    """An operator name is an identifier starting with a letter, that torch's schema parser takes as an op name."""
+    if not isinstance(name, str):
+        raise DeclarationError(f"must be a str, got {type(name).__name__} {name!r:.60}", operator="<unnamed>",
+                               field="name", hint='name the operator with an identifier, e.g. name="my_op"')
+    if not _OP_NAME.fullmatch(name):
+        raise DeclarationError(f"must be an identifier, got {name!r:.80}", operator="<unnamed>", field="name",
+                               hint="ASCII letters, digits and _, starting with a letter")
+    if name in _RESERVED:
+        raise DeclarationError(f"{name!r} is a Python keyword, which torch's schema parser refuses as an op name",
+                               operator=name, field="name", hint=f'rename it, e.g. name="{name.lower()}_op"')
+
+
+def _check_ids(decl: Operator, op: str) -> None:
+    """Each shape and range once; every specialization id short enough to name the release's directory for it."""
+    from tileship.declare.specialization import Specialization
+
+    seen: dict[tuple[tuple[str, Any], ...], str] = {}
+    points: list[tuple[str, tuple[tuple[str, Any], ...]]]
+    points = [(f"ranges[{i}]", (*r.fixed.items(), (r.dim, (r.min, r.max)))) for i, r in enumerate(decl.ranges)]
+    points += [(f"shapes[{i}]", tuple(s.items())) for i, s in enumerate(decl.shapes)]
+    for where, items in points:
+        dims = dict(items)
+        key: tuple[tuple[str, Any], ...] = tuple((d, dims[d]) for d in decl.dims)
+        if key in seen:
+            raise DeclarationError(f"repeats {seen[key]}: the build would compile one specialization twice into the "
+                                   "same directory", operator=op, field=where, hint="declare each shape once")
+        seen[key] = where
+        longest = max((Specialization(op, dt, key, t).id for dt in decl.dtypes for t in decl.targets), key=len)
+        if len(longest) > MAX_ID:
+            raise DeclarationError(f"the specialization id {longest[:40]}... is {len(longest)} characters, over "
+                                   f"{MAX_ID}: a release names a directory by it", operator=op, field=where,
+                                   hint="shorten the operator name or its dim names")
+
+
 def _check_exact(decl: Operator, op: str, sizes: Mapping[str, int], where: str) -> None:
     for a in decl.inputs + decl.outputs:
         try:
@@ -98,9 +141,8 @@ def _check_exact(decl: Operator, op: str, sizes: Mapping[str, int], where: str) 
 
 def check_operator(decl: Operator) -> None:
     """Raise DeclarationError naming the first bad field of ``decl``; return None when valid."""
-    op = decl.name or "<unnamed>"
-    if not decl.name or not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", decl.name):
-        raise DeclarationError("must be an identifier", operator=op, field="name")
+    _check_name(decl.name)
+    op = decl.name
     sequences.check(decl, op)  # first: everything below iterates and concatenates them
     from tileship.declare.factory import resolve
 
@@ -188,6 +230,7 @@ def check_operator(decl: Operator) -> None:
                         hint=f"declare static shapes=[...] for {r.dim}, "
                         "or make the dynamic dim one that is not divided",
                     )
+    _check_ids(decl, op)
     _check_mutates(decl, op)
     compared = [a.name for a in decl.outputs] + list(decl.mutates)
     for key, tol in decl.tolerances.items():
@@ -202,6 +245,12 @@ def check_operator(decl: Operator) -> None:
             raise DeclarationError(
                 f"must be a Tolerance(atol, rtol), got {type(tol).__name__}", operator=op, field=f"tolerances.{key}"
             )
+        for part in ("atol", "rtol"):
+            v = getattr(tol, part)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise DeclarationError(f"{part} must be a finite number >= 0, got {v!r}", operator=op,
+                                       field=f"tolerances.{key}.{part}",
+                                       hint="a negative or NaN tolerance fails every kernel, however exact")
     names = [a.name for a in decl.inputs]
     check_arity(decl.reference, names, op, "reference",
                  f"the reference takes the inputs in declaration order, like a call: def ref({', '.join(names)}): ...")

@@ -14,21 +14,30 @@ from tileship.errors import DeclarationError, TileshipError
 
 
 def infer_outputs(op: Operator) -> Operator:
-    """``op`` with ``outputs`` filled from its traced kernel. Raises DeclarationError (field
-    ``outputs``) when the kernel has no ``T.empty`` outputs or a size cannot be told apart."""
+    """``op`` with ``outputs`` filled from its traced kernel, at the first declared shape (static ones first) that
+    the factory takes. Raises DeclarationError (field ``outputs``) when it takes none, when the kernel has no
+    ``T.empty`` outputs or when a size cannot be told apart."""
     from tileship.declare.factory import kernel_out_idx, trace
 
     specs = expand(op)
-    spec = next((s for s in specs if s.dynamic_dim is None), specs[0])
-    try:
-        func = trace(op, spec)
-    except TileshipError:
-        raise
-    except Exception as exc:  # the user's factory failed: say so as a declaration problem
-        raise DeclarationError(f"tracing the factory at {spec.shape_key} to read its T.empty outputs failed: "
-                               f"{type(exc).__name__}: {exc}",
+    # static shapes first; a shape the factory refuses (it asserts on a size) fails only its own build
+    order = [s for s in specs if s.dynamic_dim is None] + [s for s in specs if s.dynamic_dim is not None]
+    failed: list[tuple[Specialization, Exception]] = []
+    for spec in order:
+        try:
+            func = trace(op, spec)
+            break
+        except TileshipError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the user's factory failed here: try the next shape
+            failed.append((spec, exc))
+    else:  # no shape traces: say so as a declaration problem
+        at, first = failed[0]
+        raise DeclarationError(f"tracing the factory at {at.shape_key} to read its T.empty outputs failed: "
+                               f"{type(first).__name__}: {first}" + (f" (and at every other of the {len(order)} "
+                                                                     "shapes)" if len(order) > 1 else ""),
                                operator=op.name, field="outputs",
-                               hint="declare outputs=(TensorArg(...), ...) explicitly") from exc
+                               hint="declare outputs=(TensorArg(...), ...) explicitly") from first
     idx = kernel_out_idx(func)
     if not idx:
         raise DeclarationError("is omitted but the kernel allocates no outputs with T.empty", operator=op.name,

@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import importlib
 import inspect
+import re
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ from tileship.errors import CompileForbidden, DeclarationError
 
 ROUTINGS = ("pinned", "evidence")
 DRIFT_POLICIES = ("fallback", "strict")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _KEYS = {"model", "model_version", "operators", "targets", "routing", "drift", "allow_unverified", "shapes"}
 
 
@@ -85,6 +87,13 @@ def parse_project(data: Mapping[str, Any], *, root: Path | None = None, source: 
     mods = need("operators", list)
     if not mods or not all(isinstance(m, str) for m in mods):
         raise DeclarationError("must be a non-empty list of module names", field=f"{source}.operators")
+    for m in mods:
+        if not _MODULE.fullmatch(m):
+            dotted = m.strip().removeprefix("./").removesuffix(".py").replace("/", ".").replace("\\", ".")
+            example = dotted if _MODULE.fullmatch(dotted) else "mypkg.kernels"
+            raise DeclarationError(f"{m!r} is not a module name", field=f"{source}.operators",
+                                   hint=f'name the module as Python imports it, e.g. "{example}" (from the project '
+                                   "file's directory or a directory on PYTHONPATH), not its file")
     targets = data.get("targets", ["cuda-sm90a", "c"])
     if not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
         raise DeclarationError(f"must be a list of target names (e.g. [\"cuda-sm90a\", \"c\"]), got {targets!r}",

@@ -116,12 +116,17 @@ class _Kernel:
             slots[i] = torch.empty(shape, dtype=self.params[i].torch_dtype(), device=device)
         return slots
 
-    def _dim(self, d: int | Sym, slots: list[Any]) -> int:
-        if isinstance(d, int):
-            return d
-        kind, buf, axis, scale = self.dynamic_symbolic_map[d]
-        t = slots[buf]
-        return int(t.shape[axis]) if kind == 0 else int(t.stride(axis)) * scale
+    def _dim(self, d: int | Sym | sig.Expr, slots: list[Any]) -> int:
+        """A dim's size in this call: fixed, read from the tensor that binds its symbol, or computed from
+        those (an output declared ``(M, N * 2)``). ValueError for a symbol no input binds."""
+        def symbol(s: Sym) -> int:
+            if s not in self.dynamic_symbolic_map:
+                raise ValueError(f"the kernel's dim {s.name} is bound by no input tensor")
+            kind, buf, axis, scale = self.dynamic_symbolic_map[s]
+            t = slots[buf]
+            return int(t.shape[axis]) if kind == 0 else int(t.stride(axis)) * scale
+
+        return sig.dim_value(d, symbol)
 
     def _check(self, i: int, p: sig.Param, t: Any) -> None:
         if t.dtype != p.torch_dtype():

@@ -14,6 +14,7 @@ Python package, or TileLang's, would bring their compilers into the serving proc
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,14 +35,51 @@ class Sym:
         return self.name
 
 
+#: TIR's integer arithmetic, as a kernel's shape may be written (``(M, N * 2)``, ``(N, K // 8)``)
+_ARITH: dict[str, Callable[[int, int], int]] = {
+    "tirx.Add": lambda a, b: a + b, "tirx.Sub": lambda a, b: a - b, "tirx.Mul": lambda a, b: a * b,
+    "tirx.FloorDiv": lambda a, b: a // b, "tirx.FloorMod": lambda a, b: a % b,
+    "tirx.Div": lambda a, b: int(a / b), "tirx.Mod": lambda a, b: a - b * int(a / b),
+    "tirx.Min": min, "tirx.Max": max}
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A dim computed from symbolic dims (an output ``(M, N * 2)``): ``op`` a TIR node type of ``_ARITH``,
+    ``"tirx.Cast"`` (one operand), or one this reader does not know (``evaluate`` raises ValueError)."""
+
+    op: str
+    args: tuple[int | Sym | Expr, ...]
+
+    def evaluate(self, values: Any) -> int:
+        """Its value given ``values(sym) -> int`` for each symbolic dim; ValueError for an unknown ``op``."""
+        vals = [dim_value(a, values) for a in self.args]
+        if self.op == "tirx.Cast" and len(vals) == 1:
+            return vals[0]
+        if self.op not in _ARITH or len(vals) != 2:
+            raise ValueError(f"a shape computed by {self.op} with {len(vals)} operands")
+        return int(_ARITH[self.op](*vals))
+
+    def __str__(self) -> str:
+        return f"{self.op.removeprefix('tirx.')}({', '.join(map(str, self.args))})"
+
+
+def dim_value(d: Any, values: Any) -> int:
+    """The size of a shape entry (an int, a ``Sym`` read by ``values(sym) -> int``, an ``Expr``).
+    ValueError for anything else: a node of the kernel's graph this reader does not know."""
+    if isinstance(d, bool) or not isinstance(d, (int, Sym, Expr)):
+        raise ValueError(f"a shape entry tileship cannot evaluate: {d!r:.200}")
+    return d if isinstance(d, int) else int(values(d)) if isinstance(d, Sym) else d.evaluate(values)
+
+
 @dataclass(frozen=True)
 class Param:
     """One kernel parameter: a buffer (``shape`` not None) or a by-value scalar."""
 
     name: str
     dtype: str
-    shape: tuple[int | Sym, ...] | None
-    strides: tuple[int | Sym, ...] = ()
+    shape: tuple[int | Sym | Expr, ...] | None
+    strides: tuple[int | Sym | Expr, ...] = ()
 
     @property
     def is_scalar(self) -> bool:
@@ -103,6 +141,10 @@ class _Graph:
             return data["value"]
         if kind in ("tirx.Var", "tirx.SizeVar"):
             return Sym(i, self.value(data["name"]), data["dtype"])
+        if kind in _ARITH:
+            return Expr(kind, (self.value(data["a"]), self.value(data["b"])))
+        if kind == "tirx.Cast":
+            return Expr(kind, (self.value(data["value"]),))
         if kind in ("ffi.Array", "ffi.Shape"):
             return [self.value(j) for j in data]
         if kind == "ffi.Map":
@@ -164,4 +206,4 @@ def _bits(dtype: str) -> int:
     return int(digits) if digits else 8
 
 
-__all__ = ["CALLEE_ALLOCATED_OUTPUTS", "Param", "Signature", "Sym", "read", "torch_dtype"]
+__all__ = ["CALLEE_ALLOCATED_OUTPUTS", "Expr", "Param", "dim_value", "Signature", "Sym", "read", "torch_dtype"]

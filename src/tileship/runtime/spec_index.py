@@ -13,7 +13,10 @@ from typing import Any
 
 from tileship.declare.dims import shape_at
 from tileship.release.tuning import NOT_SELECTED
-from tileship.runtime.decision import REFERENCE, Decision, Entry, OpShape
+from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape
+
+#: reasons a static specialization has no kernel at all: a ``T.dynamic`` range that covers its shape serves it
+NO_ARTIFACT = ("build_failed", "load_failed")
 
 
 class SpecIndex:
@@ -50,10 +53,28 @@ class SpecIndex:
 
     def match(self, args: Sequence[Any], bound: Mapping[str, int]) -> Entry:
         """The entry serving tensors ``args`` whose base dims are ``bound``; a reference entry
-        with its reason when none does."""
+        with its reason when none does. A static shape whose kernel failed to build or load is served by
+        a range's kernel that covers it, when one does (else its own reason stands)."""
         exact = self._exact.get((args[0].device.type, *(a.dtype for a in args), *(tuple(a.shape) for a in args)))
-        if exact is not None:
+        if exact is not None and (exact.kernel is not None or exact.decision.reason not in NO_ARTIFACT):
             return exact
+        covering = self._in_range(args, bound)
+        if exact is not None:  # a static shape whose kernel never built or loaded: a range's kernel may serve it
+            if covering is not None and covering.kernel is not None and covering.decision.path == KERNEL:
+                return covering
+            return exact
+        if covering is not None:
+            return covering
+        dev = args[0].device.type
+        if dev not in self._devices:
+            return Entry(None, None, Decision(REFERENCE, self.device_reasons.get(dev, "device_not_covered")))
+        if tuple(a.dtype for a in args) not in self._dtypes:
+            return Entry(None, None, Decision(REFERENCE, "undeclared_dtype"))
+        return Entry(None, None, Decision(REFERENCE, "undeclared_shape"))
+
+    def _in_range(self, args: Sequence[Any], bound: Mapping[str, int]) -> Entry | None:
+        """The entry of the ``T.dynamic`` range covering the call (a range whose tuned size rule declines the
+        size: a reference entry saying so); None when no range covers it."""
         dev = args[0].device.type
         dts = tuple(a.dtype for a in args)
         refused: Entry | None = None
@@ -64,10 +85,4 @@ class SpecIndex:
                     return e
                 if refused is None or refused.decision.reason == NOT_SELECTED:  # the size rule's own reason wins
                     refused = Entry(e.spec, None, Decision(REFERENCE, why, e.decision.spec_id), detail=e.detail)
-        if refused is not None:  # every kernel of this range declined this size (another candidate may not have)
-            return refused
-        if dev not in self._devices:
-            return Entry(None, None, Decision(REFERENCE, self.device_reasons.get(dev, "device_not_covered")))
-        if dts not in self._dtypes:
-            return Entry(None, None, Decision(REFERENCE, "undeclared_dtype"))
-        return Entry(None, None, Decision(REFERENCE, "undeclared_shape"))
+        return refused  # every kernel of this range declined this size (another candidate may not have), or None

@@ -30,6 +30,7 @@ from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
 from tileship.serve import call_plan, extensions, handoff, protocol, remote, shm_requests, validate
+from tileship.serve.answer import outputs_of
 from tileship.serve.canary_stats import DeviceSpan, Timed, op_seconds
 from tileship.serve.validate import BadRequest
 
@@ -290,18 +291,17 @@ def _execute(service: Service, served: Served, name: str, plan: call_plan.CallPl
     try:
         out, decision = runner.call(*tensors, span=span) if span.on else runner.call(*tensors)
         t.append(time.perf_counter())
-        # None: an operator that only updates inputs in place (``mutates``); it answers with no outputs
-        outs = () if out is None else out if isinstance(out, (tuple, list)) else (out,)
+        out_names = [n for n, _ in rel.declarations[name]["outputs"]]
+        outs = outputs_of(name, out, len(out_names))  # () for an operator that only updates inputs in place
         if device != "cpu":
             import torch
 
             torch.cuda.current_stream().synchronize()
             span.note(plan.spans)
         t.append(time.perf_counter())
-        out_names = [n for n, _ in rel.declarations[name]["outputs"]]
         on_device = getattr(encode, "device_outputs", ())  # bound for CUDA shared memory: no trip to the host
         host = [o if n in on_device else _own(o.detach().cpu(), tensors)
-                for n, o in zip(out_names, outs, strict=False)]
+                for n, o in zip(out_names, outs, strict=True)]
     except CallError as exc:
         raise BadRequest(400, exc.message) from None
     except Exception as exc:

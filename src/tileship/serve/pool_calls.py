@@ -326,7 +326,9 @@ class PoolCalls:
         try:
             if "ok" not in reply:
                 if reply["status"] == 500:
-                    raise WorkerError(f"worker {w.pid}: {reply['error']}", hint=reply.get("traceback"))
+                    err = WorkerError(f"worker {w.pid}: {reply['error']}")  # its traceback: logged, never sent
+                    err.add_note(f"the worker's traceback:\n{reply.get('traceback') or '(none)'}")
+                    raise err
                 raise BadRequest(int(reply["status"]), reply["error"])
             outs = [w.buf.view(d, copy=True) for d in reply["outs"]]
         finally:

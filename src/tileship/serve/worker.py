@@ -31,6 +31,7 @@ from typing import Any
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.serve import worker_wire as wire
+from tileship.serve.answer import outputs_of
 
 EXIT_FATAL = 3
 
@@ -70,7 +71,7 @@ def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
         args = [a.to(device) if hasattr(a, "to") else a for a in args]
     try:
         out, decision = runner.call(*args)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
+        outs = outputs_of(name, out, len(served.release.declarations[name]["outputs"]))
         if device != "cpu":
             import torch
 

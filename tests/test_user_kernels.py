@@ -1,0 +1,100 @@
+"""A user's own CPU kernels (``tests/user_ops.py``) through build -> load -> call -> verify: shapes of kernels
+the catalog does not have, each checked on the real "c"-target build."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("tilelang")
+
+import user_ops  # noqa: E402
+
+from tileship.build.builder import BuildOptions, build  # noqa: E402
+from tileship.declare.project import Project, load_operators  # noqa: E402
+from tileship.errors import DeclarationError  # noqa: E402
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def user_build(tmp_path_factory):
+    proj = Project(model="user", model_version="1", operator_modules=("user_ops",), targets=("c",), root=TESTS)
+    res = build(proj, load_operators(proj), tmp_path_factory.mktemp("user"), BuildOptions(jobs=2))
+    assert sorted((r.spec.id, r.error) for r in res.failed) == [
+        ("interleave.float32.rows4_n_cols6.c", "ValueError: a static n_cols must be a multiple of 4, got 6"),
+        ("numpy_answer.float32.N8.c", "NotImplementedError: no kernel yet")]
+    return res
+
+
+def test_an_output_sized_by_an_expression_of_a_dynamic_dim_is_allocated_called_and_verified(user_build):
+    """``y: T.Tensor((rows, n_cols * 2))`` under ``T.dynamic`` n_cols: the kernel's own output shape is a TIR
+    expression. The loaded kernel allocated it by looking the expression up as a symbol (``TypeError: unhashable
+    type: 'dict'``): every call with the scalar argument (the path through the kernel object) failed, and verify
+    failed the kernel at every point, so the reference served a correct kernel."""
+    from tileship.runtime.loader import load
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
+
+    rel = load(user_build.path)
+    for n in (1, 7, 8, 512):
+        x = torch.randn(4, n)
+        y, d = rel.op("interleave").call(x, 0.5)
+        assert (d.path, d.reason) == ("kernel", "kernel") and torch.equal(y, user_ops.interleave_ref(x, 0.5)), (n, d)
+    report = verify(user_build.path, VerifyOptions(timing=False), write=False)
+    assert [v.failure for v in report.verdicts] == [None], [v.failure for v in report.verdicts]
+
+
+def test_a_static_shape_that_failed_to_build_is_served_by_the_range_that_covers_it(user_build):
+    """``shapes=({"rows": 4, "n_cols": 6},)`` failed to build, the range n_cols 1..512 built: a call at n_cols=6
+    was answered by the reference (``build_failed``) while 5 and 7 ran the range's kernel."""
+    from tileship.runtime.loader import load
+
+    rel = load(user_build.path)
+    for n in (5, 6, 7):
+        x = torch.randn(4, n)
+        y, d = rel.op("interleave").call(x, 2.0)
+        assert (d.path, d.reason, d.spec_id) == ("kernel", "kernel", "interleave.float32.rows4_n_cols1-512.c"), (n, d)
+        assert torch.equal(y, user_ops.interleave_ref(x, 2.0))
+        assert torch.equal(rel.op("interleave")(x, 2.0), y)  # the compiled table's row agrees
+
+
+def test_a_reference_answering_no_tensor_is_a_500_naming_it_and_the_worker_lives_on(user_build, tmp_path):
+    """``serve --workers 1``: a reference that returns a NumPy array killed the worker copying it out (and then
+    the standby, on the retry): 503 ``worker failure``, then ``no worker is ready``. A worker's 500 also carried
+    its Python traceback to the client (in the error's hint)."""
+    import httpx
+    from test_serve_workers import workers_server
+
+    body = {"inputs": [{"name": "a", "datatype": "FP32", "shape": [8], "data": list(range(8))}]}
+    with workers_server(user_build.path, workers=1, diagnostics_dir=tmp_path / "diag") as srv:
+        pid = httpx.get(srv.url + "/v2/health/ready", timeout=10).json()["workers"]["serving"]
+        for _ in range(2):
+            r = httpx.post(srv.url + "/v2/models/numpy_answer/infer", json=body, timeout=30.0)
+            assert r.status_code == 500, r.text
+            assert "numpy_answer.reference: the call answered ndarray; the operator declares 1 output" in r.text
+            assert "Traceback" not in r.text and "worker.py" not in r.text, r.text
+        x = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4, 3], "data": list(range(12))},
+                        {"name": "s", "datatype": "FP32", "shape": [1], "data": [2.0]}]}
+        r = httpx.post(srv.url + "/v2/models/interleave/infer", json=x, timeout=30.0)
+        assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [4, 6], r.text
+        assert httpx.get(srv.url + "/v2/health/ready", timeout=10).json()["workers"]["serving"] == pid
+
+
+def test_outputs_are_read_from_a_shape_the_factory_takes_when_the_first_it_refuses():
+    """Outputs omitted (a ``T.empty`` kernel) and the first declared shape one the factory refuses (N=100 > 64):
+    the outputs were read from that shape alone, so its ValueError refused the whole operator and no shape built.
+    It now fails only that specialization's build; the outputs are read from N=32."""
+    from tileship.declare.outputs import infer_outputs
+    from tileship.declare.spec import Operator, TensorArg
+
+    op = Operator(name="rs", factory=user_ops.row_sum_small, reference=user_ops.row_sum_ref,
+                  inputs=(TensorArg("X", ("M", "N")),), dtypes=("float32",), targets=("c",),
+                  shapes=({"M": 4, "N": 100}, {"M": 4, "N": 32}))
+    assert infer_outputs(op).outputs == (TensorArg("S", ("M",)),)
+    with pytest.raises(DeclarationError) as info:  # no shape it takes: still refused, naming the first failure
+        infer_outputs(dataclasses.replace(op, shapes=({"M": 4, "N": 100}, {"M": 4, "N": 200})))
+    assert info.value.field == "outputs" and "at M4_N100" in str(info.value) and "N=100 is over 64" in str(info.value)

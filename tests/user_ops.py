@@ -1,0 +1,90 @@
+"""Kernels a user writes for the CPU ("c") target, declared as the docs say, that no other test module has:
+an output whose shape the kernel computes from a ``T.dynamic`` dim (``(rows, n_cols * 2)``) beside a
+scalar argument, and a static shape the factory refuses inside a range that builds.
+``tests/test_user_kernels.py`` builds, loads, calls and verifies them."""
+
+import tilelang
+import tilelang.language as T
+import torch
+
+from tileship import DynamicRange, Operator, ScalarArg, TensorArg
+
+
+def interleave_scaled(rows, n_cols, dtype="float32"):
+    """y[r, 2j] = x[r, j], y[r, 2j + 1] = x[r, j] * s: the output is twice as wide as the input. Refuses a static
+    ``n_cols`` that is not a multiple of 4 (as a tiled kernel asserts on its shapes): that specialization fails."""
+    if isinstance(n_cols, int) and n_cols % 4:
+        raise ValueError(f"a static n_cols must be a multiple of 4, got {n_cols}")
+
+    @T.prim_func
+    def main(x: T.Tensor((rows, n_cols), dtype), s: T.float32, y: T.Tensor((rows, n_cols * 2), dtype)):
+        with T.Kernel(rows) as r:
+            for j in T.serial(n_cols):
+                y[r, 2 * j] = x[r, j]
+                y[r, 2 * j + 1] = x[r, j] * T.cast(s, dtype)
+
+    return main
+
+
+def interleave_ref(x, s):
+    return torch.stack([x, x * s], dim=-1).reshape(x.shape[0], -1)
+
+
+interleave = Operator(
+    name="interleave",
+    factory=interleave_scaled,
+    reference=interleave_ref,
+    inputs=(TensorArg("x", ("rows", "n_cols")), ScalarArg("s", dtype="float32")),
+    outputs=(TensorArg("y", ("rows", "n_cols*2")),),
+    dtypes=("float32",),
+    targets=("c",),
+    ranges=(DynamicRange("n_cols", 1, 512, {"rows": 4}),),
+    shapes=({"rows": 4, "n_cols": 6},),     # fails to build; the range covers it
+)
+
+
+def not_built(N, dtype="float32"):
+    """A factory that builds nothing (every specialization fails): the reference serves each call."""
+    raise NotImplementedError("no kernel yet")
+
+
+def numpy_reference(a):
+    """A reference that answers a NumPy array instead of a tensor (a user's mistake)."""
+    return (a * 2).numpy()
+
+
+numpy_answer = Operator(
+    name="numpy_answer",
+    factory=not_built,
+    reference=numpy_reference,
+    inputs=(TensorArg("a", ("N",)),),
+    outputs=(TensorArg("b", ("N",)),),
+    dtypes=("float32",),
+    targets=("c",),
+    shapes=({"N": 8},),
+)
+
+
+@tilelang.jit
+def row_sum_small(M, N, dtype="float32"):
+    """S = X.sum(1) into a ``T.empty`` output; refuses a static N over 64 (a shape the kernel does not take).
+    Not declared here: ``tests/test_user_kernels.py`` declares it without ``outputs=``."""
+    if isinstance(N, int) and N > 64:
+        raise ValueError(f"N={N} is over 64")
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), dtype)):
+        S = T.empty((M,), dtype)
+        with T.Kernel(M) as row:
+            acc = T.alloc_local((1,), dtype)
+            acc[0] = 0.0
+            for j in T.serial(N):
+                acc[0] += X[row, j]
+            S[row] = acc[0]
+        return S
+
+    return main
+
+
+def row_sum_ref(x):
+    return x.sum(-1)

@@ -26,7 +26,9 @@ echo "serve: rc=$? $(( SECONDS - t0 )) s"
 # 3. (on the CPU machine --block 20 measured a larger hop than one block a round; which does the host show?)
 t2=$SECONDS
 rel=$(tail -1 /tmp/gpu_serve/build_cpu.log 2>/dev/null)
-if [ -n "$rel" ] && [ -d "$rel" ]; then
+if [ -n "${SKIP_BLOCK20:-}" ]; then
+  echo "block20: SKIPPED (SKIP_BLOCK20)"
+elif [ -n "$rel" ] && [ -d "$rel" ]; then
   . benchmarks/gpu_env.sh "$out/block20_nvidia-smi.csv"
   export PYTHONPATH=/tmp/serve:$PYTHONPATH
   timeout 100 python3 benchmarks/serve_workers.py --release "$rel" --rounds 10 --per-round 200 --kills 0 --block 20 \

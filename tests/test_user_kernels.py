@@ -4,6 +4,7 @@ the catalog does not have, each checked on the real "c"-target build."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,9 @@ def user_build(tmp_path_factory):
     res = build(proj, load_operators(proj), tmp_path_factory.mktemp("user"), BuildOptions(jobs=2))
     assert sorted((r.spec.id, r.error) for r in res.failed) == [
         ("interleave.float32.rows4_n_cols6.c", "ValueError: a static n_cols must be a multiple of 4, got 6"),
-        ("numpy_answer.float32.N8.c", "NotImplementedError: no kernel yet")]
+        ("numpy_answer.float32.N8.c", "NotImplementedError: no kernel yet"),
+        ("wrong_dtype.float32.N8.c", "NotImplementedError: no kernel yet"),
+        ("wrong_shape.float32.N8.c", "NotImplementedError: no kernel yet")]
     return res
 
 
@@ -82,6 +85,37 @@ def test_a_reference_answering_no_tensor_is_a_500_naming_it_and_the_worker_lives
         r = httpx.post(srv.url + "/v2/models/interleave/infer", json=x, timeout=30.0)
         assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [4, 6], r.text
         assert httpx.get(srv.url + "/v2/health/ready", timeout=10).json()["workers"]["serving"] == pid
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_reference_answering_another_dtype_or_shape_than_declared_is_a_500_naming_it(user_build, workers):
+    """A reference that answers float64 where float32 is declared, or one element short: the server sent it
+    as it came, a response unlike the model's own metadata (FP64, or shape [7] where [8] is declared). It is a
+    500 naming the output, what it is and what is declared, in process and from a worker alike; the server
+    goes on serving."""
+    import httpx
+    from test_serve_workers import workers_server
+
+    from tileship.serve import BackgroundServer, ServeConfig
+
+    body = {"inputs": [{"name": "a", "datatype": "FP32", "shape": [8], "data": list(range(8))}]}
+    in_process = BackgroundServer(ServeConfig(source=user_build.path))
+    ctx = workers_server(user_build.path, workers=1) if workers else in_process
+    with ctx as srv:
+        deadline = time.monotonic() + 60  # in process the release loads after the socket listens
+        while httpx.get(srv.url + "/v2/health/ready", timeout=10).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        meta = httpx.get(srv.url + "/v2/models/wrong_dtype", timeout=10).json()
+        assert (meta["outputs"][0]["datatype"], meta["outputs"][0]["shape"]) == ("FP32", [8]), meta
+        for model, got in (("wrong_dtype", "float64 [8]"), ("wrong_shape", "float32 [7]")):
+            r = httpx.post(srv.url + f"/v2/models/{model}/infer", json=body, timeout=30.0)
+            assert r.status_code == 500, r.text
+            assert f"output 'b' of the call is {got}; the operator declares it float32 [8]" in r.text, r.text
+            assert "Traceback" not in r.text
+        x = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [4, 3], "data": list(range(12))},
+                        {"name": "s", "datatype": "FP32", "shape": [1], "data": [2.0]}]}
+        r = httpx.post(srv.url + "/v2/models/interleave/infer", json=x, timeout=30.0)
+        assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [4, 6], r.text
 
 
 def test_outputs_are_read_from_a_shape_the_factory_takes_when_the_first_it_refuses():

@@ -3,6 +3,8 @@ an output whose shape the kernel computes from a ``T.dynamic`` dim (``(rows, n_c
 scalar argument, and a static shape the factory refuses inside a range that builds.
 ``tests/test_user_kernels.py`` builds, loads, calls and verifies them."""
 
+import dataclasses
+
 import tilelang
 import tilelang.language as T
 import torch
@@ -63,6 +65,20 @@ numpy_answer = Operator(
     targets=("c",),
     shapes=({"N": 8},),
 )
+
+
+def float64_reference(a):
+    """A reference that answers float64 where float32 is declared (a user's mistake)."""
+    return a.double() * 2
+
+
+def short_reference(a):
+    """A reference that answers one element short of the declared shape (a user's mistake)."""
+    return a[:-1] * 2
+
+
+wrong_dtype = dataclasses.replace(numpy_answer, name="wrong_dtype", reference=float64_reference)
+wrong_shape = dataclasses.replace(numpy_answer, name="wrong_shape", reference=short_reference)
 
 
 @tilelang.jit

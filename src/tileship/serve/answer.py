@@ -8,9 +8,12 @@ which the server answers as a 500 with that message, in the front-end and in a w
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tileship.declare.specialization import tensor_dtypes
 from tileship.errors import DeclarationError
+from tileship.serve.validate import output_shape
 
 
 def outputs_of(name: str, out: Any, n_outputs: int) -> tuple[Any, ...]:
@@ -28,4 +31,22 @@ def outputs_of(name: str, out: Any, n_outputs: int) -> tuple[Any, ...]:
     return outs
 
 
-__all__ = ["outputs_of"]
+def check_declared(name: str, outs: Sequence[Any], decl: Mapping[str, Any], dtype: str,
+                   dims: Mapping[str, int]) -> None:
+    """Raises DeclarationError (field ``reference``) when an output of operator ``name``'s call is not of the dtype
+    and shape its declaration ``decl`` gives it for the call's ``dtype`` (the operator dtype, torch name) and ``dims``:
+    the response would otherwise carry a tensor unlike the model's metadata. A dim the call cannot tell (an
+    expression of a dim that no input sets) is not checked. The kernel path allocates outputs as declared, so what
+    this finds is a reference's answer."""
+    declared = decl.get("outputs", ())
+    for (out_name, ds, *_), want, o in zip(declared, tensor_dtypes(decl, "outputs", dtype), outs, strict=True):
+        got = str(o.dtype).removeprefix("torch.")
+        shape = output_shape(ds, dims)
+        if got != want or (shape is not None and list(o.shape) != shape):
+            raise DeclarationError(
+                f"output {out_name!r} of the call is {got} {list(o.shape)}; the operator declares it "
+                f"{want} {shape if shape is not None else list(ds)} for this call", operator=name, field="reference",
+                hint="make the reference return its outputs in the declared dtypes and shapes, as the kernel does")
+
+
+__all__ = ["check_declared", "outputs_of"]

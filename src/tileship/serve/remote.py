@@ -23,6 +23,7 @@ from typing import Any
 
 from tileship.runtime.dispatch import Decision
 from tileship.serve import call_plan, protocol
+from tileship.serve.answer import check_declared
 from tileship.serve.encoding import ITEMSIZE
 from tileship.serve.validate import BadRequest
 from tileship.serve.workers import Raw
@@ -73,6 +74,7 @@ def _encode(served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | N
 
     rel = served.release
     out_names = [n for n, _ in rel.declarations[name]["outputs"]]
+    check_declared(name, outs, rel.declarations[name], plan.dtype, plan.dims)
     outputs = [(n, outs[out_names.index(n)], binary) for n, binary in plan.outputs]
     return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=parameters(served, decision),
                   outputs=outputs, allow_nonfinite=plan.allow_nonfinite)

@@ -37,16 +37,37 @@ def check_declared(name: str, outs: Sequence[Any], decl: Mapping[str, Any], dtyp
     and shape its declaration ``decl`` gives it for the call's ``dtype`` (the operator dtype, torch name) and ``dims``:
     the response would otherwise carry a tensor unlike the model's metadata. A dim the call cannot tell (an
     expression of a dim that no input sets) is not checked. The kernel path allocates outputs as declared, so what
-    this finds is a reference's answer."""
-    declared = decl.get("outputs", ())
-    for (out_name, ds, *_), want, o in zip(declared, tensor_dtypes(decl, "outputs", dtype), outs, strict=True):
-        got = str(o.dtype).removeprefix("torch.")
-        shape = output_shape(ds, dims)
-        if got != want or (shape is not None and list(o.shape) != shape):
+    this finds is a reference's answer. What is declared is worked out once per (declaration, dtype, dims)."""
+    key = (id(decl), dtype, *dims.items())
+    kept = _DECLARED.get(key)
+    if kept is None or kept[0] is not decl:  # not yet, or another declaration at a reused address
+        if len(_DECLARED) >= 1024:
+            _DECLARED.clear()
+        kept = _DECLARED[key] = (decl, _declared(decl, dtype, dims))
+    for (out_name, want, shape, ds), o in zip(kept[1], outs, strict=True):
+        if o.dtype is not want or (shape is not None and o.shape != shape):
+            got = str(o.dtype).removeprefix("torch.")
             raise DeclarationError(
                 f"output {out_name!r} of the call is {got} {list(o.shape)}; the operator declares it "
-                f"{want} {shape if shape is not None else list(ds)} for this call", operator=name, field="reference",
+                f"{str(want).removeprefix('torch.')} {list(shape) if shape is not None else list(ds)} for this call",
+                operator=name, field="reference",
                 hint="make the reference return its outputs in the declared dtypes and shapes, as the kernel does")
+
+
+#: (id(declaration), dtype, *dims) -> (the declaration, ``_declared``'s answer), for ``check_declared``
+_DECLARED: dict[tuple[Any, ...], tuple[Mapping[str, Any], list[tuple[str, Any, tuple[int, ...] | None, Any]]]] = {}
+
+
+def _declared(decl: Mapping[str, Any], dtype: str,
+              dims: Mapping[str, int]) -> list[tuple[str, Any, tuple[int, ...] | None, Any]]:
+    """(name, torch dtype, shape or None where a dim cannot be told, declared dims) of each declared output."""
+    import torch
+
+    out = []
+    for (out_name, ds, *_), want in zip(decl.get("outputs", ()), tensor_dtypes(decl, "outputs", dtype), strict=True):
+        shape = output_shape(ds, dims)
+        out.append((out_name, getattr(torch, want), tuple(shape) if shape is not None else None, ds))
+    return out
 
 
 __all__ = ["check_declared", "outputs_of"]

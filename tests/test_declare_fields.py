@@ -127,6 +127,8 @@ REFUSED = [  # each was accepted (or raised a TypeError) before it was refused h
      "atol must be a finite number >= 0, got -0.0001", "fails every kernel"),
     ("rtol-nan", dict(tolerances={"C": Tolerance(0.0, float("nan"))}), "tolerances.C.rtol",
      "rtol must be a finite number >= 0, got nan", "fails every kernel"),
+    ("range-fixes-its-dim", dict(ranges=(DynamicRange("N", 1, 8, {"N": 3}),)), "ranges[0].fixed.N",
+     "fixed gives N = 3, the range's own dim (1..8)", "declare N=3 as a shape"),
 ]
 
 
@@ -136,7 +138,8 @@ def test_a_field_a_release_cannot_use_is_refused_when_declared(change, field, wo
     ident but found 'None'``); ``"add\\n"`` passed the name check (``$`` matches before a trailing newline);
     ``name=5`` and ``dims=None`` raised a TypeError; a negative or NaN tolerance failed every kernel at verify; a
     250-character name failed the whole build after compiling started (``File name too long``); a shape declared
-    twice was compiled twice into one directory, concurrently."""
+    twice was compiled twice into one directory, concurrently; a range whose ``fixed`` also gave its own dim was
+    accepted, the fixed value silently ignored."""
     op = dataclasses.replace(add, **{"shapes": ({"N": 64},), **change})
     with pytest.raises(DeclarationError) as info:
         op.check()

@@ -214,6 +214,10 @@ def check_operator(decl: Operator) -> None:
         for d in r.fixed:
             if d not in dims:
                 raise DeclarationError(f"unknown dim {d!r}", operator=op, field=f"{f}.fixed.{d}")
+            if d == r.dim:
+                raise DeclarationError(f"fixed gives {d} = {r.fixed[d]!r}, the range's own dim ({r.min}..{r.max})",
+                                       operator=op, field=f"{f}.fixed.{d}",
+                                       hint=f"leave {d} out of fixed, or declare {d}={r.fixed[d]!r} as a shape")
         missing = dims - set(r.fixed) - {r.dim}
         if missing:
             raise DeclarationError(f"fixed is missing dims {sorted(missing)}", operator=op, field=f"{f}.fixed")

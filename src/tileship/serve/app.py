@@ -94,10 +94,11 @@ class Service:
         c = self.config
         if c.llama is not None:
             raise DeclarationError("--llama is not served with --workers yet", hint="drop --workers (or --llama)")
+        worker_spin_us, loop_spin_us = c.spin_us()
         options = {"trusted_keys": [str(k) for k in c.trusted_keys] if c.trusted_keys is not None else None,
                    "drift_policy": c.drift_policy, "allow_unverified": c.allow_unverified,
                    "check_finite": c.check_finite, "warmup_limit": c.warmup_limit,
-                   "warmup_threads": c.warmup_threads, "spin_us": c.spin_us()[0], "loop_spin_us": c.spin_us()[1]}
+                   "warmup_threads": c.warmup_threads, "spin_us": worker_spin_us, "loop_spin_us": loop_spin_us}
         if c.gpus:
             import torch
 

@@ -3,7 +3,8 @@
 usage: python3 benchmarks/dev/ptxas_regs.py KERNEL M,N,K "rt=4,wn=1,wk=8,unroll=1,prefetch=False" ...
 
 KERNEL is ``w4a16`` (``catalog.w4a16_mma.w4a16_gemm_mv``), ``w4a16_split``
-(``catalog.w4a16_mma_split.w4a16_gemm_mv_split``) or ``linear`` (``catalog.linear_mma.linear_mv``).
+(``catalog.w4a16_mma_split.w4a16_gemm_mv_split``), ``w4a16_wg`` (``catalog.w4a16_wgmma.w4a16_gemm_wg``)
+or ``linear`` (``catalog.linear_mma.linear_mv``).
 Each tiling is compiled by TileLang for sm_90a with nvcc (cache off) and ``-Xptxas=-v`` added to nvcc's
 command line; prints one line a tiling: registers a thread and spill stores / loads in bytes. A tiling
 that spills, or whose registers times threads a block exceed 64k, is worth leaving out of a GPU sweep.
@@ -52,10 +53,12 @@ def main() -> None:
         from tileship.catalog.w4a16_mma import w4a16_gemm_mv as make
     elif kernel == "w4a16_split":
         from tileship.catalog.w4a16_mma_split import w4a16_gemm_mv_split as make
+    elif kernel == "w4a16_wg":
+        from tileship.catalog.w4a16_wgmma import w4a16_gemm_wg as make
     elif kernel == "linear":
         from tileship.catalog.linear_mma import linear_mv as make
     else:
-        sys.exit(f"KERNEL must be w4a16, w4a16_split or linear, not {kernel!r}")
+        sys.exit(f"KERNEL must be w4a16, w4a16_split, w4a16_wg or linear, not {kernel!r}")
     tilelang.disable_cache()
     nvcc.subprocess.Popen = _Popen  # type: ignore[misc]
     M, N, K = map(int, shape.split(","))

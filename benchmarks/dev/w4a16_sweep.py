@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -249,6 +250,19 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                         if rt * unroll * (2 if pf else 1) > 8 or not 8 <= M <= 32 or 16 * rt * wn < 64:
                             continue
                         out.append(("mvc", dict(rt=rt, wn=wn, wk=wk, ks=ks, unroll=unroll, prefetch=pf)))
+    # "wg": the warpgroup-MMA kernel (``w4a16_wgmma``: weights decoded into wgmma's register operand, x in shared
+    # memory), CTAs of wk warpgroups over 64 rows, clusters of ks CTAs along K; the descriptor reading
+    # (layout, swap_fields, trans) from WG_LAYOUT, which ``wg_probe.py`` writes after checking every reading
+    if "wg" in KINDS and 1 <= M <= 32 and N % 64 == 0:
+        lay, swap, tr = (int(v) for v in os.environ.get("WG_LAYOUT", "0,0,0").split(","))
+        for wk in (1, 2, 4):
+            for ks in (1, 2, 4, 8):
+                for unroll, xd in ((1, 2), (2, 2), (4, 2), (2, 3), (2, 4)):
+                    warps = (N // 64) * ks * wk * 4
+                    if groups % (ks * wk) or (groups // (ks * wk)) % unroll or not 1024 <= warps <= 16384:
+                        continue
+                    out.append(("wg", dict(wk=wk, ks=ks, unroll=unroll, x_depth=xd, layout=lay,
+                                           swap_fields=bool(swap), trans=tr)))
     return out
 
 
@@ -262,6 +276,10 @@ def make(kind: str, M: int, N: int, K: int, dtype: str, cfg: dict[str, Any]) -> 
         from tileship.catalog import w4a16_mma_async
 
         return w4a16_mma_async.w4a16_gemm_mva(M, N, K, dtype, **cfg)
+    if kind == "wg":
+        from tileship.catalog import w4a16_wgmma
+
+        return w4a16_wgmma.w4a16_gemm_wg(M, N, K, dtype, **cfg)
     if kind == "mvc":
         return w4a16_mma_split.w4a16_gemm_mv_split(M, N, K, dtype, **cfg)
     if kind in ("mv", "mv2", "mv3", "mvk", "mv4", "mvp"):

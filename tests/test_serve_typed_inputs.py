@@ -87,3 +87,43 @@ def test_a_nonfinite_float_scalar_is_passed_as_it_is(server, s):
         np.testing.assert_array_equal(c.infer("scale", ins).as_numpy("B"), want)
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("model,inputs,words", [
+    ("half", [{"name": "X", "shape": [48], "datatype": "INT32", "data": [0.5] * 48}],
+     "input X: 'data' does not hold INT32 values (0.5 is not a whole number)"),
+    ("mul_add", [{"name": "A", "shape": [32], "datatype": "FP32", "data": A32},
+                 {"name": "s", "shape": [1], "datatype": "FP32", "data": [0.5]},
+                 {"name": "n", "shape": [1], "datatype": "INT32", "data": [1.5]}],
+     "input n: 'data' does not hold INT32 values (1.5 is not a whole number)"),
+    ("scale", [{"name": "A", "shape": [32], "datatype": "FP32", "data": A32},
+               {"name": "s", "shape": [1], "datatype": "FP32", "data": [2.0]},
+               {"name": "flag", "shape": [1], "datatype": "BOOL", "data": [2]}],
+     "input flag: 'data' does not hold BOOL values (2 is neither true nor false)"),
+    ("scale", [{"name": "A", "shape": [32], "datatype": "FP32", "data": A32},
+               {"name": "s", "shape": [1], "datatype": "FP32", "data": [2.0]},
+               {"name": "flag", "shape": [1], "datatype": "BOOL", "data": [0.5]}],
+     "input flag: 'data' does not hold BOOL values (0.5 is neither true nor false)"),
+], ids=["fraction-in-int32-tensor", "fraction-in-int32-scalar", "two-in-bool", "fraction-in-bool"])
+def test_json_data_its_datatype_cannot_hold_is_a_400(server, model, inputs, words):
+    """A JSON number an integer or BOOL input cannot hold as it is was converted anyway, by torch.tensor's rules: 0.5
+    in an INT32 tensor became 0, the int32 scalar 1.5 became 1, the BOOL 2 (or 0.5) became true; each a 200 with an
+    answer computed from other values than the client sent. Triton refuses such data too."""
+    r = _post(server, model, inputs)
+    assert r.status_code == 400 and words in r.json()["error"], r.text
+
+
+def test_json_data_an_integer_or_bool_input_holds_exactly_is_served(server):
+    """What such inputs do hold is still served: whole numbers written as floats (2.0), true/false and 0/1."""
+    r = _post(server, "mul_add", [{"name": "A", "shape": [32], "datatype": "FP32", "data": A32},
+                                  {"name": "s", "shape": [1], "datatype": "FP32", "data": [0.5]},
+                                  {"name": "n", "shape": [1], "datatype": "INT32", "data": [3.0]}])
+    assert r.status_code == 200, r.text
+    assert [o["data"][:2] for o in r.json()["outputs"]] == [[0.0, 0.5], [3.0, 4.0]]
+    r = _post(server, "half", [{"name": "X", "shape": [48], "datatype": "INT32", "data": [[4.0, -2] * 12] * 2}])
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"][:2] == [2.0, -1.0], r.text
+    for flag, scale in ((1, 2.0), (0, 1.0), (True, 2.0), (False, 1.0), (1.0, 2.0)):
+        r = _post(server, "scale", [{"name": "A", "shape": [32], "datatype": "FP32", "data": A32},
+                                    {"name": "s", "shape": [1], "datatype": "FP32", "data": [2.0]},
+                                    {"name": "flag", "shape": [1], "datatype": "BOOL", "data": [flag]}])
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"][:2] == [0.0, scale], (flag, r.text)

@@ -223,13 +223,14 @@ class BoundModel:
     def output_bytes(self, plan: tuple[protocol.InputTensor, bool]) -> dict[str, int]:
         """What the call of ``plan`` (from ``plan``) will allocate, by the server's output limit (``--max-output-mib``,
         checked before it runs): ``logits`` (batch x seq x vocab) and the forward's widest activation (batch x seq x
-        the largest of hidden, intermediate and the attention scores' heads x seq), in the model's dtype. Without it
-        a request of many short sequences was run whole: a 64 MiB body of token ids made tens of GiB."""
+        the larger of hidden and intermediate), in the model's dtype. Without it a request of many short sequences
+        was run whole: a 64 MiB body of token ids made tens of GiB. (The attention is an operator's call: its
+        scores are left to the kernel, which need not make them whole.)"""
         import torch
 
         batch, seq = plan[0].shape
         item = getattr(torch, self.spec.dtype).itemsize
-        widest = max(self.spec.hidden, self.spec.intermediate, self.spec.heads * seq)
+        widest = max(self.spec.hidden, self.spec.intermediate)
         return {OUTPUT: batch * seq * self.spec.vocab * item, "activation": batch * seq * widest * item}
 
     def run(self, inp: protocol.InputTensor) -> tuple[Any, Decision, dict[str, Any]]:

@@ -28,6 +28,7 @@ from examples.llama.serve import LlamaSpec, parse_spec
 from tileship.errors import DeclarationError
 from tileship.release import bundle
 from tileship.serve import ServeConfig
+from tileship.serve.validate import RequestLimits
 
 SEED = 3
 
@@ -135,6 +136,28 @@ def test_bad_input_is_400_naming_the_problem(llama_server, ids, kw, words):
     finally:
         c.close()
     assert e.value.status() == "400" and words in e.value.message(), e.value.message()
+
+
+def test_a_call_past_the_output_limit_is_413_before_it_runs(swap_release_build, tmp_path):  # noqa: F811
+    """The whole model's call counts against --max-output-mib as an operator's does: its logits and its widest
+    activation (tiny: intermediate 1536 floats a token), checked before it runs. It used to run whatever batch came:
+    a 64 MiB body of token ids is 8M tokens, tens of GiB of activations, and the process was killed for memory."""
+    spec = parse_spec(str(spec_file(tmp_path)))
+    cfg = ServeConfig(source=swap_release_build.path, diagnostics_dir=tmp_path / "diag", log_stream=io.StringIO(),
+                      llama=spec, limits=RequestLimits(max_output_bytes=1 << 20))
+    with serving(cfg) as srv:
+        c = client(srv)
+        try:
+            with pytest.raises(InferenceServerException) as e:
+                ask(c, np.zeros((3, 64), np.int64))  # 192 tokens x 1536 x 4 bytes: past 1 MiB
+            assert e.value.status() == "413", e.value.message()
+            assert ("model llama: this call would produce 1228800 bytes of outputs (logits=49152, activation=1179648)"
+                    in e.value.message())
+            assert ask(c, np.zeros((2, 64), np.int64)).as_numpy("logits").shape == (2, 64, spec.vocab)
+        finally:
+            c.close()
+        calls = [json.loads(x) for x in srv.service.config.log_stream.getvalue().splitlines()]
+        assert [x["status"] for x in calls if x.get("event") == "infer"] == [413, 200]
 
 
 def test_reload_rebinds_the_model_and_a_release_it_cannot_swap_onto_keeps_the_old(swap_release_build,  # noqa: F811

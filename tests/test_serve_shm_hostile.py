@@ -3,6 +3,7 @@ on the code before its fix (see the commit that added it)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -79,3 +80,31 @@ def test_past_the_region_limit_grpc_says_resource_exhausted_and_rest_400(grpc_se
         gc.unregister_system_shared_memory()
         gc.close()
         hc.close()
+
+
+def test_an_input_read_in_several_parts_is_read_whole(grpc_server, monkeypatch):
+    """A read of a region may return fewer bytes than asked for without the file having shrunk: Linux returns at
+    most 2 GiB - 4 KiB per read, so an input window over 2 GiB always came back short. The server took any short
+    read for a truncated file and answered 400 `shrank ... register it again` to a request that was right. Here
+    each read is capped at 1000 bytes (what the kernel does past 2 GiB): the inputs are read whole, in parts."""
+    import numpy as np
+    import tritonclient.http as th
+
+    real = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: real(fd, [memoryview(buffers[0])[:1000]], offset))
+    tag = uuid.uuid4().hex[:12]
+    key = f"/tileship_test_{tag}"
+    h = shm.create_shared_memory_region(f"r_{tag}", key, 8192)
+    a, b = np.arange(1024, dtype=np.float32), np.full(1024, 0.5, dtype=np.float32)
+    shm.set_shared_memory_region(h, [a, b])
+    c = th.InferenceServerClient(grpc_server.url.removeprefix("http://"))
+    try:
+        c.register_system_shared_memory("parts", key, 8192)
+        ins = [th.InferInput("A", [1024], "FP32"), th.InferInput("B", [1024], "FP32")]
+        ins[0].set_shared_memory("parts", 4096)
+        ins[1].set_shared_memory("parts", 4096, offset=4096)
+        np.testing.assert_array_equal(c.infer("add", ins).as_numpy("C"), a + b)
+    finally:
+        c.unregister_system_shared_memory()
+        c.close()
+        shm.destroy_shared_memory_region(h)

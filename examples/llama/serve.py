@@ -19,7 +19,8 @@ request (thread-local), so counts are exact with several worker threads.
 
 Not part of the wheel: ``tileship serve`` imports this module through ``tileship.extras`` only
 when ``--llama`` is given. What the server uses: ``parse_spec``, ``LlamaHost(spec).bind``, and
-the ``BoundModel`` it returns (``plan``, ``run``, ``metadata``, ``device``, ``spec.name``, ``output``).
+the ``BoundModel`` it returns (``plan``, ``output_bytes``, ``run``, ``metadata``, ``device``, ``spec.name``,
+``output``).
 """
 
 from __future__ import annotations
@@ -218,6 +219,19 @@ class BoundModel:
                 raise BadRequest(400, f"unknown output {name!r}: model {m} produces {OUTPUT}")
             binary = req.binary_output if b is None else b
         return inp, binary
+
+    def output_bytes(self, plan: tuple[protocol.InputTensor, bool]) -> dict[str, int]:
+        """What the call of ``plan`` (from ``plan``) will allocate, by the server's output limit (``--max-output-mib``,
+        checked before it runs): ``logits`` (batch x seq x vocab) and the forward's widest activation (batch x seq x
+        the larger of hidden and intermediate), in the model's dtype. Without it a request of many short sequences
+        was run whole: a 64 MiB body of token ids made tens of GiB. (The attention is an operator's call: its
+        scores are left to the kernel, which need not make them whole.)"""
+        import torch
+
+        batch, seq = plan[0].shape
+        item = getattr(torch, self.spec.dtype).itemsize
+        widest = max(self.spec.hidden, self.spec.intermediate)
+        return {OUTPUT: batch * seq * self.spec.vocab * item, "activation": batch * seq * widest * item}
 
     def run(self, inp: protocol.InputTensor) -> tuple[Any, Decision, dict[str, Any]]:
         """On a worker thread: token ids -> logits (on the model's device). Raises BadRequest

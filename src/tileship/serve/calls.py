@@ -120,6 +120,7 @@ async def run(service: Service, call: Call) -> Answer:
         on_loop, inline_key = False, None
         if whole is not None:
             whole_plan = whole.plan(req)
+            validate.check_outputs(name, whole.output_bytes(whole_plan), config.limits)  # before anything runs
         else:
             decl = rel.declarations[name]
             plan = service.plans.plan(req, name, decl)  # ``call_plan.plan_call``, kept per signature

@@ -8,6 +8,10 @@ array refuses, such as a float in an INT32 input or an int out of INT8's range) 
 path as before: ``validate.flatten``, then ``torch.tensor``, with its errors. Both paths give the
 same values: an array holds FP32 as C floats (the conversion ``torch.tensor`` makes) and FP16/BF16
 as doubles, converted by torch as ``torch.tensor`` converts them.
+
+Where ``torch.tensor`` would change a value rather than refuse it, the request is refused (400, as Triton
+refuses it): a number with a fraction in an integer input (it truncates 1.5 to 1), anything but true/false
+or 0/1 in a BOOL one (it makes 2, or 0.5, true). A whole number written as a float (``2.0``) is taken.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import array
 import math
 from typing import Any
 
-from tileship.serve.validate import BadRequest, flatten
+from tileship.serve.validate import BadRequest, flatten, short
 
 #: KServe datatype -> the array type code that holds its values exactly as torch will read them
 _CODES = {"FP32": "f", "FP64": "d", "FP16": "d", "BF16": "d", "INT8": "b", "UINT8": "B", "INT16": "h",
           "INT32": "i", "INT64": "q", "BOOL": "B", "FP8_E4M3": "d", "FP8_E5M2": "d"}
+#: integer datatypes: a value with a fraction is refused, not truncated
+_WHOLE = frozenset(("INT8", "UINT8", "INT16", "INT32", "INT64"))
 #: array type code -> the torch dtype name of its items
 _ITEM = {"f": "float32", "d": "float64", "b": "int8", "B": "uint8", "h": "int16", "i": "int32", "q": "int64"}
 
@@ -42,7 +48,28 @@ def values(data: Any, name: str, datatype: str, shape: list[int], max_depth: int
     if len(leaves) != count:
         raise BadRequest(400, f"byte size mismatch: input {name} has shape {shape} ({count} elements) but 'data' "
                               f"holds {len(leaves)}")
+    if datatype == "BOOL" or (datatype in _WHOLE and not isinstance(leaves, array.array)):
+        _check_exact(leaves, name, datatype)
     return leaves
+
+
+def _check_exact(leaves: array.array[Any] | list[Any], name: str, datatype: str) -> None:
+    """BadRequest 400 for a number ``datatype`` would hold as another value: a fraction in an integer input
+    (an array of an integer code holds whole numbers only), anything but 0/1 in a BOOL one. Values that are no
+    numbers are left to ``to_torch``, which refuses them."""
+    if datatype == "BOOL":
+        if isinstance(leaves, array.array):  # code "B": 0..255
+            bad = next((x for x in leaves if x > 1), None) if leaves and max(leaves) > 1 else None
+        else:
+            bad = next((x for x in leaves if isinstance(x, (int, float)) and x != 0 and x != 1), None)
+        if bad is not None:
+            raise BadRequest(400, f"wrong dtype: input {name}: 'data' does not hold BOOL values ({short(bad)} is "
+                                  "neither true nor false)")
+        return
+    bad = next((x for x in leaves if type(x) is float and not x.is_integer()), None)
+    if bad is not None:
+        raise BadRequest(400, f"wrong dtype: input {name}: 'data' does not hold {datatype} values ({short(bad)} is "
+                              "not a whole number)")
 
 
 def to_torch(leaves: array.array[Any] | list[Any], dtype: Any) -> Any:

@@ -179,9 +179,12 @@ class Region(Window):
         with self._lock:
             start = self._start(ref, where)
             buf = bytearray(ref.byte_size) if into is None else into
-            got = os.preadv(self.fd, [buf], start)
-            if got != ref.byte_size:  # the file is shorter than at registration
-                raise self._shrunk(ref, where)
+            mv, done = memoryview(buf).cast("B"), 0
+            while done < ref.byte_size:  # a read may stop short (Linux: at most 2 GiB - 4 KiB each)
+                got = os.preadv(self.fd, [mv[done:]], start + done)
+                if not got:  # the end of the file, before the window's: it is shorter than at registration
+                    raise self._shrunk(ref, where)
+                done += got
             return buf
 
     def write(self, ref: Ref, data: Any, where: str) -> None:

@@ -66,7 +66,7 @@ def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
     if runner is None:
         return {"id": msg["id"], "status": 404, "error": f"this worker's release does not serve {name!r}"}
     device = served.devices[name]
-    args = [a["value"] if "value" in a else buf.view(a) for a in msg["args"]]
+    args = [buf.view(a) if "off" in a else wire.scalar_value(a) for a in msg["args"]]
     if device != "cpu":
         args = [a.to(device) if hasattr(a, "to") else a for a in args]
     try:

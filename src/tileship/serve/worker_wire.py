@@ -17,7 +17,8 @@ Front-end -> worker:
     {"op": "stop"}                        exit 0 (so does end-of-file on the socket)
 
     Arg: {"off": o, "shape": [...], "dtype": "float32"} (a tensor at buffer offset o, 64-aligned)
-         or {"value": 1.5} (a ScalarArg, passed as a Python number)
+         or {"value": 1.5} (a ScalarArg, passed as a Python number; a NaN or +-Infinity, which JSON
+         cannot carry, as {"float": "nan"}: ``scalar`` / ``scalar_value``)
 
 Worker -> front-end:
 
@@ -37,6 +38,7 @@ thread, or the event loop for small calls: ``Reader.poll``), so the buffer needs
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import os
 import socket
@@ -71,6 +73,19 @@ def send(sock: socket.socket, msg: dict[str, Any], fd: int | None = None) -> Non
         sock.sendall(frame)
     elif socket.send_fds(sock, [frame], [fd]) != len(frame):
         raise PeerGone("a map frame went out in part")
+
+
+def scalar(value: Any) -> dict[str, Any]:
+    """A ScalarArg's descriptor: ``{"value": v}``, or ``{"float": repr(v)}`` for a NaN or +-Infinity (orjson writes
+    those as null, which reached the operator as None)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": repr(value)}
+    return {"value": value}
+
+
+def scalar_value(desc: dict[str, Any]) -> Any:
+    """The number a ``scalar`` descriptor carries."""
+    return float(desc["float"]) if "float" in desc else desc["value"]
 
 
 def set_timeout(sock: socket.socket, seconds: float | None) -> None:

@@ -235,7 +235,7 @@ class Worker:
                 descs.append(self.buf.put(off, a))
                 off = wire.align(off + n)
             else:
-                descs.append({"value": a})
+                descs.append(wire.scalar(a))
         self.seq += 1
         self._timeout(timeout_s)
         try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import tileship.runtime.route as rt
+from tileship.runtime.answer import checker
 from tileship.runtime.decision import REFERENCE, Decision
 from tileship.runtime.telemetry import SAMPLE
 
@@ -42,14 +43,15 @@ class ReferencePath:
 
     def serve_reference(self, route: Route, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """``fn(*args)`` for a key ``route`` sends to the reference, counted in the key's telemetry
-        row as the reference's own calls are (one counter bump; one call in SAMPLE timed)."""
+        row as the reference's own calls are (one counter bump; one call in SAMPLE timed). Raises
+        DeclarationError (field ``reference``) when the answer is not the declared outputs (``Route.answer``)."""
         decision, row = route.ref
         if decision is not route.entry.decision:
             row = self._ref_row(route)
         if next(row.it) % SAMPLE:
-            return fn(*args)
+            return route.answer(fn(*args))
         t0 = time.perf_counter_ns()
-        res = fn(*args)
+        res = route.answer(fn(*args))
         row.timed(time.perf_counter_ns() - t0)
         return res
 
@@ -68,9 +70,10 @@ class ReferencePath:
         t0 = time.perf_counter_ns()
         res = self._ref(*args)
         ns = time.perf_counter_ns() - t0
+        self.telemetry.record(route.shape if route is not None else None, reason, ns)  # a refused answer too
+        res = route.answer(res) if route is not None else checker(self.name, self.shape.n_outputs, None)(res)
         if outs is not None:
             res = rt.fill_out(outs, res, self.name)
-        self.telemetry.record(route.shape if route is not None else None, reason, ns)
         d = entry.decision
         if d.path != REFERENCE or d.reason != reason:
             d = Decision(REFERENCE, reason, d.spec_id)

@@ -104,3 +104,54 @@ def row_sum_small(M, N, dtype="float32"):
 
 def row_sum_ref(x):
     return x.sum(-1)
+
+
+# What the CPU "c" target cannot compile (``tileship.declare.c_target``): each such specialization fails alone,
+# named with its reason, the others build and the reference serves its calls.
+def doubled(N, dtype="float32"):
+    @T.prim_func
+    def main(A: T.Tensor((N,), dtype), C: T.Tensor((N,), dtype)):
+        with T.Kernel(1):
+            for i in T.serial(N):
+                C[i] = A[i] + A[i]
+
+    return main
+
+
+def doubled_ref(a):
+    return a + a
+
+
+def positive(N, dtype="float32"):
+    @T.prim_func
+    def main(A: T.Tensor((N,), dtype), P: T.Tensor((N,), "bool")):
+        with T.Kernel(1):
+            for i in T.serial(N):
+                P[i] = A[i] > T.cast(0, dtype)
+
+    return main
+
+
+def positive_ref(a):
+    return a > 0
+
+
+def keyword_named(N, dtype="float32"):
+    @T.prim_func
+    def main(int: T.Tensor((N,), dtype), default: T.Tensor((N,), dtype)):  # noqa: A002 (the point of the test)
+        with T.Kernel(1):
+            for i in T.serial(N):
+                default[i] = int[i] + int[i]
+
+    return main
+
+
+twice_bf16 = Operator(name="twice_bf16", factory=doubled, reference=doubled_ref, inputs=(TensorArg("A", ("N",)),),
+                      outputs=(TensorArg("C", ("N",)),), dtypes=("float32", "bfloat16"), targets=("c",),
+                      shapes=({"N": 8},))
+is_positive = Operator(name="is_positive", factory=positive, reference=positive_ref, inputs=(TensorArg("A", ("N",)),),
+                       outputs=(TensorArg("P", ("N",), dtype="bool"),), dtypes=("float32",), targets=("c",),
+                       shapes=({"N": 8},))
+keywords = Operator(name="keywords", factory=keyword_named, reference=doubled_ref,
+                    inputs=(TensorArg("int", ("N",)),), outputs=(TensorArg("default", ("N",)),), dtypes=("float32",),
+                    targets=("c",), shapes=({"N": 8},))

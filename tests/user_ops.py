@@ -5,9 +5,9 @@ scalar argument, and a static shape the factory refuses inside a range that buil
 
 import dataclasses
 
-import tilelang
 import tilelang.language as T
 import torch
+from declaring_kernels import row_sum, row_sum_ref  # noqa: F401 (row_sum_ref: the tests' reference of row_sum_small)
 
 from tileship import DynamicRange, Operator, ScalarArg, TensorArg
 
@@ -81,29 +81,13 @@ wrong_dtype = dataclasses.replace(numpy_answer, name="wrong_dtype", reference=fl
 wrong_shape = dataclasses.replace(numpy_answer, name="wrong_shape", reference=short_reference)
 
 
-@tilelang.jit
 def row_sum_small(M, N, dtype="float32"):
-    """S = X.sum(1) into a ``T.empty`` output; refuses a static N over 64 (a shape the kernel does not take).
-    Not declared here: ``tests/test_user_kernels.py`` declares it without ``outputs=``."""
+    """The guide's ``row_sum`` (``tests/declaring_kernels.py``: S = X.sum(1) into a ``T.empty`` output) as a plain
+    factory that refuses a static N over 64 (a shape the kernel does not take). Not declared here:
+    ``tests/test_user_kernels.py`` declares it without ``outputs=``."""
     if isinstance(N, int) and N > 64:
         raise ValueError(f"N={N} is over 64")
-
-    @T.prim_func
-    def main(X: T.Tensor((M, N), dtype)):
-        S = T.empty((M,), dtype)
-        with T.Kernel(M) as row:
-            acc = T.alloc_local((1,), dtype)
-            acc[0] = 0.0
-            for j in T.serial(N):
-                acc[0] += X[row, j]
-            S[row] = acc[0]
-        return S
-
-    return main
-
-
-def row_sum_ref(x):
-    return x.sum(-1)
+    return row_sum.get_tir(M, N, dtype)
 
 
 # What the CPU "c" target cannot compile (``tileship.declare.c_target``): each such specialization fails alone,

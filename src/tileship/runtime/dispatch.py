@@ -269,7 +269,7 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         if kernel is None:
             d = entry.decision
             if outs is None and d.path == REFERENCE:  # as ``__call__`` serves it (one counter bump)
-                return self.serve_reference(route, self._ref, args), d
+                return route.answer(self.serve_reference(route, self._ref, args)), d
             return self._reference(args, entry.decision.reason, entry, outs, route)
         fast = kernel is route.kernel
         why = rt.layout_reason(tensors)

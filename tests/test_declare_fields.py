@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tileship.build.builder import BuildOptions, build
-from tileship.catalog.cpu import add
+from tileship.catalog.cpu import add, rmsnorm_cpu
 from tileship.declare.project import Project
 from tileship.declare.spec import DynamicRange, TensorArg, Tolerance, describe, expand
 from tileship.errors import DeclarationError
@@ -139,6 +139,18 @@ def test_a_shape_past_what_int32_indexing_reaches_is_refused_naming_it(name, cha
     assert info.value.operator == "add" and info.value.field == field, str(info.value)
     assert message in str(info.value) and "int32" in str(info.value.hint), str(info.value)
     dataclasses.replace(add, shapes=({"N": 2**31 - 1},), ranges=()).check()  # the largest is still declared
+
+
+@pytest.mark.parametrize("value", [0, -4, True, 2.5, "64", None], ids=["0", "-4", "True", "2.5", "str", "None"])
+def test_a_range_fixed_size_that_is_not_a_positive_int_is_refused_naming_it(value):
+    """A static shape's dims had to be positive ints; a range's ``fixed`` ones were not checked: 0, -4, True, 2.5
+    and "64" were accepted (a string never matched a call's int, so the range served nothing), None raised a bare
+    TypeError from int()."""
+    op = dataclasses.replace(rmsnorm_cpu, shapes=(), ranges=(DynamicRange("M", 1, 8, {"N": value}),))
+    with pytest.raises(DeclarationError) as info:
+        op.check()
+    assert info.value.field == "ranges[0].fixed.N" and "must be a positive int, got" in str(info.value), info.value
+    dataclasses.replace(op, ranges=(DynamicRange("M", 1, 8, {"N": 64}),)).check()
 
 
 REFUSED = [  # each was accepted (or raised a TypeError) before it was refused here

@@ -218,6 +218,9 @@ def check_operator(decl: Operator) -> None:
                 raise DeclarationError(f"fixed gives {d} = {r.fixed[d]!r}, the range's own dim ({r.min}..{r.max})",
                                        operator=op, field=f"{f}.fixed.{d}",
                                        hint=f"leave {d} out of fixed, or declare {d}={r.fixed[d]!r} as a shape")
+            v = r.fixed[d]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:  # as a static shape's dims are
+                raise DeclarationError(f"must be a positive int, got {v!r:.60}", operator=op, field=f"{f}.fixed.{d}")
         missing = dims - set(r.fixed) - {r.dim}
         if missing:
             raise DeclarationError(f"fixed is missing dims {sorted(missing)}", operator=op, field=f"{f}.fixed")

@@ -96,3 +96,14 @@ def test_an_answer_as_declared_is_returned_as_it_came():
     assert OpRunner(ONE, lambda x: x * 2, [])(x.double()).dtype == torch.float64
     unknown = OpShape("scale", (("X", ("M", "N")),), 1)  # outputs not declared: only the count and type
     assert OpRunner(unknown, lambda x: x.t(), [])(x).shape == (8, 4)
+
+
+def test_inputs_of_the_operator_dtype_that_disagree_leave_the_output_dtype_to_the_reference():
+    """float32 and float64 where both are "same" (``undeclared_dtype``: the reference serves): torch promotes, and
+    nothing declares which one the output has; its shape is still held (a row short is refused)."""
+    shape = OpShape("add", (("A", ("N",)), ("B", ("N",))), 1, outputs=(("C", ("N",)),), out_dtypes=("same",))
+    a, b = torch.randn(8), torch.randn(8, dtype=torch.float64)
+    y, d = OpRunner(shape, lambda a, b: a + b, []).call(a, b)
+    assert y.dtype == torch.float64 and d.path == "reference", d
+    with pytest.raises(DeclarationError, match=r"output 'C' of the call is float64 \[7\]"):
+        OpRunner(shape, lambda a, b: (a + b)[1:], [])(a, b)

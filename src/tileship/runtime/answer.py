@@ -17,11 +17,15 @@ Every error is a ``DeclarationError`` with ``field="reference"`` naming the oper
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tileship.errors import DeclarationError
 
-#: per declared output: (name, torch dtype, shape for the call or None where a dim cannot be told, declared dims)
+if TYPE_CHECKING:
+    from tileship.runtime.decision import OpShape
+
+#: per declared output: (name, torch dtype or None where the call leaves it open, shape for the call or None
+#: where a dim cannot be told, declared dims)
 Declared = tuple[tuple[str, Any, tuple[int, ...] | None, Sequence[Any]], ...]
 
 
@@ -51,13 +55,15 @@ def _want(n_outputs: int) -> str:
 
 def check_outputs(name: str, outs: Sequence[Any], declared: Declared) -> None:
     """Raises DeclarationError (field ``reference``) when an output of operator ``name``'s call (``outs``, from
-    ``outputs_of``) is not of the dtype and shape ``declared`` for the call (a shape of None is not checked)."""
+    ``outputs_of``) is not of the dtype and shape ``declared`` for the call (a dtype or shape of None is not
+    checked)."""
     for (out_name, want, shape, ds), o in zip(declared, outs, strict=True):
-        if o.dtype is not want or (shape is not None and o.shape != shape):
+        if (want is not None and o.dtype is not want) or (shape is not None and o.shape != shape):
             got = str(o.dtype).removeprefix("torch.")
+            kind = str(want or o.dtype).removeprefix("torch.")  # None: the call's inputs leave the dtype open
             raise DeclarationError(
                 f"output {out_name!r} of the call is {got} {list(o.shape)}; the operator declares it "
-                f"{str(want).removeprefix('torch.')} {list(shape) if shape is not None else list(ds)} for this call",
+                f"{kind} {list(shape) if shape is not None else list(ds)} for this call",
                 operator=name, field="reference",
                 hint="make the reference return its outputs in the declared dtypes and shapes, as the kernel does")
 
@@ -89,6 +95,18 @@ def checker(name: str, n_outputs: int, declared: Declared | None) -> Callable[[A
         return one
     dtypes = tuple(dtype for _, dtype, _, _ in declared)
     shapes = tuple(shape for _, _, shape, _ in declared)
+    if n_outputs == 2:  # unrolled: the loop below costs twice as much
+        (d0, d1), (s0, s1) = dtypes, shapes
+
+        def two(res: Any) -> Any:
+            if type(res) is tuple and len(res) == 2:
+                o0, o1 = res
+                if type(o0) is tensor and type(o1) is tensor and o0.dtype is d0 and o1.dtype is d1 \
+                        and o0.shape == s0 and o1.shape == s1:
+                    return res
+            return full(res)
+
+        return two
 
     def several(res: Any) -> Any:  # a tuple: ``ReferencePath._ref`` makes a list one
         if type(res) is tuple and len(res) == n_outputs:
@@ -102,13 +120,17 @@ def checker(name: str, n_outputs: int, declared: Declared | None) -> Callable[[A
     return several
 
 
-def key_checker(name: str, n_outputs: int, outputs: Sequence[tuple[str, Sequence[Any]]],
-                outs: Sequence[tuple[tuple[int, ...], Any]] | None) -> Callable[[Any], Any]:
-    """``checker`` for a memo key whose declared ``outputs`` (name, dims) have the (shape, torch dtype) ``outs`` at
-    the key (``runtime.route.expected_outputs``; None where not known)."""
-    known = outs is not None and len(outputs) == len(outs) == n_outputs
-    declared = tuple((n, dt, tuple(shape), ds) for (n, ds), (shape, dt) in zip(outputs, outs or (), strict=False))
-    return checker(name, n_outputs, declared if known else None)
+def key_checker(shape: OpShape, outs: Sequence[tuple[tuple[int, ...], Any]] | None, tensors: Sequence[Any],
+                same: Sequence[bool]) -> Callable[[Any], Any]:
+    """``checker`` for a memo key of the operator ``shape`` whose declared outputs have the (shape, torch dtype)
+    ``outs`` at the key (``runtime.route.expected_outputs``; None where not known). Where the call's ``tensors`` of
+    the operator dtype (``same``) disagree (float32 and float64: ``undeclared_dtype``, the reference serves),
+    nothing declares the outputs' dtypes (torch promotes): only their shapes are held."""
+    mixed = len({t.dtype for t, s in zip(tensors, same, strict=False) if s}) > 1
+    known = outs is not None and len(shape.outputs) == len(outs) == shape.n_outputs
+    declared = tuple((n, None if mixed else dt, tuple(size), ds)
+                     for (n, ds), (size, dt) in zip(shape.outputs, outs or (), strict=False))
+    return checker(shape.name, shape.n_outputs, declared if known else None)
 
 
 __all__ = ["Declared", "check_outputs", "checker", "key_checker", "outputs_of"]

@@ -621,7 +621,7 @@ reduce_sum = Operator(name="reduce_sum", factory=_make_kernel_2d, reference=redu
                       outputs=(TensorArg("B", ("M",)),), dtypes=("float32",), targets=("c",),
                       config={"op": "sum", "dim": 1, "clear": False},
                       shapes=({"M": 3, "N": 17},), ranges=(DynamicRange("M", 1, 64, {"N": 8}),))
-# int32 builds; bool is a dtype the "c" codegen refuses (bool* passed as int8_t*): reported apart, the reference serves
+# int32 builds; bool is a dtype the "c" target cannot pass (bool* for int8_t*): refused apart, the reference serves
 reduce_xor = Operator(name="reduce_xor", factory=_make_kernel_2d, reference=reduce_xor_ref,
                       inputs=(TensorArg("A", ("M", "N")), TensorArg("Init", ("M",))),
                       outputs=(TensorArg("B", ("M",)),), dtypes=("int32", "bool"), targets=("c",),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tileship.build.builder import BuildOptions, build
-from tileship.catalog.cpu import add
+from tileship.catalog.cpu import add, rmsnorm_cpu
 from tileship.declare.project import Project
 from tileship.declare.spec import DynamicRange, TensorArg, Tolerance, describe, expand
 from tileship.errors import DeclarationError
@@ -111,6 +111,46 @@ def test_a_dynamic_range_past_int32_is_refused(bound):
         op.check()
     assert info.value.field == "ranges[0].max" and "at most 2147483647" in str(info.value), str(info.value)
     dataclasses.replace(add, ranges=(DynamicRange("N", 1, 2**31 - 1),)).check()
+
+
+PAST_INT32 = [  # each was accepted, and would have built a kernel indexing at wrapped int32 offsets
+    ("dim-2^31", dict(shapes=({"N": 2**31},)), "shapes[0].N", "N=2147483648 is over 2147483647 (2**31 - 1)"),
+    ("product", dict(inputs=(TensorArg("A", ("M", "N")), TensorArg("B", ("M", "N"))),
+                     outputs=(TensorArg("C", ("M", "N")),), shapes=({"M": 65536, "N": 65536},), ranges=()),
+     "shapes[0]", "A ('M', 'N') is [65536, 65536] at M=65536, N=65536: 4294967296 elements, over 2147483647"),
+    ("derived", dict(outputs=(TensorArg("C", ("N*2",)),), shapes=({"N": 2**30},), ranges=()),
+     "shapes[0]", "C ('N*2',) is [2147483648] at N=1073741824: 2147483648 elements"),
+    ("range-at-max", dict(inputs=(TensorArg("A", ("M", "N")), TensorArg("B", ("M", "N"))),
+                          outputs=(TensorArg("C", ("M", "N")),), shapes=(),
+                          ranges=(DynamicRange("M", 1, 2**30, {"N": 4}),)),
+     "ranges[0]", "A ('M', 'N') is [1073741824, 4] at N=4, M=1073741824: 4294967296 elements"),
+    ("range-fixed", dict(inputs=(TensorArg("A", ("M", "N")), TensorArg("B", ("M", "N"))),
+                         outputs=(TensorArg("C", ("M", "N")),), shapes=(),
+                         ranges=(DynamicRange("M", 1, 8, {"N": 2**32}),)), "ranges[0].N", "N=4294967296 is over"),
+]
+
+
+@pytest.mark.parametrize("name,change,field,message", PAST_INT32, ids=[c[0] for c in PAST_INT32])
+def test_a_shape_past_what_int32_indexing_reaches_is_refused_naming_it(name, change, field, message):
+    """A static shape with N=2**31, or dims whose product is past 2**31 - 1, was accepted (only a range's bounds
+    were checked): the kernel indexes with int32, so the build made a kernel reading at wrapped offsets."""
+    with pytest.raises(DeclarationError) as info:
+        dataclasses.replace(add, **change).check()
+    assert info.value.operator == "add" and info.value.field == field, str(info.value)
+    assert message in str(info.value) and "int32" in str(info.value.hint), str(info.value)
+    dataclasses.replace(add, shapes=({"N": 2**31 - 1},), ranges=()).check()  # the largest is still declared
+
+
+@pytest.mark.parametrize("value", [0, -4, True, 2.5, "64", None], ids=["0", "-4", "True", "2.5", "str", "None"])
+def test_a_range_fixed_size_that_is_not_a_positive_int_is_refused_naming_it(value):
+    """A static shape's dims had to be positive ints; a range's ``fixed`` ones were not checked: 0, -4, True, 2.5
+    and "64" were accepted (a string never matched a call's int, so the range served nothing), None raised a bare
+    TypeError from int()."""
+    op = dataclasses.replace(rmsnorm_cpu, shapes=(), ranges=(DynamicRange("M", 1, 8, {"N": value}),))
+    with pytest.raises(DeclarationError) as info:
+        op.check()
+    assert info.value.field == "ranges[0].fixed.N" and "must be a positive int, got" in str(info.value), info.value
+    dataclasses.replace(op, ranges=(DynamicRange("M", 1, 8, {"N": 64}),)).check()
 
 
 REFUSED = [  # each was accepted (or raised a TypeError) before it was refused here

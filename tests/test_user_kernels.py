@@ -25,12 +25,45 @@ TESTS = Path(__file__).parent
 def user_build(tmp_path_factory):
     proj = Project(model="user", model_version="1", operator_modules=("user_ops",), targets=("c",), root=TESTS)
     res = build(proj, load_operators(proj), tmp_path_factory.mktemp("user"), BuildOptions(jobs=2))
-    assert sorted((r.spec.id, r.error) for r in res.failed) == [
+    assert sorted((r.spec.id, r.error) for r in res.failed if r.spec.op not in C_LIMITS) == [
         ("interleave.float32.rows4_n_cols6.c", "ValueError: a static n_cols must be a multiple of 4, got 6"),
         ("numpy_answer.float32.N8.c", "NotImplementedError: no kernel yet"),
         ("wrong_dtype.float32.N8.c", "NotImplementedError: no kernel yet"),
         ("wrong_shape.float32.N8.c", "NotImplementedError: no kernel yet")]
     return res
+
+
+#: operator -> (the specialization that cannot be built for "c", the words of its failure), ``tests/user_ops.py``
+C_LIMITS = {
+    "twice_bf16": ("twice_bf16.bfloat16.N8.c", "twice_bf16.bfloat16.N8.c: the kernel's parameter 'A' is bfloat16, "
+                                               'which the CPU "c" target cannot compile'),
+    "is_positive": ("is_positive.float32.N8.c", "is_positive.float32.N8.c: the kernel's parameter 'P' is a bool "
+                                                'tensor, which the CPU "c" target cannot pass'),
+    "keywords": ("keywords.float32.N8.c", "keywords.float32.N8.c: the kernel's parameter 'int' is named with a "
+                                          "C/C++ reserved word"),
+}
+
+
+def test_what_the_c_target_cannot_compile_fails_alone_naming_the_reason_and_the_reference_serves_it(user_build):
+    """bfloat16, a bool output and a parameter named ``int`` failed at their compile with the compiler's words
+    (``InternalError: Cannot convert type bfloat16 to C type``, ``cannot convert 'bool*' to 'int8_t*'``, ``expected
+    ',' or '...' before 'int'``), which name neither the parameter nor the target's limit. Each is now refused before
+    the compiler runs, naming the specialization, the parameter and the reason; float32 of the same operator builds,
+    and the reference serves the refused specialization's calls."""
+    from tileship.runtime.loader import load
+
+    failed = {r.spec.id: r.error for r in user_build.failed if r.spec.op in C_LIMITS}
+    assert sorted(failed) == sorted(sid for sid, _ in C_LIMITS.values()), failed
+    for sid, words in C_LIMITS.values():
+        assert "BuildError" in failed[sid] and words in failed[sid], failed[sid]
+    rel = load(user_build.path)
+    a = torch.randn(8)
+    for name, x, want in (("twice_bf16", a, ("kernel", "kernel")), ("twice_bf16", a.bfloat16(),
+                          ("reference", "build_failed")), ("is_positive", a, ("reference", "build_failed")),
+                          ("keywords", a, ("reference", "build_failed"))):
+        y, d = rel.op(name).call(x)
+        assert (d.path, d.reason) == want, (name, x.dtype, d)
+        assert torch.equal(y, x > 0 if name == "is_positive" else x + x), name
 
 
 def test_an_output_sized_by_an_expression_of_a_dynamic_dim_is_allocated_called_and_verified(user_build):
@@ -48,7 +81,8 @@ def test_an_output_sized_by_an_expression_of_a_dynamic_dim_is_allocated_called_a
         y, d = rel.op("interleave").call(x, 0.5)
         assert (d.path, d.reason) == ("kernel", "kernel") and torch.equal(y, user_ops.interleave_ref(x, 0.5)), (n, d)
     report = verify(user_build.path, VerifyOptions(timing=False), write=False)
-    assert [v.failure for v in report.verdicts] == [None], [v.failure for v in report.verdicts]
+    verdicts = {v.spec.id: v.failure for v in report.verdicts}  # the other kernel built: twice_bf16's float32
+    assert verdicts == {"interleave.float32.rows4_n_cols1-512.c": None, "twice_bf16.float32.N8.c": None}, verdicts
 
 
 def test_a_static_shape_that_failed_to_build_is_served_by_the_range_that_covers_it(user_build):
@@ -116,6 +150,31 @@ def test_a_reference_answering_another_dtype_or_shape_than_declared_is_a_500_nam
                         {"name": "s", "datatype": "FP32", "shape": [1], "data": [2.0]}]}
         r = httpx.post(srv.url + "/v2/models/interleave/infer", json=x, timeout=30.0)
         assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [4, 6], r.text
+
+
+def test_a_reference_answering_another_dtype_shape_or_type_is_refused_in_process(user_build):
+    """``release.op(name)(...)``, ``.call`` and the torch custom op returned what the reference answered (float64
+    where float32 is declared, one element short, a NumPy array); only the server checked. Now each route, the
+    compiled table's reference row included, raises a DeclarationError naming the output, what it got and what is
+    declared."""
+    from tileship.runtime.loader import load
+    from tileship.torchops.custom_ops import register
+
+    rel = load(user_build.path)
+    ops = register(rel)
+    a = torch.arange(8.0)
+    for model, words in (("wrong_dtype", "output 'b' of the call is float64 [8]; the operator declares it float32 [8]"),
+                         ("wrong_shape", "output 'b' of the call is float32 [7]; the operator declares it float32 [8]"),
+                         ("numpy_answer", "the call answered ndarray; the operator declares 1 output tensor(s)")):
+        op = rel.op(model)
+        for way in (lambda: op(a), lambda: op(a), lambda: op.call(a), lambda: op(a, out=torch.empty(8)),
+                    lambda: getattr(ops, model)(a), lambda: ops.eager(model)(a)):
+            with pytest.raises(DeclarationError) as info:
+                way()
+            assert info.value.field == "reference" and f"{model}.reference: {words}" in str(info.value)
+        assert rel.counters()[model] == {"reference:build_failed": 6}, rel.counters()[model]
+    x = torch.randn(4, 6)  # the release goes on serving
+    assert torch.equal(rel.op("interleave")(x, 2.0), user_ops.interleave_ref(x, 2.0))
 
 
 def test_outputs_are_read_from_a_shape_the_factory_takes_when_the_first_it_refuses():

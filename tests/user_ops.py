@@ -5,9 +5,9 @@ scalar argument, and a static shape the factory refuses inside a range that buil
 
 import dataclasses
 
-import tilelang
 import tilelang.language as T
 import torch
+from declaring_kernels import row_sum, row_sum_ref  # noqa: F401 (row_sum_ref: the tests' reference of row_sum_small)
 
 from tileship import DynamicRange, Operator, ScalarArg, TensorArg
 
@@ -81,26 +81,61 @@ wrong_dtype = dataclasses.replace(numpy_answer, name="wrong_dtype", reference=fl
 wrong_shape = dataclasses.replace(numpy_answer, name="wrong_shape", reference=short_reference)
 
 
-@tilelang.jit
 def row_sum_small(M, N, dtype="float32"):
-    """S = X.sum(1) into a ``T.empty`` output; refuses a static N over 64 (a shape the kernel does not take).
-    Not declared here: ``tests/test_user_kernels.py`` declares it without ``outputs=``."""
+    """The guide's ``row_sum`` (``tests/declaring_kernels.py``: S = X.sum(1) into a ``T.empty`` output) as a plain
+    factory that refuses a static N over 64 (a shape the kernel does not take). Not declared here:
+    ``tests/test_user_kernels.py`` declares it without ``outputs=``."""
     if isinstance(N, int) and N > 64:
         raise ValueError(f"N={N} is over 64")
+    return row_sum.get_tir(M, N, dtype)
 
+
+# What the CPU "c" target cannot compile (``tileship.declare.c_target``): each such specialization fails alone,
+# named with its reason, the others build and the reference serves its calls.
+def doubled(N, dtype="float32"):
     @T.prim_func
-    def main(X: T.Tensor((M, N), dtype)):
-        S = T.empty((M,), dtype)
-        with T.Kernel(M) as row:
-            acc = T.alloc_local((1,), dtype)
-            acc[0] = 0.0
-            for j in T.serial(N):
-                acc[0] += X[row, j]
-            S[row] = acc[0]
-        return S
+    def main(A: T.Tensor((N,), dtype), C: T.Tensor((N,), dtype)):
+        with T.Kernel(1):
+            for i in T.serial(N):
+                C[i] = A[i] + A[i]
 
     return main
 
 
-def row_sum_ref(x):
-    return x.sum(-1)
+def doubled_ref(a):
+    return a + a
+
+
+def positive(N, dtype="float32"):
+    @T.prim_func
+    def main(A: T.Tensor((N,), dtype), P: T.Tensor((N,), "bool")):
+        with T.Kernel(1):
+            for i in T.serial(N):
+                P[i] = A[i] > T.cast(0, dtype)
+
+    return main
+
+
+def positive_ref(a):
+    return a > 0
+
+
+def keyword_named(N, dtype="float32"):
+    @T.prim_func
+    def main(int: T.Tensor((N,), dtype), default: T.Tensor((N,), dtype)):  # noqa: A002 (the point of the test)
+        with T.Kernel(1):
+            for i in T.serial(N):
+                default[i] = int[i] + int[i]
+
+    return main
+
+
+twice_bf16 = Operator(name="twice_bf16", factory=doubled, reference=doubled_ref, inputs=(TensorArg("A", ("N",)),),
+                      outputs=(TensorArg("C", ("N",)),), dtypes=("float32", "bfloat16"), targets=("c",),
+                      shapes=({"N": 8},))
+is_positive = Operator(name="is_positive", factory=positive, reference=positive_ref, inputs=(TensorArg("A", ("N",)),),
+                       outputs=(TensorArg("P", ("N",), dtype="bool"),), dtypes=("float32",), targets=("c",),
+                       shapes=({"N": 8},))
+keywords = Operator(name="keywords", factory=keyword_named, reference=doubled_ref,
+                    inputs=(TensorArg("int", ("N",)),), outputs=(TensorArg("default", ("N",)),), dtypes=("float32",),
+                    targets=("c",), shapes=({"N": 8},))

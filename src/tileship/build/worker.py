@@ -150,7 +150,7 @@ def main(job_path: str) -> int:
         import tilelang
         from tilelang import tvm
 
-        from tileship.declare import contract
+        from tileship.declare import c_target, contract
         from tileship.declare.factory import reconcile_out_idx, resolve, trace
         from tileship.declare.spec import Specialization, Target
         from tileship.runtime.signature import CALLEE_ALLOCATED_OUTPUTS
@@ -169,6 +169,7 @@ def main(job_path: str) -> int:
         func = trace(op, spec)
         out_idx, positions = reconcile_out_idx(op, info, func)
         contract.check(op, spec, func, positions)  # the kernel's parameters against the declaration
+        c_target.check(spec, func)  # what the CPU "c" target cannot compile, said before the compiler fails on it
         (out / "func.json").write_text(_portable(tvm.ir.save_json(func)))
         pass_configs = op.compile_pass_configs()
         kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(),

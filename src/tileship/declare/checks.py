@@ -18,10 +18,9 @@ from tileship.declare.dims import SAME, DimExpr, shape_at
 from tileship.declare.factory_checks import check_factory
 from tileship.declare.importable import check_arity
 from tileship.declare.parts import DTYPES, ScalarArg, Target, TensorArg, Tolerance
+from tileship.declare.sizes import INT32_MAX, check_sizes
 from tileship.errors import DeclarationError
 
-#: the largest size of a ``T.dynamic`` dim (an int32 in the generated code)
-INT32_MAX = 2**31 - 1
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 #: the longest specialization id: a release names a directory by it (255 bytes at most on common file systems,
@@ -195,6 +194,7 @@ def check_operator(decl: Operator) -> None:
         if missing:
             raise DeclarationError(f"missing dims {sorted(missing)}", operator=op, field=f"shapes[{i}]")
         _check_exact(decl, op, shape, f"shapes[{i}]")
+        check_sizes(decl, op, shape, f"shapes[{i}]")
     for i, r in enumerate(decl.ranges):
         f = f"ranges[{i}]"
         if r.dim not in dims:
@@ -218,10 +218,14 @@ def check_operator(decl: Operator) -> None:
                 raise DeclarationError(f"fixed gives {d} = {r.fixed[d]!r}, the range's own dim ({r.min}..{r.max})",
                                        operator=op, field=f"{f}.fixed.{d}",
                                        hint=f"leave {d} out of fixed, or declare {d}={r.fixed[d]!r} as a shape")
+            v = r.fixed[d]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:  # as a static shape's dims are
+                raise DeclarationError(f"must be a positive int, got {v!r:.60}", operator=op, field=f"{f}.fixed.{d}")
         missing = dims - set(r.fixed) - {r.dim}
         if missing:
             raise DeclarationError(f"fixed is missing dims {sorted(missing)}", operator=op, field=f"{f}.fixed")
         _check_exact(decl, op, r.fixed, f"{f}.fixed")
+        check_sizes(decl, op, {**r.fixed, r.dim: r.max}, f)  # the range at its max
         for a in decl.inputs + decl.outputs:
             for d in a.dims:
                 e = DimExpr.parse(d)

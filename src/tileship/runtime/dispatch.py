@@ -47,6 +47,7 @@ import tileship.runtime.scalars as scalars
 from tileship.declare.dims import SAME, bind
 from tileship.declare.spec import Target
 from tileship.errors import CallError
+from tileship.runtime.answer import key_checker
 from tileship.runtime.breaker import Breaker, fault_args, spanned  # noqa: F401 (fault_args re-exported)
 from tileship.runtime.call_args import bind_named, not_tensor, unreadable
 from tileship.runtime.decision import KERNEL, REFERENCE, Decision, Entry, OpShape  # noqa: F401 (re-exported)
@@ -174,10 +175,10 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
             if decision is not entry.decision:  # first reference call here, or a new decision since
                 row = self._ref_row(route)
             try:
-                if next(row.it) % SAMPLE:  # the call's one counter bump (``Counter.it``)
-                    return self._ref(*args)
+                if next(row.it) % SAMPLE:  # the call's one counter bump (``Counter.it``); the answer as declared
+                    return route.answer(self._ref(*args))
                 t0 = time.perf_counter_ns()  # one call in SAMPLE is timed for telemetry
-                res = self._ref(*args)
+                res = route.answer(self._ref(*args))
             except Exception:  # arrays the compiled table took by DLPack, with a tensor's key: name them
                 if (err := not_tensor(args, self.shape.inputs, self._scalars, self.name)) is not None:
                     raise err from None
@@ -268,7 +269,7 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         if kernel is None:
             d = entry.decision
             if outs is None and d.path == REFERENCE:  # as ``__call__`` serves it (one counter bump)
-                return self.serve_reference(route, self._ref, args), d
+                return route.answer(self.serve_reference(route, self._ref, args)), d
             return self._reference(args, entry.decision.reason, entry, outs, route)
         fast = kernel is route.kernel
         why = rt.layout_reason(tensors)
@@ -331,7 +332,7 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         launcher = resolve_launcher(entry.kernel, outs, full, dev) if entry.kernel is not None else None
         if launcher is not None and launcher.fn is None:
             _log.info("%s: TileLang's adapter serves %s (%s)", self.name, entry.decision.spec_id, launcher.why)
-        route = Route(entry, outs, launcher)
+        route = Route(entry, outs, launcher, key_checker(self.shape, outs, args, self._same))
         route.shape = shape_of(args, bound, self._same)  # what telemetry records for this key
         if len(self._memo) < MEMO_LIMIT:
             self._memo[key] = route

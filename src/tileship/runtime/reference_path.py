@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import tileship.runtime.route as rt
+from tileship.runtime.answer import checker
 from tileship.runtime.decision import REFERENCE, Decision
 from tileship.runtime.telemetry import SAMPLE
 
@@ -42,7 +43,9 @@ class ReferencePath:
 
     def serve_reference(self, route: Route, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """``fn(*args)`` for a key ``route`` sends to the reference, counted in the key's telemetry
-        row as the reference's own calls are (one counter bump; one call in SAMPLE timed)."""
+        row as the reference's own calls are (one counter bump; one call in SAMPLE timed). ``fn`` may be the
+        caller's own equivalent on its own arguments (``KernelLinear``: ``F.linear`` on a 3-d ``x``): its answer
+        is not held to the operator's outputs at this key, the reference's is (``route.answer``, by the caller)."""
         decision, row = route.ref
         if decision is not route.entry.decision:
             row = self._ref_row(route)
@@ -68,9 +71,10 @@ class ReferencePath:
         t0 = time.perf_counter_ns()
         res = self._ref(*args)
         ns = time.perf_counter_ns() - t0
+        self.telemetry.record(route.shape if route is not None else None, reason, ns)  # a refused answer too
+        res = route.answer(res) if route is not None else checker(self.name, self.shape.n_outputs, None)(res)
         if outs is not None:
             res = rt.fill_out(outs, res, self.name)
-        self.telemetry.record(route.shape if route is not None else None, reason, ns)
         d = entry.decision
         if d.path != REFERENCE or d.reason != reason:
             d = Decision(REFERENCE, reason, d.spec_id)

@@ -58,11 +58,15 @@ class Route:
     swapped kernel is never bypassed)."""
 
     __slots__ = ("entry", "kernel", "launch", "outs", "launcher", "why", "writes_out", "shape", "ref", "ffi",
-                 "anchor", "c_call", "native")
+                 "anchor", "c_call", "native", "answer")
 
-    def __init__(self, entry: Entry, outs: OutSpecs | None, launcher: Launcher | None = None) -> None:
+    def __init__(self, entry: Entry, outs: OutSpecs | None, launcher: Launcher | None = None,
+                 answer: Callable[[Any], Any] | None = None) -> None:
         self.entry = entry
         self.outs = outs
+        #: ``answer(res) -> res``: the reference's answer held to what is declared at this key (``runtime.answer``;
+        #: raises DeclarationError naming the output); every reference call of the key goes through it
+        self.answer: Callable[[Any], Any] = answer if answer is not None else _as_is
         fast = launcher is not None and launcher.fn is not None
         self.kernel: Any = entry.kernel if fast else None
         self.launch: LaunchFn | None = launcher.fn if launcher is not None else None
@@ -88,6 +92,10 @@ class Route:
     def decision(self) -> Any:
         """The decision of the entry this key resolved to."""
         return self.entry.decision
+
+
+def _as_is(res: Any) -> Any:
+    return res
 
 
 def expected_outputs(outputs: Sequence[tuple[str, Sequence[str]]], dtypes: Sequence[str],

@@ -47,7 +47,8 @@ import torch
 
 from tileship.declare.dims import SAME, DimExpr
 from tileship.declare.specialization import call_dtypes
-from tileship.errors import CallError, DeclarationError, lookup
+from tileship.errors import CallError, lookup
+from tileship.runtime.answer import outputs_of
 from tileship.runtime.dispatch import OpRunner, Release
 from tileship.runtime.route import needs_grad
 
@@ -249,19 +250,12 @@ def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
             # compiled graphs assume the fake's contiguous layout; a reference (SDPA's flash
             # path, for one) may return another layout
             return out if out.is_contiguous() else out.contiguous()
-        if n_outputs == 1 or not isinstance(out, (tuple, list)) or len(out) != n_outputs:
-            raise _not_the_outputs(runner.name, n_outputs, out)
-        return tuple(o if o.is_contiguous() else o.contiguous() for o in out)
+        # the dispatcher holds a reference's answer to the declaration (``runtime.answer``); a runner without the
+        # declared outputs checks their count and type only, as this does again
+        outs = outputs_of(runner.name, out, n_outputs, strict=True)
+        return outs[0] if n_outputs == 1 else tuple(o if o.is_contiguous() else o.contiguous() for o in outs)
 
     return run
-
-
-def _not_the_outputs(name: str, n_outputs: int, out: Any) -> DeclarationError:
-    """The error for a path (in practice the reference) whose result is not the declared outputs."""
-    got = f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
-    want = "a tensor" if n_outputs == 1 else f"a tuple of {n_outputs} tensors"
-    return DeclarationError(f"the call returned {got}; the operator declares {n_outputs} output(s): {want}",
-                            operator=name, field="reference", hint=f"make the reference return {want}")
 
 
 def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outputs: tuple[tuple[str, ...], ...],

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tileship.errors import TileshipError
+from tileship.errors import BundleIntegrityError, TileshipError
 from tileship.runtime.dispatch import Release
 from tileship.serve.source import (  # noqa: F401 (re-exported)
     MANIFEST_READ_LIMIT,
@@ -165,7 +165,8 @@ class ReleaseHolder:
                                  f"written ({exc.strerror or exc})", "at": round(time.time(), 3)}
 
     def prepare(self, target: Target) -> Served:
-        """Load ``target`` (integrity, lock, no-JIT dlopen) and warm it, off to the side.
+        """Load ``target`` (integrity, lock, no-JIT dlopen) and warm it, off to the side. A release whose id is not
+        the one the registry names it by (``Target.release_id``) is refused (BundleIntegrityError), never served.
 
         Raises what the loader raises (TileshipError for a bad bundle, strict drift, a
         reference that does not import), and what ``bind_models`` raises (the whole models
@@ -174,6 +175,11 @@ class ReleaseHolder:
         """
         t0 = time.perf_counter()
         release = self._load(target.path, target.reference_only, target.evidence)
+        if target.release_id is not None and release.release_id != target.release_id:
+            raise BundleIntegrityError(
+                f"{target.path}: holds release {release.release_id}, not {target.release_id} as the registry names "
+                f"it (the copy was replaced or renamed); not served", path=str(target.path),
+                hint=f"publish release {target.release_id} again (tileship publish --replace) or activate another")
         load_s = time.perf_counter() - t0
         diag = self.after_load(release) if self.after_load else None
         devices, label = serving_devices(release)

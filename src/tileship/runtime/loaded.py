@@ -102,10 +102,15 @@ def discard_snapshot(snap: Any) -> None:
     import sys
     from pathlib import Path
 
+    from tileship.release import snapshot_dirs
+
     if snap is None:
         return
     src = str(Path(snap) / "sources")
     if src in sys.path:
         sys.path.remove(src)
     parent = Path(snap).parent
-    shutil.rmtree(parent if parent.name.startswith("tileship-snapshot-") else snap, ignore_errors=True)
+    if parent.name.startswith(snapshot_dirs.PREFIX):
+        snapshot_dirs.remove(parent)
+    else:
+        shutil.rmtree(snap, ignore_errors=True)

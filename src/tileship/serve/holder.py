@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,11 +133,22 @@ class ReleaseHolder:
         self.generation_state = generation_state
         self.pointer: Sealed | None = pointer_served.read_served(generation_state)
         self._kept = self.pointer
+        #: (release id, evidence pin) the release directory source is a registry's copy of (``follow``)
+        self.told: tuple[str, str | None] | None = None
+
+    def follow(self, path: Path, release_id: str | None, evidence: str | None) -> None:
+        """Serve ``path`` as a registry's copy of ``release_id`` with ``evidence`` pinned (a Ray fleet replica): loads
+        expect both, as when following the registry itself. ``release_id`` None: a plain release directory."""
+        self.source = Path(path)
+        self.told = (release_id, evidence) if release_id is not None else None
 
     def resolve(self) -> Target:
         """What the source names now; under activator keys, a pointer no older than ``pointer``."""
-        return resolve(self.source, force_reference=self.force_reference, activator_keys=self.activator_keys,
-                       after=self.pointer, registry_id=self.registry_id)
+        target = resolve(self.source, force_reference=self.force_reference, activator_keys=self.activator_keys,
+                         after=self.pointer, registry_id=self.registry_id)
+        if self.told is not None and target.path == self.source:
+            target = replace(target, release_id=self.told[0], evidence=self.told[1])
+        return target
 
     def unchanged(self, target: Target, rid: str | None) -> bool:
         """Whether ``target`` (release ``rid`` on disk) is what serves; then its pointer is the one serving."""

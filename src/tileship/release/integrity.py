@@ -23,13 +23,11 @@ malformed bundle.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import re
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +35,7 @@ from typing import Any
 
 from tileship import env
 from tileship.errors import BundleError, BundleIntegrityError, SignatureError
-from tileship.release import strict_json
+from tileship.release import snapshot_dirs, strict_json
 from tileship.release.inplace import leftover, pending_manifests, raise_if_replaced
 from tileship.release.nofollow import (
     DIR_FLAGS,
@@ -260,12 +258,12 @@ def _hash_copy(root_fd: int, root: Path, rel: str, want: str, copy_to: Path | No
 
 
 def snapshot(root: Path | str, *, trusted_keys: Iterable[Path] | None = None) -> Checked:
-    """``check`` with a private copy (fresh 0700 temp dir, removed at exit) that the loader reads."""
-    parent = tempfile.mkdtemp(prefix="tileship-snapshot-")
-    atexit.register(shutil.rmtree, parent, True)
+    """``check`` with a private copy (a fresh 0700 temp dir held by this process, ``snapshot_dirs``: removed at
+    exit, or by the next snapshot once this process was killed) that the loader reads."""
+    parent = snapshot_dirs.make()
     name = Path(root).name if RELEASE_DIR_RE.fullmatch(Path(root).name) else "release"
     try:
-        return check(root, trusted_keys=trusted_keys, copy_to=Path(parent) / name)
+        return check(root, trusted_keys=trusted_keys, copy_to=parent / name)
     except BaseException:
-        shutil.rmtree(parent, ignore_errors=True)
+        snapshot_dirs.remove(parent)
         raise

@@ -121,8 +121,8 @@ def release_info(rid: str, root: Path, state: dict[str, Any]) -> ReleaseInfo:
     """Published release ``rid`` at ``root`` as ``Registry.releases`` lists it, against the pointer ``state``
     (integrity re-checked: every file hashed). Raises FileNotFoundError when the copy went meanwhile."""
     try:
-        bundle.check_integrity(root)
-        ok, err = True, None
+        held = bundle.check_integrity(root)["release_id"]
+        ok, err = held == rid, None if held == rid else f"{root} holds release {held}, not {rid} (replaced or renamed)"
     except BundleError as exc:
         ok, err = False, exc.message
     status, detail = verification_status(root)

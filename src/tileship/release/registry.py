@@ -215,10 +215,13 @@ class Registry(Publishing):
         root = self._current(rid)
         hint = "fix or re-publish the release, or pass --force to activate it anyway"
         try:
-            integrity.check(root)  # load's checks, with load's key sources
+            held = integrity.check(root).release_id  # load's checks, with load's key sources
         except BundleError as exc:
             raise RegistryError(f"refusing to activate {rid}: integrity check failed: {exc.message}",
                                 hint=hint) from exc
+        if held != rid:  # a copy replaced by (or renamed from) another release: a server would serve that one
+            raise RegistryError(f"refusing to activate {rid}: integrity check failed: {root} holds release {held}, "
+                                f"not {rid} (the registry's copy was replaced or renamed)", hint=hint)
         status, detail = verification_status(root)
         if status == "unreadable" or (status == "failed" and not repin):
             raise RegistryError(f"refusing to activate {rid}: verification {status}: {detail}", hint=hint)

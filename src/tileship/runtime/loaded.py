@@ -45,18 +45,8 @@ class Release:
         """Remove the release's private snapshot (and its ``sources`` from ``sys.path``). Idempotent.
         Call it only once nothing runs on the release any more: its kernels stay mapped, but a
         reference that imports a module lazily would no longer find the shipped sources."""
-        import shutil
-        import sys
-        from pathlib import Path
-
         snap, self.snapshot = self.snapshot, None
-        if snap is None:
-            return
-        src = str(Path(snap) / "sources")
-        if src in sys.path:
-            sys.path.remove(src)
-        parent = Path(snap).parent
-        shutil.rmtree(parent if parent.name.startswith("tileship-snapshot-") else snap, ignore_errors=True)
+        discard_snapshot(snap)
 
     def __post_init__(self) -> None:
         # the declared outputs, which the fast launcher allocates and ``out=`` is checked against
@@ -103,3 +93,24 @@ class Release:
             "load_errors": dict(self.load_errors),
             "notes": list(self.notes),
         }
+
+
+def discard_snapshot(snap: Any) -> None:
+    """Remove the private snapshot ``snap`` a release was (or was being) loaded from, and its ``sources`` from
+    ``sys.path``; None does nothing."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from tileship.release import snapshot_dirs
+
+    if snap is None:
+        return
+    src = str(Path(snap) / "sources")
+    if src in sys.path:
+        sys.path.remove(src)
+    parent = Path(snap).parent
+    if parent.name.startswith(snapshot_dirs.PREFIX):
+        snapshot_dirs.remove(parent)
+    else:
+        shutil.rmtree(snap, ignore_errors=True)

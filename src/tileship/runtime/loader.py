@@ -22,10 +22,11 @@ from tileship import env
 from tileship.build.lock import capture_environment, compare, lock_digest, read_lock
 from tileship.declare.spec import Specialization, Target
 from tileship.declare.specialization import call_dtypes
-from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch
+from tileship.errors import ArtifactLoadError, BundleIntegrityError, LockMismatch, TileshipError
 from tileship.release import evidence, evidence_seal, integrity, tuning
 from tileship.runtime import native
 from tileship.runtime.dispatch import KERNEL, REFERENCE, Decision, Entry, OpRunner, OpShape, Release
+from tileship.runtime.loaded import discard_snapshot
 from tileship.runtime.references import import_references, import_sample, use_sources
 
 _log = logging.getLogger("tileship.load")
@@ -70,13 +71,48 @@ def load(path: Path | str, *, trusted_keys: Iterable[Path] | None = None, drift_
     loads nothing native: every specialization serves the reference (``disabled_by_policy``),
     the last line of defence. Every other problem
     (drift under ``fallback``, an artifact that fails to load, a device not covered) is a
-    value: the affected specializations serve the reference and say why.
+    value: the affected specializations serve the reference and say why. An error names the release's file,
+    never the private snapshot it was read from; a load that fails removes its snapshot at once.
     """
     root = Path(path)
     t0 = time.perf_counter()
     checked = integrity.snapshot(root, trusted_keys=trusted_keys)
+    try:
+        return _load_checked(root, checked, t0, drift_policy=drift_policy, allow_unverified=allow_unverified,
+                             routing=routing, forbid_compile=forbid_compile, disabled=disabled,
+                             reference_only=reference_only, allow_reference_drift=allow_reference_drift,
+                             trusted_verifier_keys=trusted_verifier_keys,
+                             expect_evidence_digest=expect_evidence_digest)
+    except BaseException as exc:
+        # a server retrying a bad release must not keep a full copy of it per attempt until it exits
+        discard_snapshot(checked.snapshot)
+        if isinstance(exc, TileshipError) and checked.snapshot is not None:
+            _name_release_files(exc, checked.snapshot, checked.root)
+        raise
+
+
+def _name_release_files(exc: TileshipError, snap: Path, root: Path) -> None:
+    """``exc`` (raised while reading the snapshot ``snap``) made to name ``root``'s files instead (in place)."""
+    old, new = str(snap), str(root)
+    if old in exc.message:
+        exc.message = exc.message.replace(old, new)
+        exc.args = (exc.message, *exc.args[1:])
+    where = getattr(exc, "path", None)
+    if isinstance(where, str) and old in where:
+        exc.path = where.replace(old, new)  # type: ignore[attr-defined]
+
+
+def _load_checked(root: Path, checked: integrity.Checked, t0: float, *, drift_policy: str | None,
+                  allow_unverified: bool | None, routing: str | None, forbid_compile: bool, disabled: Iterable[str],
+                  reference_only: bool, allow_reference_drift: bool | None,
+                  trusted_verifier_keys: Iterable[Path] | None, expect_evidence_digest: str | None) -> Release:
+    """``load`` of the release ``checked`` (its snapshot read, never the bundle again)."""
     manifest, snap = checked.manifest, checked.snapshot
     assert snap is not None
+    for required in ("release.json", "tileship.lock"):  # read next: missing is no release, not a crash or "run lock"
+        if required not in manifest["files"]:
+            raise BundleIntegrityError(f"{snap / required}: missing: every release holds one (written by "
+                                       f"`tileship build`)", path=str(snap / required), hint="rebuild the release")
     for warning in checked.warnings:
         _log.info("%s: %s", root, warning)  # also in the release's notes (status, /v2/health/ready)
     rel, groups, shapes = _described(snap / "release.json")

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tileship.errors import TileshipError
+from tileship.errors import BundleIntegrityError, TileshipError
 from tileship.runtime.dispatch import Release
 from tileship.serve.source import (  # noqa: F401 (re-exported)
     MANIFEST_READ_LIMIT,
@@ -133,11 +133,22 @@ class ReleaseHolder:
         self.generation_state = generation_state
         self.pointer: Sealed | None = pointer_served.read_served(generation_state)
         self._kept = self.pointer
+        #: (release id, evidence pin) the release directory source is a registry's copy of (``follow``)
+        self.told: tuple[str, str | None] | None = None
+
+    def follow(self, path: Path, release_id: str | None, evidence: str | None) -> None:
+        """Serve ``path`` as a registry's copy of ``release_id`` with ``evidence`` pinned (a Ray fleet replica): loads
+        expect both, as when following the registry itself. ``release_id`` None: a plain release directory."""
+        self.source = Path(path)
+        self.told = (release_id, evidence) if release_id is not None else None
 
     def resolve(self) -> Target:
         """What the source names now; under activator keys, a pointer no older than ``pointer``."""
-        return resolve(self.source, force_reference=self.force_reference, activator_keys=self.activator_keys,
-                       after=self.pointer, registry_id=self.registry_id)
+        target = resolve(self.source, force_reference=self.force_reference, activator_keys=self.activator_keys,
+                         after=self.pointer, registry_id=self.registry_id)
+        if self.told is not None and target.path == self.source:
+            target = replace(target, release_id=self.told[0], evidence=self.told[1])
+        return target
 
     def unchanged(self, target: Target, rid: str | None) -> bool:
         """Whether ``target`` (release ``rid`` on disk) is what serves; then its pointer is the one serving."""
@@ -165,7 +176,8 @@ class ReleaseHolder:
                                  f"written ({exc.strerror or exc})", "at": round(time.time(), 3)}
 
     def prepare(self, target: Target) -> Served:
-        """Load ``target`` (integrity, lock, no-JIT dlopen) and warm it, off to the side.
+        """Load ``target`` (integrity, lock, no-JIT dlopen) and warm it, off to the side. A release whose id is not
+        the one the registry names it by (``Target.release_id``) is refused (BundleIntegrityError), never served.
 
         Raises what the loader raises (TileshipError for a bad bundle, strict drift, a
         reference that does not import), and what ``bind_models`` raises (the whole models
@@ -174,6 +186,11 @@ class ReleaseHolder:
         """
         t0 = time.perf_counter()
         release = self._load(target.path, target.reference_only, target.evidence)
+        if target.release_id is not None and release.release_id != target.release_id:
+            raise BundleIntegrityError(
+                f"{target.path}: holds release {release.release_id}, not {target.release_id} as the registry names "
+                f"it (the copy was replaced or renamed); not served", path=str(target.path),
+                hint=f"publish release {target.release_id} again (tileship publish --replace) or activate another")
         load_s = time.perf_counter() - t0
         diag = self.after_load(release) if self.after_load else None
         devices, label = serving_devices(release)

@@ -123,6 +123,8 @@ class FleetController:
         self.registry_id = registry_id  # the registry id pointers must be bound to (None: its env var, else any)
         self.pointer = pointer_served.read_served(self.state)  # the pointer followed (None: none yet, or no keys)
         self.followed: str | None = None                     # the release id of that pointer
+        #: release id -> the evidence pin an accepted pointer recorded for it: what a replica loading it expects
+        self.pins: dict[str, str | None] = {}
         self.refused: PointerSignatureError | None = None     # why the last pointer read was refused (logged)
 
     async def start(self) -> str | None:
@@ -138,7 +140,8 @@ class FleetController:
 
     async def sync(self, replica: str, report: dict[str, Any]) -> dict[str, Any]:
         rid = self.plan.sync(replica, report, time.monotonic())
-        return {"release": rid, "path": str(self.registry.path_of(rid)) if rid else None}
+        return {"release": rid, "path": str(self.registry.path_of(rid)) if rid else None,
+                "evidence": self.pins.get(rid) if rid else None}
 
     async def status(self) -> dict[str, Any]:
         return self.plan.status(time.monotonic())
@@ -166,6 +169,8 @@ class FleetController:
                                following=self.followed)
             return False, self.followed
         self.refused, self.followed = None, active.release_id
+        if active.release_id is not None:
+            self.pins[active.release_id] = active.evidence
         if sealed is not None and sealed != self.pointer:
             self.pointer = sealed
             if self.state is not None:

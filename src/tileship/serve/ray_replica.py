@@ -49,6 +49,8 @@ class FleetReplica:
         source = Path(want["path"]) if want["path"] else self.config.source
         app = create_app(dataclasses.replace(self.config, source=source, generation_state=None))  # the controller's
         self.service = app.state.service
+        if want["path"]:  # the registry's copy of that release, with the evidence pinned when it was activated
+            self.service.holder.follow(source, want["release"], want.get("evidence"))
         await self.service.initial_load()  # loaded and warmed before Ray Serve routes a request here
         self.task = asyncio.create_task(self._sync_loop())
         return _Recorder(app, self._record, self.controller)
@@ -74,13 +76,13 @@ class FleetReplica:
             report = self._report()
             try:
                 want = await self.controller.sync.remote(self.id, report)
-                self._follow(want["release"], want["path"])
+                self._follow(want["release"], want["path"], want.get("evidence"))
             except Exception as exc:  # the controller restarting: keep serving what is loaded
                 self.failed.update(report["failed"])  # a load failure must reach it (samples may be lost)
                 self.service.log.event("fleet_sync_failed", "warning", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(self.poll_s)
 
-    def _follow(self, release: str | None, path: str | None) -> None:
+    def _follow(self, release: str | None, path: str | None, evidence: str | None = None) -> None:
         cur = self.service.holder.current
         if release is None or path is None or (cur is not None and cur.release_id == release):
             self.tried.clear()
@@ -88,21 +90,21 @@ class FleetReplica:
         if release in self.tried or self.loading is not None:
             return
         self.loading = release
-        task = asyncio.create_task(self._load(release, Path(path)))
+        task = asyncio.create_task(self._load(release, Path(path), evidence))
         self.service.background.add(task)
         task.add_done_callback(self.service.background.discard)
 
-    async def _load(self, release: str, path: Path) -> None:
+    async def _load(self, release: str, path: Path, evidence: str | None = None) -> None:
         holder = self.service.holder
         before = holder.current
         try:
-            holder.source = path
+            holder.follow(path, release, evidence)
             status, body = await self.service.reload(trigger="fleet")
             if status != 200:
                 self.tried.add(release)
                 self.failed[release] = f"{body.get('stage')}: {body.get('error')}"
                 if before is not None:  # a reload by hand (SIGHUP, /v2/repository/reload) re-reads what serves
-                    holder.source = before.target.path
+                    holder.follow(before.target.path, before.target.release_id, before.target.evidence)
         finally:
             self.loading = None
 

@@ -287,8 +287,10 @@ class Rollout:
                                 hint="give the canary's release directory (one holding manifest.json)")
         from tileship.release.registry import Registry
 
-        path = Registry(src).path_of(release)
-        return Target(path, False, pin(path))
+        reg = Registry(src)
+        rid = reg.resolve(release)
+        path = reg.path_of(rid)
+        return Target(path, False, pin(path), release_id=rid)
 
     def _failed(self, stage: str, error: BaseException | str) -> tuple[int, dict[str, Any]]:
         msg = error.message if isinstance(error, TileshipError) else (

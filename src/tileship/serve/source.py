@@ -32,12 +32,16 @@ class Target:
     """What a source points at now: a release directory, maybe in reference-only mode. ``evidence``:
     the evidence pin the registry recorded on activation (``Active.evidence``), which the loader
     checks; None for a release directory or a pointer written before pins (not checked). ``sealed``: the
-    registry pointer accepted under trusted activator keys (not compared: it names the state, is not it)."""
+    registry pointer accepted under trusted activator keys (not compared: it names the state, is not it).
+    ``release_id``: the id a registry names this copy by (its pointer, history or a canary's id), which the
+    release loaded must carry (``holder.prepare``: a copy holding another release is refused); None for a
+    release directory given by path (its manifest's id is used, with a warning when the name differs)."""
 
     path: Path
     reference_only: bool
     evidence: str | None = None
     sealed: Sealed | None = field(default=None, compare=False)
+    release_id: str | None = None
 
 
 def resolve(source: Path, *, force_reference: bool = False, activator_keys: Sequence[Ed25519PublicKey] = (),
@@ -56,7 +60,8 @@ def resolve(source: Path, *, force_reference: bool = False, activator_keys: Sequ
     if active.path is None:
         raise RegistryError(f"registry {source} has no active release",
                             hint="run `tileship activate ID` (or `tileship activate --reference ID`)")
-    return Target(Path(active.path), bool(active.reference_only) or force_reference, active.evidence, sealed)
+    return Target(Path(active.path), bool(active.reference_only) or force_reference, active.evidence, sealed,
+                  active.release_id)
 
 
 #: the most of a manifest ``release_id_at`` reads (a release's manifest is a few KiB)
@@ -108,4 +113,5 @@ def rollback_target(source: Path, *, force_reference: bool = False, activator_ke
     if not state["history"]:
         return None
     prev = state["history"][0]
-    return Target(reg.path_of(prev["release_id"]), bool(prev["reference_only"]) or force_reference, pin_of(prev))
+    return Target(reg.path_of(prev["release_id"]), bool(prev["reference_only"]) or force_reference, pin_of(prev),
+                  release_id=prev["release_id"])

@@ -56,7 +56,8 @@ def _load(msg: dict[str, Any]) -> Any:
 
     holder = ReleaseHolder(Path(msg["path"]), loader, warmup_limit=int(o.get("warmup_limit", 256)),
                            warmup_threads=int(o.get("warmup_threads", 1)))
-    return holder.prepare(Target(Path(msg["path"]), bool(msg["reference_only"]), msg.get("evidence")))
+    return holder.prepare(Target(Path(msg["path"]), bool(msg["reference_only"]), msg.get("evidence"),
+                                 release_id=msg.get("release_id")))
 
 
 def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:

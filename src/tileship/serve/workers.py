@@ -122,7 +122,7 @@ class Worker:
         w = cls(proc, ours, wire.Buffer.create(BUFFER_BYTES), pid=proc.pid, gpu=gpu,
                 spin_s=float(options.get("loop_spin_us", 0.0)) * 1e-6)
         wire.send(ours, {"op": "start", "path": str(target.path), "reference_only": target.reference_only,
-                         "evidence": target.evidence, "options": options})
+                         "evidence": target.evidence, "release_id": target.release_id, "options": options})
         wire.send(ours, {"op": "map", "size": w.buf.size}, fd=w.buf.fd)
         return w
 

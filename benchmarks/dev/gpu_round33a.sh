@@ -11,11 +11,11 @@ finish() { tar -C "$d" -czf "$out/wg.tgz" .; }
 trap finish EXIT
 # shellcheck source=benchmarks/gpu_env.sh
 . benchmarks/gpu_env.sh "$d/nvidia-smi.csv"
-timeout "${PROBE_TIMEOUT:-280}" python3 benchmarks/dev/wg_probe.py "$d/probe" > "$d/probe.log" 2>&1
+timeout "${PROBE_TIMEOUT:-150}" python3 benchmarks/dev/wg_probe.py "$d/probe" > "$d/probe.log" 2>&1
 echo "probe rc=$? ($SECONDS s)"; cut -c1-220 "$d/probe.log" | grep -v INFO | tail -12
 [ -f "$d/probe/wg_layout.txt" ] || { echo "no correct reading: no sweep"; exit 0; }
 export WG_LAYOUT; WG_LAYOUT=$(cat "$d/probe/wg_layout.txt")
-(cd benchmarks/dev && timeout "${SWEEP_TIMEOUT:-280}" python3 w4a16_sweep.py "$d/sweep.json" --ms "${MS:-8,32}" \
+(cd benchmarks/dev && timeout "${SWEEP_TIMEOUT:-240}" python3 w4a16_sweep.py "$d/sweep.json" --ms "${MS:-32,8}" \
   --kinds wg,catalog --ops "${OPS:-down,gate_up}" --jobs 16 > "$d/sweep.log" 2>&1)
 echo "sweep rc=$? ($SECONDS s)"; grep -E "^compiled|^copy" "$d/sweep.log"
 python3 - "$d/sweep.json" <<'PY' 2>&1 | tee "$d/summary.txt"

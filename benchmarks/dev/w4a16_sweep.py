@@ -436,9 +436,13 @@ def main() -> None:
                     row[f"catalog_us_{dt}"] = cat["us"]
             print(json.dumps({k: v for k, v in row.items() if k != "candidates"}), flush=True)
             rows.append(row)
+            write(args.out, hbm, torch, errors, rows)  # after every row: a run cut short keeps what it measured
         w = wdq = packed = None
         torch.cuda.empty_cache()
-    with open(args.out, "w") as fh:
+
+
+def write(path: str, hbm: float, torch: Any, errors: dict[str, str], rows: list[dict[str, Any]]) -> None:
+    with open(path, "w") as fh:
         json.dump(dict(script="benchmarks/dev/w4a16_sweep.py", hbm_copy_tbps=hbm / 1e12, torch=torch.__version__,
                        device=torch.cuda.get_device_name(), compile_errors=errors, rows=rows,
                        note="speedup = baseline us / kernel us (>1: kernel faster); CUDA events, 512 MiB L2 flush "

@@ -48,9 +48,9 @@ print("RESULT " + json.dumps(res))
 
 def probe(reading: str) -> dict:
     try:
-        p = subprocess.run([sys.executable, "-c", CHILD, reading], capture_output=True, text=True, timeout=240)
+        p = subprocess.run([sys.executable, "-c", CHILD, reading], capture_output=True, text=True, timeout=130)
     except subprocess.TimeoutExpired:
-        return dict(reading=reading, error="timed out after 240 s (a hang)")
+        return dict(reading=reading, error="timed out after 130 s (a hang)")
     line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         return dict(reading=reading, error=f"rc {p.returncode}: {(p.stderr or p.stdout)[-600:]}")

@@ -4,11 +4,11 @@ usage: python3 benchmarks/dev/wg_probe.py OUT_DIR
 
 Each of the 8 readings (shared layout 0/1 x the descriptor's offset fields as written or swapped x B
 transposed 0/1) runs in its own process with a timeout, so that a reading which faults (an address outside
-shared memory) or hangs costs only its own process: W4A16 at M = 32, 8 and 5 (fp16) and M = 32 (bf16) on
-N = 256, K = 2048, each with (wk, ks) = (1, 1), (2, 1) and (1, 2) (the in-CTA and the cluster reductions),
-relative L2 error against float32 x @ dequantize(W)^T. Writes ``probe.json`` (every reading's result) and
-``wg_layout.txt`` ("layout,swap,trans" of the first reading correct everywhere, for ``w4a16_sweep.py``'s
-WG_LAYOUT; absent when none is).
+shared memory) or hangs costs only its own process: W4A16 on N = 256, K = 2048 at M = 32 (fp16) with
+(wk, ks) = (1, 1), (2, 1) and (1, 2) (no reduction, the in-CTA one, the cluster one), M = 8 with (1, 2), M = 5 and
+M = 32 (bf16) with (1, 1), relative L2 error against float32 x @ dequantize(W)^T. Writes ``probe.json`` (every
+reading's result) and ``wg_layout.txt`` ("layout,swap,trans" of the first reading correct everywhere, for
+``w4a16_sweep.py``'s WG_LAYOUT; absent when none is).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ w = torch.randn(N, K, device="cuda", dtype=torch.float16) * 0.02
 qw, sc = quantize(w)
 wdq = dequantize(qw, sc).float()
 res = []
-for M, dt in ((32, "float16"), (8, "float16"), (5, "float16"), (32, "bfloat16")):
-    for wk, ks in ((1, 1), (2, 1), (1, 2)):
+for M, dt, wk, ks in ((32, "float16", 1, 1), (32, "float16", 2, 1), (32, "float16", 1, 2), (8, "float16", 1, 2),
+                      (5, "float16", 1, 1), (32, "bfloat16", 1, 1)):
+    if True:
         tdt = getattr(torch, dt)
         x = torch.randn(M, K, device="cuda", dtype=tdt)
         kern = tilelang.compile(w4a16_gemm_wg(M, N, K, dt, wk=wk, ks=ks, unroll=2, layout=lay, swap_fields=bool(swap),

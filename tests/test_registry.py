@@ -366,3 +366,22 @@ def test_drill_reports_a_release_that_fails_to_load_and_the_old_one_keeps_servin
     first = next(w["switch"] for w in report["windows"] if "switch" in w)
     assert first["status"] == 409 and first["result"] == "failed" and "no_such_reference" in first["error"]
     assert "FAILED" in (tmp_path / "report" / "drill.txt").read_text().splitlines()[0]
+
+
+def test_a_copy_that_holds_another_release_names_both_ids_and_replace_repairs_it(tmp_path: Path) -> None:
+    import shutil
+
+    src_a, a = fake_release(tmp_path, "a")
+    src_b, b = fake_release(tmp_path, "b")
+    reg = Registry(tmp_path / "reg")
+    reg.publish(src_a)
+    reg.publish(src_b)
+    shutil.rmtree(reg.releases_dir / a)
+    shutil.copytree(reg.releases_dir / b, reg.releases_dir / a)  # a's copy now holds b
+    with pytest.raises(RegistryError) as info:
+        reg.publish(src_a)
+    msg = str(info.value)
+    assert f"copy of release {a}" in msg and f"holds another release, {b}" in msg and "--replace" in msg, msg
+    assert "other evidence" not in msg, msg
+    assert reg.publish(src_a, replace=True) == a
+    assert reg.publish(src_a) == a  # the copy holds a again: publishing it once more is a no-op

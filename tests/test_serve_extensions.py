@@ -219,3 +219,25 @@ def test_unload_survives_a_hot_swap_and_stats_follow_the_version(cpu_release_bui
             assert e.value.status() == "404"
         finally:
             cl.close()
+
+
+@pytest.mark.parametrize("body,words", [
+    (b'{"parameters": {"unload_dependents": "yes"}}', "unload_dependents must be true or false, not 'yes'"),
+    (b'{"parameters": {"unload_dependents": 1}}', "unload_dependents must be true or false, not 1"),
+    (b'{"parameters": {"unload_dependents": null}}', "unload_dependents must be true or false, not None"),
+    (b'{"parameters": {"unload_dependents": false, "unload_dependents": true}}',
+     "key 'unload_dependents' appears twice in one object"),
+    (b'{"parameters": {}, "parameters": {"unload_dependents": true}}', "key 'parameters' appears twice"),
+], ids=["str", "int", "null", "key-twice", "parameters-twice"])
+def test_an_unload_body_that_is_wrong_is_a_400_naming_the_key_and_unloads_nothing(tmp_path, body, words):
+    from tests.test_serve_limits import hostile_server
+
+    with hostile_server(tmp_path) as srv:
+        r = httpx.post(srv.url + "/v2/repository/models/add/unload", content=body, timeout=30.0,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400 and words in r.json()["error"], r.text
+        assert httpx.get(srv.url + "/v2/models/add/ready", timeout=30.0).status_code == 200
+        r = httpx.post(srv.url + "/v2/repository/models/add/unload", timeout=30.0,
+                       json={"parameters": {"unload_dependents": True}})
+        assert r.status_code == 200 and r.json() == {}, r.text
+        assert httpx.get(srv.url + "/v2/models/add/ready", timeout=30.0).status_code == 503

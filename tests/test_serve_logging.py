@@ -109,8 +109,10 @@ def test_posting_back_what_was_read_changes_nothing(server, http):
     (b"[1, 2]", "must be a JSON object"),
     (b"{", "malformed JSON"),
     (b"", "malformed JSON"),
+    (b'{"log_info": false, "log_info": true}', "key 'log_info' appears twice in one object"),
+    (b'{"log_verbose_level": 1, "log_error": false, "log_verbose_level": 0}', "key 'log_verbose_level' appears twice"),
 ], ids=["unknown", "str-bool", "int-bool", "null", "bool-int", "negative", "float", "past-uint32", "huge-int",
-        "file", "format", "half-good", "array", "truncated", "empty"])
+        "file", "format", "half-good", "array", "truncated", "empty", "key-twice", "key-twice-apart"])
 def test_bad_settings_are_a_400_naming_the_field_and_change_nothing(server, http, body, words):
     r = http.post("/v2/logging", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text

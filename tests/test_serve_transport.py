@@ -71,11 +71,25 @@ _DOC = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "d
     (gzip.compress(_DOC) * 2, "gzip", 400, "bytes after its compressed stream"),
     (zlib.compress(_DOC), "gzip", 400, "not valid gzip data"),
     (_DOC, "compress", 415, "Content-Encoding 'compress' is not supported"),
-    (_DOC, "gzip, br", 415, "is not supported"),
-], ids=["gzip-bomb", "deflate-bomb", "truncated", "trailing", "deflate-as-gzip", "unknown", "a-list"])
+    (_DOC, "gzip, br", 415, "Content-Encoding 'gzip, br' names 2 codings"),
+    (_DOC, "identity, gzip", 415, "Content-Encoding 'identity, gzip' names 2 codings"),
+], ids=["gzip-bomb", "deflate-bomb", "truncated", "trailing", "deflate-as-gzip", "unknown", "a-list",
+        "identity-in-a-list"])
 def test_compressed_bodies_that_lie_get_a_4xx_naming_the_problem(server, body, encoding, status, words):
     r = _post(server, body, encoding)
     assert r.status_code == status and words in r.json()["error"], r.text
+    served_right(server)
+
+
+@pytest.mark.parametrize("fields,body", [
+    (["identity", "gzip"], _DOC), (["identity", "gzip"], gzip.compress(_DOC)), (["gzip", "identity"], _DOC),
+    (["gzip", "gzip"], gzip.compress(gzip.compress(_DOC))),
+], ids=["identity-gzip-plain", "identity-gzip-gzipped", "gzip-identity-plain", "gzip-twice"])
+def test_content_encoding_sent_twice_is_a_415_naming_both_never_decoded_by_the_first(server, fields, body):
+    headers = [("content-type", "application/json")] + [("content-encoding", f) for f in fields]
+    r = httpx.post(server.url + "/v2/models/add/infer", content=body, timeout=30, headers=headers)
+    assert r.status_code == 415, r.text
+    assert f"Content-Encoding '{', '.join(fields)}' names 2 codings" in r.json()["error"], r.text
     served_right(server)
 
 

@@ -18,6 +18,7 @@ import glob
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,11 +42,10 @@ def writing(root: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold the lock of ``root``'s in-place writers for the block. The lock file lives outside the
     release (under the temp directory, named by the release's resolved path), so the release's
     files stay exactly its manifest's; a killed holder's lock is released by the kernel. Raises
-    BundleError naming the release when another writer holds it longer than ``timeout_s``."""
+    BundleError naming the release when another writer holds it longer than ``timeout_s``, and as
+    ``lock_dir`` when no folder for the lock is safe."""
     key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
-    where = Path(tempfile.gettempdir()) / "tileship-release-locks"
-    where.mkdir(exist_ok=True)
-    lock = FileLock(str(where / f"{key}.lock"))
+    lock = FileLock(str(lock_dir() / f"{key}.lock"))
     try:
         lock.acquire(timeout=timeout_s)
     except Timeout:
@@ -55,6 +55,50 @@ def writing(root: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def lock_dir(base: Path | None = None) -> Path:
+    """The folder of the writers' lock files: ``<base>/tileship-release-locks`` (``base``: the temp directory,
+    ``tempfile.gettempdir()``, ``$TMPDIR`` first), else ``tileship-release-locks-<uid>`` when the shared one is
+    not safe: a symlink (someone else's choice of where locks go), not a directory, not this user's or not
+    writable. Each is created with mode 0o700 when absent. Raises BundleError naming both folders and what is
+    wrong with each when neither is safe."""
+    base = Path(tempfile.gettempdir()) if base is None else base
+    uid = os.getuid()
+    problems = []
+    for where in (base / "tileship-release-locks", base / f"tileship-release-locks-{uid}"):
+        problem = _unsafe(where, uid)
+        if problem is None:
+            return where
+        problems.append(f"{where} {problem}")
+    raise BundleError(f"no safe folder for the release writers' lock files: {'; '.join(problems)}",
+                      path=str(base), hint="remove those folders (or make them yours, mode 0o700), or set TMPDIR "
+                                           "to a directory of your own")
+
+
+def _unsafe(where: Path, uid: int) -> str | None:
+    """What makes ``where`` unsafe to hold this user's lock files (creating it, mode 0o700, when absent), or None."""
+    try:
+        where.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return f"cannot be created ({exc.strerror or exc})"
+    try:
+        st = where.lstat()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != uid:
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    if not os.access(where, os.W_OK | os.X_OK):
+        return "is not writable"
+    return None
 
 
 def leftover(rel: str) -> bool:

@@ -96,16 +96,17 @@ class Publishing:
         dest = self._current(rid)
         if dest.is_dir():
             try:
-                same = (bundle.read_manifest(dest) == manifest
+                there = bundle.read_manifest(dest)
+                held: object = there["release_id"]
+                same = (there == manifest
                         and bundle.read_or_none(dest / bundle.SIGNATURE) == bundle.read_or_none(src / bundle.SIGNATURE))
-            except BundleError:
-                same = False
+            except BundleError as exc:
+                held, same = exc, False
             if same:
                 bundle.check_integrity(dest)
                 return rid
             if not replace:
-                raise RegistryError(f"release {rid} is already published with other evidence or build log ({dest})",
-                                    hint="pass --replace to overwrite the published copy")
+                raise _published_otherwise(rid, dest, held)
             # the complete new copy appears (one rename) before the old one goes: no window without it
             newer = self.releases_dir / f"{rid}@{layout.version(dest) + 1}"
             bundle.copy_release(src, newer)
@@ -113,3 +114,17 @@ class Publishing:
         else:
             bundle.copy_release(src, dest)
         return rid
+
+
+def _published_otherwise(rid: str, dest: Path, held: object) -> RegistryError:
+    """Why ``publish`` (without ``--replace``) refuses ``rid`` whose registry copy ``dest`` differs: the copy
+    holds another release (``held``: its manifest's id), has no readable manifest (``held``: that error), or
+    holds ``rid`` with other evidence, signature or build log."""
+    if isinstance(held, BundleError):
+        return RegistryError(f"the registry's copy of release {rid} ({dest}) has no readable manifest: {held.message}",
+                             hint="pass --replace to repair it with this release")
+    if held != rid:
+        return RegistryError(f"the registry's copy of release {rid} ({dest}) holds another release, {held}",
+                             hint=f"pass --replace to repair it: the copy becomes release {rid} again")
+    return RegistryError(f"release {rid} is already published with other evidence or build log ({dest})",
+                         hint="pass --replace to overwrite the published copy")

@@ -23,10 +23,15 @@ LOOP_BYTES = 64 << 10
 
 def coding(header: str | None) -> str | None:
     """The content coding a ``Content-Encoding`` header names: None for none (absent, empty or
-    ``identity``), else ``gzip`` or ``deflate``. Raises BadRequest 415 for any other coding, or a list of them."""
+    ``identity``), else ``gzip`` or ``deflate``. Raises BadRequest 415 for any other coding, or a list of several
+    (``identity, gzip``, or the header sent twice): the body is never decoded by one of them only."""
     if header is None:
         return None
-    name = header.strip().lower()
+    names = [part.strip().lower() for part in header.split(",") if part.strip()]
+    if len(names) > 1:
+        raise BadRequest(415, f"Content-Encoding {short(header)} names {len(names)} codings (a list, or the header "
+                              "sent more than once): send one, gzip or deflate, or none")
+    name = names[0] if names else ""
     if name in ("", "identity"):
         return None
     if name not in WBITS:

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tileship.release import strict_json
 from tileship.serve import protocol, validate
 from tileship.serve.body import control_body
 from tileship.serve.validate import BadRequest, short
@@ -234,7 +235,9 @@ def unload_model(service: Service, name: str) -> None:
 
 async def unload(request: Request) -> Response:
     """Stop serving one model (Triton's repository unload). 200 ``{}`` as Triton; 404 for an unknown name."""
-    _parameters(await read_body(request))
+    dependents = _parameters(await read_body(request)).get("unload_dependents", False)
+    if not isinstance(dependents, bool):
+        raise HTTPException(400, f"unload_dependents must be true or false, not {short(dependents)}")
     unload_model(request.app.state.service, request.path_params["name"])
     return JSONResponse({})
 
@@ -277,13 +280,16 @@ async def read_body(request: Request) -> bytes:
 
 
 def _parameters(raw: bytes) -> dict[str, Any]:
-    """``parameters`` of a load/unload body (empty for no body); 400 for a body that is not that."""
+    """``parameters`` of a load/unload body (empty for no body); 400 for a body not that, or with a key twice."""
     if not raw.strip():
         return {}
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise HTTPException(400, "the body must be JSON: {\"parameters\": {...}}") from None
+    twice = strict_json.duplicate_key(raw, body)
+    if twice:  # orjson takes the last of two equal keys: a body that says two things is refused
+        raise HTTPException(400, f"the body is refused: {twice}")
     params = body.get("parameters", {}) if isinstance(body, dict) else None
     if not isinstance(params, dict):
         raise HTTPException(400, "the body must be a JSON object whose 'parameters' is an object")

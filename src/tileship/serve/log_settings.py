@@ -13,8 +13,8 @@ error) are always written. uvicorn's own messages keep ``--log-level``.
 client may post back what it read), but tileship does not change them: the log goes to
 stderr (or the stream the server was started with) as JSON lines; redirect stderr to keep a
 file. Sending another value is a 400 naming the field, as is an unknown field, a value of
-the wrong type (``true`` for an integer, ``1`` for a boolean, ``null``) and a verbose level
-outside 0..2**32-1 (Triton's uint32). A request is checked whole before anything changes.
+the wrong type (``true`` for an integer, ``1`` for a boolean, ``null``), a verbose level
+outside 0..2**32-1 (Triton's uint32) and a field given twice. A request is checked whole before anything changes.
 
 Contract: ``update`` raises only ``BadRequest`` (400); ``endpoint`` answers 4xx for any body.
 """
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tileship.release import strict_json
 from tileship.serve.validate import BadRequest, short
 
 if TYPE_CHECKING:  # JsonLog imports this module: the web framework only where a route runs
@@ -94,10 +95,14 @@ class LogSettings:
 
 def _decode(raw: bytes) -> Any:
     try:
-        return orjson.loads(raw)
+        doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # also integers past 64 bits
         raise BadRequest(400, f"the logging settings must be a JSON object: malformed JSON "
                               f"({short(str(exc))})") from None
+    twice = strict_json.duplicate_key(raw, doc)
+    if twice:  # orjson takes the last of two equal keys: a body that says two things is refused
+        raise BadRequest(400, f"the logging settings are refused: {twice}")
+    return doc
 
 
 def apply(service: Any, doc: Any) -> dict[str, Any]:

@@ -73,7 +73,8 @@ class PartsResponse:
 class Incoming:
     """What ``Service.infer`` reads of an inference request that skipped Starlette: the scope, ``receive``,
     the path parameters and the headers it looks at (the first of each name, as Starlette's ``Headers.get``
-    gives it). Duck-types the few ``starlette.requests.Request`` attributes the handler uses."""
+    gives it; Content-Encoding fields sent more than once joined into one list, which ``content_coding``
+    refuses). Duck-types the few ``starlette.requests.Request`` attributes the handler uses."""
 
     __slots__ = ("headers", "path_params", "receive", "scope")
 
@@ -133,6 +134,8 @@ class RequestIds:
                 name = k.decode("latin-1")
                 if name not in heads:
                     heads[name] = v.decode("latin-1")
+                elif name == "content-encoding":  # fields sent twice are one list (RFC 9110 5.3), refused whole
+                    heads[name] += ", " + v.decode("latin-1")
         rid = rid or new_request_id()
         scope["tileship.request_id"] = rid
         rid_b = rid.encode()

@@ -121,12 +121,13 @@ def checker(name: str, n_outputs: int, declared: Declared | None) -> Callable[[A
 
 
 def key_checker(shape: OpShape, outs: Sequence[tuple[tuple[int, ...], Any]] | None, tensors: Sequence[Any],
-                same: Sequence[bool]) -> Callable[[Any], Any]:
+                same: Sequence[bool], reason: str | None = None) -> Callable[[Any], Any]:
     """``checker`` for a memo key of the operator ``shape`` whose declared outputs have the (shape, torch dtype)
-    ``outs`` at the key (``runtime.route.expected_outputs``; None where not known). Where the call's ``tensors`` of
-    the operator dtype (``same``) disagree (float32 and float64: ``undeclared_dtype``, the reference serves),
-    nothing declares the outputs' dtypes (torch promotes): only their shapes are held."""
-    mixed = len({t.dtype for t, s in zip(tensors, same, strict=False) if s}) > 1
+    ``outs`` at the key (``runtime.route.expected_outputs``; None where not known). Where the key's inputs are of
+    dtypes the operator does not declare (``reason`` ``undeclared_dtype``: an int64 tensor where int32 is declared,
+    or the call's ``tensors`` of the operator dtype (``same``) disagreeing, float32 and float64), the reference
+    serves on them and nothing declares the outputs' dtypes (torch promotes): only their shapes are held."""
+    mixed = reason == "undeclared_dtype" or len({t.dtype for t, s in zip(tensors, same, strict=False) if s}) > 1
     known = outs is not None and len(shape.outputs) == len(outs) == shape.n_outputs
     declared = tuple((n, None if mixed else dt, tuple(size), ds)
                      for (n, ds), (size, dt) in zip(shape.outputs, outs or (), strict=False))

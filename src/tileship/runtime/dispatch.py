@@ -332,7 +332,7 @@ class OpRunner(ReferencePath, Breaker, TableRows, RunnerInfo):
         launcher = resolve_launcher(entry.kernel, outs, full, dev) if entry.kernel is not None else None
         if launcher is not None and launcher.fn is None:
             _log.info("%s: TileLang's adapter serves %s (%s)", self.name, entry.decision.spec_id, launcher.why)
-        route = Route(entry, outs, launcher, key_checker(self.shape, outs, args, self._same))
+        route = Route(entry, outs, launcher, key_checker(self.shape, outs, args, self._same, entry.decision.reason))
         route.shape = shape_of(args, bound, self._same)  # what telemetry records for this key
         if len(self._memo) < MEMO_LIMIT:
             self._memo[key] = route

@@ -11,23 +11,35 @@ import pytest
 
 pytest.importorskip("tilelang")
 
-from tileship.catalog.w4a16_wgmma import check_wg, w4a16_gemm_wg, wg_struct  # noqa: E402
+from tileship.catalog.w4a16_wgmma import check_wg, offsets, w4a16_gemm_wg, wg_struct  # noqa: E402
 
 
-def slot_bytes(x: np.ndarray, M: int, NP: int, G: int, lbo: int, sbo: int) -> np.ndarray:
-    """The slot as ``ts_wg_x_copy`` fills it: float values indexed by byte offset / 2 (one per fp16)."""
-    slot = np.full(NP * 128, np.nan)
+def slot_bytes(x: np.ndarray, M: int, NP: int, G: int, lbo: int, sbo: int, sb: int) -> np.ndarray:
+    """The slot as ``ts_wg_x_copy`` fills it, copy by copy: values indexed by byte offset / 2 (one per fp16);
+    also checks that the 32 lanes of each copy instruction write 32 distinct banks where the layout says so."""
+    slot = np.full(4 * sb, np.nan)
+    banks: dict[tuple[int, int, int], set[int]] = {}
     for t in range(128):
-        n0, P = t >> 6, t & 63
-        c, w = P >> 4, (P >> 2) & 3
-        d0 = (2 * w + ((P & 3) >> 1)) * NP * 32 + n0 * 16 + (P & 1) * lbo + 4 * c
-        for i in range(NP // 2):
-            n = n0 + 2 * i
-            dst = d0 + (i >> 2) * sbo + (i & 3) * 32
-            pair = x[n, G * 128 + 2 * P: G * 128 + 2 * P + 2] if n < M else np.zeros(2)
-            assert np.isnan(slot[dst // 2: dst // 2 + 2]).all(), "two copies write the same bytes"
-            slot[dst // 2: dst // 2 + 2] = pair
-    assert not np.isnan(slot).any(), "bytes of the slot that no copy writes"
+        q, lane = t >> 5, t & 31
+        l, s1, w0, c = lane & 1, (lane >> 1) & 1, (lane >> 2) & 1, lane >> 3
+        for w1 in range(2):
+            P = 16 * c + 8 * w1 + 4 * w0 + 2 * s1 + l
+            d0 = (4 * w1 + 2 * w0 + s1) * sb + l * lbo + 4 * c
+            for r in range(NP // 4):
+                n = q + 4 * r
+                dst = d0 + (n >> 3) * sbo + (n & 7) * 16
+                banks.setdefault((q, w1, r), set()).add(dst // 4 % 32)
+                pair = x[n, G * 128 + 2 * P: G * 128 + 2 * P + 2] if n < M else np.zeros(2)
+                assert np.isnan(slot[dst // 2: dst // 2 + 2]).all(), "two copies write the same bytes"
+                slot[dst // 2: dst // 2 + 2] = pair
+    written = np.zeros(len(slot), bool)
+    for s in range(8):  # the bytes wgmma reads: k-step s, rows < NP, both core matrices along K
+        for n in range(NP):
+            for h in range(2):
+                at = (s * sb + (n >> 3) * sbo + (n & 7) * 16 + h * lbo) // 2
+                written[at: at + 8] = True
+    assert not np.isnan(slot[written]).any(), "bytes wgmma reads that no copy writes"
+    slot_bytes.banks = banks  # type: ignore[attr-defined]
     return slot
 
 
@@ -45,15 +57,15 @@ def a_fragment(W: np.ndarray, warp: int, g: int, c: int, G: int, s: int) -> np.n
 
 def replay(M: int, groups: int, layout: int, rng: np.random.Generator) -> float:
     NP = 8 * -(-M // 8)
-    lbo, sbo = (128, 256) if layout == 0 else (NP * 16, 128)
+    lbo, sbo, sb = offsets(layout, NP)
     K = 128 * groups
     x = rng.standard_normal((M, K))
     W = rng.standard_normal((64, K))
     D = np.zeros((64, NP))
     for G in range(groups):
-        slot = slot_bytes(x, M, NP, G, lbo, sbo)
+        slot = slot_bytes(x, M, NP, G, lbo, sbo, sb)
         for s in range(8):
-            start = s * NP * 32
+            start = s * sb
             Bm = np.zeros((16, NP))
             for kk in range(16):
                 for n in range(NP):
@@ -85,15 +97,25 @@ def replay(M: int, groups: int, layout: int, rng: np.random.Generator) -> float:
 
 
 @pytest.mark.parametrize("M", [1, 5, 8, 16, 24, 32])
-@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("layout", [0, 1, 2])
 def test_the_replayed_kernel_computes_x_times_w_transposed(M: int, layout: int) -> None:
     assert replay(M, 3, layout, np.random.default_rng(M)) < 1e-12
+
+
+@pytest.mark.parametrize("NP", [8, 16, 24, 32])
+def test_the_padded_layout_gives_each_copy_instruction_32_banks(NP: int) -> None:
+    """Layout 2's point (round 33: layouts 0 and 1 ran at half the catalog's speed): every cp.async of a warp
+    writes 32 distinct banks; layout 0 at NP = 32 does not (8 lanes a bank), so the check can fail."""
+    slot_bytes(np.zeros((NP, 128)), NP, NP, 0, *offsets(2, NP))
+    assert all(len(b) == 32 for b in slot_bytes.banks.values())  # type: ignore[attr-defined]
+    slot_bytes(np.zeros((32, 128)), 32, 32, 0, *offsets(0, 32))
+    assert max(32 // len(b) for b in slot_bytes.banks.values()) == 8  # type: ignore[attr-defined]
 
 
 def test_a_slot_written_twice_or_left_unwritten_is_caught_by_the_replay() -> None:
     """The replay's own check can fail: with the 8-row blocks' stride too small, copies collide."""
     with pytest.raises(AssertionError, match="same bytes"):
-        slot_bytes(np.zeros((32, 128)), 32, 32, 0, 128, 64)
+        slot_bytes(np.zeros((32, 128)), 32, 32, 0, 128, 64, 1024)
 
 
 def test_tilings_that_do_not_fit_are_refused_naming_the_numbers() -> None:

@@ -17,7 +17,8 @@ tensor-core GEMM. Here (the register-A form of ``wgmma``, as Machete and Marlin 
 - the ``wk`` warpgroups of a CTA split K and meet in shared memory; with ``ks`` > 1 the CTAs of a cluster
   split it further and meet through a workspace after the cluster barrier (``w4a16_mma_split``'s scheme).
 
-``layout`` (0 or 1) picks the shared layout (K-adjacent core matrices together, or rows together) and
+``layout`` (0, 1 or 2: ``offsets``) picks the shared layout (K-adjacent core matrices together, rows together, or
+either padded so that a copy's lanes write distinct banks) and
 ``swap_fields`` puts the two offsets in the descriptor's fields the other way round: the descriptor's reading
 is checked on the GPU by the sweep (kind ``wg``), which runs every combination and reports the wrong ones.
 Not in the catalog until the sweep has measured it.
@@ -44,20 +45,26 @@ __device__ __forceinline__ void ts_wg_keep(unsigned& r) { asm volatile("" : "+r"
 
 // The group of x at column 128 G into a slot by cp.async, 4 bytes a copy (zeros past row M): the pair of physical
 // elements 2P, 2P + 1 = 32c + 8w + e of row n (c = P / 16, w = P / 4 % 4, e = 2 (P % 4)) is logical k
-// 8 (P % 2) + 2c of k-step 2w + P % 4 / 2 (mma_order inverted); k-step s at s * NP * 32 bytes. Thread t copies
-// pair P = t % 64 of rows t / 64 + 2i, so a warp's copies read 128 consecutive bytes.
-template <typename T1, int NP, int M, int LBO, int SBO>
+// 8 (P % 2) + 2c of k-step 2w + P % 4 / 2 (mma_order inverted); k-step s at s * SB bytes. Lane (c, w0, s1, l) of
+// warp q (lane = 8c + 4 w0 + 2 s1 + l) copies pair P = 16c + 8 w1 + 4 w0 + 2 s1 + l of rows q + 4r, w1 = 0, 1: a
+// copy reads runs of 32 bytes, and with SB = 32 and LBO = 16 (mod 128) its 32 lanes write 32 banks.
+template <typename T1, int NP, int M, int LBO, int SBO, int SB>
 __device__ __forceinline__ void ts_wg_x_copy(const T1* A, int K, int G, int t, unsigned slot) {
-  // row n = n0 + 2i of copy i: its 8-row block i / 4, row n0 + 2 (i % 4) in it
-  const int n0 = t >> 6, P = t & 63, c = P >> 4, w = (P >> 2) & 3;
-  const unsigned d0 = slot + (2 * w + ((P & 3) >> 1)) * NP * 32 + n0 * 16 + (P & 1) * LBO + 4 * c;
-  const T1* s0 = A + (size_t)n0 * K + (size_t)G * 128 + 2 * P;
+  const int q = t >> 5, lane = t & 31, l = lane & 1, s1 = (lane >> 1) & 1, w0 = (lane >> 2) & 1, c = lane >> 3;
+  // byte offsets from the group's column in row 0: 32-bit (M K 2 < 2^31), one 64-bit base
+  const char* base = reinterpret_cast<const char*>(A + (size_t)G * 128);
+  const unsigned off0 = (unsigned)(q * K + 2 * (16 * c + 4 * w0 + 2 * s1 + l)) * 2u;
+  const unsigned d00 = slot + (2 * w0 + s1) * SB + l * LBO + 4 * c + (q & 7) * 16;
 #pragma unroll
-  for (int i = 0; i < NP / 2; ++i) {
-    const bool ok = n0 + 2 * i < M;
-    const unsigned dst = d0 + (i >> 2) * SBO + (i & 3) * 32;
-    const T1* src = ok ? s0 + (size_t)(2 * i) * K : A;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+  for (int w1 = 0; w1 < 2; ++w1) {
+#pragma unroll
+    for (int r = 0; r < NP / 4; ++r) {
+      const int n = q + 4 * r;  // (n >> 3, n & 7) = (r / 2, q + 4 (r % 2))
+      const bool ok = n < M;
+      const unsigned dst = d00 + w1 * 4 * SB + (r >> 1) * SBO + (r & 1) * 64;
+      const char* src = base + (ok ? off0 + (unsigned)(r * 4 * K) * 2u + (unsigned)(w1 * 32) : 0u);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+    }
   }
 }
 __device__ __forceinline__ void ts_wg_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -67,7 +74,7 @@ template <int N> __device__ __forceinline__ void ts_wg_wait() {
 
 // CTA (kz, bx) of WK warpgroups: rows [64 bx, +64), warpgroup wg over groups [(kz WK + wg) GPW, +GPW).
 template <typename T2, typename T1, bool BF16, int NP, int M, int GPW, int U, int WK, int KS, int LBO, int SBO,
-          bool FS, int TR, int XD>
+          int SB, bool FS, int TR, int XD>
 __device__ __forceinline__ void ts_w4_wg(const void* Bv, const void* Av, const void* Sv, void* Cv, void* smem,
                                          float* ws, int K, int N, int bx, int kz) {
   const int* B = reinterpret_cast<const int*>(Bv);
@@ -80,7 +87,7 @@ __device__ __forceinline__ void ts_w4_wg(const void* Bv, const void* Av, const v
   const int grp0 = (kz * WK + wg) * GPW;
   const int row0 = bx * 64;
   const int r = row0 + 16 * warp + g;
-  constexpr int SLOT = NP * 256;  // bytes of one group of x
+  constexpr int SLOT = 8 * SB;  // bytes of one group of x: 8 k-steps
   unsigned char* base = reinterpret_cast<unsigned char*>(((size_t)smem + 127) & ~(size_t)127);
   unsigned char* xs = base + wg * XD * SLOT;
   const unsigned xs_addr = (unsigned)__cvta_generic_to_shared(xs);
@@ -90,7 +97,7 @@ __device__ __forceinline__ void ts_w4_wg(const void* Bv, const void* Av, const v
   // groups 0 .. XD - 2 in flight before the loop, one commit group each (empty past GPW)
 #pragma unroll
   for (int j = 0; j < XD - 1; ++j) {
-    if (j < GPW) ts_wg_x_copy<T1, NP, M, LBO, SBO>(A, K, grp0 + j, t, xs_addr + j * SLOT);
+    if (j < GPW) ts_wg_x_copy<T1, NP, M, LBO, SBO, SB>(A, K, grp0 + j, t, xs_addr + j * SLOT);
     ts_wg_commit();
   }
   ts_wg_wait<XD - 2>();
@@ -106,7 +113,7 @@ __device__ __forceinline__ void ts_w4_wg(const void* Bv, const void* Av, const v
       const int j = ch * U + u;
       // group j + XD - 1 into the slot group j - 1 used (its wgmma waited for at the end of the last step)
       if (j + XD - 1 < GPW)
-        ts_wg_x_copy<T1, NP, M, LBO, SBO>(A, K, grp0 + j + XD - 1, t, xs_addr + ((j + XD - 1) % XD) * SLOT);
+        ts_wg_x_copy<T1, NP, M, LBO, SBO, SB>(A, K, grp0 + j + XD - 1, t, xs_addr + ((j + XD - 1) % XD) * SLOT);
       ts_wg_commit();
       unsigned a[8][4];
 #pragma unroll
@@ -148,7 +155,7 @@ __device__ __forceinline__ void ts_w4_wg(const void* Bv, const void* Av, const v
       const unsigned slot = xs_addr + (j % XD) * SLOT;
 #pragma unroll
       for (int s = 0; s < 8; ++s)
-        TsWg<NP, BF16, TR>::run(acc, a[s], ts_wg_desc(slot + s * NP * 32, FS ? SBO : LBO, FS ? LBO : SBO));
+        TsWg<NP, BF16, TR>::run(acc, a[s], ts_wg_desc(slot + s * SB, FS ? SBO : LBO, FS ? LBO : SBO));
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       ts_wg_wait<XD - 2>();  // group j + 1's copies have landed
       ts_wg_proxy_fence();
@@ -219,6 +226,21 @@ def wg_struct(np_: int, bf16: bool, tr: int) -> str:
         "  }\n};\n")
 
 
+def offsets(layout: int, np_: int) -> tuple[int, int, int]:
+    """(lbo, sbo, sb) bytes of shared ``layout``: between the two core matrices of a k-step along K, between its
+    8-row blocks, and between k-steps. 0: K-adjacent core matrices together; 1: 8-row blocks together; 2 (padded):
+    lbo = 16 and sb = 32 (mod 128), so that the 32 lanes of one ``cp.async`` write 32 banks (0 and 1 write 4-16
+    lanes to one bank at NP = 32: round 33's first run, 52 us at down M=32)."""
+    if layout == 0:
+        return 128, 256, np_ * 32
+    if layout == 1:
+        return np_ * 16, 128, np_ * 32
+    if layout == 2:
+        size = np_ // 8 * 288
+        return 144, 288, size + (32 - size) % 128
+    raise ValueError(f"w4a16_gemm_wg: layout is 0, 1 or 2, not {layout}")
+
+
 def check_wg(M: int, N: int, K: int, wk: int, ks: int, unroll: int) -> int:
     """Groups a warpgroup; raises ValueError for a shape or tiling the kernel does not cover."""
     groups = K // GROUP
@@ -243,11 +265,11 @@ def w4a16_gemm_wg(M: int, N: int, K: int, dtype: str = "float16", wk: int = 2, k
     pair, scalar, _ = device_types(dtype)
     bf16 = dtype == "bfloat16"
     np_ = 8 * -(-M // 8)
-    lbo, sbo = (128, 256) if layout == 0 else (np_ * 16, 128)
+    lbo, sbo, sb = offsets(layout, np_)
     fn = (f"ts_w4_wg<{pair}, {scalar}, {'true' if bf16 else 'false'}, {np_}, {M}, {gpw}, {unroll}, {wk}, {ks}, "
-          f"{lbo}, {sbo}, {'true' if swap_fields else 'false'}, {trans}, {x_depth}>")
+          f"{lbo}, {sbo}, {sb}, {'true' if swap_fields else 'false'}, {trans}, {x_depth}>")
     src = DEVICE_SRC + MMA_SRC + WG_SRC + wg_struct(np_, bf16, trans)
-    smem_words = (wk * x_depth * np_ * 256 + 128) // 4
+    smem_words = (wk * x_depth * 8 * sb + 128) // 4
     blocks = N // 64
     ws_len = max(1, (ks - 1) * blocks * (np_ // 2) * 128)
 

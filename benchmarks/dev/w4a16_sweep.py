@@ -252,7 +252,7 @@ def _variants(M: int, N: int, K: int) -> list[tuple[str, dict[str, Any]]]:
                         out.append(("mvc", dict(rt=rt, wn=wn, wk=wk, ks=ks, unroll=unroll, prefetch=pf)))
     # "wg": the warpgroup-MMA kernel (``w4a16_wgmma``: weights decoded into wgmma's register operand, x in shared
     # memory), CTAs of wk warpgroups over 64 rows, clusters of ks CTAs along K; the descriptor reading
-    # (layout, swap_fields, trans) from WG_LAYOUT, which ``wg_probe.py`` writes after checking every reading
+    # (layout, swap_fields, trans) from WG_LAYOUT (``wg_probe.py`` writes a correct one; 2,0,0: the padded layout)
     if "wg" in KINDS and 1 <= M <= 32 and N % 64 == 0:
         lay, swap, tr = (int(v) for v in os.environ.get("WG_LAYOUT", "0,0,0").split(","))
         for wk in (1, 2, 4):

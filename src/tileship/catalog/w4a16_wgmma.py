@@ -19,9 +19,17 @@ tensor-core GEMM. Here (the register-A form of ``wgmma``, as Machete and Marlin 
 
 ``layout`` (0, 1 or 2: ``offsets``) picks the shared layout (K-adjacent core matrices together, rows together, or
 either padded so that a copy's lanes write distinct banks) and
-``swap_fields`` puts the two offsets in the descriptor's fields the other way round: the descriptor's reading
-is checked on the GPU by the sweep (kind ``wg``), which runs every combination and reports the wrong ones.
-Not in the catalog until the sweep has measured it.
+``swap_fields`` puts the two offsets in the descriptor's fields the other way round, ``trans`` sets wgmma's
+transpose-B bit. ``benchmarks/dev/wg_probe.py`` ran all eight readings on an H100 (round 33,
+``benchmarks/results/h100/round33/wg_run1/``): layouts 0 and 1 with the fields as written and ``trans=0`` are right
+(rel. L2 error 2.0-2.1e-4 fp16, 2.7e-3 bf16; CUTLASS's reading: ``lbo`` along K); the other six are wrong or fault.
+
+Measured there (``w4a16_sweep.py`` kind ``wg``, layout 0, 74 tilings, 0 wrong): **about half the catalog's speed**,
+down M=32 51.9 us (best) against the catalog's 29.1 and cuBLAS fp16 55.9; gate_up 96.8 against 44.3 and 96.7.
+The suspect, read from the index arithmetic: each ``cp.async`` of a warp then wrote 8-16 lanes to one shared
+bank. Layout 2 and the lane order of ``ts_wg_x_copy`` give every copy 32 banks (the replay test checks it); that
+version compiles for sm_90a here but has **not run on a GPU** (the session's device time ran out). Not in the
+catalog.
 """
 
 from typing import Any

@@ -276,6 +276,24 @@ def test_model_ready_of_an_unknown_model_is_false_over_both_protocols(server, gc
     assert r.status_code == 404 and "unknown version '0123456789abcdef' of model add" in r.json()["error"], r.text
 
 
+def test_an_unload_whose_unload_dependents_is_not_a_bool_is_invalid_argument_and_unloads_nothing(cpu_release_build,
+                                                                                                   tmp_path):
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path / "diag",
+                      log_stream=io.StringIO())
+    with serving(cfg) as srv, grpc.insecure_channel(srv.grpc_url) as ch:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        for kind, value in (("string_param", "yes"), ("int64_param", 1)):
+            req = service_pb2.RepositoryModelUnloadRequest(model_name="add")
+            setattr(req.parameters["unload_dependents"], kind, value)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.RepositoryModelUnload(req)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"unload_dependents must be a bool_param (true or false), not {kind}" in err.value.details()
+        assert tg.InferenceServerClient(srv.grpc_url).is_model_ready("add")
+
+
 def test_unload_and_load_over_grpc(cpu_release_build, tmp_path):
     cfg = ServeConfig(source=cpu_release_build.path, grpc_port=0, diagnostics_dir=tmp_path / "diag",
                       log_stream=io.StringIO())

@@ -159,6 +159,10 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     @rpc
     async def RepositoryModelUnload(self, request: Any, context: Any, rid: str) -> Any:
+        if "unload_dependents" in request.parameters:  # as the REST route: a bool or nothing, checked before unloading
+            which = request.parameters["unload_dependents"].WhichOneof("parameter_choice")
+            if which != "bool_param":
+                raise BadRequest(400, f"unload_dependents must be a bool_param (true or false), not {which or 'empty'}")
         extensions.unload_model(self.service, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 

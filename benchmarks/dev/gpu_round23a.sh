@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU host, repo root: bash benchmarks/dev/gpu_round23a.sh OUT_DIR   (issue 16; prepared in round 22, not yet run)
 # The 64-client throughput target (at least 0.8x the in-process loop) in interleaved rounds
-# (benchmarks/serve_load_rounds.py: each round the in-process loop, then the HTTP load), because round 22's
+# (benchmarks/serve_load_rounds.py: each round the in-process loop, then the HTTP load; ROUNDS=6, the server's calls on
+# THREADS=1 worker threads), because round 22's
 # in-process loop alone ran at 21.4-30.4 calls/s across four runs. Needs .gpu/site.tar.xz and .gpu/serve.tar.xz.
 set -u
 out=${1:?usage: gpu_round23a.sh OUT_DIR}
@@ -22,7 +23,7 @@ if [ -z "$srel" ]; then
 fi
 t1=$(date +%s)
 timeout 200 python3 benchmarks/serve_load_rounds.py --release "$srel" --op gemm --dims M=4096,N=4096,K=4096 \
-  --dtype float16 --max-body-mib 256 --allow-unverified --clients 64 --rounds 6 --seconds 8 --calls 12 \
-  --out "$d/serve_load_rounds.json" > "$d/serve_load_rounds.log" 2>&1
+  --dtype float16 --max-body-mib 256 --allow-unverified --clients 64 --rounds "${ROUNDS:-6}" --seconds 8 --calls 12 \
+  --threads "${THREADS:-1}" --out "$d/serve_load_rounds.json" > "$d/serve_load_rounds.log" 2>&1
 echo "serve_load_rounds rc=$? ($(( $(date +%s) - t1 )) s)"; tail -8 "$d/serve_load_rounds.log" | cut -c1-200
 echo "total $SECONDS s"

@@ -19,7 +19,7 @@ EXPECTED = ["add", "add_some", "add_tuned", "gemv", "kv_append", "layer_norm", "
 
 def guide_module() -> str:
     blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.S)
-    head = ("from declaring_kernels import *  # noqa: F403\n"
+    head = ("from guide_kernels import *  # noqa: F403\n"
             "from tileship import DynamicRange, Operator, Space, TensorArg, Tolerance\n\n")
     return head + "\n".join(blocks)
 
@@ -28,7 +28,10 @@ def guide_module() -> str:
 def guide_build(tmp_path_factory):
     root = tmp_path_factory.mktemp("guide")
     (root / "guide_ops.py").write_text(guide_module())
-    shutil.copy(Path(__file__).parent / "declaring_kernels.py", root / "declaring_kernels.py")
+    # A name of its own: tests/user_ops.py imports tests/declaring_kernels.py as ``declaring_kernels``, and a
+    # module already imported from outside the project root is (rightly) not shipped, so the build would fail
+    # whenever a test importing user_ops ran first in the same process.
+    shutil.copy(Path(__file__).parent / "declaring_kernels.py", root / "guide_kernels.py")
     proj = Project(model="guide", model_version="1", operator_modules=("guide_ops",), targets=("c",), root=root)
     ops = load_operators(proj)
     assert sorted(ops) == EXPECTED

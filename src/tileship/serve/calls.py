@@ -70,6 +70,8 @@ class Call:
     protocol: str = "rest"
     #: told which release serves the request, once known (REST puts it in the response headers)
     on_served: Callable[[Served], None] | None = None
+    #: the transport's bound on one answer's message (gRPC: protobuf's 2 GiB), checked with the output limit; None: none
+    max_message_bytes: int | None = None
 
 
 @dataclass
@@ -120,7 +122,8 @@ async def run(service: Service, call: Call) -> Answer:
         on_loop, inline_key = False, None
         if whole is not None:
             whole_plan = whole.plan(req)
-            validate.check_outputs(name, whole.output_bytes(whole_plan), config.limits)  # before anything runs
+            out_bytes = whole.output_bytes(whole_plan)
+            validate.check_outputs(name, out_bytes, config.limits)  # before anything runs
         else:
             decl = rel.declarations[name]
             plan = service.plans.plan(req, name, decl)  # ``call_plan.plan_call``, kept per signature
@@ -130,6 +133,8 @@ async def run(service: Service, call: Call) -> Answer:
                                       f"{validate.declared_shapes_text(decl)}); this server runs with --strict-shapes")
             validate.check_outputs(name, out_bytes := call_plan.output_bytes(decl, plan), config.limits)
             shm_requests.check_sizes(req, decl, plan, out_bytes)  # an output region of the wrong size: not run
+        if call.max_message_bytes is not None:
+            validate.check_message(name, out_bytes, req, call.max_message_bytes)
         # shared-memory inputs and outputs, only now: they skip the body limit, so no window is read before
         # the request passed every check its header allows (two 1 GiB inputs were read before a 413)
         encode = shm_requests.attach(service.shm, req, call.encode, service.staging)

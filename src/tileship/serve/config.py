@@ -49,6 +49,9 @@ class ServeConfig:
     #: the KServe v2 gRPC endpoint (``serve.grpc_service``) on this port next to REST; None: off, 0: a free port
     grpc_port: int | None = None
     grpc_host: str = "127.0.0.1"
+    #: the largest gRPC message either way: protobuf's limit (``grpc_codec.MAX_MESSAGE``, 2 GiB - 1) whatever the
+    #: body and output limits allow; an answer past it is RESOURCE_EXHAUSTED before it runs. A test lowers it
+    grpc_max_message_bytes: int = (1 << 31) - 1
     strict_shapes: bool = False
     drift_policy: str | None = None
     allow_unverified: bool | None = None

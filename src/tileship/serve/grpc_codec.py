@@ -2,7 +2,8 @@
 
     parse      ModelInferRequest -> protocol.InferRequest (raw_input_contents or typed contents),
                checked as the REST parser checks its JSON; raises only BadRequest
-    encode     outputs -> ModelInferResponse with raw_output_contents (``calls.Encoder``)
+    encode     outputs -> ModelInferResponse with raw_output_contents (``calls.Encoder``), within one
+               message's bound (``MAX_MESSAGE``: 413 past it, never a response that cannot be serialized)
     code_for   a BadRequest/HTTP status -> the gRPC status code
     message    a dict in Triton's JSON form (model config, statistics, index) -> its protobuf message
 
@@ -24,7 +25,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tileship.serve import request_params, shm
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE
 from tileship.serve.protocol import InferRequest, InputTensor, check_shm_size
-from tileship.serve.validate import BadRequest, RequestLimits, check_shape, short
+from tileship.serve.validate import MESSAGE_HEADER, BadRequest, RequestLimits, check_shape, short
+
+#: the largest gRPC message either way: protobuf's limit (2 GiB - 1), whatever --max-body-mib or --max-output-mib
+#: allow (``ServeConfig.grpc_max_message_bytes`` lowers it)
+MAX_MESSAGE = (1 << 31) - 1
 
 #: HTTP status of a BadRequest / HTTPException -> gRPC status code (500 and anything else: INTERNAL)
 CODES: Mapping[int, grpc.StatusCode] = {
@@ -149,11 +154,14 @@ def _parameter(p: Any, v: Any) -> None:
 
 def encode(*, model: str, version: str, request_id: str | None, parameters: Mapping[str, Any],
            outputs: Sequence[tuple[str, Any, bool]], allow_nonfinite: bool = False,
-           shm: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
+           shm: Mapping[str, Mapping[str, Any]] | None = None, max_bytes: int = MAX_MESSAGE) -> Any:
     """``(name, cpu tensor, binary)`` outputs as a ModelInferResponse; every tensor as raw bytes
     (``binary`` and ``allow_nonfinite`` do not apply). Same signature as ``protocol.encode_response``.
     Outputs named in ``shm`` (written to shared memory) come last, with those parameters and no
-    raw contents, so the i-th raw entry stays the i-th output's (tritonclient reads them by position)."""
+    raw contents, so the i-th raw entry stays the i-th output's (tritonclient reads them by position).
+    Raises ``BadRequest(413)`` naming the sizes when the response could not be sent as one message of
+    ``max_bytes`` (an output whose size the declaration could not tell before the call, so the server's
+    ``validate.check_message`` did not refuse it), never a response that fails in serialization."""
     import torch
 
     resp = pb.ModelInferResponse(model_name=model, model_version=version, id=request_id or "")
@@ -169,6 +177,11 @@ def encode(*, model: str, version: str, request_id: str | None, parameters: Mapp
             for k, v in shm[name].items():
                 _parameter(out.parameters[k], v)
         else:
+            if (size := output_bytes(resp) + t.nbytes + len(resp.id.encode()) + MESSAGE_HEADER) > max_bytes:
+                raise BadRequest(413, f"model {model}: the answer would be over {size} bytes (output {name} alone "
+                                      f"{t.nbytes}); a gRPC message carries at most {max_bytes} bytes, whatever "
+                                      "--max-output-mib allows: ask for fewer or smaller outputs, have them written "
+                                      "to shared memory, or use REST")
             resp.raw_output_contents.append(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return resp
 

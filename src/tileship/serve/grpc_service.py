@@ -22,6 +22,7 @@ else a fresh one; echoed as trailing metadata) and is logged with its traceback,
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,9 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self, service: Service) -> None:
         self.service = service
         self.limit = service.config.max_connections
+        self.max_message = service.config.grpc_max_message_bytes
+        #: the answer's encoder: refuses a response past one message (``grpc_codec.encode``)
+        self.encode = functools.partial(grpc_codec.encode, max_bytes=self.max_message)
         self.active = 0  # RPCs running now (``grpc_handlers.rpc``)
         self._finishing: set[asyncio.Task[Any]] = set()  # work ``_finish`` runs on past its RPC
 
@@ -114,8 +118,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         async def read() -> tuple[Any, int]:
             return grpc_codec.parse(request, svc.config.limits), request.ByteSize()
 
-        call = calls.Call(request.model_name, request.model_version or None, rid, read, grpc_codec.encode,
-                          grpc_codec.output_bytes, "grpc")
+        call = calls.Call(request.model_name, request.model_version or None, rid, read, self.encode,
+                          grpc_codec.output_bytes, "grpc", max_message_bytes=self.max_message)
         answer = await calls.run(svc, call)
         if answer.status != 200:
             await context.abort(grpc_codec.code_for(answer.status, answer.error), answer.message,
@@ -237,8 +241,9 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
     finish its handshake within ``header_timeout_s``. Raises RuntimeError when the address cannot be
     bound."""
     c = service.config
-    out = min(c.limits.max_output_bytes + c.max_body_bytes + (1 << 20), (1 << 31) - 1)
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", min(2 * c.max_body_bytes, (1 << 31) - 1)),
+    most = c.grpc_max_message_bytes  # protobuf's 2 GiB: an answer past it is refused before it runs (``calls.run``)
+    out = min(c.limits.max_output_bytes + c.max_body_bytes + (1 << 20), most)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", min(2 * c.max_body_bytes, most)),
                                       ("grpc.max_send_message_length", out),
                                       ("grpc.so_reuseport", 0),
                                       # a connection that never completes the HTTP/2 handshake is closed, as

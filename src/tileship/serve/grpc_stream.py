@@ -62,8 +62,8 @@ async def _one(servicer: Servicer, request: Any) -> Any:
     async def read() -> tuple[Any, int]:
         return grpc_codec.parse(request, svc.config.limits), request.ByteSize()
 
-    call = calls.Call(request.model_name, request.model_version or None, new_request_id(), read, grpc_codec.encode,
-                      grpc_codec.output_bytes, "grpc")
+    call = calls.Call(request.model_name, request.model_version or None, new_request_id(), read, servicer.encode,
+                      grpc_codec.output_bytes, "grpc", max_message_bytes=servicer.max_message)
     answer = await calls.run(svc, call)
     if answer.status != 200:
         return pb.ModelStreamInferResponse(

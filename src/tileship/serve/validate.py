@@ -170,6 +170,26 @@ def check_outputs(model: str, sizes: Mapping[str, int], limits: RequestLimits) -
                               f"is {limits.max_output_bytes} bytes (--max-output-mib)")
 
 
+def check_message(model: str, sizes: Mapping[str, int], req: Any, limit: int) -> None:
+    """``BadRequest(413)`` when the answer to ``req`` (a ``protocol.InferRequest``) cannot fit one gRPC message of
+    ``limit`` bytes (protobuf's, at most 2 GiB, whatever ``--max-output-mib`` allows). Counted: the outputs it
+    carries (requested, not in shared memory; ``sizes`` from the declaration, before anything runs), its echoed
+    ``id`` and ``MESSAGE_HEADER`` bytes."""
+    asked = {n for n, _ in req.outputs}
+    carried = {n: b for n, b in sizes.items() if n not in req.shm_outputs and (not asked or n in asked)}
+    total = sum(carried.values()) + len((req.id or "").encode()) + MESSAGE_HEADER
+    if total > limit:
+        each = ", ".join(f"{n}={b}" for n, b in carried.items())
+        raise BadRequest(413, f"model {model}: the answer to this call would be about {total} bytes ({each} of "
+                              f"outputs); a gRPC message carries at most {limit} bytes, whatever --max-output-mib "
+                              "allows: ask for fewer or smaller outputs, have them written to shared memory, or use "
+                              "REST")
+
+
+#: room an answer's message keeps for all but its tensors and echoed id: names, datatypes, shapes, parameters
+MESSAGE_HEADER = 64 << 10
+
+
 def in_declared_set(decl: Mapping[str, Any], dims: Mapping[str, int]) -> bool:
     """True when ``dims`` match a declared static shape or lie in a declared dynamic range."""
     for s in decl.get("shapes", ()):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_registry import fake_release
@@ -70,3 +71,34 @@ def test_a_renamed_copy_is_refused_by_the_listing(tmp_path: Path) -> None:
     row = next(r for r in reg.releases() if r.release_id == "fedcba9876543210")
     assert not row.integrity_ok and f"holds release {a}" in (row.integrity_error or "")
     assert json.loads((reg.releases_dir / "fedcba9876543210" / bundle.MANIFEST).read_text())["release_id"] == a
+
+
+def _diagnose(*args: str) -> tuple[Any, dict[str, Any]]:
+    from typer.testing import CliRunner
+
+    from tileship.cli import app
+
+    out = Path(args[args.index("--out") + 1])
+    r = CliRunner().invoke(app, ["diagnose", *args], catch_exceptions=False)
+    [d] = [p for p in out.iterdir() if p.is_dir()]
+    return r, json.loads((d / "summary.json").read_text())
+
+
+def test_diagnose_reports_a_copy_holding_another_release(cpu_release: Path, tmp_path: Path) -> None:
+    """``tileship diagnose`` of the active release (loading it) and of a release named by id (not loading it),
+    where the registry's copy holds another release: the bundle's finding names both ids. It used to load the
+    copy as the release it holds and record a healthy on-demand bundle."""
+    reg = Registry(tmp_path / "reg")
+    real = reg.publish(cpu_release)
+    fake = "0123456789abcdef"
+    shutil.copytree(reg.path_of(real), reg.releases_dir / fake)
+    reg.activate(fake, force=True)
+    for n, args in enumerate([(), (fake[:6], "--no-load")]):
+        r, summary = _diagnose(*args, "--registry", str(reg.root), "--out", str(tmp_path / f"diag{n}"))
+        assert r.exit_code == 0, r.output
+        assert f"holds release {real}, not {fake}" in r.output.replace("\n", ""), r.output
+        assert summary["reason"] == "wrong_release", summary
+        assert summary["exception"]["type"] == "BundleIntegrityError", summary
+        assert f"holds release {real}, not {fake}" in summary["exception"]["message"], summary
+    r, summary = _diagnose(real, "--no-load", "--registry", str(reg.root), "--out", str(tmp_path / "diag_ok"))
+    assert summary["reason"] == "on_demand" and summary.get("exception") is None, summary

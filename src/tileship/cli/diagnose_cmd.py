@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from tileship.cli._common import console, err_console, escape, handle_errors
 from tileship.cli.registry_cmd import REGISTRY_HELP
 
+if TYPE_CHECKING:
+    from tileship.errors import TileshipError
+
 
 def _release_dir(release: str | None, registry: Path | None,
-                 activator_keys: list[Path] | None = None) -> tuple[Path, str | None]:
-    """(the release directory, the evidence pin a load expects: the registry's, for the active release). The
+                 activator_keys: list[Path] | None = None) -> tuple[Path, str | None, str | None]:
+    """(the release directory, the evidence pin a load expects: the registry's, for the active release, the id the
+    registry names the copy by: None for a directory given by path). The
     active release is followed as a server follows it: with trusted activator keys (``activator_keys``, None:
     ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``) its pointer must be sealed by one and not expired (else
     PointerSignatureError); an expiry less than a day away is warned of."""
@@ -21,17 +26,33 @@ def _release_dir(release: str | None, registry: Path | None,
     from tileship.release.registry import Registry
 
     if release is not None and Path(release).is_dir():
-        return Path(release), None
+        return Path(release), None, None
     reg = Registry(registry)
     if release is not None:
-        return reg.path_of(release), None
+        rid = reg.resolve(release)
+        return reg.path_of(rid), None, rid
     active, _ = pointer_seal.active_checked(reg.root, pointer_seal.trusted(activator_keys))
     if (warning := pointer_expiry.soon(active.expires)) is not None:  # checked where keys are trusted
         err_console.print(f"[yellow]warning[/]: {escape(warning)}")
     if active.path is None:
         raise RegistryError(f"no RELEASE given and registry {reg.root} has no active release",
                             hint="pass a release directory or id")
-    return active.path, active.evidence
+    return active.path, active.evidence, active.release_id
+
+
+def _other_release(path: Path, named: str | None) -> TileshipError | None:
+    """A BundleIntegrityError naming both ids when the registry's copy at ``path``, named ``named``, holds another
+    release (replaced or renamed: activate, rollback and a server following the registry refuse it); else None."""
+    from tileship.errors import BundleIntegrityError
+    from tileship.serve.source import release_id_at
+
+    held = release_id_at(path)
+    if named is None or held is None or held == named:  # an unreadable manifest: the load says what is wrong
+        return None
+    return BundleIntegrityError(f"{path}: holds release {held}, not {named} as the registry names it (the copy was "
+                                "replaced or renamed); activate, rollback and a server following the registry refuse "
+                                "it", path=str(path),
+                                hint=f"publish release {named} again (tileship publish --replace) or activate another")
 
 
 def register(app: typer.Typer) -> None:
@@ -56,11 +77,13 @@ def register(app: typer.Typer) -> None:
         from tileship.errors import TileshipError
         from tileship.release import diagnostics
 
-        path, pin = _release_dir(release, registry, trusted_activator_key or None)
+        path, pin, named = _release_dir(release, registry, trusted_activator_key or None)
         target: object = path
-        failure: BaseException | None = None
         reason = "on_demand"
-        if load:
+        if (failure := _other_release(path, named)) is not None:  # loaded as the id it claims, it would look healthy
+            reason = "wrong_release"
+            err_console.print(f"[yellow]the registry's copy holds another release[/]: {escape(failure.message)}")
+        elif load:
             from tileship.runtime.loader import load as do_load
 
             try:

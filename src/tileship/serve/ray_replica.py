@@ -5,8 +5,9 @@ fleet's controller assigns it (``serve.ray_fleet``).
 ``__serve_build_asgi_app__`` after the constructor and routes no request to the replica before it
 returns, so the release is loaded (no JIT) and warmed first. Every ``poll_s`` the replica syncs
 with the controller: it sends the release it serves, load failures and one sample per answered
-inference request, and gets back the release to serve; a different one is hot-swapped in with
-``Service.reload`` (loaded and warmed off to the side; requests in flight finish on theirs).
+inference request, and gets back the release to serve, its copy and its evidence pin; a different
+release, or the same one in another copy or with another pin, is hot-swapped in with ``Service.reload``
+(loaded and warmed off to the side; requests in flight finish on theirs).
 Ray is imported only inside the replica process.
 """
 
@@ -32,7 +33,9 @@ class FleetReplica:
         self.config, self.poll_s = config, poll_s
         self.samples: list[list[Any]] = []
         self.failed: dict[str, str] = {}      # release -> why it could not load (sent once)
-        self.tried: set[str] = set()          # releases that failed to load while still assigned
+        #: (release, copy, evidence pin) that failed to load while still assigned (not tried again until the
+        #: assignment changes: another release, or the same one in another copy or with another pin)
+        self.tried: set[tuple[str, str, str | None]] = set()
         self.loading: str | None = None
         self.service: Any = None
 
@@ -83,11 +86,15 @@ class FleetReplica:
             await asyncio.sleep(self.poll_s)
 
     def _follow(self, release: str | None, path: str | None, evidence: str | None = None) -> None:
+        """Load ``release`` from the registry's copy at ``path`` with ``evidence`` pinned when any of the three is not
+        what serves (the same release re-pinned by activating it again, or a new copy of it from ``publish
+        --replace``), as a server following the registry reloads for any change of its target (``holder.unchanged``)."""
         cur = self.service.holder.current
-        if release is None or path is None or (cur is not None and cur.release_id == release):
+        serving = (cur.release_id, cur.target.path, cur.target.evidence) if cur is not None else None
+        if release is None or path is None or serving == (release, Path(path), evidence):
             self.tried.clear()
             return
-        if release in self.tried or self.loading is not None:
+        if (release, path, evidence) in self.tried or self.loading is not None:
             return
         self.loading = release
         task = asyncio.create_task(self._load(release, Path(path), evidence))
@@ -101,7 +108,7 @@ class FleetReplica:
             holder.follow(path, release, evidence)
             status, body = await self.service.reload(trigger="fleet")
             if status != 200:
-                self.tried.add(release)
+                self.tried.add((release, str(path), evidence))
                 self.failed[release] = f"{body.get('stage')}: {body.get('error')}"
                 if before is not None:  # a reload by hand (SIGHUP, /v2/repository/reload) re-reads what serves
                     holder.follow(before.target.path, before.target.release_id, before.target.evidence)

@@ -1,0 +1,70 @@
+"""A user's kernels in upstream TileLang styles (``tests/user_styles.py``) through declare -> build -> load -> call
+-> verify on the CPU "c" target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("tilelang")
+
+import user_styles  # noqa: E402
+
+from tileship.build.builder import BuildOptions, build  # noqa: E402
+from tileship.declare.project import Project, load_operators  # noqa: E402
+from tileship.declare.spec import TensorArg  # noqa: E402
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def styles_build(tmp_path_factory):
+    proj = Project(model="styles", model_version="1", operator_modules=("user_styles",), targets=("c",), root=TESTS)
+    res = build(proj, load_operators(proj), tmp_path_factory.mktemp("styles"), BuildOptions(jobs=2))
+    return res
+
+
+def test_outputs_omitted_are_read_from_the_decorators_out_idx():
+    """``@tilelang.jit(out_idx=-1)`` on a lazy kernel names its output as TileLang's own ``kernel(a)`` uses it; with
+    ``outputs=`` omitted the declaration was refused (``is omitted but the kernel allocates no outputs with
+    T.empty``). The output is now read from the parameter the decorator names."""
+    from tileship.declare.outputs import infer_outputs
+
+    assert infer_outputs(user_styles.negated).outputs == (TensorArg("B", ("N",)),)
+
+
+def test_a_kernel_declared_by_its_out_idx_alone_builds_and_serves_every_shape(styles_build):
+    from tileship.runtime.loader import load
+
+    assert not [r.spec.id for r in styles_build.failed if r.spec.op == "negated"]
+    rel = load(styles_build.path)
+    for n in (16, 5, 64):
+        a = torch.randn(n)
+        y, d = rel.op("negated").call(a)
+        assert (d.path, d.reason) == ("kernel", "kernel") and torch.equal(y, -a), (n, d)
+
+
+def test_parameters_named_like_the_ranges_dynamic_var_build_and_verify(styles_build):
+    """A range over K traced the kernel with ``T.dynamic("k")``; a tensor parameter ``k`` (or a scalar ``n`` beside a
+    range over N) then failed the C compile (``conflicting declaration 'int32_t k'``, ``redefinition of 'int32_t
+    n'``), and the reference served every call. The var is now renamed where a parameter holds its name."""
+    from tileship.runtime.loader import load
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
+
+    failed = {r.spec.id: r.error for r in styles_build.failed}
+    assert failed == {}, failed
+    rel = load(styles_build.path)
+    for kk in (1, 8, 13):
+        k = torch.randn(4, kk)
+        y, d = rel.op("row_sum_k").call(k)
+        assert (d.path, d.reason) == ("kernel", "kernel") and torch.allclose(y, k.sum(-1), atol=1e-5), (kk, d)
+    for n, x in ((3, torch.randn(8)), (40, torch.randn(33))):
+        y, d = rel.op("first_n").call(n, x)
+        assert (d.path, d.reason) == ("kernel", "kernel") and torch.equal(y, user_styles.first_n_ref(n, x)), (n, d)
+    report = verify(styles_build.path, VerifyOptions(timing=False), write=False)
+    assert {v.spec.id: v.failure for v in report.verdicts} == {
+        "first_n.float32.N1-64.c": None, "negated.float32.N16.c": None, "negated.float32.N1-64.c": None,
+        "row_sum_k.float32.M4_K1-64.c": None}

@@ -67,4 +67,20 @@ def test_parameters_named_like_the_ranges_dynamic_var_build_and_verify(styles_bu
     report = verify(styles_build.path, VerifyOptions(timing=False), write=False)
     assert {v.spec.id: v.failure for v in report.verdicts} == {
         "first_n.float32.N1-64.c": None, "negated.float32.N16.c": None, "negated.float32.N1-64.c": None,
-        "row_sum_k.float32.M4_K1-64.c": None}
+        "row_sum_k.float32.M4_K1-64.c": None, "scaled_.float32.N8.c": SCALED_}
+
+
+#: the verdict of ``scaled_``, whose reference returns the tensor it updated in place
+SCALED_ = ("at N=8: the kernel returned 0 and the reference 1 outputs; 0 are declared (besides X, updated in place: "
+           "a reference that only updates inputs returns None)")
+
+
+def test_a_reference_returning_its_updated_input_fails_verify_saying_so(styles_build):
+    """An operator that only updates X in place, whose reference returns X (``x.mul_(s)``): verify said ``the kernel
+    returned 1 and the reference 2 outputs; 1 are declared``, counting the updated input as an output of both
+    paths. It now counts the declared outputs only and says what the reference should return."""
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
+
+    report = verify(styles_build.path, VerifyOptions(timing=False), write=False)
+    assert {v.spec.id: v.failure for v in report.verdicts}["scaled_.float32.N8.c"] == SCALED_

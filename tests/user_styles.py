@@ -75,3 +75,25 @@ def first_n_ref(n, x):
 first_n_op = Operator(name="first_n", factory=first_n, reference=first_n_ref,
                       inputs=(ScalarArg("n", dtype="int32"), TensorArg("X", ("N",))), outputs=(TensorArg("Y", ("N",)),),
                       dtypes=("float32",), targets=("c",), ranges=(DynamicRange("N", 1, 64),))
+
+
+def scale_inplace(N, dtype="float32"):
+    """X *= s in place: no outputs."""
+
+    @T.prim_func
+    def main(X: T.Tensor((N,), dtype), s: T.float32):
+        with T.Kernel(1):
+            for i in T.serial(N):
+                X[i] = X[i] * T.cast(s, dtype)
+
+    return main
+
+
+def scale_inplace_ref(x, s):
+    """Returns the tensor it updated, as torch's in-place methods do (a user's mistake: the doc says None)."""
+    return x.mul_(s)
+
+
+scaled_ = Operator(name="scaled_", factory=scale_inplace, reference=scale_inplace_ref,
+                   inputs=(TensorArg("X", ("N",)), ScalarArg("s")), mutates=("X",), dtypes=("float32",),
+                   targets=("c",), shapes=({"N": 8},))

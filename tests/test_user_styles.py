@@ -66,7 +66,8 @@ def test_parameters_named_like_the_ranges_dynamic_var_build_and_verify(styles_bu
         assert (d.path, d.reason) == ("kernel", "kernel") and torch.equal(y, user_styles.first_n_ref(n, x)), (n, d)
     report = verify(styles_build.path, VerifyOptions(timing=False), write=False)
     assert {v.spec.id: v.failure for v in report.verdicts} == {
-        "first_n.float32.N1-64.c": None, "negated.float32.N16.c": None, "negated.float32.N1-64.c": None,
+        "copied.float32.M1-64_N8.c": None, "copied.float32.M4_N8.c": None, "first_n.float32.N1-64.c": None,
+        "negated.float32.N16.c": None, "negated.float32.N1-64.c": None,
         "row_sum_k.float32.M4_K1-64.c": None, "scaled_.float32.N8.c": SCALED_}
 
 
@@ -84,3 +85,32 @@ def test_a_reference_returning_its_updated_input_fails_verify_saying_so(styles_b
 
     report = verify(styles_build.path, VerifyOptions(timing=False), write=False)
     assert {v.spec.id: v.failure for v in report.verdicts}["scaled_.float32.N8.c"] == SCALED_
+
+
+def test_a_factory_with_positional_only_dims_builds_and_serves(styles_build):
+    """``def copy_rows(M, N, /, dtype)``: the declaration was accepted, then every specialization failed to build
+    (``TypeError: copy_rows() got some positional-only arguments passed as keyword arguments: 'M, N'``) and the
+    reference served every call. The positional-only parameters are now passed by position."""
+    from tileship.runtime.loader import load
+
+    assert not [r.error for r in styles_build.failed if r.spec.op == "copied"]
+    rel = load(styles_build.path)
+    for m in (4, 9):
+        a = torch.randn(m, 8)
+        y, d = rel.op("copied").call(a)
+        assert (d.path, d.reason) == ("kernel", "kernel") and torch.equal(y, a + 1), (m, d)
+
+
+def test_a_positional_only_parameter_never_passed_is_refused_when_declared():
+    """A required positional-only parameter the declaration never passes (``block``) passed check() and failed
+    every build with a TypeError; it is refused like a keyword one."""
+    import dataclasses
+
+    from tileship.errors import DeclarationError
+
+    def tiled(M, N, block, /, dtype="float32"):
+        raise AssertionError("never traced")
+
+    with pytest.raises(DeclarationError) as info:
+        dataclasses.replace(user_styles.copied, factory=tiled).check()
+    assert info.value.field == "config" and "requires ['block']" in str(info.value), str(info.value)

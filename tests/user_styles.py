@@ -1,6 +1,7 @@
 """Kernels written as TileLang's examples write them, in styles ``tests/user_ops.py`` does not have, for the CPU
 ("c") target: a lazy ``@tilelang.jit(out_idx=-1)`` declared without ``outputs=``, and parameters named like the
-lower-case ``T.dynamic`` var of a declared range (a tensor ``k`` beside dim ``K``, a scalar ``n`` beside ``N``).
+lower-case ``T.dynamic`` var of a declared range (a tensor ``k`` beside dim ``K``, a scalar ``n`` beside ``N``),
+an in-place operator whose reference returns the tensor it updated, and a factory whose dims are positional-only.
 ``tests/test_user_styles.py`` builds, loads, calls and verifies them."""
 
 import tilelang
@@ -97,3 +98,24 @@ def scale_inplace_ref(x, s):
 scaled_ = Operator(name="scaled_", factory=scale_inplace, reference=scale_inplace_ref,
                    inputs=(TensorArg("X", ("N",)), ScalarArg("s")), mutates=("X",), dtypes=("float32",),
                    targets=("c",), shapes=({"N": 8},))
+
+
+def copy_rows(M, N, /, dtype="float32"):
+    """B = A + 1, the dims positional-only (``/``), as a factory written for positional calls may take them."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype)):
+        with T.Kernel(M) as m:
+            for j in T.serial(N):
+                B[m, j] = A[m, j] + T.cast(1, dtype)
+
+    return main
+
+
+def plus_one(a):
+    return a + 1
+
+
+copied = Operator(name="copied", factory=copy_rows, reference=plus_one, inputs=(TensorArg("A", ("M", "N")),),
+                  outputs=(TensorArg("B", ("M", "N")),), dtypes=("float32",), targets=("c",),
+                  shapes=({"M": 4, "N": 8},), ranges=(DynamicRange("M", 1, 64, {"N": 8}),))

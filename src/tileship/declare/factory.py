@@ -172,6 +172,17 @@ def _param_names(func: Any) -> frozenset[str]:
     return frozenset(out)
 
 
+def _positional_only(info: FactoryInfo, kwargs: dict[str, Any]) -> list[Any]:
+    """The values of the factory's positional-only parameters (``def f(M, N, /, dtype)``), in order, taken out of
+    ``kwargs`` (a default where the declaration passes none): Python refuses them as keywords."""
+    args: list[Any] = []
+    for p in (info.signature.parameters.values() if info.signature is not None else ()):
+        if p.kind is not p.POSITIONAL_ONLY or (p.name not in kwargs and p.default is p.empty):
+            break
+        args.append(kwargs.pop(p.name) if p.name in kwargs else p.default)
+    return args
+
+
 def _trace_once(op: Any, spec: Any, info: FactoryInfo, names: Mapping[str, str]) -> Any:
     import tilelang.language as T
 
@@ -183,7 +194,7 @@ def _trace_once(op: Any, spec: Any, info: FactoryInfo, names: Mapping[str, str])
     for d, v in spec.dims:
         kwargs[op.factory_param(d)] = T.dynamic(names[d]) if isinstance(v, tuple) else v
     try:
-        func = info.builder(**kwargs)
+        func = info.builder(*_positional_only(info, kwargs), **kwargs)
     except ValueError as exc:
         const = _MISSING_CONST.match(str(exc))
         if not info.tensor_params or const is None:

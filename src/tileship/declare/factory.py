@@ -29,6 +29,8 @@ from tileship.errors import DeclarationError
 FORMS = ("function", "jit", "autotune")
 #: TileLang's refusal when an eager kernel's ``T.const`` dim is given no value
 _MISSING_CONST = re.compile(r"Cannot find value for constexpr variable `([^`]+)`")
+#: what ``dynamic_name`` appends to a ``T.dynamic`` var's name that the kernel's parameters (or C) already use
+_DYN = "_dyn"
 
 
 @dataclass(frozen=True)
@@ -126,19 +128,73 @@ def _source_file(fn: Any) -> str | None:
 
 def trace(op: Any, spec: Any) -> Any:
     """The PrimFunc of ``op`` for ``spec`` (``T.dynamic`` for the dynamic dim). Raises BuildError
-    when the factory does not return one."""
+    when the factory does not return one.
+
+    The ``T.dynamic`` var is named by the dim in lower case (``"k"`` for ``K``), unless the kernel names a
+    parameter so (a tensor ``k``, a scalar ``n``) or C reserves the word: the generated C declares both
+    (``conflicting declaration 'int32_t k'``), so the kernel is traced again with ``dynamic_name``'s suffix."""
+    from tileship.declare.c_target import C_RESERVED
+
+    info = resolve(op.factory, operator=op.name)
+    dynamic = [d for d, v in spec.dims if isinstance(v, tuple)]
+    names = {d: d.lower() for d in dynamic}
+    func = _trace_once(op, spec, info, names)
+    taken = C_RESERVED | _param_names(func)
+    if any(n in taken for n in names.values()):
+        func = _trace_once(op, spec, info, {d: dynamic_name(d, taken) for d in dynamic})
+    return func
+
+
+def dynamic_name(dim: str, taken: Any = frozenset()) -> str:
+    """The name of the ``T.dynamic`` var passed for ``dim``: ``dim.lower()``, with ``_dyn`` appended until it is
+    not in ``taken`` (the kernel's parameter names and the words C reserves)."""
+    name = dim.lower()
+    while name in taken:
+        name += _DYN
+    return name
+
+
+def is_dynamic_name(name: str, dim: str) -> bool:
+    """Whether ``name`` is one ``dynamic_name`` gives ``dim``."""
+    while name.endswith(_DYN) and name != dim.lower():
+        name = name.removesuffix(_DYN)
+    return name == dim.lower()
+
+
+def _param_names(func: Any) -> frozenset[str]:
+    """Every name the kernel's parameters carry: the parameter var, its buffer and the buffer's data var."""
+    out = set()
+    for p in func.params:
+        out.add(str(p.name))
+        buf = func.buffer_map.get(p)
+        if buf is not None:
+            out.update((str(buf.name), str(buf.data.name)))
+    return frozenset(out)
+
+
+def _positional_only(info: FactoryInfo, kwargs: dict[str, Any]) -> list[Any]:
+    """The values of the factory's positional-only parameters (``def f(M, N, /, dtype)``), in order, taken out of
+    ``kwargs`` (a default where the declaration passes none): Python refuses them as keywords."""
+    args: list[Any] = []
+    for p in (info.signature.parameters.values() if info.signature is not None else ()):
+        if p.kind is not p.POSITIONAL_ONLY or (p.name not in kwargs and p.default is p.empty):
+            break
+        args.append(kwargs.pop(p.name) if p.name in kwargs else p.default)
+    return args
+
+
+def _trace_once(op: Any, spec: Any, info: FactoryInfo, names: Mapping[str, str]) -> Any:
     import tilelang.language as T
 
     from tileship.errors import BuildError
 
-    info = resolve(op.factory, operator=op.name)
     kwargs: dict[str, Any] = {**op.config, **dict(getattr(spec, "config", ()))}  # a candidate's config over the op's
     for dtype_param in op.dtype_params():
         kwargs[dtype_param] = spec.dtype
     for d, v in spec.dims:
-        kwargs[op.factory_param(d)] = T.dynamic(d.lower()) if isinstance(v, tuple) else v
+        kwargs[op.factory_param(d)] = T.dynamic(names[d]) if isinstance(v, tuple) else v
     try:
-        func = info.builder(**kwargs)
+        func = info.builder(*_positional_only(info, kwargs), **kwargs)
     except ValueError as exc:
         const = _MISSING_CONST.match(str(exc))
         if not info.tensor_params or const is None:
@@ -165,6 +221,16 @@ def kernel_out_idx(func: Any) -> list[int] | None:
     return sorted(int(i) % n for i in attrs["tilelang_out_idx"])
 
 
+def decorator_out_idx(info: FactoryInfo, func: Any) -> list[int] | None:
+    """The parameter positions ``@tilelang.jit(out_idx=...)`` (an int or a list, negative from the end) makes
+    the traced ``func``'s outputs, non-negative and sorted; None when the decorator names none."""
+    raw = info.decorator_out_idx
+    if raw is None:
+        return None
+    n = len(func.params)
+    return sorted(int(i) % n for i in ([raw] if isinstance(raw, int) else raw))
+
+
 def reconcile_out_idx(op: Any, info: FactoryInfo, func: Any) -> tuple[list[int] | None, list[int]]:
     """(``out_idx`` to pass to ``tilelang.compile`` or None to let the kernel's attribute speak,
     the output positions).
@@ -178,12 +244,8 @@ def reconcile_out_idx(op: Any, info: FactoryInfo, func: Any) -> tuple[list[int] 
     BuildError when the declaration and the kernel disagree on how many outputs there are."""
     from tileship.errors import BuildError
 
-    n = len(func.params)
     attr = kernel_out_idx(func)
-    deco = None
-    if info.decorator_out_idx is not None:
-        raw = info.decorator_out_idx
-        deco = sorted(int(i) % n for i in ([raw] if isinstance(raw, int) else raw))
+    deco = decorator_out_idx(info, func)
     own = attr if attr is not None else deco
     if op.infers_outputs:
         if own is None:

@@ -96,7 +96,7 @@ def check_factory(decl: Operator, op: str) -> None:
     required = [
         p.name
         for p in sig.parameters.values()
-        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         and p.name not in info.tensor_params  # bound by TileLang from the tensor annotations, never passed
     ]
     given = {n for _, n in wanted if n is not None}

@@ -1,5 +1,6 @@
 """Outputs as the kernel declares them: for a factory whose kernel allocates its outputs with
-``T.empty`` (TileLang's ``tilelang_out_idx``), ``outputs=`` may be omitted and is read here from
+``T.empty`` (TileLang's ``tilelang_out_idx``) or names them with ``@tilelang.jit(out_idx=...)`` (the
+declared inputs are then its other parameters), ``outputs=`` may be omitted and is read here from
 one trace of the factory (no compile): each output's name, dims (in terms of the declared
 base dims, derived ones such as ``K/8`` included) and dtype (``"same"`` when it is the operator
 dtype). Imports TileLang (the operator module already has)."""
@@ -16,8 +17,9 @@ from tileship.errors import DeclarationError, TileshipError
 def infer_outputs(op: Operator) -> Operator:
     """``op`` with ``outputs`` filled from its traced kernel, at the first declared shape (static ones first) that
     the factory takes. Raises DeclarationError (field ``outputs``) when it takes none, when the kernel has no
-    ``T.empty`` outputs or when a size cannot be told apart."""
-    from tileship.declare.factory import kernel_out_idx, trace
+    ``T.empty`` outputs and its decorator no ``out_idx`` that leaves the declared inputs, or when a size cannot be
+    told apart."""
+    from tileship.declare.factory import decorator_out_idx, kernel_out_idx, resolve, trace
 
     specs = expand(op)
     # static shapes first; a shape the factory refuses (it asserts on a size) fails only its own build
@@ -39,10 +41,15 @@ def infer_outputs(op: Operator) -> Operator:
                                operator=op.name, field="outputs",
                                hint="declare outputs=(TensorArg(...), ...) explicitly") from first
     idx = kernel_out_idx(func)
-    if not idx:
-        raise DeclarationError("is omitted but the kernel allocates no outputs with T.empty", operator=op.name,
-                               field="outputs",
-                               hint="declare outputs=(TensorArg(name, dims), ...) for the kernel's trailing parameters")
+    if not idx:  # no T.empty: the outputs a lazy kernel's @tilelang.jit(out_idx=...) names, as TileLang calls it
+        deco = decorator_out_idx(resolve(op.factory, operator=op.name), func)
+        if deco and len(func.params) - len(deco) == len(op.inputs):
+            return dataclasses.replace(op, outputs=tuple(_output(op, spec, _buffer(op, func, i)) for i in deco))
+        why = (f"its @tilelang.jit(out_idx=...) makes parameters {deco} of {len(func.params)} its outputs, which "
+               f"leaves {len(func.params) - len(deco)} inputs, not the {len(op.inputs)} declared" if deco else
+               "the kernel allocates no outputs with T.empty nor names them with @tilelang.jit(out_idx=...)")
+        raise DeclarationError(f"is omitted but {why}", operator=op.name, field="outputs",
+                               hint="declare outputs=(TensorArg(name, dims), ...) for the kernel's output parameters")
     if idx != list(range(len(op.inputs), len(func.params))):
         raise DeclarationError(f"the kernel's T.empty outputs are parameters {idx} of {len(func.params)}, not the "
                                f"{len(func.params) - len(op.inputs)} "
@@ -50,6 +57,16 @@ def infer_outputs(op: Operator) -> Operator:
                                hint="declare exactly the kernel's tensor parameters as inputs, in order")
     outs = tuple(_output(op, spec, func.buffer_map[func.params[i]]) for i in idx)
     return dataclasses.replace(op, outputs=outs)
+
+
+def _buffer(op: Operator, func: Any, i: int) -> Any:
+    """The buffer of the kernel's parameter ``i``; DeclarationError when it takes a scalar there."""
+    buf = func.buffer_map.get(func.params[i])
+    if buf is None:
+        raise DeclarationError(f"the kernel's output parameter {i} ({func.params[i].name}) is a scalar, not a tensor",
+                               operator=op.name, field="outputs",
+                               hint="point @tilelang.jit(out_idx=...) at the kernel's output tensors")
+    return buf
 
 
 def _output(op: Operator, spec: Specialization, buf: Any) -> TensorArg:
@@ -63,10 +80,12 @@ def _output(op: Operator, spec: Specialization, buf: Any) -> TensorArg:
 def _dim(op: Operator, dims: dict[str, Any], size: Any, out: str, k: int) -> str:
     from tilelang import tvm
 
+    from tileship.declare.factory import is_dynamic_name
+
     if isinstance(size, tvm.tirx.Var):  # the T.dynamic dim, or one the kernel makes dynamic itself (T.dynamic("n"))
         want = str(size.name)
         for d, v in dims.items():
-            if isinstance(v, tuple) and d.lower() == want:
+            if isinstance(v, tuple) and is_dynamic_name(want, d):
                 return d
         named = [d for d in dims if want in (d, d.lower())]
         if len(named) == 1:

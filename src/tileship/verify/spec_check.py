@@ -180,8 +180,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 failure = f"reference raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
             if len(outs) != len(outputs) or len(refs) != len(outputs):
-                failure = (f"the kernel returned {len(outs)} and the reference {len(refs)} outputs; "
-                           f"{len(outputs)} are declared")
+                failure = _count_failure(len(outs), len(refs), len(outputs), [inputs[i][0] for i in mut])
                 break
             for i, (o, r, n) in enumerate(zip(outs, refs, native, strict=True)):
                 t = out_tols[i]
@@ -220,3 +219,14 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     bad = next((p for p in results if not p.passed), None)
     failure = None if bad is None else f"at {','.join(f'{k}={v}' for k, v in bad.dims.items())}: {bad.failure}"
     return SpecVerdict(spec, device, tol, override is not None, ref_dtype, tuple(results), failure)
+
+
+def _count_failure(n_kernel: int, n_reference: int, n_compared: int, mutated: list[str]) -> str:
+    """Why the paths' results cannot be compared: how many outputs each returned and how many are declared, not
+    counting the ``mutated`` inputs each path's results end with (``verify.mutated.OnClones``)."""
+    k, r, n = n_kernel - len(mutated), n_reference - len(mutated), n_compared - len(mutated)
+    said = f"the kernel returned {k} and the reference {r} outputs; {n} are declared"
+    if mutated:
+        said += (f" (besides {', '.join(mutated)}, updated in place"
+                 + (": a reference that only updates inputs returns None)" if n == 0 else ")"))
+    return said

@@ -38,6 +38,12 @@ WRONG = [  # (id, shape, reference, the words of the error)
                                                             "declares it float32 [4]"),
     ("second-a-list", TWO, lambda x: [x, x.sum(1).tolist()], "the call answered a tuple of 2 (Tensor, list)"),
     ("no-outputs", NONE, lambda x: x.add_(1), "the call answered Tensor; the operator declares 0 output tensor(s)"),
+    ("on-meta", ONE, lambda x: torch.empty_like(x, device="meta"), "output 'Y' of the call is on meta; the call's "
+                                                                   "inputs are on cpu"),
+    ("second-on-meta", TWO, lambda x: (x, x.sum(1).to("meta")), "output 'S' of the call is on meta; the call's "
+                                                                 "inputs are on cpu"),
+    ("undeclared-on-meta", OpShape("scale", (("X", ("M", "N")),), 1), lambda x: x.to("meta"),
+     "output 0 of the call is on meta; the call's inputs are on cpu"),
 ]
 
 

@@ -38,6 +38,12 @@ WRONG = [  # (id, shape, reference, the words of the error)
                                                             "declares it float32 [4]"),
     ("second-a-list", TWO, lambda x: [x, x.sum(1).tolist()], "the call answered a tuple of 2 (Tensor, list)"),
     ("no-outputs", NONE, lambda x: x.add_(1), "the call answered Tensor; the operator declares 0 output tensor(s)"),
+    ("on-meta", ONE, lambda x: torch.empty_like(x, device="meta"), "output 'Y' of the call is on meta; the call's "
+                                                                   "inputs are on cpu"),
+    ("second-on-meta", TWO, lambda x: (x, x.sum(1).to("meta")), "output 'S' of the call is on meta; the call's "
+                                                                 "inputs are on cpu"),
+    ("undeclared-on-meta", OpShape("scale", (("X", ("M", "N")),), 1), lambda x: x.to("meta"),
+     "output 0 of the call is on meta; the call's inputs are on cpu"),
 ]
 
 
@@ -107,3 +113,85 @@ def test_inputs_of_the_operator_dtype_that_disagree_leave_the_output_dtype_to_th
     assert y.dtype == torch.float64 and d.path == "reference", d
     with pytest.raises(DeclarationError, match=r"output 'C' of the call is float64 \[7\]"):
         OpRunner(shape, lambda a, b: (a + b)[1:], [])(a, b)
+
+
+# -- tileship verify, tune and demo call the reference directly: the same check, the same words ----------------
+
+SPEC = Specialization("scale", "float32", (("M", 4), ("N", 8)), "c")
+DESC = {"inputs": [["X", ["M", "N"]]], "outputs": [["Y", ["M", "N"]]], "dtypes": ["float32"], "config": {},
+        "tolerances": {"float32": {"atol": 1e-4, "rtol": 1e-4}}}
+#: the references of WRONG for the one-output operator (``scale``: Y = 2 X), whose kernel is right
+OF_ONE = [w for w in WRONG if w[1] is ONE or w[0] == "undeclared-on-meta"]
+
+
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype)  # allocated as a kernel's output is (the poison goes there)
+    out.copy_(x * 2)
+    return out
+
+
+@pytest.mark.parametrize("name,shape,reference,words", OF_ONE, ids=[w[0] for w in OF_ONE])
+def test_verify_fails_the_verdict_of_a_reference_unlike_its_declaration_with_the_dispatchers_words(name, shape,
+                                                                                                   reference, words):
+    """A NumPy array and a meta tensor crashed the whole verify run (AttributeError 'numel', NotImplementedError
+    'Cannot copy out of meta tensor'); a row short was blamed on the kernel ("output shape (4, 8) != reference
+    shape (3, 8)"), and the transposed answer or a list of one got other words than the ones a served call meets."""
+    from tileship.verify.spec_check import VerifyOptions, verify_spec
+
+    words = words.replace("output 0 ", "output 'Y' ")  # the declaration names it here
+    v = verify_spec(SPEC, _twice, reference, DESC, options=VerifyOptions(seeds=(0,), timing=False))
+    assert not v.passed and v.failure.startswith("at M=4,N=8: scale.reference: ") and words in v.failure, v.failure
+    assert verify_spec(SPEC, _twice, lambda x: x * 2, DESC, options=VerifyOptions(seeds=(0,), timing=False)).passed
+
+
+def test_a_whole_verify_run_reports_such_a_reference_as_failed_verdicts(cpu_release, monkeypatch):
+    """``tileship verify`` on a release whose reference answers a NumPy array: each verdict fails naming it, the
+    run itself completes (it raised AttributeError from the comparison)."""
+    from tileship.runtime import references
+    from tileship.verify.spec_check import VerifyOptions
+    from tileship.verify.verify import verify
+
+    real = references.import_reference
+    monkeypatch.setattr(references, "import_reference", lambda desc, op: (lambda *a: real(desc, op)(*a).numpy()))
+    result = verify(cpu_release, VerifyOptions(seeds=(0,), timing=False, only=("add",)), write=False)
+    assert result.verdicts and all(not v.passed for v in result.verdicts), result.verdicts
+    for v in result.verdicts:
+        assert "add.reference: the call answered ndarray; the operator declares 1 output tensor(s)" in v.failure, \
+            v.failure
+
+
+@pytest.mark.parametrize("name,shape,reference,words", OF_ONE, ids=[w[0] for w in OF_ONE])
+def test_tune_stops_at_a_reference_unlike_its_declaration_before_timing_it(name, shape, reference, words):
+    """A NumPy array or a meta tensor crashed ``tune`` with a traceback from the comparison; now the group's
+    reference is called once per point through the dispatcher's check, before anything is timed."""
+    from tileship.verify.tune import TuneOptions, tune_group
+
+    words = words.replace("output 0 ", "output 'Y' ")
+    opts = TuneOptions(seeds=(0,), budget_ms=1.0, warmup_ms=1.0, min_repeats=1, max_repeats=2, rounds=2,
+                       confirm_rounds=0, flush=False, clock="events")
+    with pytest.raises(DeclarationError) as info:
+        tune_group("scale.float32.c", [(SPEC.id, SPEC, _twice)], reference, DESC, options=opts)
+    e = info.value
+    assert (e.operator, e.field) == ("scale", "reference"), str(e)
+    assert words in str(e) and "(tuning scale.float32.c at M=4,N=8)" in str(e), str(e)
+
+
+CAST = [w for w in OF_ONE if w[0] != "float64"]  # the demo runs the reference on float64 inputs: dtypes open
+
+
+@pytest.mark.parametrize("name,shape,reference,words", CAST, ids=[w[0] for w in CAST])
+def test_the_demo_names_such_a_reference_in_a_failed_row(name, shape, reference, words):
+    """The demo compared the kernel with the reference called directly: a NumPy array or a meta tensor raised
+    (AttributeError 'double', NotImplementedError), a row short broadcast or raised a size mismatch."""
+    from tileship.runtime.dispatch import Release
+    from tileship.verify.demo import exercise
+
+    words = words.replace("output 0 ", "output 'Y' ")
+    ok = OpShape("scale", (("X", ("M", "N")),), 1, outputs=(("Y", ("M", "N")),), out_dtypes=("same",))
+    runner = OpRunner(ok, reference, [Entry(SPEC, _twice, Decision(KERNEL, KERNEL, SPEC.id))])
+    release = Release(release_id="f00d0000000b0001", path=None, kernel_revision="test", model={}, lock={},
+                      lock_digest="", drift=None, ops={"scale": runner}, declarations={"scale": DESC})
+    rows = exercise(release)
+    assert [(r["ok"], r["path"]) for r in rows] == [(False, "kernel")], rows
+    reason = rows[0]["reason"]
+    assert reason.startswith("scale.reference: ") and words.replace("float32", "float64") in reason, reason

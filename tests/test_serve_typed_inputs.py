@@ -127,3 +127,81 @@ def test_json_data_an_integer_or_bool_input_holds_exactly_is_served(server):
                                     {"name": "s", "shape": [1], "datatype": "FP32", "data": [2.0]},
                                     {"name": "flag", "shape": [1], "datatype": "BOOL", "data": [flag]}])
         assert r.status_code == 200 and r.json()["outputs"][0]["data"][:2] == [0.0, scale], (flag, r.text)
+
+
+@pytest.fixture
+def regions() -> Iterator[Any]:
+    import shm_regions
+
+    yield from shm_regions.regions("b")
+
+
+def test_raw_bool_bytes_other_than_0_or_1_are_a_400_on_every_transport(server, regions):
+    """``scale``'s BOOL ScalarArg ``flag`` as raw bytes: the binary extension, gRPC ``raw_input_contents`` and a
+    system shared-memory region. A byte of 2 (or 255) was taken as true and served 200, an answer computed from
+    another value than the client sent, where the same 2 in JSON is a 400 (``json_data``); now the same 400 /
+    INVALID_ARGUMENT naming the input and the byte. 0 and 1 are still served."""
+    import tritonclient.http as th
+    import tritonclient.utils.shared_memory as shm
+    from tritonclient.utils import InferenceServerException
+
+    a = {"name": "A", "shape": [32], "datatype": "FP32", "data": A32}
+    s = {"name": "s", "shape": [1], "datatype": "FP32", "data": [2.0]}
+    out = [{"name": "B", "parameters": {"binary_data": True}}]
+    raw_flag = {"name": "flag", "shape": [1], "datatype": "BOOL", "parameters": {"binary_data_size": 1}}
+    for byte, want in ((0, 1.0), (1, 2.0)):
+        r = _post(server, "scale", [a, s, raw_flag], bytes([byte]), outputs=out)
+        assert _binary_output(r, np.float32)[1] == want, (byte, r.text)
+    words = "input flag: its raw bytes do not hold BOOL values (byte 0 is {}, neither true (1) nor false (0))"
+    for byte in (2, 255):
+        r = _post(server, "scale", [a, s, raw_flag], bytes([byte]), outputs=out)
+        assert r.status_code == 400 and words.format(byte) in r.json()["error"], r.text
+
+    c = tg.InferenceServerClient(server.grpc_url)
+    try:
+        ins = [tg.InferInput("A", [32], "FP32"), tg.InferInput("s", [1], "FP32"), tg.InferInput("flag", [1], "BOOL")]
+        ins[0].set_data_from_numpy(np.arange(32, dtype=np.float32))
+        ins[1].set_data_from_numpy(np.array([2.0], dtype=np.float32))
+        ins[2].set_data_from_numpy(np.array([2], dtype=np.uint8).view(np.bool_))  # raw_input_contents: b"\x02"
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("scale", ins)
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and words.format(2) in info.value.message(), \
+            str(info.value)
+    finally:
+        c.close()
+
+    h, region, key = regions.create(2)
+    shm.set_shared_memory_region(h, [np.array([1, 7], dtype=np.uint8)])
+    hc = th.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        hc.register_system_shared_memory(region, key, 2)
+        for offset, status in ((0, 200), (1, 400)):
+            flag = {"name": "flag", "shape": [1], "datatype": "BOOL", "parameters": {
+                "shared_memory_region": region, "shared_memory_byte_size": 1, "shared_memory_offset": offset}}
+            r = _post(server, "scale", [a, s, flag])
+            assert r.status_code == status, r.text
+            if status == 400:
+                assert words.format(7) in r.json()["error"], r.text
+        hc.unregister_system_shared_memory(region)
+    finally:
+        hc.close()
+
+
+def test_a_raw_bool_tensor_bound_for_a_worker_is_checked_before_it_is_sent():
+    """With ``--workers``, a raw input tensor goes to the worker as its bytes (``remote._arguments``: no tensor is
+    made in the front end): a BOOL one is checked there, with the same words (``protocol.raw_bytes``)."""
+    from tileship.serve import remote
+    from tileship.serve.call_plan import CallPlan
+    from tileship.serve.protocol import InputTensor
+    from tileship.serve.validate import BadRequest
+
+    def plan(data: bytes) -> CallPlan:
+        mask = InputTensor("mask", "BOOL", (4,), raw=memoryview(bytearray(data)))
+        return CallPlan([mask], "float32", {"M": 4}, True, [("Y", False)])
+
+    (raw,) = remote._arguments(plan(b"\x00\x01\x01\x00"))
+    assert bytes(raw.raw) == b"\x00\x01\x01\x00" and raw.dtype == "bool"
+    with pytest.raises(BadRequest) as info:
+        remote._arguments(plan(b"\x00\x01\x03\x00"))
+    assert info.value.status == 400 and info.value.message == (
+        "wrong dtype: input mask: its raw bytes do not hold BOOL values (byte 2 is 3, neither true (1) nor false (0))")

@@ -492,4 +492,5 @@ def test_a_reference_of_another_dtype_than_declared_fails_verification():
 
     v = verify_spec(FAKE_SPEC, kernel, lambda a, b: (a + b).double(), FAKE_DESC,
                     options=VerifyOptions(seeds=(0,), timing=False))
-    assert not v.passed and "output C: the reference returns float64, declared float32" in v.failure, v.failure
+    assert not v.passed and ("fake.reference: output 'C' of the call is float64 [64]; the operator declares it "
+                             "float32 [64] for this call") in v.failure, v.failure

@@ -212,17 +212,20 @@ def check_shm_size(inp: InputTensor, count: int) -> None:
 
 def to_tensor(inp: InputTensor, device: str) -> Any:
     """The input as a torch tensor on ``device``. A binary input is a view of the request body
-    (no copy) until it is copied to the device, or, on the CPU, copied when misaligned."""
+    (no copy) until it is copied to the device, or, on the CPU, copied when misaligned. Raw bytes of a BOOL input
+    are checked (``raw_bytes``, ``check_bool_bytes``)."""
     import torch
 
     dt = getattr(torch, DATATYPES[inp.datatype])
     if inp.fetch is not None:  # CUDA shared memory: the window itself, on its device
         t = inp.fetch()
+        if inp.datatype == "BOOL":
+            check_bool_bytes(inp.name, t)
         if t.storage_offset() % dt.itemsize:  # an offset no view of this dtype can start at
             t = t.clone()
         return t.view(dt).reshape(inp.shape).to(device)
     if inp.raw is not None:
-        t = torch.frombuffer(inp.raw, dtype=dt).reshape(inp.shape)
+        t = torch.frombuffer(raw_bytes(inp), dtype=dt).reshape(inp.shape)
         if device == "cpu" and t.data_ptr() % 16:
             t = t.clone()  # the JSON header's length leaves the data anywhere; CPU kernels get aligned memory
     else:
@@ -234,3 +237,24 @@ def to_tensor(inp: InputTensor, device: str) -> Any:
                              f"({str(exc).splitlines()[0]})") from None
     return t.to(device) if device != "cpu" else t
 
+
+def raw_bytes(inp: InputTensor) -> memoryview:
+    """The raw bytes of ``inp`` (the binary extension's part of the body, gRPC's ``raw_input_contents``, or what
+    a system shared-memory region held: each sets ``raw``), as every consumer takes them: ``to_tensor`` in process,
+    ``serve.remote`` for a worker. Raises BadRequest 400 when those of a BOOL input hold a byte other than 0 or 1
+    (torch would read 2 as true: an answer computed from another value than the client sent), as JSON data does."""
+    assert inp.raw is not None
+    if inp.datatype == "BOOL" and len(inp.raw):
+        import torch
+
+        check_bool_bytes(inp.name, torch.frombuffer(inp.raw, dtype=torch.uint8))
+    return inp.raw
+
+
+def check_bool_bytes(name: str, u8: Any) -> None:
+    """BadRequest 400 naming input ``name`` when its bytes ``u8`` (a uint8 tensor, on any device) hold anything but
+    0 (false) or 1 (true); the words are the JSON check's (``json_data``)."""
+    if u8.numel() and int(u8.max()) > 1:
+        i = int((u8 > 1).nonzero()[0, 0])
+        raise BadRequest(400, f"wrong dtype: input {name}: its raw bytes do not hold BOOL values (byte {i} is "
+                              f"{int(u8[i])}, neither true (1) nor false (0))")

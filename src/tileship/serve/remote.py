@@ -62,7 +62,7 @@ def _arguments(plan: call_plan.CallPlan) -> list[Any]:
         if i in plan.scalars:
             args.append(protocol.to_tensor(inp, "cpu").item())
         elif inp.raw is not None:
-            args.append(Raw(inp.raw, inp.shape, _DTYPES[inp.datatype]))
+            args.append(Raw(protocol.raw_bytes(inp), inp.shape, _DTYPES[inp.datatype]))  # a BOOL one checked
         else:
             args.append(protocol.to_tensor(inp, "cpu"))
     return args

@@ -1,15 +1,23 @@
-"""The demo's third step: call every specialization this machine can run and compare."""
+"""The demo's third step: call every specialization this machine can run and compare.
+
+The reference's answer is held to the declaration as the dispatcher holds it (``runtime.answer``): a reference
+whose answer is unlike it (a NumPy array, a tuple of the wrong length, another shape or device than declared for
+the call) gives its row ``ok=False`` with the ``DeclarationError``'s words as the reason, not a traceback.
+"""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
+from tileship.declare.dims import shape_at
 from tileship.declare.inputs import sample_points
 from tileship.declare.spec import tensor_tolerance
+from tileship.errors import DeclarationError
 from tileship.runtime.dispatch import Release
 from tileship.verify.compare import disagreement
 from tileship.verify.mutated import OnClones, mutated_positions
+from tileship.verify.spec_check import held
 
 
 def _take(call: Any, decisions: list[Any], *args: Any) -> Any:
@@ -44,10 +52,19 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
                 args = runner.sample_inputs(dims, spec.dtype, device, seed)
                 mut = mutated_positions(decl)  # inputs updated in place: compared whole, each path on clones
                 decisions: list[Any] = []
-                outs = OnClones(functools.partial(_take, runner.call, decisions), mut)(*args)
+                declared = [(n, ds) for n, ds, *_ in decl["outputs"]]
+                reference = held(name, runner.reference, declared, [(_shape(ds, dims), None) for _, ds in declared],
+                                 args, dtypes=False)  # on float64 inputs: its dtypes are open
+                try:  # a reference that serves the call is held to the declaration by the dispatcher
+                    outs = OnClones(functools.partial(_take, runner.call, decisions), mut)(*args)
+                    refs = OnClones(reference, mut)(*[a.double() if torch.is_tensor(a) and a.is_floating_point()
+                                                      else a for a in args])
+                except DeclarationError as exc:
+                    d = decisions[0] if decisions else None
+                    rows.append({"spec_id": d.spec_id or spec.id if d else spec.id, "dims": shown,
+                                 "path": d.path if d else "reference", "reason": exc.message, "err": "-", "ok": False})
+                    continue
                 d = decisions[0]
-                refs = OnClones(runner.reference, mut)(*[a.double() if torch.is_tensor(a) and a.is_floating_point()
-                                                         else a for a in args])
                 ok, worst = True, 0.0
                 names = [n for n, *_ in decl["outputs"]] + [decl["inputs"][i][0] for i in mut]
                 for o_name, o, r in zip(names, outs, refs, strict=True):
@@ -57,3 +74,11 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
                 rows.append({"spec_id": d.spec_id or spec.id, "dims": shown, "path": d.path, "reason": d.reason,
                              "err": f"{worst:.2e}", "ok": ok})
     return rows
+
+
+def _shape(ds: Any, dims: dict[str, int]) -> tuple[int, ...] | None:
+    """The shape of an output declared ``ds`` at ``dims``; None where they cannot tell it (not checked)."""
+    try:
+        return shape_at(ds, dims)
+    except (KeyError, ValueError):
+        return None

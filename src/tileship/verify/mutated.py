@@ -43,20 +43,4 @@ class OnClones:
         return own + [call[i] for i in self.positions]
 
 
-def result_form(reference: Callable[..., Any], args: Sequence[Any], outputs: Sequence[str],
-                positions: Sequence[int]) -> str | None:
-    """Why what ``reference`` returns for ``args`` is not what the kernel path returns for the declared ``outputs``
-    (one output: a tensor, not a sequence of one), or None. Runs on clones of the inputs at ``positions``; a
-    reference that raises is reported where it is compared, not here."""
-    call = [a.clone() if i in positions else a for i, a in enumerate(args)]
-    try:
-        out = reference(*call)
-    except Exception:  # noqa: BLE001
-        return None
-    if len(outputs) == 1 and isinstance(out, (tuple, list)):
-        return (f"the reference returns a {type(out).__name__} of {len(out)} for the one output {outputs[0]}, the "
-                "kernel path a tensor (a caller's result would depend on the path): return the tensor itself")
-    return None
-
-
-__all__ = ["OnClones", "as_list", "mutated_positions", "result_form"]
+__all__ = ["OnClones", "as_list", "mutated_positions"]

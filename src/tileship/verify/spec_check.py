@@ -18,8 +18,10 @@ For one specialization, at its verification points:
   difference within it is "no difference".
 
 A kernel that is wrong, or raises, is a value (``SpecVerdict.failure``, naming the shape), not an
-exception. ``VerifyOptions`` are the options of one verification, of a specialization here and of a
-whole release (``verify.verify``).
+exception; so is a reference whose answer is unlike its declaration (a NumPy array, a tuple of the wrong length,
+another dtype, shape or device than declared for the call: ``runtime.answer``'s check and words, the ones a call
+of the reference meets when it serves). ``VerifyOptions`` are the options of one verification, of a
+specialization here and of a whole release (``verify.verify``).
 
 Poisoning. TileLang allocates the outputs (``out_idx``), so the poison goes where the
 allocation comes from: ``torch.empty`` is swapped for the duration of one kernel call (the
@@ -41,9 +43,11 @@ from typing import Any
 from tileship.declare.dims import shape_at
 from tileship.declare.inputs import make_inputs, point_seed, verification_points
 from tileship.declare.spec import Specialization, Target, Tolerance, tensor_dtypes, tensor_tolerance
+from tileship.errors import DeclarationError
 from tileship.release import evidence as ev_mod
+from tileship.runtime.answer import checker, declared_at
 from tileship.verify.compare import Check, check_output, poisoned_call
-from tileship.verify.mutated import OnClones, mutated_positions, result_form
+from tileship.verify.mutated import OnClones, mutated_positions
 from tileship.verify.results import PointResult, SpecVerdict
 from tileship.verify.timing import NOISE_FLOOR, Timing, _stats, measure, rotation_sets
 
@@ -111,6 +115,23 @@ def _dt(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def held(name: str, reference: Callable[..., Any], outputs: Sequence[tuple[str, Sequence[Any]]],
+         specs: Sequence[tuple[Any, Any]], args: Sequence[Any], *, dtypes: bool = True) -> Callable[..., Any]:
+    """``reference`` with its answer held to the declaration as the dispatcher holds it (``runtime.answer``):
+    the declared ``outputs`` (name, dims) of operator ``name``, of the (shape, torch dtype) ``specs`` at the call's
+    dims (``dtypes`` False: dtypes open, for a reference run on inputs cast to float64), on the device of the
+    first tensor of ``args``. The wrapped call raises DeclarationError naming the operator and the output."""
+    import torch
+
+    device = next((a.device for a in args if torch.is_tensor(a)), None)
+    check = checker(name, len(outputs), declared_at(outputs, specs, dtypes=dtypes), device)
+
+    def call(*call_args: Any) -> Any:
+        return check(reference(*call_args))
+
+    return call
+
+
 def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any],
                 desc: Mapping[str, Any], *,
                 options: VerifyOptions = VerifyOptions(), tolerance: Tolerance | None = None,
@@ -134,7 +155,8 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     mut = mutated_positions(desc)
     outputs += [inputs[i] for i in mut]
     out_dtypes += [getattr(torch, in_dtypes[i]) for i in mut]
-    kernel_v, reference_v = (OnClones(kernel, mut), OnClones(reference, mut)) if mut else (kernel, reference)
+    kernel_v = OnClones(kernel, mut) if mut else kernel
+    declared_outputs = outputs[:len(outputs) - len(mut)]
     override = options.tolerances.get(spec.op, {}).get(spec.dtype)
     tol = tolerance or override or tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"},
                                                     "", spec.dtype)
@@ -167,15 +189,24 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 failure = f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
             confirmed = confirmed and ok_poison
+            # the reference's answer held to the declaration (``runtime.answer``), as every call of it is when it
+            # serves: in float64 its dtypes are open, at the declared dtypes they are held too
+            as_cast, as_declared = (held(spec.op, reference, declared_outputs, out_specs, args, dtypes=d)
+                                    for d in (False, True))
+            if mut:
+                as_cast, as_declared = OnClones(as_cast, mut), OnClones(as_declared, mut)
             try:
+                native = _reference_in(as_declared, args, None)  # first: its words name the declared dtypes
                 try:
-                    refs = _reference_in(reference_v, args, ref_dtype)
+                    refs = _reference_in(as_cast, args, ref_dtype)
                 except (RuntimeError, NotImplementedError, TypeError):
                     if ref_dtype == "float32":
                         raise
                     ref_dtype = "float32"  # e.g. no float64 implementation on this device
-                    refs = _reference_in(reference_v, args, ref_dtype)
-                native = _reference_in(reference_v, args, None)
+                    refs = _reference_in(as_cast, args, ref_dtype)
+            except DeclarationError as exc:  # a reference unlike its declaration cannot vouch for the kernel
+                failure = exc.message
+                break
             except Exception as exc:  # noqa: BLE001 -- a reference that raises cannot vouch for the kernel
                 failure = f"reference raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 break
@@ -191,12 +222,7 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 ref_checks.append(check_output(n, r, atol=t.atol, rtol=t.rtol))
                 if c.failure and failure is None:
                     failure = (f"output {outputs[i][0]}: " if len(outs) > 1 else "") + c.failure + f" (seed {seed})"
-                if failure is None and getattr(n, "dtype", out_dtypes[i]) != out_dtypes[i]:  # it serves too
-                    failure = (f"output {outputs[i][0]}: the reference returns {_dt(n.dtype)}, declared "
-                               f"{_dt(out_dtypes[i])} (a caller's result dtype would depend on the path)")
             del outs, refs, native
-        if failure is None and first_args is not None and not results:  # once: the reference's result's form
-            failure = result_form(reference, first_args, [str(n) for n, *_ in desc["outputs"]], mut)
         if failure is None and not confirmed and options.strict_poison:
             failure = ("could not confirm the outputs were poisoned (the adapter allocated them outside the poisoned "
                        "allocator), "

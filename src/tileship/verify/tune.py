@@ -28,7 +28,8 @@ The table, with every number behind each decision, goes into the release's evide
 verification (``evidence/verification.json``: hashed, bound to the lock digest and the device
 fingerprint); verification entries of other specializations are kept when they still apply.
 Groups with one kernel (no candidates) are tuned too: kernel against reference, same rule.
-Never compiles.
+A reference whose answer is unlike its declaration (``runtime.answer``) stops the run with a DeclarationError
+naming the operator, the output and the point, before anything of its group is timed. Never compiles.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 from tileship.build import pins
 from tileship.declare.inputs import make_inputs, point_seed
 from tileship.declare.spec import Specialization, Target, tensor_dtypes
-from tileship.errors import ArtifactLoadError, VerificationError
+from tileship.errors import ArtifactLoadError, DeclarationError, VerificationError
 from tileship.release import bundle, evidence_write, tuning
 from tileship.release import evidence as ev_mod
 from tileship.verify import tune_evidence
@@ -121,6 +122,19 @@ def _runner(desc: Mapping[str, Any], name: str, reference: Any, spec: Specializa
     return runner
 
 
+def _check_reference(runner: Any, args: Sequence[Any], gid: str, dims: Mapping[str, int]) -> None:
+    """One call of the reference-only dispatcher ``runner`` on ``args``: raises DeclarationError (field
+    ``reference``) naming the operator, the output, what it answered and what is declared, the group and the
+    point, when the reference's answer is unlike its declaration (``runtime.answer``): a group whose baseline is
+    wrong cannot be tuned, and no time is spent measuring it."""
+    try:
+        runner(*args)
+    except DeclarationError as exc:
+        at = ",".join(f"{k}={v}" for k, v in dims.items())
+        raise DeclarationError(f"{exc.message.removeprefix(f'{runner.name}.reference: ')} (tuning {gid} at {at})",
+                               operator=runner.name, field="reference", hint=exc.hint) from None
+
+
 def served_table(root: Path | None, kernels: Sequence[Any]) -> Path | None:
     """``root`` when the loaded release would give the operator of ``kernels`` its compiled table
     (one of them is a kernel the table launches: ``runtime.native.attach``), else None."""
@@ -163,6 +177,8 @@ def tune_group(
     for _sid, spec, kernel in members:
         if not isinstance(kernel, str):
             runners[spec.candidate or "default"] = _runner(desc, name, reference, spec, kernel, table)
+    for dims, _ in points:  # before anything is timed: the reference's answer held to its declaration
+        _check_reference(runners[""], make(dims, 0), gid, dims)
     pruned: dict[str, dict[str, str]] = {}  # candidate -> bucket key -> why (``tune_rule.triage``)
     # only among candidates: a group's single kernel is always verified (its evidence is the release's)
     for dims, _ in points if options.prune and len(runners) > 2 else ():

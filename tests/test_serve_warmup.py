@@ -63,3 +63,23 @@ def test_the_live_release_warm_up_is_in_the_metrics_and_the_log(cpu_release_buil
         assert ready["warmup_threads"] == 3 and len(ready["warmup_slowest"]) == 3
         refs = {f"{n}:reference" for n in srv.service.holder.current.release.ops}
         assert set(ready["warmup_slowest"]) <= kernels | refs
+
+
+@pytest.mark.parametrize("answer", ["float64", "short", "numpy"])
+def test_a_reference_that_breaks_its_declaration_is_blamed_not_the_kernel(cpu_release_build, answer):
+    """Warm-up holds the reference's answer to the declaration (the dispatcher's check): a wrong dtype, a row short or
+    a NumPy array is a ``reference:`` failure naming the output, and the kernel it was compared with keeps serving
+    (before: the kernel was switched off as ``load_failed`` and the bad reference served every call)."""
+    release = load(cpu_release_build.path)
+    devices, _ = serving_devices(release)
+    runner = release.ops["add"]
+    kernels = [e for e in runner.entries if e.kernel is not None]
+    wrong = {"float64": lambda x, y: (x + y).double(), "short": lambda x, y: (x + y)[:-1],
+             "numpy": lambda x, y: (x + y).numpy()}[answer]
+    runner.reference = wrong
+    report = warm_up(release, devices)
+    ids = {e.spec.id for e in kernels}
+    assert ids and ids <= set(report.failures)
+    assert all(report.failures[i].startswith("reference: warm-up call at ") and "add.reference" in report.failures[i]
+               for i in ids), report.failures
+    assert all(e.kernel is not None and e.decision.reason != "load_failed" for e in kernels)

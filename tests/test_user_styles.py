@@ -72,14 +72,15 @@ def test_parameters_named_like_the_ranges_dynamic_var_build_and_verify(styles_bu
 
 
 #: the verdict of ``scaled_``, whose reference returns the tensor it updated in place
-SCALED_ = ("at N=8: the kernel returned 0 and the reference 1 outputs; 0 are declared (besides X, updated in place: "
-           "a reference that only updates inputs returns None)")
+SCALED_ = ("at N=8: scaled_.reference: the call answered Tensor; the operator declares 0 output tensor(s) (it only "
+           "updates inputs in place: its reference returns None)")
 
 
 def test_a_reference_returning_its_updated_input_fails_verify_saying_so(styles_build):
     """An operator that only updates X in place, whose reference returns X (``x.mul_(s)``): verify said ``the kernel
     returned 1 and the reference 2 outputs; 1 are declared``, counting the updated input as an output of both
-    paths. It now counts the declared outputs only and says what the reference should return."""
+    paths. The reference's answer is now held to the declaration first (``runtime.answer``), in words that say what
+    the reference should return."""
     from tileship.verify.spec_check import VerifyOptions
     from tileship.verify.verify import verify
 

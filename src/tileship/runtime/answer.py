@@ -47,7 +47,9 @@ def outputs_of(name: str, out: Any, n_outputs: int, *, strict: bool = False) -> 
         got = ", ".join(type(o).__name__ for o in outs) or "nothing"
         if seq:
             got = f"a {type(out).__name__} of {len(out)}" + (f" ({got})" if out else "")
-        raise DeclarationError(f"the call answered {got}; the operator declares {n_outputs} output tensor(s)",
+        only_updates = " (it only updates inputs in place: its reference returns None)" if not n_outputs else ""
+        raise DeclarationError(f"the call answered {got}; the operator declares {n_outputs} output tensor(s)"
+                               f"{only_updates}",
                                operator=name, field="reference",
                                hint=f"make the reference return {_want(n_outputs)}, as the kernel does")
     return outs

@@ -1,7 +1,8 @@
 """Warm-up: one real call per loaded kernel specialization before a release takes traffic.
 
     WarmReport  what warm-up did (seconds, calls, failures by spec id)
-    warm_up     run it; a kernel that disagrees with its reference is switched to the reference
+    warm_up     run it; a kernel that disagrees with its reference is switched to the reference; a reference
+                whose answer breaks its declaration is a failure of its own (the kernel stays)
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tileship.verify.compare import disagreement
 
 @dataclass
 class WarmReport:
-    """What warm-up did: ``calls`` real calls; ``failures`` spec id -> why it now serves the reference;
+    """What warm-up did: ``calls`` real calls; ``failures`` spec id -> why it now serves the reference (or, for a
+    reference whose answer breaks the declaration, ``reference: ...``: the kernel is not blamed);
     ``spec_seconds`` spec id -> seconds its warm-up took (its call, the reference's, the comparison)."""
 
     seconds: float = 0.0
@@ -35,9 +37,13 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
     The sample shape is the largest of ``tileship.declare.inputs.sample_points(spec, limit=limit)``
     (the static shape itself for static specializations). A kernel that raises, returns
     non-finite values or disagrees with the reference beyond the declared tolerance is
-    switched to the reference (reason ``load_failed``) and listed in ``failures``. An
-    operator with no kernel on this device gets one reference call instead (cuBLAS and
-    friends initialise lazily). Never compiles.
+    switched to the reference (reason ``load_failed``) and listed in ``failures``. The
+    reference's answer is held to the declaration as the dispatcher holds it when it serves
+    (``runtime.answer``): one that breaks it (another dtype, shape, device, count or type) is
+    listed in ``failures`` as ``reference: ...`` and switches nothing (the kernel is not at
+    fault; a hot swap refuses such a release). An operator with no kernel on this device gets
+    one reference call instead (cuBLAS and friends initialise lazily), held the same way.
+    Never compiles.
 
     ``threads`` > 1 warms specializations on that many threads at once (their host work overlaps;
     on one GPU their kernels still queue on the device). Switching a kernel to the reference
@@ -59,10 +65,14 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
             done = list(pool.map(lambda job: _one(release, devices, job, limit, seed), jobs))
     else:
         done = [_one(release, devices, job, limit, seed) for job in jobs]
-    for (_name, runner, entry), (sid, seconds, dims, problem) in zip(jobs, done, strict=True):
+    for (_name, runner, entry), (sid, seconds, dims, problem, blame) in zip(jobs, done, strict=True):
         report.calls += 1
         report.spec_seconds[sid] = seconds
-        if problem is not None:
+        if problem is None:
+            continue
+        if blame == "reference":
+            report.failures[sid] = f"reference: warm-up call at {dims}: {problem}"
+        else:
             runner.disable(entry, "load_failed", f"warm-up call at {dims}: {problem}")
             report.failures[sid] = problem
     if any(d == "cuda" for d in devices.values()):
@@ -72,29 +82,34 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
 
 
 def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], limit: int,
-         seed: int) -> tuple[str, float, dict[str, int], str | None]:
-    """Warm one job: (spec id, seconds, dims, problem or None). A job without an entry calls the
-    operator's reference once at its smallest declared shape (never a problem)."""
+         seed: int) -> tuple[str, float, dict[str, int], str | None, str]:
+    """Warm one job: (spec id, seconds, dims, problem or None, who is blamed: "kernel" or "reference"). A job
+    without an entry calls the operator's reference once at its smallest declared shape."""
     import torch
 
     from tileship.declare.inputs import sample_points
     from tileship.declare.spec import Tolerance, tensor_tolerance
+    from tileship.errors import DeclarationError
     from tileship.verify.mutated import OnClones, mutated_positions
 
     name, runner, entry = job
     device = devices[name]
+    decl = release.declarations[name]
     t0 = time.perf_counter()
     if entry is None:
         spec, dims = min(((e.spec, sample_points(e.spec, limit=limit)[0]) for e in runner.entries
                           if e.spec is not None),
                          key=lambda sd: _elements(runner.shape.inputs, sd[1]))
         assert spec is not None
-        runner.reference(*runner.sample_inputs(dims, spec.dtype, device, seed))
+        args = runner.sample_inputs(dims, spec.dtype, device, seed)
+        try:
+            _held(name, runner.reference, decl, spec.dtype, dims, args)(*args)
+        except DeclarationError as exc:
+            return f"{name}:reference", time.perf_counter() - t0, dims, exc.message, "reference"
         if device == "cuda":
             torch.cuda.synchronize()
-        return f"{name}:reference", time.perf_counter() - t0, dims, None
+        return f"{name}:reference", time.perf_counter() - t0, dims, None, "reference"
     spec = entry.spec
-    decl = release.declarations[name]
     tol = decl.get("tolerances", {})
     dims = sample_points(spec, limit=limit)[-1]
     problem = None
@@ -102,7 +117,10 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
     try:
         mut = mutated_positions(decl)  # inputs updated in place: each path on its own clones, compared whole
         outs = OnClones(entry.kernel, mut)(*args)
-        refs = OnClones(runner.reference, mut)(*args)
+        try:
+            refs = OnClones(_held(name, runner.reference, decl, spec.dtype, dims, args), mut)(*args)
+        except DeclarationError as exc:
+            return spec.id, time.perf_counter() - t0, dims, exc.message, "reference"
         if device == "cuda":
             torch.cuda.synchronize()
         names = [n for n, *_ in decl["outputs"]] + [decl["inputs"][i][0] for i in mut]
@@ -111,7 +129,27 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
             problem = problem or disagreement(o, r, t.atol, t.rtol)
     except Exception as exc:
         problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return spec.id, time.perf_counter() - t0, dims, problem
+    return spec.id, time.perf_counter() - t0, dims, problem, "kernel"
+
+
+def _held(name: str, reference: Any, decl: Any, dtype: str, dims: dict[str, int], args: list[Any]) -> Any:
+    """``reference`` with its answer held to the declaration at ``dims`` in a specialization of ``dtype``
+    (``verify.spec_check.held``: the dispatcher's check and words)."""
+    import torch
+
+    from tileship.declare.dims import shape_at
+    from tileship.declare.specialization import tensor_dtypes
+    from tileship.verify.spec_check import held
+
+    declared = [(n, tuple(ds)) for n, ds, *_ in decl["outputs"]]
+    shapes: list[tuple[int, ...] | None] = []
+    for _, ds in declared:
+        try:
+            shapes.append(shape_at(ds, dims))
+        except (KeyError, ValueError):  # a size the dims cannot tell: not checked
+            shapes.append(None)
+    dtypes = [getattr(torch, n) for n in tensor_dtypes(decl, "outputs", dtype)]
+    return held(name, reference, declared, list(zip(shapes, dtypes, strict=True)), args)
 
 
 def _elements(inputs: Any, dims: dict[str, int]) -> int:

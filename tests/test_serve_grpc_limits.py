@@ -17,21 +17,13 @@ import torch
 import tritonclient.grpc as tg
 import tritonclient.utils.shared_memory as shm
 from test_serve import serving
+from test_serve_grpc_hostile import _ab
 from tritonclient.utils import InferenceServerException
 
 from tileship.serve import BackgroundServer, ServeConfig, grpc_codec
 from tileship.serve.validate import BadRequest
 
 MOST = 1 << 20
-
-
-def _ab(n: int) -> list[tg.InferInput]:
-    out = []
-    for name in ("A", "B"):
-        i = tg.InferInput(name, [n], "FP32")
-        i.set_data_from_numpy(np.arange(n, dtype=np.float32))
-        out.append(i)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -139,11 +139,13 @@ def test_plan_rolls_a_new_pin_or_copy_of_the_same_release_canary_first() -> None
     _fleet(plan, serving, 3.5)
     plan.tick(repin, 3.5)
     assert plan.stable == repin and plan.rolls[-1]["outcome"] == "rolled"
+    assert plan.rolls[-1]["reason"] == f"3 replicas serve {repin}", "the version: the release id alone is both"
     assert plan.status(3.5)["stable"] == "A" and plan.status(3.5)["version"] == repin
     plan.tick(copy, 4.0)
     plan.sync("r1", {"version": repin, "failed": {copy: "load: integrity check failed"}}, 4.2)
     assert plan.tick(copy, 4.2) == [], "no registry rollback: the pointer cannot name the earlier pin"
     assert plan.rolls[-1]["outcome"] == "rolled_back" and plan.events[-1]["registry_rollback"] is False
+    assert plan.rolls[-1]["reason"] == f"canary replica r1 could not load {copy}: load: integrity check failed"
     assert set(_fleet(plan, serving, 4.3).values()) == {repin}, "every replica keeps the version it served"
     assert plan.tick(copy, 5.0) == [] and plan.roll is None, "a refused version is not tried again"
 

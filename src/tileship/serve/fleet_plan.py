@@ -58,6 +58,13 @@ def release_of(version: str) -> str:
     return version.partition("#")[0]
 
 
+def _said(version: str, r: Roll) -> str:
+    """``version`` as the reasons of roll ``r`` name it: its release id, unless that would not tell it from the
+    roll's other version (a copy or pin of the same release): then the whole version."""
+    rid = release_of(version)
+    return version if any(release_of(v) == rid for v in {r.target, r.previous} - {version}) else rid
+
+
 @dataclass(frozen=True)
 class FleetPolicy:
     """How a roll is judged and bounded. ``canary``: the comparison rule and its window (its
@@ -181,7 +188,7 @@ class FleetPlan:
                 self._start(active, live, now)
             return []
         if r.phase != "roll" and active != r.target:  # the registry moved on during the canary
-            self._end(now, "aborted", f"the registry's active release became {active} during the canary")
+            self._end(now, "aborted", f"the registry's active release became {_said(active, r)} during the canary")
             return []
         if r.phase == "canary":
             return self._canary(r, live, now)
@@ -200,16 +207,17 @@ class FleetPlan:
 
     def _canary(self, r: Roll, live: list[str], now: float) -> list[tuple[str, str, str]]:
         if r.canary not in live:
-            return self._rollback(r, now, f"canary replica {r.canary} was lost before it served {r.target}")
+            return self._rollback(r, now, f"canary replica {r.canary} was lost before it served {_said(r.target, r)}")
         st = self.replicas[r.canary]
         if r.target in st.failed:
-            return self._rollback(r, now, f"canary replica {r.canary} could not load {r.target}: {st.failed[r.target]}")
+            return self._rollback(r, now, f"canary replica {r.canary} could not load {_said(r.target, r)}: "
+                                          f"{st.failed[r.target]}")
         if st.version == r.target:
             r.phase, r.judging_since = "judge", now
             self._event(now, "canary_serving", release=release_of(r.target), version=r.target, replica=r.canary,
                         load_s=round(now - r.started, 3))
         elif now - r.started > self.policy.load_timeout_s:
-            return self._rollback(r, now, f"canary replica {r.canary} did not load {r.target} "
+            return self._rollback(r, now, f"canary replica {r.canary} did not load {_said(r.target, r)} "
                                           f"within {self.policy.load_timeout_s:g} s")
         return []
 
@@ -229,12 +237,12 @@ class FleetPlan:
         failed = {x: self.replicas[x].failed[r.target] for x in live if r.target in self.replicas[x].failed}
         if failed:
             x, why = sorted(failed.items())[0]
-            return self._rollback(r, now, f"replica {x} could not load {r.target} during the roll: {why}")
+            return self._rollback(r, now, f"replica {x} could not load {_said(r.target, r)} during the roll: {why}")
         if live and all(self.replicas[x].version == r.target for x in live):
             self.stable = r.target
-            self._end(now, "rolled", f"{len(live)} replicas serve {r.target}")
+            self._end(now, "rolled", f"{len(live)} replicas serve {_said(r.target, r)}")
         elif now - r.started > self.policy.load_timeout_s + self.policy.canary.window_seconds:
-            return self._rollback(r, now, f"not every replica loaded {r.target} within the load timeout")
+            return self._rollback(r, now, f"not every replica loaded {_said(r.target, r)} within the load timeout")
         return []
 
     def _rollback(self, r: Roll, now: float, reason: str, **numbers: Any) -> list[tuple[str, str, str]]:

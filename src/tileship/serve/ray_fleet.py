@@ -143,7 +143,7 @@ class FleetController:
         self.plan.tick(self._version(rid), time.monotonic())
         if self.task is None:
             self.task = asyncio.create_task(self._loop())
-        return self.plan.stable
+        return release_of(self.plan.stable) if self.plan.stable else None
 
     async def sync(self, replica: str, report: dict[str, Any]) -> dict[str, Any]:
         """The replica's assignment: ``release`` id, ``path`` (the registry's copy) and ``evidence`` (the pin) of

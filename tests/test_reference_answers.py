@@ -195,3 +195,62 @@ def test_the_demo_names_such_a_reference_in_a_failed_row(name, shape, reference,
     assert [(r["ok"], r["path"]) for r in rows] == [(False, "kernel")], rows
     reason = rows[0]["reason"]
     assert reason.startswith("scale.reference: ") and words.replace("float32", "float64") in reason, reason
+
+
+# -- the server checks again, per call plan (``serve.answer``): the device too -------------------------------------
+
+SERVED = {"inputs": [["X", ["M", "N"]]], "outputs": [["Y", ["M", "N"]], ["S", ["M"]]], "dtypes": ["float32"]}
+ON_META = [  # (id, the answer to X = randn(4, 8), the words the dispatcher uses for it: WRONG's)
+    ("on-meta", lambda x: (torch.empty_like(x, device="meta"), x.sum(1)), "output 'Y' of the call is on meta; "
+                                                                          "the call's inputs are on cpu"),
+    ("second-on-meta", lambda x: (x, x.sum(1).to("meta")), "output 'S' of the call is on meta; the call's inputs "
+                                                           "are on cpu"),
+]
+
+
+@pytest.mark.parametrize("name,answer,words", ON_META, ids=[w[0] for w in ON_META])
+def test_the_servers_check_holds_the_answers_device_to_the_inputs_as_the_dispatcher_does(name, answer, words):
+    """``serve.answer.check_declared`` held dtypes and shapes only: an output on meta where the call's inputs are
+    on the CPU passed it (then crashed the copy to the host). It now names the output, its device and the inputs',
+    in the dispatcher's words; with no device (a worker's copies, checked in the worker) it is not held."""
+    from tileship.serve.answer import check_declared, inputs_device
+
+    x = torch.randn(4, 8)
+    outs = answer(x)
+    assert inputs_device([x, 0.5]) == torch.device("cpu") and inputs_device([0.5]) is None
+    with pytest.raises(DeclarationError) as info:
+        check_declared("split", outs, SERVED, "float32", {"M": 4, "N": 8}, inputs_device([x]))
+    e = info.value
+    assert (e.operator, e.field) == ("split", "reference") and f"split.reference: {words}" in str(e), str(e)
+    check_declared("split", outs, SERVED, "float32", {"M": 4, "N": 8})  # no device given: not held
+    check_declared("split", (x, x.sum(1)), SERVED, "float32", {"M": 4, "N": 8}, inputs_device([x]))
+
+
+@pytest.mark.parametrize("name,answer,words", ON_META, ids=[w[0] for w in ON_META])
+def test_a_worker_refuses_an_answer_on_another_device_before_copying_it_out(name, answer, words):
+    """``serve --workers N``: past the shared buffer every output is a CPU copy, so the front-end cannot tell where
+    the answer was; the worker copied a meta output out (NotImplementedError out of the call: the worker died) or a
+    CPU one of a CUDA call (served). The worker now answers a 500 naming the output, its device and the inputs'."""
+    from types import SimpleNamespace
+
+    from tileship.runtime.dispatch import REFERENCE
+    from tileship.serve import worker_wire as wire
+    from tileship.serve.worker import _call
+
+    class Runner:  # a backend answering as the reference did, without the dispatcher's own check
+        def call(self, x: torch.Tensor) -> tuple[Any, Decision]:
+            return answer(x), Decision(REFERENCE, "build_failed")
+
+    served = SimpleNamespace(release=SimpleNamespace(ops={"split": Runner()}, declarations={"split": SERVED}),
+                             devices={"split": "cpu"})
+    buf = wire.Buffer.create(1 << 16)
+    try:
+        arg = buf.put(0, torch.randn(4, 8))
+        reply = _call(served, buf, {"id": 7, "name": "split", "args": [arg], "out": [4096, 4096]})
+        assert reply["status"] == 500 and f"split.reference: {words}" in reply["error"], reply
+        ok = SimpleNamespace(call=lambda x: ((x, x.sum(1)), Decision(REFERENCE, "build_failed")))
+        served.release.ops["split"] = ok
+        reply = _call(served, buf, {"id": 8, "name": "split", "args": [arg], "out": [4096, 4096]})
+        assert reply["ok"] and [d["shape"] for d in reply["outs"]] == [[4, 8], [4]], reply
+    finally:
+        buf.close()

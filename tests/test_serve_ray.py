@@ -36,7 +36,7 @@ def _samples(release: str, n: int, seconds: float = 0.002, errors: int = 0) -> l
 
 def _fleet(plan: FleetPlan, serving: dict[str, str], now: float, **samples: list[list[Any]]) -> dict[str, str | None]:
     """Every replica syncs once (reporting what ``serving`` says and its samples); their assignments."""
-    return {r: plan.sync(r, {"release": rel, "samples": samples.get(r, [])}, now) for r, rel in serving.items()}
+    return {r: plan.sync(r, {"version": rel, "samples": samples.get(r, [])}, now) for r, rel in serving.items()}
 
 
 def test_plan_rolls_canary_first_then_the_rest() -> None:
@@ -59,8 +59,8 @@ def test_plan_rolls_canary_first_then_the_rest() -> None:
     _fleet(plan, serving, 4.0)
     plan.tick("B", 4.0)
     assert plan.stable == "B" and plan.roll is None
-    assert plan.rolls == [{"release": "B", "previous": "A", "outcome": "rolled", "seconds": 3.0,
-                           "reason": "3 replicas serve B"}]
+    assert plan.rolls == [{"release": "B", "version": "B", "previous": "A", "previous_version": "A",
+                           "outcome": "rolled", "seconds": 3.0, "reason": "3 replicas serve B"}]
     st = plan.status(4.0)
     assert st["per_release"]["A"]["requests"] == 30 and st["per_release"]["B"]["requests"] == 15
     assert st["per_release"]["B"]["models"]["add"]["p50_ms"] == pytest.approx(2.04, abs=0.05)
@@ -73,7 +73,7 @@ def test_plan_rolls_back_a_canary_that_cannot_load_and_does_not_retry_it() -> No
     _fleet(plan, serving, 0.0)
     plan.tick("A", 0.0)
     plan.tick("BAD", 1.0)
-    plan.sync("r1", {"release": "A", "failed": {"BAD": "warmup: warm-up failed for 1 specializations"}}, 1.5)
+    plan.sync("r1", {"version": "A", "failed": {"BAD": "warmup: warm-up failed for 1 specializations"}}, 1.5)
     actions = plan.tick("BAD", 1.5)
     assert actions == [("registry_rollback", "BAD", "canary replica r1 could not load BAD: warmup: warm-up failed "
                                                     "for 1 specializations")]
@@ -109,6 +109,45 @@ def test_plan_aborts_the_canary_when_the_registry_moves_on() -> None:
     assert plan.rolls[-1]["outcome"] == "aborted" and "became C" in plan.rolls[-1]["reason"]
     plan.tick("C", 1.3)
     assert plan.roll is not None and plan.roll.target == "C"
+
+
+def test_plan_rolls_a_new_pin_or_copy_of_the_same_release_canary_first() -> None:
+    """A re-pin (the same release activated again) or a new copy (``publish --replace``) reached every replica at
+    once: the plan followed release ids only. It is now another version, rolled like another release; a refused
+    one leaves the registry's pointer alone (it cannot name the earlier pin) and is not tried again."""
+    from tileship.serve.fleet_plan import release_of, version_of
+
+    old, repin = version_of("A", "/reg/releases/A", "sha256:1"), version_of("A", "/reg/releases/A", "sha256:2")
+    copy = version_of("A", "/reg/releases/A@1", "sha256:1")
+    assert len({old, repin, copy}) == 3 and {release_of(v) for v in (old, repin, copy)} == {"A"}
+    plan = FleetPlan(POLICY)
+    serving = {"r1": old, "r2": old, "r3": old}
+    _fleet(plan, serving, 0.0)
+    plan.tick(old, 0.0)
+    plan.tick(repin, 1.0)
+    assert _fleet(plan, serving, 1.1) == {"r1": repin, "r2": old, "r3": old}, "the canary first"
+    serving["r1"] = repin
+    _fleet(plan, serving, 1.5)
+    plan.tick(repin, 1.5)
+    assert plan.roll is not None and plan.roll.phase == "judge"
+    for t in (2.0, 2.5, 3.0):  # samples name the release id: the canary's and the others' by the replica
+        _fleet(plan, serving, t, r1=_samples("A", 5), r2=_samples("A", 5), r3=_samples("A", 5))
+        assert plan.tick(repin, t) == []
+    assert plan.roll is not None and plan.roll.phase == "roll"
+    assert set(_fleet(plan, serving, 3.1).values()) == {repin}
+    serving.update(r2=repin, r3=repin)
+    _fleet(plan, serving, 3.5)
+    plan.tick(repin, 3.5)
+    assert plan.stable == repin and plan.rolls[-1]["outcome"] == "rolled"
+    assert plan.rolls[-1]["reason"] == f"3 replicas serve {repin}", "the version: the release id alone is both"
+    assert plan.status(3.5)["stable"] == "A" and plan.status(3.5)["version"] == repin
+    plan.tick(copy, 4.0)
+    plan.sync("r1", {"version": repin, "failed": {copy: "load: integrity check failed"}}, 4.2)
+    assert plan.tick(copy, 4.2) == [], "no registry rollback: the pointer cannot name the earlier pin"
+    assert plan.rolls[-1]["outcome"] == "rolled_back" and plan.events[-1]["registry_rollback"] is False
+    assert plan.rolls[-1]["reason"] == f"canary replica r1 could not load {copy}: load: integrity check failed"
+    assert set(_fleet(plan, serving, 4.3).values()) == {repin}, "every replica keeps the version it served"
+    assert plan.tick(copy, 5.0) == [] and plan.roll is None, "a refused version is not tried again"
 
 
 def test_deployment_options_fixed_or_autoscaled() -> None:

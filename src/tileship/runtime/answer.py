@@ -9,6 +9,7 @@ key) and the server (``serve.answer``, per plan) check it here, with the same wo
 
     outputs_of      the answer as a tuple of tensors; DeclarationError when it is not ``n_outputs`` tensors
     check_outputs   each output's dtype (an identity test), shape and device against what is declared for the call
+    check_device    each output's device alone (a worker process, which checks before copying its answer out)
     checker         for one memo key: what is declared, worked out once, as a callable ``check(res) -> res``
     declared_at     what is declared at a call's dims, for the callers that call a reference directly (verify, tune,
                     demo): they hold its answer with ``checker`` too
@@ -76,6 +77,17 @@ def check_outputs(name: str, outs: Sequence[Any], declared: Declared, device: An
             _off_device(name, repr(out_name), o, device)
 
 
+def check_device(name: str, outs: Sequence[Any], device: Any, names: Sequence[str] | None = None) -> None:
+    """Raises DeclarationError (field ``reference``) when an output of operator ``name``'s call (``outs``, from
+    ``outputs_of``) is not on ``device`` (the call's inputs' torch device; None: not checked), naming it by its
+    declared name (``names``; None: by its position)."""
+    if device is None:
+        return
+    for i, o in enumerate(outs):
+        if o.device != device:
+            _off_device(name, repr(names[i]) if names else str(i), o, device)
+
+
 def _off_device(name: str, what: str, o: Any, device: Any) -> None:
     raise DeclarationError(f"output {what} of the call is on {o.device}; the call's inputs are on {device}",
                            operator=name, field="reference",
@@ -104,10 +116,8 @@ def checker(name: str, n_outputs: int, declared: Declared | None, device: Any = 
         outs = outputs_of(name, res, n_outputs, strict=True)
         if declared is not None:
             check_outputs(name, outs, declared, device)
-        elif device is not None:
-            for i, o in enumerate(outs):
-                if o.device != device:
-                    _off_device(name, str(i), o, device)
+        else:
+            check_device(name, outs, device)
         return res
 
     if not n_outputs or declared is None or device is None or any(shape is None for _, _, shape, _ in declared):
@@ -164,4 +174,4 @@ def key_checker(shape: OpShape, outs: Sequence[tuple[tuple[int, ...], Any]] | No
     return checker(shape.name, shape.n_outputs, declared if known else None, device)
 
 
-__all__ = ["Declared", "check_outputs", "checker", "declared_at", "key_checker", "outputs_of"]
+__all__ = ["Declared", "check_device", "check_outputs", "checker", "declared_at", "key_checker", "outputs_of"]

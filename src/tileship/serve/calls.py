@@ -30,7 +30,7 @@ from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
 from tileship.serve import call_plan, extensions, handoff, protocol, remote, shm_requests, validate
-from tileship.serve.answer import check_declared, outputs_of
+from tileship.serve.answer import check_declared, inputs_device, outputs_of
 from tileship.serve.canary_stats import DeviceSpan, Timed, op_seconds
 from tileship.serve.validate import BadRequest
 
@@ -299,7 +299,7 @@ def _execute(service: Service, served: Served, name: str, plan: call_plan.CallPl
         t.append(time.perf_counter())
         out_names = [n for n, _ in rel.declarations[name]["outputs"]]
         outs = outputs_of(name, out, len(out_names))  # () for an operator that only updates inputs in place
-        check_declared(name, outs, rel.declarations[name], plan.dtype, plan.dims)
+        check_declared(name, outs, rel.declarations[name], plan.dtype, plan.dims, inputs_device(tensors))
         if device != "cpu":
             import torch
 

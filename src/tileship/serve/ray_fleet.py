@@ -7,12 +7,17 @@ it straight from the registry (no JIT), and warms it before Ray Serve routes a r
 (``__serve_build_asgi_app__`` awaits the load). It asks for one GPU when the cluster has one.
 
 ``FleetController`` (a named Ray actor) drives ``serve.fleet_plan.FleetPlan``: it polls the
-registry's active release and rolls a change through the replicas, canary first. Replicas
-``sync`` with it every ``poll_s``: they send the release they serve, load failures and a sample
+registry's active release and rolls a change through the replicas, canary first. A change is of the release
+id, or of the registry's copy of it (``publish --replace``) or its evidence pin (activated again): the plan
+follows versions (``fleet_plan.version_of``: the id, the copy and the pin), so a new copy or pin of the same
+release goes canary first like a new release does, never to every replica at once. Replicas
+``sync`` with it every ``poll_s``: they send the version they serve, load failures and a sample
 per answered inference request (model, release, seconds, error); they get back the release to
-serve and hot-swap to it with ``Service.reload`` (loaded and warmed off to the side; in-flight
-requests finish on the release they started on), so no request fails during a roll. A rollback
-moves the registry's pointer back (``Registry.rollback``) and logs the reason.
+serve, the copy and the pin of their assigned version, and hot-swap to it with ``Service.reload`` (loaded and
+warmed off to the side; in-flight requests finish on the release they started on), so no request fails during a
+roll. A rollback moves the registry's pointer back (``Registry.rollback``) and logs the reason; a refused copy or
+pin of the release served leaves the pointer as it is (the registry cannot name the earlier one): the fleet
+keeps serving the earlier one until the registry names another version.
 
 With trusted activator keys (``--trusted-activator-key``, ``TILESHIP_TRUSTED_ACTIVATOR_KEYS``, given to the
 controller as raw public keys) the controller checks the pointer as a server does on every poll
@@ -38,7 +43,7 @@ from typing import Any
 
 from tileship.errors import DeclarationError, PointerSignatureError, RegistryError, TileshipError
 from tileship.serve.config import ServeConfig
-from tileship.serve.fleet_plan import FleetPlan, FleetPolicy
+from tileship.serve.fleet_plan import FleetPlan, FleetPolicy, release_of, version_of
 from tileship.serve.ray_replica import CONTROLLER, NAMESPACE, FleetReplica
 
 APP = "tileship"
@@ -125,6 +130,8 @@ class FleetController:
         self.followed: str | None = None                     # the release id of that pointer
         #: release id -> the evidence pin an accepted pointer recorded for it: what a replica loading it expects
         self.pins: dict[str, str | None] = {}
+        #: version -> (release id, the registry's copy, evidence pin): what a replica assigned that version loads
+        self.versions: dict[str, tuple[str, str, str | None]] = {}
         self.refused: PointerSignatureError | None = None     # why the last pointer read was refused (logged)
 
     async def start(self) -> str | None:
@@ -133,18 +140,29 @@ class FleetController:
         ok, rid = self._active()
         if not ok and self.refused is not None:
             raise self.refused
-        self.plan.tick(rid, time.monotonic())
+        self.plan.tick(self._version(rid), time.monotonic())
         if self.task is None:
             self.task = asyncio.create_task(self._loop())
-        return self.plan.stable
+        return release_of(self.plan.stable) if self.plan.stable else None
 
     async def sync(self, replica: str, report: dict[str, Any]) -> dict[str, Any]:
-        rid = self.plan.sync(replica, report, time.monotonic())
-        return {"release": rid, "path": str(self.registry.path_of(rid)) if rid else None,
-                "evidence": self.pins.get(rid) if rid else None}
+        """The replica's assignment: ``release`` id, ``path`` (the registry's copy) and ``evidence`` (the pin) of
+        the version the plan assigns it (all None before anything was activated)."""
+        version = self.plan.sync(replica, report, time.monotonic())
+        if version is None:
+            return {"release": None, "path": None, "evidence": None}
+        rid = release_of(version)
+        _, path, evidence = self.versions.get(version) or (rid, "", self.pins.get(rid))
+        if not path or not Path(path).is_dir():  # that copy was replaced since (publish --replace): the current one
+            path = str(self.registry.path_of(rid))
+        return {"release": rid, "path": path, "evidence": evidence}
 
     async def status(self) -> dict[str, Any]:
-        return self.plan.status(time.monotonic())
+        """The plan's status and ``versions``: each version it names -> its release, copy and evidence pin."""
+        st = self.plan.status(time.monotonic())
+        st["versions"] = {v: {"release": rid, "copy": path, "evidence": ev}
+                          for v, (rid, path, ev) in sorted(self.versions.items())}
+        return st
 
     async def _loop(self) -> None:
         while True:
@@ -177,8 +195,26 @@ class FleetController:
                 pointer_served.write_served(self.state, sealed)
         return True, active.release_id
 
+    def _version(self, rid: str | None) -> str | None:
+        """The version of release ``rid`` the registry names now: its current copy, the pin recorded for it."""
+        if rid is None:
+            return None
+        path, evidence = str(self.registry.path_of(rid)), self.pins.get(rid)
+        version = version_of(rid, path, evidence)
+        self.versions[version] = (rid, path, evidence)
+        return version
+
+    def _forget(self, active: str | None) -> None:
+        """Drop the versions nothing names any more (the active one, the plan's stable, roll, refused, replicas')."""
+        p = self.plan
+        named = {active, p.stable, p.refused, *(s.version for s in p.replicas.values())}
+        if p.roll is not None:
+            named |= {p.roll.target, p.roll.previous}
+        self.versions = {k: v for k, v in self.versions.items() if k in named}
+
     async def _step(self) -> None:
-        _, active = await asyncio.to_thread(self._active)
+        _, rid = await asyncio.to_thread(self._active)
+        active = await asyncio.to_thread(self._version, rid)
         for action, release, reason in self.plan.tick(active, time.monotonic()):
             if action == "registry_rollback":
                 await asyncio.to_thread(self._registry_rollback, release, reason)
@@ -186,6 +222,7 @@ class FleetController:
             self.log.event("fleet_" + ev["event"], "warning" if ev["event"] == "rolled_back" else "info",
                            **{k: v for k, v in ev.items() if k not in ("event", "seq")})
         self.logged = self.plan.seq
+        self._forget(active)
 
     def _registry_rollback(self, release: str, reason: str) -> None:
         """Move the registry back from ``release`` (only while it is still the active one, named by a pointer

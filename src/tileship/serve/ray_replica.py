@@ -4,10 +4,12 @@ fleet's controller assigns it (``serve.ray_fleet``).
 ``FleetReplica`` is wrapped with ``@serve.ingress`` by ``serve.ray_fleet.Fleet``; Ray Serve calls
 ``__serve_build_asgi_app__`` after the constructor and routes no request to the replica before it
 returns, so the release is loaded (no JIT) and warmed first. Every ``poll_s`` the replica syncs
-with the controller: it sends the release it serves, load failures and one sample per answered
-inference request, and gets back the release to serve, its copy and its evidence pin; a different
-release, or the same one in another copy or with another pin, is hot-swapped in with ``Service.reload``
-(loaded and warmed off to the side; requests in flight finish on theirs).
+with the controller: it sends the version it serves (``fleet_plan.version_of``: the release id, the registry's
+copy and the evidence pin), load failures per version and one sample per answered inference request, and gets
+back the release to serve, its copy and its evidence pin; a different release, or the same one in another copy
+or with another pin, is hot-swapped in with ``Service.reload`` (loaded and warmed off to the side; requests in
+flight finish on theirs). The controller assigns a new version to one canary replica first, the rest after it
+passed; a replica whose reload fails keeps serving what it served.
 Ray is imported only inside the replica process.
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship.serve.config import ServeConfig
+from tileship.serve.fleet_plan import version_of
 
 CONTROLLER = "tileship-fleet"
 NAMESPACE = "tileship"
@@ -32,7 +35,7 @@ class FleetReplica:
     def __init__(self, config: ServeConfig, poll_s: float) -> None:
         self.config, self.poll_s = config, poll_s
         self.samples: list[list[Any]] = []
-        self.failed: dict[str, str] = {}      # release -> why it could not load (sent once)
+        self.failed: dict[str, str] = {}      # version -> why it could not load (sent once)
         #: (release, copy, evidence pin) that failed to load while still assigned (not tried again until the
         #: assignment changes: another release, or the same one in another copy or with another pin)
         self.tried: set[tuple[str, str, str | None]] = set()
@@ -71,8 +74,8 @@ class FleetReplica:
         cur = self.service.holder.current if self.service is not None else None
         samples, self.samples = self.samples, []
         failed, self.failed = self.failed, {}
-        return {"release": cur.release_id if cur is not None else None, "failed": failed, "samples": samples,
-                "node": getattr(self, "node", "")}
+        version = version_of(cur.release_id, str(cur.target.path), cur.target.evidence) if cur is not None else None
+        return {"version": version, "failed": failed, "samples": samples, "node": getattr(self, "node", "")}
 
     async def _sync_loop(self) -> None:
         while True:
@@ -109,7 +112,7 @@ class FleetReplica:
             status, body = await self.service.reload(trigger="fleet")
             if status != 200:
                 self.tried.add((release, str(path), evidence))
-                self.failed[release] = f"{body.get('stage')}: {body.get('error')}"
+                self.failed[version_of(release, str(path), evidence)] = f"{body.get('stage')}: {body.get('error')}"
                 if before is not None:  # a reload by hand (SIGHUP, /v2/repository/reload) re-reads what serves
                     holder.follow(before.target.path, before.target.release_id, before.target.evidence)
         finally:

@@ -31,7 +31,7 @@ from typing import Any
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.serve import worker_wire as wire
-from tileship.serve.answer import outputs_of
+from tileship.serve.answer import check_device, inputs_device, outputs_of
 
 EXIT_FATAL = 3
 
@@ -72,7 +72,9 @@ def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
         args = [a.to(device) if hasattr(a, "to") else a for a in args]
     try:
         out, decision = runner.call(*args)
-        outs = outputs_of(name, out, len(served.release.declarations[name]["outputs"]))
+        declared = [n for n, *_ in served.release.declarations[name]["outputs"]]
+        outs = outputs_of(name, out, len(declared))
+        check_device(name, outs, inputs_device(args), declared)  # past the buffer, every output is a CPU copy
         if device != "cpu":
             import torch
 

@@ -7,21 +7,23 @@ seen without 2 GiB tensors; the output limit stays at its 1 GiB default, above t
 from __future__ import annotations
 
 import io
+import json
 import queue
 import uuid
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as tg
 import tritonclient.utils.shared_memory as shm
-from test_serve import serving
+from test_serve import metric, serving
 from test_serve_grpc_hostile import _ab
 from tritonclient.utils import InferenceServerException
 
 from tileship.serve import BackgroundServer, ServeConfig, grpc_codec
-from tileship.serve.validate import BadRequest
+from tileship.serve.validate import BadRequest, RequestLimits
 
 MOST = 1 << 20
 
@@ -76,20 +78,69 @@ def test_an_answer_past_one_grpc_message_is_refused_before_it_runs(one_mib):
         shm.destroy_shared_memory_region(h)
 
 
-def test_a_request_past_one_grpc_message_is_resource_exhausted_naming_its_size(one_mib):
-    """A request over gRPC's bound (under --max-body-mib) is RESOURCE_EXHAUSTED naming its size and the bound (grpc
-    refuses it on receipt: no protobuf message can be larger), and the server answers the next request."""
+def _grpc_refusals(srv: BackgroundServer) -> float:
+    return metric(httpx.get(srv.url + "/metrics", timeout=10).text, "tileship_rejected_total",
+                  reason="grpc_message_too_large")
+
+
+def test_a_request_past_one_grpc_message_is_refused_named_and_counted(one_mib):
+    """A request over gRPC's bound (under --max-body-mib) is RESOURCE_EXHAUSTED naming its size, the bound and what
+    to do, counted as ``tileship_rejected_total{reason="grpc_message_too_large"}``, on ModelInfer and on a stream
+    (which goes on); the server answers the next request. It used to be grpc's own refusal on receipt ("Received
+    message larger than max"), before any handler: counted nowhere, and a stream ended by it."""
     c = tg.InferenceServerClient(one_mib.grpc_url)
     try:
+        before = _grpc_refusals(one_mib)
         with pytest.raises(InferenceServerException) as e:
-            c.infer("add", _ab(200_000))  # 1.6 MB of inputs
+            c.infer("add", _ab(200_000))  # 1.6 MB of inputs: past the 1 MiB bound, within grpc's backstop (2x)
         msg = e.value.message()
-        # grpc's own words, before any handler: "Received message larger than max (1600045 vs. 1048576)"
         assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED", msg
-        assert "larger than max" in msg and f"vs. {MOST}" in msg, msg
+        assert "inference.ModelInferRequest of 16000" in msg and f"gRPC's message limit of {MOST} bytes" in msg, msg
+        assert "--max-body-mib" in msg and "shared memory" in msg, msg
+        assert _grpc_refusals(one_mib) == before + 1
         assert c.infer("add", _ab(3)).as_numpy("C").tolist() == [0.0, 2.0, 4.0]
+        got_q: queue.Queue = queue.Queue()
+        c.start_stream(callback=lambda result, error: got_q.put((result, error)))
+        c.async_stream_infer("add", _ab(200_000), request_id="big")
+        c.async_stream_infer("add", _ab(3), request_id="small")
+        (r1, e1), (r2, e2) = got_q.get(timeout=30), got_q.get(timeout=30)
+        c.stop_stream()
+        assert r1 is None and f"gRPC's message limit of {MOST} bytes" in e1.message(), (r1, e1)
+        assert e2 is None and r2.as_numpy("C").tolist() == [0.0, 2.0, 4.0]
+        assert _grpc_refusals(one_mib) == before + 2
     finally:
         c.close()
+
+
+def _events(srv: BackgroundServer, name: str) -> list[dict]:
+    stream = srv.service.config.log_stream
+    assert isinstance(stream, io.StringIO)
+    return [r for r in map(json.loads, stream.getvalue().splitlines()) if r.get("event") == name]
+
+
+def test_the_start_log_warns_that_grpc_stays_capped_whatever_the_http_limits_say(one_mib):
+    """--max-body-mib 64 and --max-output-mib 1024 both pass this server's gRPC bound: the server starts (REST
+    honours them) and its start log says, once, as a warning, that gRPC requests and answers stay capped at the
+    bound. It used to say nothing."""
+    (warned,) = _events(one_mib, "grpc_limits")
+    assert warned["level"] == "warning" and warned["grpc_max_message_bytes"] == MOST, warned
+    text = warned["message"]
+    assert f"--max-body-mib ({64 << 20} bytes) and --max-output-mib ({1 << 30} bytes)" in text, text
+    assert f"gRPC requests and answers are capped at {MOST} bytes" in text and "REST honours" in text, text
+
+
+@pytest.mark.parametrize(("body", "output", "grpc_port", "past"), [
+    (64 << 20, 1 << 30, 0, None),                          # the defaults: under 2 GiB
+    (4096 << 20, 1 << 30, 0, "--max-body-mib (4294967296 bytes) passes"),
+    (64 << 20, 3072 << 20, 0, "--max-output-mib (3221225472 bytes) passes"),
+    (4096 << 20, 4096 << 20, None, None),                  # no gRPC: nothing to say
+], ids=["defaults", "body-4096", "output-3072", "no-grpc"])
+def test_grpc_capped_names_the_limits_past_grpcs(tmp_path, body, output, grpc_port, past):
+    cfg = ServeConfig(source=tmp_path, max_body_bytes=body, limits=RequestLimits(max_output_bytes=output),
+                      grpc_port=grpc_port)
+    text = cfg.grpc_capped()
+    assert (text is None) if past is None else (past in text and "capped at 2147483647 bytes" in text), text
+    assert cfg.grpc_max_request_bytes == min(body, (1 << 31) - 1)
 
 
 def test_the_encoder_refuses_a_response_past_its_bound():

@@ -68,7 +68,55 @@ def test_parameters_named_like_the_ranges_dynamic_var_build_and_verify(styles_bu
     assert {v.spec.id: v.failure for v in report.verdicts} == {
         "copied.float32.M1-64_N8.c": None, "copied.float32.M4_N8.c": None, "first_n.float32.N1-64.c": None,
         "negated.float32.N16.c": None, "negated.float32.N1-64.c": None,
-        "row_sum_k.float32.M4_K1-64.c": None, "scaled_.float32.N8.c": SCALED_}
+        "row_sum_k.float32.M4_K1-64.c": None, "scaled_.float32.N8.c": SCALED_, **EAGER}
+
+
+#: the eager kernels whose own T.dynamic var is named like a parameter: every specialization verified
+EAGER = {"first_n_eager.float32.N8.c": None, "first_n_eager.float32.N1-64.c": None,
+         "row_sum_eager.float32.M4_K8.c": None, "row_sum_eager.float32.M4_K1-64.c": None}
+
+
+def test_an_eager_kernels_own_dynamic_var_named_like_a_parameter_builds_and_serves(styles_build):
+    """An eager kernel naming its own ``T.dynamic("k")`` beside a tensor parameter ``k`` (or ``T.dynamic("n")`` beside
+    a scalar ``n``) failed every build (``conflicting declaration 'int32_t k'``, ``redefinition of 'int32_t n'``):
+    tileship renamed only the var it passes a factory. The kernel's own var is now renamed in the traced function
+    (``declare.var_names``) and every declared shape, static and ranged, is served by the kernel."""
+    from tileship.runtime.loader import load
+
+    failed = {r.spec.id: r.error for r in styles_build.failed if r.spec.op.endswith("_eager")}
+    assert failed == {}, failed
+    rel = load(styles_build.path)
+    for kk in (8, 1, 13, 64):
+        k = torch.randn(4, kk)
+        y, d = rel.op("row_sum_eager").call(k)
+        assert (d.path, d.reason) == ("kernel", "kernel") and torch.allclose(y, k.sum(-1), atol=1e-5), (kk, d)
+    for n, x in ((3, torch.randn(8)), (40, torch.randn(33)), (0, torch.randn(1))):
+        y, d = rel.op("first_n_eager").call(x, n)
+        assert (d.path, d.reason) == ("kernel", "kernel") and torch.equal(y, user_styles.first_n_ref(n, x)), (n, d)
+
+
+def test_a_clashing_var_that_cannot_be_renamed_is_refused_naming_var_parameter_and_fix():
+    """A var named like a parameter that no parameter's tensor holds as a plain dim (only in ``k * 2``) cannot be
+    renamed through TVM: the specialization is refused before the compiler runs, naming the var, the parameter and
+    what to rename (a plain dim is renamed: ``k`` -> ``k_dyn``)."""
+    from tilelang import tvm
+
+    from tileship.declare.var_names import rename_clashing
+    from tileship.errors import BuildError
+
+    tir = tvm.tirx
+    k, handle = tir.Var("k", "int32"), tir.Var("k", "handle")
+
+    def func(shape: tuple) -> object:
+        return tir.PrimFunc([handle], tir.Evaluate(0), buffer_map={handle: tir.decl_buffer(shape, "float32", "k")})
+
+    renamed = rename_clashing(func((k, 4)), "op.float32.K8.c")
+    assert [str(d) for d in renamed.buffer_map[renamed.params[0]].shape] == ["k_dyn", "4"]
+    with pytest.raises(BuildError) as info:
+        rename_clashing(func((k * 2,)), "op.float32.K8.c")
+    text = str(info.value)
+    assert "T.dynamic var 'k'" in text and "tensor parameter 'k'" in text and 'T.dynamic("k_dyn")' in text, text
+    assert info.value.spec_id == "op.float32.K8.c"
 
 
 #: the verdict of ``scaled_``, whose reference returns the tensor it updated in place

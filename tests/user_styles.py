@@ -1,7 +1,8 @@
 """Kernels written as TileLang's examples write them, in styles ``tests/user_ops.py`` does not have, for the CPU
 ("c") target: a lazy ``@tilelang.jit(out_idx=-1)`` declared without ``outputs=``, and parameters named like the
 lower-case ``T.dynamic`` var of a declared range (a tensor ``k`` beside dim ``K``, a scalar ``n`` beside ``N``),
-an in-place operator whose reference returns the tensor it updated, and a factory whose dims are positional-only.
+an in-place operator whose reference returns the tensor it updated, a factory whose dims are positional-only, and
+eager ``@tilelang.jit`` kernels whose own ``T.dynamic`` var is named like one of their parameters.
 ``tests/test_user_styles.py`` builds, loads, calls and verifies them."""
 
 import tilelang
@@ -119,3 +120,46 @@ def plus_one(a):
 copied = Operator(name="copied", factory=copy_rows, reference=plus_one, inputs=(TensorArg("A", ("M", "N")),),
                   outputs=(TensorArg("B", ("M", "N")),), dtypes=("float32",), targets=("c",),
                   shapes=({"M": 4, "N": 8},), ranges=(DynamicRange("M", 1, 64, {"N": 8}),))
+
+
+@tilelang.jit
+def row_sum_eager(k, dtype):
+    """s[m] = k[m, :].sum(), eager: the kernel's own ``T.dynamic("k")`` is named like its tensor parameter ``k``."""
+    M = T.const("M")
+    K = T.dynamic("k")
+    k: T.Tensor((M, K), dtype)
+    s = T.empty((M,), dtype)
+    with T.Kernel(M) as m:
+        acc = T.alloc_local((1,), dtype)
+        acc[0] = 0.0
+        for j in T.serial(K):
+            acc[0] += k[m, j]
+        s[m] = acc[0]
+    return s
+
+
+row_sum_eager_op = Operator(name="row_sum_eager", factory=row_sum_eager, reference=row_sum_ref,
+                            inputs=(TensorArg("k", ("M", "K")),), dtypes=("float32",), targets=("c",),
+                            shapes=({"M": 4, "K": 8},), ranges=(DynamicRange("K", 1, 64, {"M": 4}),))
+
+
+@tilelang.jit
+def first_n_eager(X, n, dtype):
+    """Y = X with the elements from n on zeroed, eager: its own ``T.dynamic("n")`` is named like its scalar ``n``."""
+    N = T.dynamic("n")
+    X: T.Tensor((N,), dtype)
+    n: T.int32
+    Y = T.empty((N,), dtype)
+    with T.Kernel(1):
+        for i in T.serial(N):
+            Y[i] = T.if_then_else(i < n, X[i], T.cast(0, dtype))
+    return Y
+
+
+def first_n_x_ref(x, n):
+    return first_n_ref(n, x)
+
+
+first_n_eager_op = Operator(name="first_n_eager", factory=first_n_eager, reference=first_n_x_ref,
+                            inputs=(TensorArg("X", ("N",)), ScalarArg("n", dtype="int32")), dtypes=("float32",),
+                            targets=("c",), shapes=({"N": 8},), ranges=(DynamicRange("N", 1, 64),))

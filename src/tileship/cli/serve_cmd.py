@@ -15,9 +15,14 @@ def serve(
     port: int = typer.Option(8000, min=0, max=65535, help="port to listen on (0: a free one)"),
     grpc_port: int | None = typer.Option(None, help="also serve KServe v2 gRPC (tritonclient.grpc) on this port, "
                                                      "same process and models (Triton's default is 8001; 0: a free "
-                                                     "port); off when not given"),
-    max_body_mib: float = typer.Option(64.0, help="largest request body accepted (413 above)"),
-    max_output_mib: float = typer.Option(1024.0, help="largest total output of one call (413 above, before running)"),
+                                                     "port); off when not given. A gRPC message is at most 2 "
+                                                     "GiB - 1 whatever --max-body-mib and --max-output-mib say "
+                                                     "(logged at start when they pass it)"),
+    max_body_mib: float = typer.Option(64.0, help="largest request body accepted (413 above); gRPC requests stay "
+                                                  "capped at 2 GiB - 1 past 2048"),
+    max_output_mib: float = typer.Option(1024.0, help="largest total output of one call (413 above, before running); "
+                                                      "a gRPC answer stays capped at 2 GiB - 1 past 2048, except "
+                                                      "outputs written to shared memory"),
     max_inflight: int = typer.Option(64,
                                      help="inference calls admitted at once (queued or running, after the body is "
                                           "read); 503 above"),

@@ -132,17 +132,20 @@ def trace(op: Any, spec: Any) -> Any:
 
     The ``T.dynamic`` var is named by the dim in lower case (``"k"`` for ``K``), unless the kernel names a
     parameter so (a tensor ``k``, a scalar ``n``) or C reserves the word: the generated C declares both
-    (``conflicting declaration 'int32_t k'``), so the kernel is traced again with ``dynamic_name``'s suffix."""
+    (``conflicting declaration 'int32_t k'``), so the kernel is traced again with ``dynamic_name``'s suffix. A var
+    the kernel names itself so (an eager kernel's ``K = T.dynamic("k")`` beside a tensor ``k``) is renamed in the
+    traced function (``var_names.rename_clashing``: BuildError where it cannot be)."""
+    from tileship.declare import var_names
     from tileship.declare.c_target import C_RESERVED
 
     info = resolve(op.factory, operator=op.name)
     dynamic = [d for d, v in spec.dims if isinstance(v, tuple)]
     names = {d: d.lower() for d in dynamic}
     func = _trace_once(op, spec, info, names)
-    taken = C_RESERVED | _param_names(func)
+    taken = C_RESERVED | param_names(func)
     if any(n in taken for n in names.values()):
         func = _trace_once(op, spec, info, {d: dynamic_name(d, taken) for d in dynamic})
-    return func
+    return var_names.rename_clashing(func, spec.id)  # the kernel's own T.dynamic vars (an eager kernel's)
 
 
 def dynamic_name(dim: str, taken: Any = frozenset()) -> str:
@@ -161,7 +164,7 @@ def is_dynamic_name(name: str, dim: str) -> bool:
     return name == dim.lower()
 
 
-def _param_names(func: Any) -> frozenset[str]:
+def param_names(func: Any) -> frozenset[str]:
     """Every name the kernel's parameters carry: the parameter var, its buffer and the buffer's data var."""
     out = set()
     for p in func.params:

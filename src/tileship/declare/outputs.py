@@ -87,7 +87,7 @@ def _dim(op: Operator, dims: dict[str, Any], size: Any, out: str, k: int) -> str
         for d, v in dims.items():
             if isinstance(v, tuple) and is_dynamic_name(want, d):
                 return d
-        named = [d for d in dims if want in (d, d.lower())]
+        named = [d for d in dims if want == d or is_dynamic_name(want.lower(), d)]  # k, k_dyn: var_names
         if len(named) == 1:
             return named[0]
     value = getattr(size, "value", None)

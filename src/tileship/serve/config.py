@@ -13,7 +13,14 @@ from tileship.serve.validate import RequestLimits
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """How a server runs. ``source``: a release directory or a registry directory."""
+    """How a server runs. ``source``: a release directory or a registry directory.
+
+    gRPC (``grpc_port``) carries one request and one answer in one protobuf message, at most
+    ``grpc_max_message_bytes`` (2 GiB - 1), whatever ``max_body_bytes`` and ``limits.max_output_bytes``
+    allow: a larger request is refused RESOURCE_EXHAUSTED (counted as ``tileship_rejected_total{reason=
+    "grpc_message_too_large"}``), a larger answer before its call runs. REST keeps the larger limits.
+    ``grpc_capped`` says so, and the server logs it at start (``grpc_limits``, a warning, never a refusal).
+    """
 
     source: Path
     max_body_bytes: int = 64 << 20
@@ -50,7 +57,8 @@ class ServeConfig:
     grpc_port: int | None = None
     grpc_host: str = "127.0.0.1"
     #: the largest gRPC message either way: protobuf's limit (``grpc_codec.MAX_MESSAGE``, 2 GiB - 1) whatever the
-    #: body and output limits allow; an answer past it is RESOURCE_EXHAUSTED before it runs. A test lowers it
+    #: body and output limits allow; a request past it is RESOURCE_EXHAUSTED on receipt, an answer before it runs.
+    #: A test lowers it
     grpc_max_message_bytes: int = (1 << 31) - 1
     strict_shapes: bool = False
     drift_policy: str | None = None
@@ -87,6 +95,26 @@ class ServeConfig:
     #: given the registry's evidence pin (``holder.Target.evidence``): the default loader checks it
     loader: LoadHook | None = None
     log_stream: TextIO | None = None
+
+    @property
+    def grpc_max_request_bytes(self) -> int:
+        """The largest request gRPC takes: ``max_body_bytes``, capped at ``grpc_max_message_bytes``."""
+        return min(self.max_body_bytes, self.grpc_max_message_bytes)
+
+    def grpc_capped(self) -> str | None:
+        """With gRPC on, and ``max_body_bytes`` or ``limits.max_output_bytes`` past ``grpc_max_message_bytes``:
+        a sentence saying that gRPC requests and answers stay capped at that limit while REST takes the larger
+        ones; else None. Never raises."""
+        most = self.grpc_max_message_bytes
+        past = [f"{flag} ({n} bytes)" for flag, n in (("--max-body-mib", self.max_body_bytes),
+                                                        ("--max-output-mib", self.limits.max_output_bytes))
+                if n > most]
+        if self.grpc_port is None or not past:
+            return None
+        return (f"{' and '.join(past)} pass{'es' if len(past) == 1 else ''} gRPC's message limit of {most} bytes: "
+                f"gRPC requests and answers are capped at {most} bytes whatever these limits say (a larger request "
+                "is refused RESOURCE_EXHAUSTED, a larger answer before its call runs); REST honours the larger "
+                "limits, and so does gRPC for tensors passed in shared memory")
 
     def spin_us(self) -> tuple[float, float]:
         """(worker_spin_us, loop_spin_us) as given, each one not given from ``default_spin_us()``."""

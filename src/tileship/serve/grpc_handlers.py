@@ -1,7 +1,8 @@
 """The gRPC endpoint's handlers: every RPC of ``GRPCInferenceService`` wrapped the same way.
 
 ``register`` builds the method handlers from the service descriptor, each parsing its request with a
-deserializer that cannot raise (a message over ``max_body_bytes`` is a ``TooLarge``, bytes that are no
+deserializer that cannot raise (a message over ``max_body_bytes``, or over gRPC's message limit when that is
+lower, is a ``TooLarge``, bytes that are no
 message of its type a ``Malformed``: the RPC answers them, never grpc with UNKNOWN). ``rpc`` wraps each RPC of
 ``grpc_service.Servicer``: a request id (the client's ``x-request-id`` metadata when printable, echoed as trailing
 metadata), the concurrency limit, and every exception turned into a status with a message.
@@ -41,17 +42,31 @@ class Malformed:
 
 @dataclass(frozen=True)
 class TooLarge:
-    """A request message over ``max_body_bytes`` (answered RESOURCE_EXHAUSTED and counted, never parsed)."""
+    """A request message over ``limit`` (answered RESOURCE_EXHAUSTED and counted, never parsed): ``max_body_bytes``,
+    or gRPC's message limit (``grpc_cap``) where that is the lower one."""
 
     type: str
     size: int
     limit: int
+    grpc_cap: bool = False
+
+    @property
+    def reason(self) -> str:
+        """Its ``tileship_rejected_total`` label: ``body_too_large`` (as REST's 413) or ``grpc_message_too_large``."""
+        return "grpc_message_too_large" if self.grpc_cap else "body_too_large"
+
+    def message(self) -> str:
+        """What the client is told: its size, the limit, and which one it is."""
+        if self.grpc_cap:
+            return (f"{self.type} of {self.size} bytes is over gRPC's message limit of {self.limit} bytes, whatever "
+                    "--max-body-mib allows: pass the inputs in shared memory, or use REST")
+        return f"{self.type} of {self.size} bytes is over the server's limit of {self.limit} bytes (--max-body-mib)"
 
 
-def _deserializer(cls: Any, limit: int) -> Callable[[bytes], Any]:
+def _deserializer(cls: Any, limit: int, grpc_cap: bool) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
         if len(data) > limit:
-            return TooLarge(cls.DESCRIPTOR.full_name, len(data), limit)
+            return TooLarge(cls.DESCRIPTOR.full_name, len(data), limit, grpc_cap)
         try:
             return cls.FromString(data)
         except DecodeError as exc:
@@ -60,14 +75,14 @@ def _deserializer(cls: Any, limit: int) -> Callable[[bytes], Any]:
     return parse
 
 
-def register(servicer: Servicer, server: grpc.aio.Server, limit: int) -> None:
+def register(servicer: Servicer, server: grpc.aio.Server, limit: int, grpc_cap: bool = False) -> None:
     """``add_GRPCInferenceServiceServicer_to_server`` with request parsing that cannot raise: the
     handlers are built from the service descriptor, each with a ``_deserializer`` refusing messages
-    over ``limit`` bytes."""
+    over ``limit`` bytes (``grpc_cap``: that limit is gRPC's message limit, not ``--max-body-mib``)."""
     desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers = {}
     for m in desc.methods:
-        kw = {"request_deserializer": _deserializer(GetMessageClass(m.input_type), limit),
+        kw = {"request_deserializer": _deserializer(GetMessageClass(m.input_type), limit, grpc_cap),
               "response_serializer": GetMessageClass(m.output_type).SerializeToString}
         fn = getattr(servicer, m.name)
         if m.client_streaming or m.server_streaming:
@@ -93,10 +108,8 @@ def rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"the server is at its limit of {self.limit} concurrent RPCs: retry later", trailer)
         if isinstance(request, TooLarge):  # counted as REST's 413 is (``serve.body``)
-            self.service.metrics.rejected.labels("body_too_large").inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"{request.type} of {request.size} bytes is over the server's limit of {request.limit} "
-                                "bytes (--max-body-mib)", trailer)
+            self.service.metrics.rejected.labels(request.reason).inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, request.message(), trailer)
         if isinstance(request, Malformed):
             if request.type == "inference.ModelInferRequest":  # an inference request naming no model: counted as REST's
                 self.service.metrics.requests.labels("_unknown", "", "none", "400").inc()

@@ -43,6 +43,13 @@ if TYPE_CHECKING:
 #: how long stopping waits for RPCs in flight
 GRACE_S = 5.0
 
+
+def receive_limit(ours: int) -> int:
+    """grpc's own receive limit for a request limit of ``ours`` bytes: twice it (a message up to there reaches our
+    deserializer, which refuses and counts it), at most protobuf's ``grpc_codec.MAX_MESSAGE``."""
+    return min(2 * ours, grpc_codec.MAX_MESSAGE)
+
+
 class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """The RPCs of ``GRPCInferenceService`` over one ``Service``. Runs on the Service's event loop."""
 
@@ -232,25 +239,31 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Listen on ``host:port`` (0: a free port) on the running loop; (server, bound port).
 
-    Messages are bounded as REST bodies are: ``max_body_bytes`` in (the handlers' deserializer refuses
-    and counts a larger one); out, the output limit plus what a response echoes of its request (its ``id``,
-    as long as a request may be) plus its header, so an answer the call produced is never dropped at send.
-    At most
-    ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past it, counted: ``grpc_handlers.rpc``). grpc's own
-    limits, twice ours, are uncounted backstops for what never reaches a handler. A connection must
-    finish its handshake within ``header_timeout_s``. Raises RuntimeError when the address cannot be
-    bound."""
+    Messages are bounded as REST bodies are: ``ServeConfig.grpc_max_request_bytes`` in (``max_body_bytes``,
+    capped at gRPC's message limit; the handlers' deserializer refuses and counts a larger one); out, the output
+    limit plus what a response echoes of its request (its ``id``, as long as a request may be) plus its header,
+    so an answer the call produced is never dropped at send. At most
+    ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past it, counted: ``grpc_handlers.rpc``).
+
+    grpc's own receive limit is twice ours (``receive_limit``) so that our deserializer, which counts and names the
+    limit, sees a message just past ours first: grpc refuses a larger one from its length prefix, before any
+    Python code (interceptors included: grpc.aio runs them at method lookup, before the message arrives, and runs
+    no handler for a message it refused), so that refusal is not counted; it bounds what one RPC makes the server
+    buffer. (When a body or output limit passes gRPC's message limit, the app logs it at start: ``grpc_limits``,
+    a warning, since REST still honours it.) A connection must finish its handshake within ``header_timeout_s``.
+    Raises RuntimeError when the address cannot be bound."""
     c = service.config
     most = c.grpc_max_message_bytes  # protobuf's 2 GiB: an answer past it is refused before it runs (``calls.run``)
+    ours = c.grpc_max_request_bytes
     out = min(c.limits.max_output_bytes + c.max_body_bytes + (1 << 20), most)
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", min(2 * c.max_body_bytes, most)),
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", receive_limit(ours)),
                                       ("grpc.max_send_message_length", out),
                                       ("grpc.so_reuseport", 0),
                                       # a connection that never completes the HTTP/2 handshake is closed, as
                                       # REST closes one whose headers never finish (--header-timeout)
                                       ("grpc.server_handshake_timeout_ms", int(c.header_timeout_s * 1000))],
                              maximum_concurrent_rpcs=2 * c.max_connections)
-    register(Servicer(service), server, c.max_body_bytes)
+    register(Servicer(service), server, ours, grpc_cap=ours < c.max_body_bytes)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

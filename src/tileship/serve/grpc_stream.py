@@ -8,8 +8,9 @@ was wrong, as ``ModelInfer``'s status would) with the request's ``id`` in ``infe
 tell which request failed. An error ends nothing: the stream stays open for the next request, as Triton's.
 A request asking ``triton_enable_empty_final_response`` gets ``triton_final_response: true`` on its one
 response (every model here answers once, as a non-decoupled Triton model does). The stream counts as one RPC
-against ``--max-connections``; a message over ``--max-body-mib`` or one that is not a ``ModelInferRequest``
-is answered with an error message and the stream goes on.
+against ``--max-connections``; a message over ``--max-body-mib`` (or gRPC's message limit, when lower) or one
+that is not a ``ModelInferRequest`` is answered with an error message and the stream goes on (one past twice that,
+grpc's own backstop, ends the stream: ``grpc_service.start``).
 """
 
 from __future__ import annotations
@@ -51,10 +52,8 @@ async def _one(servicer: Servicer, request: Any) -> Any:
 
     svc = servicer.service
     if isinstance(request, TooLarge):
-        svc.metrics.rejected.labels("body_too_large").inc()
-        return pb.ModelStreamInferResponse(
-            error_message=f"{request.type} of {request.size} bytes is over the server's limit of {request.limit} "
-                          "bytes (--max-body-mib)")
+        svc.metrics.rejected.labels(request.reason).inc()
+        return pb.ModelStreamInferResponse(error_message=request.message())
     if isinstance(request, Malformed):
         svc.metrics.requests.labels("_unknown", "", "none", "400").inc()
         return pb.ModelStreamInferResponse(error_message=f"malformed {request.type}: {request.error}")

@@ -133,6 +133,11 @@ def create_app(config: ServeConfig, *, on_fatal: Callable[[str], Any] | None = N
                           max_body_bytes=config.max_body_bytes,
                           strict_shapes=config.strict_shapes, worker_threads=config.worker_threads,
                           grpc_port=service.grpc_port)
+        if grpc_server is not None and (capped := config.grpc_capped()) is not None:
+            # a warning, not a refusal: REST honours the larger limits (ServeConfig.grpc_capped)
+            service.log.event("grpc_limits", "warning", message=capped,
+                              grpc_max_message_bytes=config.grpc_max_message_bytes,
+                              max_body_bytes=config.max_body_bytes, max_output_bytes=config.limits.max_output_bytes)
         try:
             yield
         finally:

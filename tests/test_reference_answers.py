@@ -161,19 +161,42 @@ def test_a_whole_verify_run_reports_such_a_reference_as_failed_verdicts(cpu_rele
 
 
 @pytest.mark.parametrize("name,shape,reference,words", OF_ONE, ids=[w[0] for w in OF_ONE])
-def test_tune_stops_at_a_reference_unlike_its_declaration_before_timing_it(name, shape, reference, words):
-    """A NumPy array or a meta tensor crashed ``tune`` with a traceback from the comparison; now the group's
-    reference is called once per point through the dispatcher's check, before anything is timed."""
+def test_tune_records_a_reference_unlike_its_declaration_as_the_groups_failure_before_timing_it(name, shape,
+                                                                                               reference, words):
+    """A NumPy array or a meta tensor crashed ``tune`` with a traceback from the comparison; then the group's
+    reference was called once per point through the dispatcher's check and its DeclarationError stopped the whole
+    run. Now the group comes back failed, naming the point and the words, with nothing verified or timed."""
     from tileship.verify.tune import TuneOptions, tune_group
 
     words = words.replace("output 0 ", "output 'Y' ")
     opts = TuneOptions(seeds=(0,), budget_ms=1.0, warmup_ms=1.0, min_repeats=1, max_repeats=2, rounds=2,
                        confirm_rounds=0, flush=False, clock="events")
-    with pytest.raises(DeclarationError) as info:
-        tune_group("scale.float32.c", [(SPEC.id, SPEC, _twice)], reference, DESC, options=opts)
-    e = info.value
-    assert (e.operator, e.field) == ("scale", "reference"), str(e)
-    assert words in str(e) and "(tuning scale.float32.c at M=4,N=8)" in str(e), str(e)
+    kernel_calls = []
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        kernel_calls.append(1)
+        return _twice(x)
+
+    group, verdicts = tune_group("scale.float32.c", [(SPEC.id, SPEC, kernel)], reference, DESC, options=opts)
+    assert verdicts == [] and group["points"] == [] and not kernel_calls, group
+    assert group["failed"]["dims"] == {"M": 4, "N": 8}, group
+    reason = group["failed"]["reason"]
+    assert reason.startswith("scale.reference: ") and words in reason, reason
+
+
+def test_tune_records_a_reference_that_raises_as_the_groups_failure() -> None:
+    """A reference that raises (not a declaration break) stopped the run with its traceback: now it is the
+    group's failure, in the words verify uses for it."""
+    from tileship.verify.tune import TuneOptions, tune_group
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("no such mode")
+
+    opts = TuneOptions(seeds=(0,), budget_ms=1.0, warmup_ms=1.0, min_repeats=1, max_repeats=2, rounds=2,
+                       confirm_rounds=0, flush=False, clock="events")
+    group, verdicts = tune_group("scale.float32.c", [(SPEC.id, SPEC, _twice)], broken, DESC, options=opts)
+    assert verdicts == [] and group["points"] == [], group
+    assert group["failed"] == {"dims": {"M": 4, "N": 8}, "reason": "the reference raised ValueError: no such mode"}
 
 
 CAST = [w for w in OF_ONE if w[0] != "float64"]  # the demo runs the reference on float64 inputs: dtypes open

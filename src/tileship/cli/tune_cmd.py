@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from tileship.cli import _common as common
 
@@ -36,7 +37,10 @@ def tune_cmd(
     CUDA events and the L2 flushed between samples; five rounds: their spread is the noise band) and
     record the winner; a candidate
     wins only when it beats the reference beyond the noise. Stored in the release's evidence
-    (release id unchanged; a signature is removed: re-sign). Exit 1: nothing could be tuned."""
+    (release id unchanged; a signature is removed: re-sign). A group whose reference breaks its
+    declaration (or raises) is recorded as failed, the reference keeps serving it, and the other groups
+    are tuned. Exit 1: nothing could be tuned, or a group failed (the last line names them)."""
+    from tileship.release import tuning
     from tileship.verify.tune import TuneOptions, tune_release
 
     seed_list = common.parse_seeds(seeds)
@@ -53,7 +57,13 @@ def tune_cmd(
     except ValueError:
         raise typer.BadParameter("expected OP=SIZE with an integer SIZE", param_hint="--bucket") from None
 
+    seen: list[str] = []
+
     def progress(gid: str, group: dict) -> None:
+        seen.append(gid)
+        if (failed := tuning.failure(group)) is not None:
+            common.console.print(f"  {gid}: [bold red]FAILED[/], the reference keeps it: "
+                                 f"{escape(tuning.describe_failure(failed))}")
         for p in group["points"]:
             dims = ",".join(f"{k}={v}" for k, v in p["dims"].items())
             won = p["winner"] or "reference"
@@ -78,14 +88,23 @@ def tune_cmd(
         on_group=progress,
     )
     data = tune_release(release, opts, verifier_key=verifier_key)
+    failed = {gid: f for gid, f in tuning.failures(data["tuning"]).items() if gid in seen}  # of this run
     points = [p for g in data["tuning"].values() for p in g["points"]]
     kernels = sum(1 for p in points if p["winner"])
+    measured = len(data["tuning"]) - len(tuning.failures(data["tuning"]))
     common.console.print(
-        f"tuned {len(data['tuning'])} groups, {len(points)} buckets: a kernel wins {kernels}, the reference "
-        f"{len(points) - kernels} (release {data['release_id']}; evidence in "
+        f"tuned {measured} groups, {len(points)} buckets: a kernel wins {kernels}, the "
+        f"reference {len(points) - kernels} (release {data['release_id']}; evidence in "
         f"{release / 'evidence' / 'verification.json'}, "
         + ("signed" if (release / "evidence" / "verification.sig").exists() else "unsigned") + ")"
     )
+    if failed:
+        common.err_console.print(
+            f"[bold red]error[/]: tune could not check the reference of {len(failed)} group"
+            f"{'s' if len(failed) != 1 else ''} (the reference serves them, nothing of them was measured): "
+            + "; ".join(escape(f"{gid} ({tuning.describe_failure(f)})") for gid, f in sorted(failed.items()))
+        )
+        raise typer.Exit(1)
 
 
 @common.handle_errors

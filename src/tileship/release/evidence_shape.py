@@ -75,6 +75,11 @@ def _check(data: Mapping[str, Any]) -> None:
         _need(isinstance(cands, list) and all(isinstance(c, str) for c in cands), f"{where}.candidates",
               "a list of candidate ids")
         _points(group.get("points") or [], f"{where}.points", group.get("dynamic_dim"), buckets=True)
+        failed = group.get("failed")  # absent in evidence written before tune recorded failed groups
+        _need(failed is None or (isinstance(failed, Mapping) and isinstance(failed.get("reason"), str)
+                                 and isinstance(failed.get("dims"), Mapping)
+                                 and all(_int(v) for v in failed["dims"].values())),
+              f"{where}.failed", "null or an object with integer dims and a string reason")
 
 
 def check(data: Mapping[str, Any], path: Path) -> None:

@@ -5,7 +5,8 @@ is the one the loader makes on the device the evidence was taken on (the loader 
 evidence from another device; that check needs the device and is not made here):
 
 - a tuned group (``tileship tune``): the bucket holding the size, every candidate's time or
-  failure there, the reference's, the noise band and the winner;
+  failure there, the reference's, the noise band and the winner; a group tune could not check the
+  reference of: where and why, and that the reference keeps it;
 - an untuned one: the first declared candidate under verification routing (``pinned``: the mark
   recorded by verify; ``evidence``: the verdict of the nearest verified size), with its numbers.
 """
@@ -78,6 +79,11 @@ def explain(root: Path | str, op: str, dims: Mapping[str, int], *, dtype: str | 
         if group is not None:
             if gid not in table:
                 lines.append("  tuned on another device than this one: the loader here would ignore it")
+            if (failed := tuning.failure(group)) is not None:
+                lines.append(f"  tune FAILED: {tuning.describe_failure(failed)}")
+                lines.append(f"  decision: reference kept ({tuning.TUNING_FAILED}): tune could not check this "
+                             "group's reference, so nothing of it was measured and no kernel serves it")
+                continue
             p = tuning.point_for(group, dims)
             if p is None:
                 lines.append("  no tuned bucket holds this size: the reference serves it")

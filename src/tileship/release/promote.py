@@ -65,13 +65,22 @@ def verify(path: Path, *, budget_ms: float = 100.0) -> dict[str, Any]:
 
 def tune(path: Path, *, budget_ms: float = 40.0) -> dict[str, Any]:
     """Tune the release on this machine (``tileship.verify.tune``); a summary. Raises
-    TileshipError when the tune module is not installed or nothing can be tuned here."""
+    TileshipError when the tune module is not installed or nothing can be tuned here, VerificationError
+    (after the evidence is stored) when tune could not check a group's reference: a release whose reference
+    breaks its declaration is not promoted."""
+    from tileship.release import tuning
+
     try:
         from tileship.verify.tune import TuneOptions, tune_release
     except ImportError as exc:
         raise TileshipError(f"the tune step needs tileship.verify.tune, which is not available ({exc})",
                             hint="skip it with --no-tune") from None
     data = tune_release(path, TuneOptions(budget_ms=budget_ms, warmup_ms=min(10.0, budget_ms)))
+    if failed := tuning.failures(data.get("tuning")):
+        gid, first = sorted(failed.items())[0]
+        raise VerificationError(f"tune could not check the reference of {len(failed)} groups ({gid}: "
+                                f"{tuning.describe_failure(first)})",
+                                hint="fix the operator's reference (`tileship explain` names the failure)")
     points = [p for g in data.get("tuning", {}).values() for p in g.get("points", [])]
     return {"groups": len(data.get("tuning", {})), "buckets": len(points),
             "kernel_wins": sum(1 for p in points if p.get("winner"))}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship.errors import BundleError, BundleIntegrityError, RegistryError
-from tileship.release import bundle, evidence_seal, nofollow, small_file, strict_json
+from tileship.release import bundle, evidence_seal, nofollow, small_file, strict_json, tuning
 from tileship.release.evidence_seal import NO_EVIDENCE
 
 POINTER_SCHEMA = 1
@@ -109,12 +109,15 @@ def verification_status(root: Path) -> tuple[str, str]:
     losers = _losing_candidates(data.get("tuning"))
     excused = [sid for sid in failed if sid in losers]  # tuning never routes to them: they cannot serve
     failed = [sid for sid in failed if sid not in losers]
+    unchecked = sorted(tuning.failures(data.get("tuning")))  # their groups serve the reference
+    tune_note = (f"; tune could not check the reference of {len(unchecked)} groups, which the reference serves: "
+                 + ", ".join(unchecked[:3]) + (" ..." if len(unchecked) > 3 else "")) if unchecked else ""
     if failed:
         shown = ", ".join(failed[:5]) + (" ..." if len(failed) > 5 else "")
-        return "failed", f"{len(failed)} of {len(specs)} specializations failed verification: {shown}"
+        return "failed", f"{len(failed)} of {len(specs)} specializations failed verification: {shown}{tune_note}"
     device = (data.get("device") or {}).get("name", "?")
     lost = f"; {len(excused)} failed candidates never win a tuned bucket" if excused else ""
-    return "passed", f"{len(specs) - len(excused)} specializations passed on {device}{lost}"
+    return "passed", f"{len(specs) - len(excused)} specializations passed on {device}{lost}{tune_note}"
 
 
 def release_info(rid: str, root: Path, state: dict[str, Any]) -> ReleaseInfo:
@@ -138,12 +141,13 @@ def release_info(rid: str, root: Path, state: dict[str, Any]) -> ReleaseInfo:
                        evidence_seal.pin(root), pin_of(state) if is_active else None)
 
 
-def _losing_candidates(tuning: Any) -> set[str]:
-    """Spec ids (``<group>.<candidate>``) of tuned candidates that win no bucket of their group."""
-    if not isinstance(tuning, dict):
+def _losing_candidates(table: Any) -> set[str]:
+    """Spec ids (``<group>.<candidate>``) of tuned candidates that win no bucket of their group (every candidate
+    of a group tune could not check the reference of: the reference serves it)."""
+    if not isinstance(table, dict):
         return set()
     out: set[str] = set()
-    for gid, group in tuning.items():
+    for gid, group in table.items():
         if not isinstance(group, dict):
             continue
         won = {p.get("winner") for p in group.get("points") or [] if isinstance(p, dict)}

@@ -8,7 +8,8 @@ fingerprint exactly like verification evidence (``tileship.release.evidence``)::
                           "points": [{"dims", "bucket": [lo, hi], "reference": {"median_us", "spread_us"},
                                       "candidates": {id: {"passed", "failure", "median_us", "spread_us",
                                                           "paired_gain_us", "paired_spread_us"}},
-                                      "noise_us", "winner": id | null, "why"}]}}
+                                      "noise_us", "winner": id | null, "why"}],
+                          "failed": {"dims", "reason"}  (only where tune could not check the reference)}}
 
 A group is one (operator, dtype, shape or T.dynamic range, target); its candidates are the
 specializations sharing its ``group_id``. A static group has one point. A dynamic group has one
@@ -23,6 +24,11 @@ that gain is larger than its noise band (twice the median absolute deviation of 
 one of at least ``tune_rule.SIGN_ROUNDS`` rounds by more than ``tune_rule.SIGN_MARGIN`` each; otherwise
 ``winner`` is null and the reference serves: the reference is the tested default.
 ``choice`` turns a concrete size into that decision; the dispatcher asks once per new key.
+
+A group whose reference tune could not check (its answer unlike its declaration, or it raised, at the point
+``dims``) has no points and ``failed`` (``failure``): nothing of it was verified or timed, so the reference
+keeps every shape of it (reason ``tuning_failed``) and no kernel is routed there until a tune checks it.
+Evidence written before ``failed`` existed has none: every group of it was measured.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from tileship.declare.specialization import Specialization
 from tileship.release import evidence as ev_mod
 
 NOT_SELECTED = "not_selected"
+#: the reason the reference serves a group whose reference tune could not check (``failure``)
+TUNING_FAILED = "tuning_failed"
 
 
 def groups(rel: Mapping[str, Any]) -> dict[str, list[tuple[str, Mapping[str, Any], Specialization]]]:
@@ -112,6 +120,25 @@ def choice(group: Mapping[str, Any], dims: Mapping[str, int]) -> tuple[str | Non
     if p is None:
         return None, "no tuned bucket holds this size"
     return p.get("winner"), str(p.get("why", ""))
+
+
+def failure(group: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``{"dims", "reason"}`` of a group whose reference tune could not check; None for a measured group."""
+    failed = group.get("failed")
+    return failed if isinstance(failed, Mapping) else None
+
+
+def failures(table: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    """group id -> ``failure`` of every failed group of a tuning table (None or not a table: none)."""
+    if not isinstance(table, Mapping):
+        return {}
+    return {gid: f for gid, g in table.items() if isinstance(g, Mapping) and (f := failure(g)) is not None}
+
+
+def describe_failure(failed: Mapping[str, Any]) -> str:
+    """One line: where tune could not check the reference and why."""
+    at = ",".join(f"{k}={v}" for k, v in (failed.get("dims") or {}).items())
+    return f"tune could not check the reference at {at or 'its shape'}: {failed.get('reason', '?')}"
 
 
 def winners(group: Mapping[str, Any]) -> list[str]:

@@ -25,6 +25,8 @@ Reasons (``Decision.reason``):
     verification_failed  evidence says the kernel was wrong on this device
     slower_than_reference  evidence says the reference is faster for this shape
     not_selected         a candidate that tuning did not pick for this shape (another one serves it)
+    tuning_failed        tune could not check the reference of this shape's group (its answer broke the
+                         declaration, or it raised): nothing was measured, no kernel is routed there
     disabled_by_policy   an operator switched this specialization (or the release) off
     circuit_open         the kernel raised or returned non-finite values at serve time
     requires_grad        grad mode is on and an input requires grad: the reference serves, so autograd

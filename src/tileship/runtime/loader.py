@@ -257,7 +257,13 @@ def _tuned_entries(ctx: _Context, members: list[tuple[str, dict[str, Any], Speci
                    group: dict[str, Any]) -> list[Entry]:
     """Entries of one tuned group: the bucket winners serve (a dynamic group's each through a
     ``TunedRule`` for its buckets); the others are listed as ``not_selected``, or, when the reference
-    won every bucket, the first candidate stands for the group as ``slower_than_reference``."""
+    won every bucket, the first candidate stands for the group as ``slower_than_reference``. A group whose
+    reference tune could not check (``tuning.failure``) loads no kernel: the first candidate stands for it as
+    ``tuning_failed``, the others are ``not_selected``."""
+    if (failed := tuning.failure(group)) is not None:
+        why = tuning.describe_failure(failed)
+        return [Entry(spec, None, Decision(REFERENCE, tuning.TUNING_FAILED if i == 0 else tuning.NOT_SELECTED, sid),
+                      detail=why) for i, (sid, _, spec) in enumerate(members)]
     won = tuning.winners(group)
     out: list[Entry] = []
     for sid, info, spec in members:

@@ -28,15 +28,17 @@ The table, with every number behind each decision, goes into the release's evide
 verification (``evidence/verification.json``: hashed, bound to the lock digest and the device
 fingerprint); verification entries of other specializations are kept when they still apply.
 Groups with one kernel (no candidates) are tuned too: kernel against reference, same rule.
-A reference whose answer is unlike its declaration (``runtime.answer``) stops the run with a DeclarationError
-naming the operator, the output and the point, before anything of its group is timed. Never compiles.
+A group whose reference cannot be checked (its answer is unlike its declaration: ``runtime.answer``'s words
+naming the operator and the output; or it raised) is recorded as failed (``tuning.failure``: the point and the
+reason), before anything of it is verified or timed: the reference keeps serving it, no kernel is routed there,
+and the other groups are tuned as usual. Never compiles.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,41 +52,9 @@ from tileship.verify import tune_evidence
 from tileship.verify.latency import HostGauge, latency, probe
 from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import l2_flush_buffer, measure, rotation_sets
+from tileship.verify.tune_options import TuneOptions
 from tileship.verify.tune_rule import time_and_decide, triage
 from tileship.verify.verify import open_for_evidence
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    seeds: tuple[int, ...] = (0, 1)
-    #: measured ms per timing run of one path (each path runs ``rounds`` times per point)
-    budget_ms: float = 40.0
-    warmup_ms: float = 10.0
-    min_repeats: int = 5
-    max_repeats: int = 40
-    rounds: int = 5
-    #: more rounds for a bucket whose reference was kept only by the noise band (0: never)
-    confirm_rounds: int = 5
-    #: overwrite a cache-sized buffer before every timing sample
-    flush: bool = True
-    #: how a path is timed: "latency" (``verify.latency``: max(host issue cost, device time), each
-    #: measured apart: stable where the host's speed moves) or "events" (``timing.measure``: calls
-    #: back to back between CUDA events, which read whichever of the two is larger at that moment)
-    clock: str = "latency"
-    #: with the latency clock on CUDA: host costs scaled to the host at its fastest (``latency.HostGauge``);
-    #: off by default: on the H200 host it decided no better than the raw host time (round 16)
-    host_gauge: bool = False
-    #: prune a candidate at a bucket where one probe call takes more than this many times the
-    #: reference's (``tune_rule.triage``; 0: never)
-    prune: float = 3.0
-    #: cap on the sizes of a T.dynamic dim (None: up to the declared maximum)
-    limit: int | None = None
-    #: operator -> extra bucket points for its dynamic dim (besides powers of two and the edges)
-    buckets: Mapping[str, Sequence[int]] = field(default_factory=dict)
-    #: operator names or group ids to tune (empty: all)
-    only: tuple[str, ...] = ()
-    devices: tuple[str, ...] = ("cuda", "cpu")
-    on_group: Callable[[str, dict[str, Any]], None] | None = None
 
 
 def bucket_points(
@@ -122,17 +92,27 @@ def _runner(desc: Mapping[str, Any], name: str, reference: Any, spec: Specializa
     return runner
 
 
-def _check_reference(runner: Any, args: Sequence[Any], gid: str, dims: Mapping[str, int]) -> None:
-    """One call of the reference-only dispatcher ``runner`` on ``args``: raises DeclarationError (field
-    ``reference``) naming the operator, the output, what it answered and what is declared, the group and the
-    point, when the reference's answer is unlike its declaration (``runtime.answer``): a group whose baseline is
-    wrong cannot be tuned, and no time is spent measuring it."""
+def _check_reference(runner: Any, make: Callable[[], Sequence[Any]]) -> str | None:
+    """None when one call of the reference-only dispatcher ``runner`` on ``make()`` answers as declared; else why
+    not: ``runtime.answer``'s words (the operator, the output, what it answered and what is declared), or what
+    the call (or making its inputs) raised. A group whose baseline is wrong cannot be tuned, and no time is spent
+    measuring it."""
+    try:
+        args = make()
+    except Exception as exc:  # noqa: BLE001 -- the operator's sample hook failed: the group's failure, not the run's
+        return f"making inputs failed: {_first_line(exc)}"
     try:
         runner(*args)
     except DeclarationError as exc:
-        at = ",".join(f"{k}={v}" for k, v in dims.items())
-        raise DeclarationError(f"{exc.message.removeprefix(f'{runner.name}.reference: ')} (tuning {gid} at {at})",
-                               operator=runner.name, field="reference", hint=exc.hint) from None
+        return exc.message
+    except Exception as exc:  # noqa: BLE001 -- a reference that raises cannot be the baseline either
+        return f"the reference raised {_first_line(exc)}"
+    return None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
 
 
 def served_table(root: Path | None, kernels: Sequence[Any]) -> Path | None:
@@ -155,7 +135,8 @@ def tune_group(
     gauge: HostGauge | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Tune one group: ``members`` are (spec id, spec, loaded kernel or a failure text). Returns the
-    group's table and the candidates' SpecVerdicts (their verification evidence). ``root``: the
+    group's table and the candidates' SpecVerdicts (their verification evidence); a group whose reference
+    could not be checked at a point returns its failure (``tuning.failure``) and no verdicts. ``root``: the
     release, whose compiled dispatch table the timed dispatchers get where serving would use it;
     ``gauge``: the latency clock's host gauge (``verify.latency``)."""
     spec0 = members[0][1]
@@ -178,7 +159,8 @@ def tune_group(
         if not isinstance(kernel, str):
             runners[spec.candidate or "default"] = _runner(desc, name, reference, spec, kernel, table)
     for dims, _ in points:  # before anything is timed: the reference's answer held to its declaration
-        _check_reference(runners[""], make(dims, 0), gid, dims)
+        if (why := _check_reference(runners[""], partial(make, dims, 0))) is not None:
+            return tune_evidence.failed_group(spec0, [m[1] for m in members], dims, why), []
     pruned: dict[str, dict[str, str]] = {}  # candidate -> bucket key -> why (``tune_rule.triage``)
     # only among candidates: a group's single kernel is always verified (its evidence is the release's)
     for dims, _ in points if options.prune and len(runners) > 2 else ():
@@ -257,9 +239,11 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     """Tune every group of the release at ``path`` this machine can run; returns (and with ``write``
     stores) the evidence, signed with ``verifier_key`` (default: ``TILESHIP_VERIFIER_KEY``; none:
     unsigned). Signing, earlier evidence is kept only when it is signed by that key or a trusted
-    verifier key (a signature must not vouch for entries it did not measure). Raises
-    BundleIntegrityError for a release that is not intact, SignatureError for an unusable key,
-    VerificationError on blocking drift or when nothing can be tuned here."""
+    verifier key (a signature must not vouch for entries it did not measure). A group whose reference could
+    not be checked is stored as failed (``tuning.failures`` of the table finds it) and the run goes on: the
+    caller decides what that means (``tileship tune`` exits 1 naming it). Raises BundleIntegrityError for a
+    release that is not intact, SignatureError for an unusable key, VerificationError on blocking drift or
+    when nothing can be tuned here."""
     import torch
 
     from tileship import env

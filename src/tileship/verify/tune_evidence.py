@@ -5,23 +5,22 @@ the release's writer lock), not as it was when the tune began: a ``verify`` or a
 stored evidence while this one measured keeps what it stored. Earlier evidence is kept only where it
 still describes this release here (same lock digest and release, this machine's device and host)
 and, when the tune signs, only when it is signed by that key or a trusted verifier key (a signature
-must not vouch for entries it did not measure).
+must not vouch for entries it did not measure). ``failed_group`` is the table of a group tune could not measure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tileship.declare.spec import Specialization
 from tileship.release import bundle, evidence_seal
 from tileship.release import evidence as ev_mod
 from tileship.verify.latency import PROBE_CALLS, HostGauge
 from tileship.verify.timing import NOISE_FLOOR
-
-if TYPE_CHECKING:
-    from tileship.verify.tune import TuneOptions
+from tileship.verify.tune_options import TuneOptions
 
 
 def keeps(old: Mapping[str, Any], root: Path, release_id: str, digest: str, *, cuda: bool,
@@ -80,4 +79,20 @@ def merge(old: Mapping[str, Any] | None, *, root: Path, release_id: str, digest:
     return data
 
 
-__all__ = ["keeps", "merge"]
+def failed_group(spec: Specialization, specs: Sequence[Specialization], dims: Mapping[str, int],
+                 reason: str) -> dict[str, Any]:
+    """The table of a group (first specialization ``spec``; its candidates' ``specs`` in declaration order) whose
+    reference could not be checked at ``dims``: no point, and ``failed`` naming the point and ``reason``
+    (``tuning.failure``). The loader serves the reference for every shape of it; nothing was verified or timed."""
+    return {
+        "op": spec.op,
+        "dtype": spec.dtype,
+        "target": spec.target,
+        "dynamic_dim": spec.dynamic_dim,
+        "candidates": [s.candidate or "default" for s in specs],
+        "points": [],
+        "failed": {"dims": {k: int(v) for k, v in dims.items()}, "reason": reason},
+    }
+
+
+__all__ = ["failed_group", "keeps", "merge"]

@@ -277,3 +277,28 @@ def test_a_worker_refuses_an_answer_on_another_device_before_copying_it_out(name
         assert reply["ok"] and [d["shape"] for d in reply["outs"]] == [[4, 8], [4]], reply
     finally:
         buf.close()
+
+
+def test_held_at_works_out_the_declared_outputs_at_a_sample_shape_for_warm_up_and_the_demo():
+    """Serve's warm-up (``_held``) and the demo (``_shape``) each worked out the declared outputs at a sample shape
+    with their own copy of the logic; both now call ``spec_check.held_at``: each output's shape at the dims (not
+    checked where the dims cannot tell it), its declared dtype for a specialization's dtype, open for float64."""
+    from tileship.verify.spec_check import held_at
+
+    desc = {**DESC, "outputs": [["Y", ["M", "N"]], ["S", ["M", "R"]]], "tensor_dtypes": {"S": "int32"}}
+    x = torch.ones(4, 8)
+
+    def good(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return t * 2, torch.zeros(4, 3, dtype=torch.int32)
+
+    assert held_at("split", good, desc, {"M": 4, "N": 8}, [x], dtype="float32")(x)[0].shape == (4, 8)  # R: open
+    with pytest.raises(DeclarationError, match=re.escape("output 'Y' of the call is float32 [3, 8]; the operator "
+                                                         "declares it float32 [4, 8]")):
+        held_at("split", lambda t: (t[:-1], torch.zeros(4, 3, dtype=torch.int32)), desc, {"M": 4, "N": 8}, [x],
+                dtype="float32")(x)
+    with pytest.raises(DeclarationError, match=re.escape("output 'S' of the call is float32 [4, 3]; the operator "
+                                                         "declares it int32 ['M', 'R']")):
+        held_at("split", lambda t: (t, torch.zeros(4, 3)), desc, {"M": 4, "N": 8}, [x], dtype="float32")(x)
+    as_cast = held_at("split", lambda t: (t.double(), torch.zeros(4, 3, dtype=torch.float64)), desc,
+                      {"M": 4, "N": 8}, [x], dtype=None)  # the demo's reference on float64 inputs: dtypes open
+    assert as_cast(x)[0].dtype == torch.float64

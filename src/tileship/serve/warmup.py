@@ -91,6 +91,7 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
     from tileship.declare.spec import Tolerance, tensor_tolerance
     from tileship.errors import DeclarationError
     from tileship.verify.mutated import OnClones, mutated_positions
+    from tileship.verify.spec_check import held_at
 
     name, runner, entry = job
     device = devices[name]
@@ -103,7 +104,7 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
         assert spec is not None
         args = runner.sample_inputs(dims, spec.dtype, device, seed)
         try:
-            _held(name, runner.reference, decl, spec.dtype, dims, args)(*args)
+            held_at(name, runner.reference, decl, dims, args, dtype=spec.dtype)(*args)
         except DeclarationError as exc:
             return f"{name}:reference", time.perf_counter() - t0, dims, exc.message, "reference"
         if device == "cuda":
@@ -118,7 +119,7 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
         mut = mutated_positions(decl)  # inputs updated in place: each path on its own clones, compared whole
         outs = OnClones(entry.kernel, mut)(*args)
         try:
-            refs = OnClones(_held(name, runner.reference, decl, spec.dtype, dims, args), mut)(*args)
+            refs = OnClones(held_at(name, runner.reference, decl, dims, args, dtype=spec.dtype), mut)(*args)
         except DeclarationError as exc:
             return spec.id, time.perf_counter() - t0, dims, exc.message, "reference"
         if device == "cuda":
@@ -130,26 +131,6 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
     except Exception as exc:
         problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return spec.id, time.perf_counter() - t0, dims, problem, "kernel"
-
-
-def _held(name: str, reference: Any, decl: Any, dtype: str, dims: dict[str, int], args: list[Any]) -> Any:
-    """``reference`` with its answer held to the declaration at ``dims`` in a specialization of ``dtype``
-    (``verify.spec_check.held``: the dispatcher's check and words)."""
-    import torch
-
-    from tileship.declare.dims import shape_at
-    from tileship.declare.specialization import tensor_dtypes
-    from tileship.verify.spec_check import held
-
-    declared = [(n, tuple(ds)) for n, ds, *_ in decl["outputs"]]
-    shapes: list[tuple[int, ...] | None] = []
-    for _, ds in declared:
-        try:
-            shapes.append(shape_at(ds, dims))
-        except (KeyError, ValueError):  # a size the dims cannot tell: not checked
-            shapes.append(None)
-    dtypes = [getattr(torch, n) for n in tensor_dtypes(decl, "outputs", dtype)]
-    return held(name, reference, declared, list(zip(shapes, dtypes, strict=True)), args)
 
 
 def _elements(inputs: Any, dims: dict[str, int]) -> int:

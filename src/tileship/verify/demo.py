@@ -10,14 +10,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from tileship.declare.dims import shape_at
 from tileship.declare.inputs import sample_points
 from tileship.declare.spec import tensor_tolerance
 from tileship.errors import DeclarationError
 from tileship.runtime.dispatch import Release
 from tileship.verify.compare import disagreement
 from tileship.verify.mutated import OnClones, mutated_positions
-from tileship.verify.spec_check import held
+from tileship.verify.spec_check import held_at
 
 
 def _take(call: Any, decisions: list[Any], *args: Any) -> Any:
@@ -52,9 +51,7 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
                 args = runner.sample_inputs(dims, spec.dtype, device, seed)
                 mut = mutated_positions(decl)  # inputs updated in place: compared whole, each path on clones
                 decisions: list[Any] = []
-                declared = [(n, ds) for n, ds, *_ in decl["outputs"]]
-                reference = held(name, runner.reference, declared, [(_shape(ds, dims), None) for _, ds in declared],
-                                 args, dtypes=False)  # on float64 inputs: its dtypes are open
+                reference = held_at(name, runner.reference, decl, dims, args, dtype=None)  # on float64 inputs
                 try:  # a reference that serves the call is held to the declaration by the dispatcher
                     outs = OnClones(functools.partial(_take, runner.call, decisions), mut)(*args)
                     refs = OnClones(reference, mut)(*[a.double() if torch.is_tensor(a) and a.is_floating_point()
@@ -75,10 +72,3 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
                              "err": f"{worst:.2e}", "ok": ok})
     return rows
 
-
-def _shape(ds: Any, dims: dict[str, int]) -> tuple[int, ...] | None:
-    """The shape of an output declared ``ds`` at ``dims``; None where they cannot tell it (not checked)."""
-    try:
-        return shape_at(ds, dims)
-    except (KeyError, ValueError):
-        return None

@@ -132,6 +132,27 @@ def held(name: str, reference: Callable[..., Any], outputs: Sequence[tuple[str, 
     return call
 
 
+def held_at(name: str, reference: Callable[..., Any], desc: Mapping[str, Any], dims: Mapping[str, int],
+            args: Sequence[Any], *, dtype: str | None) -> Callable[..., Any]:
+    """``held`` for operator ``name`` described by ``desc`` (its release.json entry) at ``dims``: each declared
+    output's shape at ``dims`` (None, not checked, where the dims cannot tell it: a dim no input binds), and with
+    ``dtype`` (the specialization's) its declared dtype; ``dtype`` None leaves the dtypes open (a reference run on
+    inputs cast to float64). The one way every caller that holds a reference at a sample shape works them out
+    (serve's warm-up, the demo)."""
+    import torch
+
+    outputs = [(str(n), tuple(ds)) for n, ds, *_ in desc["outputs"]]
+    shapes: list[tuple[int, ...] | None] = []
+    for _, ds in outputs:
+        try:
+            shapes.append(shape_at(ds, dims))
+        except (KeyError, ValueError):
+            shapes.append(None)
+    dtypes = [None] * len(outputs) if dtype is None else [getattr(torch, n) for n in
+                                                           tensor_dtypes(desc, "outputs", dtype)]
+    return held(name, reference, outputs, list(zip(shapes, dtypes, strict=True)), args, dtypes=dtype is not None)
+
+
 def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Callable[..., Any],
                 desc: Mapping[str, Any], *,
                 options: VerifyOptions = VerifyOptions(), tolerance: Tolerance | None = None,

@@ -198,6 +198,12 @@ def test_tune_records_a_reference_that_raises_as_the_groups_failure() -> None:
     assert verdicts == [] and group["points"] == [], group
     assert group["failed"] == {"dims": {"M": 4, "N": 8}, "reason": "the reference raised ValueError: no such mode"}
 
+    def poisoned(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):  # every later group would fail the same way
+        tune_group("scale.float32.c", [(SPEC.id, SPEC, _twice)], poisoned, DESC, options=opts)
+
 
 CAST = [w for w in OF_ONE if w[0] != "float64"]  # the demo runs the reference on float64 inputs: dtypes open
 

@@ -96,16 +96,22 @@ def _check_reference(runner: Any, make: Callable[[], Sequence[Any]]) -> str | No
     """None when one call of the reference-only dispatcher ``runner`` on ``make()`` answers as declared; else why
     not: ``runtime.answer``'s words (the operator, the output, what it answered and what is declared), or what
     the call (or making its inputs) raised. A group whose baseline is wrong cannot be tuned, and no time is spent
-    measuring it."""
+    measuring it. A sticky CUDA error is raised (every later group would fail with it: not its own failure)."""
+    from tileship.runtime.device_faults import is_sticky_cuda_error
+
     try:
         args = make()
     except Exception as exc:  # noqa: BLE001 -- the operator's sample hook failed: the group's failure, not the run's
+        if is_sticky_cuda_error(exc):
+            raise
         return f"making inputs failed: {_first_line(exc)}"
     try:
         runner(*args)
     except DeclarationError as exc:
         return exc.message
     except Exception as exc:  # noqa: BLE001 -- a reference that raises cannot be the baseline either
+        if is_sticky_cuda_error(exc):
+            raise
         return f"the reference raised {_first_line(exc)}"
     return None
 

@@ -143,3 +143,57 @@ def test_a_malformed_failed_field_is_refused_naming_it(tmp_path, failed, field):
         evidence_shape.check(data, tmp_path / "verification.json")
     data["tuning"]["g"].pop("failed")  # evidence from before the field: accepted as it always was
     evidence_shape.check(data, tmp_path / "verification.json")
+
+
+def _failing_step(monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    """``add``'s reference module is gone (``import_reference``), or its sample hook does not import
+    (``import_sample``): as tune imports them."""
+    from tileship.runtime import references
+
+    real = references.import_reference, references.import_sample
+
+    def import_reference(desc: Any, op: str) -> Any:
+        gone = op == BAD and step == "import_reference"
+        return real[0]({**desc, "reference": "tileship_gone_module.ref"} if gone else desc, op)
+
+    def import_sample(desc: Any, op: str) -> Any:
+        if op == BAD and step == "import_sample":
+            raise ImportError("cannot import name 'sample' from 'ops'")
+        return real[1](desc, op)
+
+    monkeypatch.setattr(references, "import_reference", import_reference)
+    monkeypatch.setattr(references, "import_sample", import_sample)
+
+
+@pytest.mark.parametrize("step,reason", [
+    ("import_reference", "import_reference: ArtifactLoadError: add: cannot import the reference "
+                         "tileship_gone_module.ref: module tileship_gone_module is neither shipped"),
+    ("import_sample", "import_sample: ImportError: cannot import name 'sample' from 'ops'"),
+])
+def test_an_operator_whose_reference_or_sample_does_not_import_fails_its_groups_and_the_others_are_tuned(
+        cpu_release, monkeypatch, step, reason):
+    """Before: the ArtifactLoadError (or what the sample hook raised) of one operator's import stopped ``tune_release``
+    for every group and nothing was stored. Now every group of that operator is recorded failed with the step and
+    the error, the other operators' groups are tuned and stored, and the command exits 1 naming the failed ones."""
+    from tileship.release import described
+
+    rel = described.read(cpu_release / "release.json")
+    bad = sorted(g for g, m in tuning.groups(rel).items() if m[0][2].op == BAD)
+    good = next(g for g, op in _static_groups(cpu_release).items() if op != BAD)
+    _failing_step(monkeypatch, step)
+    res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", BAD, "--only", good, *FAST])
+    monkeypatch.undo()
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (res.output, res.exception)
+    last = " ".join(res.output.strip().splitlines()[-1:])
+    assert f"tune could not check the reference of {len(bad)} group" in res.output and good not in last, res.output
+    assert all(g in res.output for g in bad), res.output
+    ev = json.loads((cpu_release / evidence.EVIDENCE).read_text())
+    measured = ev["tuning"][good]
+    assert measured["points"] and "failed" not in measured, measured
+    assert measured["points"][0]["reference"]["median_us"] > 0
+    failures = tuning.failures(ev["tuning"])
+    assert sorted(failures) == bad, failures  # every group of the operator, and nothing else
+    for g in bad:
+        assert ev["tuning"][g]["points"] == [] and failures[g]["reason"].startswith(reason), ev["tuning"][g]
+    assert not any(sid.startswith(BAD + ".") for sid in ev["specializations"])
+    integrity.check(cpu_release, trusted_keys=[])

@@ -31,7 +31,8 @@ Groups with one kernel (no candidates) are tuned too: kernel against reference, 
 A group whose reference cannot be checked (its answer is unlike its declaration: ``runtime.answer``'s words
 naming the operator and the output; or it raised) is recorded as failed (``tuning.failure``: the point and the
 reason), before anything of it is verified or timed: the reference keeps serving it, no kernel is routed there,
-and the other groups are tuned as usual. Never compiles.
+and the other groups are tuned as usual. So is every group of an operator whose reference or sample hook does not
+import or whose pins do not hold (``tune_checks.prepare``: the reason names the step and the error). Never compiles.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tileship.build import pins
 from tileship.declare.inputs import make_inputs, point_seed
 from tileship.declare.spec import Specialization, Target, tensor_dtypes
 from tileship.errors import ArtifactLoadError, DeclarationError, VerificationError
@@ -52,6 +52,7 @@ from tileship.verify import tune_evidence
 from tileship.verify.latency import HostGauge, latency, probe
 from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import l2_flush_buffer, measure, rotation_sets
+from tileship.verify.tune_checks import first_line, prepare
 from tileship.verify.tune_options import TuneOptions
 from tileship.verify.tune_rule import time_and_decide, triage
 from tileship.verify.verify import open_for_evidence
@@ -104,7 +105,7 @@ def _check_reference(runner: Any, make: Callable[[], Sequence[Any]]) -> str | No
     except Exception as exc:  # noqa: BLE001 -- the operator's sample hook failed: the group's failure, not the run's
         if is_sticky_cuda_error(exc):
             raise
-        return f"making inputs failed: {_first_line(exc)}"
+        return f"making inputs failed: {first_line(exc)}"
     try:
         runner(*args)
     except DeclarationError as exc:
@@ -112,13 +113,8 @@ def _check_reference(runner: Any, make: Callable[[], Sequence[Any]]) -> str | No
     except Exception as exc:  # noqa: BLE001 -- a reference that raises cannot be the baseline either
         if is_sticky_cuda_error(exc):
             raise
-        return f"the reference raised {_first_line(exc)}"
+        return f"the reference raised {first_line(exc)}"
     return None
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}"
 
 
 def served_table(root: Path | None, kernels: Sequence[Any]) -> Path | None:
@@ -246,10 +242,11 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     stores) the evidence, signed with ``verifier_key`` (default: ``TILESHIP_VERIFIER_KEY``; none:
     unsigned). Signing, earlier evidence is kept only when it is signed by that key or a trusted
     verifier key (a signature must not vouch for entries it did not measure). A group whose reference could
-    not be checked is stored as failed (``tuning.failures`` of the table finds it) and the run goes on: the
-    caller decides what that means (``tileship tune`` exits 1 naming it). Raises BundleIntegrityError for a
-    release that is not intact, SignatureError for an unusable key, VerificationError on blocking drift or
-    when nothing can be tuned here."""
+    not be checked, or whose operator's reference or sample hook did not import or whose pins did not hold, is
+    stored as failed (``tuning.failures`` of the table finds it) and the run goes on: the caller decides what that
+    means (``tileship tune`` exits 1 naming it). Raises BundleIntegrityError for a release that is not intact,
+    SignatureError for an unusable key, VerificationError on blocking drift of the environment or when nothing
+    can be tuned here."""
     import torch
 
     from tileship import env
@@ -271,6 +268,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     verdicts: dict[str, Any] = {}
     table: dict[str, Any] = {}
     skipped: dict[str, str] = {}
+    prepared: dict[str, tuple[Any, Any] | str] = {}  # operator -> (reference, sample hook), or why not
     gauge = None
     if cuda and options.clock == "latency" and options.host_gauge and "cuda" in options.devices:
         gauge = HostGauge("cuda")
@@ -290,8 +288,16 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             skipped[gid] = why
             continue
         desc = rel["operators"][spec0.op]
-        reference = import_reference(desc, spec0.op)
-        pins.require(lock, [spec0.op])  # timing another reference would not describe this release
+        if spec0.op not in prepared:  # once per operator: a failure of it fails each of its groups, not the run
+            prepared[spec0.op] = prepare(desc, spec0.op, lock, import_reference, import_sample)
+        if isinstance(got := prepared[spec0.op], str):
+            specs = [m[2] for m in members]
+            dims = bucket_points(spec0.group(), limit=options.limit, extra=options.buckets.get(spec0.op, ()))[0][0]
+            table[gid] = group = tune_evidence.failed_group(spec0, specs, dims, got)
+            if options.on_group:
+                options.on_group(gid, group)
+            continue
+        reference, sample = got
         loaded: list[tuple[str, Specialization, Any]] = []
         for sid, info, spec in members:
             if info["status"] != "built":
@@ -302,7 +308,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             except ArtifactLoadError as exc:
                 loaded.append((sid, spec, f"artifact failed to load: {exc}"))
         group, spec_verdicts = tune_group(
-            gid, loaded, reference, desc, options=options, sample=import_sample(desc, spec0.op), root=root,
+            gid, loaded, reference, desc, options=options, sample=sample, root=root,
             gauge=gauge if dev == "cuda" else None,
         )
         table[gid] = group

@@ -197,3 +197,23 @@ def test_an_operator_whose_reference_or_sample_does_not_import_fails_its_groups_
         assert ev["tuning"][g]["points"] == [] and failures[g]["reason"].startswith(reason), ev["tuning"][g]
     assert not any(sid.startswith(BAD + ".") for sid in ev["specializations"])
     integrity.check(cpu_release, trusted_keys=[])
+
+
+def test_prepare_names_the_step_that_failed_and_raises_a_sticky_cuda_error(monkeypatch):
+    """``tune_checks.prepare``: a pins failure is the operator's (named ``pins.require``); a sticky CUDA error is
+    not (every later group would fail with it), so it is raised as ``_check_reference`` raises it."""
+    from tileship.build import pins
+    from tileship.verify.tune_checks import prepare
+
+    def drifted(lock: Any, ops: Any, **kw: Any) -> Any:
+        raise ValueError(f"reference drift: operator {ops[0]!r}\nmore")
+
+    monkeypatch.setattr(pins, "require", drifted)
+    assert prepare({}, BAD, {}, lambda d, op: "ref", lambda d, op: None) == \
+        "pins.require: ValueError: reference drift: operator 'add'"
+
+    def poisoned(desc: Any, op: str) -> Any:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        prepare({}, BAD, {}, poisoned, lambda d, op: None)

@@ -109,10 +109,15 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, Any], *, allow_ke
 
 def save(model: nn.Module, path: Path | str) -> None:
     """``torch.save`` of the state_dict under a header naming the kernels (None when the model
-    runs none). Read back with ``load``."""
+    runs none). Read back with ``load``. The file is replaced whole (``atomic_file.replacing``): killed at any
+    instant, ``path`` holds the previous file or the new one, never part of one; a symlink is written through
+    and the file's mode kept. Raises OSError when it cannot be written (the file is then as it was)."""
+    from tileship.release.atomic_file import replacing
+
     stamp = kernel_stamp(model)
-    torch.save({"format": FILE_FORMAT, "kernels": stamp.to_json() if stamp else None,
-                "state_dict": _unwrap(model).state_dict()}, str(path))
+    with replacing(path) as (f, _):
+        torch.save({"format": FILE_FORMAT, "kernels": stamp.to_json() if stamp else None,
+                    "state_dict": _unwrap(model).state_dict()}, f)
 
 
 def load(model: nn.Module, path: Path | str, *, allow_kernel_mismatch: bool = False,

@@ -27,9 +27,11 @@ transpose-B bit. ``benchmarks/dev/wg_probe.py`` ran all eight readings on an H10
 Measured there (``w4a16_sweep.py`` kind ``wg``, layout 0, 74 tilings, 0 wrong): **about half the catalog's speed**,
 down M=32 51.9 us (best) against the catalog's 29.1 and cuBLAS fp16 55.9; gate_up 96.8 against 44.3 and 96.7.
 The suspect, read from the index arithmetic: each ``cp.async`` of a warp then wrote 8-16 lanes to one shared
-bank. Layout 2 and the lane order of ``ts_wg_x_copy`` give every copy 32 banks (the replay test checks it); that
-version compiles for sm_90a here but has **not run on a GPU** (the session's device time ran out). Not in the
-catalog.
+bank. Layout 2 and the lane order of ``ts_wg_x_copy`` give every copy 32 banks (the replay test checks it).
+Round 35 on an H100 (``benchmarks/results/h100/round35/``, 152 tilings, 0 wrong): layout 2 takes 40% off, and it
+still does not beat the catalog: down M=32 30.0 us against 28.5 (not resolved), gate_up 48.3 against 44.6, down
+M=8 23.1 against 18.7. Nsight Compute there: latency-bound (one CTA an SM, 122 registers a thread, 12% occupancy,
+no eligible warp in 68% of cycles). Not in the catalog.
 """
 
 from typing import Any

@@ -23,7 +23,7 @@ from tileship.cli import app
 from tileship.release import pointer_served
 from tileship.release.registry import Registry
 from tileship.serve.canary import CanaryPolicy
-from tileship.serve.fleet_plan import FleetPolicy
+from tileship.serve.fleet_plan import FleetPolicy, release_of
 from tileship.serve.jsonlog import JsonLog
 from tileship.serve.ray_fleet import FleetController, raw_keys
 
@@ -107,16 +107,16 @@ def test_the_fleet_controller_rolls_only_to_a_pointer_its_keys_accept(signed, ke
         gen2 = reg.pointer.read_bytes()
         Registry(reg.root).activate(c)  # unsigned (generation 3)
         await ctrl._step()
-        assert ctrl.plan.roll is None and ctrl.plan.stable == b, "an unsigned pointer is not rolled"
+        assert ctrl.plan.roll is None and release_of(ctrl.plan.stable or "") == b, "an unsigned pointer is not rolled"
         await ctrl._step()
         refused = _events(log, "fleet_pointer_refused")
         assert len(refused) == 1 and "not signed" in refused[0]["error"] and refused[0]["following"] == b
         reg.activate(a)  # sealed, generation 4: rolled
         await ctrl._step()
-        assert ctrl.plan.roll is not None and ctrl.plan.roll.target == a and ctrl.pointer.generation == 4
+        assert ctrl.plan.roll is not None and release_of(ctrl.plan.roll.target) == a and ctrl.pointer.generation == 4
         reg.pointer.write_bytes(gen2)  # an older sealed pointer put back: the registry moving on to B is refused
         await ctrl._step()
-        assert ctrl.plan.roll is not None and ctrl.plan.roll.target == a and ctrl.plan.rolls == []
+        assert ctrl.plan.roll is not None and release_of(ctrl.plan.roll.target) == a and ctrl.plan.rolls == []
         assert "generation 2 is older than generation 4" in _events(log, "fleet_pointer_refused")[-1]["error"]
 
     asyncio.run(scenario())
@@ -130,12 +130,16 @@ def test_the_fleet_controller_rolls_the_registry_back_only_from_an_accepted_poin
     ctrl, log = _controller(reg, [keys["activator"][1]])
 
     async def refused_canary(release: str) -> None:
-        """The registry names ``release``: a roll starts, and its canary replica cannot load it."""
-        await ctrl.sync("r1", {"release": b})
-        await ctrl.sync("r2", {"release": b})
+        """The registry names ``release``: a roll starts, and its canary replica cannot load it (replicas report
+        versions, ``fleet_plan.version_of``)."""
+        stable = ctrl.plan.stable or ""
+        assert release_of(stable) == b
+        await ctrl.sync("r1", {"version": stable})
+        await ctrl.sync("r2", {"version": stable})
         await ctrl._step()
-        assert ctrl.plan.roll is not None and ctrl.plan.roll.target == release
-        await ctrl.sync(ctrl.plan.roll.canary or "", {"release": b, "failed": {release: "warmup: it disagrees"}})
+        assert ctrl.plan.roll is not None and release_of(ctrl.plan.roll.target) == release
+        target = ctrl.plan.roll.target
+        await ctrl.sync(ctrl.plan.roll.canary or "", {"version": stable, "failed": {target: "warmup: it disagrees"}})
 
     async def scenario() -> None:
         await _started(ctrl)
@@ -153,7 +157,7 @@ def test_the_fleet_controller_rolls_the_registry_back_only_from_an_accepted_poin
         forged["history"][0]["reference_only"] = True  # where a rollback would go, changed after sealing
         reg.pointer.write_text(json.dumps(forged))
         await ctrl._step()  # the plan rolls C back, but the pointer naming C is refused: not rolled back from
-        assert ctrl.plan.stable == b and ctrl.plan.roll is None
+        assert release_of(ctrl.plan.stable or "") == b and ctrl.plan.roll is None
         assert json.loads(reg.pointer.read_text()) == forged, "the registry was rolled back from a forged pointer"
         assert len(_events(log, "fleet_registry_rollback")) == 1
         assert "does not verify" in _events(log, "fleet_pointer_refused")[-1]["error"]

@@ -270,6 +270,45 @@ def test_a_canary_whose_kernel_faults_under_traffic_is_rolled_back_on_its_errors
     assert ev["verdict"]["numbers"]["errors"]["canary"] >= 1
 
 
+def test_activate_reference_switches_every_replica_to_the_references_and_back(fleet) -> None:
+    """``activate --reference`` of the release the fleet serves: every replica serves the references (no canary),
+    then activating the release again brings the kernels back through a canary; no request fails. Before, the mode
+    was not part of a fleet's version: no replica switched."""
+    import httpx
+    from benchmarks.fleet_roll import Load, roll_to
+
+    f, reg, *_ = fleet
+    rid = reg.active().release_id
+    with Load(f.url, clients=2, max_requests=3000) as load:
+        time.sleep(0.5)
+        before = len(f.status()["rolls"])
+        reg.activate_reference()
+        deadline = time.monotonic() + 60
+        while len(f.status()["rolls"]) == before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        st = f.status()
+        assert st["rolls"][before]["outcome"] == "rolled", st["rolls"][before:]
+        assert st["version"].endswith("+reference") and st["stable"] == rid
+        start = [e for e in st["events"] if e["event"] == "roll_start"][-1]
+        assert start["canary"] is None and "no canary" in start["reason"], start
+        assert all(r["version"] == st["version"] for r in st["replicas"].values()), st["replicas"]
+        paths = set()
+        with httpx.Client(timeout=30) as c:
+            for _ in range(20):  # both replicas answer some: each on the reference, by policy
+                body = {"inputs": [{"name": k, "shape": [4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}
+                                   for k in ("A", "B")]}
+                r = c.post(f.url + "/v2/models/add/infer", json=body)
+                assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2.0, 4.0, 6.0, 8.0]
+                paths.add((r.headers["x-tileship-path"], r.headers["x-tileship-reason"]))
+        assert paths == {("reference", "disabled_by_policy")}, paths
+        back = roll_to(f, reg, rid, timeout=60)
+        time.sleep(0.5)
+    assert back["outcome"] == "rolled", back
+    assert not f.status()["version"].endswith("+reference")
+    s = load.summary()
+    assert s["failed"] == 0 and s["wrong"] == 0, s
+
+
 def test_a_second_fleet_on_the_same_cluster_is_refused(fleet) -> None:
     from tileship.errors import TileshipError
 

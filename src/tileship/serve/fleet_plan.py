@@ -7,7 +7,10 @@ requests they answered since the last sync; they get back the version they shoul
 A **version** is what a replica loads: a release id with the registry's copy of it and the evidence pin the
 pointer recorded (``version_of``: ``<release id>#<digest>``; a bare release id is a version of itself). The same
 release in a new copy (``publish --replace``) or re-pinned (activated again) is another version and rolls
-like another release. ``tick(active)`` is called with the registry's active version; a change starts a roll:
+like another release, and so is the same copy activated reference-only (``activate --reference``: version
+``...+reference``), which skips the canary: the reference is the tested default, and a switch to it is the
+way out of a kernel's trouble, so no latency window may refuse it. ``tick(active)`` is called with the
+registry's active version; a change starts a roll:
 
 1. **canary**: one replica (the first live one by id) is assigned the new release; it loads and
    warms it off to the side (``Service.reload``) while it keeps answering on the old one, so no
@@ -46,11 +49,21 @@ from tileship.verify.timing import quantile
 KEEP_EVENTS = 200
 
 
-def version_of(release: str, copy: str, evidence: str | None) -> str:
+#: the suffix of a version served reference-only (``activate --reference``): ``is_reference``
+REFERENCE = "+reference"
+
+
+def version_of(release: str, copy: str, evidence: str | None, reference_only: bool = False) -> str:
     """The version of ``release`` served from the registry's copy at ``copy`` with ``evidence`` pinned (None: no
-    pin): ``<release id>#<12 hex digits of a sha256 of the copy's path and the pin>``. Pure."""
+    pin): ``<release id>#<12 hex digits of a sha256 of the copy's path and the pin>``, and ``+reference`` when
+    every operator is to serve its PyTorch reference (``reference_only``: a mode change is another version). Pure."""
     digest = hashlib.sha256(f"{copy}\0{evidence or ''}".encode()).hexdigest()[:12]
-    return f"{release}#{digest}"
+    return f"{release}#{digest}{REFERENCE if reference_only else ''}"
+
+
+def is_reference(version: str) -> bool:
+    """Whether ``version`` serves every operator on its PyTorch reference (``version_of(..., reference_only=True)``)."""
+    return version.endswith(REFERENCE)
 
 
 def release_of(version: str) -> str:
@@ -201,6 +214,11 @@ class FleetPlan:
             st.failed.pop(target, None)
         canary = next((x for x in live if self.replicas[x].version == self.stable), live[0] if live else None)
         self.roll = Roll(target=target, previous=str(self.stable), canary=canary, started=now)
+        if is_reference(target):  # the tested default, and an emergency switch: not judged on latency
+            self.roll.canary, self.roll.phase = None, "roll"
+            self._event(now, "roll_start", **self._names(self.roll), canary=None, replicas=len(live),
+                        reason="reference only: every replica switches at once, with no canary")
+            return
         self._event(now, "roll_start", **self._names(self.roll), canary=canary, replicas=len(live))
         if canary is None:  # no replica to judge on: every replica that starts loads the new release
             self.roll.phase = "roll"

@@ -134,20 +134,23 @@ class ReleaseHolder:
         self.pointer: Sealed | None = pointer_served.read_served(generation_state)
         self._kept = self.pointer
         #: (release id, evidence pin) the release directory source is a registry's copy of (``follow``)
-        self.told: tuple[str, str | None] | None = None
+        self.told: tuple[str, str | None, bool] | None = None
 
-    def follow(self, path: Path, release_id: str | None, evidence: str | None) -> None:
+    def follow(self, path: Path, release_id: str | None, evidence: str | None, reference_only: bool = False) -> None:
         """Serve ``path`` as a registry's copy of ``release_id`` with ``evidence`` pinned (a Ray fleet replica): loads
-        expect both, as when following the registry itself. ``release_id`` None: a plain release directory."""
+        expect both, as when following the registry itself; ``reference_only`` as the registry's pointer activated
+        it (``activate --reference``; or the server's own ``--reference-only``). ``release_id`` None: a plain
+        release directory."""
         self.source = Path(path)
-        self.told = (release_id, evidence) if release_id is not None else None
+        self.told = (release_id, evidence, reference_only) if release_id is not None else None
 
     def resolve(self) -> Target:
         """What the source names now; under activator keys, a pointer no older than ``pointer``."""
         target = resolve(self.source, force_reference=self.force_reference, activator_keys=self.activator_keys,
                          after=self.pointer, registry_id=self.registry_id)
         if self.told is not None and target.path == self.source:
-            target = replace(target, release_id=self.told[0], evidence=self.told[1])
+            target = replace(target, release_id=self.told[0], evidence=self.told[1],
+                             reference_only=self.told[2] or self.force_reference)
         return target
 
     def unchanged(self, target: Target, rid: str | None) -> bool:

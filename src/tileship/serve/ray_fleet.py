@@ -10,7 +10,9 @@ it straight from the registry (no JIT), and warms it before Ray Serve routes a r
 registry's active release and rolls a change through the replicas, canary first. A change is of the release
 id, or of the registry's copy of it (``publish --replace``) or its evidence pin (activated again): the plan
 follows versions (``fleet_plan.version_of``: the id, the copy and the pin), so a new copy or pin of the same
-release goes canary first like a new release does, never to every replica at once. Replicas
+release goes canary first like a new release does, never to every replica at once. A release activated
+reference-only (``activate --reference``; every version with ``serve --ray --reference-only``) is a version of its
+own, which every replica switches to at once (the tested default: no canary judges it). Replicas
 ``sync`` with it every ``poll_s``: they send the version they serve, load failures and a sample
 per answered inference request (model, release, seconds, error); they get back the release to
 serve, the copy and the pin of their assigned version, and hot-swap to it with ``Service.reload`` (loaded and
@@ -43,7 +45,7 @@ from typing import Any
 
 from tileship.errors import DeclarationError, PointerSignatureError, RegistryError, TileshipError
 from tileship.serve.config import ServeConfig
-from tileship.serve.fleet_plan import FleetPlan, FleetPolicy, release_of, version_of
+from tileship.serve.fleet_plan import FleetPlan, FleetPolicy, is_reference, release_of, version_of
 from tileship.serve.ray_replica import CONTROLLER, NAMESPACE, FleetReplica
 
 APP = "tileship"
@@ -109,7 +111,8 @@ class FleetController:
     """The Ray actor owning the plan: replicas sync here; a loop follows the registry."""
 
     def __init__(self, registry_root: str, policy: FleetPolicy, poll_s: float, activator_keys: Sequence[bytes] = (),
-                 generation_state: str | None = None, registry_id: str | None = None) -> None:
+                 generation_state: str | None = None, registry_id: str | None = None,
+                 force_reference: bool = False) -> None:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         from tileship.release import pointer_served
@@ -130,8 +133,12 @@ class FleetController:
         self.followed: str | None = None                     # the release id of that pointer
         #: release id -> the evidence pin an accepted pointer recorded for it: what a replica loading it expects
         self.pins: dict[str, str | None] = {}
-        #: version -> (release id, the registry's copy, evidence pin): what a replica assigned that version loads
-        self.versions: dict[str, tuple[str, str, str | None]] = {}
+        #: release id -> whether the accepted pointer activated it reference-only (``activate --reference``)
+        self.modes: dict[str, bool] = {}
+        self.force_reference = force_reference  # ``serve --ray --reference-only``: every version reference-only
+        #: version -> (release id, the registry's copy, evidence pin, reference-only): what a replica assigned that
+        #: version loads
+        self.versions: dict[str, tuple[str, str, str | None, bool]] = {}
         self.refused: PointerSignatureError | None = None     # why the last pointer read was refused (logged)
 
     async def start(self) -> str | None:
@@ -146,22 +153,22 @@ class FleetController:
         return release_of(self.plan.stable) if self.plan.stable else None
 
     async def sync(self, replica: str, report: dict[str, Any]) -> dict[str, Any]:
-        """The replica's assignment: ``release`` id, ``path`` (the registry's copy) and ``evidence`` (the pin) of
-        the version the plan assigns it (all None before anything was activated)."""
+        """The replica's assignment: ``release`` id, ``path`` (the registry's copy), ``evidence`` (the pin) and
+        ``reference_only`` of the version the plan assigns it (all None before anything was activated)."""
         version = self.plan.sync(replica, report, time.monotonic())
         if version is None:
-            return {"release": None, "path": None, "evidence": None}
+            return {"release": None, "path": None, "evidence": None, "reference_only": None}
         rid = release_of(version)
-        _, path, evidence = self.versions.get(version) or (rid, "", self.pins.get(rid))
+        _, path, evidence, ref = self.versions.get(version) or (rid, "", self.pins.get(rid), is_reference(version))
         if not path or not Path(path).is_dir():  # that copy was replaced since (publish --replace): the current one
             path = str(self.registry.path_of(rid))
-        return {"release": rid, "path": path, "evidence": evidence}
+        return {"release": rid, "path": path, "evidence": evidence, "reference_only": ref}
 
     async def status(self) -> dict[str, Any]:
         """The plan's status and ``versions``: each version it names -> its release, copy and evidence pin."""
         st = self.plan.status(time.monotonic())
-        st["versions"] = {v: {"release": rid, "copy": path, "evidence": ev}
-                          for v, (rid, path, ev) in sorted(self.versions.items())}
+        st["versions"] = {v: {"release": rid, "copy": path, "evidence": ev, "reference_only": ref}
+                          for v, (rid, path, ev, ref) in sorted(self.versions.items())}
         return st
 
     async def _loop(self) -> None:
@@ -189,6 +196,7 @@ class FleetController:
         self.refused, self.followed = None, active.release_id
         if active.release_id is not None:
             self.pins[active.release_id] = active.evidence
+            self.modes[active.release_id] = bool(active.reference_only)
         if sealed is not None and sealed != self.pointer:
             self.pointer = sealed
             if self.state is not None:
@@ -196,12 +204,13 @@ class FleetController:
         return True, active.release_id
 
     def _version(self, rid: str | None) -> str | None:
-        """The version of release ``rid`` the registry names now: its current copy, the pin recorded for it."""
+        """The version of release ``rid`` the registry names now: its current copy, the pin and mode recorded for it."""
         if rid is None:
             return None
         path, evidence = str(self.registry.path_of(rid)), self.pins.get(rid)
-        version = version_of(rid, path, evidence)
-        self.versions[version] = (rid, path, evidence)
+        ref = self.force_reference or self.modes.get(rid, False)
+        version = version_of(rid, path, evidence, ref)
+        self.versions[version] = (rid, path, evidence, ref)
         return version
 
     def _forget(self, active: str | None) -> None:
@@ -281,7 +290,8 @@ class Fleet:
         self.controller = actor.options(name=CONTROLLER, namespace=NAMESPACE).remote(
             str(Path(self.config.source).resolve()), self.options.policy, self.options.poll_s,
             raw_keys(self.config.trusted_activator_keys), str(Path(state).resolve()) if state else None,
-            registry_id.trusted(self.config.trusted_registry_id))  # the env var here: the actor's may lack it
+            registry_id.trusted(self.config.trusted_registry_id),  # the env var here: the actor's may lack it
+            self.config.reference_only)
         ray.get(self.controller.start.remote())
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         deployment = serve.deployment(name=APP, **self.options.deployment_options(self.config.max_inflight, gpus))(

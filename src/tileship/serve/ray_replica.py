@@ -6,10 +6,11 @@ fleet's controller assigns it (``serve.ray_fleet``).
 returns, so the release is loaded (no JIT) and warmed first. Every ``poll_s`` the replica syncs
 with the controller: it sends the version it serves (``fleet_plan.version_of``: the release id, the registry's
 copy and the evidence pin), load failures per version and one sample per answered inference request, and gets
-back the release to serve, its copy and its evidence pin; a different release, or the same one in another copy
-or with another pin, is hot-swapped in with ``Service.reload`` (loaded and warmed off to the side; requests in
-flight finish on theirs). The controller assigns a new version to one canary replica first, the rest after it
-passed; a replica whose reload fails keeps serving what it served.
+back the release to serve, its copy, its evidence pin and whether it serves reference-only; a different release,
+or the same one in another copy, with another pin or in the other mode, is hot-swapped in with ``Service.reload``
+(loaded and warmed off to the side; requests in flight finish on theirs). The controller assigns a new version to
+one canary replica first, the rest after it passed (a reference-only one to all at once); a replica whose reload
+fails keeps serving what it served.
 Ray is imported only inside the replica process.
 """
 
@@ -36,9 +37,9 @@ class FleetReplica:
         self.config, self.poll_s = config, poll_s
         self.samples: list[list[Any]] = []
         self.failed: dict[str, str] = {}      # version -> why it could not load (sent once)
-        #: (release, copy, evidence pin) that failed to load while still assigned (not tried again until the
-        #: assignment changes: another release, or the same one in another copy or with another pin)
-        self.tried: set[tuple[str, str, str | None]] = set()
+        #: (release, copy, evidence pin, reference-only) that failed to load while still assigned (not tried again
+        #: until the assignment changes: another release, or the same one in another copy, pin or mode)
+        self.tried: set[tuple[str, str, str | None, bool]] = set()
         self.loading: str | None = None
         self.service: Any = None
 
@@ -56,7 +57,7 @@ class FleetReplica:
         app = create_app(dataclasses.replace(self.config, source=source, generation_state=None))  # the controller's
         self.service = app.state.service
         if want["path"]:  # the registry's copy of that release, with the evidence pinned when it was activated
-            self.service.holder.follow(source, want["release"], want.get("evidence"))
+            self.service.holder.follow(source, want["release"], want.get("evidence"), bool(want.get("reference_only")))
         await self.service.initial_load()  # loaded and warmed before Ray Serve routes a request here
         self.task = asyncio.create_task(self._sync_loop())
         return _Recorder(app, self._record, self.controller)
@@ -74,7 +75,8 @@ class FleetReplica:
         cur = self.service.holder.current if self.service is not None else None
         samples, self.samples = self.samples, []
         failed, self.failed = self.failed, {}
-        version = version_of(cur.release_id, str(cur.target.path), cur.target.evidence) if cur is not None else None
+        version = version_of(cur.release_id, str(cur.target.path), cur.target.evidence,
+                             cur.target.reference_only) if cur is not None else None
         return {"version": version, "failed": failed, "samples": samples, "node": getattr(self, "node", "")}
 
     async def _sync_loop(self) -> None:
@@ -82,39 +84,46 @@ class FleetReplica:
             report = self._report()
             try:
                 want = await self.controller.sync.remote(self.id, report)
-                self._follow(want["release"], want["path"], want.get("evidence"))
+                self._follow(want["release"], want["path"], want.get("evidence"), bool(want.get("reference_only")))
             except Exception as exc:  # the controller restarting: keep serving what is loaded
                 self.failed.update(report["failed"])  # a load failure must reach it (samples may be lost)
                 self.service.log.event("fleet_sync_failed", "warning", error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(self.poll_s)
 
-    def _follow(self, release: str | None, path: str | None, evidence: str | None = None) -> None:
-        """Load ``release`` from the registry's copy at ``path`` with ``evidence`` pinned when any of the three is not
-        what serves (the same release re-pinned by activating it again, or a new copy of it from ``publish
-        --replace``), as a server following the registry reloads for any change of its target (``holder.unchanged``)."""
-        cur = self.service.holder.current
-        serving = (cur.release_id, cur.target.path, cur.target.evidence) if cur is not None else None
-        if release is None or path is None or serving == (release, Path(path), evidence):
+    def _follow(self, release: str | None, path: str | None, evidence: str | None = None,
+                reference_only: bool = False) -> None:
+        """Load ``release`` from the registry's copy at ``path`` with ``evidence`` pinned, reference-only or not, when
+        any of the four is not what serves (the same release re-pinned by activating it again, a new copy of it from
+        ``publish --replace``, or activated with or without ``--reference``), as a server following the registry
+        reloads for any change of its target (``holder.unchanged``)."""
+        holder = self.service.holder
+        cur = holder.current
+        serving = (cur.release_id, cur.target.path, cur.target.evidence, cur.target.reference_only) \
+            if cur is not None else None
+        want_ref = reference_only or holder.force_reference  # a --reference-only replica serves nothing else
+        if release is None or path is None or serving == (release, Path(path), evidence, want_ref):
             self.tried.clear()
             return
-        if (release, path, evidence) in self.tried or self.loading is not None:
+        if (release, path, evidence, reference_only) in self.tried or self.loading is not None:
             return
         self.loading = release
-        task = asyncio.create_task(self._load(release, Path(path), evidence))
+        task = asyncio.create_task(self._load(release, Path(path), evidence, reference_only))
         self.service.background.add(task)
         task.add_done_callback(self.service.background.discard)
 
-    async def _load(self, release: str, path: Path, evidence: str | None = None) -> None:
+    async def _load(self, release: str, path: Path, evidence: str | None = None, reference_only: bool = False) -> None:
         holder = self.service.holder
         before = holder.current
         try:
-            holder.follow(path, release, evidence)
+            holder.follow(path, release, evidence, reference_only)
             status, body = await self.service.reload(trigger="fleet")
             if status != 200:
-                self.tried.add((release, str(path), evidence))
-                self.failed[version_of(release, str(path), evidence)] = f"{body.get('stage')}: {body.get('error')}"
+                self.tried.add((release, str(path), evidence, reference_only))
+                self.failed[version_of(release, str(path), evidence, reference_only)] = \
+                    f"{body.get('stage')}: {body.get('error')}"
                 if before is not None:  # a reload by hand (SIGHUP, /v2/repository/reload) re-reads what serves
-                    holder.follow(before.target.path, before.target.release_id, before.target.evidence)
+                    holder.follow(before.target.path, before.target.release_id, before.target.evidence,
+                                  before.target.reference_only)
         finally:
             self.loading = None
 

@@ -42,9 +42,16 @@ def test_the_fleet_scales_up_under_load_and_rolls_every_replica(cpu_release_buil
             roll = roll_to(fleet, reg, b, timeout=60)
             time.sleep(0.5)
         s = load.summary()
-        assert roll["outcome"] == "rolled" and roll["reason"] == f"2 replicas serve {b}", roll
+        # every live replica: on this 2-core machine a replica starved past ``stale_s`` is dropped from the fleet
+        # and comes back (or a new one starts) on the stable release, so the roll may count 1 or 2 (seen once)
+        assert roll["outcome"] == "rolled" and roll["reason"] in {f"{n} replicas serve {b}" for n in (1, 2)}, roll
         assert s["failed"] == 0 and s["wrong"] == 0, s
-        assert len(fleet.status()["replicas"]) <= 2, "never above --max-replicas"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and {r["release"] for r in fleet.status()["replicas"].values()} != {b}:
+            time.sleep(0.5)
+        st = fleet.status()
+        assert {r["release"] for r in st["replicas"].values()} == {b}, st["replicas"]
+        assert len(st["replicas"]) <= 2, "never above --max-replicas"
         print(f"scaled 1 -> 2 replicas after {grown_s:.1f} s of load; roll {roll['seconds']:.2f} s")
     finally:
         fleet.stop()

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from tileship.declare.specialization import call_dtypes
 from tileship.errors import lookup
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class Release:
         for name, runner in self.ops.items():
             desc = self.declarations.get(name)
             if desc and desc.get("outputs") and not runner.shape.outputs:
-                exprs = desc.get("tensor_dtypes") or {}
+                exprs = call_dtypes(desc)  # as ``loader.op_shape``: "same" with no "same" input is the one dtype
                 outs = tuple((str(n), tuple(str(d) for d in dims)) for n, dims, *_ in desc["outputs"])
                 out_dtypes = tuple(exprs.get(n, "same") for n, _ in outs)
                 runner.shape = replace(runner.shape, outputs=outs, out_dtypes=out_dtypes)

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
 
-from tileship.declare.dims import SAME, shape_at
+from tileship.declare.dims import SAME
+from tileship.declare.outputs_at import outputs_at
 from tileship.errors import CallError
 from tileship.runtime import call_args
 from tileship.runtime.decision import Entry
@@ -100,18 +101,24 @@ def _as_is(res: Any) -> Any:
 
 def expected_outputs(outputs: Sequence[tuple[str, Sequence[str]]], dtypes: Sequence[str],
                      in_dtypes: Sequence[str], tensors: Sequence[Any], sizes: dict[str, int]) -> OutSpecs | None:
-    """Each output's (shape, torch dtype) for these inputs, from the declaration (``shape_at``
-    over the bound dims); None when the declaration has no outputs or a dim is not bound."""
+    """Each output's (shape, torch dtype) for these inputs, as the declaration gives it (``declare.outputs_at``
+    over the bound dims; ``"same"`` is the dtype of the first ``"same"`` input tensor, else of the first tensor:
+    ``loader.op_shape`` has made ``"same"`` the operator's one dtype where no input is ``"same"``). None when the
+    declaration has no outputs, or it cannot tell one output's shape (a dim not bound, a division that does not
+    divide) or dtype: the fast launcher and an up-front ``out=`` check need them all."""
     import torch
 
     if not outputs:
         return None
     same = next((t.dtype for t, e in zip(tensors, in_dtypes, strict=False) if e == SAME), tensors[0].dtype)
-    try:
-        return tuple((shape_at(ds, sizes), same if e == SAME else getattr(torch, e))
-                     for (_, ds), e in zip(outputs, dtypes or (SAME,) * len(outputs), strict=True))
-    except (KeyError, ValueError, AttributeError):
-        return None
+    name = str(same).removeprefix("torch.")
+    specs = []
+    for o in outputs_at(outputs, dtypes, sizes, name):
+        dtype = same if o.dtype == name else getattr(torch, o.dtype, None)
+        if o.shape is None or not isinstance(dtype, torch.dtype):
+            return None
+        specs.append((o.shape, dtype))
+    return tuple(specs)
 
 
 def check_out(out: Any, route: Route, tensors: Sequence[Any], n_outputs: int, op: str) -> tuple[Any, ...]:

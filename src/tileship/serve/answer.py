@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tileship.declare.specialization import tensor_dtypes
+from tileship.declare.outputs_at import described_outputs_at
 from tileship.runtime.answer import Declared, check_device, check_outputs, outputs_of
-from tileship.serve.validate import output_shape
 
 
 def check_declared(name: str, outs: Sequence[Any], decl: Mapping[str, Any], dtype: str,
@@ -27,7 +26,8 @@ def check_declared(name: str, outs: Sequence[Any], decl: Mapping[str, Any], dtyp
     the response would otherwise carry a tensor unlike the model's metadata; or not on ``device``, the torch device of
     the call's tensor inputs (``inputs_device``; None: not checked), with the words of ``runtime.answer``: the
     output, its device and the inputs'. A dim the call cannot tell (an expression of a dim that no input sets) is not
-    checked. The kernel path allocates outputs as declared, so what this finds is a reference's answer. What is
+    checked, nor is one the declaration does not cover (a division that does not divide: ``declare.outputs_at``). The
+    kernel path allocates outputs as declared, so what this finds is a reference's answer. What is
     declared is worked out once per (declaration, dtype, dims)."""
     key = (id(decl), dtype, *dims.items())
     kept = _DECLARED.get(key)
@@ -51,14 +51,11 @@ _DECLARED: dict[tuple[Any, ...], tuple[Mapping[str, Any], Declared]] = {}
 
 
 def _declared(decl: Mapping[str, Any], dtype: str, dims: Mapping[str, int]) -> Declared:
-    """(name, torch dtype, shape or None where a dim cannot be told, declared dims) of each declared output."""
+    """(name, torch dtype, shape or None where it cannot be told, declared dims) of each declared output: the
+    declaration's rule, ``declare.outputs_at``."""
     import torch
 
-    out = []
-    for (out_name, ds, *_), want in zip(decl.get("outputs", ()), tensor_dtypes(decl, "outputs", dtype), strict=True):
-        shape = output_shape(ds, dims)
-        out.append((out_name, getattr(torch, want), tuple(shape) if shape is not None else None, ds))
-    return tuple(out)
+    return tuple((o.name, getattr(torch, o.dtype), o.shape, o.dims) for o in described_outputs_at(decl, dims, dtype))
 
 
 __all__ = ["check_declared", "check_device", "inputs_device", "outputs_of"]

@@ -125,7 +125,10 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
 
 
 def output_bytes(decl: Mapping[str, Any], plan: CallPlan) -> dict[str, int]:
-    """Bytes of each output of ``plan``'s call (``validate.output_bytes`` with this call's dtypes)."""
-    itemsize = {d: ITEMSIZE[KSERVE[d]] for d in decl["dtypes"] if d in KSERVE}
-    itemsize[SAME] = ITEMSIZE[KSERVE[plan.dtype]]
-    return _output_bytes(decl, plan.dims, itemsize)
+    """Bytes of each output of ``plan``'s call (``validate.output_bytes`` at this call's dtype): an output of a
+    literal dtype is counted whether or not the operator's dtypes list it."""
+    return _output_bytes(decl, plan.dims, plan.dtype, _ITEMSIZE)
+
+
+#: torch dtype name -> bytes per element, for every dtype a declaration may name
+_ITEMSIZE = {name: ITEMSIZE[kserve] for name, kserve in KSERVE.items()}

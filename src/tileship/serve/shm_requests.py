@@ -16,9 +16,9 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tileship.declare.dims import SAME
+from tileship.declare.outputs_at import described_outputs_at
 from tileship.serve.shm import BYTE_SIZE, OFFSET, REGION, Ref, Regions
-from tileship.serve.validate import BadRequest, output_shape
+from tileship.serve.validate import BadRequest
 
 if TYPE_CHECKING:
     from tileship.serve.protocol import InferRequest
@@ -75,10 +75,9 @@ def check_sizes(req: InferRequest, decl: Mapping[str, Any], plan: Any, sizes: Ma
     for name, ref in req.shm_outputs.items():
         if (nbytes := sizes.get(name)) is None or nbytes == ref.byte_size:
             continue
-        ds = next((o[1] for o in decl.get("outputs", ()) if o[0] == name), ())
-        dtype = (decl.get("tensor_dtypes") or {}).get(name, SAME)
-        raise BadRequest(400, f"byte size mismatch: output {name} is {output_shape(ds, plan.dims)} x "
-                              f"{plan.dtype if dtype == SAME else dtype} = {nbytes} bytes but {BYTE_SIZE} is "
+        out = next((o for o in described_outputs_at(decl, plan.dims, plan.dtype) if o.name == name), None)
+        what = f"{list(out.shape or ())} x {out.dtype} = " if out is not None else ""
+        raise BadRequest(400, f"byte size mismatch: output {name} is {what}{nbytes} bytes but {BYTE_SIZE} is "
                               f"{ref.byte_size}")
 
 

@@ -5,7 +5,7 @@ is allocated for a request, so that no input can raise anything but ``BadRequest
                   only through a guarded stdlib parse, and only when the request allows them
     short         a value for an error message, cut to a few dozen characters
     RequestLimits ranks, dims, elements, nesting of ``data``, output bytes (``--max-output-mib``)
-    output_bytes  the bytes a planned call will produce, from the declaration's output dims
+    output_bytes  the bytes a planned call will produce, from the declaration's outputs (``declare.outputs_at``)
     in_declared_set, declared_shapes_text  whether dims are in the declared shapes and ranges; their text
 
 Contract: every function here raises only ``BadRequest``.
@@ -22,8 +22,7 @@ from typing import Any
 
 import orjson
 
-from tileship.declare.dims import SAME, DimExpr
-from tileship.digits import parse_uint
+from tileship.declare.outputs_at import described_outputs_at
 
 
 class BadRequest(Exception):
@@ -129,36 +128,16 @@ def flatten(data: Any, name: str, max_depth: int) -> list[Any]:
     return out
 
 
-def output_bytes(decl: Mapping[str, Any], dims: Mapping[str, int], dtype_itemsize: Mapping[str, int]) -> dict[str, int]:
-    """Bytes of each declared output for ``dims``; an output whose size cannot be computed is left out.
-
-    ``dtype_itemsize`` maps the declaration's dtype spellings (``"same"`` for the call's dtype) to
-    bytes per element."""
-    exprs = decl.get("tensor_dtypes") or {}
+def output_bytes(decl: Mapping[str, Any], dims: Mapping[str, int], dtype: str,
+                 itemsize: Mapping[str, int]) -> dict[str, int]:
+    """Bytes of each declared output of a call of ``dtype`` (the torch name a ``"same"`` tensor has) at ``dims``,
+    as ``declare.outputs_at`` sizes it; an output whose shape cannot be told (a dim no input gives, a division that
+    does not divide), or of a dtype ``itemsize`` (torch dtype name -> bytes per element) lacks, is left out."""
     sizes: dict[str, int] = {}
-    for name, ds, *_ in decl.get("outputs", ()):
-        shape = output_shape(ds, dims)
-        item = dtype_itemsize.get(exprs.get(name, SAME))
-        if shape is not None and item is not None:
-            sizes[name] = math.prod(shape) * item
+    for o in described_outputs_at(decl, dims, dtype):
+        if o.shape is not None and (item := itemsize.get(o.dtype)) is not None:
+            sizes[o.name] = math.prod(o.shape) * item
     return sizes
-
-
-def output_shape(ds: Any, dims: Mapping[str, int]) -> list[int] | None:
-    """The shape of an output declared with dims ``ds`` for the call's ``dims``; None when a dim cannot be told."""
-    shape = []
-    for d in ds:
-        fixed = d if isinstance(d, int) else parse_uint(d)
-        if fixed is None:
-            try:
-                e = DimExpr.parse(d)
-            except ValueError:
-                return None
-            if (base := dims.get(e.base)) is None:
-                return None
-            fixed = e.apply(base)
-        shape.append(fixed)
-    return shape
 
 
 def check_outputs(model: str, sizes: Mapping[str, int], limits: RequestLimits) -> None:

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from tileship.declare.dims import SAME, DimExpr
+from tileship.declare.outputs_at import outputs_at
 from tileship.declare.specialization import call_dtypes
 from tileship.errors import CallError, lookup
 from tileship.runtime.answer import outputs_of
@@ -197,7 +198,7 @@ def _define(ns: str, name: str, inputs: Sequence[Sequence[Any]], outputs: Sequen
     marks = {n: chr(ord("a") + i) for i, n in enumerate(mutates)}
     dtypes = dtypes or {}
     in_decl = tuple((str(n), tuple(str(d) for d in dims), dtypes.get(str(n), SAME)) for n, dims, *_ in inputs)
-    out_dims = tuple(tuple(str(d) for d in dims) for _, dims, *_ in outputs)
+    out_dims = tuple((str(n), tuple(str(d) for d in dims)) for n, dims, *_ in outputs)
     out_dtypes = tuple(dtypes.get(str(n), SAME) for n, *_ in outputs)
     args = ", ".join(f"{_schema_type(dt) if n in scalars else f'Tensor({marks[n]}!)' if n in marks else 'Tensor'} {n}"
                      for n, _, dt in in_decl)
@@ -258,8 +259,10 @@ def _implementation(qual: str, n_outputs: int) -> Callable[..., Any]:
     return run
 
 
-def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outputs: tuple[tuple[str, ...], ...],
-          out_dtypes: tuple[str, ...] = ()) -> Callable[..., Any]:
+def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...],
+          outputs: tuple[tuple[str, tuple[str, ...]], ...], out_dtypes: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """The fake (meta) kernel: outputs (``(name, dims)`` rows) shaped as ``declare.outputs_at`` gives them for the
+    dims the inputs bind; CallError naming the output and why where it cannot tell one's shape."""
     def fake(*args: torch.Tensor) -> Any:
         sizes: dict[str, Any] = {}
         derived: list[tuple[str, DimExpr, Any]] = []
@@ -283,15 +286,24 @@ def _fake(name: str, inputs: tuple[tuple[str, tuple[str, ...], str], ...], outpu
                     torch._check(size == sizes[d], lambda d=d,
                                  arg=arg: f"{name}({arg}): dim {d} disagrees with an earlier input")
         # a derived dim whose base no input gives plainly (the dispatcher checks the rest)
-        for _arg, e, size in derived:
-            sizes.setdefault(e.base, e.inverse(size))
+        whole: dict[str, str] = {}  # base -> why no input gives it
+        for arg, e, size in derived:
+            if e.base not in sizes and (base := e.inverse(size)) is not None:
+                sizes[e.base] = base
+            elif e.base not in sizes:
+                whole.setdefault(e.base, f"dim {e}={size} of {arg} gives no whole {e.base}")
         same = next((a.dtype for (_, _, dt), a in zip(inputs, args, strict=True) if dt == SAME), args[0].dtype)
-        outs = tuple(args[0].new_empty(tuple(DimExpr.parse(d).size(sizes) for d in dims),
-                                       dtype=same if dt == SAME else getattr(torch, dt))
-                     for dims, dt in zip(outputs, out_dtypes or (SAME,) * len(outputs), strict=True))
+        name_of_same = str(same).removeprefix("torch.")
+        outs = []
+        for o in outputs_at(outputs, out_dtypes, sizes, name_of_same):
+            if o.shape is None:  # the reference serves such a call: nothing tells the shape it answers
+                why = next((w for b, w in whole.items() if o.why.startswith(f"no input gives dim {b} ")), o.why)
+                raise CallError(f"output {o.name} cannot be sized at this call: {why}", operator=name,
+                                hint="call it with a shape the declaration covers")
+            outs.append(args[0].new_empty(o.shape, dtype=same if o.dtype == name_of_same else getattr(torch, o.dtype)))
         if not outs:
             return None
-        return outs[0] if len(outs) == 1 else outs
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     return fake
 

@@ -203,6 +203,9 @@ RELEASE_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
                            "malformed release description (TypeError"),
     "policy-a-list": (_set("policy", value=["strict"]), "policy must be an object"),
     "model-a-number": (_set("model", value=3), "model must be an object"),
+    # before: loaded, then an AttributeError (getattr(torch, "float17")) from the server's answer check
+    "tensor-dtype-unknown": (_set("operators", "add", "tensor_dtypes", value={"C": "float17"}),
+                             "operators.add.tensor_dtypes.C must be \"same\" or one of float16"),
 }
 
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tileship.declare.dims import SAME
+from tileship.declare.parts import DTYPES
 from tileship.errors import BundleIntegrityError
 from tileship.release import strict_json
 
@@ -58,6 +60,9 @@ def read(path: Path) -> dict[str, Any]:
         for key in ("tensor_dtypes", "reference_imports"):
             if not isinstance(desc.get(key) or {}, Mapping):
                 raise _bad(path, f"operators.{name}.{key}", "an object")
+        for tensor, dtype in (desc.get("tensor_dtypes") or {}).items():
+            if dtype != SAME and dtype not in DTYPES:
+                raise _bad(path, f"operators.{name}.tensor_dtypes.{tensor}", f'"same" or one of {", ".join(DTYPES)}')
     for sid, info in rel["specializations"].items():
         if not (isinstance(info, Mapping) and isinstance(info.get("status"), str)
                 and isinstance(info.get("spec"), Mapping)):

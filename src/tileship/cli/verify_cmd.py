@@ -5,6 +5,7 @@ from pathlib import Path
 import typer
 
 from tileship.cli._common import (
+    EXIT_SOME_FAILED,
     Device,
     DeviceOption,
     LimitOption,
@@ -137,7 +138,7 @@ def verify_cmd(
 
         write_file(json_out, json_bytes(result.evidence))  # whole at any kill; through a symlink, mode kept
     if result.failed:
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_SOME_FAILED)
 
 
 @handle_errors

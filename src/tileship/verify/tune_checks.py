@@ -19,10 +19,12 @@ LOAD_FAILED = "artifact failed to load"
 
 
 def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_reference: Callable[..., Any],
-             import_sample: Callable[..., Any]) -> tuple[Any, Any] | str:
+            import_sample: Callable[..., Any], *, raise_drift: bool = False) -> tuple[Any, Any] | str:
     """(reference, sample hook) of operator ``op``, its pins checked against ``lock`` (timing another reference
     would not describe this release); else why not, naming the step and the error: the failure of each of its
-    groups (``tuning.failure``), not of the run. A sticky CUDA error is raised (not the operator's failure)."""
+    groups (``tuning.failure``) or, for ``verify``, of each of its specializations, not of the run. A sticky CUDA
+    error is raised (not the operator's failure); with ``raise_drift`` (``verify``, which refuses a changed
+    reference: docs/verification.md, "A pinned reference") so is what ``pins.require`` raised."""
     from tileship.runtime.device_faults import is_sticky_cuda_error
 
     step = "import_reference"
@@ -33,7 +35,7 @@ def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_refer
         step = "import_sample"
         return reference, import_sample(desc, op)
     except Exception as exc:  # noqa: BLE001 -- one operator's import or pins fail its groups, not every group
-        if is_sticky_cuda_error(exc):
+        if is_sticky_cuda_error(exc) or (raise_drift and step == "pins.require"):
             raise
         return f"{step}: {first_line(exc)}"
 

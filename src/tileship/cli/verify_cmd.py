@@ -73,7 +73,9 @@ def verify_cmd(
     does not change; a signature is removed: re-sign).
 
     Exit 0: every verified specialization passed. Exit 2: some failed (evidence written, they
-    will serve the reference). Exit 1: verification could not run.
+    will serve the reference), an operator that does not import or an artifact that does not load
+    included: the others are verified. Exit 1: verification could not run (nothing to verify here,
+    a release that is not intact, blocking drift).
     """
     import json
 

@@ -79,6 +79,7 @@ def test_an_image_context_is_fsynced_file_by_file_before_it_is_put_in_place(cpu_
     write_context(cpu_release, out, BaseImage(BASE, APT), cuda="13.0.88", requirements=req, wheel=wheel)
     top = tmp_path.resolve()
     rels = [p.relative_to(top).parts for p in synced if p.is_relative_to(top)]
-    staged = {Path(*parts[1:]) for parts in rels if parts and parts[0].startswith(".ctx.tmp")}  # inside the staged folder
+    # paths inside the staged folder (.ctx.tmp<pid>-<hex>)
+    staged = {Path(*parts[1:]) for parts in rels if parts and parts[0].startswith(".ctx.tmp")}
     want = {p.relative_to(out) for p in out.rglob("*")} | {Path()}
     assert len(want) > 10 and want <= staged, sorted(map(str, want - staged))[:10]

@@ -3,8 +3,9 @@
 Before: ``_check_reference`` raised a DeclarationError out of ``tune_release`` and the whole run stopped: one bad
 operator cost the tuning of every other group, and nothing was stored. Now that group is recorded as failed in the
 tune evidence (``tuning.<gid>.failed``: the point and the reason), the reference keeps serving it (reason
-``tuning_failed``; no kernel is routed there), the other groups are tuned and stored, and the command exits 1 with
-a line naming the failed group. ``tileship explain`` says why the reference was kept.
+``tuning_failed``; no kernel is routed there), the other groups are tuned and stored, and the command exits 2 with
+a line naming the failed group (1 is for a tune that could not run: nothing to tune here, a broken release; before,
+both exited 1). ``tileship explain`` says why the reference was kept.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def failed_tune(cpu_release: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pat
 
 def test_a_reference_that_breaks_its_declaration_fails_its_group_and_the_others_are_still_tuned(failed_tune):
     root, bad, good, res = failed_tune
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output  # a group failed: not 1, which says tune could not run
     assert isinstance(res.exception, SystemExit), res.exception  # an exit code, not a traceback
     last = res.output.strip().splitlines()[-1]
     assert "tune could not check the reference of 1 group" in last and bad in last and good not in last, res.output
@@ -79,6 +80,15 @@ def test_a_reference_that_breaks_its_declaration_fails_its_group_and_the_others_
     assert not any(sid.startswith(bad + ".") for sid in ev["specializations"])  # nothing of it was verified
     integrity.check(root, trusted_keys=[])  # the evidence, failed field and all, is hashed into the manifest
     assert tuning.failures(evidence.read(root)["tuning"]) == {bad: failed["failed"]}  # type: ignore[index]
+
+
+def test_nothing_to_tune_exits_1_apart_from_a_failed_group(cpu_release):
+    """Before, ``tune`` exited 1 both when nothing could be tuned here and when a group failed; a script could not
+    tell "run it on the serving GPU" from "the reference of a group is broken" (2, above)."""
+    res = CliRunner().invoke(app, ["tune", str(cpu_release), "--device", "cuda", *FAST])  # a CPU release: none
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (res.output, res.exception)
+    assert "nothing to tune on this machine" in " ".join(res.output.split()), res.output
+    assert not (cpu_release / evidence.EVIDENCE).exists()
 
 
 def test_the_failed_group_is_served_by_the_reference_and_no_kernel(failed_tune):
@@ -174,7 +184,7 @@ def test_an_operator_whose_reference_or_sample_does_not_import_fails_its_groups_
         cpu_release, monkeypatch, step, reason):
     """Before: the ArtifactLoadError (or what the sample hook raised) of one operator's import stopped ``tune_release``
     for every group and nothing was stored. Now every group of that operator is recorded failed with the step and
-    the error, the other operators' groups are tuned and stored, and the command exits 1 naming the failed ones."""
+    the error, the other operators' groups are tuned and stored, and the command exits 2 naming the failed ones."""
     from tileship.release import described
 
     rel = described.read(cpu_release / "release.json")
@@ -183,7 +193,7 @@ def test_an_operator_whose_reference_or_sample_does_not_import_fails_its_groups_
     _failing_step(monkeypatch, step)
     res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", BAD, "--only", good, *FAST])
     monkeypatch.undo()
-    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (res.output, res.exception)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (res.output, res.exception)
     last = " ".join(res.output.strip().splitlines()[-1:])
     assert f"tune could not check the reference of {len(bad)} group" in res.output and good not in last, res.output
     assert all(g in res.output for g in bad), res.output

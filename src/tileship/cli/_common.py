@@ -20,6 +20,13 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)  # an error line keeps its paths whole
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: exit statuses of the commands that measure a release (``verify``, ``tune``), as ``build``'s: 0 everything
+#: measured passed; ``EXIT_ERROR`` the command could not run (``handle_errors``: nothing to verify or tune on this
+#: machine, a release that is not intact, blocking drift); ``EXIT_SOME_FAILED`` it ran and stored its evidence, but
+#: some specialization or group failed (the reference serves them; the last lines name them)
+EXIT_ERROR = 1
+EXIT_SOME_FAILED = 2
+
 #: ``--project``: the project a command reads (``tileship.declare.project.find_project``)
 ProjectOption = Annotated[Path | None, typer.Option(help="tileship.toml / pyproject.toml (default: search from cwd, "
                                                          "else the built-in catalog)")]
@@ -78,12 +85,12 @@ def handle_errors(fn: F) -> F:
             err_console.print(f"[bold red]error[/]: {escape(exc.message)}")
             if exc.hint:
                 err_console.print(f"  [dim]hint: {escape(exc.hint)}[/]")
-            raise typer.Exit(1) from None
+            raise typer.Exit(EXIT_ERROR) from None
         except OSError as exc:
             where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
             what = f"{where}: {exc.strerror or exc}" if where else str(exc.strerror or exc)
             err_console.print(f"[bold red]error[/]: {escape(what)}")
-            raise typer.Exit(1) from None
+            raise typer.Exit(EXIT_ERROR) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -39,9 +39,14 @@ def tune_cmd(
     wins only when it beats the reference beyond the noise. Stored in the release's evidence
     (release id unchanged; a signature is removed: re-sign). A group whose reference breaks its
     declaration (or raises) is recorded as failed, the reference keeps serving it, and the other groups
-    are tuned. Exit 1: nothing could be tuned, or a group failed (the last line names them)."""
+    are tuned. A candidate whose artifact does not load (whatever the error) cannot win; the others are tuned.
+
+    Exit 0: every selected group was tuned. Exit 2: a group failed (the evidence is written; the reference serves
+    it; the last line names them). Exit 1: tune could not run (nothing to tune on this machine, a release that is
+    not intact, blocking drift, an unusable key)."""
     from tileship.release import tuning
     from tileship.verify.tune import TuneOptions, tune_release
+    from tileship.verify.tune_checks import LOAD_FAILED
 
     seed_list = common.parse_seeds(seeds)
     if clock not in ("latency", "events"):
@@ -64,6 +69,10 @@ def tune_cmd(
         if (failed := tuning.failure(group)) is not None:
             common.console.print(f"  {gid}: [bold red]FAILED[/], the reference keeps it: "
                                  f"{escape(tuning.describe_failure(failed))}")
+        unloaded = {c: v["failure"] for p in group["points"] for c, v in p["candidates"].items()
+                     if str(v.get("failure") or "").startswith(LOAD_FAILED)}
+        for cid, why in unloaded.items():  # it cannot win: said once, not at every bucket
+            common.console.print(f"  {gid}: [yellow]{escape(cid)}[/] {escape(why)}")
         for p in group["points"]:
             dims = ",".join(f"{k}={v}" for k, v in p["dims"].items())
             won = p["winner"] or "reference"
@@ -104,7 +113,7 @@ def tune_cmd(
             f"{'s' if len(failed) != 1 else ''} (the reference serves them, nothing of them was measured): "
             + "; ".join(escape(f"{gid} ({tuning.describe_failure(f)})") for gid, f in sorted(failed.items()))
         )
-        raise typer.Exit(1)
+        raise typer.Exit(common.EXIT_SOME_FAILED)
 
 
 @common.handle_errors

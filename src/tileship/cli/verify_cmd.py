@@ -5,6 +5,7 @@ from pathlib import Path
 import typer
 
 from tileship.cli._common import (
+    EXIT_SOME_FAILED,
     Device,
     DeviceOption,
     LimitOption,
@@ -72,7 +73,9 @@ def verify_cmd(
     does not change; a signature is removed: re-sign).
 
     Exit 0: every verified specialization passed. Exit 2: some failed (evidence written, they
-    will serve the reference). Exit 1: verification could not run.
+    will serve the reference), an operator that does not import or an artifact that does not load
+    included: the others are verified. Exit 1: verification could not run (nothing to verify here,
+    a release that is not intact, blocking drift).
     """
     import json
 
@@ -137,7 +140,7 @@ def verify_cmd(
 
         write_file(json_out, json_bytes(result.evidence))  # whole at any kill; through a symlink, mode kept
     if result.failed:
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_SOME_FAILED)
 
 
 @handle_errors

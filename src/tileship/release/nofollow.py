@@ -5,7 +5,7 @@
 refused naming the file (``refuse``: a BundleIntegrityError) without being opened; ``read_small`` reads the
 manifest or signature that way, bounded. ``write_new`` and ``fsync_dir`` write the copy ``integrity.check``
 makes (new files only, fsynced when durable); the registry's and the build's writers fsync directories with
-``fsync_dir`` too.
+``fsync_dir`` too, and ``swap.staged`` (``tileship report``, ``tileship image``) a staged tree with ``fsync_tree``.
 """
 
 from __future__ import annotations
@@ -106,6 +106,24 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(top: Path) -> None:
+    """fsync every regular file below ``top`` (a symlink or anything else is not followed or opened), then every
+    directory, ``top`` last (``fsync_tree_dirs``): a tree written to be renamed into place whole is on the disk
+    before the rename makes it visible, so that a power loss after it cannot leave empty or short files under the
+    new name. Raises OSError."""
+    for d, _, files in os.walk(top):
+        for name in files:
+            path = os.path.join(d, name)
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            fd = os.open(path, FILE_FLAGS)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_tree_dirs(top)
 
 
 def fsync_tree_dirs(top: Path) -> None:

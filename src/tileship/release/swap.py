@@ -15,8 +15,10 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+
+from tileship.release import nofollow
 
 TRASH = ".trash-"
 _AT_FDCWD = -100
@@ -68,7 +70,10 @@ def staged(out: Path, ours: Callable[[str], bool], *, last: str) -> Iterator[Pat
     is the old one or the new one); where it holds other files too (never removed), each new file replaces its
     namesake, ``last`` after the others. An exception in the block
     removes the staged directory and leaves ``out`` as it was. Staged directories of killed writers are removed
-    first. Raises NotADirectoryError when ``out`` is something other than a directory (nothing is replaced)."""
+    first. Durable: every file and folder staged is fsynced before the rename that puts it in place, and the
+    directory renamed in after it (``nofollow.fsync_tree``, as ``atomic_file`` does for one file), so a power loss
+    leaves the old ``out`` or the new one whole, as a kill does. Raises NotADirectoryError when ``out`` is
+    something other than a directory (nothing is replaced)."""
     from tileship.release.atomic_file import abandoned, temporary
 
     if (out.exists() or out.is_symlink()) and not out.is_dir():
@@ -82,15 +87,23 @@ def staged(out: Path, ours: Callable[[str], bool], *, last: str) -> Iterator[Pat
     tmp.mkdir()
     try:
         yield tmp
+        nofollow.fsync_tree(tmp)  # the files and folders on the disk before a rename shows them (power loss)
         if not out.is_dir() or all(ours(p.name) for p in out.iterdir()):
             replace_dir(tmp, out)
+            _fsync_dir(out.parent)  # the rename itself
             return
         for p in sorted(tmp.iterdir(), key=lambda p: p.name == last):
             os.replace(p, out / p.name)
+        _fsync_dir(out)
         tmp.rmdir()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _fsync_dir(path: Path) -> None:
+    with suppress(OSError):  # some file systems refuse a directory fsync; the rename itself is done
+        nofollow.fsync_dir(path)
 
 
 __all__ = ["TRASH", "exchange", "replace_dir", "staged"]

@@ -45,14 +45,14 @@ from typing import Any
 
 from tileship.declare.inputs import make_inputs, point_seed
 from tileship.declare.spec import Specialization, Target, tensor_dtypes
-from tileship.errors import ArtifactLoadError, DeclarationError, VerificationError
+from tileship.errors import DeclarationError, VerificationError
 from tileship.release import bundle, evidence_write, tuning
 from tileship.release import evidence as ev_mod
 from tileship.verify import tune_evidence
 from tileship.verify.latency import HostGauge, latency, probe
 from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import l2_flush_buffer, measure, rotation_sets
-from tileship.verify.tune_checks import first_line, prepare
+from tileship.verify.tune_checks import first_line, load_member, prepare
 from tileship.verify.tune_options import TuneOptions
 from tileship.verify.tune_rule import time_and_decide, triage
 from tileship.verify.verify import open_for_evidence
@@ -244,7 +244,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
     verifier key (a signature must not vouch for entries it did not measure). A group whose reference could
     not be checked, or whose operator's reference or sample hook did not import or whose pins did not hold, is
     stored as failed (``tuning.failures`` of the table finds it) and the run goes on: the caller decides what that
-    means (``tileship tune`` exits 1 naming it). Raises BundleIntegrityError for a release that is not intact,
+    means (``tileship tune`` exits 2 naming it). Raises BundleIntegrityError for a release that is not intact,
     SignatureError for an unusable key, VerificationError on blocking drift of the environment or when nothing
     can be tuned here."""
     import torch
@@ -303,10 +303,7 @@ def tune_release(path: Path | str, options: TuneOptions = TuneOptions(), *, writ
             if info["status"] != "built":
                 loaded.append((sid, spec, "build failed"))
                 continue
-            try:
-                loaded.append((sid, spec, load_artifact(root / "specs" / sid, sid)))
-            except ArtifactLoadError as exc:
-                loaded.append((sid, spec, f"artifact failed to load: {exc}"))
+            loaded.append((sid, spec, load_member(load_artifact, root / "specs" / sid, sid)))  # or why not
         group, spec_verdicts = tune_group(
             gid, loaded, reference, desc, options=options, sample=sample, root=root,
             gauge=gauge if dev == "cuda" else None,

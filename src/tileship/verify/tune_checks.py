@@ -1,22 +1,30 @@
 """What tune checks of an operator before it measures any group of it (``prepare``): its reference and sample
 hook import and its pins hold. A failure is text naming the step and the error, recorded as the failure of each
 of the operator's groups (``tuning.failure``), never raised: the other operators are tuned. A sticky CUDA error is
-raised (every later group would fail with it: not this operator's failure).
+raised (every later group would fail with it: not this operator's failure). ``load_member`` loads one
+specialization of a group the same way: what its load raised is that candidate's failure, never the run's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from tileship.build import pins
+from tileship.errors import ArtifactLoadError
+
+#: the failure text of a candidate whose artifact did not load starts with this (``load_member``)
+LOAD_FAILED = "artifact failed to load"
 
 
 def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_reference: Callable[..., Any],
-             import_sample: Callable[..., Any]) -> tuple[Any, Any] | str:
+            import_sample: Callable[..., Any], *, raise_drift: bool = False) -> tuple[Any, Any] | str:
     """(reference, sample hook) of operator ``op``, its pins checked against ``lock`` (timing another reference
     would not describe this release); else why not, naming the step and the error: the failure of each of its
-    groups (``tuning.failure``), not of the run. A sticky CUDA error is raised (not the operator's failure)."""
+    groups (``tuning.failure``) or, for ``verify``, of each of its specializations, not of the run. A sticky CUDA
+    error is raised (not the operator's failure); with ``raise_drift`` (``verify``, which refuses a changed
+    reference: docs/verification.md, "A pinned reference") so is what ``pins.require`` raised."""
     from tileship.runtime.device_faults import is_sticky_cuda_error
 
     step = "import_reference"
@@ -27,9 +35,27 @@ def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_refer
         step = "import_sample"
         return reference, import_sample(desc, op)
     except Exception as exc:  # noqa: BLE001 -- one operator's import or pins fail its groups, not every group
-        if is_sticky_cuda_error(exc):
+        if is_sticky_cuda_error(exc) or (raise_drift and step == "pins.require"):
             raise
         return f"{step}: {first_line(exc)}"
+
+
+def load_member(load: Callable[[Path, str], Any], spec_dir: Path, spec_id: str) -> Any:
+    """``load(spec_dir, spec_id)`` (``runtime.loader.load_artifact``): the loaded kernel, or the text
+    ``artifact failed to load: ...`` naming the error, which ``tune_group`` records as that candidate's failure at
+    every point of its group (it cannot win; the others are verified and timed). Not only ArtifactLoadError: an
+    OSError, a tvm-ffi RuntimeError or a ValueError of a corrupt file that escaped the loader is the candidate's
+    failure too, not the run's. A sticky CUDA error is raised (every later group would fail with it)."""
+    from tileship.runtime.device_faults import is_sticky_cuda_error
+
+    try:
+        return load(spec_dir, spec_id)
+    except ArtifactLoadError as exc:
+        return f"{LOAD_FAILED}: {exc}"
+    except Exception as exc:  # noqa: BLE001 -- one artifact that does not load fails its candidate, not the run
+        if is_sticky_cuda_error(exc):
+            raise
+        return f"{LOAD_FAILED}: {spec_id}: {first_line(exc)}"
 
 
 def first_line(exc: Exception) -> str:
@@ -38,4 +64,4 @@ def first_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-__all__ = ["first_line", "prepare"]
+__all__ = ["LOAD_FAILED", "first_line", "load_member", "prepare"]

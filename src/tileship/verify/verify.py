@@ -16,14 +16,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tileship.build import pins
 from tileship.declare.spec import Specialization, Target, tensor_tolerance
-from tileship.errors import ArtifactLoadError, VerificationError
+from tileship.errors import VerificationError
 from tileship.release import bundle
 from tileship.release import evidence as ev_mod
 from tileship.verify.results import SpecVerdict, VerifyResult
 from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import NOISE_FLOOR
+from tileship.verify.tune_checks import load_member, prepare
 
 
 def open_for_evidence(path: Path | str) -> tuple[Path, dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -47,14 +47,24 @@ def open_for_evidence(path: Path | str) -> tuple[Path, dict[str, Any], dict[str,
     return root, manifest, rel, lock
 
 
+def _not_run(spec: Specialization, desc: dict[str, Any], options: VerifyOptions, failure: str) -> SpecVerdict:
+    """The failed verdict of a specialization that could not be checked at all (no point): ``failure`` says why."""
+    tol = tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"}, "", spec.dtype)
+    return SpecVerdict(spec, Target(spec.target).device_type, tol, False, options.reference_dtype, (), failure)
+
+
 def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write: bool = True,
            verifier_key: Path | None = None) -> VerifyResult:
     """Verify every specialization of the release at ``path`` that this machine can run.
 
     Raises BundleIntegrityError for a release that is not intact, VerificationError when
     nothing can be verified here or the environment drifted from the lock in a blocking way
-    (evidence taken there would not describe the artifacts). A kernel that is wrong is a
-    value (``SpecVerdict.failure``), not an exception. With ``write``, stores the evidence, signed
+    (evidence taken there would not describe the artifacts), ReferenceDrift when an operator's reference
+    changed since the build. A kernel that is wrong is a value (``SpecVerdict.failure``), not an exception;
+    so is an artifact that does not load (whatever its load raised) and every specialization of an operator
+    whose reference or sample hook does not import (the failure names the step and the error: ``the operator
+    did not import here (import_reference: ArtifactLoadError: ...)``): the other operators are verified.
+    With ``write``, stores the evidence, signed
     with ``verifier_key`` (default: ``TILESHIP_VERIFIER_KEY``; none: unsigned; see
     ``release.evidence_seal``); SignatureError for an unusable key, before verifying anything.
     """
@@ -82,8 +92,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     cuda = torch.cuda.is_available()
     verdicts: list[SpecVerdict] = []
     skipped: dict[str, str] = {}
-    references: dict[str, Any] = {}
-    samples: dict[str, Any] = {}
+    prepared: dict[str, tuple[Any, Any] | str] = {}  # operator -> (reference, sample hook), or why not
     for sid, info in sorted(rel["specializations"].items()):
         spec = Specialization.from_json(info["spec"])
         target = Target(spec.target)
@@ -105,19 +114,17 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
                                 f"sm_{''.join(map(str, torch.cuda.get_device_capability(0)))}")
                 continue
         desc = rel["operators"][spec.op]
-        if spec.op not in references:
-            references[spec.op] = import_reference(desc, spec.op)
-            pins.require(lock, [spec.op])  # evidence against another reference would not describe this release
-        try:
-            kernel = load_artifact(root / "specs" / sid, sid)
-        except ArtifactLoadError as exc:
-            tol = tensor_tolerance({k: v for k, v in desc.items() if k != "output_tolerances"}, "", spec.dtype)
-            verdicts.append(SpecVerdict(spec, target.device_type, tol, False, options.reference_dtype, (),
-                                        f"artifact failed to load: {exc}"))
+        if spec.op not in prepared:  # once per operator: its import failing fails its specializations, not the run
+            # pins: evidence against another reference would not describe this release (ReferenceDrift is raised)
+            prepared[spec.op] = prepare(desc, spec.op, lock, import_reference, import_sample, raise_drift=True)
+        if isinstance(got := prepared[spec.op], str):
+            verdicts.append(_not_run(spec, desc, options, f"the operator did not import here ({got})"))
             continue
-        if spec.op not in samples:
-            samples[spec.op] = import_sample(desc, spec.op)
-        verdicts.append(verify_spec(spec, kernel, references[spec.op], desc, options=options, sample=samples[spec.op]))
+        kernel = load_member(load_artifact, root / "specs" / sid, sid)  # or why not (any error its load raised)
+        if isinstance(kernel, str):
+            verdicts.append(_not_run(spec, desc, options, kernel))
+            continue
+        verdicts.append(verify_spec(spec, kernel, got[0], desc, options=options, sample=got[1]))
         del kernel
     if not verdicts:
         raise VerificationError(f"nothing to verify on this machine ({len(skipped)} specializations skipped: "

@@ -1,0 +1,87 @@
+"""``tileship tune`` over a release where one specialization's artifact fails to load with an error that is not an
+ArtifactLoadError (an OSError reading it, a tvm-ffi RuntimeError, a ValueError of a corrupt file).
+
+Before: only ArtifactLoadError was caught around ``load_artifact``; any other error stopped ``tune_release`` for
+every group and nothing was stored (the CLI exited 1 on an OSError, with a traceback on the others). Now it is
+that candidate's failure, as an ArtifactLoadError is (``tune_checks.load_member``: ``artifact failed to load:
+<spec>: <Type>: <message>`` at each point of its group; it cannot win there), the other groups are tuned and
+stored, and the command exits 0. A sticky CUDA error is still raised: every later group would fail with it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tileship.cli import app
+from tileship.release import described, evidence, integrity, tuning
+
+FAST = ["--seeds", "0", "--budget-ms", "1", "--rounds", "2", "--confirm-rounds", "0", "--prune", "0",
+        "--limit", "4", "--no-flush"]
+BAD = "add"
+
+
+def _static(root: Path) -> dict[str, list[str]]:
+    """group id -> its specialization ids, of the release's static groups."""
+    rel = described.read(root / "release.json")
+    return {g: [m[0] for m in ms] for g, ms in tuning.groups(rel).items() if ms[0][2].dynamic_dim is None}
+
+
+@pytest.mark.parametrize("error,words", [
+    (OSError(errno.EIO, "Input/output error", "lib.so"), "OSError: [Errno 5] Input/output error: 'lib.so'"),
+    (RuntimeError("tvm_ffi: cannot load module lib.so\ntraceback"), "RuntimeError: tvm_ffi: cannot load module lib.so"),
+    (ValueError("corrupt artifact.json"), "ValueError: corrupt artifact.json"),
+], ids=["oserror", "runtimeerror", "valueerror"])
+def test_an_artifact_whose_load_raises_another_error_fails_its_candidate_and_the_run_goes_on(
+        cpu_release, monkeypatch, error, words):
+    from tileship.runtime import loader
+
+    groups = _static(cpu_release)
+    bad = next(g for g in groups if g.startswith(BAD + "."))
+    good = next(g for g in groups if not g.startswith(BAD + "."))
+    real = loader.load_artifact
+
+    def load_artifact(spec_dir: Path, sid: str) -> Any:
+        if sid in groups[bad]:
+            raise error
+        return real(spec_dir, sid)
+
+    monkeypatch.setattr(loader, "load_artifact", load_artifact)
+    res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", bad, "--only", good, *FAST])
+    monkeypatch.undo()
+    assert res.exit_code == 0, (res.output, res.exception)
+    ev = json.loads((cpu_release / evidence.EVIDENCE).read_text())
+    measured = ev["tuning"][good]
+    assert measured["points"] and "failed" not in measured, measured  # the other group is tuned as before
+    assert measured["points"][0]["reference"]["median_us"] > 0
+    group = ev["tuning"][bad]
+    assert "failed" not in group and group["points"], group  # its reference was checked and timed
+    (sid,) = groups[bad]
+    for point in group["points"]:
+        cand = point["candidates"]["default"]
+        assert point["winner"] is None and cand["passed"] is False, point
+        assert cand["failure"] == f"artifact failed to load: {sid}: {words}", cand
+    assert f"{bad}: default artifact failed to load: {sid}: {words}" in " ".join(res.output.split()), res.output
+    integrity.check(cpu_release, trusted_keys=[])
+
+
+def test_load_member_raises_a_sticky_cuda_error_and_keeps_the_artifact_load_error_words():
+    from tileship.errors import ArtifactLoadError
+    from tileship.verify.tune_checks import load_member
+
+    def sticky(spec_dir: Path, sid: str) -> Any:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        load_member(sticky, Path("x"), "s")
+
+    def refused(spec_dir: Path, sid: str) -> Any:
+        raise ArtifactLoadError("execution backend 'x' cannot be loaded", spec_id=sid)
+
+    assert load_member(refused, Path("x"), "s") == "artifact failed to load: s: execution backend 'x' cannot be loaded"
+    assert load_member(lambda d, s: ("kernel", d, s), Path("x"), "s") == ("kernel", Path("x"), "s")

@@ -70,6 +70,20 @@ def test_a_dynamic_dim_at_two_positions_with_float_and_int_scalars_and_a_dim_nam
     _close(release.op("transposed")(a, shift=1, alpha=0.5), F.transpose_affine_ref(a, 0.5, 1))
 
 
+def test_a_float32_scalar_of_a_float64_operator_gives_the_same_answer_on_either_path(release):
+    """``alpha=0.1``: the kernel is handed it as a float32 (0.10000000149011612), the reference was handed 0.1, so
+    a float64 call's answer changed by ~1.5e-9 relative with the path that served it (the shape, the circuit). The
+    reference is now handed the value the kernel is."""
+    a = torch.randn(200, 8, dtype=torch.float64)
+    by_ref, d = release.op("transposed").call(a, 0.1, 1)
+    assert (d.path, d.reason) == ("reference", "undeclared_shape"), d
+    by_kernel, d = release.op("transposed").call(a[:128].contiguous(), 0.1, 1)
+    assert (d.path, d.reason) == ("kernel", "kernel"), d
+    _close(by_kernel, by_ref[:, :128].contiguous(), 1e-13, 1e-13)
+    _close(by_ref, F.transpose_affine_ref(a, float(torch.tensor(0.1, dtype=torch.float32)), 1), 0.0, 0.0)
+    assert release.op("transposed").reference is F.transpose_affine_ref  # the reference as given
+
+
 @pytest.mark.parametrize("n", [1, 100, 4096])
 def test_two_inputs_of_two_dtypes_updated_in_place_with_no_outputs(release, n):
     x = torch.randn(n) * 2

@@ -2,7 +2,8 @@
 two outputs sized by different dims of an int8 input, a ``T.dynamic`` dim at two positions of two tensors beside
 a float and an int scalar and a static dim named like a Python keyword, an in-place update of two tensors of two
 dtypes with scalars and no outputs, a lazy ``@tilelang.jit`` gather whose output takes one dim from each input,
-and a ``sample`` hook that takes its ``dtype`` (a str) for torch's."""
+a ``sample`` hook that takes its ``dtype`` (a str) for torch's, a dynamic dim named ``class`` with an int64 scalar
+and int16/uint8/int64 tensors, a float16 scalar, and an in-place scatter into a tensor of a dim of its own."""
 
 import dataclasses
 
@@ -143,3 +144,78 @@ gather = Operator(name="gather", factory=gather_rows, reference=gather_rows_ref,
                   outputs=(TensorArg("out", ("M", "D")),), dtypes=("float32",), targets=("c",),
                   ranges=(DynamicRange("M", 1, 256, {"V": 32, "D": 8}),), shapes=({"V": 16, "D": 4, "M": 5},),
                   tolerances={"float32": Tolerance(0.0, 0.0)})
+
+
+# 5. a dynamic dim named ``class`` (a Python keyword and a C++ one: params= and the T.dynamic var's rename), int16 in,
+# an int64 scalar, uint8 and int64 outputs
+def bucketize(n_class, W, dtype="int16"):
+    """code[c, w] = uint8((X[c, w] + offset) >= 0), total[c] = sum X[c, :] (int64 scalar offset)."""
+    @T.prim_func
+    def main(X: T.Tensor((n_class, W), dtype), offset: T.int64, code: T.Tensor((n_class, W), "uint8"),
+             total: T.Tensor((n_class,), "int64")):
+        with T.Kernel(n_class) as c:
+            total[c] = T.int64(0)
+            for w in T.serial(W):
+                code[c, w] = T.if_then_else(T.cast(X[c, w], "int64") + offset >= T.int64(0), T.uint8(1), T.uint8(0))
+                total[c] = total[c] + T.cast(X[c, w], "int64")
+    return main
+
+
+def bucketize_ref(x, offset):
+    return ((x.to(torch.int64) + offset) >= 0).to(torch.uint8), x.to(torch.int64).sum(1)
+
+
+bucket = Operator(name="bucket", factory=bucketize, reference=bucketize_ref,
+                  inputs=(TensorArg("X", ("class", "W")), ScalarArg("offset", dtype="int64")),
+                  outputs=(TensorArg("code", ("class", "W"), dtype="uint8"),
+                           TensorArg("total", ("class",), dtype="int64")),
+                  params={"class": "n_class"}, dtypes=("int16",), targets=("c",),
+                  ranges=(DynamicRange("class", 1, 64, {"W": 8}),))
+
+
+# 6. a float16 scalar beside float16 tensors: the "c" library takes TileLang's ``half`` by value
+def half_axpy(N, dtype="float16"):
+    @T.prim_func
+    def main(X: T.Tensor((N,), dtype), Y: T.Tensor((N,), dtype), a: T.float16, Z: T.Tensor((N,), dtype)):
+        with T.Kernel(1):
+            for i in T.serial(N):
+                Z[i] = X[i] * a + Y[i]
+    return main
+
+
+def half_axpy_ref(x, y, a):
+    return x * a + y
+
+
+haxpy = Operator(name="haxpy", factory=half_axpy, reference=half_axpy_ref,
+                 inputs=(TensorArg("X", ("N",)), TensorArg("Y", ("N",)), ScalarArg("a", dtype="same")),
+                 outputs=(TensorArg("Z", ("N",)),), dtypes=("float16",), targets=("c",),
+                 ranges=(DynamicRange("N", 1, 1024),), tolerances={"float16": Tolerance(1e-2, 1e-2)})
+
+
+# 7. an input updated in place whose dim (V) no other tensor has, indexed by an int64 tensor
+def scatter_add_(N, V, dtype="float32"):
+    """acc[idx[i]] += src[i] in place (serial: duplicates add up); acc is a mutated input with a dim of its own."""
+    @T.prim_func
+    def main(acc: T.Tensor((V,), dtype), idx: T.Tensor((N,), "int64"), src: T.Tensor((N,), dtype)):
+        with T.Kernel(1):
+            for i in T.serial(N):
+                acc[idx[i]] = acc[idx[i]] + src[i]
+    return main
+
+
+def scatter_add_ref(acc, idx, src):
+    acc.index_add_(0, idx, src)
+
+
+def scatter_sample(dims, dtype, device):
+    dt = getattr(torch, dtype)
+    idx = torch.randint(0, dims["V"], (dims["N"],), device=device)
+    return torch.randn(dims["V"], dtype=dt, device=device), idx, torch.randn(dims["N"], dtype=dt, device=device)
+
+
+scatter = Operator(name="scatter", factory=scatter_add_, reference=scatter_add_ref, sample=scatter_sample,
+                   inputs=(TensorArg("acc", ("V",)), TensorArg("idx", ("N",), dtype="int64"),
+                           TensorArg("src", ("N",))),
+                   mutates=("acc",), dtypes=("float32",), targets=("c",),
+                   ranges=(DynamicRange("N", 1, 512, {"V": 16}),), tolerances={"float32": Tolerance(1e-5, 1e-5)})

@@ -104,6 +104,44 @@ def test_a_lazy_jit_gather_whose_output_takes_a_dim_from_each_input(release, v, 
     assert torch.equal(out, F.gather_rows_ref(table, idx))
 
 
+@pytest.mark.parametrize("c", [1, 7, 64], ids=lambda c: f"class{c}")
+def test_a_dynamic_dim_named_class_with_an_int64_scalar_and_int16_uint8_int64_tensors(release, c):
+    x = torch.randint(-100, 100, (c, 8), dtype=torch.int16)
+    (code, total), d = release.op("bucket").call(x, -5)
+    assert (d.path, d.reason) == ("kernel", "kernel"), d
+    want = F.bucketize_ref(x, -5)
+    assert torch.equal(code, want[0]) and torch.equal(total, want[1])
+    code, total = release.op("bucket")(x, 2**40)  # past int32: the int64 scalar is passed whole
+    assert torch.equal(code, torch.ones_like(code)) and torch.equal(total, want[1])
+
+
+@pytest.mark.parametrize("n", [1, 100, 1024])
+def test_a_float16_scalar_reaches_the_c_kernel_as_a_half(release, n):
+    """``a: T.float16`` on "c": the library takes ``half_float::half`` by value (an integer register) and the
+    loader passed a ``c_float`` (a float register): ``Z = X * a + Y`` answered garbage and NaNs, silently."""
+    x, y = torch.randn(n).half(), torch.randn(n).half()
+    for a in (0.3, -2.0, 1e6):  # 1e6 is past float16: the kernel gets inf, as a float32 scalar's c_float would
+        z, d = release.op("haxpy").call(x, y, a)
+        assert (d.path, d.reason) == ("kernel", "kernel"), d
+        want = x.float() * float(torch.tensor(a, dtype=torch.float16)) + y.float()
+        if a == 1e6:
+            assert torch.equal(torch.isinf(z), (x != 0) | torch.isinf(want)), z
+            continue
+        _close(z.float(), want, 1e-2, 1e-2)
+
+
+def test_an_in_place_scatter_into_a_tensor_of_a_dim_of_its_own(release):
+    acc = torch.randn(16)
+    idx = torch.randint(0, 16, (600,))  # duplicates: each adds up
+    src = torch.randn(600)
+    for n, path in ((1, "kernel"), (300, "kernel"), (600, "reference")):  # 600 is past the range
+        want = acc.clone()
+        F.scatter_add_ref(want, idx[:n], src[:n])
+        out, d = release.op("scatter").call(acc, idx[:n], src[:n])
+        assert out is None and d.path == path, d
+        _close(acc, want)
+
+
 def test_the_torch_custom_ops_eager_and_compiled_with_dynamic_dims(release):
     from tileship.torchops.custom_ops import mark_dynamic, register
 
@@ -153,7 +191,7 @@ def test_verify_passes_every_correct_kernel_and_names_a_sample_hook_that_took_dt
     report = verify(audit_build.path, VerifyOptions(timing=False), write=False)
     verdicts = {v.spec.id: v.failure for v in report.verdicts}
     bad = verdicts.pop("clip_bad_sample.float32.N8.c")
-    assert verdicts == {sid: None for sid in verdicts} and len(verdicts) == 8, verdicts
+    assert verdicts == {sid: None for sid in verdicts} and len(verdicts) == 11, verdicts
     assert bad is not None and "making inputs failed: TypeError: clip_count_sample_torch_dtype(dims, dtype, " \
                                 "device) raised RuntimeError: Invalid device string: 'float32': dtype is the " \
                                 "dtype's name, the str 'float32'" in bad, bad

@@ -262,3 +262,23 @@ def test_the_server_loads_the_release_and_answers_each_kernel_over_http(audit_bu
         out = r.json()["outputs"][0]
         assert out["shape"] == [8, 6], out
         _close(torch.tensor(out["data"]).reshape(8, 6), F.transpose_affine_ref(a, 0.5, 3))
+
+
+@pytest.mark.parametrize("inputs,outputs,where", [
+    (("A", "alpha", "shift"), ("A",), "inputs[0] and outputs[0]"),
+    (("A", "A", "shift"), ("B",), "inputs[0] and inputs[1]"),
+], ids=["output_named_like_an_input", "scalar_named_like_a_tensor"])
+def test_a_name_declared_twice_is_refused_naming_it_and_both_places(inputs, outputs, where):
+    """Was ``duplicate tensor names ['A', 'alpha', 'shift', 'A']``: every name listed, the duplicate not said, a
+    scalar called a tensor."""
+    import dataclasses
+
+    from tileship.errors import DeclarationError
+
+    old = F.transposed
+    ins = tuple(dataclasses.replace(a, name=n) for a, n in zip(old.inputs, inputs, strict=True))
+    outs = tuple(dataclasses.replace(a, name=n) for a, n in zip(old.outputs, outputs, strict=True))
+    with pytest.raises(DeclarationError) as exc:
+        dataclasses.replace(old, inputs=ins, outputs=outs).check()
+    words = f"transposed.inputs: 'A' names {where}: each input and output needs its own name"
+    assert exc.value.field == "inputs" and exc.value.message.startswith(words), exc.value.message

@@ -282,3 +282,31 @@ def test_a_name_declared_twice_is_refused_naming_it_and_both_places(inputs, outp
         dataclasses.replace(old, inputs=ins, outputs=outs).check()
     words = f"transposed.inputs: 'A' names {where}: each input and output needs its own name"
     assert exc.value.field == "inputs" and exc.value.message.startswith(words), exc.value.message
+
+
+def test_a_float16_scalar_for_cuda_is_refused_before_the_compiler_naming_the_parameter(tmp_path):
+    """TileLang's tvm-ffi host wrapper declares ``half a`` in C that has no ``half``: the save of the compiled
+    kernel failed (logged), and the build said ``RuntimeError: expected one TileLang cache entry, found 0``. The
+    build now refuses it before compiling, naming the parameter; the "c" target builds it (above)."""
+    import dataclasses
+
+    proj = Project(model="audit", model_version="1", operator_modules=("foreign_audit_ops",),
+                   targets=("cuda-sm90a",), root=TESTS)
+    op = dataclasses.replace(load_operators(proj)["haxpy"], targets=("cuda-sm90a",), ranges=(), shapes=({"N": 64},))
+    res = build(proj, {"haxpy": op}, tmp_path, BuildOptions(jobs=1))
+    assert [(r.spec.id, r.error) for r in res.failed] == [(
+        "haxpy.float16.N64.cuda-sm90a", "BuildError: haxpy.float16.N64.cuda-sm90a: the kernel's parameter 'a' is a "
+        "float16 scalar, which TileLang's host wrapper for cuda-sm90a cannot pass (its generated C has no float16 "
+        "type)")]
+
+
+def test_a_failed_save_of_a_compiled_kernel_names_the_compilers_diagnostic():
+    from tileship.build.builder import with_diagnostic
+    from tileship.errors import COMPILER_FAILED
+
+    output = ("[TileLang:tilelang.cache.kernel_cache:ERROR] (kernel_cache.py:639): Error during atomic cache save\n"
+              "RuntimeError: Compilation error:\n/tmp/x/lib0.c: In function 'int32_t __tvm_ffi_main(...)':\n"
+              "/tmp/x/lib0.c:83:3: error: 'half' was not declared in this scope\n   83 |   half a = ...\n")
+    error = f"RuntimeError: TileLang compiled the kernel but saved no library: {COMPILER_FAILED}"
+    assert with_diagnostic(error, output) == f"{error}: error: 'half' was not declared in this scope"
+    assert with_diagnostic("RuntimeError: other", output) == "RuntimeError: other"

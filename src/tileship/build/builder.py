@@ -133,10 +133,19 @@ def compile_one(op: Operator, spec: Specialization, out: Path, *, timeout_s: flo
             f" (signal {-proc.returncode})" if proc.returncode < 0 else "")
     else:
         error = result.get("error", "unknown error")
-    if error.endswith(COMPILER_FAILED) and (hit := first_diagnostic(output)) is not None:
-        error = f"{error}: {hit}"  # g++ wrote it to the worker's output, not into TileLang's exception
+    error = with_diagnostic(error, output)
     log = _tail(output + ("\n" + result["traceback"] if result.get("traceback") else ""))
     return SpecResult(spec, False, seconds, error=error, log=log, commands=commands)
+
+
+def with_diagnostic(error: str, output: str) -> str:
+    """``error`` (a worker's summary) with the compiler's first diagnostic in ``output`` appended when it ends with
+    ``COMPILER_FAILED`` (g++ wrote it to the worker's output, not into TileLang's exception). The diagnostic is
+    looked for after TileLang's ``Compilation error:``, whose own line holds an ``error:`` with nothing after it
+    (a failed cache save logs it: the summary ended ``the compiler failed: error:``)."""
+    if error.endswith(COMPILER_FAILED) and (hit := first_diagnostic(output.split("Compilation error:", 1)[-1])):
+        return f"{error}: {hit}"
+    return error
 
 
 def _child_env() -> dict[str, str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tileship import tilelang_version
-from tileship.errors import build_summary
+from tileship.errors import COMPILER_FAILED, build_summary
 
 # before TileLang is imported: a release outside the supported range fails here, naming both versions
 tilelang_version.check()
@@ -170,6 +170,7 @@ def main(job_path: str) -> int:
         out_idx, positions = reconcile_out_idx(op, info, func)
         contract.check(op, spec, func, positions)  # the kernel's parameters against the declaration
         c_target.check(spec, func)  # what the CPU "c" target cannot compile, said before the compiler fails on it
+        c_target.check_host_scalars(spec, func)  # and a scalar the GPU targets' host wrapper cannot pass
         (out / "func.json").write_text(_portable(tvm.ir.save_json(func)))
         pass_configs = op.compile_pass_configs()
         kernel = tilelang.compile(func, out_idx=out_idx, target=Target(spec.target).tilelang(),
@@ -187,6 +188,9 @@ def main(job_path: str) -> int:
         sig_text = _portable(tvm.ir.save_json(sig))
         (out / "signature.json").write_text(sig_text)
         entries = glob.glob(str(cache / "*" / "*" / "kernels" / "*"))
+        if not entries:  # TileLang logs a failed save ("Error during atomic cache save") and returns the kernel
+            raise RuntimeError(f"TileLang compiled the kernel but saved no library (its host code's compile failed "
+                               f"as it saved it: the log has it): {COMPILER_FAILED}")
         if len(entries) != 1:
             raise RuntimeError(f"expected one TileLang cache entry, found {len(entries)}")
         lib_name = None

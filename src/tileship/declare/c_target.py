@@ -60,4 +60,26 @@ def check(spec: Any, func: Any) -> None:
                                   "on \"c\" the reference serves it meanwhile")
 
 
-__all__ = ["C_RESERVED", "NO_C_TYPE", "check"]
+#: scalar dtypes TileLang's tvm-ffi host wrapper (the CUDA targets) cannot declare: ``half a = ...`` in host C that
+#: has no ``half`` (g++: ``'half' was not declared in this scope``), and an internal error for ``bfloat16``
+#: (``Check failed: (dtype.is_float()) is false``)
+NO_HOST_SCALAR = frozenset(("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3", "float8_e4m3fnuz",
+                            "float8_e5m2fnuz", "float4_e2m1fn"))
+
+
+def check_host_scalars(spec: Any, func: Any) -> None:
+    """Raise BuildError for a by-value parameter of the traced ``func`` whose dtype the GPU targets' host wrapper
+    cannot pass (``NO_HOST_SCALAR``), naming the specialization and the parameter; None for the "c" target (its
+    library takes a float16 by value) and for a kernel without such a parameter."""
+    if spec.target == "c":
+        return
+    for p in func.params:
+        dtype = str(p.dtype)
+        if func.buffer_map.get(p) is None and dtype in NO_HOST_SCALAR:
+            raise BuildError(f"the kernel's parameter {str(p.name)!r} is a {dtype} scalar, which TileLang's host "
+                             f"wrapper for {spec.target} cannot pass (its generated C has no {dtype} type)",
+                             spec_id=spec.id, hint=f"declare it ScalarArg(..., dtype=\"float32\") with a T.float32 "
+                                                   f"parameter and cast it in the kernel (T.cast(a, \"{dtype}\"))")
+
+
+__all__ = ["C_RESERVED", "NO_C_TYPE", "NO_HOST_SCALAR", "check", "check_host_scalars"]

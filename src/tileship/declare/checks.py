@@ -159,7 +159,12 @@ def check_operator(decl: Operator) -> None:
         raise DeclarationError("at least one input must be a tensor (it names the device)", operator=op, field="inputs")
     names = [a.name for a in decl.inputs + decl.outputs]
     if len(set(names)) != len(names):
-        raise DeclarationError(f"duplicate tensor names {names}", operator=op, field="inputs")
+        dup = next(n for i, n in enumerate(names) if n in names[:i])
+        k = len(decl.inputs)
+        where = [f"inputs[{i}]" if i < k else f"outputs[{i - k}]" for i, n in enumerate(names) if n == dup]
+        raise DeclarationError(f"{dup!r} names {' and '.join(where)}: each input and output needs its own name (calls "
+                               f"and the server pass them by name); names: {names}", operator=op,
+                               field="inputs", hint="rename one of them (and the kernel's parameter)")
     _check_tensors(decl, op)
     if not decl.dtypes:
         raise DeclarationError("no dtypes declared", operator=op, field="dtypes")

@@ -60,9 +60,11 @@ def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, 
     """One input per declared tensor at base ``dims``, reproducible per (device, seed).
 
     ``dtypes``: each input's dtype expression ("same" or a literal; default all "same").
-    ``sample``: the operator's ``sample(dims, dtype, device)`` hook, called under a forked RNG
-    seeded with ``seed``; its tensors are checked against the declared shapes and dtypes.
-    ``scalars``: positions of ``ScalarArg`` inputs: Python numbers (floats in [0.5, 1.5), ints
+    ``sample``: the operator's ``sample(dims, dtype, device)`` hook (``dtype`` the dtype's name, a str), called under
+    a forked RNG seeded with ``seed``; its tensors are checked against the declared shapes and dtypes, its float
+    scalars rounded to their declared dtype (``as_declared``). What it raises is raised (a TypeError saying that
+    ``dtype`` is a str when its message holds the name: ``x.to(dtype)`` took it for a device).
+    ``scalars``: positions of ``ScalarArg`` inputs: Python numbers (floats in [0.5, 1.5) as their dtype holds them, ints
     in [1, 8], bools True) unless the hook gives them.
     Without it, drawn on ``device`` from a generator seeded with ``seed``: floats standard normal
     (never zeros), ints in [-8, 8), uint8 and bool random 0/1.
@@ -76,7 +78,16 @@ def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, 
         devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            got = sample(dict(dims), dtype, device)
+            try:
+                got = sample(dict(dims), dtype, device)
+            except Exception as exc:
+                if repr(dtype) not in str(exc):
+                    raise
+                # ``x.to(dtype)`` reads the name as a device: "Invalid device string: 'float32'", which says nothing
+                # of why; the hook is told what it was given
+                raise TypeError(f"{getattr(sample, '__name__', 'sample')}(dims, dtype, device) raised "
+                                f"{type(exc).__name__}: {str(exc).splitlines()[0]}: dtype is the dtype's name, the str "
+                                f"{dtype!r} (torch's dtype is getattr(torch, dtype))") from exc
         got = list(got) if isinstance(got, (tuple, list)) else [got]
         if len(got) != len(inputs):
             raise ValueError(f"sample() returned {len(got)} tensors, the operator declares {len(inputs)} inputs")
@@ -84,6 +95,7 @@ def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, 
             if i in scalars:
                 if torch.is_tensor(t):
                     raise ValueError(f"sample() returned {n} as a tensor; it is a ScalarArg: return a Python number")
+                got[i] = as_declared(t, dt)
                 continue
             if not torch.is_tensor(t) or tuple(t.shape) != shape or t.dtype != getattr(torch, dt):
                 raise ValueError(f"sample() returned {n} as {getattr(t, 'dtype', type(t).__name__)} "
@@ -95,7 +107,8 @@ def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, 
         dt = getattr(torch, name)
         if i in scalars:
             r = float(torch.rand((), generator=g, device=device))
-            out.append(True if name == "bool" else (r + 0.5 if dt.is_floating_point else 1 + int(r * 8)))
+            out.append(True if name == "bool" else (as_declared(r + 0.5, name) if dt.is_floating_point
+                                                    else 1 + int(r * 8)))
         elif dt.is_floating_point:
             out.append(torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dt))
         elif name in ("bool", "uint8"):
@@ -103,6 +116,21 @@ def make_inputs(inputs: Sequence[tuple[str, Sequence[str]]], dims: Mapping[str, 
         else:
             out.append(torch.randint(-8, 8, shape, generator=g, device=device, dtype=torch.int32).to(dt))
     return out
+
+
+def as_declared(value: Any, dtype: str) -> Any:
+    """A float ScalarArg's ``value`` as its declared floating ``dtype`` holds it (the value the kernel is handed:
+    ``0.1`` is ``0.10000000149011612`` in a float32), so that the reference computes with the same value; any
+    other value (an int, a bool, another dtype's) unchanged. Without it, a float64 operator with a float32 scalar
+    failed verification by the scalar's rounding (``|err|`` 1.6e-7 against ``atol`` 1e-8)."""
+    import torch
+
+    if type(value) is not float or dtype == "float64":
+        return value
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        return value
+    return float(torch.tensor(value, dtype=dt))
 
 
 def point_seed(base: int, spec_id: str, dims: Mapping[str, int]) -> int:

@@ -33,7 +33,9 @@ import ctypes
 import dataclasses
 import importlib.util
 import json
+import math
 import re
+import struct
 import threading
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,18 @@ _SCALAR_CTYPES = {"float16": ctypes.c_float, "bfloat16": ctypes.c_float, "float3
                   "int64": ctypes.c_int64, "uint8": ctypes.c_uint8, "uint32": ctypes.c_uint32,
                   "uint64": ctypes.c_uint64, "bool": ctypes.c_bool}
 _runtime_lock = threading.Lock()
+
+
+def _half_bits(value: float) -> ctypes.c_uint16:
+    """A float16 by-value argument of a "c"-target library: its IEEE half bits. The library takes TileLang's
+    ``half`` (``half_float::half``, a class holding a uint16, passed in an integer register); a ``c_float`` went
+    in a float register and the kernel read whatever the integer register held (``Z = X * a + Y`` answered
+    garbage and NaNs). A value past the float16 range is its infinity, as a float32 scalar's ``c_float`` is."""
+    try:
+        packed = struct.pack("<e", value)
+    except OverflowError:
+        packed = struct.pack("<e", math.copysign(math.inf, value))
+    return ctypes.c_uint16(struct.unpack("<H", packed)[0])
 _runtime: ctypes.CDLL | None = None
 
 
@@ -168,7 +182,7 @@ class CKernel(_Kernel):
             if isinstance(v, torch.Tensor):
                 args.append(ctypes.c_void_p(v.data_ptr()))
             elif p.is_scalar:
-                args.append(_SCALAR_CTYPES[p.dtype](v))
+                args.append(_half_bits(v) if p.dtype == "float16" else _SCALAR_CTYPES[p.dtype](v))
             else:
                 raise ValueError(f"parameter {p.name}: a tensor is required, got {type(v).__name__}")
         args.extend(ctypes.c_int64(self._dim(s, slots)) for s, _ in self.signature.dynamic)

@@ -39,7 +39,8 @@ class ReferencePath:
     @reference.setter
     def reference(self, fn: Callable[..., Any]) -> None:
         self._reference_fn = fn
-        self._ref = rt.tupled(fn) if self.shape.n_outputs > 1 else fn
+        ref = rt.tupled(fn) if self.shape.n_outputs > 1 else fn
+        self._ref = _rounding(ref, self.shape)
 
     def serve_reference(self, route: Route, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """``fn(*args)`` for a key ``route`` sends to the reference, counted in the key's telemetry
@@ -79,6 +80,32 @@ class ReferencePath:
         if d.path != REFERENCE or d.reason != reason:
             d = Decision(REFERENCE, reason, d.spec_id)
         return res, d
+
+
+#: the float dtypes narrower than a Python float, which a kernel's by-value parameter rounds a float to
+_NARROW = frozenset(("float32", "float16", "bfloat16"))
+
+
+def _rounding(ref: Callable[..., Any], shape: OpShape) -> Callable[..., Any]:
+    """``ref``, handed each float of a ScalarArg declared with a narrower float dtype (``ScalarArg("alpha",
+    dtype="float32")``) as that dtype holds it (``declare.inputs.as_declared``), as the kernel is handed it: a
+    float64 operator's answer for ``alpha=0.1`` then does not depend on which path served it (the kernel computed
+    with 0.10000000149011612, the reference with 0.1). ``ref`` itself when the operator has no such scalar."""
+    narrow = tuple((i, shape.dtypes[i]) for i in shape.scalars if i < len(shape.dtypes) and shape.dtypes[i] in _NARROW)
+    if not narrow:
+        return ref
+    from tileship.declare.inputs import as_declared
+
+    def rounded(*args: Any) -> Any:
+        if not any(i < len(args) and type(args[i]) is float for i, _ in narrow):
+            return ref(*args)
+        got = list(args)
+        for i, dtype in narrow:
+            if i < len(got):
+                got[i] = as_declared(got[i], dtype)
+        return ref(*got)
+
+    return rounded
 
 
 __all__ = ["ReferencePath"]

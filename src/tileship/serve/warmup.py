@@ -41,8 +41,10 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
     reference's answer is held to the declaration as the dispatcher holds it when it serves
     (``runtime.answer``): one that breaks it (another dtype, shape, device, count or type) is
     listed in ``failures`` as ``reference: ...`` and switches nothing (the kernel is not at
-    fault; a hot swap refuses such a release). An operator with no kernel on this device gets
-    one reference call instead (cuBLAS and friends initialise lazily), held the same way.
+    fault; a hot swap refuses such a release). A ``sample`` hook that raises is listed as ``sample: ...``
+    (``making inputs failed``) and switches nothing either (the release still loads; a sticky CUDA error is
+    raised). An operator with no kernel on this device gets one reference call instead (cuBLAS and friends
+    initialise lazily), held the same way.
     Never compiles.
 
     ``threads`` > 1 warms specializations on that many threads at once (their host work overlaps;
@@ -70,8 +72,8 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
         report.spec_seconds[sid] = seconds
         if problem is None:
             continue
-        if blame == "reference":
-            report.failures[sid] = f"reference: warm-up call at {dims}: {problem}"
+        if blame in ("reference", "sample"):
+            report.failures[sid] = f"{blame}: warm-up call at {dims}: {problem}"
         else:
             runner.disable(entry, "load_failed", f"warm-up call at {dims}: {problem}")
             report.failures[sid] = problem
@@ -83,8 +85,9 @@ def warm_up(release: Release, devices: dict[str, str], *, limit: int = 256, seed
 
 def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], limit: int,
          seed: int) -> tuple[str, float, dict[str, int], str | None, str]:
-    """Warm one job: (spec id, seconds, dims, problem or None, who is blamed: "kernel" or "reference"). A job
-    without an entry calls the operator's reference once at its smallest declared shape."""
+    """Warm one job: (spec id, seconds, dims, problem or None, who is blamed: "kernel", "reference" or "sample":
+    the operator's ``sample`` hook raised). A job without an entry calls the operator's reference once at its
+    smallest declared shape."""
     import torch
 
     from tileship.declare.inputs import sample_points
@@ -102,7 +105,10 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
                           if e.spec is not None),
                          key=lambda sd: _elements(runner.shape.inputs, sd[1]))
         assert spec is not None
-        args = runner.sample_inputs(dims, spec.dtype, device, seed)
+        try:
+            args = runner.sample_inputs(dims, spec.dtype, device, seed)
+        except Exception as exc:  # noqa: BLE001 -- the operator's sample hook: its failure, not the release's
+            return f"{name}:reference", time.perf_counter() - t0, dims, _inputs_failed(exc), "sample"
         try:
             held_at(name, runner.reference, decl, dims, args, dtype=spec.dtype)(*args)
         except DeclarationError as exc:
@@ -114,7 +120,10 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
     tol = decl.get("tolerances", {})
     dims = sample_points(spec, limit=limit)[-1]
     problem = None
-    args = runner.sample_inputs(dims, spec.dtype, device, seed)
+    try:
+        args = runner.sample_inputs(dims, spec.dtype, device, seed)
+    except Exception as exc:  # noqa: BLE001 -- nothing to call the kernel on; no evidence against it either
+        return spec.id, time.perf_counter() - t0, dims, _inputs_failed(exc), "sample"
     try:
         mut = mutated_positions(decl)  # inputs updated in place: each path on its own clones, compared whole
         outs = OnClones(entry.kernel, mut)(*args)
@@ -131,6 +140,15 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
     except Exception as exc:
         problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return spec.id, time.perf_counter() - t0, dims, problem, "kernel"
+
+
+def _inputs_failed(exc: Exception) -> str:
+    from tileship.runtime.device_faults import is_sticky_cuda_error
+    from tileship.verify.tune_checks import first_line
+
+    if is_sticky_cuda_error(exc):  # the device is gone for every later call: not this operator's failure
+        raise exc
+    return f"making inputs failed: {first_line(exc)}"
 
 
 def _elements(inputs: Any, dims: dict[str, int]) -> int:

@@ -2,7 +2,8 @@
 
 The reference's answer is held to the declaration as the dispatcher holds it (``runtime.answer``): a reference
 whose answer is unlike it (a NumPy array, a tuple of the wrong length, another shape or device than declared for
-the call) gives its row ``ok=False`` with the ``DeclarationError``'s words as the reason, not a traceback.
+the call) gives its row ``ok=False`` with the ``DeclarationError``'s words as the reason, not a traceback; so does a
+``sample`` hook that raises (``making inputs failed: ...``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tileship.runtime.dispatch import Release
 from tileship.verify.compare import disagreement
 from tileship.verify.mutated import OnClones, mutated_positions
 from tileship.verify.spec_check import held_at
+from tileship.verify.tune_checks import first_line
 
 
 def _take(call: Any, decisions: list[Any], *args: Any) -> Any:
@@ -48,7 +50,12 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
                     rows.append({"spec_id": spec.id, "dims": shown, "path": "-",
                                  "reason": "no GPU here: " + entry.decision.reason, "err": "-", "ok": None})
                     continue
-                args = runner.sample_inputs(dims, spec.dtype, device, seed)
+                try:
+                    args = runner.sample_inputs(dims, spec.dtype, device, seed)
+                except Exception as exc:  # noqa: BLE001 -- the operator's sample hook: its row fails, not the demo
+                    rows.append({"spec_id": spec.id, "dims": shown, "path": "-", "err": "-", "ok": False,
+                                 "reason": f"making inputs failed: {first_line(exc)}"})
+                    continue
                 mut = mutated_positions(decl)  # inputs updated in place: compared whole, each path on clones
                 decisions: list[Any] = []
                 reference = held_at(name, runner.reference, decl, dims, args, dtype=None)  # on float64 inputs

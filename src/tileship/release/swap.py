@@ -90,20 +90,17 @@ def staged(out: Path, ours: Callable[[str], bool], *, last: str) -> Iterator[Pat
         nofollow.fsync_tree(tmp)  # the files and folders on the disk before a rename shows them (power loss)
         if not out.is_dir() or all(ours(p.name) for p in out.iterdir()):
             replace_dir(tmp, out)
-            _fsync_dir(out.parent)  # the rename itself
+            with suppress(OSError):  # the rename itself; some file systems refuse a directory fsync
+                nofollow.fsync_dir(out.parent)
             return
         for p in sorted(tmp.iterdir(), key=lambda p: p.name == last):
             os.replace(p, out / p.name)
-        _fsync_dir(out)
+        with suppress(OSError):
+            nofollow.fsync_dir(out)
         tmp.rmdir()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _fsync_dir(path: Path) -> None:
-    with suppress(OSError):  # some file systems refuse a directory fsync; the rename itself is done
-        nofollow.fsync_dir(path)
 
 
 __all__ = ["TRASH", "exchange", "replace_dir", "staged"]

@@ -95,6 +95,7 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
     from tileship.errors import DeclarationError
     from tileship.verify.mutated import OnClones, mutated_positions
     from tileship.verify.spec_check import held_at
+    from tileship.verify.tune_checks import inputs_failed
 
     name, runner, entry = job
     device = devices[name]
@@ -108,7 +109,7 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
         try:
             args = runner.sample_inputs(dims, spec.dtype, device, seed)
         except Exception as exc:  # noqa: BLE001 -- the operator's sample hook: its failure, not the release's
-            return f"{name}:reference", time.perf_counter() - t0, dims, _inputs_failed(exc), "sample"
+            return f"{name}:reference", time.perf_counter() - t0, dims, inputs_failed(exc), "sample"
         try:
             held_at(name, runner.reference, decl, dims, args, dtype=spec.dtype)(*args)
         except DeclarationError as exc:
@@ -123,7 +124,7 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
     try:
         args = runner.sample_inputs(dims, spec.dtype, device, seed)
     except Exception as exc:  # noqa: BLE001 -- nothing to call the kernel on; no evidence against it either
-        return spec.id, time.perf_counter() - t0, dims, _inputs_failed(exc), "sample"
+        return spec.id, time.perf_counter() - t0, dims, inputs_failed(exc), "sample"
     try:
         mut = mutated_positions(decl)  # inputs updated in place: each path on its own clones, compared whole
         outs = OnClones(entry.kernel, mut)(*args)
@@ -140,15 +141,6 @@ def _one(release: Release, devices: dict[str, str], job: tuple[str, Any, Any], l
     except Exception as exc:
         problem = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return spec.id, time.perf_counter() - t0, dims, problem, "kernel"
-
-
-def _inputs_failed(exc: Exception) -> str:
-    from tileship.runtime.device_faults import is_sticky_cuda_error
-    from tileship.verify.tune_checks import first_line
-
-    if is_sticky_cuda_error(exc):  # the device is gone for every later call: not this operator's failure
-        raise exc
-    return f"making inputs failed: {first_line(exc)}"
 
 
 def _elements(inputs: Any, dims: dict[str, int]) -> int:

@@ -18,7 +18,7 @@ from tileship.runtime.dispatch import Release
 from tileship.verify.compare import disagreement
 from tileship.verify.mutated import OnClones, mutated_positions
 from tileship.verify.spec_check import held_at
-from tileship.verify.tune_checks import first_line
+from tileship.verify.tune_checks import inputs_failed
 
 
 def _take(call: Any, decisions: list[Any], *args: Any) -> Any:
@@ -54,7 +54,7 @@ def exercise(release: Release, *, seed: int = 0, limit: int = 4096) -> list[dict
                     args = runner.sample_inputs(dims, spec.dtype, device, seed)
                 except Exception as exc:  # noqa: BLE001 -- the operator's sample hook: its row fails, not the demo
                     rows.append({"spec_id": spec.id, "dims": shown, "path": "-", "err": "-", "ok": False,
-                                 "reason": f"making inputs failed: {first_line(exc)}"})
+                                 "reason": inputs_failed(exc)})
                     continue
                 mut = mutated_positions(decl)  # inputs updated in place: compared whole, each path on clones
                 decisions: list[Any] = []

@@ -64,4 +64,14 @@ def first_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-__all__ = ["LOAD_FAILED", "first_line", "load_member", "prepare"]
+def inputs_failed(exc: Exception) -> str:
+    """What a warm-up or demo row says when an operator's ``sample`` hook raised: ``making inputs failed: ...``.
+    A sticky CUDA error is raised instead (the device is gone for every later call: not this operator's failure)."""
+    from tileship.runtime.device_faults import is_sticky_cuda_error
+
+    if is_sticky_cuda_error(exc):
+        raise exc
+    return f"making inputs failed: {first_line(exc)}"
+
+
+__all__ = ["LOAD_FAILED", "first_line", "inputs_failed", "load_member", "prepare"]

@@ -214,7 +214,18 @@ def test_the_paged_twin_writes_the_slot_its_table_names_and_nothing_else(cache_r
     assert written == sorted([[int(table[0, 2]), 2], [int(table[2, 3]), 63]]), written
 
 
-def test_served_over_http_it_runs_the_kernel_and_answers_with_no_outputs(cache_release, tmp_path) -> None:
+def _caches_back(body: dict[str, Any], sample: list[torch.Tensor]) -> None:
+    """The answer carries the two caches as the reference leaves them, named like the inputs (``serve.in_place``);
+    was ``"outputs": []``."""
+    k, v, k_new, v_new, pos = (t.clone() for t in sample)
+    kv_append.kv_append_reference(k, v, k_new, v_new, pos)
+    assert [(o["name"], o["shape"]) for o in body["outputs"]] == [("k_cache", list(k.shape)),
+                                                                   ("v_cache", list(v.shape))], body["outputs"]
+    got = {o["name"]: torch.tensor(o["data"], dtype=torch.float32).reshape(o["shape"]) for o in body["outputs"]}
+    assert torch.equal(got["k_cache"], k) and torch.equal(got["v_cache"], v)
+
+
+def test_served_over_http_it_runs_the_kernel_and_answers_the_updated_caches(cache_release, tmp_path) -> None:
     import io
 
     import httpx
@@ -226,31 +237,35 @@ def test_served_over_http_it_runs_the_kernel_and_answers_with_no_outputs(cache_r
     try:
         assert srv.wait_ready(), srv.service.holder.readiness()[1]  # the warm-up call of each kernel agreed
         names = ("k_cache", "v_cache", "k_new", "v_new", "pos")
+        sample = _sample()
         inputs = [{"name": n, "shape": list(t.shape), "datatype": "INT32" if t.dtype == torch.int32 else "FP32",
-                   "data": t.flatten().tolist()} for n, t in zip(names, _sample(), strict=True)]
+                   "data": t.flatten().tolist()} for n, t in zip(names, sample, strict=True)]
         r = httpx.post(srv.url + "/v2/models/kv_append_cpu/infer", json={"inputs": inputs}, timeout=30.0)
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["outputs"] == [] and body["parameters"]["tileship_path"] == "kernel", body
+        assert body["parameters"]["tileship_path"] == "kernel", body
+        _caches_back(body, sample)
     finally:
         srv.stop()
 
 
-def test_served_by_a_worker_process_it_answers_with_no_outputs(cache_release, tmp_path) -> None:
+def test_served_by_a_worker_process_it_answers_the_updated_caches(cache_release, tmp_path) -> None:
     """``--workers 1``: the worker took the call's None (no outputs) for one output (``None.nbytes``), so every call
     killed the worker that ran it (503 ``worker failure``) and the next found none ready."""
     import httpx
     from test_serve_workers import workers_server
 
     names = ("k_cache", "v_cache", "k_new", "v_new", "pos")
+    sample = _sample()
     inputs = [{"name": n, "shape": list(t.shape), "datatype": "INT32" if t.dtype == torch.int32 else "FP32",
-               "data": t.flatten().tolist()} for n, t in zip(names, _sample(), strict=True)]
+               "data": t.flatten().tolist()} for n, t in zip(names, sample, strict=True)]
     with workers_server(cache_release.path, workers=1, diagnostics_dir=tmp_path / "diag") as srv:
         for _ in range(2):
             r = httpx.post(srv.url + "/v2/models/kv_append_cpu/infer", json={"inputs": inputs}, timeout=30.0)
             assert r.status_code == 200, r.text
             body = r.json()
-            assert body["outputs"] == [] and body["parameters"]["tileship_path"] == "kernel", body
+            assert body["parameters"]["tileship_path"] == "kernel", body
+            _caches_back(body, sample)
 
 
 # -- verify ---------------------------------------------------------------------------------------------

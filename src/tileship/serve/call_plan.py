@@ -2,7 +2,8 @@
 
 ``plan_call`` orders the inputs as declared and checks names, datatypes (per tensor, or the operator dtype
 all "same" inputs agree on), scalars, ranks and dims (bound as the dispatcher binds them, derived dims
-included), and picks the outputs to answer. Every problem raises ``BadRequest(400)`` naming the input and what
+included), and picks the outputs to answer (the declared ones, then the inputs it updates in place:
+``serve.in_place``). Every problem raises ``BadRequest(400)`` naming the input and what
 the model declares; whether a shape outside the declared set is served (by the reference) or refused is the
 caller's policy (``CallPlan.declared``). ``output_bytes`` sizes the outputs of a planned call. Pure functions
 over a ``protocol.InferRequest`` and the release's declarations; ``serve.plans`` keeps their results.
@@ -16,6 +17,7 @@ from typing import Any
 
 from tileship.declare.dims import SAME, DimExpr, bind
 from tileship.serve.encoding import DATATYPES, ITEMSIZE, KSERVE
+from tileship.serve.in_place import answered_names, mutated_bytes
 from tileship.serve.protocol import InferRequest, InputTensor, to_tensor
 from tileship.serve.validate import BadRequest, in_declared_set, short
 from tileship.serve.validate import output_bytes as _output_bytes
@@ -107,7 +109,7 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
     if b.problem == "derived":
         raise BadRequest(400, f"wrong shape: input {b.argument}: {b.message}")
     dims = b.dims
-    out_names = [n for n, *_ in decl["outputs"]]
+    out_names = answered_names(decl)  # the declared outputs, then the inputs updated in place
     if req.outputs:
         outputs, asked = [], set()
         for name, binary in req.outputs:
@@ -126,8 +128,9 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
 
 def output_bytes(decl: Mapping[str, Any], plan: CallPlan) -> dict[str, int]:
     """Bytes of each output of ``plan``'s call (``validate.output_bytes`` at this call's dtype): an output of a
-    literal dtype is counted whether or not the operator's dtypes list it."""
-    return _output_bytes(decl, plan.dims, plan.dtype, _ITEMSIZE)
+    literal dtype is counted whether or not the operator's dtypes list it; an input the operator updates in place
+    is answered too, at the size it was sent (``in_place``)."""
+    return {**_output_bytes(decl, plan.dims, plan.dtype, _ITEMSIZE), **mutated_bytes(decl, plan.inputs)}
 
 
 #: torch dtype name -> bytes per element, for every dtype a declaration may name

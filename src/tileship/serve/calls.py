@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.runtime.dispatch import REFERENCE, Decision
-from tileship.serve import call_plan, extensions, handoff, protocol, remote, shm_requests, validate
+from tileship.serve import call_plan, extensions, handoff, in_place, protocol, remote, shm_requests, validate
 from tileship.serve.answer import check_declared, inputs_device, outputs_of
 from tileship.serve.canary_stats import DeviceSpan, Timed, op_seconds
 from tileship.serve.validate import BadRequest
@@ -297,20 +297,24 @@ def _execute(service: Service, served: Served, name: str, plan: call_plan.CallPl
     try:
         out, decision = runner.call(*tensors, span=span) if span.on else runner.call(*tensors)
         t.append(time.perf_counter())
-        out_names = [n for n, _ in rel.declarations[name]["outputs"]]
-        outs = outputs_of(name, out, len(out_names))  # () for an operator that only updates inputs in place
-        check_declared(name, outs, rel.declarations[name], plan.dtype, plan.dims, inputs_device(tensors))
+        decl = rel.declarations[name]
+        declared = outputs_of(name, out, len(decl["outputs"]))  # () for an operator that only updates inputs in place
+        check_declared(name, declared, decl, plan.dtype, plan.dims, inputs_device(tensors))
+        out_names, outs = in_place.answered_names(decl), in_place.with_mutated(decl, declared, tensors)
         if device != "cpu":
             import torch
 
             torch.cuda.current_stream().synchronize()
             span.note(plan.spans)
         t.append(time.perf_counter())
+        in_place.check_answer(name, out_names, outs, service.config.limits.max_output_bytes)
         on_device = getattr(encode, "device_outputs", ())  # bound for CUDA shared memory: no trip to the host
         host = [o if n in on_device else _own(o.detach().cpu(), tensors)
                 for n, o in zip(out_names, outs, strict=True)]
     except CallError as exc:
         raise BadRequest(400, exc.message) from None
+    except BadRequest:  # an answer past --max-output-mib: the device is fine
+        raise
     except Exception as exc:
         _fault(service, served, exc, device, tensors)
         raise

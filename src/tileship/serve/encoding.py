@@ -106,7 +106,8 @@ def encode_response(*, model: str, version: str, request_id: str | None, paramet
 # -- metadata ------------------------------------------------------------------------
 
 def tensor_metadata(decl: Mapping[str, Any], which: str) -> list[dict[str, Any]]:
-    """Inputs or outputs as KServe metadata: a dim fixed across every declared shape and
+    """Inputs or outputs as KServe metadata (outputs: the declared ones, then the inputs the operator updates in
+    place, which every answer carries back: ``serve.in_place``): a dim fixed across every declared shape and
     range keeps its size (a derived dim such as ``K/8`` its computed size), every other dim is -1.
     ``datatype`` is the tensor's own: a literal declared dtype, else (``"same"``) the first
     operator dtype; the model's ``parameters.datatypes`` lists all operator dtypes."""
@@ -132,6 +133,9 @@ def tensor_metadata(decl: Mapping[str, Any], which: str) -> list[dict[str, Any]]
         v = e.size({b: n for b, n in fixed.items() if n})
         return -1 if v is None else int(v)
 
+    from tileship.serve.in_place import answered
+
+    rows = answered(decl) if which == "outputs" else decl[which]  # outputs: the inputs updated in place too
     return [{"name": n, "datatype": KSERVE[resolve_dtype(exprs.get(n, SAME), decl["dtypes"][0])],
              "shape": [size(d) for d in ds]}
-            for n, ds, *_ in decl[which]]
+            for n, ds, *_ in rows]

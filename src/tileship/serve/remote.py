@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from tileship.runtime.dispatch import Decision
-from tileship.serve import call_plan, protocol
+from tileship.serve import call_plan, in_place, protocol
 from tileship.serve.answer import check_declared
 from tileship.serve.encoding import ITEMSIZE
 from tileship.serve.validate import BadRequest
@@ -68,13 +68,16 @@ def _arguments(plan: call_plan.CallPlan) -> list[Any]:
     return args
 
 
-def _encode(served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None, encode: Any,
+def _encode(service: Any, served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None, encode: Any,
             outs: list[Any], decision: Decision) -> Any:
+    """Encode a worker's answer: its declared outputs, then the inputs it updated in place (``serve.in_place``)."""
     from tileship.serve.calls import parameters
 
     rel = served.release
-    out_names = [n for n, _ in rel.declarations[name]["outputs"]]
-    check_declared(name, outs, rel.declarations[name], plan.dtype, plan.dims)
+    decl = rel.declarations[name]
+    out_names = in_place.answered_names(decl)
+    check_declared(name, outs[:len(decl["outputs"])], decl, plan.dtype, plan.dims)
+    in_place.check_answer(name, out_names, outs, service.config.limits.max_output_bytes)
     outputs = [(n, outs[out_names.index(n)], binary) for n, binary in plan.outputs]
     return encode(model=name, version=rel.release_id, request_id=kserve_id, parameters=parameters(served, decision),
                   outputs=outputs, allow_nonfinite=plan.allow_nonfinite)
@@ -106,7 +109,7 @@ def execute_remote(service: Any, served: Any, name: str, plan: call_plan.CallPla
     if out_bytes is None:
         out_bytes = _out_bytes(served, name, plan)
     outs, decision = service.workers.call(served.release.release_id, name, args, out_bytes, deadline)
-    return _encode(served, name, plan, kserve_id, encode, outs, decision), decision
+    return _encode(service, served, name, plan, kserve_id, encode, outs, decision), decision
 
 
 def execute_remote_async(service: Any, served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None,
@@ -117,11 +120,11 @@ def execute_remote_async(service: Any, served: Any, name: str, plan: call_plan.C
     args = _arguments(plan)
     if out_bytes is None:
         out_bytes = _out_bytes(served, name, plan)
-    return _encode_after(served, name, plan, kserve_id, encode,
+    return _encode_after(service, served, name, plan, kserve_id, encode,
                          service.workers.acall(served.release.release_id, name, args, out_bytes))
 
 
-async def _encode_after(served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None, encode: Any,
-                        answer: Awaitable[tuple[list[Any], Decision]]) -> tuple[Any, Decision]:
+async def _encode_after(service: Any, served: Any, name: str, plan: call_plan.CallPlan, kserve_id: str | None,
+                        encode: Any, answer: Awaitable[tuple[list[Any], Decision]]) -> tuple[Any, Decision]:
     outs, decision = await answer
-    return _encode(served, name, plan, kserve_id, encode, outs, decision), decision
+    return _encode(service, served, name, plan, kserve_id, encode, outs, decision), decision

@@ -5,7 +5,8 @@ end of a socketpair; the wire is ``serve.worker_wire``. It loads and warms the r
 front-end names (the same ``ReleaseHolder.prepare`` as the in-process server, so the same
 integrity, lock and no-JIT checks), says ``ready``, then answers one call at a time until the
 socket closes. A call's inputs are views of the shared buffer (on the CPU the kernel reads
-them in place; on CUDA they are copied to the device), its outputs are copied into the buffer.
+them in place; on CUDA they are copied to the device), its outputs are copied into the buffer, followed by the
+inputs it updated in place (``serve.in_place``).
 
 Start-up is timed in two parts, reported in ``ready`` and in the front-end's ``worker_ready`` log
 line: ``import_s``, importing torch and TileLang (first, while the front-end sends the start
@@ -32,6 +33,7 @@ from tileship.errors import CallError
 from tileship.runtime.device_faults import is_sticky_fault
 from tileship.serve import worker_wire as wire
 from tileship.serve.answer import check_device, inputs_device, outputs_of
+from tileship.serve.in_place import with_mutated
 
 EXIT_FATAL = 3
 
@@ -72,9 +74,11 @@ def _call(served: Any, buf: wire.Buffer, msg: dict[str, Any]) -> dict[str, Any]:
         args = [a.to(device) if hasattr(a, "to") else a for a in args]
     try:
         out, decision = runner.call(*args)
-        declared = [n for n, *_ in served.release.declarations[name]["outputs"]]
-        outs = outputs_of(name, out, len(declared))
-        check_device(name, outs, inputs_device(args), declared)  # past the buffer, every output is a CPU copy
+        decl = served.release.declarations[name]
+        declared = [n for n, *_ in decl["outputs"]]
+        answered = outputs_of(name, out, len(declared))
+        check_device(name, answered, inputs_device(args), declared)  # past the buffer, every output is a CPU copy
+        outs = with_mutated(decl, answered, args)  # the inputs it updated in place go back too (``serve.in_place``)
         if device != "cpu":
             import torch
 

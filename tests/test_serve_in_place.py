@@ -38,8 +38,9 @@ HALVE = np.arange(1, 9, dtype=np.float32)  # N=8: S=[10, 26], X halved
 
 @pytest.fixture(scope="module")
 def release_path(tmp_path_factory) -> Path:
-    proj = Project(model="inplace", model_version="1", operator_modules=("in_place_ops",), targets=("c",), root=TESTS)
-    import in_place_ops  # noqa: F401 (on sys.path: the project's root)
+    proj = Project(model="inplace", model_version="1", operator_modules=("served_in_place_ops",), targets=("c",),
+                   root=TESTS)
+    import served_in_place_ops  # noqa: F401 (on sys.path: the project's root)
 
     res = build(proj, load_operators(proj), tmp_path_factory.mktemp("inplace"), BuildOptions(jobs=2))
     assert res.ok, [(r.spec.id, r.error) for r in res.failed]

@@ -219,6 +219,12 @@ def test_an_output_sized_only_by_the_call_is_counted_after_it(small):
     assert r.status_code == 413, r.text
     assert r.json()["error"].startswith("model halve_: this call produced 52 bytes of outputs (S=12, X=40); the limit "
                                         "is 48 bytes (--max-output-mib)"), r.text
+    with tg.InferenceServerClient(small.grpc_url) as c:  # over gRPC: RESOURCE_EXHAUSTED, the same words
+        x = tg.InferInput("X", [10], "FP32")
+        x.set_data_from_numpy(np.arange(10, dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="this call produced 52 bytes of outputs") as exc:
+            c.infer("halve_", [x])
+        assert exc.value.status() == "StatusCode.RESOURCE_EXHAUSTED", exc.value
     body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [8], "data": HALVE.tolist()}]}
     r = httpx.post(f"{small.url}/v2/models/halve_/infer", json=body, timeout=30)
     assert r.status_code == 200 and [o["name"] for o in r.json()["outputs"]] == ["S", "X"], r.text

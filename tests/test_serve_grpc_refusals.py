@@ -218,3 +218,20 @@ def test_a_request_past_grpcs_receive_limit_is_counted_and_one_past_ours_is_name
         assert c.infer("echo", _x(2)).as_numpy("Y").tolist() == [0.0, 1.0]
     finally:
         c.close()
+
+
+def test_a_unary_rpc_closed_without_its_request_is_answered_and_counted(held):
+    """A client that closes its side of ModelInfer without sending a message gets INVALID_ARGUMENT saying so, counted
+    as ``request_not_received``. Before, grpcio never ran the handler and said nothing: the client waited for its
+    deadline (DEADLINE_EXCEEDED), and nothing was counted."""
+    srv, _ = held
+    before = rejected(srv).get("request_not_received", 0.0)
+    with grpc.insecure_channel(srv.grpc_url) as ch:
+        call = ch.stream_unary("/inference.GRPCInferenceService/ModelInfer",
+                               request_serializer=pb.ModelInferRequest.SerializeToString,
+                               response_deserializer=pb.ModelInferResponse.FromString)
+        with pytest.raises(grpc.RpcError) as err:
+            call(iter(()), timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.value.code(), err.value.details())
+    assert err.value.details() == "no request message: the client closed its side of the RPC without one"
+    assert rejected(srv)["request_not_received"] == before + 1

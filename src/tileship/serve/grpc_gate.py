@@ -17,7 +17,8 @@ ended before its answer, by ``Gate.ended``'s reasons:
     request_not_received  it ended, no deadline passed, while the server waited for its request message: grpc
                           refused a message past its receive limit (twice the request limit,
                           ``grpc_service.receive_limit``), or the client left while still sending it; grpc tells
-                          the server nothing that sets these apart (a unary client cannot send nothing)
+                          the server nothing that sets these apart; or a client closed its side without sending
+                          one (answered INVALID_ARGUMENT, where grpcio left it waiting for its deadline)
 
 A stream counts only an end while it handles a request (``cancelled`` or ``deadline_exceeded``): one that grpc
 ends between two requests (its client cancelled an idle stream, or its next message was past the receive limit)
@@ -84,9 +85,9 @@ def unary(gate: Gate, fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any
             if request is grpc.aio.EOF:  # grpc refused it, or the client left (or half-closed) before sending it
                 gate.ended(context, True)
                 counted = True
-                try:
+                try:  # reaches a client that closed its side without a message (grpcio had it wait for its deadline)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        "the RPC ended before its request message arrived")
+                                        "no request message: the client closed its side of the RPC without one")
                 except grpc.aio.InternalError:  # the RPC is over: nothing to answer (grpcio would log a failed send)
                     raise asyncio.CancelledError from None
             waiting = False

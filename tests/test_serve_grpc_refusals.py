@@ -235,3 +235,44 @@ def test_a_unary_rpc_closed_without_its_request_is_answered_and_counted(held):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.value.code(), err.value.details())
     assert err.value.details() == "no request message: the client closed its side of the RPC without one"
     assert rejected(srv)["request_not_received"] == before + 1
+
+
+def _request(model: str) -> pb.ModelInferRequest:
+    return pb.ModelInferRequest(model_name=model, inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="X", datatype="FP32", shape=[2])], raw_input_contents=[np.arange(2, dtype=np.float32).tobytes()])
+
+
+def test_a_stream_takes_one_slot_and_its_cancel_mid_request_is_counted(held):
+    """A ModelStreamInfer stream holds one of the --max-connections slots while open; cancelled by its client while
+    a request runs, it is counted as ``cancelled`` and its slot frees. Before, a stream's cancel counted nowhere."""
+    srv, hold = held
+    before = rejected(srv)
+    sends: queue.Queue = queue.Queue()
+
+    def requests() -> Iterator[pb.ModelInferRequest]:
+        while (r := sends.get(timeout=120)) is not None:
+            yield r
+
+    c = tg.InferenceServerClient(srv.grpc_url)
+    try:
+        with grpc.insecure_channel(srv.grpc_url) as ch:
+            call = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                    request_serializer=pb.ModelInferRequest.SerializeToString,
+                                    response_deserializer=pb.ModelStreamInferResponse.FromString)
+            responses = call(requests())
+            sends.put(_request("echo"))
+            first = next(responses)
+            assert not first.error_message and first.infer_response.model_name == "echo", first
+            sends.put(_request("hold"))
+            hold.wait_started(1)
+            assert c.infer("echo", _x(2)).as_numpy("Y").tolist() == [0.0, 1.0]  # the second slot
+            responses.cancel()
+            sends.put(None)
+        want = before.get("cancelled", 0.0) + 1
+        assert counted(srv, "cancelled", want) == want
+        assert rejected(srv).get("connection_limit", 0.0) == before.get("connection_limit", 0.0)
+        hold.go.set()
+        assert c.infer("echo", _x(2)).as_numpy("Y").tolist() == [0.0, 1.0]
+    finally:
+        hold.go.set()
+        c.close()

@@ -114,10 +114,9 @@ class _Watched:
 
     async def __anext__(self) -> Any:
         self.waiting = True
-        try:
-            return await self._it.__anext__()
-        finally:
-            self.waiting = False
+        request = await self._it.__anext__()  # a cancel (or the end) while awaiting it leaves ``waiting`` set
+        self.waiting = False
+        return request
 
 
 def streaming(gate: Gate, fn: Callable[[Any, Any], AsyncIterator[Any]]) -> Callable[[Any, Any], AsyncIterator[Any]]:

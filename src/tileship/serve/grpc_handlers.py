@@ -3,9 +3,10 @@
 ``register`` builds the method handlers from the service descriptor, each parsing its request with a
 deserializer that cannot raise (a message over ``max_body_bytes``, or over gRPC's message limit when that is
 lower, is a ``TooLarge``, bytes that are no
-message of its type a ``Malformed``: the RPC answers them, never grpc with UNKNOWN). ``rpc`` wraps each RPC of
-``grpc_service.Servicer``: a request id (the client's ``x-request-id`` metadata when printable, echoed as trailing
-metadata), the concurrency limit, and every exception turned into a status with a message.
+message of its type a ``Malformed``: the RPC answers them, never grpc with UNKNOWN), behind the concurrency gate
+(``serve.grpc_gate``: at most ``--max-connections`` RPCs, and the count of RPCs grpc ends before their answer).
+``rpc`` wraps each RPC of ``grpc_service.Servicer``: a request id (the client's ``x-request-id`` metadata when
+printable, echoed as trailing metadata), and every exception turned into a status with a message.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from google.protobuf.message_factory import GetMessageClass
 from starlette.exceptions import HTTPException
 from tritonclient.grpc import service_pb2 as pb
 
-from tileship.serve import grpc_codec
-from tileship.serve.middleware import new_request_id, valid_request_id
+from tileship.serve import grpc_codec, grpc_gate
 from tileship.serve.validate import BadRequest
 
 if TYPE_CHECKING:
@@ -78,7 +78,8 @@ def _deserializer(cls: Any, limit: int, grpc_cap: bool) -> Callable[[bytes], Any
 def register(servicer: Servicer, server: grpc.aio.Server, limit: int, grpc_cap: bool = False) -> None:
     """``add_GRPCInferenceServiceServicer_to_server`` with request parsing that cannot raise: the
     handlers are built from the service descriptor, each with a ``_deserializer`` refusing messages
-    over ``limit`` bytes (``grpc_cap``: that limit is gRPC's message limit, not ``--max-body-mib``)."""
+    over ``limit`` bytes (``grpc_cap``: that limit is gRPC's message limit, not ``--max-body-mib``), and each
+    behind ``servicer.gate`` (a unary RPC as a stream-unary handler, which reads its request itself)."""
     desc = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers = {}
     for m in desc.methods:
@@ -86,27 +87,21 @@ def register(servicer: Servicer, server: grpc.aio.Server, limit: int, grpc_cap: 
               "response_serializer": GetMessageClass(m.output_type).SerializeToString}
         fn = getattr(servicer, m.name)
         if m.client_streaming or m.server_streaming:
-            handlers[m.name] = grpc.stream_stream_rpc_method_handler(fn, **kw)
+            handlers[m.name] = grpc.stream_stream_rpc_method_handler(grpc_gate.streaming(servicer.gate, fn), **kw)
         else:
-            handlers[m.name] = grpc.unary_unary_rpc_method_handler(fn, **kw)
+            handlers[m.name] = grpc.stream_unary_rpc_method_handler(grpc_gate.unary(servicer.gate, fn), **kw)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))
     server.add_registered_method_handlers(desc.full_name, handlers)
 
 
 def rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
-    """One RPC: a request id, the concurrency limit (``max_connections`` RPCs at once: RESOURCE_EXHAUSTED
-    past it, counted as ``tileship_rejected_total{reason="connection_limit"}``), and every exception
-    turned into a status with a message (never UNKNOWN)."""
+    """One RPC (admitted by ``grpc_gate``): a request id, and every exception turned into a status with a message
+    (never UNKNOWN)."""
 
     @functools.wraps(fn)
     async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        sent = dict(context.invocation_metadata() or ()).get("x-request-id")
-        rid = valid_request_id(sent if isinstance(sent, str) else None) or new_request_id()
+        rid = grpc_gate.request_id(context)
         trailer = (("x-request-id", rid),)
-        if self.active >= self.limit:
-            self.service.metrics.rejected.labels("connection_limit").inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"the server is at its limit of {self.limit} concurrent RPCs: retry later", trailer)
         if isinstance(request, TooLarge):  # counted as REST's 413 is (``serve.body``)
             self.service.metrics.rejected.labels(request.reason).inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, request.message(), trailer)
@@ -114,7 +109,6 @@ def rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
             if request.type == "inference.ModelInferRequest":  # an inference request naming no model: counted as REST's
                 self.service.metrics.requests.labels("_unknown", "", "none", "400").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request.type}: {request.error}", trailer)
-        self.active += 1  # one event loop runs every RPC: no lock
         try:
             reply = await fn(self, request, context, rid)
         except grpc.aio.AbortError:
@@ -126,8 +120,6 @@ def rpc(fn: Handler) -> Callable[[Any, Any, Any], Awaitable[Any]]:
         except Exception as exc:  # a bug: INTERNAL naming the request id, logged with its traceback
             msg, _ = self.service.log_internal(rid, exc)
             await context.abort(grpc.StatusCode.INTERNAL, msg, trailer)
-        finally:
-            self.active -= 1
         context.set_trailing_metadata(trailer)
         return reply
 

@@ -33,7 +33,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tileship import __version__
-from tileship.serve import calls, extensions, grpc_codec, grpc_stream, log_settings, trace
+from tileship.serve import calls, extensions, grpc_codec, grpc_gate, grpc_stream, log_settings, trace
 from tileship.serve.grpc_handlers import register, rpc
 from tileship.serve.validate import BadRequest, short
 
@@ -55,11 +55,11 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self.limit = service.config.max_connections
+        #: at most ``max_connections`` RPCs at once, and the count of those grpc ends before their answer
+        self.gate = grpc_gate.Gate(service.config.max_connections, service.metrics.rejected)
         self.max_message = service.config.grpc_max_message_bytes
         #: the answer's encoder: refuses a response past one message (``grpc_codec.encode``)
         self.encode = functools.partial(grpc_codec.encode, max_bytes=self.max_message)
-        self.active = 0  # RPCs running now (``grpc_handlers.rpc``)
         self._finishing: set[asyncio.Task[Any]] = set()  # work ``_finish`` runs on past its RPC
 
     async def _finish(self, work: Awaitable[Any]) -> Any:
@@ -243,14 +243,16 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
     capped at gRPC's message limit; the handlers' deserializer refuses and counts a larger one); out, the output
     limit plus what a response echoes of its request (its ``id``, as long as a request may be) plus its header,
     so an answer the call produced is never dropped at send. At most
-    ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED past it, counted: ``grpc_handlers.rpc``).
+    ``max_connections`` RPCs run at once, counted from before their request arrives (RESOURCE_EXHAUSTED past it,
+    counted: ``grpc_gate``); grpcio's own ``maximum_concurrent_rpcs`` is not set, since it refuses where no handler
+    runs (uncounted, and without naming the limit).
 
     grpc's own receive limit is twice ours (``receive_limit``) so that our deserializer, which counts and names the
-    limit, sees a message just past ours first: grpc refuses a larger one from its length prefix, before any
-    Python code (interceptors included: grpc.aio runs them at method lookup, before the message arrives, and runs
-    no handler for a message it refused), so that refusal is not counted; it bounds what one RPC makes the server
-    buffer. (When a body or output limit passes gRPC's message limit, the app logs it at start: ``grpc_limits``,
-    a warning, since REST still honours it.) A connection must finish its handshake within ``header_timeout_s``.
+    limit, sees a message just past ours first: grpc refuses a larger one from its length prefix, before reading it
+    (so it bounds what one RPC makes the server buffer), with its own message (``Received message larger than max
+    (N vs. M)``); ``grpc_gate`` counts that refusal as ``request_not_received``. (When a body or output limit
+    passes gRPC's message limit, the app logs it at start: ``grpc_limits``, a warning, since REST still honours it.)
+    A connection must finish its handshake within ``header_timeout_s``.
     Raises RuntimeError when the address cannot be bound."""
     c = service.config
     most = c.grpc_max_message_bytes  # protobuf's 2 GiB: an answer past it is refused before it runs (``calls.run``)
@@ -261,8 +263,7 @@ async def start(service: Service, host: str, port: int) -> tuple[grpc.aio.Server
                                       ("grpc.so_reuseport", 0),
                                       # a connection that never completes the HTTP/2 handshake is closed, as
                                       # REST closes one whose headers never finish (--header-timeout)
-                                      ("grpc.server_handshake_timeout_ms", int(c.header_timeout_s * 1000))],
-                             maximum_concurrent_rpcs=2 * c.max_connections)
+                                      ("grpc.server_handshake_timeout_ms", int(c.header_timeout_s * 1000))])
     register(Servicer(service), server, ours, grpc_cap=ours < c.max_body_bytes)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

@@ -8,9 +8,9 @@ was wrong, as ``ModelInfer``'s status would) with the request's ``id`` in ``infe
 tell which request failed. An error ends nothing: the stream stays open for the next request, as Triton's.
 A request asking ``triton_enable_empty_final_response`` gets ``triton_final_response: true`` on its one
 response (every model here answers once, as a non-decoupled Triton model does). The stream counts as one RPC
-against ``--max-connections``; a message over ``--max-body-mib`` (or gRPC's message limit, when lower) or one
-that is not a ``ModelInferRequest`` is answered with an error message and the stream goes on (one past twice that,
-grpc's own backstop, ends the stream: ``grpc_service.start``).
+against ``--max-connections`` (``serve.grpc_gate``); a message over ``--max-body-mib`` (or gRPC's message limit,
+when lower) or one that is not a ``ModelInferRequest`` is answered with an error message and the stream goes on
+(one past twice that, grpc's own backstop, ends the stream: ``grpc_service.start``).
 """
 
 from __future__ import annotations
@@ -35,16 +35,8 @@ FINAL = "triton_final_response"
 async def stream_infer(servicer: Servicer, requests: AsyncIterator[Any],
                        context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
     """One ``ModelStreamInferResponse`` per request, in order, until the client closes its side."""
-    if servicer.active >= servicer.limit:
-        servicer.service.metrics.rejected.labels("connection_limit").inc()
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"the server is at its limit of {servicer.limit} concurrent RPCs: retry later")
-    servicer.active += 1
-    try:
-        async for request in requests:
-            yield await _one(servicer, request)
-    finally:
-        servicer.active -= 1
+    async for request in requests:
+        yield await _one(servicer, request)
 
 
 async def _one(servicer: Servicer, request: Any) -> Any:

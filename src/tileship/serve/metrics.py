@@ -9,6 +9,8 @@ requests count), and must stay 0: anything else means a call reached TileLang's 
     tileship_request_seconds{model,version,path}         latency of answered inference requests
     tileship_fallbacks_total{model,version,reason}       calls served by the reference, by reason
     tileship_rejected_total{reason}                      requests refused before running (overloaded, timeout...)
+                                                         and gRPC RPCs ended before their answer (``grpc_gate``:
+                                                         request_not_received, deadline_exceeded, cancelled)
     tileship_inflight_requests                           inference requests admitted and not yet answered
     tileship_release_load_seconds / _warmup_seconds      duration of the last load / warm-up of the live release
     tileship_warmup_spec_seconds{spec}                   per specialization, the last warm-up of the live release
@@ -56,7 +58,8 @@ class ServeMetrics:
                                  ("model", "version", "path"), buckets=LATENCY_BUCKETS, registry=r)
         self.fallbacks = Counter("tileship_fallbacks", "Calls served by the PyTorch reference, by reason",
                                  ("model", "version", "reason"), registry=r)
-        self.rejected = Counter("tileship_rejected", "Inference requests refused before or instead of running",
+        self.rejected = Counter("tileship_rejected",
+                                "Requests refused before or instead of running, and gRPC RPCs that ended unanswered",
                                 ("reason",), registry=r)
         self.inflight = Gauge("tileship_inflight_requests",
                               "Inference requests admitted and not yet answered", registry=r)

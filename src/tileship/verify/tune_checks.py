@@ -13,9 +13,7 @@ from typing import Any
 
 from tileship.build import pins
 from tileship.errors import ArtifactLoadError
-
-#: the failure text of a candidate whose artifact did not load starts with this (``load_member``)
-LOAD_FAILED = "artifact failed to load"
+from tileship.release.tuning import LOAD_FAILED
 
 
 def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_reference: Callable[..., Any],

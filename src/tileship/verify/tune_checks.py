@@ -15,14 +15,18 @@ from tileship.build import pins
 from tileship.errors import ArtifactLoadError
 from tileship.release.tuning import LOAD_FAILED
 
+#: ``prepare``'s text for an operator whose pins do not hold (its reference changed since the build) starts so
+DRIFTED = "pins.require:"
+
 
 def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_reference: Callable[..., Any],
-            import_sample: Callable[..., Any], *, raise_drift: bool = False) -> tuple[Any, Any] | str:
-    """(reference, sample hook) of operator ``op``, its pins checked against ``lock`` (timing another reference
-    would not describe this release); else why not, naming the step and the error: the failure of each of its
-    groups (``tuning.failure``) or, for ``verify``, of each of its specializations, not of the run. A sticky CUDA
-    error is raised (not the operator's failure); with ``raise_drift`` (``verify``, which refuses a changed
-    reference: docs/verification.md, "A pinned reference") so is what ``pins.require`` raised."""
+            import_sample: Callable[..., Any]) -> tuple[Any, Any] | str:
+    """(reference, sample hook) of operator ``op``, its pins checked against ``lock`` (measuring against another
+    reference would not describe this release); else why not, naming the step and the error (``DRIFTED`` when
+    the pins do not hold: ``pins.require: ReferenceDrift: reference drift: operator ..., module ...``): the
+    failure of each of its groups (``tuning.failure``) or, for ``verify``, of each of its specializations, never
+    of the run (docs/verification.md, "A pinned reference"). A sticky CUDA error is raised (not the operator's
+    failure)."""
     from tileship.runtime.device_faults import is_sticky_cuda_error
 
     step = "import_reference"
@@ -33,7 +37,7 @@ def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_refer
         step = "import_sample"
         return reference, import_sample(desc, op)
     except Exception as exc:  # noqa: BLE001 -- one operator's import or pins fail its groups, not every group
-        if is_sticky_cuda_error(exc) or (raise_drift and step == "pins.require"):
+        if is_sticky_cuda_error(exc):
             raise
         return f"{step}: {first_line(exc)}"
 
@@ -72,4 +76,4 @@ def inputs_failed(exc: Exception) -> str:
     return f"making inputs failed: {first_line(exc)}"
 
 
-__all__ = ["LOAD_FAILED", "first_line", "inputs_failed", "load_member", "prepare"]
+__all__ = ["DRIFTED", "LOAD_FAILED", "first_line", "inputs_failed", "load_member", "prepare"]

@@ -76,4 +76,14 @@ def inputs_failed(exc: Exception) -> str:
     return f"making inputs failed: {first_line(exc)}"
 
 
-__all__ = ["DRIFTED", "LOAD_FAILED", "first_line", "inputs_failed", "load_member", "prepare"]
+def reference_raised(exc: Exception, when: str = "") -> str:
+    """What a tune group's failure says when its reference raised (``when``: where, e.g. while timed): ``the
+    reference raised Type: message...``. A sticky CUDA error is raised instead (not this operator's failure)."""
+    from tileship.runtime.device_faults import is_sticky_cuda_error
+
+    if is_sticky_cuda_error(exc):
+        raise exc
+    return f"the reference raised {first_line(exc)}{when}"
+
+
+__all__ = ["DRIFTED", "LOAD_FAILED", "first_line", "inputs_failed", "load_member", "prepare", "reference_raised"]

@@ -1,0 +1,108 @@
+"""``tileship tune`` and ``tileship verify`` where an operator's sample hook, or its reference, fails only when
+timing asks for more input sets (the later, rotated sets: ``timing.rotation_sets``), after the checks passed.
+
+Before: the error escaped ``tune_release`` / ``verify`` from inside the timing of one group or specialization: the
+whole run stopped with a traceback (exit 1), nothing of any operator was stored and the previous evidence stayed
+as it was, so one broken hook cost every other operator's measurements. Now it is that group's failure (tune:
+``tuning.<gid>.failed``, ``making inputs failed: ...`` or ``the reference raised ... while timed``; the reference
+serves it) or that specialization's (verify: a failed point, the kernel is not routed), the others are measured
+and stored, and the command exits 2 naming it. A sticky CUDA error is still raised (every later call would fail).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tileship.cli import app
+from tileship.release import described, evidence, integrity, tuning
+
+BAD, GOOD = "add", "rmsnorm_cpu"
+TUNE_FAST = ["--seeds", "0", "--budget-ms", "1", "--rounds", "2", "--confirm-rounds", "0", "--prune", "0",
+             "--limit", "4", "--no-flush"]
+VERIFY_FAST = ["--seeds", "0", "--grid", "0", "--limit", "64", "--budget-ms", "1", "--warmup-ms", "1"]
+
+
+def _hook_fails_after(monkeypatch: pytest.MonkeyPatch, calls: int, what: str) -> None:
+    """``BAD`` gets a sample hook whose first ``calls`` calls answer as declared and every later one raises
+    (``what="sample"``), or whose later inputs make the reference raise (``what="reference"``: one input too
+    short for ``add``'s reference, which broadcasts nothing; the kernel is never given those)."""
+    from tileship.runtime import references
+
+    real = references.import_sample, references.import_reference
+    count = {"n": 0}
+
+    def sample(dims: dict[str, int], dtype: str, device: str) -> Any:
+        count["n"] += 1
+        n = dims["N"]
+        if count["n"] > calls and what == "sample":
+            raise RuntimeError(f"sample ran out at call {count['n']}")
+        return [torch.randn(n, dtype=getattr(torch, dtype), device=device) for _ in range(2)]
+
+    def import_sample(desc: Any, op: str) -> Any:
+        return sample if op == BAD else real[0](desc, op)
+
+    def import_reference(desc: Any, op: str) -> Any:
+        ref = real[1](desc, op)
+        if op != BAD or what != "reference":
+            return ref
+
+        def reference(*args: Any) -> Any:
+            if count["n"] > calls:
+                raise RuntimeError(f"reference broke after call {calls}")
+            return ref(*args)
+
+        return reference
+
+    monkeypatch.setattr(references, "import_sample", import_sample)
+    monkeypatch.setattr(references, "import_reference", import_reference)
+
+
+@pytest.mark.parametrize("what,words", [
+    ("sample", "making inputs failed: RuntimeError: sample ran out at call 4"),
+    ("reference", "the reference raised RuntimeError: reference broke after call 3"),
+])
+def test_tune_fails_the_group_whose_timing_inputs_or_reference_fail_and_tunes_the_others(
+        cpu_release, monkeypatch, what, words):
+    rel = described.read(cpu_release / "release.json")
+    groups = tuning.groups(rel)
+    bad = next(g for g, m in groups.items() if m[0][2].op == BAD and m[0][2].dynamic_dim is None)
+    good = next(g for g, m in groups.items() if m[0][2].op == GOOD and m[0][2].dynamic_dim is None)
+    # calls 1-3: the reference check, the one seed's verification, the first timing set; later sets fail
+    _hook_fails_after(monkeypatch, 3, what)
+    res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", bad, "--only", good, *TUNE_FAST])
+    monkeypatch.undo()
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (res.output, res.exception)
+    ev = json.loads((cpu_release / evidence.EVIDENCE).read_text())
+    assert ev["tuning"][good]["points"] and "failed" not in ev["tuning"][good]
+    failed = tuning.failure(ev["tuning"][bad])
+    assert failed is not None and words in failed["reason"], ev["tuning"][bad]
+    last = " ".join(res.output.strip().splitlines()[-1].split())
+    assert bad in last and words in last and good not in last, res.output
+    integrity.check(cpu_release, trusted_keys=[])
+
+
+@pytest.mark.parametrize("what,words", [
+    ("sample", "making timing inputs failed: RuntimeError: sample ran out at call 2"),
+    ("reference", "timing failed: RuntimeError: reference broke after call 1"),
+])
+def test_verify_fails_the_specialization_whose_timing_inputs_or_reference_fail_and_verifies_the_others(
+        cpu_release, monkeypatch, what, words):
+    rel = described.read(cpu_release / "release.json")
+    specs = rel["specializations"]
+    bad = next(s for s, i in sorted(specs.items()) if i["spec"]["op"] == BAD and "N4096" in s)
+    good = next(s for s, i in sorted(specs.items()) if i["spec"]["op"] == GOOD and i["status"] == "built")
+    _hook_fails_after(monkeypatch, 1, what)  # call 1: the one seed's check; the timing sets fail
+    res = CliRunner().invoke(app, ["verify", str(cpu_release), "--only", bad, "--only", good, *VERIFY_FAST])
+    monkeypatch.undo()
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (res.output, res.exception)
+    ev = json.loads((cpu_release / evidence.EVIDENCE).read_text())
+    assert ev["specializations"][good]["passed"], ev["specializations"][good]
+    entry = ev["specializations"][bad]
+    assert not entry["passed"] and entry["route"] == "reference" and words in entry["failure"], entry
+    assert f"failed {bad}:" in res.output and words in " ".join(res.output.split()), res.output
+    integrity.check(cpu_release, trusted_keys=[])

@@ -99,9 +99,10 @@ def tune_cmd(
     )
     data = tune_release(release, opts, verifier_key=verifier_key)
     failed = {gid: f for gid, f in tuning.failures(data["tuning"]).items() if gid in seen}  # of this run
-    points = [p for g in data["tuning"].values() for p in g["points"]]
+    ran = {gid: data["tuning"][gid] for gid in seen}  # this run's groups, not those kept from an earlier tune
+    points = [p for g in ran.values() for p in g["points"]]
     kernels = sum(1 for p in points if p["winner"])
-    measured = len(data["tuning"]) - len(tuning.failures(data["tuning"]))
+    measured = len(ran) - len(failed)
     common.console.print(
         f"tuned {measured} groups, {len(points)} buckets: a kernel wins {kernels}, the "
         f"reference {len(points) - kernels} (release {data['release_id']}; evidence in "

@@ -7,6 +7,8 @@ as it was, so one broken hook cost every other operator's measurements. Now it i
 ``tuning.<gid>.failed``, ``making inputs failed: ...`` or ``the reference raised ... while timed``; the reference
 serves it) or that specialization's (verify: a failed point, the kernel is not routed), the others are measured
 and stored, and the command exits 2 naming it. A sticky CUDA error is still raised (every later call would fail).
+Likewise in tune, a reference that raises on a candidate's verification inputs (after its check passed) fails the
+group, where every candidate failed with its error and the broken reference was recorded as each bucket's winner.
 """
 
 from __future__ import annotations
@@ -106,3 +108,39 @@ def test_verify_fails_the_specialization_whose_timing_inputs_or_reference_fail_a
     assert not entry["passed"] and entry["route"] == "reference" and words in entry["failure"], entry
     assert f"failed {bad}:" in res.output and words in " ".join(res.output.split()), res.output
     integrity.check(cpu_release, trusted_keys=[])
+
+
+def test_tune_fails_the_group_whose_reference_fails_in_the_candidates_verification(cpu_release, monkeypatch):
+    """Before: the reference check passed (the declared dtype), then the reference raised on the verification's
+    float64 inputs: every candidate failed verification with the reference's error, so the reference "won" every
+    bucket and tune exited 0, recorded as the tested default. Now the group fails naming the reference's error."""
+    from tileship.runtime import references
+
+    rel = described.read(cpu_release / "release.json")
+    groups = tuning.groups(rel)
+    bad = next(g for g, m in groups.items() if m[0][2].op == BAD and m[0][2].dynamic_dim is None)
+    good = next(g for g, m in groups.items() if m[0][2].op == GOOD and m[0][2].dynamic_dim is None)
+    real = references.import_reference
+
+    def import_reference(desc: Any, op: str) -> Any:
+        ref = real(desc, op)
+        if op != BAD:
+            return ref
+
+        def reference(*args: Any) -> Any:
+            if any(getattr(a, "dtype", None) == torch.float64 for a in args):
+                raise ValueError("no float64 path")
+            return ref(*args)
+
+        return reference
+
+    monkeypatch.setattr(references, "import_reference", import_reference)
+    res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", bad, "--only", good, *TUNE_FAST])
+    monkeypatch.undo()
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (res.output, res.exception)
+    ev = json.loads((cpu_release / evidence.EVIDENCE).read_text())
+    assert ev["tuning"][good]["points"] and "failed" not in ev["tuning"][good]
+    failed = tuning.failure(ev["tuning"][bad])
+    assert failed is not None and failed["reason"].endswith("reference raised ValueError: no float64 path"), \
+        ev["tuning"][bad]
+    assert ev["tuning"][bad]["points"] == [] and bad in res.output.strip().splitlines()[-1], res.output

@@ -34,7 +34,8 @@ reason), before anything of it is verified or timed: the reference keeps serving
 and the other groups are tuned as usual. So is every group of an operator whose reference or sample hook does not
 import or whose pins do not hold (``tune_checks.prepare``: the reason names the step and the error), and a group whose
 sample hook or reference raises later, on the rotated input sets timing makes (``making inputs failed: ...``, ``the
-reference raised ... while timed``): what it measured is dropped, the run goes on. Never compiles.
+reference raised ... while timed``) or on the inputs of a candidate's verification (the candidates are not to blame):
+what it measured is dropped, the run goes on. Never compiles.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from tileship.verify import tune_evidence
 from tileship.verify.latency import HostGauge, latency, probe
 from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import l2_flush_buffer, measure, rotation_sets
-from tileship.verify.tune_checks import inputs_failed, load_member, prepare, reference_raised
+from tileship.verify.tune_checks import blames_reference, inputs_failed, load_member, prepare, reference_raised
 from tileship.verify.tune_options import TuneOptions
 from tileship.verify.tune_rule import time_and_decide, triage
 from tileship.verify.verify import open_for_evidence
@@ -186,6 +187,10 @@ def tune_group(
         passed[cid] = dict(skip)
         if todo:
             v = verify_spec(spec, kernel, reference, desc, options=vopts, sample=sample, points=todo)
+            # the reference (or sample hook) failing on the verification's inputs is the group's failure: else
+            # every candidate would fail with it and the broken reference be recorded as the winner
+            if (blamed := next((q for q in v.points if blames_reference(q.failure, name)), None)) is not None:
+                return tune_evidence.failed_group(spec0, [m[1] for m in members], blamed.dims, str(blamed.failure)), []
             verdicts.append(v)
             passed[cid].update({json.dumps(p.dims, sort_keys=True): p.failure for p in v.points})
     flush = l2_flush_buffer(device) if options.flush else None

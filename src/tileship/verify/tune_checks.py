@@ -76,6 +76,15 @@ def inputs_failed(exc: Exception) -> str:
     return f"making inputs failed: {first_line(exc)}"
 
 
+def blames_reference(failure: str | None, op: str) -> bool:
+    """Whether a candidate's verification ``failure`` at a point (``spec_check.verify_spec``) is not the candidate's:
+    operator ``op``'s reference raised (``reference raised ...``) or broke its declaration (``OP.reference: ...``:
+    ``runtime.answer``'s words), or its sample hook failed (``making inputs failed: ...``). Tune fails the group
+    then: the reference cannot be the tested default there."""
+    return bool(failure) and str(failure).startswith(("reference raised ", "making inputs failed: ",
+                                                      f"{op}.reference:"))
+
+
 def reference_raised(exc: Exception, when: str = "") -> str:
     """What a tune group's failure says when its reference raised (``when``: where, e.g. while timed): ``the
     reference raised Type: message...``. A sticky CUDA error is raised instead (not this operator's failure)."""
@@ -86,4 +95,5 @@ def reference_raised(exc: Exception, when: str = "") -> str:
     return f"the reference raised {first_line(exc)}{when}"
 
 
-__all__ = ["DRIFTED", "LOAD_FAILED", "first_line", "inputs_failed", "load_member", "prepare", "reference_raised"]
+__all__ = ["DRIFTED", "LOAD_FAILED", "blames_reference", "first_line", "inputs_failed", "load_member", "prepare",
+           "reference_raised"]

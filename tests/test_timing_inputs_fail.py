@@ -144,3 +144,29 @@ def test_tune_fails_the_group_whose_reference_fails_in_the_candidates_verificati
     assert failed is not None and failed["reason"].endswith("reference raised ValueError: no float64 path"), \
         ev["tuning"][bad]
     assert ev["tuning"][bad]["points"] == [] and bad in res.output.strip().splitlines()[-1], res.output
+
+
+def test_an_interrupted_tune_leaves_the_previous_evidence_whole(cpu_release, monkeypatch):
+    """Ctrl-C (or any crash) while a group is measured: nothing is written, the evidence stored before stays
+    byte for byte and the release checks (tune writes once, at its end, through ``evidence_write.update``)."""
+    rel = described.read(cpu_release / "release.json")
+    groups = tuning.groups(rel)
+    bad = next(g for g, m in groups.items() if m[0][2].op == BAD and m[0][2].dynamic_dim is None)
+    good = next(g for g, m in groups.items() if m[0][2].op == GOOD and m[0][2].dynamic_dim is None)
+    res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", good, *TUNE_FAST])
+    assert res.exit_code == 0, res.output
+    before = (cpu_release / evidence.EVIDENCE).read_bytes(), (cpu_release / "manifest.json").read_bytes()
+    from tileship.runtime import references
+
+    real = references.import_sample
+
+    def interrupted(dims: dict[str, int], dtype: str, device: str) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(references, "import_sample", lambda desc, op: interrupted if op == BAD else real(desc, op))
+    res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", good, "--only", bad, *TUNE_FAST])
+    monkeypatch.undo()
+    assert res.exit_code != 0 and not res.output.strip().endswith("unsigned)"), res.output  # no success claimed
+    assert ((cpu_release / evidence.EVIDENCE).read_bytes(), (cpu_release / "manifest.json").read_bytes()) == before
+    integrity.check(cpu_release, trusted_keys=[])
+    assert not list(cpu_release.rglob("*.tmp*")), "a temporary was left"

@@ -92,3 +92,19 @@ def test_load_member_raises_a_sticky_cuda_error_and_keeps_the_artifact_load_erro
 
     assert load_member(refused, Path("x"), "s") == "artifact failed to load: s: execution backend 'x' cannot be loaded"
     assert load_member(lambda d, s: ("kernel", d, s), Path("x"), "s") == ("kernel", Path("x"), "s")
+
+
+def test_promote_does_not_take_a_release_with_a_candidate_that_did_not_load(tmp_path, monkeypatch):
+    """Before, ``promote``'s tune step went on (with ``--no-verify`` nothing else looked); now it stops, as tune
+    exits 2, naming the group, the candidate and the loader's message."""
+    from tileship.errors import VerificationError
+    from tileship.release import promote
+    from tileship.verify import tune as tune_mod
+
+    why = "artifact failed to load: add.float32.N4096.c: OSError: [Errno 5] Input/output error: 'lib.so'"
+    table = {"add.float32.N4096.c": {"op": "add", "candidates": ["default"], "points": [
+        {"dims": {"N": 4096}, "winner": None, "candidates": {"default": {"passed": False, "failure": why}}}]}}
+    monkeypatch.setattr(tune_mod, "tune_release", lambda *a, **kw: {"tuning": table})
+    with pytest.raises(VerificationError) as info:
+        promote.tune(tmp_path)
+    assert f"1 candidates did not load (add.float32.N4096.c/default: {why})" in info.value.message

@@ -170,3 +170,41 @@ def test_an_interrupted_tune_leaves_the_previous_evidence_whole(cpu_release, mon
     assert ((cpu_release / evidence.EVIDENCE).read_bytes(), (cpu_release / "manifest.json").read_bytes()) == before
     integrity.check(cpu_release, trusted_keys=[])
     assert not list(cpu_release.rglob("*.tmp*")), "a temporary was left"
+
+
+def test_a_candidate_that_raises_while_timed_is_recorded_failed_not_timed_as_the_reference(cpu_release, monkeypatch):
+    """Before: a kernel that passed verification and then raised on the rotated timing sets tripped its
+    dispatcher's breaker, which served the reference from then on: the candidate was recorded as passed, with the
+    reference's time as its own (it could even have won on noise). Now it is failed at that bucket and the later
+    ones (``the kernel failed while timed: ...``), never the winner, and the rest of the group is tuned."""
+    from tileship.runtime import loader
+
+    rel = described.read(cpu_release / "release.json")
+    groups = tuning.groups(rel)
+    bad = next(g for g, m in groups.items() if m[0][2].op == BAD and m[0][2].dynamic_dim is None)
+    real = loader.load_artifact
+    calls = {"n": 0}
+
+    def load_artifact(spec_dir: Any, sid: str) -> Any:
+        kernel = real(spec_dir, sid)
+        if not sid.startswith(BAD + "."):
+            return kernel
+
+        def flaky(*args: Any) -> Any:  # not the compiled table's: timed through the Python path
+            calls["n"] += 1
+            if calls["n"] > 1:  # call 1: the one seed's verification
+                raise RuntimeError("kernel broke while timed")
+            return kernel(*args)
+
+        return flaky
+
+    monkeypatch.setattr(loader, "load_artifact", load_artifact)
+    res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", bad, *TUNE_FAST])
+    monkeypatch.undo()
+    assert res.exit_code == 0, res.output  # a candidate that cannot win, as one failing verification: not a group
+    ev = json.loads((cpu_release / evidence.EVIDENCE).read_text())
+    (point,) = ev["tuning"][bad]["points"]
+    cand = point["candidates"]["default"]
+    assert point["winner"] is None and cand["passed"] is False and "median_us" not in cand, point
+    assert cand["failure"].startswith("the kernel failed while timed: "), cand
+    assert point["reference"]["median_us"] > 0

@@ -35,7 +35,8 @@ and the other groups are tuned as usual. So is every group of an operator whose 
 import or whose pins do not hold (``tune_checks.prepare``: the reason names the step and the error), and a group whose
 sample hook or reference raises later, on the rotated input sets timing makes (``making inputs failed: ...``, ``the
 reference raised ... while timed``) or on the inputs of a candidate's verification (the candidates are not to blame):
-what it measured is dropped, the run goes on. Never compiles.
+what it measured is dropped, the run goes on. A candidate that raises while timed (its breaker then served the
+reference) is failed there and at later buckets, never timed as the reference. Never compiles.
 """
 
 from __future__ import annotations
@@ -228,6 +229,11 @@ def tune_group(
         except Exception as exc:  # noqa: BLE001 -- a sticky CUDA error is raised by reference_raised
             why = reference_raised(exc, " while timed on the rotated input sets")
             return tune_evidence.failed_group(spec0, [m[1] for m in members], dims, why), []
+        for c in (c for c in ok if runners[c].faults):  # it raised while timed: its breaker served the reference
+            why = f"the kernel failed while timed: {runners[c].faults}"  # (timed as the reference): it cannot win
+            point["candidates"][c] = {"passed": False, "failure": why}
+            point.update({"winner": None, "why": why} if point["winner"] == c else {})
+            passed[c].update({json.dumps(p, sort_keys=True): why for p, _ in points})  # nor at a later bucket
         if parts:  # what each round's latency was made of: host issue cost (as used, and as timed), device time
             point["clock_parts_us"] = parts
         table_points.append(point)

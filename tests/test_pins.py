@@ -124,12 +124,28 @@ def test_check_reports_reference_drift(pinned_build, edited_helper):
     assert "reference.pinned.pin_helpers" in res.output and "reference drift" in res.output
 
 
-def test_verify_refuses_a_changed_reference(pinned_build, edited_helper):
+def test_verify_fails_the_operator_whose_reference_changed(pinned_build, edited_helper):
+    """Before, verify raised ReferenceDrift for the whole run (tune failed only that operator's groups); now the
+    operator's specializations fail naming the drift, nothing of them measured, as tune's groups do."""
     from tileship.verify.spec_check import VerifyOptions
     from tileship.verify.verify import verify
 
-    with pytest.raises(ReferenceDrift, match="module pin_helpers"):
-        verify(pinned_build[1], VerifyOptions(seeds=(0,), timing=False), write=False)
+    result = verify(pinned_build[1], VerifyOptions(seeds=(0,), timing=False), write=False)
+    (v,) = result.verdicts
+    assert not v.passed and v.points == (), v
+    assert v.failure.startswith("its reference changed since the build (pins.require: ReferenceDrift: reference "
+                                "drift: operator 'pinned', module pin_helpers"), v.failure
+
+
+def test_tune_fails_the_groups_of_the_operator_whose_reference_changed(pinned_build, edited_helper):
+    from tileship.release import tuning
+    from tileship.verify.tune import TuneOptions, tune_release
+
+    data = tune_release(pinned_build[1], TuneOptions(seeds=(0,), budget_ms=1.0, rounds=2, confirm_rounds=0),
+                        write=False)
+    ((gid, failed),) = tuning.failures(data["tuning"]).items()
+    assert failed["reason"].startswith("pins.require: ReferenceDrift: reference drift: operator 'pinned', module "
+                                       "pin_helpers"), failed
 
 
 def test_a_fresh_process_imports_the_pinned_copy_from_the_release(pinned_build, edited_helper):

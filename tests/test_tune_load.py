@@ -5,7 +5,12 @@ Before: only ArtifactLoadError was caught around ``load_artifact``; any other er
 every group and nothing was stored (the CLI exited 1 on an OSError, with a traceback on the others). Now it is
 that candidate's failure, as an ArtifactLoadError is (``tune_checks.load_member``: ``artifact failed to load:
 <spec>: <Type>: <message>`` at each point of its group; it cannot win there), the other groups are tuned and
-stored, and the command exits 0. A sticky CUDA error is still raised: every later group would fail with it.
+stored. A sticky CUDA error is still raised: every later group would fail with it.
+
+The exit status: before, 0 (a candidate that did not load was only a yellow line among the tuned buckets, and a
+script saw success); now 2, as ``build`` exits 2 for a specialization that failed and ``verify`` for an artifact that
+does not load, with a last line naming the group, the candidate and the loader's message, even when the reference
+(or another candidate) still decided every bucket of that group.
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ def test_an_artifact_whose_load_raises_another_error_fails_its_candidate_and_the
     monkeypatch.setattr(loader, "load_artifact", load_artifact)
     res = CliRunner().invoke(app, ["tune", str(cpu_release), "--only", bad, "--only", good, *FAST])
     monkeypatch.undo()
-    assert res.exit_code == 0, (res.output, res.exception)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (res.output, res.exception)
+    last = " ".join(res.output.strip().splitlines()[-1].split())
+    assert "1 candidate did not load" in last and f"{bad}/default" in last and good not in last, res.output
     ev = json.loads((cpu_release / evidence.EVIDENCE).read_text())
     measured = ev["tuning"][good]
     assert measured["points"] and "failed" not in measured, measured  # the other group is tuned as before
@@ -85,3 +92,19 @@ def test_load_member_raises_a_sticky_cuda_error_and_keeps_the_artifact_load_erro
 
     assert load_member(refused, Path("x"), "s") == "artifact failed to load: s: execution backend 'x' cannot be loaded"
     assert load_member(lambda d, s: ("kernel", d, s), Path("x"), "s") == ("kernel", Path("x"), "s")
+
+
+def test_promote_does_not_take_a_release_with_a_candidate_that_did_not_load(tmp_path, monkeypatch):
+    """Before, ``promote``'s tune step went on (with ``--no-verify`` nothing else looked); now it stops, as tune
+    exits 2, naming the group, the candidate and the loader's message."""
+    from tileship.errors import VerificationError
+    from tileship.release import promote
+    from tileship.verify import tune as tune_mod
+
+    why = "artifact failed to load: add.float32.N4096.c: OSError: [Errno 5] Input/output error: 'lib.so'"
+    table = {"add.float32.N4096.c": {"op": "add", "candidates": ["default"], "points": [
+        {"dims": {"N": 4096}, "winner": None, "candidates": {"default": {"passed": False, "failure": why}}}]}}
+    monkeypatch.setattr(tune_mod, "tune_release", lambda *a, **kw: {"tuning": table})
+    with pytest.raises(VerificationError) as info:
+        promote.tune(tmp_path)
+    assert f"1 candidates did not load (add.float32.N4096.c/default: {why})" in info.value.message

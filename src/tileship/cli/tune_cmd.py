@@ -40,13 +40,16 @@ def tune_cmd(
     (release id unchanged; a signature is removed: re-sign). A group whose reference breaks its
     declaration (or raises) is recorded as failed, the reference keeps serving it, and the other groups
     are tuned. A candidate whose artifact does not load (whatever the error) cannot win; the others are tuned.
+    An operator whose reference changed since the build (reference drift) fails each of its groups, naming the
+    module; the other operators are tuned.
 
-    Exit 0: every selected group was tuned. Exit 2: a group failed (the evidence is written; the reference serves
-    it; the last line names them). Exit 1: tune could not run (nothing to tune on this machine, a release that is
-    not intact, blocking drift, an unusable key)."""
+    Exit 0: every selected group was tuned and every candidate of it loaded. Exit 2: a group failed (its reference
+    could not be checked, or drifted: the reference serves it) or a candidate's artifact did not load (it cannot
+    win; the group's buckets were still decided), as build exits 2 for a specialization that failed; the evidence
+    is written and the last line names them. Exit 1: tune could not run (nothing to tune on this machine, a
+    release that is not intact, blocking drift of the environment, an unusable key)."""
     from tileship.release import tuning
     from tileship.verify.tune import TuneOptions, tune_release
-    from tileship.verify.tune_checks import LOAD_FAILED
 
     seed_list = common.parse_seeds(seeds)
     if clock not in ("latency", "events"):
@@ -69,9 +72,7 @@ def tune_cmd(
         if (failed := tuning.failure(group)) is not None:
             common.console.print(f"  {gid}: [bold red]FAILED[/], the reference keeps it: "
                                  f"{escape(tuning.describe_failure(failed))}")
-        unloaded = {c: v["failure"] for p in group["points"] for c, v in p["candidates"].items()
-                     if str(v.get("failure") or "").startswith(LOAD_FAILED)}
-        for cid, why in unloaded.items():  # it cannot win: said once, not at every bucket
+        for cid, why in tuning.unloaded(group).items():  # it cannot win: said once, not at every bucket
             common.console.print(f"  {gid}: [yellow]{escape(cid)}[/] {escape(why)}")
         for p in group["points"]:
             dims = ",".join(f"{k}={v}" for k, v in p["dims"].items())
@@ -98,21 +99,28 @@ def tune_cmd(
     )
     data = tune_release(release, opts, verifier_key=verifier_key)
     failed = {gid: f for gid, f in tuning.failures(data["tuning"]).items() if gid in seen}  # of this run
-    points = [p for g in data["tuning"].values() for p in g["points"]]
+    ran = {gid: data["tuning"][gid] for gid in seen}  # this run's groups, not those kept from an earlier tune
+    points = [p for g in ran.values() for p in g["points"]]
     kernels = sum(1 for p in points if p["winner"])
-    measured = len(data["tuning"]) - len(tuning.failures(data["tuning"]))
+    measured = len(ran) - len(failed)
     common.console.print(
         f"tuned {measured} groups, {len(points)} buckets: a kernel wins {kernels}, the "
         f"reference {len(points) - kernels} (release {data['release_id']}; evidence in "
         f"{release / 'evidence' / 'verification.json'}, "
         + ("signed" if (release / "evidence" / "verification.sig").exists() else "unsigned") + ")"
     )
+    unloaded = {f"{gid}/{cid}": why for gid in seen for cid, why in tuning.unloaded(data["tuning"][gid]).items()}
+    said = []
     if failed:
-        common.err_console.print(
-            f"[bold red]error[/]: tune could not check the reference of {len(failed)} group"
-            f"{'s' if len(failed) != 1 else ''} (the reference serves them, nothing of them was measured): "
-            + "; ".join(escape(f"{gid} ({tuning.describe_failure(f)})") for gid, f in sorted(failed.items()))
-        )
+        said.append(f"tune could not check the reference of {len(failed)} group{'s' if len(failed) != 1 else ''} "
+                    "(the reference serves them, nothing of them was measured): "
+                    + "; ".join(f"{gid} ({tuning.describe_failure(f)})" for gid, f in sorted(failed.items())))
+    if unloaded:
+        said.append(f"{len(unloaded)} candidate{' did' if len(unloaded) == 1 else 's did'} not load (they cannot "
+                    "win; the reference and the other candidates decided their buckets): "
+                    + "; ".join(f"{c} ({why})" for c, why in sorted(unloaded.items())))
+    if said:  # one line, the last: a script reads what failed from it
+        common.err_console.print("[bold red]error[/]: " + escape(". ".join(said)))
         raise typer.Exit(common.EXIT_SOME_FAILED)
 
 

@@ -73,9 +73,10 @@ def verify_cmd(
     does not change; a signature is removed: re-sign).
 
     Exit 0: every verified specialization passed. Exit 2: some failed (evidence written, they
-    will serve the reference), an operator that does not import or an artifact that does not load
+    will serve the reference), an operator that does not import, an operator whose reference changed
+    since the build (reference drift, named with its module) or an artifact that does not load
     included: the others are verified. Exit 1: verification could not run (nothing to verify here,
-    a release that is not intact, blocking drift).
+    a release that is not intact, blocking drift of the environment).
     """
     import json
 

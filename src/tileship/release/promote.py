@@ -66,8 +66,8 @@ def verify(path: Path, *, budget_ms: float = 100.0) -> dict[str, Any]:
 def tune(path: Path, *, budget_ms: float = 40.0) -> dict[str, Any]:
     """Tune the release on this machine (``tileship.verify.tune``); a summary. Raises
     TileshipError when the tune module is not installed or nothing can be tuned here, VerificationError
-    (after the evidence is stored) when tune could not check a group's reference: a release whose reference
-    breaks its declaration is not promoted."""
+    (after the evidence is stored) when tune could not check a group's reference (a release whose reference
+    breaks its declaration is not promoted) or a candidate's artifact did not load (as ``tileship tune`` exits 2)."""
     from tileship.release import tuning
 
     try:
@@ -81,6 +81,12 @@ def tune(path: Path, *, budget_ms: float = 40.0) -> dict[str, Any]:
         raise VerificationError(f"tune could not check the reference of {len(failed)} groups ({gid}: "
                                 f"{tuning.describe_failure(first)})",
                                 hint="fix the operator's reference (`tileship explain` names the failure)")
+    unloaded = {f"{gid}/{cid}": why for gid, g in (data.get("tuning") or {}).items()
+                for cid, why in tuning.unloaded(g).items()}
+    if unloaded:
+        cand, why = sorted(unloaded.items())[0]
+        raise VerificationError(f"{len(unloaded)} candidates did not load ({cand}: {why})",
+                                hint="rebuild the release: its artifacts must load where it serves")
     points = [p for g in data.get("tuning", {}).values() for p in g.get("points", [])]
     return {"groups": len(data.get("tuning", {})), "buckets": len(points),
             "kernel_wins": sum(1 for p in points if p.get("winner"))}

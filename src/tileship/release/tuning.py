@@ -41,6 +41,8 @@ from tileship.declare.specialization import Specialization
 from tileship.release import evidence as ev_mod
 
 NOT_SELECTED = "not_selected"
+#: the failure text of a candidate whose artifact did not load starts with this (``verify.tune_checks.load_member``)
+LOAD_FAILED = "artifact failed to load"
 #: the reason the reference serves a group whose reference tune could not check (``failure``)
 TUNING_FAILED = "tuning_failed"
 
@@ -133,6 +135,20 @@ def failures(table: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
     if not isinstance(table, Mapping):
         return {}
     return {gid: f for gid, g in table.items() if isinstance(g, Mapping) and (f := failure(g)) is not None}
+
+
+def unloaded(group: Mapping[str, Any]) -> dict[str, str]:
+    """candidate id -> the loader's message (``artifact failed to load: ...``), of every candidate of ``group``
+    whose artifact did not load: it cannot win, and ``tileship tune`` counts the group as failed (exit 2), as
+    ``build`` counts a specialization that did not build, even where the reference or another candidate decided
+    each bucket. Empty for a group whose candidates all loaded, and for a failed group (``failure``)."""
+    out: dict[str, str] = {}
+    for p in group.get("points") or []:
+        for cid, c in (p.get("candidates") or {}).items():
+            why = c.get("failure") if isinstance(c, Mapping) else None
+            if isinstance(why, str) and why.startswith(LOAD_FAILED):
+                out.setdefault(cid, why)
+    return out
 
 
 def describe_failure(failed: Mapping[str, Any]) -> str:

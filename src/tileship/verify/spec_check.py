@@ -20,8 +20,9 @@ For one specialization, at its verification points:
 A kernel that is wrong, or raises, is a value (``SpecVerdict.failure``, naming the shape), not an
 exception; so is a reference whose answer is unlike its declaration (a NumPy array, a tuple of the wrong length,
 another dtype, shape or device than declared for the call: ``runtime.answer``'s check and words, the ones a call
-of the reference meets when it serves). ``VerifyOptions`` are the options of one verification, of a
-specialization here and of a whole release (``verify.verify``).
+of the reference meets when it serves); so is what the sample hook, the kernel or the reference raised while timed
+on the rotated input sets (``making timing inputs failed: ...``, ``timing failed: ...``). ``VerifyOptions`` are the
+options of one verification, of a specialization here and of a whole release (``verify.verify``).
 
 Poisoning. TileLang allocates the outputs (``out_idx``), so the poison goes where the
 allocation comes from: ``torch.empty`` is swapped for the duration of one kernel call (the
@@ -256,9 +257,14 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
                 return make_inputs(inputs, d, spec.dtype, device, point_seed(10_000 + i, spec.id, d),
                                    dtypes=in_dtypes, sample=sample, scalars=scalars)
 
-            sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
-            timing = time_pair(kernel, reference, sets, device=device, options=options)
-            del sets
+            made = False
+            try:  # new calls of the sample hook, the kernel and the reference: what they raise fails the point
+                sets = rotation_sets(first_args, fresh, device=device, out_bytes=out_bytes)
+                made = True
+                timing = time_pair(kernel, reference, sets, device=device, options=options)
+                del sets
+            except Exception as exc:  # noqa: BLE001 -- one operator's failure, not the run's (a sticky one is raised)
+                failure = _timing_failed(exc, made=made)
         point = PointResult(dict(dims), tuple(checks), tuple(ref_checks), confirmed, failure, timing)
         results.append(point)
         if options.on_point:
@@ -266,6 +272,18 @@ def verify_spec(spec: Specialization, kernel: Callable[..., Any], reference: Cal
     bad = next((p for p in results if not p.passed), None)
     failure = None if bad is None else f"at {','.join(f'{k}={v}' for k, v in bad.dims.items())}: {bad.failure}"
     return SpecVerdict(spec, device, tol, override is not None, ref_dtype, tuple(results), failure)
+
+
+def _timing_failed(exc: Exception, *, made: bool) -> str:
+    """A point's failure when timing raised: ``making timing inputs failed: ...`` (the sample hook, on a rotated
+    set: not ``made``) or ``timing failed: ...`` (the kernel or the reference, on those sets). A sticky CUDA error
+    is raised (every later specialization would fail with it)."""
+    from tileship.runtime.device_faults import is_sticky_cuda_error
+    from tileship.verify.tune_checks import first_line
+
+    if is_sticky_cuda_error(exc):
+        raise exc
+    return f"{'timing failed' if made else 'making timing inputs failed'}: {first_line(exc)}"
 
 
 def _count_failure(n_kernel: int, n_reference: int, n_compared: int, mutated: list[str]) -> str:

@@ -32,7 +32,11 @@ A group whose reference cannot be checked (its answer is unlike its declaration:
 naming the operator and the output; or it raised) is recorded as failed (``tuning.failure``: the point and the
 reason), before anything of it is verified or timed: the reference keeps serving it, no kernel is routed there,
 and the other groups are tuned as usual. So is every group of an operator whose reference or sample hook does not
-import or whose pins do not hold (``tune_checks.prepare``: the reason names the step and the error). Never compiles.
+import or whose pins do not hold (``tune_checks.prepare``: the reason names the step and the error), and a group whose
+sample hook or reference raises later, on the rotated input sets timing makes (``making inputs failed: ...``, ``the
+reference raised ... while timed``) or on the inputs of a candidate's verification (the candidates are not to blame):
+what it measured is dropped, the run goes on. A candidate that raises while timed (its breaker then served the
+reference) is failed there and at later buckets, never timed as the reference. Never compiles.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from tileship.verify import tune_evidence
 from tileship.verify.latency import HostGauge, latency, probe
 from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import l2_flush_buffer, measure, rotation_sets
-from tileship.verify.tune_checks import first_line, load_member, prepare
+from tileship.verify.tune_checks import blames_reference, inputs_failed, load_member, prepare, reference_raised
 from tileship.verify.tune_options import TuneOptions
 from tileship.verify.tune_rule import time_and_decide, triage
 from tileship.verify.verify import open_for_evidence
@@ -98,22 +102,16 @@ def _check_reference(runner: Any, make: Callable[[], Sequence[Any]]) -> str | No
     not: ``runtime.answer``'s words (the operator, the output, what it answered and what is declared), or what
     the call (or making its inputs) raised. A group whose baseline is wrong cannot be tuned, and no time is spent
     measuring it. A sticky CUDA error is raised (every later group would fail with it: not its own failure)."""
-    from tileship.runtime.device_faults import is_sticky_cuda_error
-
     try:
         args = make()
     except Exception as exc:  # noqa: BLE001 -- the operator's sample hook failed: the group's failure, not the run's
-        if is_sticky_cuda_error(exc):
-            raise
-        return f"making inputs failed: {first_line(exc)}"
+        return inputs_failed(exc)
     try:
         runner(*args)
     except DeclarationError as exc:
         return exc.message
     except Exception as exc:  # noqa: BLE001 -- a reference that raises cannot be the baseline either
-        if is_sticky_cuda_error(exc):
-            raise
-        return f"the reference raised {first_line(exc)}"
+        return reference_raised(exc)
     return None
 
 
@@ -190,6 +188,10 @@ def tune_group(
         passed[cid] = dict(skip)
         if todo:
             v = verify_spec(spec, kernel, reference, desc, options=vopts, sample=sample, points=todo)
+            # the reference (or sample hook) failing on the verification's inputs is the group's failure: else
+            # every candidate would fail with it and the broken reference be recorded as the winner
+            if (blamed := next((q for q in v.points if blames_reference(q.failure, name)), None)) is not None:
+                return tune_evidence.failed_group(spec0, [m[1] for m in members], blamed.dims, str(blamed.failure)), []
             verdicts.append(v)
             passed[cid].update({json.dumps(p.dims, sort_keys=True): p.failure for p in v.points})
     flush = l2_flush_buffer(device) if options.flush else None
@@ -201,7 +203,10 @@ def tune_group(
         def fresh(i: int, d: Mapping[str, int] = dims) -> list[Any]:
             return make(d, i)
 
-        sets = rotation_sets(fresh(0), fresh, device=device, out_bytes=0)
+        try:  # the later sets are new calls of the sample hook: one that fails there fails the group, not the run
+            sets = rotation_sets(fresh(0), fresh, device=device, out_bytes=0)
+        except Exception as exc:  # noqa: BLE001 -- a sticky CUDA error is raised by inputs_failed
+            return tune_evidence.failed_group(spec0, [m[1] for m in members], dims, inputs_failed(exc)), []
 
         parts: dict[str, dict[str, list[float]]] = {}
 
@@ -218,8 +223,17 @@ def tune_group(
                 got[k].append(v)
             return lat.latency_us
 
-        point = time_and_decide(dims, bucket, ["", *ok], passed, key, time_one, options.rounds,
-                                options.confirm_rounds)
+        try:  # a kernel that raises trips its dispatcher's breaker; what escapes is the reference's
+            point = time_and_decide(dims, bucket, ["", *ok], passed, key, time_one, options.rounds,
+                                    options.confirm_rounds)
+        except Exception as exc:  # noqa: BLE001 -- a sticky CUDA error is raised by reference_raised
+            why = reference_raised(exc, " while timed on the rotated input sets")
+            return tune_evidence.failed_group(spec0, [m[1] for m in members], dims, why), []
+        for c in (c for c in ok if runners[c].faults):  # it raised while timed: its breaker served the reference
+            why = f"the kernel failed while timed: {runners[c].faults}"  # (timed as the reference): it cannot win
+            point["candidates"][c] = {"passed": False, "failure": why}
+            point.update({"winner": None, "why": why} if point["winner"] == c else {})
+            passed[c].update({json.dumps(p, sort_keys=True): why for p, _ in points})  # nor at a later bucket
         if parts:  # what each round's latency was made of: host issue cost (as used, and as timed), device time
             point["clock_parts_us"] = parts
         table_points.append(point)

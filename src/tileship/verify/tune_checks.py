@@ -13,18 +13,20 @@ from typing import Any
 
 from tileship.build import pins
 from tileship.errors import ArtifactLoadError
+from tileship.release.tuning import LOAD_FAILED
 
-#: the failure text of a candidate whose artifact did not load starts with this (``load_member``)
-LOAD_FAILED = "artifact failed to load"
+#: ``prepare``'s text for an operator whose pins do not hold (its reference changed since the build) starts so
+DRIFTED = "pins.require:"
 
 
 def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_reference: Callable[..., Any],
-            import_sample: Callable[..., Any], *, raise_drift: bool = False) -> tuple[Any, Any] | str:
-    """(reference, sample hook) of operator ``op``, its pins checked against ``lock`` (timing another reference
-    would not describe this release); else why not, naming the step and the error: the failure of each of its
-    groups (``tuning.failure``) or, for ``verify``, of each of its specializations, not of the run. A sticky CUDA
-    error is raised (not the operator's failure); with ``raise_drift`` (``verify``, which refuses a changed
-    reference: docs/verification.md, "A pinned reference") so is what ``pins.require`` raised."""
+            import_sample: Callable[..., Any]) -> tuple[Any, Any] | str:
+    """(reference, sample hook) of operator ``op``, its pins checked against ``lock`` (measuring against another
+    reference would not describe this release); else why not, naming the step and the error (``DRIFTED`` when
+    the pins do not hold: ``pins.require: ReferenceDrift: reference drift: operator ..., module ...``): the
+    failure of each of its groups (``tuning.failure``) or, for ``verify``, of each of its specializations, never
+    of the run (docs/verification.md, "A pinned reference"). A sticky CUDA error is raised (not the operator's
+    failure)."""
     from tileship.runtime.device_faults import is_sticky_cuda_error
 
     step = "import_reference"
@@ -35,7 +37,7 @@ def prepare(desc: dict[str, Any], op: str, lock: Mapping[str, Any], import_refer
         step = "import_sample"
         return reference, import_sample(desc, op)
     except Exception as exc:  # noqa: BLE001 -- one operator's import or pins fail its groups, not every group
-        if is_sticky_cuda_error(exc) or (raise_drift and step == "pins.require"):
+        if is_sticky_cuda_error(exc):
             raise
         return f"{step}: {first_line(exc)}"
 
@@ -74,4 +76,24 @@ def inputs_failed(exc: Exception) -> str:
     return f"making inputs failed: {first_line(exc)}"
 
 
-__all__ = ["LOAD_FAILED", "first_line", "inputs_failed", "load_member", "prepare"]
+def blames_reference(failure: str | None, op: str) -> bool:
+    """Whether a candidate's verification ``failure`` at a point (``spec_check.verify_spec``) is not the candidate's:
+    operator ``op``'s reference raised (``reference raised ...``) or broke its declaration (``OP.reference: ...``:
+    ``runtime.answer``'s words), or its sample hook failed (``making inputs failed: ...``). Tune fails the group
+    then: the reference cannot be the tested default there."""
+    return bool(failure) and str(failure).startswith(("reference raised ", "making inputs failed: ",
+                                                      f"{op}.reference:"))
+
+
+def reference_raised(exc: Exception, when: str = "") -> str:
+    """What a tune group's failure says when its reference raised (``when``: where, e.g. while timed): ``the
+    reference raised Type: message...``. A sticky CUDA error is raised instead (not this operator's failure)."""
+    from tileship.runtime.device_faults import is_sticky_cuda_error
+
+    if is_sticky_cuda_error(exc):
+        raise exc
+    return f"the reference raised {first_line(exc)}{when}"
+
+
+__all__ = ["DRIFTED", "LOAD_FAILED", "blames_reference", "first_line", "inputs_failed", "load_member", "prepare",
+           "reference_raised"]

@@ -23,7 +23,7 @@ from tileship.release import evidence as ev_mod
 from tileship.verify.results import SpecVerdict, VerifyResult
 from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import NOISE_FLOOR
-from tileship.verify.tune_checks import load_member, prepare
+from tileship.verify.tune_checks import DRIFTED, load_member, prepare
 
 
 def open_for_evidence(path: Path | str) -> tuple[Path, dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -59,11 +59,13 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
 
     Raises BundleIntegrityError for a release that is not intact, VerificationError when
     nothing can be verified here or the environment drifted from the lock in a blocking way
-    (evidence taken there would not describe the artifacts), ReferenceDrift when an operator's reference
-    changed since the build. A kernel that is wrong is a value (``SpecVerdict.failure``), not an exception;
-    so is an artifact that does not load (whatever its load raised) and every specialization of an operator
-    whose reference or sample hook does not import (the failure names the step and the error: ``the operator
-    did not import here (import_reference: ArtifactLoadError: ...)``): the other operators are verified.
+    (evidence taken there would not describe the artifacts). A kernel that is wrong is a value
+    (``SpecVerdict.failure``), not an exception; so is an artifact that does not load (whatever its load raised),
+    every specialization of an operator whose reference or sample hook does not import (the failure names the
+    step and the error: ``the operator did not import here (import_reference: ArtifactLoadError: ...)``) and
+    every specialization of an operator whose reference changed since the build (``its reference changed since
+    the build (pins.require: ReferenceDrift: reference drift: operator ..., module ...)``; nothing of it is
+    measured, as ``tune`` fails its groups): the other operators are verified.
     With ``write``, stores the evidence, signed
     with ``verifier_key`` (default: ``TILESHIP_VERIFIER_KEY``; none: unsigned; see
     ``release.evidence_seal``); SignatureError for an unusable key, before verifying anything.
@@ -115,10 +117,12 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
                 continue
         desc = rel["operators"][spec.op]
         if spec.op not in prepared:  # once per operator: its import failing fails its specializations, not the run
-            # pins: evidence against another reference would not describe this release (ReferenceDrift is raised)
-            prepared[spec.op] = prepare(desc, spec.op, lock, import_reference, import_sample, raise_drift=True)
+            # so does a changed reference (pins): evidence against it would not describe this release
+            prepared[spec.op] = prepare(desc, spec.op, lock, import_reference, import_sample)
         if isinstance(got := prepared[spec.op], str):
-            verdicts.append(_not_run(spec, desc, options, f"the operator did not import here ({got})"))
+            said = "its reference changed since the build" if got.startswith(DRIFTED) else "the operator did not " \
+                "import here"
+            verdicts.append(_not_run(spec, desc, options, f"{said} ({got})"))
             continue
         kernel = load_member(load_artifact, root / "specs" / sid, sid)  # or why not (any error its load raised)
         if isinstance(kernel, str):

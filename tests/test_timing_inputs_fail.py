@@ -33,8 +33,10 @@ def _hook_fails_after(monkeypatch: pytest.MonkeyPatch, calls: int, what: str) ->
     """``BAD`` gets a sample hook whose first ``calls`` calls answer as declared and every later one raises
     (``what="sample"``), or whose later inputs make the reference raise (``what="reference"``: one input too
     short for ``add``'s reference, which broadcasts nothing; the kernel is never given those)."""
-    from tileship.runtime import references
+    from tileship.runtime import loader, references  # noqa: F401  (loader first: see below)
 
+    # ``runtime.loader`` binds ``import_sample`` when it is first imported: imported while the patch is on, it
+    # kept this test's failing hook for the rest of the session (a later server's warm-up ran out of samples)
     real = references.import_sample, references.import_reference
     count = {"n": 0}
 

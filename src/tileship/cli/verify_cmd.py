@@ -122,6 +122,8 @@ def verify_cmd(
         console.print(f"[red]failed[/] {v.spec.id}: {escape(str(v.failure))}")
     for sid, why in sorted(result.skipped.items()):
         console.print(f"[dim]skipped {sid}: {escape(str(why))}[/]")
+    for note in result.notes:
+        console.print(f"[yellow]{escape(note)}[/]")
     dev = result.evidence.get("device") or {}
     console.print(f"device: {dev.get('name', 'no GPU')} cc {dev.get('compute_capability', '-')}, "
                   f"{dev.get('sm_count', '-')} SMs, "

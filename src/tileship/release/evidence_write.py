@@ -1,7 +1,7 @@
 """Writing a release's evidence in place (``evidence/verification.json``, its seal, the manifest).
 
-``write`` replaces the evidence (``tileship verify``: what it measured is the whole file). ``update``
-changes it (``tileship tune``: its table and verdicts merged into what is there): the evidence is
+``write`` replaces the evidence. ``update`` changes it (``tileship tune``: its table and verdicts merged into
+what is there; ``tileship verify``: its verdicts merged, ``verify.verify_evidence``): the evidence is
 read, merged and written back under the release's writer lock (``inplace.writing``), so a writer
 that stored evidence meanwhile (a ``verify``, another ``tune``) is never overwritten by a merge made
 from what was there before it. Both are crash-safe: killed at any instant, the release checks as
@@ -36,13 +36,25 @@ def write(root: Path, data: Mapping[str, Any], *, verifier_key: Path | None = No
 
 
 def update(root: Path, merge: Callable[[dict[str, Any] | None], Mapping[str, Any]], *,
-           verifier_key: Path | None = None) -> dict[str, Any]:
+           verifier_key: Path | None = None,
+           on_unreadable: Callable[[BundleIntegrityError], None] | None = None) -> dict[str, Any]:
     """Change the release's evidence: ``merge`` gets it as it is once this writer holds the release's
     lock (``evidence.read``: None when there is none) and returns what to store, which is written as
     ``write`` does, before the lock is let go. Returns the evidence stored. Raises as ``write`` does,
     and BundleIntegrityError when the evidence there is not tileship evidence (nothing is written);
-    what ``merge`` raises propagates, nothing written."""
-    return _store(Path(root), lambda: merge(read(root)), verifier_key)[1]
+    what ``merge`` raises propagates, nothing written. With ``on_unreadable``, evidence that is not tileship
+    evidence is told to it (the error naming the file) and ``merge`` gets None instead."""
+
+    def current() -> dict[str, Any] | None:
+        try:
+            return read(root)
+        except BundleIntegrityError as exc:
+            if on_unreadable is None:
+                raise
+            on_unreadable(exc)
+            return None
+
+    return _store(Path(root), lambda: merge(current()), verifier_key)[1]
 
 
 def _store(root: Path, make: Callable[[], Mapping[str, Any]],

@@ -80,7 +80,10 @@ class VerifyResult:
     verdicts: tuple[SpecVerdict, ...]
     #: spec id -> why it was not verified here (no GPU, build failed, filtered out)
     skipped: Mapping[str, str]
+    #: the evidence stored (this run's merged into the release's, ``verify_evidence``)
     evidence: Mapping[str, Any]
+    #: what of the stored evidence was replaced or dropped, one line each (``verify_evidence.merge``)
+    notes: tuple[str, ...] = ()
 
     @property
     def failed(self) -> list[SpecVerdict]:

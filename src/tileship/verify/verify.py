@@ -6,7 +6,9 @@ outputs poisoned before each run, and times kernel and reference as served (nois
 specializations it cannot run, or not selected, are recorded as skipped with the reason.
 
 ``verify`` writes ``evidence/verification.json`` (see ``tileship.release.evidence``) and re-hashes
-the release; the release id does not change. The evidence is replaced as a whole. Never
+the release; the release id does not change. The evidence is merged (``verify_evidence``): the specializations
+this run verified are replaced, every other entry and the tune table are kept while they describe this release
+here (a tune group whose winner this run failed is dropped, with a note). Never
 compiles: artifacts are loaded from the bundle with the no-JIT guard installed.
 """
 
@@ -17,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from tileship.declare.spec import Specialization, Target, tensor_tolerance
-from tileship.errors import VerificationError
-from tileship.release import bundle
+from tileship.errors import BundleIntegrityError, VerificationError
+from tileship.release import bundle, evidence_write
 from tileship.release import evidence as ev_mod
+from tileship.verify import verify_evidence
 from tileship.verify.results import SpecVerdict, VerifyResult
 from tileship.verify.spec_check import VerifyOptions, verify_spec
 from tileship.verify.timing import NOISE_FLOOR
@@ -66,7 +69,8 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
     every specialization of an operator whose reference changed since the build (``its reference changed since
     the build (pins.require: ReferenceDrift: reference drift: operator ..., module ...)``; nothing of it is
     measured, as ``tune`` fails its groups): the other operators are verified.
-    With ``write``, stores the evidence, signed
+    With ``write``, stores the evidence merged into the release's (``verify_evidence.merge``; its notes, in
+    ``VerifyResult.notes``, say what of the stored evidence was replaced or dropped), signed
     with ``verifier_key`` (default: ``TILESHIP_VERIFIER_KEY``; none: unsigned; see
     ``release.evidence_seal``); SignatureError for an unusable key, before verifying anything.
     """
@@ -130,7 +134,7 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
             continue
         verdicts.append(verify_spec(spec, kernel, got[0], desc, options=options, sample=got[1]))
         del kernel
-    if not verdicts:
+    if not verdicts:  # nothing stored: the evidence there is left as it was
         raise VerificationError(f"nothing to verify on this machine ({len(skipped)} specializations skipped: "
                                 f"{', '.join(sorted(set(skipped.values())))})",
                                 hint="run `tileship verify` on the GPU the release will serve on")
@@ -152,6 +156,23 @@ def verify(path: Path | str, options: VerifyOptions = VerifyOptions(), *, write:
         "specializations": {v.spec.id: v.to_json() for v in verdicts},
     }
     roofline.add_to_evidence(data, verdicts, rel["operators"], lambda path, op: import_callable(path, op, "cost model"))
-    if write:
-        ev_mod.write(root, data, verifier_key=verifier_key)
-    return VerifyResult(manifest["release_id"], root, tuple(verdicts), skipped, data)
+    specs = {sid: Specialization.from_json(info["spec"]) for sid, info in rel["specializations"].items()}
+    members = {sid: (s.group_id, s.candidate or "default") for sid, s in specs.items()}
+    notes: list[str] = []
+
+    def merge(old: dict[str, Any] | None) -> dict[str, Any]:
+        notes.clear()  # called once, under the writer lock
+        return verify_evidence.merge(old, data, root=root, cuda=cuda, verifier_key=verifier_key if write else None,
+                                     members=members, notes=notes)
+
+    def unreadable(exc: Exception) -> None:
+        notes.append(f"the stored evidence could not be read ({exc}): replaced by this run's")
+
+    if write:  # merged with the evidence as it is now, under the release's writer lock
+        data = evidence_write.update(root, merge, verifier_key=verifier_key, on_unreadable=unreadable)
+    else:
+        try:
+            data = merge(ev_mod.read(root))
+        except BundleIntegrityError as exc:
+            unreadable(exc)
+    return VerifyResult(manifest["release_id"], root, tuple(verdicts), skipped, data, tuple(notes))

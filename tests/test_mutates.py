@@ -431,3 +431,67 @@ def test_the_samples_follow_the_verification_seed() -> None:
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(a[0], c[0])
     assert int(a[4][-1]) == DIMS["S"] - 1 and a[4].dtype == torch.int32
+
+
+# -- the rollback drill over an operator with no outputs: it expects the updated caches the server answers --------
+
+def _drill_registry(cache_release, tmp_path: Path) -> tuple[Any, str, str]:
+    import shutil
+
+    from tileship.release import bundle
+    from tileship.release.registry import Registry
+
+    old_src = tmp_path / "old"
+    shutil.copytree(cache_release.path, old_src)
+    rel = json.loads((old_src / "release.json").read_text())
+    rel["model"]["version"] = "2"  # another release id
+    (old_src / "release.json").write_text(json.dumps(rel, indent=2, sort_keys=True) + "\n")
+    bundle.write_manifest(old_src)
+    reg = Registry(tmp_path / "reg")
+    new, old = reg.publish(cache_release.path), reg.publish(old_src)
+    reg.activate(old)
+    reg.activate(new)
+    return reg, new, old
+
+
+def test_the_drill_expects_the_updated_caches_and_sends_the_inputs_as_they_were(cache_release, tmp_path) -> None:
+    """Before: ``build_samples`` took a reference's ``None`` as one output and raised ``AttributeError: 'NoneType'
+    object has no attribute 'cpu'``, so a drill over any release with an in-place operator (the KV-cache append)
+    could not start; and an integer input went to the reference uncopied, so an in-place reference changed the
+    request the drill then sent."""
+    from tileship.verify.drill import DrillOptions, build_samples
+
+    reg, new, old = _drill_registry(cache_release, tmp_path)
+    samples, _ = build_samples(reg, new, old, DrillOptions(registry=reg.root, per_op=2, ops=("kv_append_cpu",)))
+    assert samples and all(s.outputs == ["k_cache", "v_cache"] for s in samples if s.op == "kv_append_cpu"), samples
+    s = next(s for s in samples if s.op == "kv_append_cpu")
+    want = _request_tensors(s.body, s.header_length)  # the request: the caches before the append
+    k, v = want[0].double(), want[1].double()
+    kv_append.kv_append_reference(k, v, *want[2:])
+    assert torch.equal(s.expected[0], k) and torch.equal(s.expected[1], v)
+    assert not torch.equal(want[0].double(), k), "the append wrote nothing: the request would not show a change"
+
+
+def _request_tensors(body: bytes, header_length: int) -> list[torch.Tensor]:
+    head = json.loads(body[:header_length])
+    out, offset = [], header_length
+    for i in head["inputs"]:
+        size = i["parameters"]["binary_data_size"]
+        dt = {"FP32": torch.float32, "INT32": torch.int32, "INT64": torch.int64}[i["datatype"]]
+        out.append(torch.frombuffer(bytearray(body[offset:offset + size]), dtype=dt).reshape(i["shape"]))
+        offset += size
+    return out
+
+
+def test_a_rollback_drill_over_the_in_place_operator_passes(cache_release, tmp_path) -> None:
+    """The drill, with a real server, switching N -> N-1 -> reference -> N under load: every answer of the in-place
+    operator (its updated caches) matches the reference's, with no failed or dropped request."""
+    from tileship.verify.drill import DrillOptions, run_drill
+
+    reg, new, old = _drill_registry(cache_release, tmp_path)
+    report = run_drill(DrillOptions(registry=reg.root, out_dir=tmp_path / "report", phase_seconds=1.0, concurrency=2,
+                                    per_op=2, startup_timeout_s=300))
+    text = (tmp_path / "report" / "drill.txt").read_text()
+    assert report["passed"], text
+    assert report["totals"]["requests"] > 8, report["totals"]
+    assert report["totals"]["failed"] == report["totals"]["dropped"] == report["totals"]["mismatched"] == 0

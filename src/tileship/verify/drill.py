@@ -160,6 +160,8 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
 
     from tileship.declare.inputs import make_inputs, sample_points
     from tileship.declare.spec import Specialization, tensor_dtypes
+    from tileship.serve.in_place import answered_names, with_mutated
+    from tileship.verify.mutated import as_list
 
     rel_new = described.read(reg.path_of(new) / "release.json")
     rel_old = described.read(reg.path_of(old) / "release.json")
@@ -196,13 +198,16 @@ def build_samples(reg: Registry, new: str, old: str, opts: DrillOptions) -> tupl
         for j, (nbytes, spec, dims) in enumerate(chosen):
             args = make_inputs(inputs, dims, spec.dtype, "cpu", opts.seed + 100 * k + j,
                                dtypes=tensor_dtypes(desc, "inputs", spec.dtype), sample=sample_fn)
+            # copies (``copy=True``): an in-place reference must not change the request the drill sends
+            ref_args = [a.to(ref_device, torch.float64 if a.is_floating_point() else a.dtype, copy=True) for a in args]
             with torch.no_grad():
-                ref = ref_fn(*[a.to(ref_device, torch.float64) if a.is_floating_point() else a.to(ref_device)
-                               for a in args])
-            refs = [r.cpu() for r in (ref if isinstance(ref, (tuple, list)) else (ref,))]
+                ref = ref_fn(*ref_args)
+            # what the server answers (``serve.in_place``): the declared outputs, then each input updated in place
+            refs = [r.cpu() for r in with_mutated(desc, as_list(ref), ref_args)]
+            names = answered_names(desc)
             tol = desc["tolerances"][spec.dtype]
-            body, hl = encode_request(inputs, args, [n for n, *_ in desc["outputs"]])
-            samples.append(Sample(name, spec.id, dims, spec.dtype, body, hl, [n for n, *_ in desc["outputs"]], refs,
+            body, hl = encode_request(inputs, args, names)
+            samples.append(Sample(name, spec.id, dims, spec.dtype, body, hl, names, refs,
                                   (float(tol["atol"]), float(tol["rtol"])), nbytes))
     return samples, skipped
 

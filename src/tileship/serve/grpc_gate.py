@@ -47,12 +47,14 @@ def request_id(context: Any) -> str:
 
 
 class Gate:
-    """At most ``limit`` RPCs at once (``--max-connections``); ``rejected``: the server's ``tileship_rejected``
-    counter. One event loop runs every RPC: no lock."""
+    """At most ``limit`` RPCs at once (``--max-connections``), each unary one's request message within
+    ``body_timeout_s`` (``--body-timeout``); ``rejected``: the server's ``tileship_rejected`` counter. One event loop
+    runs every RPC: no lock."""
 
-    def __init__(self, limit: int, rejected: Any) -> None:
+    def __init__(self, limit: int, rejected: Any, body_timeout_s: float = 30.0) -> None:
         self.limit = limit
         self.rejected = rejected
+        self.body_timeout_s = body_timeout_s
         self.active = 0  # RPCs admitted and not yet ended
 
     async def enter(self, context: Any) -> None:
@@ -73,6 +75,20 @@ class Gate:
         self.rejected.labels(reason).inc()
         return reason
 
+    async def read(self, context: Any) -> Any:
+        """The RPC's request message (or ``grpc.aio.EOF``), awaited at most ``body_timeout_s``; past it the RPC is
+        aborted DEADLINE_EXCEEDED naming the timeout and the flag, counted as ``body_timeout`` (as REST's 408).
+        The pending read is cancelled: grpcio drops the late completion of a cancelled read's future, and the
+        abort ends the read in grpc's core."""
+        try:
+            return await asyncio.wait_for(context.read(), self.body_timeout_s)
+        except TimeoutError:
+            pass
+        self.rejected.labels("body_timeout").inc()
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"timeout: the request message did not arrive within {self.body_timeout_s:g} s "
+                            "(--body-timeout)", (("x-request-id", request_id(context)),))
+
 
 def unary(gate: Gate, fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
     """A stream-unary behaviour running the unary RPC ``fn(request, context)`` behind ``gate``."""
@@ -81,7 +97,7 @@ def unary(gate: Gate, fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any
         await gate.enter(context)
         waiting, counted = True, False
         try:
-            request = await context.read()
+            request = await gate.read(context)
             if request is grpc.aio.EOF:  # grpc refused it, or the client left (or half-closed) before sending it
                 gate.ended(context, True)
                 counted = True

@@ -56,7 +56,8 @@ class Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self, service: Service) -> None:
         self.service = service
         #: at most ``max_connections`` RPCs at once, and the count of those grpc ends before their answer
-        self.gate = grpc_gate.Gate(service.config.max_connections, service.metrics.rejected)
+        self.gate = grpc_gate.Gate(service.config.max_connections, service.metrics.rejected,
+                                   service.config.body_timeout_s)
         self.max_message = service.config.grpc_max_message_bytes
         #: the answer's encoder: refuses a response past one message (``grpc_codec.encode``)
         self.encode = functools.partial(grpc_codec.encode, max_bytes=self.max_message)

@@ -47,7 +47,9 @@ def serve(
                                                           "small call's answer before it waits on the socket (0: it "
                                                           "waits at once; default 100, or 0 with fewer than 4 usable "
                                                           "CPUs)"),
-    body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after)"),
+    body_timeout: float = typer.Option(30.0, help="seconds a client may take to send the request body (408 after), "
+                                                  "or a unary gRPC RPC its request message (DEADLINE_EXCEEDED after; "
+                                                  "not a stream's)"),
     body_threads: int = typer.Option(0, help="threads reading request bodies of 4 MiB and more straight from the "
                                              "socket, off the event loop (0: all on the event loop; see "
                                              "docs/serving.md before turning it on)"),

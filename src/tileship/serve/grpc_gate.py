@@ -20,6 +20,14 @@ ended before its answer, by ``Gate.ended``'s reasons:
                           the server nothing that sets these apart; or a client closed its side without sending
                           one (answered INVALID_ARGUMENT, where grpcio left it waiting for its deadline)
 
+``unary`` waits for the request message at most ``--body-timeout`` (REST's body timeout: ``Gate.read``): an RPC
+waiting for it holds a slot, so without that a few clients that open an RPC and send nothing (or trickle a large
+message), with no deadline of their own, held every slot for good (slowloris). Past it the RPC is aborted
+DEADLINE_EXCEEDED naming the timeout and the flag, counted as ``body_timeout`` (as REST's 408), and its slot
+frees. A stream has no such limit, before its first request or between two: an open stream idle between requests
+is how tritonclient's ``start_stream`` is used, and grpc hands over only whole messages, so an idle stream and
+one trickling its next message look the same; a stream holds its slot until it closes.
+
 A stream counts only an end while it handles a request (``cancelled`` or ``deadline_exceeded``): one that grpc
 ends between two requests (its client cancelled an idle stream, or its next message was past the receive limit)
 mostly shows the server just the end of the requests, as a client closing its side does, and is not counted.

@@ -86,10 +86,12 @@ class Gate:
     async def read(self, context: Any) -> Any:
         """The RPC's request message (or ``grpc.aio.EOF``), awaited at most ``body_timeout_s``; past it the RPC is
         aborted DEADLINE_EXCEEDED naming the timeout and the flag, counted as ``body_timeout`` (as REST's 408).
-        The pending read is cancelled: grpcio drops the late completion of a cancelled read's future, and the
-        abort ends the read in grpc's core."""
+        The pending read is cancelled (``asyncio.timeout``: a timer, no task of its own per RPC): grpcio drops the
+        late completion of a cancelled read's future, and the abort ends the read in grpc's core. A cancel from
+        grpc (the client left) stays a CancelledError."""
         try:
-            return await asyncio.wait_for(context.read(), self.body_timeout_s)
+            async with asyncio.timeout(self.body_timeout_s):
+                return await context.read()
         except TimeoutError:
             pass
         self.rejected.labels("body_timeout").inc()

@@ -22,8 +22,9 @@ import tritonclient.http as th
 import tritonclient.utils.shared_memory as sysshm
 from tritonclient.utils import InferenceServerException
 
-from tileship.serve import protocol, shm, shm_requests
+from tileship.serve import call_plan, protocol, shm, shm_requests
 from tileship.serve.cuda_shm import raw_handle
+from tileship.serve.plans import Plans
 from tileship.serve.validate import BadRequest
 
 HANDLE = base64.b64encode(bytes(range(64))).decode()
@@ -212,3 +213,33 @@ def test_attach_fetches_cuda_inputs_at_call_time_and_keeps_outputs_on_the_device
                                 [("C", True)], True)
     with pytest.raises(BadRequest, match="input A: past the end"):
         shm_requests.attach(regions, bad, lambda **kw: None)
+
+
+def test_an_input_updated_in_place_is_copied_out_of_its_cuda_window_before_the_call():
+    """The server never writes a client's input region: K, which the operator updates in place, reaches the call as
+    a copy of its window (planned afresh or from a kept plan), V, which it only reads, as the window itself (no
+    copy); after the update the window still holds what the client put there. Was: K was the window, so the call
+    wrote the client's input region."""
+    decl: dict[str, Any] = {"inputs": [["K", ["N"]], ["V", ["N"]]], "outputs": [], "mutates": ["K"],
+                            "dtypes": ["float32"], "shapes": [{"N": 4}]}
+    regions = shm.Regions()
+    win = DeviceWindow("dev", 32)
+    regions._add("dev", lambda: win)
+    k, v = torch.arange(4, dtype=torch.float32), torch.full((4,), 10.0)
+    win.mem[:16].copy_(k.view(torch.uint8))
+    win.mem[16:].copy_(v.view(torch.uint8))
+    plans = Plans()
+    for planned in range(3):  # plan_call's plan, then Plans' first and kept ones
+        ins = [protocol.InputTensor("K", "FP32", (4,), shm=shm.Ref("dev", 0, 16)),
+               protocol.InputTensor("V", "FP32", (4,), shm=shm.Ref("dev", 16, 16))]
+        req = protocol.InferRequest(None, ins, [], True)
+        encode = shm_requests.attach(regions, req, lambda **kw: None)
+        plan = call_plan.plan_call(req, "kv", decl) if planned == 0 else plans.plan(req, "kv", decl)
+        kt, vt = plan.arguments("cpu")
+        assert vt.data_ptr() == win.mem[16:].data_ptr()  # read in place: no copy
+        assert kt.untyped_storage().data_ptr() != win.mem.untyped_storage().data_ptr()
+        kt.add_(vt)  # the call's update, in place
+        assert torch.equal(kt, k + v)
+        assert torch.equal(win.mem[:16].view(torch.float32), k), planned  # the client's input is untouched
+        encode.leases.release()
+        assert win.lent == 0

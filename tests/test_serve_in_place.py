@@ -228,3 +228,39 @@ def test_an_output_sized_only_by_the_call_is_counted_after_it(small):
     body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [8], "data": HALVE.tolist()}]}
     r = httpx.post(f"{small.url}/v2/models/halve_/infer", json=body, timeout=30)
     assert r.status_code == 200 and [o["name"] for o in r.json()["outputs"]] == ["S", "X"], r.text
+
+
+@pytest.mark.parametrize("n", [len(X), 1 << 18], ids=["small", "pooled_1MiB"])
+def test_an_input_updated_in_place_is_never_written_into_its_shared_memory_region(server, regions, n):
+    """Triton's input regions are read-only for the server: ``clip_`` updates X in place, yet the client's input
+    region still holds X after the call (a client reusing it for its next request sends what it meant), and the
+    answer holds the clipped X: in the response, or in the output region the request names for it. 1 MiB is
+    copied into a pooled block (``serve.staging``), a smaller one into a fresh buffer."""
+    x = np.resize(X, n)
+    with th.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=30.0) as c:
+        try:
+            h, name, key = regions.create(x.nbytes + 8)
+            shm.set_shared_memory_region(h, [x], offset=8)
+            c.register_system_shared_memory(name, key, x.nbytes + 8)
+
+            def inputs() -> list[Any]:
+                ins = _clip_http(True)
+                ins[0] = th.InferInput("X", [n], "FP32")
+                ins[0].set_shared_memory(name, x.nbytes, offset=8)
+                return ins
+
+            res = c.infer("clip_", inputs(), outputs=[th.InferRequestedOutput("X", binary_data=True),
+                                                      th.InferRequestedOutput("hits")])
+            np.testing.assert_array_equal(res.as_numpy("X"), np.clip(x, -1.0, 1.0))
+            assert res.as_numpy("hits").tolist() == [7 + int((np.abs(x) > 1).sum())]
+            np.testing.assert_array_equal(shm.get_contents_as_numpy(h, np.float32, [n], offset=8), x)
+            oh, oname, okey = regions.create(x.nbytes)
+            c.register_system_shared_memory(oname, okey, x.nbytes)
+            out = th.InferRequestedOutput("X", binary_data=True)
+            out.set_shared_memory(oname, x.nbytes)
+            res = c.infer("clip_", inputs(), outputs=[out])
+            assert res.get_output("X")["parameters"]["shared_memory_region"] == oname
+            np.testing.assert_array_equal(shm.get_contents_as_numpy(oh, np.float32, [n]), np.clip(x, -1.0, 1.0))
+            np.testing.assert_array_equal(shm.get_contents_as_numpy(h, np.float32, [n], offset=8), x)
+        finally:
+            c.unregister_system_shared_memory()

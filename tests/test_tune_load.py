@@ -75,6 +75,11 @@ def test_an_artifact_whose_load_raises_another_error_fails_its_candidate_and_the
         assert cand["failure"] == f"artifact failed to load: {sid}: {words}", cand
     assert f"{bad}: default artifact failed to load: {sid}: {words}" in " ".join(res.output.split()), res.output
     integrity.check(cpu_release, trusted_keys=[])
+    from tileship.release.records import verification_status
+
+    status, detail = verification_status(cpu_release)  # what the registry lists and checks before activating
+    assert status == "failed" and f"tune could not load 1 candidates: {bad}/default (artifact failed to load: {sid}: " \
+        f"{words})" in detail, (status, detail)
 
 
 def test_load_member_raises_a_sticky_cuda_error_and_keeps_the_artifact_load_error_words():
@@ -108,3 +113,28 @@ def test_promote_does_not_take_a_release_with_a_candidate_that_did_not_load(tmp_
     with pytest.raises(VerificationError) as info:
         promote.tune(tmp_path)
     assert f"1 candidates did not load (add.float32.N4096.c/default: {why})" in info.value.message
+
+
+@pytest.mark.parametrize("verified", [True, False], ids=["verified_passed", "verified_failed"])
+def test_the_registry_status_names_a_candidate_whose_artifact_did_not_load(tmp_path, verified):
+    """Before: ``passed`` (a candidate verify failed too, which then won no bucket, was even excused as one that never
+    serves); now ``failed``, naming the group, the candidate and the loader's message, as tune exits 2 and promote
+    stops, so the registry refuses to activate the release without --force."""
+    from tileship.release.records import verification_status
+
+    gid, why = "add.float32.N4096.c", "artifact failed to load: add.float32.N4096.c.fast: OSError: [Errno 5] I/O error"
+    points = [{"dims": {"N": 4096}, "winner": "default", "candidates": {
+        "default": {"passed": True}, "fast": {"passed": False, "failure": why}}}]
+    table = {gid: {"op": "add", "candidates": ["default", "fast"], "points": points}}
+    ev = {"device": {"name": "cpu"}, "tuning": table,
+          "specializations": {f"{gid}.default": {"passed": True}, f"{gid}.fast": {"passed": verified}}}
+    (tmp_path / "evidence").mkdir()
+    (tmp_path / evidence.EVIDENCE).write_text(json.dumps(ev))
+    note = f"tune could not load 1 candidates: {gid}/fast ({why})"
+    want = note if verified else f"1 of 2 specializations failed verification: {gid}.fast; {note}"
+    assert verification_status(tmp_path) == ("failed", want)
+    ev["specializations"]["other.c"] = {"passed": False}
+    (tmp_path / evidence.EVIDENCE).write_text(json.dumps(ev))
+    shown = "other.c" if verified else f"{gid}.fast, other.c"
+    assert verification_status(tmp_path) == (
+        "failed", f"{1 if verified else 2} of 3 specializations failed verification: {shown}; {note}")

@@ -91,7 +91,9 @@ def verification_status(root: Path) -> tuple[str, str]:
     """(status, detail) from ``evidence/verification.json``.
 
     ``unverified`` when there is no evidence; ``failed`` when any specialization failed
-    (the detail names them); ``unreadable`` when the file is not valid JSON.
+    (the detail names them) or ``tileship tune`` recorded a candidate whose artifact did not load (the detail
+    names the group, the candidate and the loader's message: tune exited 2 and ``promote`` stops there; such a
+    candidate is never excused as one that wins no bucket); ``unreadable`` when the file is not valid JSON.
     """
     p = Path(root) / "evidence" / "verification.json"
     if not p.exists():
@@ -106,12 +108,20 @@ def verification_status(root: Path) -> tuple[str, str]:
     if not isinstance(specs, dict):
         return "unreadable", f"{p}: no 'specializations' mapping"
     failed = sorted(sid for sid, e in specs.items() if not (isinstance(e, dict) and e.get("passed", False)))
-    losers = _losing_candidates(data.get("tuning"))
+    unloaded = _unloaded(data.get("tuning"))
+    losers = _losing_candidates(data.get("tuning")) - {f"{g}.{c}" for g, c, _ in unloaded}  # lost: did not load
     excused = [sid for sid in failed if sid in losers]  # tuning never routes to them: they cannot serve
     failed = [sid for sid in failed if sid not in losers]
     unchecked = sorted(tuning.failures(data.get("tuning")))  # their groups serve the reference
     tune_note = (f"; tune could not check the reference of {len(unchecked)} groups, which the reference serves: "
                  + ", ".join(unchecked[:3]) + (" ..." if len(unchecked) > 3 else "")) if unchecked else ""
+    if unloaded:  # tune exits 2 and promote stops: the release's artifacts must load where it serves
+        g, c, why = unloaded[0]
+        load_note = (f"tune could not load {len(unloaded)} candidates: {g}/{c} ({why})"
+                     + "".join(f", {g}/{c}" for g, c, _ in unloaded[1:3]) + (" ..." if len(unloaded) > 3 else ""))
+        if not failed:
+            return "failed", load_note + tune_note
+        tune_note = f"; {load_note}{tune_note}"
     if failed:
         shown = ", ".join(failed[:5]) + (" ..." if len(failed) > 5 else "")
         return "failed", f"{len(failed)} of {len(specs)} specializations failed verification: {shown}{tune_note}"
@@ -139,6 +149,15 @@ def release_info(rid: str, root: Path, state: dict[str, Any]) -> ReleaseInfo:
     return ReleaseInfo(rid, root, model, revision, status, detail, ok, err, is_active,
                        is_active and bool(state["reference_only"]), root.stat().st_mtime,
                        evidence_seal.pin(root), pin_of(state) if is_active else None)
+
+
+def _unloaded(table: Any) -> list[tuple[str, str, str]]:
+    """(group id, candidate id, the loader's message) of every tuned candidate whose artifact did not load
+    (``tuning.unloaded``), sorted."""
+    if not isinstance(table, dict):
+        return []
+    return sorted((gid, cid, why) for gid, group in table.items() if isinstance(group, dict)
+                  for cid, why in tuning.unloaded(group).items())
 
 
 def _losing_candidates(table: Any) -> set[str]:

@@ -21,6 +21,7 @@ from tileship.serve.in_place import answered_names, mutated_bytes
 from tileship.serve.protocol import InferRequest, InputTensor, to_tensor
 from tileship.serve.validate import BadRequest, in_declared_set, short
 from tileship.serve.validate import output_bytes as _output_bytes
+from tileship.verify.mutated import mutated_positions
 
 
 @dataclass
@@ -35,12 +36,16 @@ class CallPlan:
     #: positions of ScalarArg inputs (sent as one-element tensors, passed as Python numbers)
     scalars: tuple[int, ...] = ()
     allow_nonfinite: bool = False
+    #: positions of the inputs the operator updates in place (``Operator.mutates``)
+    mutated: tuple[int, ...] = ()
     #: where the call's time went, in ms (``calls.execute`` fills it; the ``infer`` log line carries it)
     spans: dict[str, float] = field(default_factory=dict)
 
     def arguments(self, device: str) -> list[Any]:
-        """The call's arguments: tensors on ``device``, scalars as Python numbers."""
-        return [to_tensor(inp, "cpu").item() if i in self.scalars else to_tensor(inp, device)
+        """The call's arguments: tensors on ``device``, scalars as Python numbers. An input the operator updates in
+        place is never a client's shared-memory window: one read in place (CUDA) is copied first, the others stay
+        views of it (a system region's bytes are always copied out: ``shm_requests.attach``)."""
+        return [to_tensor(inp, "cpu").item() if i in self.scalars else to_tensor(inp, device, own=i in self.mutated)
                 for i, inp in enumerate(self.inputs)]
 
 
@@ -123,7 +128,8 @@ def plan_call(req: InferRequest, model: str, decl: Mapping[str, Any]) -> CallPla
         outputs = [(n, req.binary_output) for n in out_names]
     return CallPlan(ordered, DATATYPES[same[0].datatype] if same else decl["dtypes"][0], dims,
                     in_declared_set(decl, dims), outputs,
-                    tuple(i for i, inp in enumerate(ordered) if inp.name in scalar_names), req.allow_nonfinite)
+                    tuple(i for i, inp in enumerate(ordered) if inp.name in scalar_names), req.allow_nonfinite,
+                    mutated_positions(decl))
 
 
 def output_bytes(decl: Mapping[str, Any], plan: CallPlan) -> dict[str, int]:

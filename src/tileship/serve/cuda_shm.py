@@ -9,8 +9,9 @@ Contract, as ``serve.shm`` for system regions: nothing a client sends makes the 
 device memory outside a registered window. Registration opens the handle (``serve.cuda_ipc``)
 and refuses a ``byte_size`` past the end of the allocation as the driver reports it, so a
 client cannot widen its window by claiming a larger size. An input is read in place: the call
-gets a view of the window (``lend``), no copy, as Triton does, and the client must leave those
-bytes alone until the response arrives; the request gives the view back (``give_back``) once its
+gets a view of the window (``lend``), no copy, as Triton does (one the operator updates in place is
+copied first: the server never writes an input region, ``call_plan.CallPlan.arguments``), and the client must leave
+those bytes alone until the response arrives; the request gives the view back (``give_back``) once its
 call has finished on the device. Outputs are copied into their window (one device-to-device copy)
 and synchronized before the response is sent, so the client reads finished bytes. Unregistering
 waits until no request holds a view and the device's queued work is done before the mapping

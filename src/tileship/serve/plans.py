@@ -35,12 +35,13 @@ class Plans:
                *[(inp.name, inp.datatype, inp.shape) for inp in inputs])
         kept = self._kept.get(key)
         if kept is not None and kept[0] is decl:  # the same declaration object, not one at a reused address
-            _, order, dtype, dims, declared, outputs, scalars = kept
+            _, order, dtype, dims, declared, outputs, scalars, mutated = kept
             return CallPlan([inputs[j] for j in order], dtype, dict(dims), declared, list(outputs), scalars,
-                            req.allow_nonfinite)
+                            req.allow_nonfinite, mutated)
         plan = plan_call(req, model, decl)
         order = tuple(next(j for j, x in enumerate(inputs) if x is inp) for inp in plan.inputs)
         if len(self._kept) >= self.max_keys:
             self._kept.clear()
-        self._kept[key] = (decl, order, plan.dtype, dict(plan.dims), plan.declared, tuple(plan.outputs), plan.scalars)
+        self._kept[key] = (decl, order, plan.dtype, dict(plan.dims), plan.declared, tuple(plan.outputs), plan.scalars,
+                             plan.mutated)
         return plan

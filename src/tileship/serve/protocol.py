@@ -210,10 +210,12 @@ def check_shm_size(inp: InputTensor, count: int) -> None:
 
 # -- tensors -------------------------------------------------------------------------
 
-def to_tensor(inp: InputTensor, device: str) -> Any:
+def to_tensor(inp: InputTensor, device: str, own: bool = False) -> Any:
     """The input as a torch tensor on ``device``. A binary input is a view of the request body
     (no copy) until it is copied to the device, or, on the CPU, copied when misaligned. Raw bytes of a BOOL input
-    are checked (``raw_bytes``, ``check_bool_bytes``)."""
+    are checked (``raw_bytes``, ``check_bool_bytes``). A CUDA shared-memory input is a view of the client's window,
+    unless ``own`` (an input the call updates in place: the server never writes a client's input region) or it
+    lies on another device: then a copy."""
     import torch
 
     dt = getattr(torch, DATATYPES[inp.datatype])
@@ -221,7 +223,7 @@ def to_tensor(inp: InputTensor, device: str) -> Any:
         t = inp.fetch()
         if inp.datatype == "BOOL":
             check_bool_bytes(inp.name, t)
-        if t.storage_offset() % dt.itemsize:  # an offset no view of this dtype can start at
+        if own or t.storage_offset() % dt.itemsize:  # updated in place, or an offset no view of dtype can start at
             t = t.clone()
         return t.view(dt).reshape(inp.shape).to(device)
     if inp.raw is not None:
